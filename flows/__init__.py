@@ -1,0 +1,1 @@
+"""Prefect flows (daily retrain, backfill), the `ctrpipe` command line and run configuration."""

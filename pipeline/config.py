@@ -1,0 +1,85 @@
+"""Typed configuration of the data stages (input, ingest, vocab, encode, Dask).
+
+Each section is a frozen dataclass validated on construction; `flows.config`
+assembles them from YAML and names the offending key on any error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORMATS = ("criteo", "avazu")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputConfig:
+    url: str = ""
+    """Where the raw logs for a date are. A path or fsspec URL with `{date}`
+    (YYYY-MM-DD) or `{yyyymmdd}` placeholders, a glob, or a single file whose
+    rows carry a timestamp (Avazu's `hour`). Empty: `<root>/raw/day_{date}.tsv.gz`."""
+    format: str = "criteo"
+    """Log format: `criteo` (TSV: label, I1..I13, C1..C26) or `avazu` (CSV with header)."""
+    storage_options: dict | None = None
+    """Extra fsspec storage options for the input URL (credentials come from the environment)."""
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"input.format must be one of {FORMATS}, got {self.format!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IngestConfig:
+    rows_per_partition: int = 200_000
+    """Rows per Dask partition (and per output Parquet part): bounds one task's memory."""
+    max_bad_fraction: float = 0.01
+    """If more than this share of a date's rows is quarantined, the date fails and nothing is committed."""
+
+    def __post_init__(self) -> None:
+        if self.rows_per_partition < 1:
+            raise ValueError(f"ingest.rows_per_partition must be >= 1, got {self.rows_per_partition}")
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ValueError(f"ingest.max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DaskConfig:
+    address: str = ""
+    """Scheduler address of an existing Dask cluster; empty starts a LocalCluster sized to the machine."""
+    n_workers: int = 0
+    """LocalCluster workers; 0 means one per core (capped at 4)."""
+    threads_per_worker: int = 1
+    processes: bool = True
+    """LocalCluster with worker processes (True) or threads in this process (False)."""
+    memory_limit: str = "4GiB"
+    """Per-worker memory limit of the LocalCluster."""
+
+    def __post_init__(self) -> None:
+        if self.n_workers < 0:
+            raise ValueError(f"dask.n_workers must be >= 0, got {self.n_workers}")
+        if self.threads_per_worker < 1:
+            raise ValueError(f"dask.threads_per_worker must be >= 1, got {self.threads_per_worker}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VocabConfig:
+    window_days: int = 7
+    """Counts are summed over this many days ending at the run date."""
+    min_count: int = 2
+    """A value is admitted (gets its own key) once its windowed count reaches this."""
+    ttl_days: int = 30
+    """A key unseen for this many days is evicted from the embedding store."""
+
+    def __post_init__(self) -> None:
+        for name in ("window_days", "min_count", "ttl_days"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"vocab.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EncodeConfig:
+    eval_fraction: float = 0.1
+    """The last share of the day, in time order, held out for evaluation."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError(f"encode.eval_fraction must be in (0, 1), got {self.eval_fraction}")

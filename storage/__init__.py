@@ -1,0 +1,1 @@
+"""Tiered embedding store (device cache / host memory / SSD) and the model registry."""

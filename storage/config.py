@@ -1,0 +1,40 @@
+"""Typed configuration of the embedding store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("lfu", "lru")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreConfig:
+    embedding_dim: int = 16
+    """Width of every embedding row."""
+    init_std: float = 0.01
+    """Std of the deterministic per-key initialisation of a new row."""
+    host_budget_mb: int = 1024
+    """CPU memory for rows (embedding + Adam state); over it, the coldest rows go to SSD."""
+    device_cache_rows: int = 0
+    """Rows cached on the training device (GPU HBM, or CPU); 0 disables the device cache."""
+    cache_policy: str = "lfu"
+    """Device-cache replacement: `lfu` (HET's choice) or `lru`."""
+    local_dir: str = ""
+    """Node-local directory of the SSD tier; must be a local path. Empty: `<root>/_local` for a
+    local root, else a folder under the user's cache directory."""
+
+    def __post_init__(self) -> None:
+        if self.embedding_dim < 1:
+            raise ValueError(f"store.embedding_dim must be >= 1, got {self.embedding_dim}")
+        if self.init_std <= 0:
+            raise ValueError(f"store.init_std must be > 0, got {self.init_std}")
+        if self.host_budget_mb < 1:
+            raise ValueError(f"store.host_budget_mb must be >= 1, got {self.host_budget_mb}")
+        if self.device_cache_rows < 0:
+            raise ValueError(f"store.device_cache_rows must be >= 0, got {self.device_cache_rows}")
+        if self.cache_policy not in POLICIES:
+            raise ValueError(f"store.cache_policy must be one of {POLICIES}, got {self.cache_policy!r}")
+        if "://" in self.local_dir and not self.local_dir.startswith("file://"):
+            raise ValueError(
+                f"store.local_dir must be a local directory (the SSD tier uses direct I/O), got {self.local_dir!r}"
+            )

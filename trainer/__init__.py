@@ -1,0 +1,1 @@
+"""Distributed CTR trainer: model, k-step Adam, two-phase communication, launcher, evaluation."""

@@ -1,0 +1,92 @@
+"""Typed configuration of the model, the trainer and the publish gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ARCHS = ("attention",)
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    arch: str = "attention"
+    """Architecture: `attention` (embeddings -> multi-head self-attention over fields -> MLP -> sigmoid)."""
+    num_heads: int = 2
+    """Attention heads; must divide store.embedding_dim."""
+    attention_layers: int = 1
+    mlp_dims: tuple[int, ...] = (256, 128)
+    """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.num_heads < 1 or self.attention_layers < 0:
+            raise ValueError("model.num_heads must be >= 1 and model.attention_layers >= 0")
+        if not self.mlp_dims or any(d < 1 for d in self.mlp_dims):
+            raise ValueError(f"model.mlp_dims must be positive widths, got {self.mlp_dims}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerConfig:
+    nproc_per_node: int = 1
+    """Training processes per node, launched by torchrun (one per GPU on GPU nodes)."""
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+    """host:port of the c10d rendezvous for multi-node runs; empty means `--standalone`."""
+    backend: str = "auto"
+    """`auto` picks NCCL when CUDA is available, else gloo."""
+    device: str = "auto"
+    k_steps: int = 10
+    """Dense parameters and both Adam moments are averaged across ranks every k steps (1 = synchronous)."""
+    batch_size: int = 1024
+    """Examples per step per rank."""
+    epochs: int = 1
+    lr: float = 1e-3
+    """Adam learning rate of the dense parameters."""
+    sparse_lr: float = 1e-2
+    """Adam learning rate of the embedding rows."""
+    weight_decay: float = 0.0
+    seed: int = 0
+    staleness_bound: int = 0
+    """HET bounded staleness of the worker-side cache of remote rows, in steps (0 = synchronous)."""
+    timeout_s: int = 3600
+    """The training subprocess is killed after this long."""
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    """NCCL settings exported to every rank (e.g. NCCL_NET_GDR_LEVEL, NCCL_IB_HCA, NCCL_SOCKET_IFNAME)."""
+
+    def __post_init__(self) -> None:
+        for name in ("nproc_per_node", "nnodes", "k_steps", "batch_size", "epochs", "timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"trainer.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"trainer.device must be one of {DEVICES}, got {self.device!r}")
+        if self.lr <= 0 or self.sparse_lr <= 0:
+            raise ValueError("trainer.lr and trainer.sparse_lr must be > 0")
+        if self.staleness_bound < 0:
+            raise ValueError(f"trainer.staleness_bound must be >= 0, got {self.staleness_bound}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"trainer.node_rank must be in [0, nnodes), got {self.node_rank}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("trainer.rdzv_endpoint (host:port) is required when trainer.nnodes > 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PublishConfig:
+    max_auc_drop: float = 0.01
+    """Refuse to publish when the new model's AUC is below the published one's by more than this."""
+    min_eval_rows: int = 100
+    """Refuse to publish a model evaluated on fewer rows than this."""
+
+    def __post_init__(self) -> None:
+        if self.max_auc_drop < 0:
+            raise ValueError(f"publish.max_auc_drop must be >= 0, got {self.max_auc_drop}")
+        if self.min_eval_rows < 1:
+            raise ValueError(f"publish.min_eval_rows must be >= 1, got {self.min_eval_rows}")
