@@ -32,6 +32,8 @@ class ConfigError(ValueError):
 class RunConfig:
     root: str = "./ctr-data"
     """Storage root URL (local folder or fsspec URL such as s3://bucket/prefix); everything a run commits lives under it."""
+    storage_options: dict | None = None
+    """fsspec options for the root (e.g. an S3 endpoint); credentials belong in the environment, not here."""
     model_name: str = "ctr"
     """Name of the model in the registry (`<root>/models/<model_name>/`)."""
     input: InputConfig = field(default_factory=InputConfig)
@@ -58,15 +60,22 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML file (optional) and apply `section.key=value` overrides (values parsed as YAML)."""
-    data: dict[str, Any] = {}
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    base: RunConfig | None = None,
+) -> RunConfig:
+    """`base` (default: built-in defaults), then a YAML file, then `section.key=value` overrides (parsed as YAML)."""
+    data: dict[str, Any] = base.to_dict() if base is not None else {}
     if path:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        data = loaded
+        _merge(data, loaded)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -85,6 +94,14 @@ def with_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     for key, value in overrides.items():
         _set_path(data, key.split("."), value)
     return from_dict(data)
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:

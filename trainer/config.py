@@ -59,9 +59,21 @@ class TrainerConfig:
     """The training subprocess is killed after this long."""
     nccl_env: dict[str, str] = field(default_factory=dict)
     """NCCL settings exported to every rank (e.g. NCCL_NET_GDR_LEVEL, NCCL_IB_HCA, NCCL_SOCKET_IFNAME)."""
+    intra_group_size: int = 0
+    """Ranks per phase-1 group of the two-phase allreduce.  0 = detect from the topology (ranks on the
+    same node and NUMA socket, else the same node); N > 0 = groups of N consecutive ranks (emulates
+    N ranks per node on one machine, or overrides a wrong detection); must divide the world size."""
+    prefetch_batches: int = 2
+    """Batches the background reader thread prepares ahead of the training step (bounded queue)."""
+    bind_io_threads: bool = True
+    """Pin the reader thread to the cores of the rank's NUMA node (no effect on single-node machines)."""
+    log_every: int = 100
+    """Steps between progress log lines of rank 0."""
 
     def __post_init__(self) -> None:
-        for name in ("nproc_per_node", "nnodes", "k_steps", "batch_size", "epochs", "timeout_s"):
+        for name in (
+            "nproc_per_node", "nnodes", "k_steps", "batch_size", "epochs", "timeout_s", "prefetch_batches", "log_every"
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
         if self.backend not in BACKENDS:
@@ -70,6 +82,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.device must be one of {DEVICES}, got {self.device!r}")
         if self.lr <= 0 or self.sparse_lr <= 0:
             raise ValueError("trainer.lr and trainer.sparse_lr must be > 0")
+        if self.intra_group_size < 0:
+            raise ValueError(f"trainer.intra_group_size must be >= 0 (0 = detect), got {self.intra_group_size}")
         if self.staleness_bound < 0:
             raise ValueError(f"trainer.staleness_bound must be >= 0, got {self.staleness_bound}")
         if not 0 <= self.node_rank < self.nnodes:

@@ -1,0 +1,241 @@
+"""`ctrpipe`: the command line of ctr-pipeline.
+
+    ctrpipe demo [--root DIR] [--days N]
+    ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D]
+    ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force]
+    ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
+    ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu] [--config FILE] [--set ...]
+    ctrpipe models list|show VERSION|rollback VERSION [--config FILE] [--set ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEMO_START = "2026-01-01"
+DEMO_ROWS_PER_DAY = 20_000
+
+
+def _prefect_defaults(root: str | None = None) -> None:
+    """Offline-friendly Prefect settings, applied only where the user set nothing (before prefect is imported)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    if root and "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_HOME"] = str(Path(root).resolve() / ".prefect")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of config sections (see README)")
+    p.add_argument("--recipe", default="default", help="base configuration: default or demo")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one key, e.g. --set trainer.k_steps=20 (repeatable)")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from flows.config import load_config
+    from flows.recipes import by_name
+
+    return load_config(args.config, args.overrides, base=by_name(args.recipe))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctrpipe", description="Daily CTR model retraining pipeline.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="generate a tiny dataset and run the daily flow for each day")
+    p.add_argument("--root", default="./demo-data")
+    p.add_argument("--days", type=int, default=3)
+    p.add_argument("--rows-per-day", type=int, default=DEMO_ROWS_PER_DAY)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    p = sub.add_parser("generate", help="write synthetic Criteo-format day files")
+    p.add_argument("--out", required=True)
+    p.add_argument("--days", type=int, required=True)
+    p.add_argument("--rows-per-day", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-date", default=DEMO_START)
+
+    p = sub.add_parser("run", help="one daily retrain through the Prefect flow")
+    p.add_argument("--date", required=True)
+    p.add_argument("--force", action="store_true", help="redo the date even if it completed")
+    _add_config_args(p)
+
+    p = sub.add_parser("backfill", help="the daily flow for each date in a range, in order")
+    p.add_argument("--start", required=True)
+    p.add_argument("--end", required=True)
+    p.add_argument("--force", action="store_true")
+    _add_config_args(p)
+
+    p = sub.add_parser("evaluate", help="score a published model on a log file; prints JSON")
+    p.add_argument("--model", default="latest", help="latest or a version such as v00003")
+    p.add_argument("--input", required=True, help="path or fsspec URL of a raw log file")
+    p.add_argument("--format", choices=["criteo", "avazu"], default=None)
+    _add_config_args(p)
+
+    p = sub.add_parser("models", help="list, show or roll back registry versions")
+    p.add_argument("action", choices=["list", "show", "rollback"])
+    p.add_argument("version", nargs="?")
+    _add_config_args(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the message of our errors says what to do; no traceback for users
+        if os.environ.get("CTRPIPE_TRACEBACK"):
+            raise
+        print(f"ctrpipe {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+# ---- commands --------------------------------------------------------------------------------
+def cmd_generate(args: argparse.Namespace) -> int:
+    from pipeline.generate import generate_days
+
+    for day in generate_days(args.out, args.days, args.rows_per_day, seed=args.seed, start_date=args.start_date):
+        print(f"{day.date}  {day.rows:>9} rows  click rate {day.click_rate:.3f}  {day.path}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _prefect_defaults()
+    from flows.daily import daily_retrain
+    from flows.stages import read_record
+
+    state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
+    record = read_record(cfg, args.date)
+    if record:
+        print(format_table([record]))
+    if not state.is_completed():
+        print(f"daily-retrain {args.date}: {state.name}: {state.message}", file=sys.stderr)
+        return 2 if record and record.get("status") == "refused" else 1
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _prefect_defaults()
+    from flows.daily import backfill
+    from flows.stages import read_record
+    from storage.fsio import date_range
+
+    state = backfill(args.start, args.end, config=cfg.to_dict(), force=args.force, return_state=True)
+    records = [r for d in date_range(args.start, args.end) if (r := read_record(cfg, d))]
+    if records:
+        print(format_table(records))
+    if not state.is_completed():
+        print(f"backfill: {state.message}", file=sys.stderr)
+        return 1
+    print(json.dumps(state.result(), indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from flows.config import with_overrides
+    from flows.config import load_config
+    from flows.recipes import demo
+    from pipeline.generate import generate_days
+    from storage.fsio import date_range, shift_date
+
+    root = str(Path(args.root).resolve())
+    cfg = load_config(None, args.overrides, base=demo(root))
+    _prefect_defaults(root)
+    raw = Path(root) / "raw"
+    end = shift_date(DEMO_START, args.days - 1)
+    if not all((raw / f"day_{d}.tsv.gz").exists() for d in date_range(DEMO_START, end)):
+        print(f"generating {args.days} days x {args.rows_per_day} rows of synthetic Criteo logs in {raw}")
+        generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
+    cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
+
+    from flows.daily import daily_retrain
+    from flows.stages import read_record
+
+    records = []
+    for date in date_range(DEMO_START, end):
+        daily_retrain(date, config=cfg.to_dict(), return_state=True)
+        record = read_record(cfg, date)
+        if record:
+            records.append(record)
+            print(format_table([record]), flush=True)
+    print("\nAll days:\n" + format_table(records))
+    print(f"\nOutputs under {root}: events/ quarantine/ vocab/ features/ runs/ models/{cfg.model_name}/")
+    return 0 if len(records) == args.days and all(r["completed"] for r in records) else 1
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    from flows.evaluate_cli import evaluate_log
+
+    print(json.dumps(evaluate_log(cfg, args.model, args.input, args.format or cfg.input.format)))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from flows.stages import registry
+
+    reg = registry(_load(args))
+    if args.action == "list":
+        latest = reg.latest()
+        for v in reg.versions():
+            info = reg.info(v)
+            mark = "*" if v == latest else " "
+            auc = info.metrics.get("auc")
+            print(f"{mark} {v}  {info.status:<9} {info.metrics.get('date', ''):<10} "
+                  f"auc={'-' if auc is None else f'{auc:.4f}'}  {info.reason}")
+        return 0
+    if not args.version:
+        raise ValueError(f"models {args.action} needs a VERSION (see `ctrpipe models list`)")
+    if args.action == "show":
+        info = reg.info(args.version)
+        print(json.dumps({"version": info.version, "status": info.status, "reason": info.reason,
+                          "created": info.created, "metrics": info.metrics,
+                          "lineage": reg.read_json(args.version, "lineage.json")}, indent=2, default=str))
+        return 0
+    reg.rollback(args.version)
+    print(f"LATEST -> {args.version}")
+    return 0
+
+
+_COMMANDS = {
+    "demo": cmd_demo,
+    "generate": cmd_generate,
+    "run": cmd_run,
+    "backfill": cmd_backfill,
+    "evaluate": cmd_evaluate,
+    "models": cmd_models,
+}
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """The per-day summary users read: rows, vocabulary, metrics, publish outcome."""
+    head = ("date", "ingested", "quarant.", "vocab", "train", "eval", "AUC", "logloss", "published", "version")
+    rows = [head]
+    for r in records:
+        auc, loss = r.get("auc"), r.get("logloss")
+        rows.append((
+            r["date"], str(r.get("rows_ingested", "")), str(r.get("rows_quarantined", "")),
+            str(r.get("vocab_size", "")), str(r.get("rows_train", "")), str(r.get("rows_eval", "")),
+            "-" if auc is None else f"{auc:.4f}", "-" if loss is None else f"{loss:.4f}",
+            {"published": "yes", "refused": "REFUSED"}.get(r.get("status", ""), r.get("status", "")),
+            str(r.get("model_version") or "-"),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    out = "\n".join(lines)
+    refused = [f"  {r['date']}: {r['status']}: {r['reason']}" for r in records if r.get("status") in ("refused", "failed")]
+    return out + ("\n" + "\n".join(refused) if refused else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

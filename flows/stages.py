@@ -1,0 +1,211 @@
+"""Stage logic that spans packages: warm, train, evaluate, the publish gate, the day's record.
+
+Plain functions, no Prefect: `flows/tasks.py` wraps them, tests call them directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from flows.config import RunConfig
+from storage import fsio
+from storage.registry import ModelRegistry
+from trainer.config import PublishConfig
+
+
+class PublishRefused(RuntimeError):
+    """The publish gate refused the day's model; `LATEST` was left alone."""
+
+
+def run_dir(cfg: RunConfig, date: str) -> str:
+    return fsio.join(cfg.root, "runs", f"date={fsio.validate_date(date)}")
+
+
+def feature_dir(cfg: RunConfig, date: str) -> str:
+    return fsio.join(cfg.root, "features", f"date={fsio.validate_date(date)}")
+
+
+def local_dir(cfg: RunConfig) -> str:
+    """Node-local folder of the SSD tier: configured, else beside a local root, else a user cache folder."""
+    if cfg.store.local_dir:
+        return str(fsio.local_path(cfg.store.local_dir))
+    if fsio.is_local(cfg.root):
+        return str(fsio.local_path(cfg.root).resolve() / "_local")
+    digest = hashlib.sha256(cfg.root.encode()).hexdigest()[:12]
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ctr-pipeline" / digest)
+
+
+def registry(cfg: RunConfig) -> ModelRegistry:
+    return ModelRegistry(cfg.root, cfg.model_name, cfg.storage_options)
+
+
+# ---- warm -----------------------------------------------------------------------------------
+def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
+    """Bring this node's SSD shards to the published model's state and write each rank's working set."""
+    from pipeline.vocab_stage import load_evicted
+    from storage.warm import warm_shards
+
+    reg = registry(cfg)
+    latest = reg.latest()
+    snapshot_url = tag = None
+    if latest is not None:
+        snapshot_url = fsio.join(reg.url(latest), "sparse")
+        tag = reg.read_json(latest, "model.json").get("run_tag")
+    world = cfg.trainer.nnodes * cfg.trainer.nproc_per_node
+    first = cfg.trainer.node_rank * cfg.trainer.nproc_per_node
+    report = warm_shards(
+        local_dir=local_dir(cfg),
+        model_name=cfg.model_name,
+        world_size=world,
+        ranks=list(range(first, first + cfg.trainer.nproc_per_node)),
+        store=cfg.store,
+        snapshot_url=snapshot_url,
+        snapshot_tag=tag,
+        evict_keys=load_evicted(cfg.root, date, storage_options=cfg.storage_options),
+        working_set=_working_set(cfg, date),
+        storage_options=cfg.storage_options,
+    )
+    report["published_version"] = latest
+    return report
+
+
+def _working_set(cfg: RunConfig, date: str) -> np.ndarray:
+    fs, path = fsio.get_fs(fsio.join(feature_dir(cfg, date), "key_counts.parquet"), cfg.storage_options)
+    with fs.open(path, "rb") as f:
+        return pq.read_table(f, columns=["key"]).column("key").to_numpy()
+
+
+# ---- train ----------------------------------------------------------------------------------
+def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> dict[str, Any]:
+    """Launch torchrun on the day's train rows, warm-starting from the published model."""
+    from trainer.launch import run_training
+
+    reg = registry(cfg)
+    latest = reg.latest()
+    work_dir = Path(local_dir(cfg)) / "runs" / date
+    work_dir.mkdir(parents=True, exist_ok=True)
+    result = run_training(
+        features_url=feature_dir(cfg, date),
+        output_url=fsio.join(run_dir(cfg, date), "model"),
+        init_model_url=reg.url(latest) if latest else None,
+        local_dir=local_dir(cfg),
+        model_name=cfg.model_name,
+        store=cfg.store,
+        model=cfg.model,
+        trainer=cfg.trainer,
+        run_tag=f"{date}:{uuid.uuid4().hex[:12]}",
+        vocab_date=vocab_date or date,
+        storage_options=cfg.storage_options,
+        work_dir=str(work_dir),
+    )
+    out = asdict(result) if hasattr(result, "__dataclass_fields__") else dict(result)
+    out["parent_version"] = latest
+    return out
+
+
+# ---- evaluate -------------------------------------------------------------------------------
+def evaluate_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
+    """AUC/logloss of the day's candidate and of the published model on the same eval rows."""
+    from trainer.evaluate import evaluate_model
+
+    eval_url = fsio.join(feature_dir(cfg, date), "eval")
+    so = cfg.storage_options
+    new = evaluate_model(fsio.join(run_dir(cfg, date), "model"), eval_url, storage_options=so)
+    reg = registry(cfg)
+    latest = reg.latest()
+    published = evaluate_model(reg.url(latest), eval_url, storage_options=so) if latest else None
+    return {"new": new, "published": published, "published_version": latest}
+
+
+def gate(new: dict[str, Any], published: dict[str, Any] | None, cfg: PublishConfig) -> tuple[bool, str]:
+    """Decide whether the candidate may replace the published model; the reason is recorded either way."""
+    auc, loss = new.get("auc"), new.get("logloss")
+    if auc is None or loss is None or not (math.isfinite(auc) and math.isfinite(loss)):
+        return False, f"candidate metrics are not finite (auc={auc}, logloss={loss})"
+    if new.get("rows", 0) < cfg.min_eval_rows:
+        return False, f"eval set has {new.get('rows', 0)} rows, fewer than publish.min_eval_rows={cfg.min_eval_rows}"
+    if published is None:
+        return True, "first model"
+    drop = published["auc"] - auc
+    if drop > cfg.max_auc_drop:
+        return False, (
+            f"AUC {auc:.4f} is {drop:.4f} below the published model's {published['auc']:.4f} on the same rows "
+            f"(publish.max_auc_drop={cfg.max_auc_drop})"
+        )
+    return True, f"AUC {auc:.4f} vs published {published['auc']:.4f}"
+
+
+# ---- publish --------------------------------------------------------------------------------
+def publish_stage(cfg: RunConfig, date: str, evaluation: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
+    """Register the candidate as a version; move `LATEST` only when the gate passes."""
+    ok, reason = gate(evaluation["new"], evaluation["published"], cfg.publish)
+    reg = registry(cfg)
+    metrics = {
+        "date": date,
+        **{k: evaluation["new"].get(k) for k in ("auc", "logloss", "rows", "mean_prediction", "click_rate")},
+        "published_auc_same_rows": (evaluation["published"] or {}).get("auc"),
+    }
+    version = reg.add_version(
+        fsio.join(run_dir(cfg, date), "model"),
+        metrics=metrics,
+        lineage=lineage,
+        status="candidate" if ok else "refused",
+        reason="" if ok else reason,
+    )
+    if ok:
+        reg.publish(version)
+    return {"published": ok, "version": version, "reason": reason, "latest": reg.latest()}
+
+
+# ---- the day's record -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class DayRecord:
+    """`<root>/runs/date=D/metrics.json`: what one daily run did."""
+
+    date: str
+    completed: bool
+    status: str  # published | refused | failed
+    reason: str
+    auc: float | None
+    logloss: float | None
+    published_auc: float | None
+    rows_read: int
+    rows_ingested: int
+    rows_quarantined: int
+    vocab_size: int
+    rows_train: int
+    rows_eval: int
+    published: bool
+    model_version: str | None
+    latest_version: str | None
+    parent_version: str | None
+    train: dict[str, Any]
+    warm: dict[str, Any]
+    seconds: dict[str, float]
+
+
+def write_record(cfg: RunConfig, record: DayRecord) -> None:
+    fs, path = fsio.get_fs(run_dir(cfg, record.date), cfg.storage_options)
+    fs.makedirs(path, exist_ok=True)
+    fsio.write_text_atomic(fs, f"{path}/metrics.json", json.dumps(asdict(record), indent=2, default=str))
+
+
+def read_record(cfg: RunConfig, date: str) -> dict[str, Any] | None:
+    fs, path = fsio.get_fs(run_dir(cfg, date), cfg.storage_options)
+    target = f"{path}/metrics.json"
+    return fsio.read_json(fs, target) if fs.exists(target) else None
+
+
+def is_completed(cfg: RunConfig, date: str) -> bool:
+    record = read_record(cfg, date)
+    return bool(record and record.get("completed"))

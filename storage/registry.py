@@ -1,0 +1,153 @@
+"""The model registry: versioned model directories and an atomic `LATEST` pointer.
+
+Layout (readable without this package: JSON metadata, safetensors, Parquet)::
+
+    <root>/models/<name>/<version>/    a committed model directory (see docs/ARCHITECTURE.md)
+        model.json  dense.safetensors  dense_optim.safetensors  sparse/part-*.parquet
+        metrics.json  lineage.json  status.json  _SUCCESS.json
+    <root>/models/<name>/LATEST        the published version id (one line), replaced atomically
+
+Every candidate that reached the publish gate becomes a version, published or
+refused, so a refusal can be inspected later; only `publish()` moves `LATEST`.
+Version ids are `v<NNNNN>` in creation order.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from storage import fsio
+
+_VERSION = re.compile(r"^v\d{5}$")
+
+
+class RegistryError(RuntimeError):
+    """The registry is missing something the caller asked for."""
+
+
+def validate_version(version: str) -> str:
+    """Versions become paths: only `vNNNNN` is accepted (no `..`, no absolute paths)."""
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise ValueError(f"model version must look like v00001, got {version!r}")
+    return version
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: str
+    status: str
+    """`published` (LATEST now or earlier), `refused` (with reason) or `candidate`."""
+    created: str
+    reason: str
+    metrics: dict[str, Any]
+
+
+class ModelRegistry:
+    """Versions of one model under `<root>/models/<name>/`, through fsspec."""
+
+    def __init__(self, root: str, model_name: str, storage_options: dict | None = None) -> None:
+        self.fs, root_path = fsio.get_fs(root, storage_options)
+        self.base = fsio.join(root_path, "models", model_name)
+        self.model_name = model_name
+
+    # ---- reading -------------------------------------------------------------------------
+    def latest(self) -> str | None:
+        """The published version, or None before the first publish."""
+        pointer = f"{self.base}/LATEST"
+        if not self.fs.exists(pointer):
+            return None
+        with self.fs.open(pointer, "r") as f:
+            return validate_version(f.read().strip())
+
+    def path(self, version: str) -> str:
+        """Protocol-less path of a version directory (use with `self.fs`)."""
+        return f"{self.base}/{validate_version(version)}"
+
+    def url(self, version: str) -> str:
+        """Full URL of a version directory (for code that opens it through fsspec itself)."""
+        return self.fs.unstrip_protocol(self.path(version))
+
+    def versions(self) -> list[str]:
+        if not self.fs.exists(self.base):
+            return []
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.base, detail=False)]
+        return sorted(
+            n for n in names if _VERSION.match(n) and fsio.read_manifest(self.fs, f"{self.base}/{n}") is not None
+        )
+
+    def info(self, version: str) -> VersionInfo:
+        path = self.path(version)
+        if fsio.read_manifest(self.fs, path) is None:
+            raise RegistryError(f"model {self.model_name} has no committed version {version} at {path}")
+        status = fsio.read_json(self.fs, f"{path}/status.json")
+        metrics = fsio.read_json(self.fs, f"{path}/metrics.json") if self.fs.exists(f"{path}/metrics.json") else {}
+        return VersionInfo(
+            version=version,
+            status=status.get("status", "candidate"),
+            created=status.get("created", ""),
+            reason=status.get("reason", ""),
+            metrics=metrics,
+        )
+
+    def read_json(self, version: str, name: str) -> Any:
+        return fsio.read_json(self.fs, f"{self.path(version)}/{name}")
+
+    # ---- writing -------------------------------------------------------------------------
+    def add_version(
+        self,
+        candidate_url: str,
+        *,
+        metrics: dict[str, Any],
+        lineage: dict[str, Any],
+        status: str,
+        reason: str = "",
+    ) -> str:
+        """Copy a committed candidate model directory into a new version (committed atomically)."""
+        cand_fs, cand_path = fsio.get_fs(candidate_url)
+        if fsio.read_manifest(cand_fs, cand_path) is None:
+            raise RegistryError(f"candidate model {candidate_url} is not committed (no _SUCCESS.json)")
+        existing = self.versions()
+        number = int(existing[-1][1:]) + 1 if existing else 1
+        version = f"v{number:05d}"
+        final = f"{self.base}/{version}"
+        self.fs.makedirs(self.base, exist_ok=True)
+        fsio.remove_stale_staging(self.fs, final)
+        staging = fsio.staging_dir(self.fs, final)
+        for entry in cand_fs.find(cand_path):
+            rel = entry[len(cand_path) :].lstrip("/")
+            if rel == fsio.SUCCESS:
+                continue
+            target = f"{staging}/{rel}"
+            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            with cand_fs.open(entry, "rb") as src, self.fs.open(target, "wb") as dst:
+                while chunk := src.read(8 << 20):
+                    dst.write(chunk)
+        created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        fsio.write_json(self.fs, f"{staging}/metrics.json", metrics)
+        fsio.write_json(self.fs, f"{staging}/lineage.json", lineage)
+        fsio.write_json(
+            self.fs, f"{staging}/status.json", {"status": status, "reason": reason, "created": created}
+        )
+        fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created})
+        return version
+
+    def publish(self, version: str) -> None:
+        """Point `LATEST` at `version` atomically and mark the version published."""
+        path = self.path(version)
+        if fsio.read_manifest(self.fs, path) is None:
+            raise RegistryError(f"cannot publish {version}: {path} is not a committed version")
+        status = fsio.read_json(self.fs, f"{path}/status.json")
+        status["status"] = "published"
+        status["reason"] = ""
+        fsio.write_json(self.fs, f"{path}/status.json", status)
+        fsio.write_text_atomic(self.fs, f"{self.base}/LATEST", version + "\n")
+
+    def rollback(self, version: str) -> None:
+        """Move `LATEST` back to an earlier published version."""
+        info = self.info(version)
+        if info.status != "published":
+            raise RegistryError(f"{version} was never published ({info.status}: {info.reason}); refusing to roll back to it")
+        fsio.write_text_atomic(self.fs, f"{self.base}/LATEST", version + "\n")

@@ -1,0 +1,149 @@
+"""The CTR model: field embeddings -> self-attention over fields -> interaction -> MLP -> logit.
+
+The embeddings are not parameters of this module: every rank pulls the rows of
+its batch from the sharded embedding store (`trainer.comm.ShardedEmbedding`)
+and passes them in as a leaf tensor `emb` (B, F, D) whose gradient is pushed
+back to the owners.  Only the dense part below is data-parallel.
+
+    dense (B, n) ----------------------------------------\\
+    emb (B, F, D) -> SequenceAttention -> (B, F, D) -> InteractionArch -> (B, n + F*D) -> OverArch -> (B,)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainer.config import ModelConfig
+
+
+class SequenceAttention(nn.Module):
+    """Multi-head self-attention over the field embeddings of one example.
+
+    Each layer is `x = LayerNorm(x + MHA(x, x, x))` (post-norm residual); the F
+    fields play the role of a sequence with no order (no positional encoding:
+    field identity is already in the key hash, hence in the embedding).
+
+    Args:
+        dim: embedding width D; must be divisible by `num_heads`.
+        num_heads: attention heads.
+        num_layers: stacked layers; 0 makes the module the identity.
+        dropout: attention dropout probability.
+
+    Example::
+
+        att = SequenceAttention(dim=8, num_heads=2, num_layers=1)
+        y = att(torch.randn(4, 3, 8))  # (B=4, F=3, D=8) -> (4, 3, 8)
+    """
+
+    def __init__(self, *, dim: int, num_heads: int, num_layers: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"embedding_dim ({dim}) must be divisible by model.num_heads ({num_heads}); "
+                "change one of store.embedding_dim or model.num_heads"
+            )
+        self.attn = nn.ModuleList(
+            nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True) for _ in range(num_layers)
+        )
+        self.norm = nn.ModuleList(nn.LayerNorm(dim) for _ in range(num_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for attn, norm in zip(self.attn, self.norm, strict=True):
+            a, _ = attn(x, x, x, need_weights=False)  # (B, F, D)
+            x = norm(x + a)  # (B, F, D)
+        return x
+
+
+class InteractionArch(nn.Module):
+    """Joins the dense features and the attended field embeddings into one vector per example.
+
+    Args:
+        num_dense: n, the number of dense (already log1p-transformed) features.
+        num_fields: F.
+        dim: D.
+
+    Example::
+
+        inter = InteractionArch(num_dense=2, num_fields=3, dim=4)
+        z = inter(torch.randn(5, 2), torch.randn(5, 3, 4))  # -> (5, 2 + 3*4)
+    """
+
+    def __init__(self, *, num_dense: int, num_fields: int, dim: int) -> None:
+        super().__init__()
+        self.out_dim = num_dense + num_fields * dim
+
+    def forward(self, dense: torch.Tensor, fields: torch.Tensor) -> torch.Tensor:
+        B = fields.shape[0]
+        return torch.cat([dense, fields.reshape(B, -1)], dim=1)  # (B, n + F*D)
+
+
+class OverArch(nn.Module):
+    """MLP from the interaction vector to one logit per example.
+
+    Args:
+        in_dim: width of the input vector.
+        mlp_dims: hidden widths, each followed by ReLU (and dropout when > 0).
+        dropout: dropout probability after each hidden layer.
+
+    Example::
+
+        over = OverArch(in_dim=14, mlp_dims=(8, 4))
+        logits = over(torch.randn(5, 14))  # (5, 14) -> (5,)
+    """
+
+    def __init__(self, *, in_dim: int, mlp_dims: tuple[int, ...], dropout: float = 0.0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_dim
+        for hidden in mlp_dims:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            width = hidden
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x).squeeze(-1)  # (B, in_dim) -> (B,)
+
+
+class CTRModel(nn.Module):
+    """The dense part of the CTR model; embeddings come from the store.
+
+    Args:
+        config: architecture (heads, attention layers, MLP widths, dropout).
+        num_dense: n, dense features per example (already log-transformed).
+        num_fields: F, categorical fields per example.
+        dim: D, the embedding width (`StoreConfig.embedding_dim`).
+
+    Example::
+
+        model = CTRModel(ModelConfig(mlp_dims=(16,)), num_dense=13, num_fields=26, dim=8)
+        logits = model(torch.randn(32, 13), torch.randn(32, 26, 8))  # (32,)
+        probs = torch.sigmoid(logits)
+    """
+
+    def __init__(self, config: ModelConfig, *, num_dense: int, num_fields: int, dim: int) -> None:
+        super().__init__()
+        if num_dense < 0 or num_fields < 1 or dim < 1:
+            raise ValueError(
+                f"CTRModel needs num_dense >= 0, num_fields >= 1, dim >= 1; got {num_dense}, {num_fields}, {dim}"
+            )
+        self.config = config
+        self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
+        self.attention = SequenceAttention(
+            dim=dim, num_heads=config.num_heads, num_layers=config.attention_layers, dropout=config.dropout
+        )
+        self.interaction = InteractionArch(num_dense=num_dense, num_fields=num_fields, dim=dim)
+        self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
+            raise ValueError(
+                f"CTRModel expects dense (B, {self.num_dense}) and emb (B, {self.num_fields}, {self.dim}), "
+                f"got {tuple(dense.shape)} and {tuple(emb.shape)}"
+            )
+        fields = self.attention(emb)  # (B, F, D)
+        z = self.interaction(dense, fields)  # (B, n + F*D)
+        return self.over(z)  # (B,)
