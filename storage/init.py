@@ -1,0 +1,100 @@
+"""Deterministic initial embedding rows: a pure function of the key.
+
+Every tier, rank, machine and rerun must agree on the row of a key it has never
+seen, without any shared RNG state, so the initial row is derived from the key
+alone:
+
+    seed_k   = splitmix64(key)
+    h_kj     = splitmix64(seed_k + j * GAMMA)          j = 0 .. dim-1   (the splitmix64 stream of seed_k)
+    u1, u2   = ((h >> 32) + 1) / 2^32, (h & 0xffffffff) / 2^32          u1 in (0, 1], u2 in [0, 1)
+    row[k,j] = std * sqrt(-2 ln u1) * cos(2 pi u2)                       (Box-Muller, float64, then float32)
+
+Integer arithmetic is done in torch int64, which wraps modulo 2^64 like the
+uint64 arithmetic of the reference (`init_rows_numpy`, used by the tests), with
+logical right shifts emulated by masking.  The transcendental part is computed
+in float64 on the CPU whatever the keys' device, then rounded to float32, so the
+result does not depend on the accelerator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_GAMMA = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_TWO_PI = 2.0 * np.pi
+_INV_2_32 = 1.0 / 4294967296.0
+
+
+def _signed(x: int) -> int:
+    """The int64 with the same bits as the uint64 `x`."""
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's `>>` is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser of `x + GAMMA` on int64 tensors (bits as uint64, wrapping)."""
+    z = x + _signed(_GAMMA)
+    z = (z ^ _srl(z, 30)) * _signed(_M1)
+    z = (z ^ _srl(z, 27)) * _signed(_M2)
+    return z ^ _srl(z, 31)
+
+
+def init_rows(keys: torch.Tensor, dim: int, std: float) -> torch.Tensor:
+    """Initial rows of `keys`: N(0, std^2) values that depend only on the key and the column.
+
+    Args:
+        keys: int64 tensor of shape (N,), any device; duplicates allowed.
+        dim: row width (>= 1).  Column j of a key is the same for every dim > j.
+        std: standard deviation (> 0).
+
+    Returns:
+        float32 tensor (N, dim) on the device of `keys`.
+
+    Raises:
+        TypeError: `keys` is not an int64 tensor.
+        ValueError: bad shape, dim or std.
+    """
+    if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64:
+        raise TypeError(f"keys must be an int64 torch.Tensor, got {getattr(keys, 'dtype', type(keys))}")
+    if keys.dim() != 1:
+        raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    if not std > 0:
+        raise ValueError(f"std must be > 0, got {std}")
+    device = keys.device
+    k = keys.detach().to("cpu")
+    seed = splitmix64(k)
+    steps = torch.arange(dim, dtype=torch.int64) * _signed(_GAMMA)
+    h = splitmix64(seed[:, None] + steps[None, :])  # (N, dim)
+    u1 = (_srl(h, 32).to(torch.float64) + 1.0) * _INV_2_32
+    u2 = (h & 0xFFFFFFFF).to(torch.float64) * _INV_2_32
+    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(_TWO_PI * u2)
+    return (z * std).to(torch.float32).to(device)
+
+
+def init_rows_numpy(keys: np.ndarray, dim: int, std: float) -> np.ndarray:
+    """Reference of `init_rows` in NumPy uint64 arithmetic (tests compare the two bit for bit)."""
+    u = np.asarray(keys, dtype=np.int64).view(np.uint64)
+
+    def mix(x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            z = x + np.uint64(_GAMMA)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+            return z ^ (z >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        steps = np.arange(dim, dtype=np.uint64) * np.uint64(_GAMMA)
+        h = mix(mix(u)[:, None] + steps[None, :])
+    u1 = ((h >> np.uint64(32)).astype(np.float64) + 1.0) * _INV_2_32
+    u2 = (h & np.uint64(0xFFFFFFFF)).astype(np.float64) * _INV_2_32
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(_TWO_PI * u2)
+    return (z * std).astype(np.float32)
