@@ -11,6 +11,11 @@ Guarantees every tier keeps (checked by `tests/storage/conformance.py`):
   store's device, in the order of `keys`; duplicates are allowed.  A key the
   store has never seen is initialised with `init_rows(keys, dim, std)`, a pure
   function of the key, so every rank, every tier and every rerun agrees.
+  `lookup` does not store that row: a row exists (counts in `len`, appears in
+  `snapshot`) once `update`, `warm` or `restore` wrote it.
+- Keys are int64 tensors of shape (N,) with non-negative values; gradients are
+  float32 (N, dim).  Anything else raises `TypeError` / `ValueError` before any
+  row changes.
 - `update(keys, grads, lr=...)` applies sparse Adam to the rows of `keys`;
   gradients of duplicate keys are summed first.  Each row's clock counts its
   own updates and drives its bias correction (lazy Adam).  Non-finite
@@ -80,7 +85,8 @@ class EmbeddingStore(abc.ABC):
 
     @abc.abstractmethod
     def stats(self) -> dict[str, Any]:
-        """Counters per tier: hits, misses, bytes_read, bytes_written, evictions, rows."""
+        """Counters per tier, top tier first: ``{tier_name: {"hits", "misses", "bytes_read",
+        "bytes_written", "evictions", "rows", ...}}`` (a single-level store reports one tier)."""
         raise NotImplementedError
 
     @abc.abstractmethod

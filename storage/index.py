@@ -57,6 +57,7 @@ class KeyIndex:
 
     @property
     def table_size(self) -> int:
+        """Cells in the hash table (a power of two, at least twice the keys held)."""
         return self._keys.size
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
@@ -136,10 +137,11 @@ class KeyIndex:
     def _rehash(self, need: int) -> None:
         live = self._keys >= 0
         keys, vals = self._keys[live], self._vals[live]
-        self._alloc(max(need, 16))
+        self._alloc(max(2 * need, 16))  # headroom, so a run of small inserts does not rehash each time
         self.insert(keys, vals)
 
     def clear(self) -> None:
+        """Remove every key."""
         self._alloc(16)
 
 
@@ -227,4 +229,5 @@ class SlotMap:
         self._free = np.flatnonzero(slot_keys < 0)[::-1].copy()
 
     def clear(self) -> None:
+        """Remove every key and free every slot (capacity unchanged)."""
         self.__init__(self.capacity)  # type: ignore[misc]

@@ -33,17 +33,29 @@ def _signed(x: int) -> int:
     return x - (1 << 64) if x >= (1 << 63) else x
 
 
-def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's `>>` is arithmetic)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
+def _xorshift_(z: torch.Tensor, k: int, tmp: torch.Tensor) -> None:
+    """z ^= z >>> k (a logical shift: torch's `>>` is arithmetic, so the sign bits are masked off),
+    in place (`tmp`: scratch of z's shape).  In-place ops avoid a fresh
+    allocation per step, which dominates on CPU for large batches."""
+    torch.bitwise_right_shift(z, k, out=tmp)
+    tmp.bitwise_and_((1 << (64 - k)) - 1)
+    z.bitwise_xor_(tmp)
+
+
+def _splitmix64_(z: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    z.add_(_signed(_GAMMA))
+    _xorshift_(z, 30, tmp)
+    z.mul_(_signed(_M1))
+    _xorshift_(z, 27, tmp)
+    z.mul_(_signed(_M2))
+    _xorshift_(z, 31, tmp)
+    return z
 
 
 def splitmix64(x: torch.Tensor) -> torch.Tensor:
     """splitmix64 finaliser of `x + GAMMA` on int64 tensors (bits as uint64, wrapping)."""
-    z = x + _signed(_GAMMA)
-    z = (z ^ _srl(z, 30)) * _signed(_M1)
-    z = (z ^ _srl(z, 27)) * _signed(_M2)
-    return z ^ _srl(z, 31)
+    z = x.clone()
+    return _splitmix64_(z, torch.empty_like(z))
 
 
 def init_rows(keys: torch.Tensor, dim: int, std: float) -> torch.Tensor:
@@ -70,14 +82,20 @@ def init_rows(keys: torch.Tensor, dim: int, std: float) -> torch.Tensor:
     if not std > 0:
         raise ValueError(f"std must be > 0, got {std}")
     device = keys.device
-    k = keys.detach().to("cpu")
-    seed = splitmix64(k)
+    seed = splitmix64(keys.detach().to("cpu"))
     steps = torch.arange(dim, dtype=torch.int64) * _signed(_GAMMA)
-    h = splitmix64(seed[:, None] + steps[None, :])  # (N, dim)
-    u1 = (_srl(h, 32).to(torch.float64) + 1.0) * _INV_2_32
-    u2 = (h & 0xFFFFFFFF).to(torch.float64) * _INV_2_32
-    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(_TWO_PI * u2)
-    return (z * std).to(torch.float32).to(device)
+    h = seed[:, None] + steps[None, :]  # (N, dim)
+    tmp = torch.empty_like(h)
+    _splitmix64_(h, tmp)
+    torch.bitwise_right_shift(h, 32, out=tmp)
+    tmp.bitwise_and_(0xFFFFFFFF)
+    u1 = tmp.to(torch.float64).add_(1.0).mul_(_INV_2_32)  # (0, 1]
+    h.bitwise_and_(0xFFFFFFFF)
+    u2 = h.to(torch.float64).mul_(_INV_2_32 * _TWO_PI)  # 2 pi u2
+    del h, tmp
+    r = u1.log_().mul_(-2.0).sqrt_()
+    z = r.mul_(u2.cos_()).mul_(std)
+    return z.to(torch.float32).to(device)
 
 
 def init_rows_numpy(keys: np.ndarray, dim: int, std: float) -> np.ndarray:

@@ -1,0 +1,249 @@
+"""Encode stage: events + vocabulary of D -> features/date=D/{train,eval}/ for the trainer.
+
+`encode_frame` is the pure row transform (docs/ARCHITECTURE.md, "features"):
+label float32, d_i = log1p(max(x, 0)) with missing -> 0, k_j = the value's key
+when admitted, else the field's OOV key, or its missing key.
+
+The day is split in time order: the first (1 - eval_fraction) of the rows
+train, the rest evaluate.  Time order is `order` for formats without a
+timestamp, and (`ts`, `order`) for Avazu, whose rows are only roughly sorted
+by hour; the split point is found exactly from per-partition counts, so no
+process sorts the day.  Parts keep the events partition's index:
+train/part-00003.parquet and eval/part-00003.parquet hold the train and eval
+rows of events partition 3, in file order.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from distributed import Client
+
+from pipeline.config import EncodeConfig
+from pipeline.keys import factorize_keys, missing_key, oov_key
+from pipeline.schema import LogSchema, get_schema
+from pipeline.vocab_stage import load_admitted
+from storage.fsio import (
+    code_version,
+    commit_dir,
+    get_fs,
+    join,
+    read_manifest,
+    remove_stale_staging,
+    staging_dir,
+    validate_date,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeResult:
+    date: str
+    rows_train: int
+    rows_eval: int
+    skipped: bool
+
+
+def dense_columns(schema: LogSchema) -> list[str]:
+    return [f"d_{i}" for i in range(len(schema.dense))]
+
+
+def key_columns(schema: LogSchema) -> list[str]:
+    return [f"k_{j}" for j in range(len(schema.categorical))]
+
+
+def features_schema(schema: LogSchema) -> pa.Schema:
+    return pa.schema(
+        [("label", pa.float32())]
+        + [(c, pa.float32()) for c in dense_columns(schema)]
+        + [(c, pa.int64()) for c in key_columns(schema)]
+    )
+
+
+def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> pd.DataFrame:
+    """Features of `events` rows given the sorted admitted keys (see the module docstring)."""
+    cols: dict[str, np.ndarray] = {"label": events["label"].to_numpy(np.float32)}
+    for i, name in enumerate(schema.dense):
+        x = events[name].to_numpy(np.float32, na_value=np.nan)
+        cols[f"d_{i}"] = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
+    for j, name in enumerate(schema.categorical):
+        codes, keys = factorize_keys(j, events[name])
+        if len(admitted):
+            pos = np.minimum(np.searchsorted(admitted, keys), len(admitted) - 1)
+            keys = np.where(admitted[pos] == keys, keys, oov_key(j))
+        else:
+            keys = np.full(len(keys), oov_key(j), dtype=np.int64)
+        out = np.full(len(codes), missing_key(j), dtype=np.int64)
+        present = codes >= 0
+        out[present] = keys[codes[present]]
+        cols[f"k_{j}"] = out
+    return pd.DataFrame(cols)
+
+
+def eval_size(rows: int, eval_fraction: float) -> int:
+    """Rows held out: round(rows * eval_fraction), at least 1 and leaving at least 1 to train."""
+    if rows < 2:
+        raise ValueError(f"cannot split {rows} rows into train and eval; the day needs at least 2 rows")
+    return min(max(round(rows * eval_fraction), 1), rows - 1)
+
+
+def positional_split(part_rows: list[int], rows_train: int) -> list[int]:
+    """Train rows at the head of each partition when partitions are in time order."""
+    starts = np.concatenate([[0], np.cumsum(part_rows)[:-1]]).astype(np.int64)
+    return np.clip(rows_train - starts, 0, np.asarray(part_rows, dtype=np.int64)).tolist()
+
+
+def ts_threshold(ts_counts: pd.Series, rows_train: int) -> tuple[int, int]:
+    """(t, k): train = rows with ts < t, plus the k rows with ts == t of smallest `order`.
+
+    Args:
+        ts_counts: rows per timestamp over the day, indexed by ts.
+        rows_train: rows to put in train.
+    """
+    counts = ts_counts.groupby(level=0).sum().sort_index()
+    cum = counts.cumsum().to_numpy()
+    i = int(np.searchsorted(cum, rows_train))
+    before = int(cum[i - 1]) if i else 0
+    return int(counts.index[i]), rows_train - before
+
+
+def encode_date(
+    date: str,
+    *,
+    root: str,
+    encode: EncodeConfig,
+    fmt: str,
+    client: Client,
+    force: bool = False,
+    storage_options: dict | None = None,
+) -> EncodeResult:
+    """Encode the committed events of `date` with its vocabulary into `<root>/features/date=D/`.
+
+    Also writes features/date=D/key_counts.parquet: (key, count) of the train
+    rows, hottest first, the working set the warm stage loads.
+
+    Raises:
+        FileNotFoundError: the events or the vocabulary of `date` are not committed.
+    """
+    validate_date(date)
+    schema = get_schema(fmt)
+    fs, root_path = get_fs(root, storage_options)
+    events_dir = join(root_path, "events", f"date={date}")
+    events = read_manifest(fs, events_dir)
+    if events is None:
+        raise FileNotFoundError(f"no committed events for {date} at {join(root, 'events', f'date={date}')}: run ingest first")
+    vocab = read_manifest(fs, join(root_path, "vocab", f"date={date}"))
+    if vocab is None:
+        raise FileNotFoundError(f"no committed vocabulary for {date} under {join(root, 'vocab')}: run build_vocab first")
+    final = join(root_path, "features", f"date={date}")
+    done = read_manifest(fs, final)
+    source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.get("run_id"), "eval_fraction": encode.eval_fraction}
+    if done and not force and all(done.get(k) == v for k, v in source.items()):
+        return EncodeResult(date=date, rows_train=done["rows_train"], rows_eval=done["rows_eval"], skipped=True)
+
+    paths = [join(events_dir, p["name"]) for p in events["parts"]]
+    rows_eval = eval_size(events["rows_written"], encode.eval_fraction)
+    rows_train = events["rows_written"] - rows_eval
+    if schema.timestamp is None:
+        rules = [("head", k) for k in positional_split([p["rows"] for p in events["parts"]], rows_train)]
+    else:
+        ts_counts = pd.concat(client.gather(client.map(_ts_counts, paths, fs=fs, pure=False)))
+        t, k = ts_threshold(ts_counts, rows_train)
+        orders = np.sort(np.concatenate(client.gather(client.map(_orders_at, paths, fs=fs, ts=t, pure=False))))
+        rules = [("threshold", t, int(orders[k - 1]) if k else -1)] * len(paths)
+
+    admitted = client.scatter(load_admitted(root, date, storage_options), broadcast=True)
+    remove_stale_staging(fs, final)
+    stage = staging_dir(fs, final)
+    try:
+        for split in ("train", "eval"):
+            fs.makedirs(join(stage, split), exist_ok=True)
+        futures = [
+            client.submit(_encode_part, path, i, rule, admitted, fs=fs, fmt=schema.name, stage=stage, pure=False)
+            for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
+        ]
+        done_parts = client.gather(futures)
+        n_train = sum(p["train"] for p in done_parts)
+        n_eval = sum(p["eval"] for p in done_parts)
+        if (n_train, n_eval) != (rows_train, rows_eval):  # the split rules must hit the planned sizes
+            raise RuntimeError(f"encode {date}: split gave {n_train}/{n_eval} rows, planned {rows_train}/{rows_eval}")
+        key_counts = _merge_key_counts([p["key_counts"] for p in done_parts])
+        with fs.open(join(stage, "key_counts.parquet"), "wb") as f:
+            pq.write_table(pa.Table.from_pandas(key_counts, preserve_index=False), f)
+        manifest = {
+            "date": date,
+            "format": schema.name,
+            "rows_train": rows_train,
+            "rows_eval": rows_eval,
+            "dense_columns": dense_columns(schema),
+            "key_columns": key_columns(schema),
+            "fields": list(schema.categorical),
+            "dense_fields": list(schema.dense),
+            "vocab_date": date,
+            "train_parts": [p["name"] for p in done_parts if p["train"]],
+            "eval_parts": [p["name"] for p in done_parts if p["eval"]],
+            "distinct_train_keys": len(key_counts),
+            **source,
+            "run_id": uuid.uuid4().hex,
+            "code_version": code_version(),
+        }
+        commit_dir(fs, stage, final, manifest)
+    except BaseException:
+        if fs.exists(stage):
+            fs.rm(stage, recursive=True)
+        raise
+    return EncodeResult(date=date, rows_train=rows_train, rows_eval=rows_eval, skipped=False)
+
+
+def _encode_part(
+    path: str, index: int, rule: tuple, admitted: np.ndarray, *, fs: fsspec.AbstractFileSystem, fmt: str, stage: str
+) -> dict:
+    """Dask task: encode one events partition, write its train/eval parts, count its train keys."""
+    schema = get_schema(fmt)
+    with fs.open(path, "rb") as f:
+        events = pq.read_table(f).to_pandas()
+    if rule[0] == "head":
+        train = np.arange(len(events)) < rule[1]
+    else:
+        _, t, last_order = rule
+        ts, order = events["ts"].to_numpy(np.int64), events["order"].to_numpy(np.int64)
+        train = (ts < t) | ((ts == t) & (order <= last_order))
+    features = encode_frame(events, schema, admitted)
+    name = f"part-{index:05d}.parquet"
+    out_schema = features_schema(schema)
+    for split, mask in (("train", train), ("eval", ~train)):
+        if mask.any():
+            table = pa.Table.from_pandas(features[mask], schema=out_schema, preserve_index=False)
+            with fs.open(join(stage, split, name), "wb") as f:
+                pq.write_table(table, f)
+    keys = features.loc[train, key_columns(schema)].to_numpy().ravel()
+    key_counts = pd.Series(keys).value_counts(sort=False)
+    return {"name": name, "train": int(train.sum()), "eval": int((~train).sum()), "key_counts": key_counts}
+
+
+def _merge_key_counts(parts: list[pd.Series]) -> pd.DataFrame:
+    """(key, count) summed over parts, sorted by count desc then key (deterministic)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame({"key": np.empty(0, np.int64), "count": np.empty(0, np.int64)})
+    total = pd.concat(parts).groupby(level=0).sum()
+    frame = pd.DataFrame({"key": total.index.to_numpy(np.int64), "count": total.to_numpy(np.int64)})
+    return frame.sort_values(["count", "key"], ascending=[False, True], ignore_index=True)
+
+
+def _ts_counts(path: str, *, fs: fsspec.AbstractFileSystem) -> pd.Series:
+    with fs.open(path, "rb") as f:
+        ts = pq.read_table(f, columns=["ts"]).column("ts").to_numpy()
+    return pd.Series(ts).value_counts(sort=False)
+
+
+def _orders_at(path: str, *, fs: fsspec.AbstractFileSystem, ts: int) -> np.ndarray:
+    with fs.open(path, "rb") as f:
+        table = pq.read_table(f, columns=["ts", "order"])
+    ts_col, order = table.column("ts").to_numpy(), table.column("order").to_numpy()
+    return order[ts_col == ts]

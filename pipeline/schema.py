@@ -1,0 +1,254 @@
+"""The raw ad-log formats the pipeline reads, and the typed events they become.
+
+A `LogSchema` says how one line of a raw log file splits into fields and which
+field plays which role (label, dense numbers, categorical values, timestamp).
+Everything downstream (parse, vocab, encode) is driven by it, so adding a
+format means adding one schema here, or writing a YAML schema file
+(`load_schema_file`, format documented there) and pointing `input.format` at it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+_CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
+_CRITEO_CATEGORICAL = tuple(f"C{i}" for i in range(1, 27))
+_AVAZU_COLUMNS = (
+    "id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category",
+    "app_id", "app_domain", "app_category", "device_id", "device_ip", "device_model",
+    "device_type", "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogSchema:
+    name: str
+    """Format name as used in `input.format`."""
+    separator: str
+    """Field separator (no quoting: neither format quotes its fields)."""
+    has_header: bool
+    """Whether files of this format start with a header line naming `columns`."""
+    columns: tuple[str, ...]
+    """All column names in file order."""
+    label: str
+    """The 0/1 click column."""
+    dense: tuple[str, ...]
+    """Integer-valued numeric columns (become float32 events columns, then d_i features)."""
+    categorical: tuple[str, ...]
+    """Categorical columns in field-index order: `categorical[j]` has feature-key field j."""
+    timestamp: str | None = None
+    """Column holding the event time, or None when rows carry none (Criteo)."""
+    timestamp_format: str | None = None
+    """strptime format of `timestamp` (interpreted as UTC), or `unix` / `unix_ms` for epoch numbers."""
+    min_fields: int = 0
+    """Fewest fields a row may have; rows with fewer but at least this many are padded
+    with missing trailing fields (real Criteo copies strip trailing empty fields).
+    0 means all columns are required."""
+    label_positive: tuple[str, ...] = ("1",)
+    """Label texts that mean a click."""
+    label_negative: tuple[str, ...] = ("0",)
+    """Label texts that mean no click; any other label text is quarantined."""
+    floats: tuple[str, ...] = ()
+    """The members of `dense` that are real-valued rather than integer (only changes error messages)."""
+    multi_valued: tuple[tuple[str, str], ...] = ()
+    """(column, inner separator) of categorical columns holding a list of values in one field;
+    they become list<string> events columns and bags of keys in features (`bag_<j>`)."""
+
+    def __post_init__(self) -> None:
+        known = set(self.columns)
+        for role in (self.label, *self.dense, *self.categorical):
+            if role not in known:
+                raise ValueError(f"schema {self.name}: column {role!r} is not in columns {self.columns}")
+        if self.timestamp is not None and (self.timestamp not in known or not self.timestamp_format):
+            raise ValueError(f"schema {self.name}: timestamp {self.timestamp!r} needs a column and a format")
+        if len(self.categorical) >= 128:
+            raise ValueError(f"schema {self.name}: at most 127 categorical fields fit the 7-bit field index")
+        if not 0 <= self.min_fields <= len(self.columns):
+            raise ValueError(f"schema {self.name}: min_fields {self.min_fields} out of range")
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"schema {self.name}: duplicate column names in {self.columns}")
+        overlap = set(self.label_positive) & set(self.label_negative)
+        if not self.label_positive or not self.label_negative or overlap:
+            raise ValueError(
+                f"schema {self.name}: label positive {self.label_positive} and negative {self.label_negative} "
+                "values must be non-empty and disjoint"
+            )
+        for name, inner in self.multi_valued:
+            if name not in self.categorical:
+                raise ValueError(f"schema {self.name}: multi-valued column {name!r} must be categorical")
+            if not inner or inner == self.separator:
+                raise ValueError(f"schema {self.name}: multi-valued column {name!r} needs an inner separator "
+                                 f"other than the field separator {self.separator!r}")
+        if not set(self.floats) <= set(self.dense):
+            raise ValueError(f"schema {self.name}: float columns {self.floats} must be dense columns")
+
+    @property
+    def required_fields(self) -> int:
+        return self.min_fields or len(self.columns)
+
+    @property
+    def multi_separator(self) -> dict[str, str]:
+        """Multi-valued column -> its inner separator."""
+        return dict(self.multi_valued)
+
+    def events_schema(self) -> pa.Schema:
+        """Arrow schema of the events Parquet (docs/ARCHITECTURE.md, "events")."""
+        multi = self.multi_separator
+        return pa.schema(
+            [("label", pa.int8()), ("ts", pa.int64()), ("order", pa.int64())]
+            + [(c, pa.float32()) for c in self.dense]
+            + [(c, pa.list_(pa.string()) if c in multi else pa.string()) for c in self.categorical]
+        )
+
+
+CRITEO = LogSchema(
+    name="criteo",
+    separator="\t",
+    has_header=False,
+    columns=("label", *_CRITEO_DENSE, *_CRITEO_CATEGORICAL),
+    label="label",
+    dense=_CRITEO_DENSE,
+    categorical=_CRITEO_CATEGORICAL,
+    min_fields=1 + len(_CRITEO_DENSE),
+)
+
+AVAZU = LogSchema(
+    name="avazu",
+    separator=",",
+    has_header=True,
+    columns=_AVAZU_COLUMNS,
+    label="click",
+    dense=(),
+    categorical=tuple(c for c in _AVAZU_COLUMNS if c not in ("id", "click", "hour")),
+    timestamp="hour",
+    timestamp_format="%y%m%d%H",
+)
+
+SCHEMAS = {s.name: s for s in (CRITEO, AVAZU)}
+
+
+SCHEMA_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def is_schema_file(fmt: str) -> bool:
+    return fmt.lower().endswith(SCHEMA_FILE_SUFFIXES)
+
+
+def get_schema(fmt: str | LogSchema) -> LogSchema:
+    """The schema of format `fmt`: `criteo`, `avazu`, or a path/URL of a YAML schema file."""
+    if isinstance(fmt, LogSchema):
+        return fmt
+    if is_schema_file(fmt):
+        return load_schema_file(fmt)
+    try:
+        return SCHEMAS[fmt]
+    except KeyError:
+        raise ValueError(
+            f"unknown log format {fmt!r}; known formats: {sorted(SCHEMAS)} or a schema file ending in .yaml/.yml"
+        ) from None
+
+
+@functools.lru_cache(maxsize=32)
+def load_schema_file(url: str) -> LogSchema:
+    """Read a YAML schema file describing an ad log no code here knows.
+
+    Example (every key but `columns`, `label` and one feature list is optional)::
+
+        name: shop_clicks          # recorded in manifests (default: the file name)
+        separator: ";"             # default "\t"; "\\t" and "tab" also mean tab
+        header: true               # line 1 names the columns (default false)
+        columns: [ts, clicked, price, ctr_prior, site, tags]   # every column, file order
+        label: {column: clicked, positive: ["1", "yes"], negative: ["0", "no"]}  # or just: clicked
+        timestamp: {column: ts, format: "%Y-%m-%d %H:%M:%S"}   # or format: unix | unix_ms;
+                                   # omit to date rows by the {date} in input.url (the file name)
+        integer: [price]           # -> float32 events columns and d_i features
+        float: [ctr_prior]
+        categorical: [site]        # field index = position (multi-valued ones follow unless listed)
+        multi_valued: {tags: "|"}  # column -> inner separator: a list of values in one field
+        min_fields: 0              # rows with fewer fields (but >= this) read missing trailing fields
+
+    Raises:
+        ValueError: the file is not valid YAML or describes an inconsistent schema (the message says what).
+    """
+    import fsspec
+    import yaml
+
+    try:
+        with fsspec.open(url, "r", encoding="utf-8") as f:
+            spec = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"schema file {url} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"schema file {url}: not valid YAML: {exc}") from exc
+    return schema_from_dict(spec, default_name=url.rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0], where=url)
+
+
+_SCHEMA_KEYS = {"name", "separator", "header", "columns", "label", "timestamp", "integer", "float", "categorical",
+                "multi_valued", "min_fields"}  # fmt: skip
+
+
+def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "schema") -> LogSchema:
+    """A `LogSchema` from the mapping of a YAML schema file (see `load_schema_file`)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: a schema file must be a mapping, got {type(spec).__name__}")
+    unknown = set(spec) - _SCHEMA_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known keys: {sorted(_SCHEMA_KEYS)}")
+
+    def names(key: str) -> tuple[str, ...]:
+        value = spec.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{where}: {key} must be a list of column names, got {value!r}")
+        return tuple(value)
+
+    columns = names("columns")
+    if not columns:
+        raise ValueError(f"{where}: columns (every column name in file order) is required")
+    sep = str(spec.get("separator", "\t"))
+    sep = {"\\t": "\t", "tab": "\t"}.get(sep, sep)  # YAML '\t' in single quotes stays two characters
+    label = spec.get("label")
+    positive, negative = ("1",), ("0",)
+    if isinstance(label, dict):
+        positive = tuple(str(v) for v in label.get("positive", positive))
+        negative = tuple(str(v) for v in label.get("negative", negative))
+        label = label.get("column")
+    if not isinstance(label, str):
+        raise ValueError(f"{where}: label must be a column name or {{column, positive, negative}}, got {label!r}")
+    ts = spec.get("timestamp")
+    ts_column = ts_format = None
+    if ts is not None:
+        if not isinstance(ts, dict) or "column" not in ts or "format" not in ts:
+            raise ValueError(f"{where}: timestamp must be {{column: NAME, format: STRPTIME|unix|unix_ms}}, got {ts!r}")
+        ts_column, ts_format = str(ts["column"]), str(ts["format"])
+    multi = spec.get("multi_valued") or {}
+    if not isinstance(multi, dict):
+        raise ValueError(f"{where}: multi_valued must map column -> inner separator, got {multi!r}")
+    categorical = names("categorical")
+    categorical += tuple(c for c in multi if c not in categorical)
+    integer, real = names("integer"), names("float")
+    dense = tuple(c for c in columns if c in set(integer) | set(real))  # file order
+    if not dense and not categorical:
+        raise ValueError(f"{where}: no feature columns: list integer, float or categorical columns")
+    try:
+        return LogSchema(
+            name=str(spec.get("name", default_name)),
+            separator=sep,
+            has_header=bool(spec.get("header", False)),
+            columns=columns,
+            label=label,
+            dense=dense,
+            categorical=categorical,
+            timestamp=ts_column,
+            timestamp_format=ts_format,
+            min_fields=int(spec.get("min_fields", 0)),
+            label_positive=positive,
+            label_negative=negative,
+            floats=real,
+            multi_valued=tuple((str(k), str(v)) for k, v in multi.items()),
+        )
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None

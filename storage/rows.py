@@ -1,0 +1,275 @@
+"""Row-level building blocks shared by every tier.
+
+- `Rows`: a batch of full rows (embedding, Adam moments, clock), the unit tiers
+  move between each other so optimizer state is never lost.
+- argument checks (`check_keys`, `check_grads`) so every tier raises the same
+  errors for the same bad input, before touching any row;
+- `sum_duplicates` and `sparse_adam`: the update rule of the contract;
+- `RowBuffer`: growable (or fixed) row tensors addressed by slot;
+- `RowTier`: the tier-to-tier interface (`read_rows` / `write_rows`) that the
+  caching tiers (`HostStore`, `DeviceCache`) need from the tier below.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from storage.base import ADAM_BETAS, ADAM_EPS, EmbeddingStore
+
+
+@dataclass
+class Rows:
+    """A batch of N full rows on one device.
+
+    Attributes:
+        emb: float32 (N, dim) embeddings.
+        m: float32 (N, dim) Adam first moments.
+        v: float32 (N, dim) Adam second moments.
+        clock: int64 (N,) updates applied so far.
+    """
+
+    emb: torch.Tensor
+    m: torch.Tensor
+    v: torch.Tensor
+    clock: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.clock.shape[0])
+
+    @staticmethod
+    def empty(n: int, dim: int, device: torch.device | str = "cpu") -> Rows:
+        """N zero rows (zero embeddings, moments and clocks)."""
+        z = torch.zeros((n, dim), dtype=torch.float32, device=device)
+        return Rows(z, z.clone(), z.clone(), torch.zeros(n, dtype=torch.int64, device=device))
+
+    @staticmethod
+    def fresh(emb: torch.Tensor) -> Rows:
+        """Rows with embeddings `emb`, zero moments and clock 0 (a never-updated row)."""
+        return Rows(
+            emb,
+            torch.zeros_like(emb),
+            torch.zeros_like(emb),
+            torch.zeros(emb.shape[0], dtype=torch.int64, device=emb.device),
+        )
+
+    @staticmethod
+    def from_numpy(emb: np.ndarray, m: np.ndarray, v: np.ndarray, clock: np.ndarray) -> Rows:
+        """Rows sharing memory with the arrays (copied first when an array is read-only, e.g. from Arrow)."""
+        return Rows(*(torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in (emb, m, v, clock)))
+
+    def to(self, device: torch.device | str) -> Rows:
+        """The rows on `device` (no copy when already there)."""
+        return Rows(self.emb.to(device), self.m.to(device), self.v.to(device), self.clock.to(device))
+
+    def select(self, idx: torch.Tensor | np.ndarray) -> Rows:
+        """Rows at positions `idx` (an index or boolean mask)."""
+        if isinstance(idx, np.ndarray):
+            idx = torch.from_numpy(idx)
+        idx = idx.to(self.emb.device)
+        return Rows(self.emb[idx], self.m[idx], self.v[idx], self.clock[idx])
+
+    def put(self, idx: torch.Tensor | np.ndarray, other: Rows) -> None:
+        """Overwrite the rows at positions `idx` with `other` (same device not required)."""
+        if isinstance(idx, np.ndarray):
+            idx = torch.from_numpy(idx)
+        idx = idx.to(self.emb.device)
+        other = other.to(self.emb.device)
+        self.emb[idx] = other.emb
+        self.m[idx] = other.m
+        self.v[idx] = other.v
+        self.clock[idx] = other.clock
+
+    @staticmethod
+    def cat(parts: list[Rows]) -> Rows:
+        """Concatenate batches of rows (same device)."""
+        return Rows(
+            torch.cat([p.emb for p in parts]),
+            torch.cat([p.m for p in parts]),
+            torch.cat([p.v for p in parts]),
+            torch.cat([p.clock for p in parts]),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the four tensors."""
+        return sum(t.numel() * t.element_size() for t in (self.emb, self.m, self.v, self.clock))
+
+
+def row_bytes(dim: int) -> int:
+    """Bytes of one row's payload: emb, m, v (float32) and clock (int64)."""
+    return 12 * dim + 8
+
+
+def check_keys(keys: torch.Tensor) -> np.ndarray:
+    """Validate `keys` and return them as a contiguous int64 NumPy array (a CPU copy when needed).
+
+    Raises:
+        TypeError: not an int64 torch.Tensor.
+        ValueError: not 1-D, or a negative key.
+    """
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
+    if keys.dtype != torch.int64:
+        raise TypeError(f"keys must be int64, got {keys.dtype}")
+    if keys.dim() != 1:
+        raise ValueError(f"keys must be 1-D (N,), got shape {tuple(keys.shape)}")
+    arr = np.ascontiguousarray(keys.detach().cpu().numpy())
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"keys must be non-negative (pipeline.keys), got {int(arr.min())}")
+    return arr
+
+
+def check_grads(grads: torch.Tensor, n: int, dim: int) -> None:
+    """Validate a gradient batch for `n` keys of width `dim`.
+
+    Raises:
+        TypeError: not a float32 torch.Tensor.
+        ValueError: wrong shape, or a NaN/inf entry.
+    """
+    if not isinstance(grads, torch.Tensor):
+        raise TypeError(f"grads must be a torch.Tensor of float32, got {type(grads).__name__}")
+    if grads.dtype != torch.float32:
+        raise TypeError(f"grads must be float32, got {grads.dtype}; cast with grads.float()")
+    if tuple(grads.shape) != (n, dim):
+        raise ValueError(f"grads must have shape ({n}, {dim}) for {n} keys, got {tuple(grads.shape)}")
+    if not bool(torch.isfinite(grads).all()):
+        raise ValueError("grads contain NaN or inf; no row was changed")
+
+
+def check_lr(lr: float, weight_decay: float) -> None:
+    """Raise `ValueError` unless `lr` and `weight_decay` are finite and >= 0."""
+    if not lr >= 0 or not np.isfinite(lr):
+        raise ValueError(f"lr must be a finite number >= 0, got {lr}")
+    if not weight_decay >= 0 or not np.isfinite(weight_decay):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
+
+
+def sum_duplicates(keys: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """Distinct keys (ascending) and the sum of the gradients of each key's occurrences."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    if uniq.size == keys.size:
+        order = torch.from_numpy(np.argsort(keys, kind="stable")).to(grads.device)
+        return uniq, grads.index_select(0, order)
+    summed = torch.zeros((uniq.size, grads.shape[1]), dtype=grads.dtype, device=grads.device)
+    summed.index_add_(0, torch.from_numpy(inverse.reshape(-1)).to(grads.device), grads)
+    return uniq, summed
+
+
+def sparse_adam(rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> Rows:
+    """One lazy-Adam step on `rows` with `grads` (same device, one gradient per row).
+
+    Each row counts its own steps in `clock` and uses it for bias correction,
+    which is exactly `torch.optim.Adam` (L2 `weight_decay` added to the
+    gradient) run on a parameter per row that is stepped only when touched.
+    Returns new tensors; `rows` is not modified.
+    """
+    b1, b2 = ADAM_BETAS
+    g = grads if weight_decay == 0 else grads + weight_decay * rows.emb
+    clock = rows.clock + 1
+    m = torch.lerp(rows.m, g, 1 - b1)
+    v = rows.v * b2 + (1 - b2) * g * g
+    t = clock.to(torch.float64)
+    bc1 = 1 - torch.pow(torch.full_like(t, b1), t)
+    bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t))
+    step = (lr / bc1).to(torch.float32)[:, None]
+    denom = v.sqrt() / bc2_sqrt.to(torch.float32)[:, None] + ADAM_EPS
+    emb = rows.emb - step * (m / denom)
+    return Rows(emb, m, v, clock)
+
+
+class RowBuffer:
+    """Row tensors (emb, m, v, clock) on one device, addressed by slot; grows by doubling.
+
+    Args:
+        dim: row width.
+        device: where the tensors live.
+        capacity: initial (or, with `fixed=True`, the only) number of slots.
+        fixed: never grow (a preallocated cache).
+        limit: never grow past this many slots when growing by doubling.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        device: torch.device | str = "cpu",
+        capacity: int = 0,
+        *,
+        fixed: bool = False,
+        limit: int | None = None,
+    ) -> None:
+        self.dim = dim
+        self.device = torch.device(device)
+        self.fixed = fixed
+        self.limit = limit
+        self.rows = Rows.empty(capacity, dim, self.device)
+
+    @property
+    def capacity(self) -> int:
+        """Slots allocated now."""
+        return len(self.rows)
+
+    def ensure(self, n_slots: int) -> None:
+        """Grow (by doubling, up to `limit`) so slots [0, n_slots) exist."""
+        if n_slots <= self.capacity:
+            return
+        if self.fixed:
+            raise ValueError(f"RowBuffer is fixed at {self.capacity} slots, asked for {n_slots}")
+        size = max(n_slots, 2 * self.capacity, 1024)
+        if self.limit is not None:
+            size = max(n_slots, min(size, self.limit))
+        grown = Rows.empty(size, self.dim, self.device)
+        old = self.capacity
+        grown.emb[:old] = self.rows.emb
+        grown.m[:old] = self.rows.m
+        grown.v[:old] = self.rows.v
+        grown.clock[:old] = self.rows.clock
+        self.rows = grown
+
+    def gather(self, slots: np.ndarray) -> Rows:
+        """Copies of the rows at `slots`."""
+        return self.rows.select(torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)))
+
+    def scatter(self, slots: np.ndarray, rows: Rows) -> None:
+        """Write `rows` at `slots` (distinct), growing when needed."""
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        if slots.size:
+            self.ensure(int(slots.max()) + 1)
+        self.rows.put(torch.from_numpy(slots), rows)
+
+    def gather_emb(self, slots: np.ndarray) -> torch.Tensor:
+        """Embeddings only at `slots`, (len(slots), dim)."""
+        idx = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
+        return self.rows.emb.index_select(0, idx)
+
+    def reset(self) -> None:
+        """Drop every row (a fixed buffer keeps its allocation)."""
+        self.rows = Rows.empty(self.capacity if self.fixed else 0, self.dim, self.device)
+
+
+class RowTier(EmbeddingStore):
+    """An `EmbeddingStore` that can also move full rows, so a caching tier can sit above it.
+
+    `read_rows` never materialises a row (unknown keys come back as fresh
+    `init_rows` with `found=False`); `write_rows` upserts full rows as given.
+    """
+
+    device: torch.device
+
+    @abc.abstractmethod
+    def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
+        """Full rows of distinct `keys` on this tier's device, and a bool mask of the keys it holds."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
+        """Insert or overwrite the rows of distinct `keys` (counts as a change to the store)."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """Bool mask: which of `keys` this store (any level) holds."""
+        raise NotImplementedError

@@ -1,0 +1,70 @@
+"""Synthetic Criteo days: deterministic, skewed, drifting, with a learnable planted click model."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.generate import generate_days
+from pipeline.keys import feature_keys
+from pipeline.parse import read_log_file
+from pipeline.schema import CRITEO
+
+
+def exact_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Mann-Whitney AUC with average ranks for ties."""
+    ranks = pd.Series(scores).rank(method="average").to_numpy()
+    pos = labels == 1
+    n_pos, n_neg = pos.sum(), (~pos).sum()
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+@pytest.fixture(scope="module")
+def two_days(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gen")
+    days = generate_days(str(out), 2, 20_000, seed=11, start_date="2026-03-01", with_truth=True)
+    return out, days
+
+
+def test_same_seed_same_bytes_other_seed_other_rows(tmp_path):
+    a = generate_days(str(tmp_path / "a"), 1, 500, seed=1)[0]
+    b = generate_days(str(tmp_path / "b"), 1, 500, seed=1)[0]
+    c = generate_days(str(tmp_path / "c"), 1, 500, seed=2)[0]
+    read = lambda d: open(d.path, "rb").read()  # noqa: E731
+    assert read(a) == read(b) and read(a) != read(c)
+    assert a.path.endswith("day_2026-01-01.tsv.gz") and a.rows == 500
+
+
+def test_files_are_valid_criteo_rows_with_missing_values(two_days):
+    out, days = two_days
+    events, quarantine = read_log_file(days[0].path, "criteo")
+    assert len(events) == 20_000 and len(quarantine) == 0
+    assert events["C23"].isna().mean() > 0.5 and events["I1"].isna().mean() > 0.3
+    assert events["C1"].isna().sum() == 0
+
+
+def test_click_rate_and_truth_are_consistent_and_learnable(two_days):
+    out, days = two_days
+    events, _ = read_log_file(days[0].path, "criteo")
+    truth = np.load(out / "day_2026-03-01.truth.npy")
+    labels = events["label"].to_numpy()
+    assert truth.dtype == np.float32 and len(truth) == len(labels)
+    assert 0.18 < labels.mean() < 0.32 and abs(days[0].click_rate - labels.mean()) < 1e-9
+    assert abs(truth.mean() - labels.mean()) < 0.02
+    assert exact_auc(labels, truth) > 0.7
+
+
+def test_a_tenth_of_the_keys_take_most_lookups(two_days):
+    _, days = two_days
+    events, _ = read_log_file(days[0].path, "criteo")
+    keys = np.concatenate([feature_keys(j, events[c]) for j, c in enumerate(CRITEO.categorical)])
+    counts = np.sort(pd.Series(keys).value_counts().to_numpy())[::-1]
+    top = counts[: len(counts) // 10].sum() / counts.sum()
+    assert top > 0.8
+
+
+def test_each_day_brings_new_values_while_most_lookups_hit_old_ones(two_days):
+    _, days = two_days
+    (day1, _), (day2, _) = (read_log_file(d.path, "criteo") for d in days)
+    new_rows = ~day2["C3"].isin(set(day1["C3"].dropna())) & day2["C3"].notna()
+    assert day2.loc[new_rows, "C3"].nunique() > 100  # new values appear
+    assert new_rows.mean() < 0.5  # but the head persists

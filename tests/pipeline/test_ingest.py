@@ -1,0 +1,161 @@
+"""Ingest: raw files of a date -> committed events + quarantine, with exact row accounting."""
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipeline.cluster import dask_client
+from pipeline.config import DaskConfig, IngestConfig, InputConfig
+from pipeline.ingest import IngestError, ingest_date
+from storage.fsio import SUCCESS
+
+
+SMALL_PARTS = IngestConfig(rows_per_partition=1500)
+DAYS = ("2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04")  # the `raw_days` fixture's days
+ROWS_PER_DAY = 4000
+
+
+def events_of(root: Path, date: str) -> pd.DataFrame:
+    parts = sorted((root / "events" / f"date={date}").glob("part-*.parquet"))
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+
+def siblings(root: Path, stage: str) -> list[str]:
+    return sorted(p.name for p in (root / stage).iterdir()) if (root / stage).exists() else []
+
+
+@pytest.fixture()
+def root(tmp_path, raw_days) -> Path:
+    assert (raw_days.dates, raw_days.rows) == (DAYS, ROWS_PER_DAY)
+    shutil.copytree(raw_days.path, tmp_path / "raw")
+    return tmp_path
+
+
+def test_a_day_is_committed_with_every_row_accounted_for(root, client):
+    r = ingest_date(DAYS[0], root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    assert (r.rows_read, r.rows_written, r.rows_quarantined, r.rows_other_dates) == (ROWS_PER_DAY, ROWS_PER_DAY, 0, 0)
+    assert r.parts == 3 and not r.skipped
+    assert r.inputs[0]["url"].endswith(f"raw/day_{DAYS[0]}.tsv.gz") and r.inputs[0]["size"] > 0
+    manifest = pd.read_json(root / "events" / f"date={DAYS[0]}" / SUCCESS, typ="series")
+    assert manifest["rows_read"] == manifest["rows_written"] + manifest["rows_quarantined"]
+    assert [p["rows"] for p in manifest["parts"]] == [1500, 1500, 1000]
+    assert manifest["format"] == "criteo" and manifest["code_version"]
+    assert (root / "quarantine" / f"date={DAYS[0]}" / SUCCESS).exists()
+    events = events_of(root, DAYS[0])
+    assert len(events) == ROWS_PER_DAY and events["order"].is_monotonic_increasing  # names sort in time order
+    assert str(events["label"].dtype) == "int8" and str(events["I1"].dtype) == "float32"
+
+
+def test_rerun_with_unchanged_inputs_is_skipped_and_forced_rerun_is_identical(root, client):
+    kw = dict(root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    first = ingest_date(DAYS[0], **kw)
+    before = events_of(root, DAYS[0])
+    again = ingest_date(DAYS[0], **kw)
+    assert again.skipped and again.rows_written == first.rows_written
+    forced = ingest_date(DAYS[0], force=True, **kw)
+    assert not forced.skipped
+    pd.testing.assert_frame_equal(events_of(root, DAYS[0]), before)
+    assert siblings(root, "events") == [f"date={DAYS[0]}"]  # no staging or old copies left
+
+
+def test_changed_inputs_are_reingested(root, client):
+    kw = dict(root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    ingest_date(DAYS[0], **kw)
+    raw = root / "raw" / f"day_{DAYS[0]}.tsv.gz"
+    lines = gzip.decompress(raw.read_bytes()).splitlines(keepends=True)
+    raw.write_bytes(gzip.compress(b"".join(lines[:1000])))
+    r = ingest_date(DAYS[0], **kw)
+    assert not r.skipped and r.rows_written == 1000
+
+
+def test_too_many_bad_rows_fails_naming_the_file_and_commits_nothing(root, client):
+    raw = root / "raw" / f"day_{DAYS[1]}.tsv.gz"
+    lines = gzip.decompress(raw.read_bytes()).splitlines(keepends=True)
+    lines[10:60] = [b"not\ta\trow\n"] * 50
+    raw.write_bytes(gzip.compress(b"".join(lines)))
+    with pytest.raises(IngestError, match=r"day_2026-01-02\.tsv\.gz.*wrong field count") as info:
+        ingest_date(DAYS[1], root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    assert info.value.kind == "too_many_bad_rows"
+    assert siblings(root, "events") == [] and siblings(root, "quarantine") == []
+    loose = IngestConfig(rows_per_partition=1500, max_bad_fraction=0.05)
+    r = ingest_date(DAYS[1], root=str(root), input=InputConfig(), ingest=loose, client=client)
+    assert r.rows_quarantined == 50 and r.rows_read == r.rows_written + 50
+    q = pd.read_parquet(root / "quarantine" / f"date={DAYS[1]}")
+    assert q["line"].tolist() == list(range(11, 61)) and set(q["raw"]) == {"not\ta\trow"}
+
+
+def test_missing_input_names_the_date_and_url(root, client):
+    with pytest.raises(FileNotFoundError, match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz"):
+        ingest_date("2027-01-01", root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+
+
+def test_a_truncated_gzip_fails_naming_the_file(root, client):
+    raw = root / "raw" / f"day_{DAYS[2]}.tsv.gz"
+    raw.write_bytes(raw.read_bytes()[: raw.stat().st_size // 2])
+    with pytest.raises(IngestError, match=r"day_2026-01-03\.tsv\.gz.*truncated or corrupt") as info:
+        ingest_date(DAYS[2], root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    assert info.value.kind == "corrupt_input" and siblings(root, "events") == []
+
+
+def test_leftover_staging_dirs_of_crashed_runs_are_removed(root, client):
+    stale = root / "events" / f"date={DAYS[0]}.staging-deadbeef0000"
+    stale.mkdir(parents=True)
+    (stale / "part-00000-00000.parquet").write_bytes(b"partial")
+    ingest_date(DAYS[0], root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    assert siblings(root, "events") == [f"date={DAYS[0]}"]
+
+
+def test_a_glob_url_reads_several_files_in_name_order(root, client):
+    split = root / "split"
+    split.mkdir()
+    lines = gzip.decompress((root / "raw" / f"day_{DAYS[0]}.tsv.gz").read_bytes()).splitlines(keepends=True)
+    (split / "20260101-a.tsv").write_bytes(b"".join(lines[:2500]))
+    (split / "20260101-b.tsv.bz2").write_bytes(__import__("bz2").compress(b"".join(lines[2500:])))
+    url = str(split / "{yyyymmdd}-*.tsv*")
+    r = ingest_date(DAYS[0], root=str(root), input=InputConfig(url=url), ingest=SMALL_PARTS, client=client)
+    assert r.rows_written == ROWS_PER_DAY and len(r.inputs) == 2 and r.parts == 3  # 1500+1000, 1500
+    events = events_of(root, DAYS[0])
+    assert events["order"].is_monotonic_increasing and int(events["order"].iloc[-1]) >> 40 == 1
+
+
+def test_a_criteo_url_without_the_date_is_refused(root, client):
+    with pytest.raises(ValueError, match="placeholder"):
+        ingest_date(DAYS[0], root=str(root), input=InputConfig(url=str(root / "raw" / "*.gz")), ingest=SMALL_PARTS,
+                    client=client)  # fmt: skip
+
+
+def test_worker_processes_run_the_same_ingest(root):
+    with dask_client(DaskConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
+        r = ingest_date(DAYS[3], root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    assert r.rows_written == ROWS_PER_DAY
+
+
+def test_real_criteo_sample_split_into_days(tmp_path, shared_data, client):
+    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)
+    (tmp_path / "day_2026-02-01.tsv").write_bytes(b"".join(lines[:5000]))
+    (tmp_path / "day_2026-02-02.tsv.gz").write_bytes(gzip.compress(b"".join(lines[5000:])))
+    url = str(tmp_path / "day_{date}.tsv*")
+    results = [
+        ingest_date(d, root=str(tmp_path / "root"), input=InputConfig(url=url), ingest=IngestConfig(), client=client)
+        for d in ("2026-02-01", "2026-02-02")
+    ]
+    assert [r.rows_written for r in results] == [5000, 5000] and sum(r.rows_quarantined for r in results) == 0
+    clicks = sum(events_of(tmp_path / "root", d)["label"].sum() for d in ("2026-02-01", "2026-02-02"))
+    assert clicks == 2182
+
+
+def test_real_avazu_sample_is_dated_by_its_hour(tmp_path, shared_data, client):
+    text = (shared_data / "avazu" / "avazu_14102100.csv").read_text().splitlines(keepends=True)
+    moved = [line.replace(",14102100,", ",14102200,") for line in text[-1000:]]  # the next day's rows
+    path = tmp_path / "avazu.csv"
+    path.write_text("".join(text[:-1000] + moved))
+    kw = dict(root=str(tmp_path / "root"), input=InputConfig(url=str(path), format="avazu"), client=client)
+    r = ingest_date("2014-10-21", ingest=IngestConfig(rows_per_partition=4000), **kw)
+    assert (r.rows_read, r.rows_written, r.rows_other_dates, r.rows_quarantined) == (9999, 8999, 1000, 0)
+    assert set(events_of(tmp_path / "root", "2014-10-21")["ts"]) == {1413849600}
+    with pytest.raises(IngestError, match="no rows of 2014-10-23") as info:
+        ingest_date("2014-10-23", ingest=IngestConfig(), **kw)
+    assert info.value.kind == "no_rows"

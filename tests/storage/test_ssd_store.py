@@ -1,0 +1,215 @@
+"""SsdStore: the contract (direct I/O and buffered), persistence, compaction, tag, fallback."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from conformance import DIM, STD, StoreContractTests, all_rows, keys_of
+
+from storage import ssd as ssd_mod
+from storage.memory import MemoryStore
+from storage.ssd import SsdStore
+
+
+class TestSsdStore(StoreContractTests):
+    @pytest.fixture
+    def make_store(self, tmp_path):
+        made = []
+
+        def make(dim: int = DIM, init_std: float = STD) -> SsdStore:
+            s = SsdStore(str(tmp_path / f"shard{len(made)}"), dim, init_std=init_std)
+            made.append(s)
+            return s
+
+        yield make
+        for s in made:
+            s.close()
+
+
+class TestSsdStoreBuffered(TestSsdStore):
+    @pytest.fixture
+    def make_store(self, tmp_path):
+        made = []
+
+        def make(dim: int = DIM, init_std: float = STD) -> SsdStore:
+            s = SsdStore(str(tmp_path / f"shard{len(made)}"), dim, init_std=init_std, direct_io=False)
+            made.append(s)
+            return s
+
+        yield make
+        for s in made:
+            s.close()
+
+
+def _fd_flags(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        for line in f:
+            if line.startswith("flags:"):
+                return int(line.split()[1], 8)
+    raise AssertionError("no flags in fdinfo")
+
+
+def _fill(store, n: int, seed: int = 0) -> MemoryStore:
+    ref = MemoryStore(store.dim, init_std=STD)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        keys = torch.randint(0, n * 3, (n,), generator=gen)
+        grads = torch.randn(n, store.dim, generator=gen)
+        store.update(keys, grads, lr=0.05)
+        ref.update(keys, grads, lr=0.05)
+    return ref
+
+
+def test_o_direct_is_used_on_this_disk(tmp_path) -> None:
+    with SsdStore(str(tmp_path / "s"), DIM, init_std=STD) as store:
+        assert store.direct_io_active
+        assert _fd_flags(store._fd) & os.O_DIRECT
+        assert store.stats()["ssd"]["direct_io"] is True
+        assert store.unit_bytes % 4096 == 0 and store.rows_per_unit == 4096 // (12 * DIM + 16)
+    with SsdStore(str(tmp_path / "b"), DIM, direct_io=False) as store:
+        assert not store.direct_io_active and not _fd_flags(store._fd) & os.O_DIRECT
+
+
+def test_falls_back_when_o_direct_is_refused(tmp_path, monkeypatch, caplog) -> None:
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(ssd_mod.os, "open", refusing_open)
+    with caplog.at_level(logging.WARNING, logger="storage.ssd"):
+        store = SsdStore(str(tmp_path / "s"), DIM, init_std=STD)
+    assert not store.direct_io_active
+    assert sum("O_DIRECT refused" in r.getMessage() for r in caplog.records) == 1
+    ref = _fill(store, 200)
+    probe = torch.arange(600, dtype=torch.int64)
+    assert torch.equal(store.lookup(probe), ref.lookup(probe))
+    store.close()
+
+
+def test_falls_back_when_io_is_refused(tmp_path, monkeypatch, caplog) -> None:
+    store = SsdStore(str(tmp_path / "s"), DIM, init_std=STD)
+    real = ssd_mod.os.pwritev
+    refused = []
+
+    def pwritev(fd, bufs, off):
+        if store.direct_io_active:
+            refused.append(off)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(ssd_mod.os, "pwritev", pwritev)
+    with caplog.at_level(logging.WARNING, logger="storage.ssd"):
+        ref = _fill(store, 100)
+    assert refused and not store.direct_io_active
+    assert sum("O_DIRECT refused" in r.getMessage() for r in caplog.records) == 1
+    assert torch.equal(store.lookup(torch.arange(300)), ref.lookup(torch.arange(300)))
+    store.close()
+
+
+def test_shm_works_direct_or_buffered(tmp_path) -> None:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    path = os.path.join(base, f"ctrpipe-test-{os.getpid()}")
+    try:
+        with SsdStore(path, DIM, init_std=STD) as store:  # tmpfs: O_DIRECT on newer kernels, else fallback
+            ref = _fill(store, 50)
+            assert torch.equal(store.lookup(torch.arange(150)), ref.lookup(torch.arange(150)))
+    finally:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_reopen_after_close_keeps_content(tmp_path) -> None:
+    path = str(tmp_path / "s")
+    store = SsdStore(path, DIM, init_std=STD)
+    ref = _fill(store, 300)
+    store.evict(torch.arange(0, 900, 7))
+    ref.evict(torch.arange(0, 900, 7))
+    store.close()
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    assert meta["clean"] is True and meta["rows"] == len(ref)
+    assert [p.name for p in (tmp_path / "s").glob("index-*.npy")] == [meta["index"]]
+    again = SsdStore(path, DIM, init_std=STD)
+    assert len(again) == len(ref)
+    got, want = all_rows(again, str(tmp_path / "a.parquet")), all_rows(ref, str(tmp_path / "b.parquet"))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    again.close()
+    with pytest.raises(ValueError, match="dim"):
+        SsdStore(path, DIM + 1)
+
+
+def test_unclean_shard_is_marked_and_untagged(tmp_path) -> None:
+    path = str(tmp_path / "s")
+    store = SsdStore(path, DIM, init_std=STD)
+    store.update(keys_of(1), torch.ones(1, DIM), lr=0.1)
+    store.set_tag("v1")
+    assert store.tag == "v1"
+    with SsdStore(path, DIM) as reopened:
+        assert reopened.tag == "v1"
+    store.update(keys_of(2), torch.ones(1, DIM), lr=0.1)  # a change: the tag no longer holds
+    assert store.tag is None
+    crashed = json.loads((tmp_path / "s" / "meta.json").read_text())  # as a crash would leave it
+    assert crashed["clean"] is False and crashed["tag"] is None
+    store.flush()
+    assert json.loads((tmp_path / "s" / "meta.json").read_text())["clean"] is True
+    store.close()
+
+
+def test_compaction_keeps_content_and_shrinks_file(tmp_path) -> None:
+    store = SsdStore(str(tmp_path / "s"), DIM, init_std=STD)
+    keys = torch.arange(4000, dtype=torch.int64) * 13
+    store.update(keys, torch.randn(4000, DIM, generator=torch.Generator().manual_seed(5)), lr=0.1)
+    store.evict(keys[torch.arange(4000) % 4 != 0])  # keep a quarter
+    before = all_rows(store, str(tmp_path / "a.parquet"))
+    size = store.file_bytes
+    reclaimed = store.compact()
+    assert reclaimed > 0 and store.file_bytes == size - reclaimed
+    assert store.file_bytes == -(-1000 // store.rows_per_unit) * store.unit_bytes
+    assert store.stats()["ssd"]["free_slots"] == 0
+    after = all_rows(store, str(tmp_path / "b.parquet"))
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name])
+    store.update(keys[:8], torch.ones(8, DIM), lr=0.1)  # still writable; survives reopen
+    store.close()
+    again = SsdStore(str(tmp_path / "s"), DIM, init_std=STD)
+    assert len(again) == 1000 + 6  # keys[0], keys[4] were kept; 6 of the first 8 came back
+    again.close()
+
+
+def test_freed_slots_are_reused(tmp_path) -> None:
+    with SsdStore(str(tmp_path / "s"), DIM, init_std=STD) as store:
+        store.update(torch.arange(100), torch.ones(100, DIM), lr=0.1)
+        store.evict(torch.arange(50))
+        store.update(torch.arange(1000, 1050), torch.ones(50, DIM), lr=0.1)
+        assert store.stats()["ssd"]["slots"] == 100
+
+
+def test_corrupt_index_is_detected(tmp_path) -> None:
+    with SsdStore(str(tmp_path / "s"), DIM, init_std=STD) as store:
+        store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
+        store._map.slot_keys[:2] = store._map.slot_keys[:2][::-1].copy()
+        store._map.load(store._map.slot_keys[: store._map.high_water])
+        with pytest.raises(RuntimeError, match="inconsistent"):
+            store.lookup(keys_of(1))
+
+
+def test_refuses_object_store_urls() -> None:
+    with pytest.raises(ValueError, match="local"):
+        SsdStore("s3://bucket/shard", DIM)
+
+
+def test_wide_rows_span_several_blocks(tmp_path) -> None:
+    with SsdStore(str(tmp_path / "s"), 400, init_std=STD) as store:  # 4816-byte records
+        assert store.unit_bytes == 8192 and store.rows_per_unit == 1
+        ref = _fill(store, 40)
+        assert torch.equal(store.lookup(torch.arange(120)), ref.lookup(torch.arange(120)))

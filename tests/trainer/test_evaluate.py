@@ -1,0 +1,75 @@
+"""Loading a model directory written by hand (no torchrun) and scoring with it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from storage import fsio
+from storage.init import init_rows
+from storage.snapshot import write_snapshot
+from trainer import checkpoint
+from trainer.config import ModelConfig
+from trainer.evaluate import FrozenEmbeddings, evaluate_model, load_model, score
+from trainer.model import CTRModel
+
+CFG = ModelConfig(num_heads=1, mlp_dims=(4,))
+DIM = 2
+
+
+def make_model_dir(root: Path) -> tuple[Path, CTRModel, dict[int, torch.Tensor]]:
+    torch.manual_seed(3)
+    model = CTRModel(CFG, num_dense=1, num_fields=2, dim=DIM)
+    fs, staging = fsio.get_fs(str(root / "m.staging-x"))
+    fs.makedirs(staging + "/sparse")
+    rows = {}
+    for rank, keys in enumerate(([10, 12], [11, 13])):
+        k = torch.tensor(keys)
+        emb = torch.randn(len(keys), DIM)
+        rows |= {int(a): e for a, e in zip(k, emb, strict=True)}
+        z = torch.zeros_like(emb)
+        write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, emb, z, z, torch.ones(len(keys), dtype=torch.int64))
+    checkpoint.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
+    meta = {
+        "arch": "attention", "model_config": dataclasses.asdict(CFG), "dim": DIM, "init_std": 0.5, "num_dense": 1,
+        "num_fields": 2, "fields": ["a", "b"], "dense_columns": ["d_0"], "key_columns": ["k_0", "k_1"],
+    }
+    fsio.write_json(fs, f"{staging}/model.json", meta)
+    fsio.commit_dir(fs, staging, str(root / "m"), {"ok": True})
+    return root / "m", model, rows
+
+
+def test_load_model_and_score_match_the_model(tmp_path: Path) -> None:
+    url, model, rows = make_model_dir(tmp_path)
+    loaded = load_model(str(url))
+    assert len(loaded.embeddings) == 4
+    keys = torch.tensor([13, 10, 99, 12])
+    got = loaded.embeddings.lookup(keys)
+    torch.testing.assert_close(got[[0, 1, 3]], torch.stack([rows[13], rows[10], rows[12]]))
+    torch.testing.assert_close(got[2], init_rows(torch.tensor([99]), DIM, 0.5)[0])  # unknown key
+    df = pd.DataFrame({"label": [1.0, 0.0, 1.0], "d_0": [0.1, 0.5, 2.0], "k_0": [10, 11, 99], "k_1": [12, 13, 10]})
+    p = score(loaded, df, batch_size=2)
+    emb = loaded.embeddings.lookup(torch.tensor(df[["k_0", "k_1"]].to_numpy()).reshape(-1)).view(3, 2, DIM)
+    with torch.no_grad():
+        want = torch.sigmoid(model.eval()(torch.tensor(df[["d_0"]].to_numpy(np.float32)), emb)).double().numpy()
+    np.testing.assert_allclose(p, want, rtol=1e-6)
+    m = evaluate_model(str(url), df)
+    assert m["rows"] == 3 and 0 <= m["auc"] <= 1 and m["click_rate"] == pytest.approx(2 / 3)
+    with pytest.raises(KeyError, match="k_1"):
+        score(loaded, df.drop(columns=["k_1"]))
+
+
+def test_uncommitted_model_dir_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a committed model directory"):
+        load_model(str(tmp_path / "m"))
+
+
+def test_frozen_embeddings_empty_table() -> None:
+    t = FrozenEmbeddings(np.zeros(0, np.int64), np.zeros((0, 3), np.float32), dim=3, init_std=0.1)
+    torch.testing.assert_close(t.lookup(torch.tensor([5, 5])), init_rows(torch.tensor([5, 5]), 3, 0.1))

@@ -1,0 +1,165 @@
+"""End to end: torchrun with 2 gloo ranks on a synthetic features dir -> committed model -> evaluate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from storage.config import StoreConfig
+from storage.tiered import shard_dir_for
+from trainer.config import ModelConfig, TrainerConfig
+from trainer.evaluate import evaluate_model, load_model, score
+from trainer.launch import TrainingError, run_training, torchrun_command
+from trainer.model import CTRModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+N_DENSE, N_FIELDS, VALUES = 2, 3, 20
+
+
+def synthetic_rows(n: int, seed: int) -> pd.DataFrame:
+    """Clicks driven by field 0's value (half the values click-prone) and by d_0."""
+    rng = np.random.default_rng(seed)
+    vals = rng.integers(0, VALUES, (n, N_FIELDS))
+    x = rng.random((n, N_DENSE)).astype(np.float32)
+    logit = np.where(vals[:, 0] < VALUES // 2, 2.0, -2.0) + 2.0 * (x[:, 0] - 0.5)
+    label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    cols: dict[str, np.ndarray] = {"label": label}
+    cols |= {f"d_{j}": np.log1p(x[:, j] * 10).astype(np.float32) for j in range(N_DENSE)}
+    cols |= {f"k_{j}": ((j << 56) | (vals[:, j] + 2)).astype(np.int64) for j in range(N_FIELDS)}
+    return pd.DataFrame(cols)
+
+
+def write_features(root: Path, *, train_rows: int = 4001, eval_rows: int = 1000) -> Path:
+    for split, n, seed, parts in (("train", train_rows, 1, 3), ("eval", eval_rows, 2, 1)):
+        (root / split).mkdir(parents=True)
+        df = synthetic_rows(n, seed)
+        for i, chunk in enumerate(np.array_split(np.arange(n), parts)):
+            pq.write_table(pa.Table.from_pandas(df.iloc[chunk], preserve_index=False), root / split / f"part-{i:05d}.parquet")
+    manifest = {
+        "rows_train": train_rows, "rows_eval": eval_rows, "format": "parquet", "vocab_date": "2024-01-01",
+        "dense_columns": [f"d_{j}" for j in range(N_DENSE)], "key_columns": [f"k_{j}" for j in range(N_FIELDS)],
+        "fields": [f"C{j + 1}" for j in range(N_FIELDS)],
+    }
+    (root / "_SUCCESS.json").write_text(json.dumps(manifest))
+    return root
+
+
+STORE = StoreConfig(embedding_dim=8, init_std=0.01, host_budget_mb=16)
+MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(16,))
+
+
+def trainer_cfg(**kw) -> TrainerConfig:
+    base = dict(
+        nproc_per_node=2, backend="gloo", device="cpu", k_steps=4, batch_size=128, epochs=2, lr=1e-2,
+        sparse_lr=5e-2, timeout_s=240, log_every=10,
+    )
+    return TrainerConfig(**(base | kw))
+
+
+def train(tmp_path: Path, features: Path, out: Path, *, init: Path | None = None, tag: str = "v1", **kw):
+    return run_training(
+        features_url=str(features), output_url=str(out), init_model_url=str(init) if init else None,
+        local_dir=str(tmp_path / "local" / tag), model_name="ctr", store=STORE, model=MODEL, trainer=trainer_cfg(**kw),
+        run_tag=tag, vocab_date="2024-01-01", work_dir=str(tmp_path / "work"),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    features = write_features(tmp / "features" / "date=2024-01-02")
+    out = tmp / "runs" / "date=2024-01-02" / "model"
+    return tmp, features, train(tmp, features, out)
+
+
+def test_run_training_commits_the_model_directory(trained) -> None:
+    tmp, features, result = trained
+    out = Path(result.model_url)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_SUCCESS.json", "dense.safetensors", "dense_optim.safetensors", "model.json", "sparse",
+    ]
+    assert sorted(p.name for p in (out / "sparse").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    assert not list(out.parent.glob("model.staging-*"))
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["arch"] == "attention" and meta["dim"] == 8 and meta["num_dense"] == N_DENSE
+    assert meta["key_columns"] == ["k_0", "k_1", "k_2"] and meta["fields"] == ["C1", "C2", "C3"]
+    assert meta["vocab_date"] == "2024-01-01" and meta["run_tag"] == "v1"
+    st = meta["train"]
+    # 4001 rows / 2 ranks = 2000 each (1 dropped), batch 128 -> 16 steps per epoch, 2 epochs
+    assert st["steps"] == 32 and st["examples"] == 8000 and st["dropped_rows"] == 1
+    assert st["world_size"] == 2 and st["backend"] == "gloo" and st["device"] == "cpu"
+    assert st["dense_sync_bytes"] > 0 and st["sparse_bytes"] > 0 and st["examples_per_s"] > 0
+    assert st["final_loss"] < st["mean_loss"] < 0.75
+    assert result.steps == 32 and result.examples == 8000 and result.world_size == 2
+    # every key of the train set lives in exactly one rank's part, owned by key % world
+    for r in range(2):
+        keys = pq.read_table(out / "sparse" / f"part-{r:05d}.parquet").column("key").to_numpy()
+        assert len(keys) > 0 and (keys % 2 == r).all()
+    optim = load_file(out / "dense_optim.safetensors")
+    assert int(optim["step"][0]) == 32
+    for r in range(2):  # the local SSD shards now equal this run's model
+        shard = Path(shard_dir_for(str(tmp / "local" / "v1"), "ctr", r, 2))
+        assert json.loads((shard / "meta.json").read_text())["tag"] == "v1"
+    dense = load_file(out / "dense.safetensors")
+    assert set(dense) == set(CTRModel(MODEL, num_dense=N_DENSE, num_fields=N_FIELDS, dim=8).state_dict())
+
+
+def test_evaluate_model_learns_the_signal(trained) -> None:
+    _, features, result = trained
+    metrics = evaluate_model(result.model_url, str(features))  # a features/date=D dir: its eval split
+    assert metrics["rows"] == 1000
+    assert metrics["auc"] > 0.75, metrics
+    assert 0.5 < metrics["calibration"] < 1.5
+    same = evaluate_model(result.model_url, str(features / "eval"))
+    assert same["auc"] == metrics["auc"]
+    loaded = load_model(result.model_url)
+    df = synthetic_rows(50, 9)
+    df.loc[0, "k_1"] = (1 << 56) | 999_999  # a key never trained: its deterministic initial row
+    p = score(loaded, df, batch_size=16)
+    assert p.shape == (50,) and np.isfinite(p).all() and ((p > 0) & (p < 1)).all()
+
+
+def test_warm_start_loads_the_previous_dense_weights(trained) -> None:
+    tmp, features, first = trained
+    out = tmp / "runs" / "warm" / "model"
+    # the warm stage's working set of rank 0, with a key the data never uses: the trainer loads it
+    shard0 = Path(shard_dir_for(str(tmp / "local" / "v2"), "ctr", 0, 2))
+    shard0.mkdir(parents=True)
+    np.save(shard0 / "working_set.npy", np.array([2 * 123_456_789], dtype=np.int64))
+    second = train(tmp, features, out, init=Path(first.model_url), tag="v2", lr=1e-9, sparse_lr=1e-9, epochs=1)
+    prev = load_file(Path(first.model_url) / "dense.safetensors")
+    now = load_file(out / "dense.safetensors")
+    torch.manual_seed(0)  # what a cold start would begin from
+    cold = CTRModel(MODEL, num_dense=N_DENSE, num_fields=N_FIELDS, dim=8).state_dict()
+    for name in prev:
+        torch.testing.assert_close(now[name], prev[name], rtol=0, atol=1e-4)
+    assert max((now[n] - cold[n]).abs().max().item() for n in cold) > 0.05
+    assert int(load_file(out / "dense_optim.safetensors")["step"][0]) == 32 + 16  # Adam's step continues
+    assert second.model_json["init_model_url"] == first.model_url
+    assert 2 * 123_456_789 in pq.read_table(out / "sparse" / "part-00000.parquet").column("key").to_numpy()
+
+
+def test_failed_training_raises_with_the_output_tail(tmp_path: Path) -> None:
+    (tmp_path / "features" / "train").mkdir(parents=True)  # not committed: no _SUCCESS.json
+    with pytest.raises(TrainingError, match="not committed") as err:
+        train(tmp_path, tmp_path / "features", tmp_path / "model", nproc_per_node=1)
+    assert err.value.returncode not in (0, None)
+    assert not (tmp_path / "model").exists()
+
+
+def test_torchrun_command_shapes() -> None:
+    single = torchrun_command(TrainerConfig(nproc_per_node=4), "/s.json")
+    assert "--standalone" in single and single[single.index("--nproc_per_node") + 1] == "4"
+    assert single[-4:] == ["-m", "trainer.main", "--spec", "/s.json"]
+    multi = torchrun_command(TrainerConfig(nnodes=2, node_rank=1, rdzv_endpoint="h:29400"), "/s.json", run_id="x")
+    assert "--standalone" not in multi
+    assert multi[multi.index("--rdzv_endpoint") + 1] == "h:29400" and multi[multi.index("--node_rank") + 1] == "1"

@@ -1,0 +1,80 @@
+"""Shapes and seeded values of the model's sub-architectures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config import ModelConfig
+from trainer.model import CTRModel, InteractionArch, OverArch, SequenceAttention
+
+
+def test_sequence_attention_shape_and_seeded_values() -> None:
+    torch.manual_seed(0)
+    att = SequenceAttention(dim=4, num_heads=2, num_layers=1)
+    x = torch.ones(1, 2, 4) * torch.arange(4.0)  # (B=1, F=2, D=4), two identical fields
+    y = att(x)
+    assert y.shape == (1, 2, 4)
+    want = torch.tensor([-1.3153119, -0.3080799, 0.1569724, 1.4664196])
+    torch.testing.assert_close(y[0, 0], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y[0, 1], want, rtol=1e-5, atol=1e-5)  # identical fields, identical outputs
+    torch.testing.assert_close(y.mean(-1), torch.zeros(1, 2), atol=1e-5, rtol=0)  # layernorm output
+
+
+def test_sequence_attention_layers() -> None:
+    x = torch.randn(3, 5, 8)
+    assert torch.equal(SequenceAttention(dim=8, num_heads=2, num_layers=0)(x), x)  # 0 layers: identity
+    assert SequenceAttention(dim=8, num_heads=4, num_layers=3)(x).shape == (3, 5, 8)
+    with pytest.raises(ValueError, match=r"embedding_dim \(6\) must be divisible by model.num_heads \(4\)"):
+        SequenceAttention(dim=6, num_heads=4, num_layers=1)
+
+
+def test_sequence_attention_is_permutation_equivariant_over_fields() -> None:
+    torch.manual_seed(0)
+    att = SequenceAttention(dim=8, num_heads=2, num_layers=2)
+    x = torch.randn(2, 5, 8)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    torch.testing.assert_close(att(x)[:, perm], att(x[:, perm]), rtol=1e-5, atol=1e-6)
+
+
+def test_interaction_and_over_arch() -> None:
+    inter = InteractionArch(num_dense=2, num_fields=3, dim=4)
+    dense, fields = torch.randn(5, 2), torch.randn(5, 3, 4)
+    z = inter(dense, fields)
+    assert z.shape == (5, 2 + 12) and inter.out_dim == 14
+    assert torch.equal(z[:, :2], dense) and torch.equal(z[:, 2:6], fields[:, 0])
+    over = OverArch(in_dim=14, mlp_dims=(8, 4))
+    assert over(z).shape == (5,)
+    lin = OverArch(in_dim=2, mlp_dims=(1,))
+    with torch.no_grad():  # relu(x0 + 2*x1) * 3 + 1
+        lin.mlp[0].weight.copy_(torch.tensor([[1.0, 2.0]]))
+        lin.mlp[0].bias.zero_()
+        lin.mlp[2].weight.fill_(3.0)
+        lin.mlp[2].bias.fill_(1.0)
+    torch.testing.assert_close(lin(torch.tensor([[1.0, 1.0], [-5.0, 1.0]])), torch.tensor([10.0, 1.0]))
+
+
+def test_ctr_model_shapes_and_seeded_values() -> None:
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4)), num_dense=3, num_fields=4, dim=4)
+    torch.manual_seed(1)
+    dense, emb = torch.rand(2, 3), torch.randn(2, 4, 4)
+    logits = model(dense, emb)
+    assert logits.shape == (2,)
+    torch.testing.assert_close(logits, torch.tensor([0.3711708, 0.3795505]), rtol=1e-5, atol=1e-5)
+    # gradients reach the (store-provided) embeddings
+    emb.requires_grad_(True)
+    model(dense, emb).sum().backward()
+    assert emb.grad is not None and emb.grad.abs().sum() > 0
+    # embeddings are not parameters of the model
+    n = sum(p.numel() for p in model.parameters())
+    assert n == (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4) + (4 + 4) + (19 * 8 + 8) + (8 * 4 + 4) + (4 + 1)
+
+
+def test_ctr_model_rejects_wrong_shapes() -> None:
+    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2)
+    with pytest.raises(ValueError, match=r"expects dense \(B, 2\) and emb \(B, 3, 2\)"):
+        model(torch.randn(4, 2), torch.randn(4, 2, 2))
+    assert CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=0, num_fields=1, dim=2)(
+        torch.zeros(3, 0), torch.randn(3, 1, 2)
+    ).shape == (3,)

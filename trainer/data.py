@@ -1,0 +1,312 @@
+"""Each rank's share of a day's training features, read in batches by a background thread.
+
+The rows of `features/date=D/train/part-*.parquet`, taken in file order, are
+split into `world` contiguous, disjoint blocks of `total // world` rows (the
+remainder, fewer than `world` rows, is dropped and counted), so every rank runs
+the same number of steps, which the collectives of every step require.
+
+Paddle's heterogeneous PS pipelines IO with compute: here a thread reads and
+decodes the next batches into a bounded queue while the current step runs.  It
+does not pull embedding rows ahead: rows pulled before the previous step's
+push would be stale, and pulls are collectives that belong to the main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from storage import fsio
+
+log = logging.getLogger(__name__)
+
+_DENSE = re.compile(r"^d_(\d+)$")
+_KEY = re.compile(r"^k_(\d+)$")
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    """Column names of a features directory (from its manifest, else from the Parquet schema)."""
+
+    dense_columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    fields: tuple[str, ...]
+
+    @property
+    def num_dense(self) -> int:
+        return len(self.dense_columns)
+
+    @property
+    def num_fields(self) -> int:
+        return len(self.key_columns)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's examples: labels float32 (B,), dense float32 (B, n), keys int64 (B, F)."""
+
+    labels: torch.Tensor
+    dense: torch.Tensor
+    keys: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """Rows [start, stop) of the day's rows belong to this rank; `dropped` rows belong to nobody."""
+
+    start: int
+    stop: int
+    total_rows: int
+    dropped: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def rank_share(total_rows: int, rank: int, world_size: int) -> RankShare:
+    """The balanced contiguous block of rank `rank`: `total // world` rows each, remainder dropped."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of {world_size}")
+    per_rank = total_rows // world_size
+    return RankShare(
+        start=rank * per_rank, stop=(rank + 1) * per_rank, total_rows=total_rows,
+        dropped=total_rows - per_rank * world_size,
+    )
+
+
+def _columns_by_index(names: Iterable[str], pattern: re.Pattern[str]) -> tuple[str, ...]:
+    found = [(int(m.group(1)), n) for n in names if (m := pattern.match(n))]
+    return tuple(n for _, n in sorted(found))
+
+
+def split_dir(features_url: str, split: str) -> str:
+    """`<features_url>/<split>` (the features/date=D directory holds `train/` and `eval/`)."""
+    return fsio.join(features_url, split)
+
+
+def list_parts(url: str, storage_options: dict | None = None) -> list[str]:
+    """Sorted `*.parquet` files (protocol-less paths) directly under `url`.
+
+    Raises:
+        FileNotFoundError: `url` has no Parquet files.
+    """
+    fs, path = fsio.get_fs(url, storage_options)
+    files = sorted(p for p in fs.ls(path, detail=False) if p.endswith(".parquet")) if fs.isdir(path) else []
+    if not files:
+        raise FileNotFoundError(f"no Parquet files under {url}")
+    return files
+
+
+def read_schema(features_url: str, storage_options: dict | None = None, *, split: str = "train") -> FeatureSchema:
+    """The column layout of a committed features directory.
+
+    Uses the manifest's `dense_columns`/`key_columns`/`fields`; falls back to the
+    `d_<i>` / `k_<i>` columns of the first Parquet file.
+
+    Raises:
+        FileNotFoundError: the directory is not committed (no `_SUCCESS.json`).
+    """
+    fs, path = fsio.get_fs(features_url, storage_options)
+    manifest = fsio.read_manifest(fs, path)
+    if manifest is None:
+        raise FileNotFoundError(f"{features_url} is not committed (no {fsio.SUCCESS}); run the encode stage first")
+    dense = manifest.get("dense_columns")
+    keys = manifest.get("key_columns")
+    if dense is None or keys is None:
+        first = list_parts(split_dir(features_url, split), storage_options)[0]
+        with fs.open(first, "rb") as f:
+            names = pq.ParquetFile(f).schema_arrow.names
+        dense = _columns_by_index(names, _DENSE) if dense is None else dense
+        keys = _columns_by_index(names, _KEY) if keys is None else keys
+    if not keys:
+        raise ValueError(f"{features_url} has no key columns (k_0..k_F-1)")
+    fields = manifest.get("fields") or list(keys)
+    return FeatureSchema(dense_columns=tuple(dense), key_columns=tuple(keys), fields=tuple(fields))
+
+
+def table_to_arrays(table: pa.Table, schema: FeatureSchema) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels float32 (N,), dense float32 (N, n), keys int64 (N, F)) of a features table."""
+    n = table.num_rows
+    labels = table.column("label").to_numpy().astype(np.float32, copy=False)
+    if schema.dense_columns:
+        dense = np.stack([table.column(c).to_numpy().astype(np.float32, copy=False) for c in schema.dense_columns], 1)
+    else:
+        dense = np.zeros((n, 0), dtype=np.float32)
+    keys = np.stack([table.column(c).to_numpy().astype(np.int64, copy=False) for c in schema.key_columns], 1)
+    return labels, dense, keys
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    # Arrow hands out read-only buffers; torch tensors must own writable memory
+    return torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous else np.array(a, order="C"))
+
+
+def _to_batch(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray) -> Batch:
+    return Batch(labels=_tensor(labels), dense=_tensor(dense), keys=_tensor(keys))
+
+
+class RankReader:
+    """Reads this rank's share of a split in order, as batches of `batch_size` (the last may be smaller).
+
+    Args:
+        url: the split directory (`features/date=D/train`).
+        schema: the column layout.
+        rank, world_size: this rank's place; all ranks get the same number of rows.
+        batch_size: examples per batch.
+        storage_options: fsspec options.
+
+    Example::
+
+        reader = RankReader(split_dir(url, "train"), read_schema(url), rank=0, world_size=2, batch_size=512)
+        for batch in reader.iter_batches(): ...
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: FeatureSchema,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        storage_options: dict | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.fs, _ = fsio.get_fs(url, storage_options)
+        self.files = list_parts(url, storage_options)
+        self.schema, self.batch_size = schema, batch_size
+        self.columns = ["label", *schema.dense_columns, *schema.key_columns]
+        self.file_rows: list[int] = []
+        for path in self.files:
+            with self.fs.open(path, "rb") as f:
+                self.file_rows.append(pq.ParquetFile(f).metadata.num_rows)
+        self.share = rank_share(sum(self.file_rows), rank, world_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.share.rows // self.batch_size)
+
+    def _chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The share's rows in order, one Parquet row group slice at a time."""
+        lo, hi = self.share.start, self.share.stop
+        offset = 0
+        for path, rows in zip(self.files, self.file_rows, strict=True):
+            if offset >= hi:
+                break
+            if offset + rows > lo:
+                with self.fs.open(path, "rb") as f:
+                    pf = pq.ParquetFile(f)
+                    rg_off = offset
+                    for i in range(pf.metadata.num_row_groups):
+                        n = pf.metadata.row_group(i).num_rows
+                        a, b = max(lo, rg_off), min(hi, rg_off + n)
+                        if a < b:
+                            table = pf.read_row_group(i, columns=self.columns).slice(a - rg_off, b - a)
+                            yield table_to_arrays(table, self.schema)
+                        rg_off += n
+            offset += rows
+
+    def iter_batches(self) -> Iterator[Batch]:
+        """One pass over the share: `steps_per_epoch` batches."""
+        B = self.batch_size
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        buffered = 0
+        for chunk in self._chunks():
+            parts.append(chunk)
+            buffered += len(chunk[0])
+            if buffered < B:
+                continue
+            labels, dense, keys = (np.concatenate(x) for x in zip(*parts, strict=True))
+            start = 0
+            while buffered - start >= B:
+                yield _to_batch(labels[start : start + B], dense[start : start + B], keys[start : start + B])
+                start += B
+            parts = [(labels[start:], dense[start:], keys[start:])]
+            buffered -= start
+        if buffered:
+            labels, dense, keys = (np.concatenate(x) for x in zip(*parts, strict=True))
+            yield _to_batch(labels, dense, keys)
+
+
+_END = object()
+
+
+class Prefetcher:
+    """Runs an iterator in a background thread, `depth` items ahead, through a bounded queue.
+
+    Exceptions in the producer are re-raised in the consumer.  `close()` (or
+    leaving a `with` block) stops the thread even when the consumer stopped early.
+
+    Args:
+        make_iter: builds the iterator; called inside the thread.
+        depth: queue capacity (>= 1).
+        on_start: called first inside the thread (e.g. pin it to the NUMA node's cores).
+    """
+
+    def __init__(self, make_iter: Callable[[], Iterable[Any]], *, depth: int = 2, on_start: Callable[[], Any] | None = None) -> None:
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._make_iter, self._on_start = make_iter, on_start
+        self._thread = threading.Thread(target=self._run, name="batch-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            if self._on_start is not None:
+                self._on_start()
+            for item in self._make_iter():
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # handed to the consumer
+            self._put(exc)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:  # unblock a producer waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

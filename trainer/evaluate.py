@@ -1,0 +1,166 @@
+"""Load a committed model directory and score / evaluate it on feature rows.
+
+Single process, no torch.distributed: the sparse parts of every rank are read
+into one read-only sorted table; keys the model never trained get their
+deterministic initial rows (`storage.init.init_rows`), exactly what a store
+would return for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+
+from storage import fsio
+from storage.init import init_rows
+from storage.snapshot import read_snapshot, snapshot_files
+from trainer import checkpoint
+from trainer.config import ModelConfig
+from trainer.data import FeatureSchema, list_parts
+from trainer.metrics import auc, calibration, logloss
+from trainer.model import CTRModel
+from trainer.spec import config_from_dict
+
+
+class FrozenEmbeddings:
+    """Read-only key -> embedding lookup over the rows of a model's sparse snapshot.
+
+    Args:
+        keys: int64 (N,), distinct.
+        emb: float32 (N, D).
+        init_std: std of the initial rows returned for unknown keys.
+    """
+
+    def __init__(self, keys: np.ndarray, emb: np.ndarray, *, dim: int, init_std: float) -> None:
+        order = np.argsort(keys, kind="stable")
+        self.keys = np.ascontiguousarray(keys[order], dtype=np.int64)
+        self.emb = torch.from_numpy(np.ascontiguousarray(emb[order], dtype=np.float32).reshape(-1, dim))
+        self.dim, self.init_std = dim, init_std
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of `keys` (N,) as float32 (N, D); unknown keys get `init_rows`."""
+        k = np.array(keys.detach().cpu().numpy(), dtype=np.int64)
+        out = init_rows(torch.from_numpy(k), self.dim, self.init_std)  # (N, D)
+        if self.keys.size == 0:
+            return out
+        pos = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
+        found = self.keys[pos] == k
+        if found.any():
+            out[torch.from_numpy(np.flatnonzero(found))] = self.emb[torch.from_numpy(pos[found])]
+        return out
+
+
+@dataclass
+class LoadedModel:
+    """A model directory in memory: the dense model (eval mode), the embeddings and the column layout."""
+
+    model: CTRModel
+    embeddings: FrozenEmbeddings
+    schema: FeatureSchema
+    meta: dict[str, Any]
+
+
+def load_model(model_url: str, storage_options: dict | None = None) -> LoadedModel:
+    """Read a committed model directory (dense from safetensors, sparse from `sparse/part-*.parquet`).
+
+    Raises:
+        FileNotFoundError: not a committed model directory.
+    """
+    meta = checkpoint.read_model_json(model_url, storage_options)
+    cfg = config_from_dict(ModelConfig, meta["model_config"], section="model_config")
+    dim = int(meta["dim"])
+    model = CTRModel(cfg, num_dense=int(meta["num_dense"]), num_fields=int(meta["num_fields"]), dim=dim)
+    model.load_state_dict(checkpoint.read_tensors(fsio.join(model_url, checkpoint.DENSE), storage_options))
+    model.eval()
+    sparse_url = fsio.join(model_url, checkpoint.SPARSE)
+    _, files = snapshot_files(sparse_url, storage_options)
+    if files:
+        keys, emb, _m, _v, _clock = read_snapshot(sparse_url, storage_options=storage_options)
+    else:
+        keys, emb = np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+    schema = FeatureSchema(
+        dense_columns=tuple(meta["dense_columns"]), key_columns=tuple(meta["key_columns"]),
+        fields=tuple(meta.get("fields") or meta["key_columns"]),
+    )
+    emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=float(meta.get("init_std", 0.01)))
+    return LoadedModel(model=model, embeddings=emb_table, schema=schema, meta=meta)
+
+
+@torch.no_grad()
+def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192) -> np.ndarray:
+    """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*` as in the model's schema).
+
+    Raises:
+        KeyError: a column the model needs is missing.
+    """
+    s = loaded.schema
+    missing = [c for c in (*s.dense_columns, *s.key_columns) if c not in features.columns]
+    if missing:
+        raise KeyError(f"feature rows lack columns {missing} the model was trained with")
+    dense_all = features[list(s.dense_columns)].to_numpy(np.float32) if s.dense_columns else None
+    keys_all = features[list(s.key_columns)].to_numpy(np.int64)
+    n = len(features)
+    out = np.empty(n, dtype=np.float64)
+    D = loaded.embeddings.dim
+    for lo in range(0, n, batch_size):
+        hi = min(n, lo + batch_size)
+        keys = torch.tensor(keys_all[lo:hi])  # (B, F)
+        B, F = keys.shape
+        emb = loaded.embeddings.lookup(keys.reshape(-1)).view(B, F, D)  # (B, F, D)
+        dense = (
+            torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
+        )
+        out[lo:hi] = torch.sigmoid(loaded.model(dense, emb)).double().numpy()
+    return out
+
+
+def _eval_files(url: str, storage_options: dict | None) -> list[str]:
+    """Parquet parts of `url`, or of `url/eval` when `url` is a features/date=D directory."""
+    fs, path = fsio.get_fs(url, storage_options)
+    if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
+        return list_parts(url, storage_options)
+    return list_parts(fsio.join(url, "eval"), storage_options)
+
+
+def evaluate_model(
+    model_url: str, features: str | pd.DataFrame, storage_options: dict | None = None, *, batch_size: int = 8192
+) -> dict[str, Any]:
+    """AUC, log loss and calibration of a model on feature rows.
+
+    Args:
+        model_url: a committed model directory.
+        features: a DataFrame, a directory of feature Parquet parts (e.g. `features/date=D/eval`), or a
+            features/date=D directory (its `eval/` split is used).
+        storage_options: fsspec options for both URLs.
+
+    Returns:
+        {auc, logloss, rows, mean_prediction, click_rate, calibration}.
+
+    Raises:
+        ValueError: no rows, or a single class (AUC undefined).
+    """
+    loaded = load_model(model_url, storage_options)
+    if isinstance(features, pd.DataFrame):
+        labels, probs = features["label"].to_numpy(np.float64), score(loaded, features, batch_size=batch_size)
+    else:
+        fs, _ = fsio.get_fs(features, storage_options)
+        cols = ["label", *loaded.schema.dense_columns, *loaded.schema.key_columns]
+        ls, ps = [], []
+        for f in _eval_files(features, storage_options):
+            with fs.open(f, "rb") as fh:
+                df = pq.read_table(fh, columns=cols).to_pandas()
+            ls.append(df["label"].to_numpy(np.float64))
+            ps.append(score(loaded, df, batch_size=batch_size))
+        labels = np.concatenate(ls) if ls else np.zeros(0)
+        probs = np.concatenate(ps) if ps else np.zeros(0)
+    if labels.size == 0:
+        raise ValueError(f"no feature rows to evaluate {model_url} on")
+    return {"auc": auc(labels, probs), "logloss": logloss(labels, probs), "rows": int(labels.size), **calibration(labels, probs)}

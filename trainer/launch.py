@@ -1,0 +1,193 @@
+"""Run a training job with torchrun and read back the committed model directory.
+
+`run_training` is the train stage's function: it writes the train spec, starts
+`python -m torch.distributed.run ... -m trainer.main --spec <spec>` as a
+subprocess, streams its output to the logger, and returns the train stats the
+ranks committed in `model.json`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from storage.config import StoreConfig
+from trainer import checkpoint
+from trainer.config import ModelConfig, TrainerConfig
+from trainer.spec import TrainSpec
+
+log = logging.getLogger(__name__)
+
+_REPO = Path(__file__).resolve().parents[1]
+_TAIL_LINES = 80
+
+
+class TrainingError(RuntimeError):
+    """The torchrun job failed or timed out; the message ends with the tail of its output."""
+
+    def __init__(self, message: str, *, returncode: int | None, tail: str) -> None:
+        super().__init__(f"{message}\n--- last lines of the trainer output ---\n{tail}")
+        self.returncode = returncode
+        self.tail = tail
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What the train stage hands on: the committed model dir and its train stats (from model.json)."""
+
+    model_url: str
+    steps: int
+    examples: int
+    final_loss: float
+    mean_loss: float
+    examples_per_s: float
+    world_size: int
+    wall_s: float
+    stats: dict[str, Any]
+    model_json: dict[str, Any]
+
+
+def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe") -> list[str]:
+    """The argv of the torchrun job (standalone on one node, c10d rendezvous on several)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += [
+            "--nnodes", str(cfg.nnodes), "--node_rank", str(cfg.node_rank), "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", cfg.rdzv_endpoint, "--rdzv_id", run_id,
+        ]
+    cmd += ["--nproc_per_node", str(cfg.nproc_per_node), "--max_restarts", "0"]
+    cmd += ["-m", "trainer.main", "--spec", spec_path]
+    return cmd
+
+
+def trainer_env(cfg: TrainerConfig) -> dict[str, str]:
+    """The environment of the ranks: ours, plus NCCL settings, one OpenMP thread, and the repo on the path."""
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in cfg.nccl_env.items()})
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run_streaming(cmd: list[str], env: dict[str, str], *, timeout_s: float, cwd: str) -> tuple[int | None, str]:
+    """Run `cmd`, logging each output line; kill its whole process group on timeout.
+
+    Returns:
+        (exit code or None on timeout, the last lines of output).
+    """
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        start_new_session=True,
+    )
+
+    def pump() -> None:
+        assert proc.stdout is not None  # stdout=PIPE
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            log.info("%s", line)
+
+    reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
+    reader.start()
+    try:
+        code: int | None = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=15)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    reader.join(timeout=10)
+    return code, "\n".join(tail)
+
+
+def run_training(
+    *,
+    features_url: str,
+    output_url: str,
+    init_model_url: str | None,
+    local_dir: str,
+    model_name: str,
+    store: StoreConfig,
+    model: ModelConfig,
+    trainer: TrainerConfig,
+    run_tag: str,
+    vocab_date: str | None,
+    storage_options: dict | None = None,
+    work_dir: str,
+) -> TrainResult:
+    """Train on `features_url` (a committed features/date=D dir) and commit the model at `output_url`.
+
+    Args:
+        features_url: the day's features directory (holding `train/` and `_SUCCESS.json`).
+        output_url: the model directory to commit (e.g. `<root>/runs/date=D/model`).
+        init_model_url: a previous model directory to warm-start the dense parameters and Adam state, or None.
+        local_dir: node-local directory of the store shards (`storage.tiered.shard_dir_for`).
+        model_name: the model's name (shard directories are per model).
+        store, model, trainer: the configs.
+        run_tag: tag written into the shards and model.json (the version being trained).
+        vocab_date: the vocabulary the features were encoded with (recorded in model.json).
+        storage_options: fsspec options for every URL.
+        work_dir: local directory for the spec file.
+
+    Returns:
+        The committed model's URL and train stats.
+
+    Raises:
+        TrainingError: torchrun exited non-zero or ran past `trainer.timeout_s`.
+    """
+    spec = TrainSpec(
+        features_url=features_url, output_url=output_url, init_model_url=init_model_url, local_dir=local_dir,
+        model_name=model_name, storage_options=storage_options, store=store, model=model, trainer=trainer,
+        run_tag=run_tag, vocab_date=vocab_date,
+    )
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    spec_path = str(Path(work_dir).resolve() / f"train-spec-{uuid.uuid4().hex[:8]}.json")
+    spec.write(spec_path)
+    cmd = torchrun_command(trainer, spec_path, run_id=f"ctrpipe-{model_name}-{run_tag}".replace("/", "-"))
+    log.info("launching: %s", " ".join(cmd))
+    t0 = time.perf_counter()
+    code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO))
+    wall = time.perf_counter() - t0
+    if code is None:
+        raise TrainingError(f"training timed out after {trainer.timeout_s}s (trainer.timeout_s)", returncode=None, tail=tail)
+    if code != 0:
+        raise TrainingError(f"training failed with exit code {code}", returncode=code, tail=tail)
+    meta = checkpoint.read_model_json(output_url, storage_options)
+    stats = meta.get("train", {})
+    return TrainResult(
+        model_url=output_url,
+        steps=int(stats.get("steps", 0)),
+        examples=int(stats.get("examples", 0)),
+        final_loss=float(stats.get("final_loss", float("nan"))),
+        mean_loss=float(stats.get("mean_loss", float("nan"))),
+        examples_per_s=float(stats.get("examples_per_s", 0.0)),
+        world_size=int(stats.get("world_size", 0)),
+        wall_s=wall,
+        stats=stats,
+        model_json=meta,
+    )

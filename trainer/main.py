@@ -1,0 +1,213 @@
+"""Rank entry point: `torchrun ... -m trainer.main --spec SPEC.json`.
+
+Single node, 2 CPU ranks (what `trainer.launch.run_training` runs)::
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m trainer.main --spec spec.json
+
+Two nodes x 8 GPUs (run on each node, node_rank 0 and 1)::
+
+    python -m torch.distributed.run --nnodes 2 --node_rank 0 --rdzv_backend c10d \\
+        --rdzv_endpoint host0:29400 --nproc_per_node 8 -m trainer.main --spec spec.json
+
+`main()` owns the lifecycle: init the process groups, open and warm the store
+shard, train, write the model directory, and always close the store and
+destroy the process groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from storage import fsio
+from storage.base import EmbeddingStore
+from trainer import checkpoint
+from trainer.comm import DistContext, init_distributed
+from trainer.spec import TrainSpec
+from trainer.train import Trainer, TrainStats
+
+log = logging.getLogger("trainer.main")
+
+WORKING_SET = "working_set.npy"
+MODEL_FORMAT = "ctr-pipeline-model/1"
+
+
+def _setup_logging() -> None:
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, force=True,
+        format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def report_environment(ctx: DistContext) -> None:
+    """Log the topology, the two-phase groups and the NCCL settings this rank runs with."""
+    nccl = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}
+    log.info(
+        "rank %d/%d local %d/%d backend %s device %s place %s",
+        ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.backend, ctx.device, ctx.places[ctx.rank],
+    )
+    if ctx.rank == 0:
+        log.info("two-phase groups %s leaders %s", list(ctx.topology.groups), list(ctx.topology.leaders))
+        log.info("NCCL env %s", nccl or "{}")
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    log.info("cpu affinity %s (socket %d)", affinity, ctx.socket)
+
+
+def open_store(spec: TrainSpec, ctx: DistContext) -> EmbeddingStore:
+    """Open this rank's shard (`storage.tiered`) and load its working set into the fast levels."""
+    from storage.tiered import open_shard, shard_dir_for
+
+    shard_dir = shard_dir_for(spec.local_dir, spec.model_name, ctx.rank, ctx.world_size)
+    store = open_shard(shard_dir, spec.store, device=ctx.device)
+    ws = os.path.join(shard_dir, WORKING_SET)
+    if os.path.exists(ws):
+        keys = torch.from_numpy(np.load(ws).astype(np.int64, copy=False))
+        store.warm(keys)
+        log.info("warmed %d working-set rows from %s", keys.numel(), ws)
+    return store
+
+
+def _gather(obj: Any, ctx: DistContext) -> list[Any]:
+    if ctx.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _broadcast(obj: Any, ctx: DistContext) -> Any:
+    if ctx.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, trainer: Trainer, stats: TrainStats) -> None:
+    """Every rank writes its sparse part into a shared staging dir; rank 0 writes the dense files and commits."""
+    so = spec.storage_options
+    fs, final = fsio.get_fs(spec.output_url, so)
+    staging = None
+    if ctx.rank == 0:
+        fsio.remove_stale_staging(fs, final)
+        staging = fsio.staging_dir(fs, final)
+        fs.makedirs(fsio.join(staging, checkpoint.SPARSE), exist_ok=True)
+    staging = _broadcast(staging, ctx)
+    staging_url = fs.unstrip_protocol(staging) if "://" in spec.output_url else staging
+
+    store.flush()
+    set_tag = getattr(store, "set_tag", None)
+    if callable(set_tag):
+        set_tag(spec.run_tag)
+    part = fsio.join(staging_url, checkpoint.SPARSE, checkpoint.sparse_part_name(ctx.rank))
+    sparse_rows = store.snapshot(part, storage_options=so)
+
+    mine = {
+        "rows": sparse_rows, "sparse_bytes": trainer.sparse.sparse_bytes, "sparse_s": trainer.sparse.seconds,
+        "dense_sync_bytes": trainer.opt.sync_bytes, "dense_sync_s": trainer.opt.sync_seconds,
+        "examples": stats.examples, "loss_sum": stats.loss_sum, "final_loss": stats.final_loss,
+        "train_s": stats.train_s, "store": store.stats(),
+    }
+    everyone = _gather(mine, ctx)
+    if ctx.rank == 0:
+        examples = sum(r["examples"] for r in everyone)
+        train_s = max(r["train_s"] for r in everyone)
+        steps = stats.steps
+        train_stats = {
+            "steps": steps,
+            "epochs": spec.trainer.epochs,
+            "examples": examples,
+            "dropped_rows": stats.dropped_rows,
+            "final_loss": float(np.mean([r["final_loss"] for r in everyone])),
+            "mean_loss": sum(r["loss_sum"] for r in everyone) / max(1, steps * ctx.world_size),
+            "train_s": train_s,
+            "examples_per_s": examples / train_s if train_s > 0 else 0.0,
+            "dense_sync_bytes": sum(r["dense_sync_bytes"] for r in everyone),
+            "dense_sync_s": max(r["dense_sync_s"] for r in everyone),
+            "dense_merges": trainer.opt.merges,
+            "sparse_bytes": sum(r["sparse_bytes"] for r in everyone),
+            "sparse_s": max(r["sparse_s"] for r in everyone),
+            "sparse_rows": sum(r["rows"] for r in everyone),
+            "world_size": ctx.world_size,
+            "backend": ctx.backend,
+            "device": str(ctx.device),
+            "groups": [list(g) for g in ctx.topology.groups],
+            "store_stats": [r["store"] for r in everyone],
+        }
+        schema = trainer.schema
+        meta = {
+            "arch": spec.model.arch,
+            "format": MODEL_FORMAT,
+            "model_config": _asdict(spec.model),
+            "dim": spec.store.embedding_dim,
+            "init_std": spec.store.init_std,
+            "num_dense": schema.num_dense,
+            "num_fields": schema.num_fields,
+            "fields": list(schema.fields),
+            "dense_columns": list(schema.dense_columns),
+            "key_columns": list(schema.key_columns),
+            "vocab_date": spec.vocab_date,
+            "run_tag": spec.run_tag,
+            "model_name": spec.model_name,
+            "features_url": spec.features_url,
+            "init_model_url": spec.init_model_url,
+            "trainer_config": _asdict(spec.trainer),
+            "train": train_stats,
+        }
+        checkpoint.write_tensors(fsio.join(staging_url, checkpoint.DENSE), trainer.model.state_dict(), so)
+        checkpoint.write_tensors(
+            fsio.join(staging_url, checkpoint.DENSE_OPTIM), trainer.opt.state_tensors(trainer.names), so
+        )
+        fsio.write_json(fs, fsio.join(staging, checkpoint.MODEL_JSON), meta)
+    ctx.barrier()  # every sparse part is written before the commit
+    if ctx.rank == 0:
+        manifest = {
+            "run_tag": spec.run_tag, "vocab_date": spec.vocab_date, "world_size": ctx.world_size,
+            "sparse_parts": ctx.world_size, "sparse_rows": train_stats["sparse_rows"],
+            "steps": stats.steps, "code_version": fsio.code_version(),
+        }
+        fsio.commit_dir(fs, staging, final, manifest)
+        log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, train_stats["examples"])
+
+
+def _asdict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def run(spec: TrainSpec) -> None:
+    """Train one rank of `spec` inside an initialised torchrun environment."""
+    ctx = init_distributed(spec.trainer)
+    store: EmbeddingStore | None = None
+    try:
+        report_environment(ctx)
+        store = open_store(spec, ctx)
+        trainer = Trainer(spec, ctx=ctx, store=store)
+        stats = trainer.train()
+        write_model(spec, ctx, store, trainer, stats)
+    finally:
+        if store is not None:
+            store.close()
+        ctx.destroy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="train spec JSON written by trainer.launch")
+    args = parser.parse_args(argv)
+    _setup_logging()
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    run(TrainSpec.read(args.spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
