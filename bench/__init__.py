@@ -1,0 +1,1 @@
+"""Benchmarks: each `python -m bench.<name>` prints a table and writes JSON to bench/results/."""
