@@ -123,8 +123,13 @@ def evaluate_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
     new = evaluate_model(fsio.join(run_dir(cfg, date), "model"), eval_url, storage_options=so)
     reg = registry(cfg)
     latest = reg.latest()
-    published = evaluate_model(reg.url(latest), eval_url, storage_options=so) if latest else None
-    return {"new": new, "published": published, "published_version": latest}
+    published = next_day = None
+    if latest:
+        published = evaluate_model(reg.url(latest), eval_url, storage_options=so)
+        # Next-day evaluation: the published model was trained through the previous day and has
+        # not seen any of today's rows, so its score on today's train split is what production saw.
+        next_day = evaluate_model(reg.url(latest), fsio.join(feature_dir(cfg, date), "train"), storage_options=so)
+    return {"new": new, "published": published, "published_version": latest, "next_day": next_day}
 
 
 def gate(new: dict[str, Any], published: dict[str, Any] | None, cfg: PublishConfig) -> tuple[bool, str]:
@@ -179,6 +184,8 @@ class DayRecord:
     auc: float | None
     logloss: float | None
     published_auc: float | None
+    next_day_auc: float | None
+    """AUC of the previously published model on this day's train rows (unseen by it): what production saw."""
     rows_read: int
     rows_ingested: int
     rows_quarantined: int
@@ -209,3 +216,38 @@ def read_record(cfg: RunConfig, date: str) -> dict[str, Any] | None:
 def is_completed(cfg: RunConfig, date: str) -> bool:
     record = read_record(cfg, date)
     return bool(record and record.get("completed"))
+
+
+def recent_records(cfg: RunConfig, date: str, days: int) -> list[dict[str, Any]]:
+    """Records of the `days` dates ending at `date` that have one, oldest first."""
+    dates = fsio.date_range(fsio.shift_date(date, -(days - 1)), date)
+    return [r for d in dates if (r := read_record(cfg, d))]
+
+
+def resolve_date(date: str | None, scheduled: Any) -> str:
+    """The date a run processes: the given one, else the day before the run's *scheduled* time.
+
+    A scheduled run that starts late (a busy worker, an outage) still processes
+    the day it was scheduled for, not the day the wall clock says.
+    """
+    if date:
+        return fsio.validate_date(date)
+    import datetime as _dt
+
+    when = scheduled if scheduled is not None else _dt.datetime.now(_dt.UTC)
+    return (when.date() - _dt.timedelta(days=1)).isoformat()
+
+
+_SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth")
+
+
+def redacted(obj: Any) -> Any:
+    """A copy of a config dict with every value under a credential-like key replaced by '***'."""
+    if isinstance(obj, dict):
+        return {
+            k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) and v not in (None, "", {}) else redacted(v))
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list | tuple):
+        return [redacted(v) for v in obj]
+    return obj
