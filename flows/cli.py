@@ -6,6 +6,8 @@
     ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
     ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu] [--config FILE] [--set ...]
     ctrpipe models list|show VERSION|rollback VERSION [--config FILE] [--set ...]
+    ctrpipe deploy [--pool NAME] [--cron CRON] [--config FILE] [--set ...]
+    ctrpipe serve [--cron CRON] [--config FILE] [--set ...]
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list, show or roll back registry versions")
     p.add_argument("action", choices=["list", "show", "rollback"])
     p.add_argument("version", nargs="?")
+    _add_config_args(p)
+
+    p = sub.add_parser("deploy", help="register the daily / on-demand / backfill deployments on the Prefect server")
+    p.add_argument("--pool", default="ctr-process", help="work pool (created as a process pool if missing)")
+    p.add_argument("--cron", default="0 2 * * *", help="schedule of the daily deployment (UTC)")
+    p.add_argument("--source", default=None, help="code folder the worker runs from (default: this checkout)")
+    _add_config_args(p)
+
+    p = sub.add_parser("serve", help="serve the deployments from this process (no worker needed)")
+    p.add_argument("--cron", default="0 2 * * *")
     _add_config_args(p)
     return parser
 
@@ -206,7 +218,38 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    if "PREFECT_API_URL" not in os.environ:
+        raise ValueError("set PREFECT_API_URL to the Prefect server to deploy to (e.g. http://127.0.0.1:4200/api)")
+    from flows.deploy import REPO, deploy_all, ensure_process_pool
+
+    from flows.stages import redacted
+
+    if args.pool == "ctr-process":
+        ensure_process_pool(args.pool)
+    config = cfg.to_dict()
+    if redacted(config) != config:
+        raise ValueError("config holds credential-like values; put credentials in the environment, not in deployments")
+    ids = deploy_all(config, pool=args.pool, cron=args.cron, source=args.source or REPO)
+    for name, dep_id in ids.items():
+        print(f"deployed {name}: {dep_id}")
+    print(f"start a worker: prefect worker start --pool {args.pool}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _prefect_defaults()
+    from flows.deploy import serve_all
+
+    serve_all(cfg.to_dict(), cron=args.cron)
+    return 0
+
+
 _COMMANDS = {
+    "deploy": cmd_deploy,
+    "serve": cmd_serve,
     "demo": cmd_demo,
     "generate": cmd_generate,
     "run": cmd_run,

@@ -238,16 +238,19 @@ def resolve_date(date: str | None, scheduled: Any) -> str:
     return (when.date() - _dt.timedelta(days=1)).isoformat()
 
 
-_SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth")
+_SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "credential", "credentials", "auth", "apikey"}
+
+
+def _secret_like(name: Any) -> bool:
+    tokens = str(name).lower().replace("-", "_").split("_")
+    return any(t in _SECRET_WORDS for t in tokens)
 
 
 def redacted(obj: Any) -> Any:
-    """A copy of a config dict with every value under a credential-like key replaced by '***'."""
+    """A copy of a config dict with every value under a credential-like key (`aws_secret_access_key`,
+    `token`, `key`, ...) replaced by '***', for lineage and logs."""
     if isinstance(obj, dict):
-        return {
-            k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) and v not in (None, "", {}) else redacted(v))
-            for k, v in obj.items()
-        }
+        return {k: ("***" if _secret_like(k) and v not in (None, "", {}) else redacted(v)) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [redacted(v) for v in obj]
     return obj
