@@ -252,5 +252,5 @@ def redacted(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: ("***" if _secret_like(k) and v not in (None, "", {}) else redacted(v)) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [redacted(v) for v in obj]
+        return type(obj)(redacted(v) for v in obj)
     return obj
