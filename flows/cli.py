@@ -119,6 +119,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from storage.fsio import validate_date
+
+    validate_date(args.date)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
     from flows.daily import daily_retrain
@@ -135,6 +138,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
+    from storage.fsio import date_range as _dates
+
+    _dates(args.start, args.end)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
     from flows.daily import backfill
