@@ -1,24 +1,151 @@
-"""Shared helpers for benchmarks: result tables, JSON output, peak memory, machine description.
+"""Helpers shared by the benchmark scripts: tables on stdout, JSON results, memory readings.
 
-A benchmark measures the project beside a baseline in the same process or run and
-reports ratios; it never asserts on time (tests do not time anything).
+Benchmarks are scripts (`python -m bench.<name>`), never tests; each prints a
+table and writes its numbers to `bench/results/<name>.json` with the machine
+and library versions, so a report can be reproduced.
 """
 
 from __future__ import annotations
 
 import json
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 import os
 import platform
-import resource
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+
+def environment() -> dict[str, Any]:
+    """Machine and library versions to store beside the numbers."""
+    import dask
+    import numpy
+    import pandas
+    import pyarrow
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "pyarrow": pyarrow.__version__,
+        "pandas": pandas.__version__,
+        "numpy": numpy.__version__,
+        "dask": dask.__version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write `payload` plus the environment to bench/results/<name>.json and return the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2, sort_keys=True, default=str))
+    return path
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
+    """Print dict rows as an aligned text table (floats with 3 significant decimals)."""
+    if not rows:
+        return
+    columns = list(columns or rows[0].keys())
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def proc_memory() -> dict[str, int]:
+    """This process's resident memory now and its peak (VmRSS / VmHWM from /proc, in bytes)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out["rss" if key == "VmRSS" else "peak_rss"] = int(value.split()[0]) * 1024
+    return out
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's VmHWM (Linux: write 5 to /proc/self/clear_refs); harmless where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class WorkerMemory:
+    """Peak resident memory per Dask worker: VmHWM read at the end plus RSS sampled while running.
+
+    Usage::
+
+        with WorkerMemory(client) as mem:
+            run()
+        mem.peak_bytes  # {worker address: bytes}
+    """
+
+    def __init__(self, client, interval_s: float = 0.25) -> None:
+        self.client = client
+        self.interval_s = interval_s
+        self.peak_bytes: dict[str, int] = {}
+        self.sampled_bytes: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> WorkerMemory:
+        self.client.run(reset_peak_rss)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for addr, m in self.client.run(proc_memory).items():
+            self.peak_bytes[addr] = max(m.get("peak_rss", 0), self.sampled_bytes.get(addr, 0))
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                for addr, m in self.client.run(proc_memory).items():
+                    self.sampled_bytes[addr] = max(self.sampled_bytes.get(addr, 0), m["rss"])
+            except Exception:  # a sample lost while workers are busy is not an error
+                continue
+
+
+def run_child(code: str, *args: str) -> tuple[float, str]:
+    """Run `python -c code args...` in a fresh process; return (wall seconds, its stdout).
+
+    The child should print its own numbers (e.g. `proc_memory()["peak_rss"]`).
+    """
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    return time.perf_counter() - t0, done.stdout
+
+
+def mib(n: float) -> float:
+    return n / 2**20
+
+
+# ---- result reports (print a table, write JSON with the machine) ----
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on (goes into every JSON result)."""

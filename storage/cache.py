@@ -61,15 +61,23 @@ class SlotCache:
     Args:
         capacity: number of slots, or None for no bound (nothing is ever evicted).
         policy: ``"lfu"`` (least accesses first, ties by least recent) or ``"lru"``.
+        evict_extra: when a call must evict, also free up to this fraction of `capacity`
+            more slots (the coldest residents), so the scan over all residents that
+            choosing victims costs is paid once per that many new rows, not on every call.
+            0 evicts exactly what the call needs.
     """
 
-    def __init__(self, capacity: int | None, policy: str = "lfu") -> None:
+    def __init__(self, capacity: int | None, policy: str = "lfu", *, evict_extra: float = 0.0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be >= 1 row, got {capacity}")
+        if not 0.0 <= evict_extra < 1.0:
+            raise ValueError(f"evict_extra must be in [0, 1), got {evict_extra}")
         self.capacity = capacity
         self.policy = policy
+        self.evict_extra = evict_extra
+        self.scans = 0  # victim selections run (each one scans every resident)
         self.map = SlotMap(capacity)
         self.tick = 0
         self._grow(capacity or 0)
@@ -136,15 +144,26 @@ class SlotCache:
         else:  # LFU, ties broken by recency (ticks stay far below 2^33)
             rs = (self.freq[live] << 33) | self.last[live]
             ns = (np.minimum(new_counts, _FREQ_CAP).astype(np.int64) << 33) | self.tick
+        self.scans += 1
         score = np.concatenate([rs, ns])
         n_drop = m - free
-        drop = np.argpartition(score, n_drop - 1)[:n_drop] if n_drop < score.size else np.arange(score.size)
+        # Take the k lowest scores overall (k includes the slack): their residents are evicted;
+        # of their newcomers only as many as the freed room cannot hold are turned away.
+        k = min(score.size, n_drop + int(self.evict_extra * (self.capacity or 0)))
+        drop = np.argpartition(score, k - 1)[:k] if k < score.size else np.arange(score.size)
         victims = live[drop[drop < live.size]]
-        admit[drop[drop >= live.size] - live.size] = False
+        low_new = drop[drop >= live.size]
+        n_reject = n_drop - victims.size
+        if n_reject > 0:
+            if n_reject < low_new.size:  # the lowest-scored newcomers lose
+                low_new = low_new[np.argpartition(score[low_new], n_reject - 1)[:n_reject]]
+            admit[low_new - live.size] = False
         return victims, admit
 
 
-def simulate_hit_rate(key_stream: np.ndarray, capacity: int, policy: str = "lfu", *, batch: int = 4096) -> float:
+def simulate_hit_rate(
+    key_stream: np.ndarray, capacity: int, policy: str = "lfu", *, batch: int = 4096, evict_extra: float = 0.0
+) -> float:
     """Hit rate of a cache of `capacity` rows with `policy` over `key_stream`, batch by batch.
 
     Runs the same `SlotCache` admission and eviction the `DeviceCache` runs:
@@ -157,13 +176,14 @@ def simulate_hit_rate(key_stream: np.ndarray, capacity: int, policy: str = "lfu"
         capacity: cache size in rows (>= 1).
         policy: ``"lfu"`` or ``"lru"``.
         batch: keys per training step.
+        evict_extra: the cache's eviction slack (see `SlotCache`).
 
     Returns:
         hits / (hits + misses), 0.0 for an empty stream.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    cache = SlotCache(capacity, policy)
+    cache = SlotCache(capacity, policy, evict_extra=evict_extra)
     stream = np.ascontiguousarray(key_stream, dtype=np.int64)
     hits = total = 0
     for lo in range(0, stream.size, batch):
@@ -194,6 +214,7 @@ class CachingTier(RowTier):
         policy: ``"lfu"`` or ``"lru"``.
         below: the tier below (a `RowTier`), or None.
         preallocate: allocate all `capacity` rows up front (a device cache) instead of growing.
+        evict_extra: eviction slack, a fraction of `capacity` (see `SlotCache`).
     """
 
     tier = "cache"
@@ -208,6 +229,7 @@ class CachingTier(RowTier):
         policy: str,
         below: RowTier | None,
         preallocate: bool = False,
+        evict_extra: float = 0.0,
     ) -> None:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
@@ -224,7 +246,7 @@ class CachingTier(RowTier):
         self.init_std = init_std
         self.device = torch.device(device)
         self.below = below
-        self._cache = SlotCache(capacity, policy)
+        self._cache = SlotCache(capacity, policy, evict_extra=evict_extra)
         self._buf = RowBuffer(
             dim, self.device, capacity if (preallocate and capacity) else 0, fixed=preallocate, limit=capacity
         )
@@ -369,8 +391,8 @@ class CachingTier(RowTier):
         k = check_keys(keys)
         uniq, inverse, counts = np.unique(k, return_inverse=True, return_counts=True)
         slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
-        if outside.size == 0:
-            out = self._buf.gather_emb(slots)
+        if outside.size == 0:  # all resident: one gather straight into the caller's order
+            return self._buf.gather_emb(slots[inverse.reshape(-1)])
         else:
             out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
             res = np.flatnonzero(slots >= 0)
@@ -389,18 +411,23 @@ class CachingTier(RowTier):
         counts = np.unique(k, return_counts=True)[1]
         slots, outside, _, rows_out = self._resolve(uniq, counts, "create")
         res = np.flatnonzero(slots >= 0)
+        # Compute every new row first (sparse_adam refuses non-finite results), then write: a
+        # refused update changes no value here or below.
+        new_res = new_out = None
         if res.size:
-            rs = slots[res]
             idx = torch.from_numpy(res).to(self.device)
-            new = sparse_adam(self._buf.gather(rs), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
-            self._buf.scatter(rs, new)
+            new_res = sparse_adam(self._buf.gather(slots[res]), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
+        if outside.size:
+            idx = torch.from_numpy(outside).to(self.device)
+            new_out = sparse_adam(rows_out.to(self.device), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
+        if new_res is not None:
+            rs = slots[res]
+            self._buf.scatter(rs, new_res)
             self._cache.dirty[rs] = True
             if self.below is None:  # the bottom tier counts what it stores
                 self._counters["bytes_written"] += rs.size * row_bytes(self.dim)
-        if outside.size:
-            idx = torch.from_numpy(outside).to(self.device)
-            new = sparse_adam(rows_out.to(self.device), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
-            self._write_below(uniq[outside], new)
+        if new_out is not None:
+            self._write_below(uniq[outside], new_out)
 
     def _warm_below_first(self) -> bool:
         return False
@@ -478,7 +505,7 @@ class CachingTier(RowTier):
         return w.rows
 
     def _clear(self) -> None:
-        self._cache = SlotCache(self._cache.capacity, self._cache.policy)
+        self._cache = SlotCache(self._cache.capacity, self._cache.policy, evict_extra=self._cache.evict_extra)
         self._buf.reset()
 
     def restore(
@@ -516,6 +543,7 @@ class CachingTier(RowTier):
             "rows": len(c),
             "capacity": c.capacity,
             "policy": c.policy,
+            "victim_scans": c.scans,
             "dirty": int(c.dirty[c.map.live_slots()].sum()),
             "device": str(self.device),
         }

@@ -7,6 +7,11 @@ rows (ties: least recently used) not touched by the current call are written to
 `below` (dirty ones only; clean ones already are there) and dropped.  Keys it
 does not hold are read from `below`, or initialised when there is no `below` or
 `below` does not have them.
+
+Choosing victims scans every resident row (NumPy, but O(capacity)), so a call
+that must evict frees `evict_extra` (default 2%) of the capacity more than it
+needs: the next calls admit into those free slots without a scan, and the scan
+cost per admitted row stays O(1 / evict_extra) amortised.
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ class HostStore(CachingTier):
             Without one, going over budget raises `StoreCapacityError`.
         init_std: std of `init_rows` for unseen keys.
         policy: ``"lfu"`` (default) or ``"lru"``.
+        evict_extra: fraction of the capacity freed beyond need when a call must evict
+            (amortises the victim scan; 0 evicts exactly what is needed).
 
     Raises:
-        ValueError: the budget does not hold a single row, or `below` has another dim.
+        ValueError: the budget does not hold a single row (including a negative budget),
+            or `below` has another dim.
     """
 
     tier = "host"
@@ -55,6 +63,7 @@ class HostStore(CachingTier):
         below: RowTier | None = None,
         init_std: float = 0.01,
         policy: str = "lfu",
+        evict_extra: float = 0.02,
     ) -> None:
         capacity = rows_for_budget(budget_bytes, dim) if dim >= 1 else 0
         if capacity < 1:
@@ -63,7 +72,13 @@ class HostStore(CachingTier):
                 f"({host_row_bytes(max(dim, 1))} bytes each); raise the host budget"
             )
         super().__init__(
-            dim, init_std=init_std, device="cpu", capacity=capacity, policy=policy, below=below
+            dim,
+            init_std=init_std,
+            device="cpu",
+            capacity=capacity,
+            policy=policy,
+            below=below,
+            evict_extra=evict_extra,
         )
         self.budget_bytes = int(budget_bytes)
 

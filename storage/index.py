@@ -5,9 +5,19 @@ hashing, tombstones) whose operations take whole arrays of keys: each probe
 round is one vectorised step over the keys still unresolved, so a batch of N
 keys costs O(N * longest probe) NumPy work and no per-key Python loop.
 
+Two details make lookups fast in NumPy: the first round probes each key's home
+cell alone (at load <= 1/2 most keys end there), and every later round compares a
+window of `_WINDOW` consecutive cells per key at once (one cache line of keys),
+so a long probe run costs a few rounds, not one round per cell.  The table
+never wraps around: it has `_PAD` overflow cells after its `size` home cells,
+and an insert that would run past them grows the table instead.  Home cells are
+picked by multiply-shift ("fastrange") from the Fibonacci hash, so the table
+size need not be a power of two and a known capacity is allocated tightly.
+
 `SlotMap` adds slot allocation on top: a dense slot -> key array (``-1`` for a
 free slot) and a free list, so row storage (tensors, an SSD file) can be
-addressed by slot and holes are reused.
+addressed by slot and holes are reused.  Its slots are int32 (2^31 - 1 rows per
+map), which keeps the index at 12 bytes per cell.
 """
 
 from __future__ import annotations
@@ -18,7 +28,14 @@ EMPTY = -1
 """Marks a never-used table cell (keys are non-negative)."""
 _TOMB = -2
 _FIB = np.uint64(0x9E3779B97F4A7C15)
+_S32 = np.uint64(32)
 _MAX_LOAD = 0.5
+_GROWTH = 1.5
+"""On growth, room for this many times the live keys (load about 1/3 right after)."""
+_WINDOW = 8
+_PAD = 64
+MAX_SLOTS = 2**31 - 1
+"""Slots a `SlotMap` can address (int32)."""
 
 
 def _as_keys(keys: np.ndarray) -> np.ndarray:
@@ -26,10 +43,12 @@ def _as_keys(keys: np.ndarray) -> np.ndarray:
 
 
 class KeyIndex:
-    """A hash map from non-negative int64 keys to int64 values, batched.
+    """A hash map from non-negative int64 keys to integer values, batched.
 
     Args:
-        capacity: rows expected; the table grows by doubling when the load passes 1/2.
+        capacity: keys expected; the table is sized for them at load 1/2 and grows
+            (to load about 1/3) when more are inserted.
+        value_dtype: dtype of the stored values (int64, or int32 to save memory).
 
     Example::
 
@@ -38,17 +57,20 @@ class KeyIndex:
         idx.get(np.array([9, 8, 7]))  # -> array([ 1, -1,  0])
     """
 
-    def __init__(self, capacity: int = 0) -> None:
-        self._alloc(max(16, int(capacity)))
+    def __init__(self, capacity: int = 0, *, value_dtype: type | np.dtype = np.int64) -> None:
+        self._vdtype = np.dtype(value_dtype)
+        if self._vdtype.kind != "i":
+            raise TypeError(f"value_dtype must be a signed integer dtype, got {self._vdtype}")
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self._alloc(int(capacity))
 
     def _alloc(self, capacity: int) -> None:
-        size = 16
-        while size * _MAX_LOAD < capacity:
-            size *= 2
-        self._bits = size.bit_length() - 1
-        self._mask = size - 1
-        self._keys = np.full(size, EMPTY, dtype=np.int64)
-        self._vals = np.zeros(size, dtype=np.int64)
+        size = max(16, int(np.ceil(max(capacity, 1) / _MAX_LOAD)))
+        self._size = size
+        self._usize = np.uint64(size)
+        self._keys = np.full(size + _PAD, EMPTY, dtype=np.int64)
+        self._vals = np.zeros(size + _PAD, dtype=self._vdtype)
         self._live = 0
         self._filled = 0  # live + tombstones
 
@@ -57,92 +79,150 @@ class KeyIndex:
 
     @property
     def table_size(self) -> int:
-        """Cells in the hash table (a power of two, at least twice the keys held)."""
+        """Cells in the hash table (home cells plus overflow), at least twice the keys held."""
         return self._keys.size
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the table."""
+        return self._keys.nbytes + self._vals.nbytes
+
     def _home(self, keys: np.ndarray) -> np.ndarray:
-        # Fibonacci hashing: the top bits of key * 2^64/phi mix every key bit.
+        # Fibonacci hashing mixes every key bit into the top 32; multiply-shift maps them to [0, size).
         with np.errstate(over="ignore"):
             h = keys.view(np.uint64) * _FIB
-        return (h >> np.uint64(64 - self._bits)).astype(np.int64)
+        h >>= _S32
+        h *= self._usize
+        h >>= _S32
+        return h.view(np.int64)
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
         """Table position of each key, -1 when absent."""
         n = keys.size
-        out = np.full(n, -1, dtype=np.int64)
         if n == 0 or self._live == 0:
+            return np.full(n, -1, dtype=np.int64)
+        tab = self._keys
+        pos = self._home(keys)
+        found = tab[pos]
+        hit = found == keys
+        out = np.where(hit, pos, -1)
+        pending = np.flatnonzero(~hit & (found != EMPTY))
+        if pending.size == 0:
             return out
+        # Later rounds: a window of cells per key.  A key never sits after an EMPTY cell of
+        # its probe run (cells only turn EMPTY -> key -> tombstone), so an EMPTY ends the search.
+        ar = np.arange(_WINDOW)
+        last = tab.size - 1
+        start = pos[pending] + 1
+        while pending.size:
+            idx = start[:, None] + ar
+            np.minimum(idx, last, out=idx)
+            win = tab[idx]
+            match = win == keys[pending][:, None]
+            hit = match.any(axis=1)
+            out[pending[hit]] = start[hit] + match[hit].argmax(axis=1)
+            keep = ~(hit | (win == EMPTY).any(axis=1))
+            keep &= start < last  # ran off the overflow cells: absent
+            pending = pending[keep]
+            start = start[keep] + _WINDOW
+        return out
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """Value of each key (int64, duplicates allowed), -1 when absent."""
+        keys = _as_keys(keys)
+        pos = self._find(keys)
+        out = self._vals[pos].astype(np.int64)  # pos -1 reads the last cell; overwritten below
+        out[pos < 0] = -1
+        return out
+
+    def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
+        """Add `keys` (distinct, absent, non-negative) with `vals`.  Callers guarantee absence.
+
+        Raises:
+            ValueError: a value does not fit the value dtype.
+        """
+        keys = _as_keys(keys)
+        vals = np.asarray(vals)
+        if keys.size == 0:
+            return
+        info = np.iinfo(self._vdtype)
+        if info.bits < 64 and (int(vals.max()) > info.max or int(vals.min()) < info.min):
+            raise ValueError(f"values must fit {self._vdtype}, got range [{vals.min()}, {vals.max()}]")
+        if (self._filled + keys.size) > _MAX_LOAD * self._size:
+            self._rehash(int((self._live + keys.size) * _GROWTH))
+        while keys.size:
+            rest = self._place(keys, vals)
+            if rest.size == 0:
+                return
+            # A probe run reached the end of the overflow cells: grow, then place the rest.
+            keys, vals = keys[rest], vals[rest]
+            self._rehash(int(max(self._live + keys.size, self._size * _MAX_LOAD) * _GROWTH))
+
+    def _place(self, keys: np.ndarray, vals: np.ndarray) -> np.ndarray:
+        """Put each key in the first free cell of its probe run; returns the positions (in `keys`)
+        of the keys whose run would pass the overflow cells (those are not placed)."""
+        tab = self._keys
+        end = tab.size
+        n = keys.size
         pos = self._home(keys)
         pending = np.arange(n)
         while pending.size:
             p = pos[pending]
-            found = self._keys[p]
-            hit = found == keys[pending]
-            out[pending[hit]] = p[hit]
-            keep = ~(hit | (found == EMPTY))
-            pending = pending[keep]
-            pos[pending] = (p[keep] + 1) & self._mask
-        return out
-
-    def get(self, keys: np.ndarray) -> np.ndarray:
-        """Value of each key (duplicates allowed), -1 when absent."""
-        keys = _as_keys(keys)
-        pos = self._find(keys)
-        out = np.full(keys.size, -1, dtype=np.int64)
-        ok = pos >= 0
-        out[ok] = self._vals[pos[ok]]
-        return out
-
-    def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        """Add `keys` (distinct, absent, non-negative) with `vals`.  Callers guarantee absence."""
-        keys = _as_keys(keys)
-        vals = np.ascontiguousarray(vals, dtype=np.int64)
-        if keys.size == 0:
-            return
-        if (self._filled + keys.size) > _MAX_LOAD * self._keys.size:
-            self._rehash(self._live + keys.size)
-        pos = self._home(keys)
-        pending = np.arange(keys.size)
-        while pending.size:
-            p = pos[pending]
-            free = self._keys[p] < 0
+            over = p >= end
+            if over.any():
+                return pending[over]  # the others were placed in earlier rounds or are placed now
+            free = tab[p] < 0
             cand, cp = pending[free], p[free]
             if cand.size:
-                # Several keys of the batch may probe the same free cell: the first wins.
-                cells, first = np.unique(cp, return_index=True)
-                winners = cand[first]
-                self._filled += int(np.count_nonzero(self._keys[cells] == EMPTY))
-                self._keys[cells] = keys[winners]
-                self._vals[cells] = vals[winners]
-                placed = np.zeros(keys.size, dtype=bool)
+                # Several keys may probe the same free cell: write them all; the one that stuck wins.
+                was_empty = tab[cp] == EMPTY
+                tab[cp] = keys[cand]
+                won = tab[cp] == keys[cand]
+                winners, wcells = cand[won], cp[won]
+                self._vals[wcells] = vals[winners]
+                self._filled += int(np.count_nonzero(was_empty[won]))
+                self._live += winners.size
+                placed = np.zeros(n, dtype=bool)
                 placed[winners] = True
                 keep = ~placed[pending]
             else:
                 keep = np.ones(pending.size, dtype=bool)
             pending = pending[keep]
-            pos[pending] = (p[keep] + 1) & self._mask
-        self._live += keys.size
+            pos[pending] = p[keep] + 1
+        return pending
 
     def remove(self, keys: np.ndarray) -> np.ndarray:
         """Delete `keys` (distinct); returns their values, -1 for keys that were absent."""
         keys = _as_keys(keys)
         pos = self._find(keys)
-        out = np.full(keys.size, -1, dtype=np.int64)
         ok = pos >= 0
+        out = np.full(keys.size, -1, dtype=np.int64)
         out[ok] = self._vals[pos[ok]]
         self._keys[pos[ok]] = _TOMB
         self._live -= int(np.count_nonzero(ok))
         return out
 
-    def _rehash(self, need: int) -> None:
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, values) of every live entry, in table order."""
+        live = self._keys >= 0
+        return self._keys[live], self._vals[live].astype(np.int64)
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` keys in all (no growth until then)."""
+        if n * 1.0 > _MAX_LOAD * self._size:
+            self._rehash(int(n))
+
+    def _rehash(self, capacity: int) -> None:
         live = self._keys >= 0
         keys, vals = self._keys[live], self._vals[live]
-        self._alloc(max(2 * need, 16))  # headroom, so a run of small inserts does not rehash each time
+        del live
+        self._keys = self._vals = None  # type: ignore[assignment]  # free the old table first
+        self._alloc(max(capacity, keys.size, 16))
         self.insert(keys, vals)
 
     def clear(self) -> None:
         """Remove every key."""
-        self._alloc(16)
+        self._alloc(0)
 
 
 class SlotMap:
@@ -153,8 +233,10 @@ class SlotMap:
     """
 
     def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and not 0 <= capacity <= MAX_SLOTS:
+            raise ValueError(f"SlotMap capacity must be in [0, {MAX_SLOTS}], got {capacity}")
         self.capacity = capacity
-        self._index = KeyIndex(capacity or 0)
+        self._index = KeyIndex(capacity or 0, value_dtype=np.int32)
         self.slot_keys = np.full(capacity or 0, EMPTY, dtype=np.int64)
         self.high_water = 0  # slots [0, high_water) have been used at least once
         self._free = np.empty(0, dtype=np.int64)
@@ -163,11 +245,24 @@ class SlotMap:
         return len(self._index)
 
     @property
+    def nbytes(self) -> int:
+        """Memory of the hash index, the slot -> key array and the free list."""
+        return self._index.nbytes + self.slot_keys.nbytes + self._free.nbytes
+
+    @property
     def free_slots(self) -> int:
         """Slots that `add` can take without growing."""
         if self.capacity is None:
             return self._free.size
         return self._free.size + (self.capacity - self.high_water)
+
+    def reserve(self, n: int) -> None:
+        """Size the index and the slot array for `n` keys now, so adding up to `n` never copies them."""
+        self._index.reserve(n)
+        if n > self.slot_keys.size:
+            grown = np.full(n, EMPTY, dtype=np.int64)
+            grown[: self.slot_keys.size] = self.slot_keys
+            self.slot_keys = grown
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slot of each key, -1 when absent (duplicates allowed)."""
@@ -182,16 +277,19 @@ class SlotMap:
         if self.capacity is not None and n > self.free_slots:
             raise ValueError(f"SlotMap full: {n} new keys, {self.free_slots} free of {self.capacity}")
         reuse = min(n, self._free.size)
+        fresh = n - reuse
+        if self.high_water + fresh > MAX_SLOTS:
+            raise ValueError(f"SlotMap cannot address more than {MAX_SLOTS} slots")
         slots = np.empty(n, dtype=np.int64)
         if reuse:
             slots[:reuse] = self._free[self._free.size - reuse :]
             self._free = self._free[: self._free.size - reuse]
-        fresh = n - reuse
         if fresh:
             slots[reuse:] = np.arange(self.high_water, self.high_water + fresh)
             self.high_water += fresh
             if self.high_water > self.slot_keys.size:
-                grown = np.full(max(self.high_water, 2 * self.slot_keys.size, 1024), EMPTY, dtype=np.int64)
+                size = max(self.high_water, int(_GROWTH * self.slot_keys.size), 1024)
+                grown = np.full(size, EMPTY, dtype=np.int64)
                 grown[: self.slot_keys.size] = self.slot_keys
                 self.slot_keys = grown
         self.slot_keys[slots] = keys
@@ -220,7 +318,7 @@ class SlotMap:
         keys = slot_keys[live]
         if np.unique(keys).size != keys.size:
             raise ValueError("slot -> key array holds a key twice")
-        self._index = KeyIndex(keys.size)
+        self._index = KeyIndex(keys.size, value_dtype=np.int32)
         self._index.insert(keys, live)
         self.high_water = slot_keys.size
         size = max(self.capacity or 0, slot_keys.size)

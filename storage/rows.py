@@ -178,6 +178,13 @@ def sparse_adam(rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: flo
     step = (lr / bc1).to(torch.float32)[:, None]
     denom = v.sqrt() / bc2_sqrt.to(torch.float32)[:, None] + ADAM_EPS
     emb = rows.emb - step * (m / denom)
+    if not (torch.isfinite(emb).all() and torch.isfinite(v).all()):
+        # Finite but huge gradients (|g| > ~1e19) overflow v = g*g; such rows are never stored.
+        bad = ~(torch.isfinite(emb).all(dim=1) & torch.isfinite(v).all(dim=1))
+        raise ValueError(
+            f"sparse Adam would make {int(bad.sum())} row(s) non-finite (largest |grad| "
+            f"{float(grads.abs().max()):.3g}); no row was changed; clip the gradients"
+        )
     return Rows(emb, m, v, clock)
 
 

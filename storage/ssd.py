@@ -308,7 +308,19 @@ class SsdStore(RowTier):
         return recs
 
     def _write_records(self, slots: np.ndarray, recs: np.ndarray) -> None:
-        """Write `recs` at `slots` (distinct), reading first the units they only partly cover."""
+        """Write `recs` at `slots` (distinct), reading first the units they only partly cover.
+
+        A big batch is written in pieces of at most `_BATCH_ROWS` rows (by slot order), so
+        the temporary unit buffers stay small whatever the batch size."""
+        if slots.size > _BATCH_ROWS:
+            order = np.argsort(slots, kind="stable")
+            for lo in range(0, order.size, _BATCH_ROWS):
+                part = order[lo : lo + _BATCH_ROWS]
+                self._write_unit_batch(slots[part], recs[part])
+            return
+        self._write_unit_batch(slots, recs)
+
+    def _write_unit_batch(self, slots: np.ndarray, recs: np.ndarray) -> None:
         if slots.size == 0:
             return
         rpu = self.rows_per_unit
@@ -369,7 +381,20 @@ class SsdStore(RowTier):
         new = slots < 0
         if new.any():
             slots[new] = self._map.add(keys[new])
-        self._write_records(slots, self._records(keys, rows))
+        try:
+            self._write_records(slots, self._records(keys, rows))
+        except OSError as exc:
+            # The new keys' records may be missing: forget them, so the index never points at a
+            # row that was not written.  Overwritten rows may hold the old or the new value; the
+            # shard stays marked not clean (see `meta`), and the warm stage restores such a shard.
+            if new.any():
+                self._map.remove(keys[new])
+            raise OSError(
+                exc.errno,
+                f"writing {keys.size} rows ({keys.size * self.record_bytes} bytes) to {self.rows_file} "
+                f"failed: {exc.strerror} (disk full or file size limit?); {int(new.sum())} new rows "
+                "were not added",
+            ) from exc
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         return self._map.lookup(np.ascontiguousarray(keys, dtype=np.int64)) >= 0
@@ -476,6 +501,12 @@ class SsdStore(RowTier):
         self._map.load(new_keys)
         self._save(clean=True)
         return before - os.fstat(self._fd).st_size
+
+    def reserve(self, n_rows: int) -> None:
+        """Size the in-memory index for `n_rows` rows now (a bulk load then never regrows it)."""
+        if n_rows < 0:
+            raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+        self._map.reserve(int(n_rows))
 
     # -- tag / meta -------------------------------------------------------------------------
     @property

@@ -127,3 +127,23 @@ def test_budget_too_small_and_bad_below() -> None:
         HostStore(DIM, budget_bytes=1 << 20, below=MemoryStore(DIM + 1))
     with pytest.raises(TypeError, match="RowTier"):
         HostStore(DIM, budget_bytes=1 << 20, below=object())  # type: ignore[arg-type]
+
+
+def test_eviction_slack_amortises_victim_scans() -> None:
+    """With slack, a call that must evict frees extra room, so most later calls evict nothing."""
+    below_a, below_b = MemoryStore(DIM, init_std=STD), MemoryStore(DIM, init_std=STD)
+    exact = HostStore(DIM, budget_bytes=1000 * host_row_bytes(DIM), below=below_a, init_std=STD, evict_extra=0.0)
+    slack = HostStore(DIM, budget_bytes=1000 * host_row_bytes(DIM), below=below_b, init_std=STD, evict_extra=0.05)
+    ref = MemoryStore(DIM, init_std=STD)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        keys = torch.randint(0, 3000, (20,), generator=gen)
+        grads = torch.randn(20, DIM, generator=gen)
+        for s in (exact, slack, ref):
+            s.update(keys, grads, lr=0.05)
+    se, ss = exact.stats()["host"], slack.stats()["host"]
+    assert ss["victim_scans"] * 4 < se["victim_scans"]
+    assert ss["rows"] <= 1000
+    probe = torch.arange(3000, dtype=torch.int64)
+    assert torch.equal(slack.lookup(probe), ref.lookup(probe))  # values unaffected
+    assert torch.equal(exact.lookup(probe), ref.lookup(probe))
