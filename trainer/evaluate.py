@@ -22,7 +22,7 @@ from storage.snapshot import read_snapshot, snapshot_files
 from trainer import checkpoint
 from trainer.config import ModelConfig
 from trainer.data import FeatureSchema, list_parts
-from trainer.metrics import auc, calibration, logloss
+from trainer.metrics import StreamingMetrics, slice_metrics
 from trainer.model import CTRModel
 from trainer.spec import config_from_dict
 
@@ -122,45 +122,88 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     return out
 
 
-def _eval_files(url: str, storage_options: dict | None) -> list[str]:
-    """Parquet parts of `url`, or of `url/eval` when `url` is a features/date=D directory."""
-    fs, path = fsio.get_fs(url, storage_options)
-    if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
-        return list_parts(url, storage_options)
-    return list_parts(fsio.join(url, "eval"), storage_options)
-
-
 def evaluate_model(
-    model_url: str, features: str | pd.DataFrame, storage_options: dict | None = None, *, batch_size: int = 8192
+    model_url: str,
+    features: str | pd.DataFrame,
+    storage_options: dict | None = None,
+    *,
+    batch_size: int = 8192,
+    bins: int = 10,
+    slices: tuple[str, ...] = (),
+    splits: tuple[str, ...] = ("eval",),
 ) -> dict[str, Any]:
-    """AUC, log loss and calibration of a model on feature rows.
+    """AUC, log loss, calibration and reliability of a model on feature rows, one Parquet part at a time.
+
+    Metrics are accumulated with `trainer.metrics.StreamingMetrics` (exact AUC by distinct score),
+    so only one part's rows are in memory at once; the same accumulator merges across processes.
 
     Args:
         model_url: a committed model directory.
         features: a DataFrame, a directory of feature Parquet parts (e.g. `features/date=D/eval`), or a
-            features/date=D directory (its `eval/` split is used).
+            features/date=D directory (its `splits` sub-directories are used).
         storage_options: fsspec options for both URLs.
+        bins: reliability-table bins.
+        slices: key columns (e.g. `("k_0",)`) to report per-value metrics for (top 10 values); a plus,
+            computed in memory, so leave empty for huge sets.
+        splits: the sub-directories of a features/date=D directory to read: `("eval",)` for the
+            day's own hold-out, `("train", "eval")` for a whole next day (see `evaluate_next_day`).
 
     Returns:
-        {auc, logloss, rows, mean_prediction, click_rate, calibration}.
+        {auc, logloss, rows, mean_prediction, click_rate, calibration, ece, reliability[, slices]}.
 
     Raises:
         ValueError: no rows, or a single class (AUC undefined).
     """
     loaded = load_model(model_url, storage_options)
-    if isinstance(features, pd.DataFrame):
-        labels, probs = features["label"].to_numpy(np.float64), score(loaded, features, batch_size=batch_size)
-    else:
-        fs, _ = fsio.get_fs(features, storage_options)
-        cols = ["label", *loaded.schema.dense_columns, *loaded.schema.key_columns]
-        ls, ps = [], []
-        for f in _eval_files(features, storage_options):
-            with fs.open(f, "rb") as fh:
-                df = pq.read_table(fh, columns=cols).to_pandas()
-            ls.append(df["label"].to_numpy(np.float64))
-            ps.append(score(loaded, df, batch_size=batch_size))
-        labels = np.concatenate(ls) if ls else np.zeros(0)
-        probs = np.concatenate(ps) if ps else np.zeros(0)
-    if labels.size == 0:
+    metrics = StreamingMetrics(bins=bins)
+    kept: list[tuple[np.ndarray, np.ndarray, pd.DataFrame]] = []
+    for df in _feature_frames(features, loaded, storage_options, splits=splits, extra=slices):
+        labels, probs = df["label"].to_numpy(np.float64), score(loaded, df, batch_size=batch_size)
+        metrics.update(labels, probs)
+        if slices:
+            kept.append((labels, probs, df[list(slices)]))
+    if metrics.rows == 0:
         raise ValueError(f"no feature rows to evaluate {model_url} on")
-    return {"auc": auc(labels, probs), "logloss": logloss(labels, probs), "rows": int(labels.size), **calibration(labels, probs)}
+    out = metrics.result()
+    if slices:
+        y = np.concatenate([k[0] for k in kept])
+        p = np.concatenate([k[1] for k in kept])
+        cols = pd.concat([k[2] for k in kept], ignore_index=True)
+        out["slices"] = {c: slice_metrics(y, p, cols[c].to_numpy()) for c in slices}
+    return out
+
+
+def evaluate_next_day(
+    model_url: str, next_day_features_url: str, storage_options: dict | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """Score day D+1 with the model trained through D, before D+1 is trained on (backfills).
+
+    The model never saw any row of D+1, so every row is out-of-time: both the `train` and the
+    `eval` split of `features/date=D+1` are used.  Keys first admitted on D+1 are unknown to the
+    model and get their initial rows, as they would in serving.
+
+    Args:
+        model_url: the model committed for day D (e.g. `<root>/runs/date=D/model`).
+        next_day_features_url: `<root>/features/date=D+1`.
+        kwargs: passed to `evaluate_model` (batch_size, bins, slices).
+    """
+    return evaluate_model(model_url, next_day_features_url, storage_options, splits=("train", "eval"), **kwargs)
+
+
+def _feature_frames(
+    features: str | pd.DataFrame, loaded: LoadedModel, storage_options: dict | None, *, splits: tuple[str, ...],
+    extra: tuple[str, ...] = (),
+):
+    """Yield feature DataFrames: the frame itself, or one per Parquet part of the URL."""
+    if isinstance(features, pd.DataFrame):
+        yield features
+        return
+    fs, path = fsio.get_fs(features, storage_options)
+    cols = list(dict.fromkeys(["label", *loaded.schema.dense_columns, *loaded.schema.key_columns, *extra]))
+    if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
+        files = list_parts(features, storage_options)
+    else:
+        files = [f for split in splits for f in list_parts(fsio.join(features, split), storage_options)]
+    for f in files:
+        with fs.open(f, "rb") as fh:
+            yield pq.read_table(fh, columns=cols).to_pandas()

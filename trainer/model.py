@@ -5,8 +5,17 @@ its batch from the sharded embedding store (`trainer.comm.ShardedEmbedding`)
 and passes them in as a leaf tensor `emb` (B, F, D) whose gradient is pushed
 back to the owners.  Only the dense part below is data-parallel.
 
-    dense (B, n) ----------------------------------------\\
-    emb (B, F, D) -> SequenceAttention -> (B, F, D) -> InteractionArch -> (B, n + F*D) -> OverArch -> (B,)
+    emb (B, F, D)                                   dense (B, n)
+      |                                               |  (only with model.dense_buckets > 0)
+      +--- cat ---------------- DenseArch (B, n_b, D) +
+      v                                               |
+    tokens (B, F', D) -> SequenceAttention -> (B, F', D)
+                                      |               |
+                          InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
+
+F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
+feature) and 0 without.  `model.arch` other than `attention` swaps the body for a reference
+architecture of `trainer.models.reference` (lr, dnn, deepfm, dcn_v2) with the same signature.
 """
 
 from __future__ import annotations
@@ -15,6 +24,10 @@ import torch
 from torch import nn
 
 from trainer.config import ModelConfig
+from trainer.models.layers import DenseArch, OverArch
+from trainer.models.reference import REFERENCE_ARCHS, dense_arch
+
+__all__ = ["CTRModel", "DenseArch", "InteractionArch", "OverArch", "SequenceAttention"]
 
 
 class SequenceAttention(nn.Module):
@@ -78,41 +91,16 @@ class InteractionArch(nn.Module):
         return torch.cat([dense, fields.reshape(B, -1)], dim=1)  # (B, n + F*D)
 
 
-class OverArch(nn.Module):
-    """MLP from the interaction vector to one logit per example.
-
-    Args:
-        in_dim: width of the input vector.
-        mlp_dims: hidden widths, each followed by ReLU (and dropout when > 0).
-        dropout: dropout probability after each hidden layer.
-
-    Example::
-
-        over = OverArch(in_dim=14, mlp_dims=(8, 4))
-        logits = over(torch.randn(5, 14))  # (5, 14) -> (5,)
-    """
-
-    def __init__(self, *, in_dim: int, mlp_dims: tuple[int, ...], dropout: float = 0.0) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        width = in_dim
-        for hidden in mlp_dims:
-            layers += [nn.Linear(width, hidden), nn.ReLU()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-            width = hidden
-        layers.append(nn.Linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(x).squeeze(-1)  # (B, in_dim) -> (B,)
-
-
 class CTRModel(nn.Module):
     """The dense part of the CTR model; embeddings come from the store.
 
+    With `config.arch == "attention"` (the default) the sub-architectures are
+    `dense_arch` (only with dense buckets), `attention`, `interaction`, `over`, and `wide`
+    (with `model.wide`: logit += sum_f e_f[0] + <a, dense>, a logistic-regression term);
+    any other arch is held as `net` (see `trainer.models.reference`).
+
     Args:
-        config: architecture (heads, attention layers, MLP widths, dropout).
+        config: architecture (arch, heads, attention layers, MLP widths, dropout, dense buckets).
         num_dense: n, dense features per example (already log-transformed).
         num_fields: F, categorical fields per example.
         dim: D, the embedding width (`StoreConfig.embedding_dim`).
@@ -132,11 +120,20 @@ class CTRModel(nn.Module):
             )
         self.config = config
         self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
+        if config.arch != "attention":
+            self.net = REFERENCE_ARCHS[config.arch](config, num_dense=num_dense, num_fields=num_fields, dim=dim)
+            return
+        if config.dense_buckets:  # registered only when used: default checkpoints keep their keys
+            self.dense_arch = dense_arch(config, num_dense=num_dense, dim=dim)
+        tokens = num_fields + (num_dense if config.dense_buckets else 0)
         self.attention = SequenceAttention(
             dim=dim, num_heads=config.num_heads, num_layers=config.attention_layers, dropout=config.dropout
         )
-        self.interaction = InteractionArch(num_dense=num_dense, num_fields=num_fields, dim=dim)
+        self.interaction = InteractionArch(num_dense=num_dense, num_fields=tokens, dim=dim)
         self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
+        if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
+            self.wide = nn.Linear(num_dense, 1)
+            nn.init.zeros_(self.wide.weight)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
@@ -144,6 +141,13 @@ class CTRModel(nn.Module):
                 f"CTRModel expects dense (B, {self.num_dense}) and emb (B, {self.num_fields}, {self.dim}), "
                 f"got {tuple(dense.shape)} and {tuple(emb.shape)}"
             )
-        fields = self.attention(emb)  # (B, F, D)
-        z = self.interaction(dense, fields)  # (B, n + F*D)
-        return self.over(z)  # (B,)
+        if self.config.arch != "attention":
+            return self.net(dense, emb)  # (B,)
+        if self.config.dense_buckets:
+            emb = torch.cat([emb, self.dense_arch(dense)], dim=1)  # (B, F + n, D)
+        fields = self.attention(emb)  # (B, F', D)
+        z = self.interaction(dense, fields)  # (B, n + F'*D)
+        logits = self.over(z)  # (B,)
+        if self.config.wide:
+            logits = logits + self.wide(dense).squeeze(-1) + emb[:, :, 0].sum(dim=1)  # (B,)
+        return logits

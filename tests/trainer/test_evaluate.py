@@ -73,3 +73,28 @@ def test_uncommitted_model_dir_is_refused(tmp_path: Path) -> None:
 def test_frozen_embeddings_empty_table() -> None:
     t = FrozenEmbeddings(np.zeros(0, np.int64), np.zeros((0, 3), np.float32), dim=3, init_std=0.1)
     torch.testing.assert_close(t.lookup(torch.tensor([5, 5])), init_rows(torch.tensor([5, 5]), 3, 0.1))
+
+
+def test_evaluate_streams_parts_and_next_day_uses_both_splits(tmp_path: Path) -> None:
+    from trainer.evaluate import evaluate_next_day
+    from trainer.metrics import auc as exact_auc
+
+    url, _model, _rows = make_model_dir(tmp_path)
+    rng = np.random.default_rng(0)
+    day = tmp_path / "features" / "date=2026-01-02"
+    frames = []
+    for split, n in (("train", 40), ("eval", 20)):
+        (day / split).mkdir(parents=True)
+        for part in range(2):
+            df = pd.DataFrame({
+                "label": rng.integers(0, 2, n).astype(np.float32), "d_0": rng.random(n).astype(np.float32),
+                "k_0": rng.choice([10, 11, 99], n), "k_1": rng.choice([12, 13], n),
+            })
+            df.to_parquet(day / split / f"part-{part:05d}.parquet", index=False)
+            frames.append(df)
+    whole = pd.concat(frames, ignore_index=True)
+    nd = evaluate_next_day(str(url), str(day), slices=("k_0",), bins=4)
+    assert nd["rows"] == 120 and len(nd["reliability"]) == 4
+    assert nd["auc"] == pytest.approx(exact_auc(whole["label"], score(load_model(str(url)), whole)), abs=1e-12)
+    assert {r["value"] for r in nd["slices"]["k_0"]} <= {10, 11, 99}
+    assert evaluate_model(str(url), str(day))["rows"] == 40  # default: the day's eval split only

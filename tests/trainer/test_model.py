@@ -56,7 +56,7 @@ def test_interaction_and_over_arch() -> None:
 
 def test_ctr_model_shapes_and_seeded_values() -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4)), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4), wide=False), num_dense=3, num_fields=4, dim=4)
     torch.manual_seed(1)
     dense, emb = torch.rand(2, 3), torch.randn(2, 4, 4)
     logits = model(dense, emb)

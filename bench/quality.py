@@ -1,0 +1,461 @@
+"""Model quality: every `model.arch` of the project beside two reference implementations.
+
+    python -m bench.quality --quick            # real samples + 100k synthetic rows
+    python -m bench.quality                    # + 1M synthetic rows (slow on CPU)
+    python -m bench.quality --datasets criteo --archs attention lr --seeds 0 1 2
+
+Datasets (each split in time order: first 80% train, last 20% eval):
+
+- criteo: /work/shared/data/criteo/train_head_10k.tsv (row order is time order);
+- avazu:  /work/shared/data/avazu/avazu_14102100.csv (ordered by (hour, row));
+- synthetic-N: `pipeline.generate.generate_day` rows with the planted click probabilities, whose
+  AUC on the eval rows is the ceiling (`truth`); each model is reported as a share of it.
+
+Project models run the real code path: the events go through `pipeline.encode.encode_frame` with
+a vocabulary admitted from the TRAIN rows only (`min_count`), are committed as a features
+directory, trained by `trainer.train.Trainer` (world size 1, `storage.memory.MemoryStore`),
+written by `trainer.main.write_model` and scored by `trainer.evaluate.evaluate_model`.
+
+References, in the same run and on the same rows:
+
+- sklearn-lr: scikit-learn LogisticRegression on hashed one-hot `field=value` features
+  (FeatureHasher, 2^20) plus the log1p dense values; C picked on an inner time split of the
+  train part (first 80% / last 20%) by log loss, then refit on the whole train part;
+- deepctr-deepfm: DeepCTR-Torch's DeepFM with its default arguments (embedding_dim 4,
+  dnn (256, 128), l2_reg_embedding 1e-5, Adam 1e-3, batch 256); categorical values label-encoded
+  on the train part (unseen -> 0), dense = min-max scaled log1p.  Its number of epochs
+  (which has no sensible default for 8k rows) is picked on the same inner split.
+
+The project's hyper-parameters (`RECIPES`) were chosen with `--tune`, which scores candidates on
+that inner split of the train part only; the eval part is never used for a choice.
+
+Benchmark-only dependencies: `pip install -e '.[bench]'` (scikit-learn, deepctr-torch).
+Results: bench/results/quality.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.encode import dense_columns, encode_frame, key_columns
+from pipeline.generate import generate_day
+from pipeline.parse import read_log_file
+from pipeline.schema import LogSchema, get_schema
+from pipeline.vocab import count_keys
+from storage import fsio
+from storage.config import StoreConfig
+from storage.memory import MemoryStore
+from trainer.config import ModelConfig, TrainerConfig
+from trainer.metrics import auc, logloss
+
+DATA = Path(os.environ.get("CTR_SHARED_DATA", "/work/shared/data"))
+REAL = {
+    "criteo": (DATA / "criteo" / "train_head_10k.tsv", "criteo"),
+    "avazu": (DATA / "avazu" / "avazu_14102100.csv", "avazu"),
+}
+ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
+EVAL_FRACTION = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything the project trains with, for one arch on one data size."""
+
+
+    model: ModelConfig
+    store: StoreConfig
+    trainer: TrainerConfig
+    min_count: int
+
+
+def recipe(arch: str, train_rows: int, **overrides: Any) -> Recipe:
+    """The tuned settings of `arch` for a train set of `train_rows` rows (see the module docstring).
+
+    Small samples (< 50k rows) need several epochs and strong embedding L2; a day of
+    production data (millions of rows) trains one epoch.  `overrides` replace fields of
+    any of the three configs (by field name) or `min_count`.
+    """
+    small = train_rows < 50_000
+    model = {"arch": arch, "dropout": 0.5, "dense_buckets": 16}
+    if arch in ("dnn",):
+        model["mlp_dims"] = (400, 400, 400)  # Paddle CTR-DNN
+    elif arch in ("deepfm", "dcn_v2"):
+        model["mlp_dims"] = (256, 128)
+    store = {"embedding_dim": 16, "init_std": 0.01}
+    trainer = {
+        "batch_size": 256 if small else 1024,
+        "epochs": 3 if small else 1,
+        "lr": 1e-3,
+        "sparse_lr": 1e-2 if small else 2e-2,
+        "embedding_l2": 1.0 if small else 1e-4,
+        "warmup_steps": 10 if small else 100,
+        "lr_decay": "cosine",
+        "min_lr_ratio": 0.1,
+        "k_steps": 1,
+        "log_every": 10**9,
+        "prefetch_batches": 2,
+        "bind_io_threads": False,
+    }
+    min_count = 4
+    for k, v in overrides.items():
+        if k == "min_count":
+            min_count = v
+        elif k in {f.name for f in dataclasses.fields(ModelConfig)}:
+            model[k] = v
+        elif k in {f.name for f in dataclasses.fields(StoreConfig)}:
+            store[k] = v
+        elif k in {f.name for f in dataclasses.fields(TrainerConfig)}:
+            trainer[k] = v
+        else:
+            raise ValueError(f"unknown recipe override {k!r}")
+    return Recipe(ModelConfig(**model), StoreConfig(**store), TrainerConfig(**trainer), min_count)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Split:
+    name: str
+    schema: LogSchema
+    train: pd.DataFrame  # events rows, time order
+    eval: pd.DataFrame
+    truth: np.ndarray | None = None  # true probabilities of the eval rows (synthetic only)
+
+
+def time_split(events: pd.DataFrame, fraction: float = EVAL_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """First (1 - fraction) of the rows in time order, and the rest."""
+    keys = ["ts", "order"] if "ts" in events and events["ts"].notna().any() else ["order"]
+    ordered = events.sort_values(keys, kind="stable", ignore_index=True)
+    n_eval = max(1, round(len(ordered) * fraction))
+    return ordered.iloc[: len(ordered) - n_eval].reset_index(drop=True), ordered.iloc[-n_eval:].reset_index(drop=True)
+
+
+def load_real(name: str) -> Split:
+    path, fmt = REAL[name]
+    events, quarantine = read_log_file(str(path), fmt)
+    if len(quarantine):
+        logging.getLogger(__name__).warning("%s: %d rows quarantined", name, len(quarantine))
+    train, ev = time_split(events)
+    return Split(name, get_schema(fmt), train, ev)
+
+
+def load_synthetic(rows: int, seed: int = 0) -> Split:
+    table, prob = generate_day(0, rows, seed=seed)
+    events = table.to_pandas()
+    events["order"] = np.arange(rows, dtype=np.int64)
+    n_eval = max(1, round(rows * EVAL_FRACTION))
+    return Split(
+        f"synthetic-{rows // 1000}k", get_schema("criteo"),
+        events.iloc[:-n_eval].reset_index(drop=True), events.iloc[-n_eval:].reset_index(drop=True),
+        truth=prob[-n_eval:].astype(np.float64),
+    )
+
+
+def encode_split(train: pd.DataFrame, ev: pd.DataFrame, schema: LogSchema, min_count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Features of both parts with the vocabulary admitted from `train` (count >= min_count)."""
+    counts = count_keys(train, schema.categorical)
+    admitted = np.sort(counts.loc[counts["count"] >= min_count, "key"].to_numpy(np.int64))
+    return encode_frame(train, schema, admitted), encode_frame(ev, schema, admitted)
+
+
+def write_features(root: Path, train: pd.DataFrame, ev: pd.DataFrame, schema: LogSchema) -> str:
+    """Commit a features directory (train/, eval/, manifest) the way the encode stage does."""
+    fs, final = fsio.get_fs(str(root / "features"))
+    stage = fsio.staging_dir(fs, final)
+    for split, df in (("train", train), ("eval", ev)):
+        fs.makedirs(f"{stage}/{split}", exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), f"{stage}/{split}/part-00000.parquet")
+    manifest = {
+        "rows_train": len(train), "rows_eval": len(ev), "dense_columns": dense_columns(schema),
+        "key_columns": key_columns(schema), "fields": list(schema.categorical), "format": schema.name,
+    }
+    fsio.commit_dir(fs, stage, final, manifest)
+    return final
+
+
+# ----------------------------------------------------------------------------- the project
+
+
+@contextlib.contextmanager
+def _single_rank_env():
+    """No torchrun variables: `init_distributed` then builds a world of one without a process group."""
+    saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE") if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def train_and_score(train_f: pd.DataFrame, eval_f: pd.DataFrame, schema: LogSchema, rec: Recipe, *, seed: int) -> dict[str, Any]:
+    """Train through `trainer.train.Trainer` + `trainer.main.write_model`, score with `evaluate_model`."""
+    from trainer.comm import init_distributed
+    from trainer.evaluate import evaluate_model
+    from trainer.main import write_model
+    from trainer.spec import TrainSpec
+    from trainer.train import Trainer
+
+    cfg = dataclasses.replace(rec.trainer, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp, _single_rank_env():
+        features = write_features(Path(tmp), train_f, eval_f, schema)
+        spec = TrainSpec(
+            features_url=features, output_url=f"{tmp}/model", init_model_url=None, local_dir=f"{tmp}/local",
+            model_name="bench", storage_options=None, store=rec.store, model=rec.model, trainer=cfg,
+            run_tag=f"bench-{seed}", vocab_date=None,
+        )
+        ctx = init_distributed(cfg)
+        store = MemoryStore(rec.store.embedding_dim, init_std=rec.store.init_std)
+        try:
+            t0 = time.perf_counter()
+            trainer = Trainer(spec, ctx=ctx, store=store)
+            stats = trainer.train()
+            write_model(spec, ctx, store, trainer, stats)
+            seconds = time.perf_counter() - t0
+        finally:
+            store.close()
+            ctx.destroy()
+        m = evaluate_model(spec.output_url, eval_f)
+    return {"auc": m["auc"], "logloss": m["logloss"], "calibration": m["calibration"], "train_s": seconds}
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def _dense_log(events: pd.DataFrame, schema: LogSchema) -> np.ndarray:
+    cols = [np.log1p(np.maximum(events[c].to_numpy(np.float64, na_value=0.0), 0.0)) for c in schema.dense]
+    return np.stack(cols, axis=1) if cols else np.zeros((len(events), 0))
+
+
+def _hashed(events: pd.DataFrame, schema: LogSchema):
+    import scipy.sparse as sp
+    from sklearn.feature_extraction import FeatureHasher
+
+    tokens = [
+        [f"{c}={v}" for c, v in zip(schema.categorical, row, strict=True)]
+        for row in events[list(schema.categorical)].astype(object).where(events[list(schema.categorical)].notna(), "<na>").itertuples(index=False)
+    ]
+    cat = FeatureHasher(n_features=2**20, input_type="string", alternate_sign=False).transform(tokens)
+    dense = _dense_log(events, schema)
+    return sp.hstack([cat, sp.csr_matrix(dense)]).tocsr()
+
+
+def sklearn_lr(split: Split, *, seed: int) -> dict[str, Any]:
+    """Hashed one-hot logistic regression; C chosen on an inner time split of the train part."""
+    from sklearn.linear_model import LogisticRegression
+
+    t0 = time.perf_counter()
+    inner_tr, inner_va = time_split(split.train)
+    Xa, Xb = _hashed(inner_tr, split.schema), _hashed(inner_va, split.schema)
+    ya, yb = inner_tr["label"].to_numpy(), inner_va["label"].to_numpy()
+    best = None
+    for C in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0):
+        clf = LogisticRegression(C=C, max_iter=2000, solver="liblinear", random_state=seed).fit(Xa, ya)
+        ll = logloss(yb, clf.predict_proba(Xb)[:, 1])
+        if best is None or ll < best[0]:
+            best = (ll, C)
+    C = best[1]
+    clf = LogisticRegression(C=C, max_iter=2000, solver="liblinear", random_state=seed)
+    clf.fit(_hashed(split.train, split.schema), split.train["label"].to_numpy())
+    p = clf.predict_proba(_hashed(split.eval, split.schema))[:, 1]
+    y = split.eval["label"].to_numpy()
+    return {"auc": auc(y, p), "logloss": logloss(y, p), "calibration": float(p.mean() / y.mean()),
+            "train_s": time.perf_counter() - t0, "C": C}
+
+
+def _deepctr_inputs(train: pd.DataFrame, ev: pd.DataFrame, schema: LogSchema):
+    from deepctr_torch.inputs import DenseFeat, SparseFeat
+
+    xa, xb = {}, {}
+    columns = []
+    for c in schema.categorical:
+        a = train[c].astype(object).where(train[c].notna(), "<na>").astype(str)
+        b = ev[c].astype(object).where(ev[c].notna(), "<na>").astype(str)
+        vocab = {v: i + 1 for i, v in enumerate(pd.unique(a))}  # 0 = unseen in train
+        xa[c] = a.map(vocab).to_numpy(np.int64)
+        xb[c] = b.map(vocab).fillna(0).to_numpy(np.int64)
+        columns.append(SparseFeat(c, vocabulary_size=len(vocab) + 1))
+    da, db = _dense_log(train, schema), _dense_log(ev, schema)
+    lo, hi = da.min(axis=0) if da.size else 0, da.max(axis=0) if da.size else 1
+    for i, c in enumerate(schema.dense):
+        span = (hi[i] - lo[i]) or 1.0
+        xa[c], xb[c] = (da[:, i] - lo[i]) / span, (db[:, i] - lo[i]) / span
+        columns.append(DenseFeat(c, 1))
+    return columns, xa, xb
+
+
+def _deepfm_fit(train: pd.DataFrame, ev: pd.DataFrame, schema: LogSchema, *, seed: int, epochs: int) -> np.ndarray:
+    from deepctr_torch.models import DeepFM
+
+    columns, xa, xb = _deepctr_inputs(train, ev, schema)
+    torch.manual_seed(seed)
+    model = DeepFM(columns, columns, task="binary", seed=seed, device="cpu")
+    model.compile("adam", "binary_crossentropy")
+    model.fit(xa, train["label"].to_numpy(np.float32), batch_size=256, epochs=epochs, verbose=0, shuffle=True)
+    return model.predict(xb, batch_size=4096).ravel().astype(np.float64)
+
+
+def deepctr_deepfm(split: Split, *, seed: int, epochs: int | None = None) -> dict[str, Any]:
+    """DeepCTR-Torch DeepFM, default arguments; epochs (1..5) chosen on the inner split of train."""
+    t0 = time.perf_counter()
+    if epochs is None:
+        inner_tr, inner_va = time_split(split.train)
+        yb = inner_va["label"].to_numpy()
+        scores = {e: logloss(yb, _deepfm_fit(inner_tr, inner_va, split.schema, seed=seed, epochs=e)) for e in (1, 2, 3, 5)}
+        epochs = min(scores, key=scores.get)
+    p = _deepfm_fit(split.train, split.eval, split.schema, seed=seed, epochs=epochs)
+    y = split.eval["label"].to_numpy()
+    return {"auc": auc(y, p), "logloss": logloss(y, p), "calibration": float(p.mean() / y.mean()),
+            "train_s": time.perf_counter() - t0, "epochs": epochs}
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def summarize(dataset: str, model: str, runs: list[dict[str, Any]], ceiling: float | None) -> dict[str, Any]:
+    aucs = [r["auc"] for r in runs]
+    lls = [r["logloss"] for r in runs]
+    row = {
+        "dataset": dataset, "model": model, "seeds": len(runs),
+        "auc": statistics.fmean(aucs), "auc_sd": statistics.pstdev(aucs), "auc_range": max(aucs) - min(aucs),
+        "logloss": statistics.fmean(lls), "logloss_sd": statistics.pstdev(lls),
+        "calib": statistics.fmean(r["calibration"] for r in runs),
+        "train_s": statistics.fmean(r["train_s"] for r in runs),
+    }
+    if ceiling is not None:
+        row["of_ceiling"] = row["auc"] / ceiling
+    return row
+
+
+def run_dataset(split: Split, archs: list[str], seeds: list[int], *, references: bool, log: logging.Logger) -> tuple[list, dict]:
+    rows, raw = [], {}
+    ceiling = None
+    if split.truth is not None:
+        y = split.eval["label"].to_numpy()
+        ceiling = auc(y, split.truth)
+        rows.append({"dataset": split.name, "model": "truth (ceiling)", "seeds": 1, "auc": ceiling, "auc_sd": 0.0,
+                     "auc_range": 0.0, "logloss": logloss(y, split.truth), "logloss_sd": 0.0,
+                     "calib": float(split.truth.mean() / y.mean()), "train_s": 0.0, "of_ceiling": 1.0})
+    n_train = len(split.train)
+    encoded: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    for arch in archs:
+        rec = recipe(arch, n_train)
+        if rec.min_count not in encoded:
+            encoded[rec.min_count] = encode_split(split.train, split.eval, split.schema, rec.min_count)
+        tr, ev = encoded[rec.min_count]
+        runs = []
+        for s in seeds:
+            r = train_and_score(tr, ev, split.schema, rec, seed=s)
+            log.info("%s %s seed %d: auc %.4f logloss %.4f (%.1fs)", split.name, arch, s, r["auc"], r["logloss"], r["train_s"])
+            runs.append(r)
+        raw[f"{split.name}/{arch}"] = {"runs": runs, "recipe": dataclasses.asdict(rec)}
+        rows.append(summarize(split.name, arch, runs, ceiling))
+    if references:
+        lr_fit = sklearn_lr(split, seed=seeds[0])  # liblinear is deterministic: one fit serves every seed
+        picked: dict[str, Any] = {}
+
+        def deepfm(split: Split, *, seed: int) -> dict[str, Any]:  # epochs picked once, on the first seed
+            r = deepctr_deepfm(split, seed=seed, epochs=picked.get("epochs"))
+            picked.setdefault("epochs", r["epochs"])
+            return r
+
+        for name, fn in (("sklearn-lr", lambda split, seed: lr_fit), ("deepctr-deepfm", deepfm)):
+            runs = []
+            for s in seeds:
+                r = fn(split, seed=s)
+                log.info("%s %s seed %d: auc %.4f logloss %.4f (%.1fs)", split.name, name, s, r["auc"], r["logloss"], r["train_s"])
+                runs.append(r)
+            raw[f"{split.name}/{name}"] = {"runs": runs}
+            rows.append(summarize(split.name, name, runs, ceiling))
+    return rows, raw
+
+
+TUNE_GRID = (
+    {},
+    {"epochs": 1}, {"epochs": 3},
+    {"embedding_l2": 1.0}, {"embedding_l2": 10.0},
+    {"sparse_lr": 3e-3}, {"dense_buckets": 0}, {"min_count": 8},
+)
+"""Overrides of `recipe` scored by `--tune`; the first round (epochs, L2, sparse lr, min_count,
+dim, dropout, dense buckets, wide, lr) chose the current recipe, this is the second round."""
+
+
+def tune(dataset: str, arch: str, grid: tuple[dict[str, Any], ...] = TUNE_GRID, *, log: logging.Logger) -> list[dict]:
+    """Score `recipe(arch) + override` on the inner time split of the TRAIN part (never the eval part)."""
+    split = load_real(dataset) if dataset in REAL else load_synthetic(int(dataset.split("-")[1].rstrip("k")) * 1000)
+    inner_tr, inner_va = time_split(split.train)
+    rows = []
+    for override in grid:
+        rec = recipe(arch, len(split.train), **override)
+        tr, va = encode_split(inner_tr, inner_va, split.schema, rec.min_count)
+        r = train_and_score(tr, va, split.schema, rec, seed=0)
+        log.info("tune %s %s %s: auc %.4f logloss %.4f", dataset, arch, override, r["auc"], r["logloss"])
+        rows.append({"dataset": dataset, "arch": arch, "override": str(override), "auc": r["auc"], "logloss": r["logloss"]})
+    return rows
+
+
+def _report(name: str, rows: list[dict[str, Any]], *, params: dict[str, Any], notes: str) -> Path:
+    try:
+        from bench._common import report  # type: ignore[attr-defined]
+    except ImportError:  # older/newer _common without `report`
+        from bench._common import print_table, write_json
+
+        print(f"\n== {name} ==")
+        print_table(rows)
+        print(notes)
+        path = write_json(name, {"benchmark": name, "params": params, "rows": rows, "notes": notes})
+        print(f"results: {path}")
+        return path
+    return report(name, rows, params=params, notes=notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="synthetic 100k rows only (no 1M)")
+    p.add_argument("--datasets", nargs="*", default=None, help="criteo avazu synthetic-100k synthetic-1000k")
+    p.add_argument("--archs", nargs="*", default=list(ARCHS))
+    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    p.add_argument("--no-references", action="store_true")
+    p.add_argument("--out", default="quality")
+    p.add_argument("--tune", action="store_true", help="score TUNE_GRID on the inner split of the train parts")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for noisy in ("trainer", "storage"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log = logging.getLogger("bench.quality")
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.tune:
+        rows = [r for d in (args.datasets or ["criteo", "avazu"]) for a in args.archs for r in tune(d, a, log=log)]
+        _report(f"{args.out}-tune", rows, params={"grid": [str(g) for g in TUNE_GRID]}, notes="inner split of train")
+        return 0
+    datasets = args.datasets or ["criteo", "avazu", "synthetic-100k", *([] if args.quick else ["synthetic-1000k"])]
+    rows, raw = [], {}
+    for d in datasets:
+        split = load_real(d) if d in REAL else load_synthetic(int(d.split("-")[1].rstrip("k")) * 1000)
+        r, x = run_dataset(split, args.archs, args.seeds, references=not args.no_references, log=log)
+        rows += r
+        raw |= x
+    notes = (
+        "auc/logloss: mean over seeds on the eval part (last 20% in time order); auc_sd: population sd over "
+        "seeds; auc_range: max - min; calib: mean prediction / click rate; of_ceiling: auc / truth auc."
+    )
+    _report(args.out, rows, params={"datasets": datasets, "archs": args.archs, "seeds": args.seeds, "runs": raw}, notes=notes)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Streaming AUC equals the exact AUC; reliability table, calibration error, slices, streaming metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trainer.metrics import (
+    StreamingAUC,
+    StreamingMetrics,
+    auc,
+    calibration,
+    expected_calibration_error,
+    logloss,
+    reliability_table,
+    slice_metrics,
+)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_streaming_auc_equals_exact_auc_in_any_split_and_merge_order(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 3000))
+    y = rng.integers(0, 2, n)
+    y[:2] = [0, 1]
+    s = rng.integers(0, 20, n) / 20.0 if seed % 2 else rng.random(n).astype(np.float32)  # ties half the time
+    cuts = np.sort(rng.choice(np.arange(1, n), size=4, replace=False))
+    parts = [StreamingAUC().update(a, b) for a, b in zip(np.split(y, cuts), np.split(s, cuts), strict=True)]
+    merged = StreamingAUC()
+    for i in rng.permutation(len(parts)):
+        merged.merge(parts[i])
+    assert merged.result() == pytest.approx(auc(y, s), abs=1e-12)
+    assert merged.count == n
+    rebuilt = StreamingAUC.from_state(merged.state())
+    assert rebuilt.result() == merged.result()
+
+
+def test_streaming_auc_resolution_and_errors() -> None:
+    a = StreamingAUC(resolution=0.1).update([0, 1, 0, 1], [0.11, 0.12, 0.5, 0.9])
+    assert a.scores.size == 3 and a.result() == pytest.approx(auc([0, 1, 0, 1], [0.1, 0.1, 0.5, 0.9]))
+    with pytest.raises(ValueError, match="1 positives and 0 negatives"):
+        StreamingAUC().update([1], [0.2]).result()
+    with pytest.raises(ValueError, match="NaN"):
+        StreamingAUC().update([1, 0], [0.2, float("nan")])
+    with pytest.raises(ValueError, match="differ in length"):
+        StreamingAUC().update([1, 0], [0.2])
+
+
+def test_reliability_table_and_ece() -> None:
+    t = reliability_table([0, 1, 1, 0], [0.05, 0.92, 0.97, 1.0], bins=2)
+    assert [r["count"] for r in t] == [1, 3]
+    assert t[0]["mean_prediction"] == pytest.approx(0.05) and t[0]["click_rate"] == 0.0
+    assert t[1]["mean_prediction"] == pytest.approx((0.92 + 0.97 + 1.0) / 3) and t[1]["click_rate"] == pytest.approx(2 / 3)
+    empty = reliability_table([0, 1], [0.1, 0.2], bins=4)
+    assert empty[3]["count"] == 0 and math.isnan(empty[3]["click_rate"])
+    want = (1 * 0.05 + 3 * abs((0.92 + 0.97 + 1.0) / 3 - 2 / 3)) / 4
+    assert expected_calibration_error(t) == pytest.approx(want)
+
+
+def test_streaming_metrics_match_in_memory_metrics() -> None:
+    rng = np.random.default_rng(0)
+    p = rng.random(5000)
+    y = (rng.random(5000) < p).astype(int)
+    a, b = StreamingMetrics(bins=5), StreamingMetrics(bins=5)
+    a.update(y[:1234], p[:1234])
+    b.update(y[1234:], p[1234:])
+    m = a.merge(b).result()
+    assert m["rows"] == 5000
+    assert m["auc"] == pytest.approx(auc(y, p), abs=1e-12)
+    assert m["logloss"] == pytest.approx(logloss(y, p), rel=1e-12)
+    assert m["calibration"] == pytest.approx(calibration(y, p)["calibration"], rel=1e-12)
+    for got, want in zip(m["reliability"], reliability_table(y, p, bins=5), strict=True):  # sums in another order
+        assert got["count"] == want["count"] and got["mean_prediction"] == pytest.approx(want["mean_prediction"])
+        assert got["click_rate"] == pytest.approx(want["click_rate"])
+    assert m["ece"] < 0.05  # labels drawn from p: calibrated
+    with pytest.raises(ValueError, match="no rows"):
+        StreamingMetrics().result()
+
+
+def test_slice_metrics() -> None:
+    y = np.array([0, 1] * 100 + [0] * 100)
+    p = np.r_[np.tile([0.2, 0.8], 100), np.full(100, 0.1)]
+    g = np.r_[np.full(200, 7), np.full(100, 9)]
+    rows = slice_metrics(y, p, g, min_rows=50)
+    assert [r["value"] for r in rows] == [7, 9]
+    assert rows[0]["auc"] == 1.0 and math.isnan(rows[1]["auc"])
+    assert rows[1]["click_rate"] == 0.0

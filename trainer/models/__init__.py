@@ -1,0 +1,1 @@
+"""Architectures beside the default attention model, and their building blocks (see `reference`)."""

@@ -1,0 +1,134 @@
+"""Building blocks shared by the architectures of `trainer.model` and `trainer.models.reference`.
+
+Notation (as in torchrec's DLRM): B batch size, n dense features, F categorical
+fields, D embedding width, K dense buckets.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class OverArch(nn.Module):
+    """MLP from an input vector to one logit per example.
+
+    Args:
+        in_dim: width of the input vector.
+        mlp_dims: hidden widths, each followed by ReLU (and dropout when > 0).
+        dropout: dropout probability after each hidden layer.
+
+    Example::
+
+        over = OverArch(in_dim=14, mlp_dims=(8, 4))
+        logits = over(torch.randn(5, 14))  # (5, 14) -> (5,)
+    """
+
+    def __init__(self, *, in_dim: int, mlp_dims: tuple[int, ...], dropout: float = 0.0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_dim
+        for hidden in mlp_dims:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            width = hidden
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x).squeeze(-1)  # (B, in_dim) -> (B,)
+
+
+class DenseArch(nn.Module):
+    """Optional bucketisation of the dense features into learned tokens, one per feature.
+
+    The features arrive as d = log1p(max(x, 0)) with missing -> 0 (pipeline.encode),
+    so bucket 0 is "x <= 0 or missing"; buckets 1 .. K-2 split (0, max_value] evenly
+    on the log scale and bucket K-1 is everything above.  Each (feature, bucket)
+    has its own D-vector, a dense (data-parallel) parameter: n*K*D numbers, tiny.
+    With K = 0 the module produces no tokens (B, n, D) -> (B, 0, D) and the
+    architectures use the raw log values only.
+
+    Args:
+        num_dense: n.
+        buckets: K; 0 disables bucketisation, otherwise K >= 3.
+        max_value: the upper edge of the last closed bucket, on the log1p scale.
+        dim: D.
+
+    Example::
+
+        arch = DenseArch(num_dense=2, buckets=4, max_value=3.0, dim=8)
+        tokens = arch(torch.tensor([[0.0, 0.7], [2.9, 9.0]]))  # (2, 2) -> (2, 2, 8)
+        arch.bucket_ids(torch.tensor([[0.0, 0.7], [2.9, 9.0]]))  # [[0, 1], [2, 3]]
+    """
+
+    def __init__(self, *, num_dense: int, buckets: int, max_value: float, dim: int) -> None:
+        super().__init__()
+        if buckets and buckets < 3:
+            raise ValueError(f"model.dense_buckets must be 0 (off) or >= 3, got {buckets}")
+        self.num_dense, self.buckets, self.dim = num_dense, buckets, dim
+        self.num_tokens = num_dense if buckets else 0
+        # boundaries 0 = b_0 < ... < b_{K-2} = max: bucketize gives i with b_{i-1} < x <= b_i
+        self.register_buffer("boundaries", torch.linspace(0.0, max_value, max(buckets - 1, 2)), persistent=False)
+        self.register_buffer("offsets", torch.arange(num_dense) * max(buckets, 1), persistent=False)
+        self.table = nn.Embedding(num_dense * buckets, dim) if self.num_tokens else None
+        if self.table is not None:
+            nn.init.normal_(self.table.weight, std=0.01)
+
+    def bucket_ids(self, dense: torch.Tensor) -> torch.Tensor:
+        """Bucket index in [0, K) of every dense value: (B, n) float -> (B, n) int64."""
+        return torch.bucketize(dense.contiguous(), self.boundaries)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        B = dense.shape[0]
+        if self.table is None:
+            return dense.new_zeros(B, 0, self.dim)  # (B, 0, D)
+        ids = self.bucket_ids(dense) + self.offsets  # (B, n) rows of the (n*K, D) table
+        return self.table(ids)  # (B, n, D)
+
+
+class FactorizationMachine(nn.Module):
+    """Second-order FM term: sum over field pairs i < j of <v_i, v_j>, by the O(F*D) identity.
+
+    0.5 * sum_d [ (sum_f v_fd)^2 - sum_f v_fd^2 ].
+
+    Example::
+
+        fm = FactorizationMachine()
+        fm(torch.ones(2, 3, 4))  # 3 pairs x <1,1> of width 4 = 12 per example -> (2,)
+    """
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        square_of_sum = v.sum(dim=1).pow(2)  # (B, D)
+        sum_of_square = v.pow(2).sum(dim=1)  # (B, D)
+        return 0.5 * (square_of_sum - sum_of_square).sum(dim=1)  # (B,)
+
+
+class CrossNetV2(nn.Module):
+    """DCN-V2 cross network: x_{l+1} = x_0 * (W_l x_l + b_l) + x_l (Wang et al. 2021, eq. 1).
+
+    Each layer adds one degree of explicit feature crossing; full-rank W_l (d x d).
+
+    Args:
+        in_dim: d, the width of x_0.
+        num_layers: L.
+
+    Example::
+
+        cross = CrossNetV2(in_dim=6, num_layers=2)
+        y = cross(torch.randn(4, 6))  # (4, 6) -> (4, 6)
+    """
+
+    def __init__(self, *, in_dim: int, num_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(in_dim, in_dim) for _ in range(num_layers))
+        for lin in self.layers:  # start near the identity map x_{l+1} ~ x_l
+            nn.init.normal_(lin.weight, std=0.01)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for lin in self.layers:
+            x = x0 * lin(x) + x  # (B, d)
+        return x
