@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from storage.base import EmbeddingStore, owner_of
 from trainer.config import TrainerConfig
+from trainer.staleness import StaleRowCache
 from trainer.topology import RankPlace, TwoPhaseGroups, detect_socket, emulated_places, two_phase_groups
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,12 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
 
     timeout = _dt.timedelta(seconds=timeout_s if timeout_s is not None else cfg.timeout_s)
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world, timeout=timeout, **kwargs)
+    # torchrun keeps its store across worker restarts (trainer.max_restarts): without a per-attempt prefix
+    # a restarted rank can read a dead rank's address left by the previous attempt and fail to connect
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"ctrpipe/attempt-{attempt}", store)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
     ctx = DistContext(
         rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, backend=backend,
         device=device, comm_device=comm_device, places=[], topology=two_phase_groups([me]), initialized_pg=True,
@@ -330,7 +336,7 @@ def _send_grads(
     keys: torch.Tensor, grads: torch.Tensor, ctx: DistContext
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     route = route_keys(keys.reshape(-1), ctx.world_size)
-    grads = grads.reshape(route.inverse.numel(), -1)
+    grads = grads.reshape(route.inverse.numel(), grads.shape[-1])  # (N, D), N may be 0
     summed = torch.zeros((route.unique.numel(), grads.shape[1]), dtype=grads.dtype, device=grads.device)
     summed.index_add_(0, route.inverse.to(grads.device), grads)  # (U, D)
     recv_counts = exchange_counts(route.send_counts, ctx)
@@ -356,13 +362,25 @@ class ShardedEmbedding:
     `pull` fetches rows for any keys from their owners (all-to-all of counts,
     then keys, then rows); `push` sends row gradients back to the owners, which
     apply sparse Adam.  Both are collectives: every rank must call them in the
-    same order (a rank with no keys passes an empty tensor).
+    same order (a rank with no keys passes an empty tensor), pull then push,
+    once per step.
+
+    With `staleness_bound > 0` (and more than one rank) remote rows go through
+    a `trainer.staleness.StaleRowCache`: a copy serves `staleness_bound` steps
+    after the one that fetched it, its gradients are summed locally and pushed
+    when it expires or is evicted.  `flush()` pushes every pending gradient
+    (a collective; call it on every rank before reading or snapshotting the
+    store).  With bound 0 the synchronous path runs unchanged.
 
     Args:
         store: this rank's shard of the table.
         ctx: the distributed context.
         lr: sparse-Adam learning rate of the rows.
         weight_decay: passed to `store.update`.
+        staleness_bound: HET bound in steps (0 = synchronous).
+        cache_rows: capacity of the cache of remote rows.
+        use_cache: force the cache path on or off (default: on when the bound is > 0 and world > 1);
+            the cache path with bound 0 computes bit-for-bit what the synchronous path does.
 
     Example::
 
@@ -372,13 +390,29 @@ class ShardedEmbedding:
         emb.push(keys.reshape(-1), rows.grad.reshape(-1, D))
     """
 
-    def __init__(self, store: EmbeddingStore, ctx: DistContext, *, lr: float, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        store: EmbeddingStore,
+        ctx: DistContext,
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        staleness_bound: int = 0,
+        cache_rows: int = 1_000_000,
+        use_cache: bool | None = None,
+    ) -> None:
         self.store, self.ctx = store, ctx
         self.dim = store.dim
         self.lr, self.weight_decay = lr, weight_decay
         self.bytes_sent = 0
         self.bytes_received = 0
         self.seconds = 0.0
+        self.steps = 0
+        """Pushes done (the cache's clock)."""
+        if use_cache is None:
+            use_cache = staleness_bound > 0 and ctx.world_size > 1
+        self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows) if use_cache else None
+        self._pulled: torch.Tensor | None = None
 
     def _to_store(self, t: torch.Tensor) -> torch.Tensor:
         device = getattr(self.store, "device", None)
@@ -388,6 +422,10 @@ class ShardedEmbedding:
         """Rows of `keys` (N,) as float32 (N, D) on `ctx.device`, in the order of `keys`."""
         t0 = time.perf_counter()
         keys = keys.reshape(-1).to(torch.int64).cpu()
+        if self.cache is not None:
+            out = self._pull_cached(keys)
+            self.seconds += time.perf_counter() - t0
+            return out
         route, owned, recv_counts = exchange_keys(keys, self.ctx)
         served = self.store.lookup(self._to_store(owned))  # (M, D) rows this rank owns, for the requesters
         rows = exchange_rows(served, route, recv_counts, self.ctx)  # (U, D)
@@ -403,6 +441,56 @@ class ShardedEmbedding:
         t0 = time.perf_counter()
         keys = keys.reshape(-1).to(torch.int64).cpu()
         grads = grads.detach().reshape(keys.numel(), self.dim)
+        if self.cache is not None:
+            keys, grads = self._stage_cached(keys, grads)
+        self._send(keys, grads)
+        self.steps += 1
+        self.seconds += time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Push every gradient the cache still holds and empty it (a collective; no-op without a cache)."""
+        if self.cache is None:
+            return
+        t0 = time.perf_counter()
+        self.cache.drain()
+        self._send(*self.cache.take_outgoing())
+        self.seconds += time.perf_counter() - t0
+
+    def _pull_cached(self, keys: torch.Tensor) -> torch.Tensor:
+        assert self.cache is not None
+        unique, inverse = torch.unique(keys, return_inverse=True)  # (U,), (N,)
+        remote = owner_of(unique, self.ctx.world_size) != self.ctx.rank
+        hit, hit_rows = self.cache.lookup(unique, remote)  # only remote keys are ever cached
+        need = unique[~hit]  # sorted, distinct
+        route, owned, recv_counts = exchange_keys(need, self.ctx)
+        served = self.store.lookup(self._to_store(owned))  # (M, D)
+        fetched = exchange_rows(served, route, recv_counts, self.ctx).cpu()  # (len(need), D), order of `need`
+        if self.ctx.world_size > 1:
+            self.bytes_sent += need.numel() * 8 + served.numel() * served.element_size()
+            self.bytes_received += owned.numel() * 8 + fetched.numel() * fetched.element_size()
+        fetch_remote = remote[~hit]
+        self.cache.insert(need[fetch_remote], fetched[fetch_remote], step=self.steps)
+        rows = torch.empty((unique.numel(), self.dim), dtype=fetched.dtype)
+        rows[hit] = hit_rows.to(rows.dtype)
+        rows[~hit] = fetched
+        return rows.to(self.ctx.device)[inverse.to(self.ctx.device)]  # (N, D)
+
+    def _stage_cached(self, keys: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sum `grads` per key, keep the cached copies' share, and return what must be sent this step."""
+        assert self.cache is not None
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        summed = torch.zeros((unique.numel(), self.dim), dtype=grads.dtype, device=grads.device)
+        summed.index_add_(0, inverse.to(grads.device), grads)  # (U, D), as `_send_grads` sums them
+        cached = self.cache.accumulate(unique, summed)
+        self.cache.expire(self.steps)
+        out_keys, out_grads = self.cache.take_outgoing()
+        direct = ~cached
+        return (
+            torch.cat([unique[direct], out_keys]),
+            torch.cat([summed[direct.to(summed.device)].cpu(), out_grads.to(summed.dtype)]),
+        )
+
+    def _send(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
         owned, owned_grads, sent = _send_grads(keys, grads, self.ctx)
         if self.ctx.world_size > 1:
             self.bytes_sent += sent
@@ -411,7 +499,6 @@ class ShardedEmbedding:
             self.store.update(
                 self._to_store(owned), self._to_store(owned_grads), lr=self.lr, weight_decay=self.weight_decay
             )
-        self.seconds += time.perf_counter() - t0
 
     @property
     def sparse_bytes(self) -> int:

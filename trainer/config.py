@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ARCHS = ("attention",)
+ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
+LR_DECAYS = ("none", "linear", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -12,15 +13,31 @@ DEVICES = ("auto", "cpu", "cuda")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     arch: str = "attention"
-    """Architecture: `attention` (embeddings -> multi-head self-attention over fields -> MLP -> sigmoid)."""
+    """Architecture: `attention` (embeddings -> multi-head self-attention over fields -> MLP -> sigmoid),
+    or a reference: `lr`, `dnn`, `deepfm`, `dcn_v2` (see trainer/models/reference.py)."""
     num_heads: int = 2
     """Attention heads; must divide store.embedding_dim."""
     attention_layers: int = 1
     mlp_dims: tuple[int, ...] = (256, 128)
     """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
     dropout: float = 0.0
+    """Dropout after each hidden MLP layer (and in attention)."""
+    dense_buckets: int = 0
+    """Bucketise each log1p dense feature into this many buckets with a learned token each (0 = off,
+    else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0."""
+    dense_bucket_max: float = 12.0
+    """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
+    cross_layers: int = 3
+    """Cross layers of `dcn_v2`."""
+    wide: bool = True
+    """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
+    so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""
 
     def __post_init__(self) -> None:
+        if self.dense_buckets < 0 or 0 < self.dense_buckets < 3:
+            raise ValueError(f"model.dense_buckets must be 0 (off) or >= 3, got {self.dense_buckets}")
+        if self.dense_bucket_max <= 0 or self.cross_layers < 0:
+            raise ValueError("model.dense_bucket_max must be > 0 and model.cross_layers >= 0")
         if self.arch not in ARCHS:
             raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.num_heads < 1 or self.attention_layers < 0:
@@ -52,9 +69,18 @@ class TrainerConfig:
     sparse_lr: float = 1e-2
     """Adam learning rate of the embedding rows."""
     weight_decay: float = 0.0
+    embedding_l2: float = 0.0
+    """L2 on the embedding rows a batch touches: adds embedding_l2 * row / B to the gradient of every
+    pulled row occurrence (the gradient of (embedding_l2 / 2) * mean_b sum_f ||e_bf||^2)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up from 0 over this many steps (dense and sparse lr)."""
+    lr_decay: str = "none"
+    """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
+    min_lr_ratio: float = 0.1
     seed: int = 0
     staleness_bound: int = 0
-    """HET bounded staleness of the worker-side cache of remote rows, in steps (0 = synchronous)."""
+    """HET bounded staleness of the worker-side cache of remote rows, in steps: a copy fetched at step t
+    serves steps t..t+bound, its gradients are pushed to the owner when it expires (0 = synchronous)."""
     timeout_s: int = 3600
     """The training subprocess is killed after this long."""
     nccl_env: dict[str, str] = field(default_factory=dict)
@@ -64,15 +90,24 @@ class TrainerConfig:
     same node and NUMA socket, else the same node); N > 0 = groups of N consecutive ranks (emulates
     N ranks per node on one machine, or overrides a wrong detection); must divide the world size."""
     prefetch_batches: int = 2
-    """Batches the background reader thread prepares ahead of the training step (bounded queue)."""
+    """Batches the background reader thread prepares ahead of the training step (bounded queue); 0 = read
+    in the training thread (no pipelining)."""
     bind_io_threads: bool = True
     """Pin the reader thread to the cores of the rank's NUMA node (no effect on single-node machines)."""
     log_every: int = 100
     """Steps between progress log lines of rank 0."""
+    checkpoint_every: int = 1000
+    """Steps between checkpoints (dense + optimizer state + store snapshot + data position), also written at
+    the end; a rerun (or a torchrun restart) resumes from the latest one.  0 = no checkpoints."""
+    max_restarts: int = 0
+    """torchrun `--max-restarts`: times the job's workers are restarted (from the last checkpoint) after a failure."""
+    staleness_cache_rows: int = 1_000_000
+    """Capacity, in rows, of each rank's HET cache of remote rows (used when staleness_bound > 0); the
+    oldest copies are evicted (their pending gradients pushed) beyond it."""
 
     def __post_init__(self) -> None:
         for name in (
-            "nproc_per_node", "nnodes", "k_steps", "batch_size", "epochs", "timeout_s", "prefetch_batches", "log_every"
+            "nproc_per_node", "nnodes", "k_steps", "batch_size", "epochs", "timeout_s", "log_every", "staleness_cache_rows"
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
@@ -82,8 +117,15 @@ class TrainerConfig:
             raise ValueError(f"trainer.device must be one of {DEVICES}, got {self.device!r}")
         if self.lr <= 0 or self.sparse_lr <= 0:
             raise ValueError("trainer.lr and trainer.sparse_lr must be > 0")
+        if self.embedding_l2 < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("trainer.embedding_l2 and trainer.warmup_steps must be >= 0, min_lr_ratio in [0, 1]")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"trainer.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
         if self.intra_group_size < 0:
             raise ValueError(f"trainer.intra_group_size must be >= 0 (0 = detect), got {self.intra_group_size}")
+        for name in ("prefetch_batches", "checkpoint_every", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
         if self.staleness_bound < 0:
             raise ValueError(f"trainer.staleness_bound must be >= 0, got {self.staleness_bound}")
         if not 0 <= self.node_rank < self.nnodes:
@@ -98,9 +140,13 @@ class PublishConfig:
     """Refuse to publish when the new model's AUC is below the published one's by more than this."""
     min_eval_rows: int = 100
     """Refuse to publish a model evaluated on fewer rows than this."""
+    lock_timeout_s: float = 6 * 3600
+    """How long a run waits for another run of the same model to finish training/publishing before failing."""
 
     def __post_init__(self) -> None:
         if self.max_auc_drop < 0:
             raise ValueError(f"publish.max_auc_drop must be >= 0, got {self.max_auc_drop}")
         if self.min_eval_rows < 1:
             raise ValueError(f"publish.min_eval_rows must be >= 1, got {self.min_eval_rows}")
+        if self.lock_timeout_s <= 0:
+            raise ValueError(f"publish.lock_timeout_s must be > 0, got {self.lock_timeout_s}")

@@ -201,9 +201,9 @@ class RankReader:
     def steps_per_epoch(self) -> int:
         return -(-self.share.rows // self.batch_size)
 
-    def _chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The share's rows in order, one Parquet row group slice at a time."""
-        lo, hi = self.share.start, self.share.stop
+    def _chunks(self, skip_rows: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The share's rows in order from its `skip_rows`-th, one Parquet row group slice at a time."""
+        lo, hi = self.share.start + skip_rows, self.share.stop
         offset = 0
         for path, rows in zip(self.files, self.file_rows, strict=True):
             if offset >= hi:
@@ -221,12 +221,17 @@ class RankReader:
                         rg_off += n
             offset += rows
 
-    def iter_batches(self) -> Iterator[Batch]:
-        """One pass over the share: `steps_per_epoch` batches."""
+    def iter_batches(self, start_batch: int = 0) -> Iterator[Batch]:
+        """One pass over the share: `steps_per_epoch` batches, from batch `start_batch` (a resumed run).
+
+        Skipping reads nothing before the first needed row group.
+        """
+        if not 0 <= start_batch <= self.steps_per_epoch:
+            raise ValueError(f"start_batch must be in [0, {self.steps_per_epoch}], got {start_batch}")
         B = self.batch_size
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         buffered = 0
-        for chunk in self._chunks():
+        for chunk in self._chunks(min(start_batch * B, self.share.rows)):
             parts.append(chunk)
             buffered += len(chunk[0])
             if buffered < B:
@@ -251,21 +256,25 @@ class Prefetcher:
 
     Exceptions in the producer are re-raised in the consumer.  `close()` (or
     leaving a `with` block) stops the thread even when the consumer stopped early.
+    With `depth=0` there is no thread: the consumer runs the iterator itself
+    (the unpipelined reference `bench.train` measures against).
 
     Args:
         make_iter: builds the iterator; called inside the thread.
-        depth: queue capacity (>= 1).
+        depth: queue capacity (>= 1), or 0 for no background thread.
         on_start: called first inside the thread (e.g. pin it to the NUMA node's cores).
     """
 
     def __init__(self, make_iter: Callable[[], Iterable[Any]], *, depth: int = 2, on_start: Callable[[], Any] | None = None) -> None:
-        if depth < 1:
-            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        if depth < 0:
+            raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._make_iter, self._on_start = make_iter, on_start
-        self._thread = threading.Thread(target=self._run, name="batch-prefetch", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if depth:
+            self._thread = threading.Thread(target=self._run, name="batch-prefetch", daemon=True)
+            self._thread.start()
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -288,6 +297,9 @@ class Prefetcher:
             self._put(exc)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._thread is None:
+            yield from self._make_iter()
+            return
         while True:
             item = self._queue.get()
             if item is _END:
@@ -303,7 +315,8 @@ class Prefetcher:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def __enter__(self) -> Prefetcher:
         return self

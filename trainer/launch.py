@@ -4,6 +4,18 @@
 `python -m torch.distributed.run ... -m trainer.main --spec <spec>` as a
 subprocess, streams its output to the logger, and returns the train stats the
 ranks committed in `model.json`.
+
+Several nodes: call `run_training` on every node with the same arguments
+except `trainer.node_rank` (`trainer.nnodes` > 1 and `trainer.rdzv_endpoint`
+= host:port of node 0); `output_url` (and so the checkpoints beside it) must
+be storage every node reaches.  Each node's call returns once the model is
+committed.
+
+Faults: the ranks checkpoint every `trainer.checkpoint_every` steps into
+`<output_url>.checkpoint/`; torchrun restarts failed workers up to
+`trainer.max_restarts` times, and they resume from the last checkpoint, as a
+rerun of `run_training` with the same arguments does.  The checkpoints are
+deleted once the model is committed.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +68,8 @@ class TrainResult:
     wall_s: float
     stats: dict[str, Any]
     model_json: dict[str, Any]
+    nccl_info: tuple[str, ...] = ()
+    """The NCCL_DEBUG=INFO lines naming the transport NCCL chose (NET/IB, GDR, sockets), when NCCL ran."""
 
 
 def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe") -> list[str]:
@@ -67,14 +82,21 @@ def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpi
             "--nnodes", str(cfg.nnodes), "--node_rank", str(cfg.node_rank), "--rdzv_backend", "c10d",
             "--rdzv_endpoint", cfg.rdzv_endpoint, "--rdzv_id", run_id,
         ]
-    cmd += ["--nproc_per_node", str(cfg.nproc_per_node), "--max_restarts", "0"]
+    cmd += ["--nproc_per_node", str(cfg.nproc_per_node), "--max_restarts", str(cfg.max_restarts)]
     cmd += ["-m", "trainer.main", "--spec", spec_path]
     return cmd
 
 
 def trainer_env(cfg: TrainerConfig) -> dict[str, str]:
-    """The environment of the ranks: ours, plus NCCL settings, one OpenMP thread, and the repo on the path."""
+    """The environment of the ranks: ours, plus NCCL settings, one OpenMP thread, and the repo on the path.
+
+    Unless set, NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=INIT,NET so NCCL logs which network and whether
+    GPUDirect RDMA it uses (`TrainResult.nccl_info`); gloo ranks ignore it.
+    """
     env = dict(os.environ)
+    if cfg.backend != "gloo" and cfg.device != "cpu":
+        env.setdefault("NCCL_DEBUG", "INFO")
+        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     env.update({k: str(v) for k, v in cfg.nccl_env.items()})
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
@@ -82,8 +104,22 @@ def trainer_env(cfg: TrainerConfig) -> dict[str, str]:
     return env
 
 
-def _run_streaming(cmd: list[str], env: dict[str, str], *, timeout_s: float, cwd: str) -> tuple[int | None, str]:
+_NCCL_TRANSPORT = re.compile(r"NCCL INFO .*(NET/|GDR|GPU ?Direct|Using network|via P2P|via SHM|NCCL version)")
+_NCCL_KEEP = 40
+
+
+def nccl_transport_lines(lines: list[str]) -> list[str]:
+    """The NCCL_DEBUG=INFO lines that say which transport NCCL uses (first `_NCCL_KEEP`)."""
+    return [ln for ln in lines if _NCCL_TRANSPORT.search(ln)][:_NCCL_KEEP]
+
+
+def _run_streaming(
+    cmd: list[str], env: dict[str, str], *, timeout_s: float, cwd: str, nccl: list[str] | None = None
+) -> tuple[int | None, str]:
     """Run `cmd`, logging each output line; kill its whole process group on timeout.
+
+    Args:
+        nccl: when given, receives the NCCL transport lines of the output.
 
     Returns:
         (exit code or None on timeout, the last lines of output).
@@ -100,6 +136,8 @@ def _run_streaming(cmd: list[str], env: dict[str, str], *, timeout_s: float, cwd
             line = line.rstrip("\n")
             tail.append(line)
             log.info("%s", line)
+            if nccl is not None and len(nccl) < _NCCL_KEEP and _NCCL_TRANSPORT.search(line):
+                nccl.append(line)
 
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
@@ -139,6 +177,7 @@ def run_training(
     vocab_date: str | None,
     storage_options: dict | None = None,
     work_dir: str,
+    checkpoint_url: str | None = None,
 ) -> TrainResult:
     """Train on `features_url` (a committed features/date=D dir) and commit the model at `output_url`.
 
@@ -153,6 +192,8 @@ def run_training(
         vocab_date: the vocabulary the features were encoded with (recorded in model.json).
         storage_options: fsspec options for every URL.
         work_dir: local directory for the spec file.
+        checkpoint_url: where the ranks checkpoint (default `<output_url>.checkpoint`, shared by every node);
+            a rerun resumes from the newest checkpoint of the same run found there.
 
     Returns:
         The committed model's URL and train stats.
@@ -164,6 +205,7 @@ def run_training(
         features_url=features_url, output_url=output_url, init_model_url=init_model_url, local_dir=local_dir,
         model_name=model_name, storage_options=storage_options, store=store, model=model, trainer=trainer,
         run_tag=run_tag, vocab_date=vocab_date,
+        checkpoint_url=(checkpoint_url or f"{output_url.rstrip('/')}.checkpoint") if trainer.checkpoint_every else None,
     )
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     spec_path = str(Path(work_dir).resolve() / f"train-spec-{uuid.uuid4().hex[:8]}.json")
@@ -171,7 +213,10 @@ def run_training(
     cmd = torchrun_command(trainer, spec_path, run_id=f"ctrpipe-{model_name}-{run_tag}".replace("/", "-"))
     log.info("launching: %s", " ".join(cmd))
     t0 = time.perf_counter()
-    code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO))
+    nccl: list[str] = []
+    code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
+    if nccl:
+        log.info("NCCL transport:\n%s", "\n".join(nccl))
     wall = time.perf_counter() - t0
     if code is None:
         raise TrainingError(f"training timed out after {trainer.timeout_s}s (trainer.timeout_s)", returncode=None, tail=tail)
@@ -190,4 +235,5 @@ def run_training(
         wall_s=wall,
         stats=stats,
         model_json=meta,
+        nccl_info=tuple(nccl),
     )

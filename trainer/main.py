@@ -50,7 +50,7 @@ def _setup_logging() -> None:
 
 def report_environment(ctx: DistContext) -> None:
     """Log the topology, the two-phase groups and the NCCL settings this rank runs with."""
-    nccl = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}
+    nccl = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     log.info(
         "rank %d/%d local %d/%d backend %s device %s place %s",
         ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.backend, ctx.device, ctx.places[ctx.rank],
@@ -58,6 +58,9 @@ def report_environment(ctx: DistContext) -> None:
     if ctx.rank == 0:
         log.info("two-phase groups %s leaders %s", list(ctx.topology.groups), list(ctx.topology.leaders))
         log.info("NCCL env %s", nccl or "{}")
+        if ctx.backend == "nccl":
+            log.info("NCCL version %s; NCCL_DEBUG=INFO lines of the ranks say which transport (NET/IB, GDR) it uses",
+                     ".".join(map(str, torch.cuda.nccl.version())))
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     log.info("cpu affinity %s (socket %d)", affinity, ctx.socket)
 
@@ -116,6 +119,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         "dense_sync_bytes": trainer.opt.sync_bytes, "dense_sync_s": trainer.opt.sync_seconds,
         "examples": stats.examples, "loss_sum": stats.loss_sum, "final_loss": stats.final_loss,
         "train_s": stats.train_s, "store": store.stats(),
+        "cache": trainer.sparse.cache.stats() if trainer.sparse.cache is not None else None,
     }
     everyone = _gather(mine, ctx)
     if ctx.rank == 0:
@@ -137,6 +141,10 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "sparse_bytes": sum(r["sparse_bytes"] for r in everyone),
             "sparse_s": max(r["sparse_s"] for r in everyone),
             "sparse_rows": sum(r["rows"] for r in everyone),
+            "sparse_bytes_per_step": sum(r["sparse_bytes"] for r in everyone) / max(1, steps),
+            "staleness_bound": spec.trainer.staleness_bound,
+            "stale_cache": [r["cache"] for r in everyone],
+            "resumed_from_step": stats.resumed_from,
             "world_size": ctx.world_size,
             "backend": ctx.backend,
             "device": str(ctx.device),
@@ -177,6 +185,10 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         }
         fsio.commit_dir(fs, staging, final, manifest)
         log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, train_stats["examples"])
+        if spec.checkpoint_url:  # the committed model supersedes the run's checkpoints
+            checkpoint.remove_checkpoints(spec.checkpoint_url, so)
+    # no rank exits before the commit: the launcher of every node reads the committed model.json
+    ctx.barrier()
 
 
 def _asdict(cfg: Any) -> dict[str, Any]:

@@ -45,6 +45,8 @@ class TrainSpec:
     trainer: TrainerConfig
     run_tag: str
     vocab_date: str | None
+    checkpoint_url: str | None = None
+    """Directory of this run's checkpoints (shared by every node); None = no checkpoints."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -55,13 +57,14 @@ class TrainSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainSpec:
-        required = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
         missing = sorted(required - set(data))
-        unknown = sorted(set(data) - required)
+        unknown = sorted(set(data) - known)
         if missing or unknown:
             raise ValueError(f"train spec: missing keys {missing}, unknown keys {unknown}")
         return cls(
-            **{k: data[k] for k in required - {"store", "model", "trainer"}},
+            **{k: data[k] for k in (known & set(data)) - {"store", "model", "trainer"}},
             store=config_from_dict(StoreConfig, data["store"], section="store"),
             model=config_from_dict(ModelConfig, data["model"], section="model"),
             trainer=config_from_dict(TrainerConfig, data["trainer"], section="trainer"),

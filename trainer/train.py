@@ -1,24 +1,35 @@
-"""The training loop of one rank: batches -> pull rows -> model -> push row grads -> local Adam -> k-step merge."""
+"""The training loop of one rank: batches -> pull rows -> model -> push row grads -> local Adam -> k-step merge.
+
+Every `trainer.checkpoint_every` steps, and at the end, the ranks write a
+checkpoint (`trainer.checkpoint`): each rank's dense parameters, Adam moments
+and RNG state, its store shard, its counters; the data position is the step.
+A Trainer built over a checkpoint directory that holds a complete checkpoint
+of the same run resumes from it and finishes with the model an uninterrupted
+run would have produced.
+"""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from storage.base import EmbeddingStore
+from storage import fsio
 from trainer import checkpoint
 from trainer.comm import DistContext, ShardedEmbedding, broadcast_tensors
 from trainer.data import Batch, Prefetcher, RankReader, read_schema, split_dir
 from trainer.kstep_adam import KStepAdam
 from trainer.model import CTRModel
+from trainer.regularize import embedding_l2_grad, set_step_lrs
 from trainer.spec import TrainSpec
 from trainer.topology import bind_io_threads
 
@@ -29,8 +40,21 @@ class NonFiniteLossError(FloatingPointError):
     """The loss of a step was NaN or infinite; nothing of that step was applied."""
 
 
+FAIL_AT_ENV = "CTRPIPE_TRAINER_FAIL_AT"
+"""Fault injection for tests: `RANK:STEP[:MARKER]` makes that rank exit with code 17 right after that
+step (and after its checkpoint, if one is due); with MARKER only while the marker file does not exist
+(the rank creates it first), so the fault happens once and a restart or rerun goes through."""
+
+
 def train_step(
-    model: CTRModel, sparse: ShardedEmbedding, opt: KStepAdam, batch: Batch, *, step: int
+    model: CTRModel,
+    sparse: ShardedEmbedding,
+    opt: KStepAdam,
+    batch: Batch,
+    *,
+    step: int,
+    embedding_l2: float = 0.0,
+    where: str = "",
 ) -> torch.Tensor:
     """One synchronous step on this rank's batch; returns the batch's mean loss (detached).
 
@@ -48,12 +72,15 @@ def train_step(
     logits = model(batch.dense.to(dev), rows)  # (B,)
     loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(dev))
     if not math.isfinite(loss.item()):
-        raise NonFiniteLossError(f"non-finite loss {loss.item()} at step {step} on rank {sparse.ctx.rank}")
+        raise NonFiniteLossError(
+            f"non-finite loss {loss.item()} at step {step} on rank {sparse.ctx.rank}{' (' + where + ')' if where else ''}"
+        )
     opt.zero_grad()
     loss.backward()
     if rows.grad is None:  # cannot happen for a leaf that requires grad; guards refactors
         raise RuntimeError("embedding rows received no gradient")
-    sparse.push(keys, rows.grad.reshape(B * Fn, sparse.dim) / sparse.ctx.world_size)
+    grad = embedding_l2_grad(rows, rows.grad, embedding_l2)  # (B, F, D)
+    sparse.push(keys, grad.reshape(B * Fn, sparse.dim) / sparse.ctx.world_size)
     opt.step()
     return loss.detach()
 
@@ -67,6 +94,8 @@ class TrainStats:
     final_loss: float = float("nan")
     train_s: float = 0.0
     dropped_rows: int = 0
+    resumed_from: int = 0
+    """Step of the checkpoint this run resumed from (0 = a fresh start)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -81,10 +110,6 @@ class Trainer:
 
     def __init__(self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore) -> None:
         cfg = spec.trainer
-        if cfg.staleness_bound:
-            raise ValueError(
-                f"trainer.staleness_bound={cfg.staleness_bound} (HET bounded staleness) is not implemented; use 0"
-            )
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
@@ -111,7 +136,15 @@ class Trainer:
             self.load_warm_start(spec.init_model_url)
         # every rank starts from rank 0's parameters, whatever their RNG or device did
         broadcast_tensors([p.data for p in self.model.parameters()], ctx)
-        self.sparse = ShardedEmbedding(store, ctx, lr=cfg.sparse_lr, weight_decay=cfg.weight_decay)
+        self.sparse = ShardedEmbedding(
+            store, ctx, lr=cfg.sparse_lr, weight_decay=cfg.weight_decay, staleness_bound=cfg.staleness_bound,
+            cache_rows=cfg.staleness_cache_rows,
+        )
+        self.stats = TrainStats(dropped_rows=self.reader.share.dropped)
+        self._loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        self._last = torch.full((), float("nan"), device=ctx.device)
+        self._t0 = time.perf_counter()
+        self.start_step = self.resume() if spec.checkpoint_url else 0
 
     def load_warm_start(self, model_url: str) -> None:
         """Dense parameters and Adam moments from a previous model directory.
@@ -134,8 +167,114 @@ class Trainer:
         self.opt.load_state_tensors(optim, self.names)
         log.info("warm start from %s (Adam step %d)", model_url, int(optim["step"].reshape(-1)[0]))
 
-    def _batches(self) -> Iterator[Batch]:
-        return itertools.chain.from_iterable(self.reader.iter_batches() for _ in range(self.spec.trainer.epochs))
+    # ------------------------------------------------------------------ checkpoints
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What must match for a checkpoint to belong to this run (same data, world, batches, seed, k)."""
+        cfg = self.spec.trainer
+        return {
+            "features_url": self.spec.features_url, "run_tag": self.spec.run_tag, "world_size": self.ctx.world_size,
+            "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed, "k_steps": cfg.k_steps,
+            "staleness_bound": cfg.staleness_bound, "rows_per_rank": self.reader.share.rows,
+        }
+
+    def save_checkpoint(self, step: int) -> str:
+        """Write the checkpoint of `step` (a collective: every rank calls it at the same step); returns its URL.
+
+        The HET cache is flushed first, so the store shards hold every gradient.
+        """
+        assert self.spec.checkpoint_url is not None
+        so, ctx = self.spec.storage_options, self.ctx
+        t0 = time.perf_counter()
+        url = checkpoint.step_dir(self.spec.checkpoint_url, step)
+        self.sparse.flush()
+        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        tensors |= {f"optim.{k}": v for k, v in self.opt.state_tensors(self.names).items()}
+        tensors["rng"] = torch.get_rng_state()
+        fs, path = fsio.get_fs(url, so)
+        fs.makedirs(fsio.join(path, checkpoint.SPARSE), exist_ok=True)
+        checkpoint.write_tensors(checkpoint.join(url, checkpoint.rank_dense_name(ctx.rank)), tensors, so)
+        self.store.flush()
+        rows = self.store.snapshot(checkpoint.join(url, checkpoint.SPARSE, checkpoint.sparse_part_name(ctx.rank)), so)
+        state = {
+            "step": step, "examples": self.stats.examples, "loss_sum": float(self._loss_sum),
+            "last_loss": float(self._last), "train_s": self.stats.train_s + time.perf_counter() - self._t0,
+            "rows": rows, "opt_steps": self.opt.steps, "merges": self.opt.merges, "sync_bytes": self.opt.sync_bytes,
+            "sync_s": self.opt.sync_seconds, "bytes_sent": self.sparse.bytes_sent,
+            "bytes_received": self.sparse.bytes_received, "sparse_s": self.sparse.seconds,
+            "sparse_steps": self.sparse.steps,
+        }
+        fsio.write_json(fs, fsio.join(path, checkpoint.rank_state_name(ctx.rank)), state)
+        ctx.barrier()  # every rank's files exist before the checkpoint is marked complete
+        if ctx.rank == 0:
+            fsio.write_json(fs, fsio.join(path, checkpoint.CHECKPOINT_JSON), {"step": step, **self._fingerprint()})
+            checkpoint.remove_checkpoints(self.spec.checkpoint_url, so, keep_step=step)
+        log.info("checkpoint of step %d at %s (%d rows, %.2fs)", step, url, rows, time.perf_counter() - t0)
+        return url
+
+    def _find_checkpoint(self) -> tuple[int, str] | None:
+        """Rank 0 picks the newest complete checkpoint of this run; every rank gets its choice."""
+        found: tuple[int, str] | None = None
+        if self.ctx.rank == 0:
+            so = self.spec.storage_options
+            done = checkpoint.complete_checkpoints(self.spec.checkpoint_url or "", so)
+            if done:
+                step, url = done[-1]
+                meta = checkpoint.read_checkpoint_json(url, so)
+                want = self._fingerprint()
+                have = {k: meta.get(k) for k in want}
+                if have == want:
+                    found = (step, url)
+                else:
+                    diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
+                    log.warning("ignoring checkpoint %s of another run (checkpoint vs now: %s)", url, diff)
+        if self.ctx.world_size > 1:
+            box = [found]
+            dist.broadcast_object_list(box, src=0)
+            found = box[0]
+        return found
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint of this run, if any; returns the step to continue after."""
+        found = self._find_checkpoint()
+        if found is None:
+            return 0
+        step, url = found
+        so, rank = self.spec.storage_options, self.ctx.rank
+        tensors = checkpoint.read_tensors(checkpoint.join(url, checkpoint.rank_dense_name(rank)), so)
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+        self.opt.load_state_tensors({k[6:]: v for k, v in tensors.items() if k.startswith("optim.")}, self.names)
+        torch.set_rng_state(tensors["rng"])
+        rows = self.store.restore(
+            checkpoint.join(url, checkpoint.SPARSE, checkpoint.sparse_part_name(rank)),
+            owner=(rank, self.ctx.world_size), storage_options=so,
+        )
+        fs, path = fsio.get_fs(url, so)
+        state = fsio.read_json(fs, fsio.join(path, checkpoint.rank_state_name(rank)))
+        st = self.stats
+        st.steps, st.examples, st.train_s, st.resumed_from = step, state["examples"], state["train_s"], step
+        self._loss_sum.fill_(state["loss_sum"])
+        self._last.fill_(state["last_loss"])
+        self.opt.steps, self.opt.merges = state["opt_steps"], state["merges"]
+        self.opt.sync_bytes, self.opt.sync_seconds = state["sync_bytes"], state["sync_s"]
+        self.sparse.bytes_sent, self.sparse.bytes_received = state["bytes_sent"], state["bytes_received"]
+        self.sparse.seconds, self.sparse.steps = state["sparse_s"], state["sparse_steps"]
+        log.info("resumed from the checkpoint of step %d at %s (%d store rows)", step, url, rows)
+        return step
+
+    # ------------------------------------------------------------------ the loop
+
+    def _batches(self, start_step: int = 0) -> Iterator[Batch]:
+        per_epoch, first = self.reader.steps_per_epoch, start_step // self.reader.steps_per_epoch
+        for epoch in range(first, self.spec.trainer.epochs):
+            yield from self.reader.iter_batches(start_step - epoch * per_epoch if epoch == first else 0)
+
+    def _where(self, step: int) -> str:
+        per_epoch, B = self.reader.steps_per_epoch, self.spec.trainer.batch_size
+        epoch, b = divmod(step - 1, per_epoch)
+        lo = self.reader.share.start + b * B
+        hi = min(lo + B, self.reader.share.stop)
+        return f"epoch {epoch}, batch {b} of this rank = train rows [{lo}, {hi}) of {self.spec.features_url}"
 
     def _bind(self) -> None:
         if self.spec.trainer.bind_io_threads:
@@ -144,30 +283,58 @@ class Trainer:
                 log.info("reader thread bound to NUMA node %d cpus %s", self.ctx.socket, sorted(cpus))
 
     def train(self) -> TrainStats:
-        """Run every epoch, then merge so all ranks hold identical dense parameters."""
-        cfg, ctx = self.spec.trainer, self.ctx
-        stats = TrainStats(dropped_rows=self.reader.share.dropped)
+        """Run every epoch (from the resumed step), then merge so all ranks hold identical dense parameters."""
+        cfg, ctx, stats = self.spec.trainer, self.ctx, self.stats
         total_steps = self.reader.steps_per_epoch * cfg.epochs
+        ckpt_every = cfg.checkpoint_every if self.spec.checkpoint_url else 0
+        fail_rank, fail_step = _fault_plan()
+        start = self.start_step
         if ctx.rank == 0:
             log.info(
-                "training %d steps (%d rows/rank x %d epochs, batch %d, %d rows dropped), k=%d",
+                "training %d steps (%d rows/rank x %d epochs, batch %d, %d rows dropped), k=%d, staleness bound %d%s",
                 total_steps, self.reader.share.rows, cfg.epochs, cfg.batch_size, stats.dropped_rows, cfg.k_steps,
+                cfg.staleness_bound, f", resuming after step {start}" if start else "",
             )
         self.model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        last = torch.zeros((), device=ctx.device)
-        t0 = time.perf_counter()
-        with Prefetcher(self._batches, depth=cfg.prefetch_batches, on_start=self._bind) as batches:
-            for step, batch in enumerate(batches, start=1):
-                last = train_step(self.model, self.sparse, self.opt, batch, step=step)
-                loss_sum += last
+        self._t0 = time.perf_counter()
+        with Prefetcher(lambda: self._batches(start), depth=cfg.prefetch_batches, on_start=self._bind) as batches:
+            for step, batch in enumerate(batches, start=start + 1):
+                set_step_lrs(self.opt, self.sparse, cfg, step=step, total_steps=total_steps)
+                self._last = train_step(
+                    self.model, self.sparse, self.opt, batch, step=step, embedding_l2=cfg.embedding_l2,
+                    where=self._where(step),
+                )
+                self._loss_sum += self._last
                 stats.examples += len(batch)
                 self.opt.maybe_merge(step)
                 stats.steps = step
                 if ctx.rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
-                    log.info("step %d/%d loss %.5f", step, total_steps, last.item())
+                    log.info("step %d/%d loss %.5f", step, total_steps, self._last.item())
+                if ckpt_every and step % ckpt_every == 0 and step < total_steps:
+                    self.save_checkpoint(step)
+                if step == fail_step and ctx.rank == fail_rank:
+                    log.error("%s: rank %d exits after step %d", FAIL_AT_ENV, ctx.rank, step)
+                    logging.shutdown()
+                    os._exit(17)
+        self.sparse.flush()  # pending HET gradients reach their owners
         self.opt.merge()  # final merge: identical dense parameters and moments on every rank
-        stats.train_s = time.perf_counter() - t0
-        stats.loss_sum = float(loss_sum)
-        stats.final_loss = float(last)
+        if ckpt_every and stats.steps > start:
+            self.save_checkpoint(stats.steps)
+        stats.train_s += time.perf_counter() - self._t0
+        stats.loss_sum = float(self._loss_sum)
+        stats.final_loss = float(self._last)
         return stats
+
+
+def _fault_plan() -> tuple[int, int]:
+    """(rank, step) of the injected fault from `CTRPIPE_TRAINER_FAIL_AT`, or (-1, -1)."""
+    spec = os.environ.get(FAIL_AT_ENV, "")
+    if not spec:
+        return -1, -1
+    rank, step, *marker = spec.split(":", 2)
+    if marker:
+        if os.path.exists(marker[0]):
+            return -1, -1
+        if int(rank) == int(os.environ.get("RANK", "0")):
+            open(marker[0], "w").close()  # noqa: SIM115 - an empty marker
+    return int(rank), int(step)

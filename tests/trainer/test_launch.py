@@ -163,3 +163,47 @@ def test_torchrun_command_shapes() -> None:
     multi = torchrun_command(TrainerConfig(nnodes=2, node_rank=1, rdzv_endpoint="h:29400"), "/s.json", run_id="x")
     assert "--standalone" not in multi
     assert multi[multi.index("--rdzv_endpoint") + 1] == "h:29400" and multi[multi.index("--node_rank") + 1] == "1"
+
+
+# ----------------------------------------------------------------------------- checkpoints, resume, restarts
+
+
+def _assert_same_model(a: Path, b: Path) -> None:
+    da, db = load_file(a / "dense.safetensors"), load_file(b / "dense.safetensors")
+    for name in da:
+        torch.testing.assert_close(db[name], da[name], rtol=0, atol=0)
+    for r in range(2):
+        ta = pq.read_table(a / "sparse" / f"part-{r:05d}.parquet").sort_by("key")
+        tb = pq.read_table(b / "sparse" / f"part-{r:05d}.parquet").sort_by("key")
+        assert ta.column("key").equals(tb.column("key"))
+        for col in ("emb", "m", "v", "clock"):
+            assert ta.column(col).equals(tb.column(col)), col
+
+
+def test_a_killed_rank_is_resumed_from_the_last_checkpoint_by_a_rerun(trained, monkeypatch) -> None:
+    tmp, features, reference = trained
+    out = tmp / "runs" / "killed" / "model"
+    monkeypatch.setenv("CTRPIPE_TRAINER_FAIL_AT", f"1:13:{tmp / 'killed.marker'}")  # rank 1 dies after step 13
+    with pytest.raises(TrainingError, match="exit code"):
+        train(tmp, features, out, tag="killed", checkpoint_every=5)
+    ckpt = Path(f"{out}.checkpoint")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000000010"]  # the older one was pruned
+    assert not out.exists()
+    rerun = train(tmp, features, out, tag="killed", checkpoint_every=5)  # the marker exists: no fault now
+    assert rerun.stats["resumed_from_step"] == 10 and rerun.steps == 32 and rerun.examples == 8000
+    assert not ckpt.exists()  # deleted once the model is committed
+    _assert_same_model(Path(reference.model_url), out)
+
+
+def test_max_restarts_restarts_a_rank_that_died_once(trained, monkeypatch) -> None:
+    tmp, features, reference = trained
+    out = tmp / "runs" / "restarted" / "model"
+    monkeypatch.setenv("CTRPIPE_TRAINER_FAIL_AT", f"0:22:{tmp / 'restart.marker'}")
+    result = train(tmp, features, out, tag="restarted", checkpoint_every=8, max_restarts=1, timeout_s=90)
+    assert result.stats["resumed_from_step"] == 16
+    _assert_same_model(Path(reference.model_url), out)
+
+
+def test_torchrun_command_passes_max_restarts() -> None:
+    cmd = torchrun_command(TrainerConfig(max_restarts=3), "/s.json")
+    assert cmd[cmd.index("--max_restarts") + 1] == "3"

@@ -51,7 +51,12 @@ def test_new_trainer_fields_are_validated() -> None:
     with pytest.raises(ValueError, match="intra_group_size"):
         TrainerConfig(intra_group_size=-1)
     with pytest.raises(ValueError, match="prefetch_batches"):
-        TrainerConfig(prefetch_batches=0)
+        TrainerConfig(prefetch_batches=-1)
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        TrainerConfig(checkpoint_every=-1)
+    with pytest.raises(ValueError, match="max_restarts"):
+        TrainerConfig(max_restarts=-1)
+    assert TrainerConfig(prefetch_batches=0, checkpoint_every=0).prefetch_batches == 0
     with pytest.raises(ValueError, match="log_every"):
         TrainerConfig(log_every=0)
 

@@ -1,0 +1,237 @@
+"""Training throughput: our trainer at 1, 2, 4 processes beside a plain PyTorch loop and TorchRec.
+
+    python -m bench.train [--rows 100000] [--batch 1024] [--procs 1,2,4]
+
+Data: synthetic Criteo-shaped rows (26 categorical + 13 integer fields,
+`pipeline.generate`) encoded into a features directory (`pipeline.encode.encode_frame`).
+
+Rows measured, all on CPU with one thread per process:
+
+- `ours wN`: `trainer.launch.run_training` (torchrun, gloo) with N ranks, the
+  table in the tiered store (host memory over SSD); examples/s over the
+  training loop (`train_s` of model.json: process start-up excluded);
+- `ours w1 no-prefetch` / `ours w2 no-prefetch`: the same without the reader
+  thread (`trainer.prefetch_batches=0`), i.e. the gain of pipelining;
+- `ours w2 stale=S`: the HET cache with staleness bound S; its sparse bytes per
+  step beside those of `ours w2` (bound 0);
+- `plain torch`: one process, the same CTRModel on `nn.EmbeddingBag(sparse=True)`
+  per field (indices pre-mapped, every batch already in memory), SparseAdam for
+  the tables, Adam for the rest: the reference a single process should match;
+- `torchrec EBC`: TorchRec's `EmbeddingBagCollection` on CPU with the same
+  model on top, when `torchrec` is installed (the `bench` extra); otherwise the
+  row says it was skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+
+try:
+    from bench._common import report
+except ImportError:  # an older/newer bench._common without `report`: print the table, write the JSON
+    from bench._common import print_table, write_json
+
+    def report(name: str, rows: Any, *, params: dict[str, Any], notes: str = "", columns: Any = None) -> Path:
+        print(f"\n== {name} ==")
+        print_table(rows, columns)
+        if notes:
+            print(notes)
+        path = write_json(name, {"benchmark": name, "params": params, "rows": list(rows), "notes": notes})
+        print(f"results: {path}")
+        return path
+from storage.config import StoreConfig
+from trainer.config import ModelConfig, TrainerConfig
+from trainer.launch import run_training
+from trainer.model import CTRModel
+
+MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64))
+
+
+def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int = 0) -> Path:
+    """Generate one synthetic Criteo day, admit keys seen twice, encode and commit `root` (train/eval splits)."""
+    from pipeline.encode import dense_columns, encode_frame, key_columns
+    from pipeline.generate import generate_day
+    from pipeline.keys import feature_keys
+    from pipeline.schema import get_schema
+
+    schema = get_schema("criteo")
+    table, _ = generate_day(0, rows + eval_rows, seed=seed)
+    events = table.to_pandas()
+    keys = np.concatenate([feature_keys(j, events[c]) for j, c in enumerate(schema.categorical)])
+    uniq, counts = np.unique(keys, return_counts=True)
+    features = encode_frame(events, schema, uniq[counts >= 2])
+    for split, frame in (("train", features.iloc[:rows]), ("eval", features.iloc[rows:])):
+        (root / split).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), root / split / "part-00000.parquet",
+                       row_group_size=16384)
+    manifest = {"rows_train": rows, "rows_eval": eval_rows, "dense_columns": dense_columns(schema),
+                "key_columns": key_columns(schema), "fields": list(schema.categorical)}
+    (root / "_SUCCESS.json").write_text(json.dumps(manifest))
+    return root
+
+
+def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, **kw: Any) -> dict[str, Any]:
+    cfg = TrainerConfig(backend="gloo", device="cpu", timeout_s=1800, log_every=10_000, checkpoint_every=0, **kw)
+    res = run_training(
+        features_url=str(features), output_url=str(tmp / "runs" / tag / "model"), init_model_url=None,
+        local_dir=str(tmp / "local" / tag), model_name="ctr", store=store, model=MODEL, trainer=cfg, run_tag=tag,
+        vocab_date=None, work_dir=str(tmp / "work"),
+    )
+    return {
+        "examples_per_s": res.examples_per_s, "steps": res.steps, "train_s": res.stats["train_s"],
+        "final_loss": res.final_loss, "sparse_MB_per_step": res.stats["sparse_bytes_per_step"] / 2**20,
+        "wall_s": res.wall_s,
+    }
+
+
+def _load_arrays(features: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = pq.read_table(features / "train")
+    dense = np.stack([t.column(f"d_{i}").to_numpy() for i in range(13)], 1).astype(np.float32)
+    keys = np.stack([t.column(f"k_{j}").to_numpy() for j in range(26)], 1)
+    return t.column("label").to_numpy().astype(np.float32), dense, keys
+
+
+def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int) -> dict[str, Any]:
+    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam."""
+    labels, dense, keys = _load_arrays(features)
+    idx = np.empty_like(keys)
+    sizes = []
+    for f in range(keys.shape[1]):
+        uniq, inv = np.unique(keys[:, f], return_inverse=True)
+        idx[:, f] = inv
+        sizes.append(len(uniq))
+    torch.manual_seed(0)
+    bags = torch.nn.ModuleList(torch.nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in sizes)
+    for b in bags:
+        torch.nn.init.normal_(b.weight, std=0.01)
+    model = CTRModel(MODEL, num_dense=13, num_fields=26, dim=dim)
+    opt_s = torch.optim.SparseAdam(list(bags.parameters()), lr=sparse_lr)
+    opt_d = torch.optim.Adam(model.parameters(), lr=lr)
+    L, D, I = torch.from_numpy(labels), torch.from_numpy(dense), torch.from_numpy(idx)
+    offsets = torch.arange(batch)
+    n = len(labels) // batch
+    t0 = time.perf_counter()
+    loss = torch.zeros(())
+    for s in range(steps):
+        lo = (s % n) * batch
+        ids = I[lo : lo + batch]
+        emb = torch.stack([bags[f](ids[:, f], offsets) for f in range(26)], 1)  # (B, F, D)
+        loss = F.binary_cross_entropy_with_logits(model(D[lo : lo + batch], emb), L[lo : lo + batch])
+        opt_s.zero_grad()
+        opt_d.zero_grad()
+        loss.backward()
+        opt_s.step()
+        opt_d.step()
+    train_s = time.perf_counter() - t0
+    return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
+
+
+def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int) -> dict[str, Any] | str:
+    try:
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    except Exception as exc:  # not installed, or its fbgemm does not load
+        return f"skipped: torchrec not importable ({type(exc).__name__}: {exc}); install the `bench` extra"
+    labels, dense, keys = _load_arrays(features)
+    idx = np.empty_like(keys)
+    tables = []
+    for f in range(keys.shape[1]):
+        uniq, inv = np.unique(keys[:, f], return_inverse=True)
+        idx[:, f] = inv
+        tables.append(EmbeddingBagConfig(name=f"t{f}", embedding_dim=dim, num_embeddings=len(uniq),
+                                         feature_names=[f"f{f}"]))
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+    model = CTRModel(MODEL, num_dense=13, num_fields=26, dim=dim)
+    # unsharded EBC weights get dense gradients: plain Adam over everything (TorchRec's fused sparse
+    # optimizers need DistributedModelParallel sharding)
+    opt = torch.optim.Adam([*ebc.parameters(), *model.parameters()], lr=lr)
+    L, D, I = torch.from_numpy(labels), torch.from_numpy(dense), torch.from_numpy(idx)
+    names = [f"f{f}" for f in range(26)]
+    lengths = torch.ones(26 * batch, dtype=torch.int32)
+    n = len(labels) // batch
+    t0 = time.perf_counter()
+    loss = torch.zeros(())
+    for s in range(steps):
+        lo = (s % n) * batch
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=names, values=I[lo : lo + batch].T.reshape(-1), lengths=lengths)
+        pooled = ebc(kjt)
+        emb = torch.stack([pooled[k] for k in names], 1)  # (B, F, D)
+        loss = F.binary_cross_entropy_with_logits(model(D[lo : lo + batch], emb), L[lo : lo + batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    train_s = time.perf_counter() - t0
+    return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--procs", default="1,2,4")
+    p.add_argument("--staleness", type=int, default=10)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    lr, sparse_lr = 1e-3, 1e-2
+    store = StoreConfig(embedding_dim=args.dim, init_std=0.01, host_budget_mb=512)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        features = write_synthetic_features(tmp / "features", args.rows, eval_rows=1000)
+        common = dict(batch_size=args.batch, lr=lr, sparse_lr=sparse_lr, epochs=1)
+        ours: dict[str, dict[str, Any]] = {}
+        for n in [int(x) for x in args.procs.split(",")]:
+            ours[f"ours w{n}"] = run_ours(tmp, features, f"w{n}", store, nproc_per_node=n, **common)
+            if n in (1, 2):
+                ours[f"ours w{n} no-prefetch"] = run_ours(
+                    tmp, features, f"w{n}np", store, nproc_per_node=n, prefetch_batches=0, **common
+                )
+            if n == 2 and args.staleness:
+                ours[f"ours w2 stale={args.staleness}"] = run_ours(
+                    tmp, features, "w2s", store, nproc_per_node=2, staleness_bound=args.staleness, **common
+                )
+        steps = ours.get("ours w1", next(iter(ours.values())))["steps"]
+        plain = run_plain(features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps)
+        trec = run_torchrec(features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
+        base = plain["examples_per_s"]
+        for name, r in ours.items():
+            rows.append({"run": name, **r, "vs_plain": r["examples_per_s"] / base})
+        rows.append({"run": "plain torch", **plain, "vs_plain": 1.0})
+        if isinstance(trec, str):
+            rows.append({"run": "torchrec EBC", "note": trec})
+        else:
+            rows.append({"run": "torchrec EBC", **trec, "vs_plain": trec["examples_per_s"] / base})
+        notes = (
+            "examples/s over the training loop only; every process runs 1 torch thread "
+            f"({os.cpu_count()} CPUs here); the plain and TorchRec loops have every batch in "
+            "memory with pre-mapped indices, ours reads Parquet and keeps the table in the tiered store."
+        )
+        if isinstance(trec, str):
+            notes += f"\nTorchRec: {trec}"
+        report(
+            "train", rows,
+            params={"rows": args.rows, "batch": args.batch, "dim": args.dim, "model": str(MODEL), "lr": lr,
+                    "sparse_lr": sparse_lr, "staleness": args.staleness},
+            notes=notes,
+            columns=["run", "examples_per_s", "vs_plain", "steps", "train_s", "final_loss", "sparse_MB_per_step", "note"],
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
