@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import os
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,10 +49,14 @@ def registry(cfg: RunConfig) -> ModelRegistry:
 
 
 # ---- warm -----------------------------------------------------------------------------------
-def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
-    """Bring this node's SSD shards to the published model's state and write each rank's working set."""
-    from pipeline.vocab_stage import load_evicted
-    from storage.warm import warm_shards
+def warm_plan(cfg: RunConfig, date: str) -> dict[str, Any]:
+    """What warming a shard for `date` needs: the published snapshot, the evictions, the working set.
+
+    The same plan drives the flow's warm stage and, on nodes the flow does not
+    run on, each rank's own warm (`trainer.warmup`); the token tells a rank
+    whether its shard was already warmed for this plan.
+    """
+    from trainer.warmup import warm_token
 
     reg = registry(cfg)
     latest = reg.latest()
@@ -62,20 +65,47 @@ def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
         snapshot_url = fsio.join(reg.url(latest), "sparse")
         tag = reg.read_json(latest, "model.json").get("run_tag")
     world = cfg.trainer.nnodes * cfg.trainer.nproc_per_node
-    first = cfg.trainer.node_rank * cfg.trainer.nproc_per_node
+    return {
+        "published_version": latest,
+        "snapshot_url": snapshot_url,
+        "snapshot_tag": tag,
+        "evict_url": fsio.join(cfg.root, "vocab", f"date={date}", "evicted.parquet"),
+        "working_set_url": fsio.join(feature_dir(cfg, date), "key_counts.parquet"),
+        "token": warm_token(date, latest, world),
+    }
+
+
+def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
+    """Bring this node's SSD shards to the published model's state and write each rank's working set.
+
+    With several nodes the ranks warm their own shards (torchrun decides which
+    node holds which rank), so the stage only records the plan.
+    """
+    from pipeline.vocab_stage import load_evicted
+    from storage.tiered import shard_dir_for
+    from storage.warm import warm_shards
+    from trainer.warmup import mark_warm
+
+    plan = warm_plan(cfg, date)
+    if cfg.trainer.nnodes > 1:
+        return {**plan, "warmed_by": "ranks"}
+    world = cfg.trainer.nproc_per_node
     report = warm_shards(
         local_dir=local_dir(cfg),
         model_name=cfg.model_name,
         world_size=world,
-        ranks=list(range(first, first + cfg.trainer.nproc_per_node)),
+        ranks=list(range(world)),
         store=cfg.store,
-        snapshot_url=snapshot_url,
-        snapshot_tag=tag,
+        snapshot_url=plan["snapshot_url"],
+        snapshot_tag=plan["snapshot_tag"],
         evict_keys=load_evicted(cfg.root, date, storage_options=cfg.storage_options),
         working_set=_working_set(cfg, date),
         storage_options=cfg.storage_options,
     )
-    report["published_version"] = latest
+    for rank in range(world):
+        mark_warm(shard_dir_for(local_dir(cfg), cfg.model_name, rank, world), plan["token"])
+    report["published_version"] = plan["published_version"]
+    report["warmed_by"] = "flow"
     return report
 
 
@@ -87,26 +117,35 @@ def _working_set(cfg: RunConfig, date: str) -> np.ndarray:
 
 # ---- train ----------------------------------------------------------------------------------
 def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> dict[str, Any]:
-    """Launch torchrun on the day's train rows, warm-starting from the published model."""
+    """Launch torchrun on the day's train rows, warm-starting from the published model.
+
+    The run tag is a function of the date, the published parent and the
+    config, so a rerun of the same work resumes from its checkpoints and every
+    node of a multi-node job derives the same rendezvous id.
+    """
     from trainer.launch import run_training
 
-    reg = registry(cfg)
-    latest = reg.latest()
+    plan = warm_plan(cfg, date)
+    latest = plan["published_version"]
+    digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    run_tag = f"{date}:{latest or 'none'}:{digest}"
     work_dir = Path(local_dir(cfg)) / "runs" / date
     work_dir.mkdir(parents=True, exist_ok=True)
     result = run_training(
         features_url=feature_dir(cfg, date),
         output_url=fsio.join(run_dir(cfg, date), "model"),
-        init_model_url=reg.url(latest) if latest else None,
+        init_model_url=registry(cfg).url(latest) if latest else None,
         local_dir=local_dir(cfg),
         model_name=cfg.model_name,
         store=cfg.store,
         model=cfg.model,
         trainer=cfg.trainer,
-        run_tag=f"{date}:{uuid.uuid4().hex[:12]}",
+        run_tag=run_tag,
         vocab_date=vocab_date or date,
         storage_options=cfg.storage_options,
         work_dir=str(work_dir),
+        warm=plan,
+        spec_copy_url=fsio.join(run_dir(cfg, date), "train-spec.json"),
     )
     out = asdict(result) if hasattr(result, "__dataclass_fields__") else dict(result)
     out["parent_version"] = latest

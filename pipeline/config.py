@@ -6,9 +6,10 @@ assembles them from YAML and names the offending key on any error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FORMATS = ("criteo", "avazu")
+SCHEMA_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -18,13 +19,17 @@ class InputConfig:
     (YYYY-MM-DD) or `{yyyymmdd}` placeholders, a glob, or a single file whose
     rows carry a timestamp (Avazu's `hour`). Empty: `<root>/raw/day_{date}.tsv.gz`."""
     format: str = "criteo"
-    """Log format: `criteo` (TSV: label, I1..I13, C1..C26) or `avazu` (CSV with header)."""
+    """Log format: `criteo` (TSV: label, I1..I13, C1..C26), `avazu` (CSV with header), or the
+    path/URL of a YAML schema file ending in .yaml/.yml describing any other log
+    (`pipeline.schema.load_schema_file` documents its keys)."""
     storage_options: dict | None = None
     """Extra fsspec storage options for the input URL (credentials come from the environment)."""
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"input.format must be one of {FORMATS}, got {self.format!r}")
+        if self.format not in FORMATS and not self.format.lower().endswith(SCHEMA_FILE_SUFFIXES):
+            raise ValueError(
+                f"input.format must be one of {FORMATS} or a schema file path ending in .yaml/.yml, got {self.format!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,10 +38,15 @@ class IngestConfig:
     """Rows per Dask partition (and per output Parquet part): bounds one task's memory."""
     max_bad_fraction: float = 0.01
     """If more than this share of a date's rows is quarantined, the date fails and nothing is committed."""
+    block_size: int = 128 << 20
+    """Plain (uncompressed) input files larger than this many bytes are cut into byte ranges of this
+    size, each parsed by its own task; compressed files are always read by one task."""
 
     def __post_init__(self) -> None:
         if self.rows_per_partition < 1:
             raise ValueError(f"ingest.rows_per_partition must be >= 1, got {self.rows_per_partition}")
+        if self.block_size < 1024:
+            raise ValueError(f"ingest.block_size must be >= 1024 bytes, got {self.block_size}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ValueError(f"ingest.max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
 
@@ -68,11 +78,32 @@ class VocabConfig:
     """A value is admitted (gets its own key) once its windowed count reaches this."""
     ttl_days: int = 30
     """A key unseen for this many days is evicted from the embedding store."""
+    min_count_per_field: dict[str, int] = field(default_factory=dict)
+    """Per-field override of `min_count`, by categorical column name (e.g. `{C3: 5}`)."""
+    decay: float = 1.0
+    """Per-day factor on counts in the window: a day k days before the run date weighs decay**k.
+    1.0 (default) sums plain counts; admission compares the decayed sum (`score`) with min_count."""
+    max_keys_per_field: int = 0
+    """Cap on admitted keys per field, highest scores kept (ties: smaller key); 0 means no cap.
+    Keys pushed out by the cap are evicted like TTL-expired ones."""
 
     def __post_init__(self) -> None:
         for name in ("window_days", "min_count", "ttl_days"):
             if getattr(self, name) < 1:
                 raise ValueError(f"vocab.{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.min_count_per_field, dict):
+            raise ValueError(f"vocab.min_count_per_field must map field name -> count, got {self.min_count_per_field!r}")
+        for name, n in self.min_count_per_field.items():
+            if not isinstance(name, str) or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"vocab.min_count_per_field[{name!r}] must be an int >= 1, got {n!r}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"vocab.decay must be in (0, 1], got {self.decay}")
+        if self.max_keys_per_field < 0:
+            raise ValueError(f"vocab.max_keys_per_field must be >= 0 (0 = no cap), got {self.max_keys_per_field}")
+
+    def min_count_of(self, field_name: str) -> int:
+        """The admission threshold of categorical column `field_name`."""
+        return self.min_count_per_field.get(field_name, self.min_count)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,6 +11,17 @@ by hour; the split point is found exactly from per-partition counts, so no
 process sorts the day.  Parts keep the events partition's index:
 train/part-00003.parquet and eval/part-00003.parquet hold the train and eval
 rows of events partition 3, in file order.
+
+Multi-valued fields (a list of values in one field, declared in a schema
+file): `k_j` holds the key of the field's first value (missing key when the
+list is empty or null) so the trainer keeps one key column per field, and an
+extra list<int64> column `bag_j` holds every value's key (admitted, else the
+field's OOV key).  The trainer does not read `bag_j` yet.
+
+Sharing among R trainer ranks without a coordinator: the manifest lists
+`train_part_rows` / `eval_part_rows` ([{name, rows}] in order).  Rank r of R
+takes global rows [r*N//R, (r+1)*N//R) of the concatenation (`rank_share`),
+so shares are disjoint, cover every row and differ by at most one row.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import fsspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from distributed import Client
 
@@ -29,9 +41,10 @@ from pipeline.config import EncodeConfig
 from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab_stage import load_admitted
+from pipeline.outputs import commit_output
 from storage.fsio import (
     code_version,
-    commit_dir,
+
     get_fs,
     join,
     read_manifest,
@@ -57,12 +70,38 @@ def key_columns(schema: LogSchema) -> list[str]:
     return [f"k_{j}" for j in range(len(schema.categorical))]
 
 
+def bag_columns(schema: LogSchema) -> list[str]:
+    """`bag_<j>` for every multi-valued field j (list<int64> keys of all its values)."""
+    multi = schema.multi_separator
+    return [f"bag_{j}" for j, name in enumerate(schema.categorical) if name in multi]
+
+
 def features_schema(schema: LogSchema) -> pa.Schema:
     return pa.schema(
         [("label", pa.float32())]
         + [(c, pa.float32()) for c in dense_columns(schema)]
         + [(c, pa.int64()) for c in key_columns(schema)]
+        + [(c, pa.list_(pa.int64())) for c in bag_columns(schema)]
     )
+
+
+def rank_share(part_rows: list[int], rank: int, world: int) -> list[tuple[int, int, int]]:
+    """The rows rank `rank` of `world` reads: (part index, start row, stop row) triples.
+
+    Global rows [rank*N//world, (rank+1)*N//world) of the parts taken in order,
+    N = sum(part_rows); shares are disjoint, cover all rows, and differ by at most 1.
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    total = int(sum(part_rows))
+    lo, hi = rank * total // world, (rank + 1) * total // world
+    out, start = [], 0
+    for i, n in enumerate(part_rows):
+        a, b = max(lo, start), min(hi, start + n)
+        if a < b:
+            out.append((i, a - start, b - start))
+        start += n
+    return out
 
 
 def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> pd.DataFrame:
@@ -71,18 +110,45 @@ def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) 
     for i, name in enumerate(schema.dense):
         x = events[name].to_numpy(np.float32, na_value=np.nan)
         cols[f"d_{i}"] = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
+    multi = schema.multi_separator
     for j, name in enumerate(schema.categorical):
-        codes, keys = factorize_keys(j, events[name])
-        if len(admitted):
-            pos = np.minimum(np.searchsorted(admitted, keys), len(admitted) - 1)
-            keys = np.where(admitted[pos] == keys, keys, oov_key(j))
-        else:
-            keys = np.full(len(keys), oov_key(j), dtype=np.int64)
-        out = np.full(len(codes), missing_key(j), dtype=np.int64)
-        present = codes >= 0
-        out[present] = keys[codes[present]]
-        cols[f"k_{j}"] = out
-    return pd.DataFrame(cols)
+        if name in multi:
+            cols[f"k_{j}"], cols[f"bag_{j}"] = _encode_bags(j, events[name], admitted)
+            continue
+        cols[f"k_{j}"] = _encode_values(j, events[name], admitted)
+    out = pd.DataFrame({c: cols[c] for c in features_schema(schema).names})
+    return out
+
+
+def _encode_values(j: int, values, admitted: np.ndarray) -> np.ndarray:
+    """Keys of `values` of field j: admitted key, else the OOV key, else (missing) the missing key."""
+    codes, keys = factorize_keys(j, values)
+    if len(admitted):
+        pos = np.minimum(np.searchsorted(admitted, keys), len(admitted) - 1)
+        keys = np.where(admitted[pos] == keys, keys, oov_key(j))
+    else:
+        keys = np.full(len(keys), oov_key(j), dtype=np.int64)
+    out = np.full(len(codes), missing_key(j), dtype=np.int64)
+    present = codes >= 0
+    out[present] = keys[codes[present]]
+    return out
+
+
+def _encode_bags(j: int, lists, admitted: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(first value's key per row, bag of keys per row) of a multi-valued field; empty values are dropped."""
+    arr = pa.array(list(lists), type=pa.list_(pa.string())) if not isinstance(lists, pa.Array) else lists
+    flat = pc.list_flatten(arr)
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    keys = _encode_values(j, flat.to_pandas(), admitted)
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    keep = keys != missing_key(j)  # "" inside a list is not a value
+    keys, row_of = keys[keep], row_of[keep]
+    bounds = np.searchsorted(row_of, np.arange(len(lengths) + 1))
+    bags = [keys[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
+    first = np.full(len(lengths), missing_key(j), dtype=np.int64)
+    has = bounds[1:] > bounds[:-1]
+    first[has] = keys[bounds[:-1][has]]
+    return first, bags
 
 
 def eval_size(rows: int, eval_fraction: float) -> int:
@@ -117,7 +183,7 @@ def encode_date(
     *,
     root: str,
     encode: EncodeConfig,
-    fmt: str,
+    fmt: str | LogSchema,
     client: Client,
     force: bool = False,
     storage_options: dict | None = None,
@@ -164,7 +230,7 @@ def encode_date(
         for split in ("train", "eval"):
             fs.makedirs(join(stage, split), exist_ok=True)
         futures = [
-            client.submit(_encode_part, path, i, rule, admitted, fs=fs, fmt=schema.name, stage=stage, pure=False)
+            client.submit(_encode_part, path, i, rule, admitted, fs=fs, schema=schema, stage=stage, pure=False)
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
         ]
         done_parts = client.gather(futures)
@@ -185,14 +251,17 @@ def encode_date(
             "fields": list(schema.categorical),
             "dense_fields": list(schema.dense),
             "vocab_date": date,
+            "bag_columns": bag_columns(schema),
             "train_parts": [p["name"] for p in done_parts if p["train"]],
             "eval_parts": [p["name"] for p in done_parts if p["eval"]],
+            "train_part_rows": [{"name": p["name"], "rows": p["train"]} for p in done_parts if p["train"]],
+            "eval_part_rows": [{"name": p["name"], "rows": p["eval"]} for p in done_parts if p["eval"]],
             "distinct_train_keys": len(key_counts),
             **source,
             "run_id": uuid.uuid4().hex,
             "code_version": code_version(),
         }
-        commit_dir(fs, stage, final, manifest)
+        commit_output(fs, stage, final, manifest)
     except BaseException:
         if fs.exists(stage):
             fs.rm(stage, recursive=True)
@@ -201,10 +270,10 @@ def encode_date(
 
 
 def _encode_part(
-    path: str, index: int, rule: tuple, admitted: np.ndarray, *, fs: fsspec.AbstractFileSystem, fmt: str, stage: str
+    path: str, index: int, rule: tuple, admitted: np.ndarray, *, fs: fsspec.AbstractFileSystem, schema: LogSchema,
+    stage: str,
 ) -> dict:
     """Dask task: encode one events partition, write its train/eval parts, count its train keys."""
-    schema = get_schema(fmt)
     with fs.open(path, "rb") as f:
         events = pq.read_table(f).to_pandas()
     if rule[0] == "head":

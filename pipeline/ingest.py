@@ -2,13 +2,29 @@
 
 Wiring only: resolving the input URL, fanning files out to Dask tasks, and
 committing.  Parsing rules live in `pipeline.parse`.  Each task streams one
-file in chunks of `ingest.rows_per_partition` lines and writes each chunk's
-events and quarantine parts straight into the staging directories, so no
-process ever holds a whole day.  Part names `part-FFFFF-CCCCC.parquet` (file
-index, chunk index) sort in time order.
+file (or one byte range of a large plain file) in chunks of
+`ingest.rows_per_partition` lines and writes each chunk's events and
+quarantine parts straight into the staging directories, so no process ever
+holds a whole day.  Part names `part-FFFFF-BBBBB-CCCCC.parquet` (file index,
+byte-range block index, chunk index) sort in time order.
+
+Large plain files: a file over `ingest.block_size` bytes is cut into byte
+ranges.  Block i owns the lines that *start* in its range [s_i, s_i+1).  A
+first cheap pass counts the newlines of [s_k - 1, s_k+1 - 1) per block k in
+parallel, so block i knows its first line number (2 + the newlines before
+s_i - 1) and quarantine rows and `order` carry true line numbers.
+Compressed files are not seekable and are read whole by one task.
 
 Row accounting (in the manifest): rows_read = rows_written + rows_quarantined
 + rows_other_dates, where rows_read counts every non-header line.
+
+One commit for events and quarantine: quarantine/date=D is committed first,
+then events/date=D, whose manifest is the commit point of the pair.  Both
+manifests carry the same `run_id` (events: `run_id` and `quarantine_run_id`,
+quarantine: `run_id` and `events_run_id`).  A crash between the two renames
+leaves a quarantine of a run whose events were never committed; readers
+(`read_quarantine`) refuse such a mismatch and a rerun does not treat the
+date as done, so it rewrites both.
 """
 
 from __future__ import annotations
@@ -20,10 +36,11 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 import fsspec
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from distributed import Client
@@ -31,11 +48,12 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import infer_compression
 
 from pipeline.config import IngestConfig, InputConfig
-from pipeline.parse import QUARANTINE_SCHEMA, parse_chunk, reason_category
+from pipeline.parse import QUARANTINE_SCHEMA, parse_table, reason_category
 from pipeline.schema import LogSchema, get_schema
+from pipeline.outputs import commit_output
 from storage.fsio import (
     code_version,
-    commit_dir,
+
     get_fs,
     join,
     read_manifest,
@@ -45,6 +63,9 @@ from storage.fsio import (
 )
 
 _GLOB_CHARS = "*?["
+_READ_SIZE = 8 << 20
+"""Bytes read from an input per step; a task holds at most this plus one partition of lines."""
+_DECOMPRESS_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, OSError, ValueError)
 _FINGERPRINT_KEYS = ("size", "mtime", "ETag", "etag", "LastModified", "last_modified", "updated", "md5Hash", "checksum")
 
 
@@ -52,8 +73,9 @@ class IngestError(RuntimeError):
     """The date cannot be ingested as it stands; nothing was committed.
 
     `kind` is one of "corrupt_input" (a compressed file is truncated or corrupt),
-    "too_many_bad_rows" (quarantined share over ingest.max_bad_fraction) and
-    "no_rows" (the inputs hold no valid row of the date).
+    "too_many_bad_rows" (quarantined share over ingest.max_bad_fraction),
+    "no_rows" (the inputs hold no valid row of the date) and "inconsistent"
+    (a committed quarantine does not belong to the committed events run).
     """
 
     def __init__(self, message: str, *, kind: str = "") -> None:
@@ -87,13 +109,20 @@ class IngestResult:
 class _FileTask:
     url: str
     file_index: int
-    fmt: str
+    schema: LogSchema
     input_options: dict | None
     out_fs: fsspec.AbstractFileSystem
     events_dir: str
     quarantine_dir: str
     rows_per_partition: int
     date: str
+    block_index: int = 0
+    start: int = 0
+    """First byte of the block's range (plain files only)."""
+    end: int | None = None
+    """End of the block's byte range; None reads to the end of the file."""
+    first_line: int = 1
+    """Line number of the block's first line."""
 
 
 def ingest_date(
@@ -138,52 +167,107 @@ def ingest_date(
     quarantine_final = join(root_path, "quarantine", f"date={date}")
     done = read_manifest(fs, events_final)
     if done and not force and done.get("inputs") == inputs and done.get("format") == schema.name:
-        return _result(date, done, skipped=True)
+        quarantine_done = read_manifest(fs, quarantine_final)
+        if quarantine_done is not None and quarantine_done.get("events_run_id") == done.get("run_id"):
+            return _result(date, done, skipped=True)
 
     for final in (events_final, quarantine_final):
         remove_stale_staging(fs, final)
     events_stage, quarantine_stage = staging_dir(fs, events_final), staging_dir(fs, quarantine_final)
     try:
-        tasks = [
-            _FileTask(
-                url=item["url"],
-                file_index=i,
-                fmt=schema.name,
-                input_options=input.storage_options,
-                out_fs=fs,
-                events_dir=events_stage,
-                quarantine_dir=quarantine_stage,
-                rows_per_partition=ingest.rows_per_partition,
-                date=date,
-            )
-            for i, item in enumerate(inputs)
-        ]
+        base = dict(
+            schema=schema,
+            input_options=input.storage_options,
+            out_fs=fs,
+            events_dir=events_stage,
+            quarantine_dir=quarantine_stage,
+            rows_per_partition=ingest.rows_per_partition,
+            date=date,
+        )
+        tasks = plan_tasks(inputs, base, block_size=ingest.block_size, client=client)
         futures = client.map(ingest_file, tasks, pure=False)
         try:
-            per_file = client.gather(futures)
+            per_task = client.gather(futures)
         except BaseException:
             client.cancel(futures)
             raise
+        per_file = _per_file(per_task)
         manifest = summarize(date, schema, inputs, per_file)
         check_quality(manifest, per_file, ingest.max_bad_fraction)
         run_id = uuid.uuid4().hex
-        manifest.update(run_id=run_id, code_version=code_version(), rows_per_partition=ingest.rows_per_partition)
+        manifest.update(
+            run_id=run_id,
+            quarantine_run_id=run_id,
+            code_version=code_version(),
+            rows_per_partition=ingest.rows_per_partition,
+            blocks=len(tasks),
+        )
         quarantine_manifest = {
             "date": date,
             "rows_quarantined": manifest["rows_quarantined"],
             "parts": manifest.pop("quarantine_parts"),
             "reasons": manifest["reasons"],
+            "run_id": run_id,
             "events_run_id": run_id,
             "code_version": manifest["code_version"],
         }
-        commit_dir(fs, quarantine_stage, quarantine_final, quarantine_manifest)
-        commit_dir(fs, events_stage, events_final, manifest)
+        commit_output(fs, quarantine_stage, quarantine_final, quarantine_manifest)
+        commit_output(fs, events_stage, events_final, manifest)  # the commit point of the pair
     except BaseException:
         for stage in (events_stage, quarantine_stage):
             if fs.exists(stage):
                 fs.rm(stage, recursive=True)
         raise
     return _result(date, manifest, skipped=False)
+
+
+def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[_FileTask]:
+    """One task per compressed or small file; large plain files cut into byte ranges (module docstring)."""
+    tasks: list[_FileTask] = []
+    splits: list[tuple[int, list[int]]] = []  # (file index, block starts) of the files to split
+    for i, item in enumerate(inputs):
+        size = item.get("size")
+        if infer_compression(item["url"]) is None and isinstance(size, int) and size > block_size:
+            splits.append((i, list(range(0, size, block_size))))
+        else:
+            tasks.append(_FileTask(url=item["url"], file_index=i, **base))
+    if splits:
+        # pass 1: newlines of [s_k - 1, s_{k+1} - 1) for every block k (block 0 from byte 0)
+        ranges = []
+        for i, starts in splits:
+            size = inputs[i]["size"]
+            bounds = [max(s - 1, 0) for s in starts] + [size]
+            ranges += [(inputs[i]["url"], a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        counts = iter(client.gather(client.map(
+            count_newlines, ranges, storage_options=base["input_options"], pure=False
+        )))  # fmt: skip
+        for i, starts in splits:
+            before = 0
+            for b, start in enumerate(starts):
+                end = starts[b + 1] if b + 1 < len(starts) else None
+                first = 1 if b == 0 else 2 + before
+                tasks.append(
+                    _FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
+                              first_line=first, **base)
+                )  # fmt: skip
+                before += next(counts)
+    return sorted(tasks, key=lambda t: (t.file_index, t.block_index))
+
+
+def count_newlines(item: tuple[str, int, int], *, storage_options: dict | None = None) -> int:
+    """Dask task: the number of b"\\n" in bytes [a, b) of a plain file."""
+    url, a, b = item
+    n = 0
+    with fsspec.open(url, "rb", **(storage_options or {})) as f:
+        f.seek(a)
+        left = b - a
+        while left > 0:
+            data = f.read(min(_READ_SIZE, left))
+            if not data:
+                break
+            n += data.count(b"\n")
+            left -= len(data)
+    return n
 
 
 def input_url(input: InputConfig, root: str, date: str) -> str:
@@ -215,53 +299,140 @@ def find_inputs(url: str, storage_options: dict | None = None) -> list[dict[str,
 
 
 def ingest_file(task: _FileTask) -> dict[str, Any]:
-    """Dask task: stream one file chunk by chunk, write its parts, return its counts."""
-    schema = get_schema(task.fmt)
-    events_schema = schema.events_schema()
+    """Dask task: stream one file (or byte range) chunk by chunk, write its parts, return its counts."""
+    schema = task.schema
     counts = Counter()
     reasons: Counter = Counter()
     parts, quarantine_parts = [], []
-    first_line = 1
+    first_line = task.first_line
     for chunk_index, data, n_lines in _read_chunks(task):
-        parsed = parse_chunk(
+        parsed = parse_table(
             data, schema=schema, file=task.url, file_index=task.file_index, first_line=first_line, date=task.date
         )
         first_line += n_lines
-        name = f"part-{task.file_index:05d}-{chunk_index:05d}.parquet"
-        if len(parsed.events):
-            _write(task.out_fs, join(task.events_dir, name), parsed.events, events_schema)
-            parts.append({"name": name, "rows": len(parsed.events)})
-        if len(parsed.quarantine):
-            _write(task.out_fs, join(task.quarantine_dir, name), parsed.quarantine, QUARANTINE_SCHEMA)
-            quarantine_parts.append({"name": name, "rows": len(parsed.quarantine)})
-            reasons.update(reason_category(r) for r in parsed.quarantine["reason"])
+        name = f"part-{task.file_index:05d}-{task.block_index:05d}-{chunk_index:05d}.parquet"
+        if parsed.events.num_rows:
+            _write(task.out_fs, join(task.events_dir, name), parsed.events)
+            parts.append({"name": name, "rows": parsed.events.num_rows})
+        if parsed.quarantine.num_rows:
+            _write(task.out_fs, join(task.quarantine_dir, name), parsed.quarantine)
+            quarantine_parts.append({"name": name, "rows": parsed.quarantine.num_rows})
+            reasons.update(reason_category(r) for r in parsed.quarantine.column("reason").to_pylist())
         counts["rows_read"] += parsed.rows_read
-        counts["rows_written"] += len(parsed.events)
-        counts["rows_quarantined"] += len(parsed.quarantine)
+        counts["rows_written"] += parsed.events.num_rows
+        counts["rows_quarantined"] += parsed.quarantine.num_rows
         counts["rows_other_dates"] += parsed.rows_other_dates
+        counts["slow_chunks"] += not parsed.fast_path
     return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons)}
 
 
 def _read_chunks(task: _FileTask) -> Iterator[tuple[int, bytes, int]]:
-    """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file."""
+    """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range."""
     compression = infer_compression(task.url)
-    with fsspec.open(task.url, "rb", compression=compression, **(task.input_options or {})) as f:
-        chunk_index = 0
-        while True:
-            try:
-                lines = list(islice(f, task.rows_per_partition))
-            except (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, OSError) as exc:
-                if compression is None:
-                    raise
-                raise IngestError(
-                    f"{task.url}: cannot decompress ({compression}) after chunk {chunk_index}: {exc}; "
-                    "the file is truncated or corrupt, fetch it again",
-                    kind="corrupt_input",
-                ) from exc
-            if not lines:
-                return
-            yield chunk_index, b"".join(lines), len(lines)
-            chunk_index += 1
+    chunk_index = 0
+    try:
+        with fsspec.open(task.url, "rb", compression=compression, **(task.input_options or {})) as f:
+            if task.start > 0:  # skip the line that started in the previous block
+                f.seek(task.start - 1)
+                f.readline()
+            budget = None if task.end is None else task.end - f.tell()
+            for data, n_lines in line_chunks(f, task.rows_per_partition, budget=budget):
+                yield chunk_index, data, n_lines
+                chunk_index += 1
+    except _DECOMPRESS_ERRORS as exc:
+        if compression is None:
+            raise
+        raise IngestError(
+            f"{task.url}: cannot decompress ({compression}) after chunk {chunk_index}: {exc}; "
+            "the file is truncated or corrupt, fetch it again",
+            kind="corrupt_input",
+        ) from exc
+
+
+def line_chunks(f, rows: int, *, budget: int | None = None, read_size: int = _READ_SIZE) -> Iterator[tuple[bytes, int]]:
+    """Chunks of up to `rows` whole lines read from file object `f` at its position.
+
+    With `budget`, only the lines starting within the next `budget` bytes are
+    read (the last one is completed past the budget): a block's byte range.
+    Yields (bytes, line count); the file's last line may lack its newline.
+    Blocks are kept as a list and joined once per chunk (no quadratic re-copying).
+    """
+    parts: list[bytes] = []  # pieces of the chunk being filled, holding `have` newlines
+    have = 0
+    left = budget
+    while True:
+        want = read_size if left is None else min(read_size, left)
+        block = f.read(want) if want > 0 else b""
+        final = not block
+        if left is not None:
+            left -= len(block)
+            if left <= 0:
+                final = True
+                tail = block or (parts[-1] if parts else b"")
+                if tail and not tail.endswith(b"\n"):  # complete the line that started in range
+                    block += f.readline()
+        if block:
+            n = block.count(b"\n")
+            if have + n >= rows:
+                ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+                used = idx = 0  # bytes and newlines of `block` already yielded
+                while have + len(ends) - idx >= rows:
+                    k = rows - have
+                    cut = int(ends[idx + k - 1]) + 1
+                    yield b"".join([*parts, block[used:cut]]), rows
+                    parts, used, idx, have = [], cut, idx + k, 0
+                block = block[used:]
+                n = len(ends) - idx
+            if block:
+                parts.append(block)
+                have += n
+        if final:
+            rest = b"".join(parts)
+            if rest:
+                yield rest, have + (0 if rest.endswith(b"\n") else 1)
+            return
+
+
+def _per_file(per_task: list[dict]) -> list[dict]:
+    """Task results (one per file or byte range) summed per file, in task order."""
+    out: dict[str, dict] = {}
+    for r in per_task:
+        acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter()})
+        for k, v in r.items():
+            if isinstance(v, int):
+                acc[k] = acc.get(k, 0) + v
+        acc["parts"] += r["parts"]
+        acc["quarantine_parts"] += r["quarantine_parts"]
+        acc["reasons"].update(r["reasons"])
+    return [{**v, "reasons": dict(v["reasons"])} for v in out.values()]
+
+
+def read_quarantine(root: str, date: str, storage_options: dict | None = None) -> pd.DataFrame:
+    """The quarantined rows of `date` (file, line, raw, reason), checked against the committed events run.
+
+    Raises:
+        FileNotFoundError: the date's events are not committed.
+        IngestError(kind="inconsistent"): the committed quarantine belongs to another run than the
+            committed events (an ingest crashed between its two renames); rerun the ingest of the date.
+    """
+    fs, root_path = get_fs(root, storage_options)
+    events = read_manifest(fs, join(root_path, "events", f"date={validate_date(date)}"))
+    if events is None:
+        raise FileNotFoundError(f"no committed events for {date} under {join(root, 'events')}: run ingest first")
+    qdir = join(root_path, "quarantine", f"date={date}")
+    quarantine = read_manifest(fs, qdir)
+    expected = events.get("quarantine_run_id", events.get("run_id"))
+    if quarantine is None or quarantine.get("events_run_id") != expected:
+        raise IngestError(
+            f"quarantine of {date} at {join(root, 'quarantine', f'date={date}')} does not belong to the committed "
+            f"events run {expected}; an ingest stopped between its two commits: rerun the ingest of {date}",
+            kind="inconsistent",
+        )
+    tables = []
+    for p in quarantine["parts"]:
+        with fs.open(join(qdir, p["name"]), "rb") as f:
+            tables.append(pq.read_table(f, schema=QUARANTINE_SCHEMA))
+    return pa.concat_tables(tables or [QUARANTINE_SCHEMA.empty_table()]).to_pandas()
 
 
 def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[dict]) -> dict[str, Any]:
@@ -279,6 +450,7 @@ def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[d
         "quarantine_parts": sorted((p for r in per_file for p in r["quarantine_parts"]), key=lambda p: p["name"]),
         "reasons": dict(reasons.most_common()),
         "inputs": inputs,
+        "slow_chunks": int(sum(r.get("slow_chunks", 0) for r in per_file)),
     }
 
 
@@ -314,8 +486,7 @@ def check_quality(manifest: dict[str, Any], per_file: list[dict], max_bad_fracti
         )
 
 
-def _write(fs: fsspec.AbstractFileSystem, path: str, frame, schema: pa.Schema) -> None:
-    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+def _write(fs: fsspec.AbstractFileSystem, path: str, table: pa.Table) -> None:
     with fs.open(path, "wb") as f:
         pq.write_table(table, f)
 

@@ -135,7 +135,10 @@ def parse_table(
     if not data:
         return _empty_table(schema)
 
-    fast = _fast_columns(data, schema)
+    fast = _fast_columns(data, schema, typed=True)
+    typed = fast is not None
+    if fast is None:  # a dense value is not a number: keep the fast split, check values below
+        fast = _fast_columns(data, schema, typed=False)
     if fast is not None:
         n = fast.num_rows
         structural = undecodable = blank = bad_count = np.zeros(n, dtype=bool)
@@ -206,7 +209,12 @@ def parse_table(
     first_bad_dense = np.full(n, -1, dtype=np.int64)
     for i, name in enumerate(schema.dense):
         text, present = col(name)
-        values, numeric = _to_numbers(text)
+        if typed:  # already float64 from the CSV reader
+            values = text.to_numpy(zero_copy_only=False)
+            numeric = np.isfinite(values)
+            values = np.where(numeric, values, np.nan).astype(np.float32)
+        else:
+            values, numeric = _to_numbers(text)
         bad = present & ~numeric
         first_bad_dense[(first_bad_dense < 0) & bad & ~rest] = i
         dense[name] = values
@@ -220,6 +228,9 @@ def parse_table(
     for i in bad_rows:  # the rare path: one Python step per rejected line
         def text_of(name: str, i: int = i) -> str:
             c = schema.columns.index(name)
+            if typed:  # the typed reader keeps no text: split the raw line
+                fields = raw_of(int(i)).split(schema.separator)
+                return fields[c] if c < len(fields) else ""
             return (col(name)[0][int(i)].as_py() or "") if c < counts[i] else ""
 
         if undecodable[i]:
@@ -256,13 +267,19 @@ def parse_table(
     )
 
 
-def _fast_columns(data: bytes, schema: LogSchema) -> pa.Table | None:
-    """All columns of `data` as strings via pyarrow.csv, or None when a line is not a plain full row.
+def _fast_columns(data: bytes, schema: LogSchema, *, typed: bool) -> pa.Table | None:
+    """The columns of `data` via pyarrow.csv, or None when a line is not a plain full row.
+
+    All columns are strings, except with `typed` the dense ones, read as float64
+    (then None also when a dense value is not a number).
 
     The row count must equal the newline count + 1: pyarrow also ends lines at
     a lone CR, which the per-line path keeps inside the line.
     """
     names = list(schema.columns)
+    dense = set(schema.dense)
+    if typed and not dense:
+        return None
     try:
         table = pacsv.read_csv(
             pa.py_buffer(data),
@@ -272,7 +289,8 @@ def _fast_columns(data: bytes, schema: LogSchema) -> pa.Table | None:
                 newlines_in_values=False, ignore_empty_lines=False,
             ),
             convert_options=pacsv.ConvertOptions(
-                column_types=dict.fromkeys(names, pa.string()), null_values=[""], strings_can_be_null=True,
+                column_types={n: pa.float64() if typed and n in dense else pa.string() for n in names},
+                null_values=[""], strings_can_be_null=True,
                 check_utf8=True,
             ),
         )  # fmt: skip

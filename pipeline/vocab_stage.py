@@ -3,8 +3,15 @@
 Dask counts the day's keys per events partition; the driver merges them with
 the day counts kept by the previous vocabularies of the window and the
 previous vocabulary's first/last-seen dates (logic in `pipeline.vocab`).
-Writes day_counts.parquet, vocab.parquet and evicted.parquet, committed with
-a manifest holding the stats.
+Writes day_counts.parquet, vocab.parquet, evicted.parquet and the report
+(report.parquet: one row per field with seen, admitted, evicted, coverage,
+oov_rate, missing_rate; report.md: the same as a short markdown summary the
+flow can publish), committed with a manifest holding the stats.
+
+Incremental: a daily run counts only day D's events (one Dask task per events
+partition); the other days of the window come from the day_counts.parquet
+kept by their committed vocabularies, so the daily cost is one day of
+counting plus a merge of `window_days` count tables.
 """
 
 from __future__ import annotations
@@ -15,15 +22,17 @@ from dataclasses import asdict, dataclass, field
 import fsspec
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from distributed import Client
 
 from pipeline.config import VocabConfig
-from pipeline.schema import get_schema
-from pipeline.vocab import count_keys, field_stats, merge_counts, update_vocab, window_counts
+from pipeline.schema import LogSchema, get_schema
+from pipeline.vocab import count_keys, field_stats, merge_counts, report_markdown, update_vocab, window_counts
+from pipeline.outputs import commit_output
 from storage.fsio import (
     code_version,
-    commit_dir,
+
     get_fs,
     join,
     read_manifest,
@@ -53,7 +62,7 @@ def build_vocab(
     *,
     root: str,
     vocab: VocabConfig,
-    fmt: str,
+    fmt: str | LogSchema,
     client: Client,
     force: bool = False,
     storage_options: dict | None = None,
@@ -80,11 +89,16 @@ def build_vocab(
     if done and not force and done.get("events_run_id") == events.get("run_id") and done.get("config") == asdict(vocab):
         return _result(done, skipped=True)
 
+    multi = [name for name, _ in schema.multi_valued]
+    if unknown := sorted(set(vocab.min_count_per_field) - set(schema.categorical)):
+        raise ValueError(f"vocab.min_count_per_field names unknown fields {unknown}; {schema.name} fields are "
+                         f"{list(schema.categorical)}")  # fmt: skip
     futures = client.map(
         _count_part,
         [join(events_dir, p["name"]) for p in events["parts"]],
         fs=fs,
         fields=list(schema.categorical),
+        multi_valued=multi,
         pure=False,
     )
     day = merge_counts(client.gather(futures))
@@ -96,21 +110,28 @@ def build_vocab(
             dated[d] = _read(fs, join(vocab_dir(root_path, d), "day_counts.parquet"))
     prev_date = latest_vocab_before(fs, root_path, date)
     previous = _read(fs, join(vocab_dir(root_path, prev_date), "vocab.parquet")) if prev_date else None
-    update = update_vocab(date=date, window=window_counts(dated), previous=previous, config=vocab)
+    window = window_counts(dated, date=date, decay=vocab.decay)
+    update = update_vocab(date=date, window=window, previous=previous, config=vocab, fields=schema.categorical)
     stats = field_stats(
         vocab=update.vocab,
         evicted=update.evicted,
         day_counts=day,
         day_rows=events["rows_written"],
         fields=schema.categorical,
+        multi_valued=multi,
     )
 
     remove_stale_staging(fs, final)
     stage = staging_dir(fs, final)
     try:
-        for name, frame in (("day_counts", day), ("vocab", update.vocab), ("evicted", update.evicted)):
+        report = pd.DataFrame(stats).assign(date=date)
+        for name, frame in (
+            ("day_counts", day), ("vocab", update.vocab), ("evicted", update.evicted), ("report", report)
+        ):  # fmt: skip
             with fs.open(join(stage, f"{name}.parquet"), "wb") as f:
                 frame.to_parquet(f, index=False)
+        with fs.open(join(stage, "report.md"), "w") as f:
+            f.write(report_markdown(date, stats, window_dates=sorted(dated), config=vocab))
         manifest = {
             "date": date,
             "format": schema.name,
@@ -126,7 +147,7 @@ def build_vocab(
             "run_id": uuid.uuid4().hex,
             "code_version": code_version(),
         }
-        commit_dir(fs, stage, final, manifest)
+        commit_output(fs, stage, final, manifest)
     except BaseException:
         if fs.exists(stage):
             fs.rm(stage, recursive=True)
@@ -165,7 +186,7 @@ def load_evicted(root: str, date: str, storage_options: dict | None = None) -> n
     return np.sort(_load(root, date, "evicted", ["key"], storage_options)["key"].to_numpy(np.int64))
 
 
-def _load(root: str, date: str, name: str, columns: list[str], storage_options: dict | None) -> pd.DataFrame:
+def _load(root: str, date: str, name: str, columns: list[str] | None, storage_options: dict | None) -> pd.DataFrame:
     fs, root_path = get_fs(root, storage_options)
     directory = vocab_dir(root_path, validate_date(date))
     if read_manifest(fs, directory) is None:
@@ -173,9 +194,22 @@ def _load(root: str, date: str, name: str, columns: list[str], storage_options: 
     return _read(fs, join(directory, f"{name}.parquet"), columns)
 
 
-def _count_part(path: str, *, fs: fsspec.AbstractFileSystem, fields: list[str]) -> pd.DataFrame:
-    """Dask task: key counts of one events partition."""
-    return count_keys(_read(fs, path, fields), fields)
+def load_report(root: str, date: str, storage_options: dict | None = None) -> pd.DataFrame:
+    """The per-field report of the vocabulary of `date` (field, seen, admitted, evicted, coverage, oov_rate, ...)."""
+    return _load(root, date, "report", None, storage_options)
+
+
+def _count_part(
+    path: str, *, fs: fsspec.AbstractFileSystem, fields: list[str], multi_valued: list[str] = ()
+) -> pd.DataFrame:
+    """Dask task: key counts of one events partition (multi-valued fields count every value)."""
+    with fs.open(path, "rb") as f:
+        table = pq.read_table(f, columns=fields)
+    columns = {
+        name: (pc.list_flatten(table.column(name)) if name in multi_valued else table.column(name)).to_pandas()
+        for name in fields
+    }
+    return count_keys(columns, fields)
 
 
 def _read(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None) -> pd.DataFrame:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from storage import fsio
 from storage.config import StoreConfig
 from trainer import checkpoint
 from trainer.config import ModelConfig, TrainerConfig
@@ -178,6 +179,8 @@ def run_training(
     storage_options: dict | None = None,
     work_dir: str,
     checkpoint_url: str | None = None,
+    warm: dict[str, Any] | None = None,
+    spec_copy_url: str | None = None,
 ) -> TrainResult:
     """Train on `features_url` (a committed features/date=D dir) and commit the model at `output_url`.
 
@@ -194,6 +197,9 @@ def run_training(
         work_dir: local directory for the spec file.
         checkpoint_url: where the ranks checkpoint (default `<output_url>.checkpoint`, shared by every node);
             a rerun resumes from the newest checkpoint of the same run found there.
+        warm: lets each rank warm its own shard when the flow has not (`trainer.warmup.ensure_warm`).
+        spec_copy_url: also write the spec here (shared storage), so jobs on other nodes can start
+            torchrun with the very same spec (infra/k8s/train-job.yaml, infra/slurm/train.sbatch).
 
     Returns:
         The committed model's URL and train stats.
@@ -206,10 +212,15 @@ def run_training(
         model_name=model_name, storage_options=storage_options, store=store, model=model, trainer=trainer,
         run_tag=run_tag, vocab_date=vocab_date,
         checkpoint_url=(checkpoint_url or f"{output_url.rstrip('/')}.checkpoint") if trainer.checkpoint_every else None,
+        warm=warm,
     )
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     spec_path = str(Path(work_dir).resolve() / f"train-spec-{uuid.uuid4().hex[:8]}.json")
     spec.write(spec_path)
+    if spec_copy_url:
+        fs, path = fsio.get_fs(spec_copy_url, storage_options)
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        fsio.write_text_atomic(fs, path, Path(spec_path).read_text())
     cmd = torchrun_command(trainer, spec_path, run_id=f"ctrpipe-{model_name}-{run_tag}".replace("/", "-"))
     log.info("launching: %s", " ".join(cmd))
     t0 = time.perf_counter()

@@ -68,7 +68,10 @@ def report_environment(ctx: DistContext) -> None:
 def open_store(spec: TrainSpec, ctx: DistContext) -> EmbeddingStore:
     """Open this rank's shard (`storage.tiered`) and load its working set into the fast levels."""
     from storage.tiered import open_shard, shard_dir_for
+    from trainer.warmup import ensure_warm
 
+    ensure_warm(spec.warm, local_dir=spec.local_dir, model_name=spec.model_name, rank=ctx.rank,
+                world_size=ctx.world_size, store=spec.store, storage_options=spec.storage_options)
     shard_dir = shard_dir_for(spec.local_dir, spec.model_name, ctx.rank, ctx.world_size)
     store = open_shard(shard_dir, spec.store, device=ctx.device)
     ws = os.path.join(shard_dir, WORKING_SET)

@@ -47,6 +47,8 @@ class TrainSpec:
     vocab_date: str | None
     checkpoint_url: str | None = None
     """Directory of this run's checkpoints (shared by every node); None = no checkpoints."""
+    warm: dict[str, Any] | None = None
+    """What a rank needs to warm its own shard when the flow did not (see `trainer.warmup`); None = skip."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -140,3 +140,30 @@ def test_rerun_is_skipped_and_eviction_follows_the_ttl(ingested, client, tmp_pat
 def test_vocab_needs_committed_events(tmp_path, client):
     with pytest.raises(FileNotFoundError, match="run ingest first"):
         build_vocab("2026-01-01", root=str(tmp_path), vocab=VocabConfig(), fmt="criteo", client=client)
+
+
+def test_per_field_min_count_overrides_the_global_one():
+    frame = pd.DataFrame({"A": ["x", "x", "y"], "B": ["x", "x", "y"]})
+    window = window_counts({"2026-01-01": count_keys(frame, ["A", "B"])})
+    cfg = VocabConfig(min_count=2, min_count_per_field={"B": 3})
+    v = update_vocab(date="2026-01-01", window=window, previous=None, config=cfg, fields=["A", "B"]).vocab
+    assert v.loc[v["admitted"], "key"].tolist() == [key("x")]  # B's x (count 2) stays below 3
+    with pytest.raises(ValueError, match="unknown fields"):
+        update_vocab(date="2026-01-01", window=window, previous=None, config=cfg, fields=["A"])
+
+
+def test_decay_weighs_older_days_less():
+    days = {"2026-01-01": counts(a=4), "2026-01-03": counts(b=2)}
+    w = window_counts(days, date="2026-01-03", decay=0.5).set_index("key")
+    assert w.loc[key("a"), ["count", "score"]].tolist() == [4, 1.0] and w.loc[key("b"), "score"] == 2.0
+    v = update_vocab(date="2026-01-03", window=w.reset_index(), previous=None, config=VocabConfig(min_count=2, decay=0.5))
+    assert v.vocab.set_index("key")["admitted"].to_dict() == {key("a"): False, key("b"): True}
+
+
+def test_the_per_field_cap_keeps_the_highest_scores_and_evicts_the_rest():
+    first = step("2026-01-01", {"2026-01-01": counts(a=5, b=4, c=3)}, None, min_count=1)
+    assert first.vocab["admitted"].all()
+    capped = step("2026-01-02", {"2026-01-01": counts(a=5, b=4, c=3), "2026-01-02": counts(c=9)}, first.vocab,
+                  min_count=1, max_keys_per_field=2)  # fmt: skip
+    admitted = set(capped.vocab.loc[capped.vocab["admitted"], "key"])
+    assert admitted == {key("c"), key("a")} and capped.evicted["key"].tolist() == [key("b")]

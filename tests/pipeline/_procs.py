@@ -1,0 +1,61 @@
+"""Starting and always stopping real server processes (dask scheduler/workers, moto_server) in tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before listening on {port}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{proc.args} did not listen on port {port} within {timeout}s")
+
+
+@contextmanager
+def processes() -> Iterator[list[subprocess.Popen]]:
+    """A list to append started processes to; each is stopped (TERM, then KILL) on exit, even on failure."""
+    procs: list[subprocess.Popen] = []
+    try:
+        yield procs
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def start(procs: list[subprocess.Popen], args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start `args` in its own process group (so it can be stopped with its children), output to `log`."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    with open(log, "wb") as out:
+        p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=full_env, start_new_session=True)
+    procs.append(p)
+    return p

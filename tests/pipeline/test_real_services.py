@@ -1,0 +1,101 @@
+"""The data stages against real services started by the test: a Dask scheduler with two worker
+processes on 127.0.0.1, and an S3-compatible server (moto_server) holding the root and the input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pandas as pd
+import pytest
+from distributed import Client
+
+from pipeline.cluster import dask_client
+from pipeline.config import DaskConfig, EncodeConfig, IngestConfig, InputConfig, VocabConfig
+from pipeline.encode import encode_date
+from pipeline.generate import generate_days
+from pipeline.ingest import ingest_date, read_quarantine
+from pipeline.vocab_stage import build_vocab, load_admitted
+from tests.pipeline._procs import BIN, free_port, processes, start, wait_port
+
+DATE = "2026-01-01"
+
+
+def run_stages(root: str, client: Client, storage_options: dict | None = None, input: InputConfig | None = None):
+    kw = dict(root=root, client=client, storage_options=storage_options)
+    i = ingest_date(DATE, input=input or InputConfig(), ingest=IngestConfig(rows_per_partition=800), **kw)
+    v = build_vocab(DATE, vocab=VocabConfig(min_count=2), fmt="criteo", **kw)
+    e = encode_date(DATE, encode=EncodeConfig(), fmt="criteo", **kw)
+    return i, v, e
+
+
+def test_an_existing_scheduler_address_runs_ingest_vocab_and_encode(tmp_path):
+    generate_days(str(tmp_path / "root" / "raw"), 1, 3000, seed=5, start_date=DATE)
+    port = free_port()
+    with processes() as procs:
+        scheduler = start(procs, [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                  "--dashboard-address", ":0", "--no-show"], tmp_path / "scheduler.log")  # fmt: skip
+        wait_port(port, scheduler)
+        for w in range(2):
+            start(procs, [str(BIN / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--host",
+                          "127.0.0.1", "--dashboard-address", ":0", "--memory-limit", "1GiB", "--name", f"w{w}"],
+                  tmp_path / f"worker{w}.log")  # fmt: skip
+        with dask_client(DaskConfig(address=f"tcp://127.0.0.1:{port}")) as client:
+            client.wait_for_workers(2, timeout=60)
+            workers = {w["name"] for w in client.scheduler_info()["workers"].values()}
+            assert workers == {"w0", "w1"}
+            i, v, e = run_stages(str(tmp_path / "root"), client)
+            tasks_by_worker = client.run(lambda dask_worker: len(dask_worker.data) >= 0)
+        assert len(tasks_by_worker) == 2
+        assert all(p.poll() is None for p in procs)  # connecting and closing the client leaves the cluster up
+    assert (i.rows_written, i.parts) == (3000, 4) and v.admitted > 0 and e.rows_train + e.rows_eval == 3000
+
+
+s3_missing = [m for m in ("s3fs", "moto") if importlib.util.find_spec(m) is None]
+
+
+@pytest.fixture()
+def s3(tmp_path, monkeypatch):
+    """A moto S3 server on a free port; yields fsspec storage options for it, with a bucket `ctr`."""
+    if s3_missing:
+        pytest.skip(f"S3 test needs {' and '.join(s3_missing)}: pip install 's3fs>=2024.6' 'moto[server]>=5'")
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    port = free_port()
+    with processes() as procs:
+        server = start(procs, [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], tmp_path / "moto.log")
+        wait_port(port, server)
+        options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, "skip_instance_cache": True}
+        import s3fs
+
+        s3fs.S3FileSystem(**options).mkdir("ctr")
+        yield options
+
+
+def test_root_and_input_on_s3_commit_with_the_manifest_last(s3, client):
+    root = "s3://ctr/pipeline"
+    generate_days(f"{root}/raw", 1, 3000, seed=5, start_date=DATE, storage_options=s3)
+    i, v, e = run_stages(root, client, storage_options=s3, input=InputConfig(storage_options=s3))
+    assert i.rows_written == 3000 and v.admitted > 0 and e.rows_train + e.rows_eval == 3000
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    for stage in ("events", "quarantine", "vocab", "features"):
+        listing = fs.find(f"ctr/pipeline/{stage}", detail=True)
+        assert not [p for p in listing if ".staging-" in p or ".old-" in p], f"{stage}: staging leftovers"
+        success = [p for p in listing if p.endswith("/_SUCCESS.json")]
+        assert len(success) == 1, stage
+        data = [info["LastModified"] for p, info in listing.items() if not p.endswith("_SUCCESS.json")]
+        assert stage == "quarantine" or data  # nothing was quarantined: only the manifest
+        assert all(listing[success[0]]["LastModified"] >= t for t in data), f"{stage}: manifest written before data"
+    manifest = json.loads(fs.cat(f"ctr/pipeline/events/date={DATE}/_SUCCESS.json"))
+    assert manifest["inputs"][0]["url"].startswith("s3://ctr/pipeline/raw/")
+    assert len(read_quarantine(root, DATE, s3)) == 0 and len(load_admitted(root, DATE, s3)) == v.admitted
+    train = pd.read_parquet(f"{root}/features/date={DATE}/train", storage_options=s3)
+    assert len(train) == e.rows_train
+
+    # a forced rerun replaces the outputs in place, leaving nothing behind
+    again = ingest_date(DATE, root=root, input=InputConfig(storage_options=s3), ingest=IngestConfig(rows_per_partition=1000),
+                        client=client, storage_options=s3, force=True)  # fmt: skip
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.find(f"ctr/pipeline/events/date={DATE}"))
+    assert again.parts == 3 and names == ["_SUCCESS.json"] + [f"part-00000-00000-0000{c}.parquet" for c in range(3)]
