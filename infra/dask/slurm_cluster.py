@@ -2,7 +2,7 @@
 
     pip install dask-jobqueue
     python infra/dask/slurm_cluster.py --jobs 8 &      # keeps running; prints the address
-    ctrpipe daily --set dask.address=tcp://<login-node>:8786 ...
+    ctrpipe run --date YYYY-MM-DD --set dask.address=tcp://<login-node>:8786 ...
 
 The scheduler runs in this process (on the login/submit node); each Slurm job
 runs one single-threaded worker process.  Workers must see the same code and
