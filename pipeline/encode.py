@@ -41,8 +41,8 @@ from pipeline.config import EncodeConfig
 from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab_stage import load_admitted
-from pipeline.outputs import commit_output
 from storage.fsio import (
+    commit_dir,
     code_version,
 
     get_fs,
@@ -261,7 +261,7 @@ def encode_date(
             "run_id": uuid.uuid4().hex,
             "code_version": code_version(),
         }
-        commit_output(fs, stage, final, manifest)
+        commit_dir(fs, stage, final, manifest)
     except BaseException:
         if fs.exists(stage):
             fs.rm(stage, recursive=True)

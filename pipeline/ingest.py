@@ -50,8 +50,8 @@ from fsspec.utils import infer_compression
 from pipeline.config import IngestConfig, InputConfig
 from pipeline.parse import QUARANTINE_SCHEMA, parse_table, reason_category
 from pipeline.schema import LogSchema, get_schema
-from pipeline.outputs import commit_output
 from storage.fsio import (
+    commit_dir,
     code_version,
 
     get_fs,
@@ -211,8 +211,8 @@ def ingest_date(
             "events_run_id": run_id,
             "code_version": manifest["code_version"],
         }
-        commit_output(fs, quarantine_stage, quarantine_final, quarantine_manifest)
-        commit_output(fs, events_stage, events_final, manifest)  # the commit point of the pair
+        commit_dir(fs, quarantine_stage, quarantine_final, quarantine_manifest)
+        commit_dir(fs, events_stage, events_final, manifest)  # the commit point of the pair
     except BaseException:
         for stage in (events_stage, quarantine_stage):
             if fs.exists(stage):

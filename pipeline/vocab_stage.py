@@ -29,8 +29,8 @@ from distributed import Client
 from pipeline.config import VocabConfig
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab import count_keys, field_stats, merge_counts, report_markdown, update_vocab, window_counts
-from pipeline.outputs import commit_output
 from storage.fsio import (
+    commit_dir,
     code_version,
 
     get_fs,
@@ -147,7 +147,7 @@ def build_vocab(
             "run_id": uuid.uuid4().hex,
             "code_version": code_version(),
         }
-        commit_output(fs, stage, final, manifest)
+        commit_dir(fs, stage, final, manifest)
     except BaseException:
         if fs.exists(stage):
             fs.rm(stage, recursive=True)

@@ -85,14 +85,25 @@ def staging_dir(fs: fsspec.AbstractFileSystem, final: str) -> str:
 
 
 def commit_dir(fs: fsspec.AbstractFileSystem, staging: str, final: str, manifest: dict[str, Any]) -> None:
-    """Make `staging` visible as `final` with `manifest` as its `_SUCCESS.json`.
+    """Make the files under `staging` the committed content of `final`, `_SUCCESS.json` last.
 
-    The manifest is written into the staging directory last, then the directory
-    replaces any previous `final` (which is moved aside first and removed after).
-    On a local filesystem the window in which `final` is missing is one rename;
-    on object stores, where rename is a copy, readers still see either no
-    `_SUCCESS.json` or a complete directory, never a mix.
+    Local filesystem: the manifest is written into the staging directory, the
+    previous `final` is moved aside, the staging directory renamed into place
+    and the old one removed.  A crash between the two renames leaves `final`
+    missing and `<final>.old-*` complete; `remove_stale_staging` (which every
+    writer calls first) moves it back.
+
+    Object stores: a directory "rename" is a copy of each object in no fixed
+    order, so the manifest could land before the data.  Instead: (1) remove
+    the old manifest (readers stop trusting the old directory), (2) copy the
+    staged files over, (3) delete files the new output does not have, (4)
+    write `_SUCCESS.json` last, (5) remove the staging prefix.  Readers see no
+    manifest or a complete directory, never a mix; unlike the local case the
+    previous output is not readable during the commit window.
     """
+    if not isinstance(fs, LocalFileSystem):
+        _commit_by_copy(fs, staging.rstrip("/"), final.rstrip("/"), manifest)
+        return
     write_json(fs, f"{staging}/{SUCCESS}", manifest)
     old = None
     if fs.exists(final):
@@ -103,15 +114,44 @@ def commit_dir(fs: fsspec.AbstractFileSystem, staging: str, final: str, manifest
         fs.rm(old, recursive=True)
 
 
+def _commit_by_copy(fs: fsspec.AbstractFileSystem, staging: str, final: str, manifest: dict[str, Any]) -> None:
+    marker = f"{final}/{SUCCESS}"
+    if fs.exists(marker):
+        fs.rm(marker)
+    new = {p[len(staging) + 1 :] for p in fs.find(staging)}
+    old = {p[len(final) + 1 :] for p in fs.find(final)} if fs.exists(final) else set()
+    for rel in sorted(new):
+        fs.copy(f"{staging}/{rel}", f"{final}/{rel}")
+    stale = [f"{final}/{rel}" for rel in sorted(old - new)]
+    if stale:
+        fs.rm(stale)
+    write_json(fs, marker, manifest)
+    if new:  # an empty staging "directory" has no objects on a store without directories
+        fs.rm([f"{staging}/{rel}" for rel in sorted(new)])
+    if fs.exists(staging):  # filesystems that keep directory entries (memory://, some gateways)
+        fs.rm(staging, recursive=True)
+    fs.invalidate_cache()
+
+
 def remove_stale_staging(fs: fsspec.AbstractFileSystem, final: str) -> None:
-    """Delete staging/old leftovers of earlier crashed writers of `final`."""
+    """Clean up after earlier crashed writers of `final`.
+
+    A committed `<final>.old-*` left by a crash between commit_dir's two renames
+    is moved back into place when `final` is missing, so the last good state is
+    never deleted; staging leftovers are removed.
+    """
     parent, name = final.rstrip("/").rsplit("/", 1)
     if not fs.exists(parent):
         return
+    leftovers = []
     for entry in fs.ls(parent, detail=False):
         base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if base.startswith(f"{name}.staging-") or base.startswith(f"{name}.old-"):
-            fs.rm(entry, recursive=True)
+        if base.startswith(f"{name}.old-") and not fs.exists(final) and read_manifest(fs, entry) is not None:
+            fs.mv(entry, final, recursive=True)
+        elif base.startswith(f"{name}.staging-") or base.startswith(f"{name}.old-"):
+            leftovers.append(entry)
+    for entry in leftovers:
+        fs.rm(entry, recursive=True)
 
 
 def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any] | None:
