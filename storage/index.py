@@ -5,10 +5,10 @@ hashing, tombstones) whose operations take whole arrays of keys: each probe
 round is one vectorised step over the keys still unresolved, so a batch of N
 keys costs O(N * longest probe) NumPy work and no per-key Python loop.
 
-Two details make lookups fast in NumPy: the first round probes each key's home
-cell alone (at load <= 1/2 most keys end there), and every later round compares a
-window of `_WINDOW` consecutive cells per key at once (one cache line of keys),
-so a long probe run costs a few rounds, not one round per cell.  The table
+Lookups probe one cell per key per round (a 1-D gather: the cheapest NumPy
+step; at load <= 1/2 most hits end at the home cell and most misses within a
+few cells) while many keys are pending; the last few keys compare a window of
+`_WINDOW` consecutive cells per round, so a long probe run costs few rounds.  The table
 never wraps around: it has `_PAD` overflow cells after its `size` home cells,
 and an insert that would run past them grows the table instead.  Home cells are
 picked by multiply-shift ("fastrange") from the Fibonacci hash, so the table
@@ -33,6 +33,8 @@ _MAX_LOAD = 0.5
 _GROWTH = 1.5
 """On growth, room for this many times the live keys (load about 1/3 right after)."""
 _WINDOW = 8
+_CELL_ROUNDS_MIN = 512
+"""Pending keys below which probing switches from one cell per round to windows."""
 _PAD = 64
 MAX_SLOTS = 2**31 - 1
 """Slots a `SlotMap` can address (int32)."""
@@ -109,22 +111,37 @@ class KeyIndex:
         pending = np.flatnonzero(~hit & (found != EMPTY))
         if pending.size == 0:
             return out
-        # Later rounds: a window of cells per key.  A key never sits after an EMPTY cell of
-        # its probe run (cells only turn EMPTY -> key -> tombstone), so an EMPTY ends the search.
-        ar = np.arange(_WINDOW)
+        # Later rounds.  A key never sits after an EMPTY cell of its probe run (cells only turn
+        # EMPTY -> key -> tombstone), so an EMPTY ends the search.  While many keys are pending,
+        # each round reads one more cell per key (1-D gathers are the cheapest NumPy step, and
+        # most runs end within a few cells); the few keys left then scan a window of `_WINDOW`
+        # cells per round (rows of a strided view of the table), so a long run costs few rounds.
         last = tab.size - 1
-        start = pos[pending] + 1
+        cur = pos[pending] + 1
+        np.minimum(cur, last, out=cur)
+        pk = keys[pending]
+        while pending.size > _CELL_ROUNDS_MIN:
+            cell = tab[cur]
+            hit = cell == pk
+            if hit.any():
+                out[pending[hit]] = cur[hit]
+            keep = ~hit & (cell != EMPTY) & (cur < last)
+            pending, cur, pk = pending[keep], cur[keep] + 1, pk[keep]
+        wins = np.lib.stride_tricks.sliding_window_view(tab, _WINDOW)
+        last_start = tab.size - _WINDOW
+        start = cur
         while pending.size:
-            idx = start[:, None] + ar
-            np.minimum(idx, last, out=idx)
-            win = tab[idx]
-            match = win == keys[pending][:, None]
+            np.minimum(start, last_start, out=start)
+            win = wins[start]
+            match = win == pk[:, None]
             hit = match.any(axis=1)
-            out[pending[hit]] = start[hit] + match[hit].argmax(axis=1)
+            if hit.any():
+                out[pending[hit]] = start[hit] + match[hit].argmax(axis=1)
             keep = ~(hit | (win == EMPTY).any(axis=1))
-            keep &= start < last  # ran off the overflow cells: absent
+            keep &= start < last_start  # the window reached the last overflow cell: absent
             pending = pending[keep]
             start = start[keep] + _WINDOW
+            pk = pk[keep]
         return out
 
     def get(self, keys: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 The SSD level of Baidu's hierarchical parameter server.  One shard directory::
 
     rows.bin                  fixed-size records packed into 4 KiB-aligned units
-    index-<generation>.npy    slot -> key (int64, -1 = free slot), the persistent index
+    index-<generation>.idx    key -> slot map (`CompactSlotMap.save`), the persistent index
     meta.json                 format, dim, layout, generation, index file, tag, clean flag
 
 A record is ``emb, m, v`` (float32[dim] each), ``clock`` (int64) and the ``key``
@@ -13,15 +13,24 @@ another key's row).  Records are packed ``rows_per_unit`` to a unit of
 offsets, from page-aligned (anonymous `mmap`) buffers, as O_DIRECT requires.
 A batch is sorted by unit, coalesced into contiguous runs, and the runs are
 spread over a small thread pool of `os.preadv` / `os.pwritev` calls (which
-release the GIL).  Writes that cover only part of a unit read it first.
+release the GIL).  A write reads a unit first only when the unit holds live rows
+the write does not cover: whole units, units past the end of the file and
+units whose other slots are free (a per-unit count of live rows says which)
+are written without a read.
 
-The key -> slot index lives in memory (`storage.index.SlotMap`) and is saved
-atomically on `flush()` / `close()` (new ``index-<gen>.npy``, then
+The key -> slot index lives in memory (`storage.compact_index.CompactSlotMap`,
+~12.5 bytes per key, so a 10^8-row shard's index fits in ~1.3 GB) and is saved
+atomically on `flush()` / `close()` (new ``index-<gen>.idx``, then
 ``meta.json`` replaced, then the old index removed), so the store reopens with
 the same content.  The first change after a save marks ``meta.json``
 ``clean: false`` and clears the tag, so a crash mid-run is visible to the warm
-stage.  Evicted rows free their slots (reused by later inserts); `compact()`
-rewrites the file without holes, in key order.
+stage.  Evicted rows free their slots (reused, lowest first, by later
+inserts); `compact()` rewrites the file without holes, keeping the slot order.
+Whole-shard scans (`iter_rows`, snapshots, compaction) read the file
+sequentially and keep the records the index points at, so a snapshot of an SSD
+shard lists its rows in slot order, not key order.  Shards written in format 1
+(a slot -> key ``index-<gen>.npy``) are read and saved in format 2 on the next
+flush.
 
 If the filesystem refuses O_DIRECT (EINVAL), the store logs one warning and
 uses buffered I/O; `direct_io_active` tells which is in use.
@@ -43,7 +52,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from storage.fsio import is_local, local_path, write_text_atomic
-from storage.index import SlotMap
+from storage.compact_index import CompactSlotMap
 from storage.init import init_rows
 from storage.rows import (
     Rows,
@@ -58,7 +67,8 @@ from storage.snapshot import SnapshotWriter, iter_snapshot, snapshot_dim
 
 log = logging.getLogger(__name__)
 
-FORMAT = "ctr-ssd-shard/1"
+FORMAT = "ctr-ssd-shard/2"
+_READABLE_FORMATS = (FORMAT, "ctr-ssd-shard/1")
 BLOCK = 4096
 """I/O alignment: offsets, lengths and buffer addresses are multiples of this."""
 ROWS_FILE = "rows.bin"
@@ -123,14 +133,16 @@ class SsdStore(RowTier):
             {"names": ["r"], "formats": [(self._rec, (self.rows_per_unit,))], "offsets": [0], "itemsize": self.unit_bytes}
         )
         self._counters = dict.fromkeys(
-            ("hits", "misses", "bytes_read", "bytes_written", "evictions", "read_calls", "write_calls"), 0
+            ("hits", "misses", "bytes_read", "bytes_written", "evictions", "read_calls", "write_calls", "rmw_units"),
+            0,
         )
         self._lfs = LocalFileSystem()
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="ssd-io") if io_threads > 1 else None
         self._io_threads = io_threads
         self._fd = -1
         self._closed = False
-        self._map = SlotMap()
+        self._map = CompactSlotMap()
+        self._unit_live = np.zeros(0, dtype=np.int32)  # live rows per unit: which writes need no read
         self._meta: dict[str, Any] = {}
         self._load_meta()
         self._open_file()
@@ -158,7 +170,7 @@ class SsdStore(RowTier):
             self._clean = True
             return
         meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
+        if meta.get("format") not in _READABLE_FORMATS:
             raise ValueError(f"{meta_path} has format {meta.get('format')!r}, expected {FORMAT!r}")
         if meta.get("dim") != self.dim:
             raise ValueError(
@@ -166,10 +178,16 @@ class SsdStore(RowTier):
                 "wipe the shard (the warm stage restores it) or fix store.embedding_dim"
             )
         for k, v in self._layout().items():
-            if meta.get(k) != v:
+            if k != "format" and meta.get(k) != v:
                 raise ValueError(f"shard {self.path}: {k}={meta.get(k)!r}, this code writes {v!r}")
         if meta.get("index"):
-            self._map.load(np.load(self.path / meta["index"]))
+            index = self.path / meta["index"]
+            if meta["format"] == FORMAT:
+                with open(index, "rb") as f:
+                    self._map.load(f)
+            else:  # format 1: slot -> key array
+                self._map.load_slot_keys(np.load(index))
+        self._recount_units()
         self._meta = meta
         self._clean = bool(meta.get("clean", True))
         if not self._clean:
@@ -202,12 +220,12 @@ class SsdStore(RowTier):
         """Persist index + meta atomically (new index file, then meta.json, then drop the old index)."""
         old_index = self._meta.get("index")
         gen = int(self._meta.get("generation", 0)) + 1
-        index_name = f"index-{gen:08d}.npy"
+        index_name = f"index-{gen:08d}.idx"
         if clean:
             os.fsync(self._fd)
             tmp = self.path / f"{index_name}.tmp"
             with open(tmp, "wb") as f:
-                np.save(f, self._map.slot_keys[: self._map.high_water])
+                self._map.save(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path / index_name)
@@ -219,7 +237,7 @@ class SsdStore(RowTier):
         )
         write_text_atomic(self._lfs, str(self.path / META_FILE), json.dumps(self._meta, indent=2, sort_keys=True))
         if clean:
-            for p in self.path.glob("index-*.npy"):
+            for p in self.path.glob("index-*"):
                 if p.name != index_name:
                     p.unlink()
         self._clean = clean
@@ -231,6 +249,21 @@ class SsdStore(RowTier):
         if self._clean:
             self._meta["tag"] = None
             self._save(clean=False)
+
+    # -- live rows per unit -------------------------------------------------------------
+    def _count_units(self, slots: np.ndarray, sign: int) -> None:
+        if slots.size == 0:
+            return
+        units = slots // self.rows_per_unit
+        need = int(units.max()) + 1
+        if need > self._unit_live.size:
+            self._unit_live.resize(max(need, int(self._unit_live.size * 1.25), 1024), refcheck=False)
+        np.add.at(self._unit_live, units, sign)
+
+    def _recount_units(self) -> None:
+        self._unit_live = np.zeros(-(-self._map.high_water // self.rows_per_unit), dtype=np.int32)
+        for _, slots in self._map.iter_items():
+            self._count_units(slots, 1)
 
     # -- unit I/O -----------------------------------------------------------------
     def _runs(self, units: np.ndarray) -> list[tuple[int, int]]:
@@ -246,11 +279,11 @@ class SsdStore(RowTier):
             out.extend((c, min(e, c + per_call)) for c in range(s, e, per_call))
         return out
 
-    def _run_io(self, write: bool, units: np.ndarray, buf: mmap.mmap) -> None:
+    def _run_io(self, write: bool, units: np.ndarray, buf: mmap.mmap, fd: int | None = None) -> None:
         runs = self._runs(units)
         view = memoryview(buf)
         ub = self.unit_bytes
-        fd = self._fd
+        fd = self._fd if fd is None else fd
 
         def do(chunk: list[tuple[int, int]]) -> int:
             calls = 0
@@ -275,11 +308,11 @@ class SsdStore(RowTier):
         self._counters["write_calls" if write else "read_calls"] += calls
         self._counters["bytes_written" if write else "bytes_read"] += units.size * ub
 
-    def _io(self, write: bool, units: np.ndarray, buf: mmap.mmap) -> None:
+    def _io(self, write: bool, units: np.ndarray, buf: mmap.mmap, fd: int | None = None) -> None:
         try:
-            self._run_io(write, units, buf)
+            self._run_io(write, units, buf, fd)
         except OSError as exc:
-            if exc.errno != errno.EINVAL or not self.direct_io_active:
+            if exc.errno != errno.EINVAL or not self.direct_io_active or fd is not None:
                 raise
             self._fall_back_to_buffered(exc)
             self._run_io(write, units, buf)
@@ -307,36 +340,45 @@ class SsdStore(RowTier):
             )
         return recs
 
-    def _write_records(self, slots: np.ndarray, recs: np.ndarray) -> None:
-        """Write `recs` at `slots` (distinct), reading first the units they only partly cover.
+    def _write_records(
+        self, slots: np.ndarray, recs: np.ndarray, *, fd: int | None = None, unit_live: np.ndarray | None = None
+    ) -> None:
+        """Write `recs` at `slots` (distinct, already counted in `unit_live`), reading first only
+        the units that hold other live rows.
 
         A big batch is written in pieces of at most `_BATCH_ROWS` rows (by slot order), so
-        the temporary unit buffers stay small whatever the batch size."""
+        the temporary unit buffers stay small whatever the batch size.  `fd` / `unit_live`:
+        another file and its live counts (compaction)."""
         if slots.size > _BATCH_ROWS:
             order = np.argsort(slots, kind="stable")
             for lo in range(0, order.size, _BATCH_ROWS):
                 part = order[lo : lo + _BATCH_ROWS]
-                self._write_unit_batch(slots[part], recs[part])
+                self._write_unit_batch(slots[part], recs[part], fd, unit_live)
             return
-        self._write_unit_batch(slots, recs)
+        self._write_unit_batch(slots, recs, fd, unit_live)
 
-    def _write_unit_batch(self, slots: np.ndarray, recs: np.ndarray) -> None:
+    def _write_unit_batch(
+        self, slots: np.ndarray, recs: np.ndarray, fd: int | None, unit_live: np.ndarray | None
+    ) -> None:
         if slots.size == 0:
             return
         rpu = self.rows_per_unit
         unit_of = slots // rpu
         units, pos, counts = np.unique(unit_of, return_inverse=True, return_counts=True)
         buf, arr = self._alloc(units.size)
-        file_units = -(-os.fstat(self._fd).st_size // self.unit_bytes)
-        partial = np.flatnonzero((counts < rpu) & (units < file_units))
+        file_units = -(-os.fstat(self._fd if fd is None else fd).st_size // self.unit_bytes)
+        live = (self._unit_live if unit_live is None else unit_live)[units]
+        # Read-modify-write only where the unit exists on disk and holds live rows not in this write.
+        partial = np.flatnonzero((counts < live) & (units < file_units))
+        self._counters["rmw_units"] += partial.size
         if partial.size:
             pbuf, parr = self._alloc(partial.size)
-            self._io(False, units[partial], pbuf)
+            self._io(False, units[partial], pbuf, fd)
             arr[partial] = parr
             del parr
         arr[pos.reshape(-1), slots % rpu] = recs
         del arr
-        self._io(True, units, buf)
+        self._io(True, units, buf, fd)
 
     def _records(self, keys: np.ndarray, rows: Rows) -> np.ndarray:
         recs = np.zeros(keys.size, dtype=self._rec)
@@ -381,6 +423,7 @@ class SsdStore(RowTier):
         new = slots < 0
         if new.any():
             slots[new] = self._map.add(keys[new])
+            self._count_units(slots[new], 1)
         try:
             self._write_records(slots, self._records(keys, rows))
         except OSError as exc:
@@ -388,7 +431,8 @@ class SsdStore(RowTier):
             # row that was not written.  Overwritten rows may hold the old or the new value; the
             # shard stays marked not clean (see `meta`), and the warm stage restores such a shard.
             if new.any():
-                self._map.remove(keys[new])
+                _, freed = self._map.remove(keys[new])
+                self._count_units(freed, -1)
             raise OSError(
                 exc.errno,
                 f"writing {keys.size} rows ({keys.size * self.record_bytes} bytes) to {self.rows_file} "
@@ -428,18 +472,47 @@ class SsdStore(RowTier):
         if k.size == 0 or not self.contains(k).any():
             return
         self._changing()
-        ok, _ = self._map.remove(k)
+        ok, freed = self._map.remove(k)
+        self._count_units(freed, -1)
         self._counters["evictions"] += int(ok.sum())
 
+    def _scan(self, batch_rows: int = _BATCH_ROWS):
+        """Yield (slots, records) of the live rows, in slot order, reading the file sequentially.
+
+        A record is live when the index maps its key to its slot (free slots hold stale records
+        or zeros, which fail that test)."""
+        rpu = self.rows_per_unit
+        n_units = -(-self._map.high_water // rpu)
+        step = max(1, batch_rows // rpu)
+        for u0 in range(0, n_units, step):
+            units = np.arange(u0, min(n_units, u0 + step))
+            units = units[self._unit_live[units] > 0]
+            if units.size == 0:
+                continue
+            buf, arr = self._alloc(units.size)
+            self._io(False, units, buf)
+            recs = arr.reshape(-1).copy()
+            del arr
+            slots = (units[:, None] * rpu + np.arange(rpu)).reshape(-1)
+            live = self._map.lookup(recs["key"]) == slots
+            yield slots[live], recs[live]
+
     def iter_rows(self, batch_rows: int = _BATCH_ROWS):
-        """Yield (keys, Rows) of every row in ascending key order, `batch_rows` at a time."""
-        slots = self._map.live_slots()
-        keys = self._map.slot_keys[slots]
-        order = np.argsort(keys, kind="stable")
-        keys, slots = keys[order], slots[order]
-        for lo in range(0, keys.size, batch_rows):
-            ks, ss = keys[lo : lo + batch_rows], slots[lo : lo + batch_rows]
-            yield ks, self._rows_of(self._read_records(ss, ks))
+        """Yield (keys, Rows) of every row, in slot order (a sequential read of the file), exactly
+        `batch_rows` at a time (the last batch may be shorter), so equal shards give equal snapshots."""
+        held: list[np.ndarray] = []
+        n_held = 0
+        for _, recs in self._scan(batch_rows):
+            held.append(recs)
+            n_held += recs.size
+            while n_held >= batch_rows:
+                cat = np.concatenate(held)
+                out, rest = cat[:batch_rows], cat[batch_rows:]
+                yield out["key"].copy(), self._rows_of(out)
+                held, n_held = [rest], rest.size
+        if n_held:
+            cat = np.concatenate(held)
+            yield cat["key"].copy(), self._rows_of(cat)
 
     def snapshot(self, url: str, storage_options: dict | None = None) -> int:
         with SnapshotWriter(url, self.dim, storage_options) as w:
@@ -450,7 +523,8 @@ class SsdStore(RowTier):
     def wipe(self) -> None:
         """Delete every row (truncate the file, empty the index) and clear the tag; persisted."""
         self._changing()
-        self._map = SlotMap()
+        self._map = CompactSlotMap()
+        self._unit_live = np.zeros(0, dtype=np.int32)
         os.ftruncate(self._fd, 0)
         self._save(clean=True)
 
@@ -462,45 +536,68 @@ class SsdStore(RowTier):
             raise ValueError(f"snapshot {url} has dim {d}, the store has dim {self.dim}")
         self.wipe()
         for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
-            rev = b.keys[::-1]
-            uniq, first_rev = np.unique(rev, return_index=True)
-            last = b.keys.size - 1 - first_rev
-            self.write_rows(uniq, Rows.from_numpy(b.emb, b.m, b.v, b.clock).select(last))
+            # Keep the file order (a duplicate key's last row wins): slots follow it, so a snapshot of
+            # the restored shard lists the rows as `url` does.
+            _, first_rev = np.unique(b.keys[::-1], return_index=True)
+            last = np.sort(b.keys.size - 1 - first_rev)
+            self.write_rows(b.keys[last], Rows.from_numpy(b.emb, b.m, b.v, b.clock).select(last))
         self._save(clean=True)
         return len(self)
 
     def compact(self) -> int:
-        """Rewrite the row file without holes, rows in key order; returns the bytes reclaimed."""
+        """Rewrite the row file without holes, keeping the rows' slot order; returns the bytes reclaimed.
+
+        The live rows are copied (sequential reads and writes) to a new file that then replaces
+        the old one; the index is renumbered from the new file's records afterwards."""
         self._changing()
         before = os.fstat(self._fd).st_size
         tmp = self.path / f"{ROWS_FILE}.compact"
-        old_fd, old_map = self._fd, self._map
-        new_keys = old_map.slot_keys[old_map.live_slots()]
-        new_keys.sort()
+        rpu = self.rows_per_unit
+        n = len(self._map)
+        new_live = np.full(-(-n // rpu), rpu, dtype=np.int32)
+        if n % rpu:
+            new_live[-1] = n % rpu
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
         if self.direct_io_active:
             flags |= os.O_DIRECT
         new_fd = os.open(tmp, flags, 0o644)
         try:
-            for lo in range(0, new_keys.size, _BATCH_ROWS):
-                ks = new_keys[lo : lo + _BATCH_ROWS]
-                self._fd = old_fd
-                recs = self._read_records(old_map.lookup(ks), ks)
-                self._fd = new_fd
-                self._write_records(np.arange(lo, lo + ks.size, dtype=np.int64), recs)
+            w = 0
+            for _, recs in self._scan():
+                self._write_records(np.arange(w, w + recs.size, dtype=np.int64), recs, fd=new_fd, unit_live=new_live)
+                w += recs.size
+            if w != n:
+                raise RuntimeError(f"shard {self.path} is inconsistent: the index holds {n} rows, the file {w}")
             os.fsync(new_fd)
         except BaseException:
-            self._fd = old_fd
             os.close(new_fd)
             tmp.unlink(missing_ok=True)
             raise
         os.replace(tmp, self.rows_file)
-        os.close(old_fd)
+        os.close(self._fd)
         self._fd = new_fd
-        self._map = SlotMap()
-        self._map.load(new_keys)
+        self._unit_live = new_live
+        # Renumber: slot i of the new file holds the i-th live row (read its key back).
+        self._map.merge()
+        self._map.reset_slots(n)
+        for slots, recs in self._scan_all():
+            self._map.reassign(recs["key"], slots, free_old=False)
         self._save(clean=True)
         return before - os.fstat(self._fd).st_size
+
+    def _scan_all(self, batch_rows: int = _BATCH_ROWS):
+        """Yield (slots, records) of every written slot below the high water mark, in order."""
+        rpu = self.rows_per_unit
+        hw = self._map.high_water
+        n_units = -(-hw // rpu)
+        step = max(1, batch_rows // rpu)
+        for u0 in range(0, n_units, step):
+            units = np.arange(u0, min(n_units, u0 + step))
+            buf, arr = self._alloc(units.size)
+            self._io(False, units, buf)
+            recs = arr.reshape(-1)[: min(hw, (u0 + units.size) * rpu) - u0 * rpu].copy()
+            del arr
+            yield np.arange(u0 * rpu, u0 * rpu + recs.size, dtype=np.int64), recs
 
     def reserve(self, n_rows: int) -> None:
         """Size the in-memory index for `n_rows` rows now (a bulk load then never regrows it)."""
@@ -546,6 +643,8 @@ class SsdStore(RowTier):
                 "rows": len(self),
                 "slots": self._map.high_water,
                 "free_slots": self._map.free_slots,
+                "index_bytes": self._map.nbytes,
+                "index_merges": self._map.merges,
                 "file_bytes": self.file_bytes if not self._closed else 0,
                 "direct_io": self.direct_io_active,
                 "rows_per_unit": self.rows_per_unit,
@@ -564,6 +663,9 @@ class SsdStore(RowTier):
         if self._pool is not None:
             self._pool.shutdown()
         self._closed = True
+        # Release the index now (~12.5 bytes per row), even if the object lives on.
+        self._map = CompactSlotMap()
+        self._unit_live = np.zeros(0, dtype=np.int32)
 
     def __enter__(self) -> SsdStore:
         return self

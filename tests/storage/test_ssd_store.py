@@ -137,7 +137,7 @@ def test_reopen_after_close_keeps_content(tmp_path) -> None:
     store.close()
     meta = json.loads((tmp_path / "s" / "meta.json").read_text())
     assert meta["clean"] is True and meta["rows"] == len(ref)
-    assert [p.name for p in (tmp_path / "s").glob("index-*.npy")] == [meta["index"]]
+    assert [p.name for p in (tmp_path / "s").glob("index-*")] == [meta["index"]]
     again = SsdStore(path, DIM, init_std=STD)
     assert len(again) == len(ref)
     got, want = all_rows(again, str(tmp_path / "a.parquet")), all_rows(ref, str(tmp_path / "b.parquet"))
@@ -197,8 +197,9 @@ def test_freed_slots_are_reused(tmp_path) -> None:
 def test_corrupt_index_is_detected(tmp_path) -> None:
     with SsdStore(str(tmp_path / "s"), DIM, init_std=STD) as store:
         store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
-        store._map.slot_keys[:2] = store._map.slot_keys[:2][::-1].copy()
-        store._map.load(store._map.slot_keys[: store._map.high_water])
+        slot_keys = store._map.slot_keys()
+        slot_keys[:2] = slot_keys[:2][::-1].copy()
+        store._map.load_slot_keys(slot_keys)
         with pytest.raises(RuntimeError, match="inconsistent"):
             store.lookup(keys_of(1))
 
