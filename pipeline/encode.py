@@ -19,9 +19,8 @@ extra list<int64> column `bag_j` holds every value's key (admitted, else the
 field's OOV key).  The trainer does not read `bag_j` yet.
 
 Sharing among R trainer ranks without a coordinator: the manifest lists
-`train_part_rows` / `eval_part_rows` ([{name, rows}] in order).  Rank r of R
-takes global rows [r*N//R, (r+1)*N//R) of the concatenation (`rank_share`),
-so shares are disjoint, cover every row and differ by at most one row.
+`train_part_rows` / `eval_part_rows` ([{name, rows}] in order), from which
+each rank computes its own contiguous block (`trainer.data.rank_share`).
 """
 
 from __future__ import annotations
@@ -83,25 +82,6 @@ def features_schema(schema: LogSchema) -> pa.Schema:
         + [(c, pa.int64()) for c in key_columns(schema)]
         + [(c, pa.list_(pa.int64())) for c in bag_columns(schema)]
     )
-
-
-def rank_share(part_rows: list[int], rank: int, world: int) -> list[tuple[int, int, int]]:
-    """The rows rank `rank` of `world` reads: (part index, start row, stop row) triples.
-
-    Global rows [rank*N//world, (rank+1)*N//world) of the parts taken in order,
-    N = sum(part_rows); shares are disjoint, cover all rows, and differ by at most 1.
-    """
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    total = int(sum(part_rows))
-    lo, hi = rank * total // world, (rank + 1) * total // world
-    out, start = [], 0
-    for i, n in enumerate(part_rows):
-        a, b = max(lo, start), min(hi, start + n)
-        if a < b:
-            out.append((i, a - start, b - start))
-        start += n
-    return out
 
 
 def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
-from pipeline.encode import encode_date, rank_share
+from pipeline.encode import encode_date
 from pipeline.ingest import IngestError, ingest_date, read_quarantine
 from pipeline.keys import feature_keys, missing_key
 from pipeline.parse import parse_chunk, parse_table
@@ -137,19 +137,6 @@ def test_a_quarantine_of_another_run_is_detected_and_the_date_is_redone(tmp_path
     assert info.value.kind == "inconsistent"
     assert not ingest_date(DATE, **kw).skipped and len(read_quarantine(str(tmp_path), DATE)) == 0
     assert ingest_date(DATE, **kw).skipped
-
-
-@pytest.mark.parametrize("world", [1, 3, 4, 7])
-def test_rank_shares_are_disjoint_balanced_and_complete(world):
-    parts = [5, 0, 13, 2, 9]
-    seen = []
-    for r in range(world):
-        share = rank_share(parts, r, world)
-        seen += [(i, k) for i, a, b in share for k in range(a, b)]
-        assert abs(sum(b - a for _, a, b in share) - sum(parts) / world) < 1
-    assert seen == [(i, k) for i, n in enumerate(parts) for k in range(n)]
-    with pytest.raises(ValueError, match="rank must be in"):
-        rank_share(parts, world, world)
 
 
 def test_vocab_report_is_written_per_date(tmp_path, raw_days, client):
