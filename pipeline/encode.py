@@ -47,8 +47,7 @@ from storage.fsio import (
     get_fs,
     join,
     read_manifest,
-    remove_stale_staging,
-    staging_dir,
+    staged,
     validate_date,
 )
 
@@ -204,9 +203,7 @@ def encode_date(
         rules = [("threshold", t, int(orders[k - 1]) if k else -1)] * len(paths)
 
     admitted = client.scatter(load_admitted(root, date, storage_options), broadcast=True)
-    remove_stale_staging(fs, final)
-    stage = staging_dir(fs, final)
-    try:
+    with staged(fs, final) as stage:
         for split in ("train", "eval"):
             fs.makedirs(join(stage, split), exist_ok=True)
         futures = [
@@ -242,10 +239,6 @@ def encode_date(
             "code_version": code_version(),
         }
         commit_dir(fs, stage, final, manifest)
-    except BaseException:
-        if fs.exists(stage):
-            fs.rm(stage, recursive=True)
-        raise
     return EncodeResult(date=date, rows_train=rows_train, rows_eval=rows_eval, skipped=False)
 
 

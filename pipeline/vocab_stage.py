@@ -36,9 +36,8 @@ from storage.fsio import (
     get_fs,
     join,
     read_manifest,
-    remove_stale_staging,
     shift_date,
-    staging_dir,
+    staged,
     validate_date,
 )
 
@@ -121,9 +120,7 @@ def build_vocab(
         multi_valued=multi,
     )
 
-    remove_stale_staging(fs, final)
-    stage = staging_dir(fs, final)
-    try:
+    with staged(fs, final) as stage:
         report = pd.DataFrame(stats).assign(date=date)
         for name, frame in (
             ("day_counts", day), ("vocab", update.vocab), ("evicted", update.evicted), ("report", report)
@@ -148,10 +145,6 @@ def build_vocab(
             "code_version": code_version(),
         }
         commit_dir(fs, stage, final, manifest)
-    except BaseException:
-        if fs.exists(stage):
-            fs.rm(stage, recursive=True)
-        raise
     return _result(manifest, skipped=False)
 
 

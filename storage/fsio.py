@@ -19,6 +19,8 @@ import os
 import re
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,23 @@ def staging_dir(fs: fsspec.AbstractFileSystem, final: str) -> str:
     path = f"{final.rstrip('/')}.staging-{uuid.uuid4().hex[:12]}"
     fs.makedirs(path, exist_ok=True)
     return path
+
+
+@contextmanager
+def staged(fs: fsspec.AbstractFileSystem, final: str) -> Iterator[str]:
+    """A fresh staging directory for `final`, removed again if the block raises.
+
+    Cleans up earlier crashed writers first (`remove_stale_staging`); the block
+    writes into the yielded path and ends with `commit_dir`.
+    """
+    remove_stale_staging(fs, final)
+    stage = staging_dir(fs, final)
+    try:
+        yield stage
+    except BaseException:
+        if fs.exists(stage):
+            fs.rm(stage, recursive=True)
+        raise
 
 
 def commit_dir(fs: fsspec.AbstractFileSystem, staging: str, final: str, manifest: dict[str, Any]) -> None:

@@ -114,24 +114,23 @@ class ModelRegistry:
         version = f"v{number:05d}"
         final = f"{self.base}/{version}"
         self.fs.makedirs(self.base, exist_ok=True)
-        fsio.remove_stale_staging(self.fs, final)
-        staging = fsio.staging_dir(self.fs, final)
-        for entry in cand_fs.find(cand_path):
-            rel = entry[len(cand_path) :].lstrip("/")
-            if rel == fsio.SUCCESS:
-                continue
-            target = f"{staging}/{rel}"
-            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-            with cand_fs.open(entry, "rb") as src, self.fs.open(target, "wb") as dst:
-                while chunk := src.read(8 << 20):
-                    dst.write(chunk)
-        created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        fsio.write_json(self.fs, f"{staging}/metrics.json", metrics)
-        fsio.write_json(self.fs, f"{staging}/lineage.json", lineage)
-        fsio.write_json(
-            self.fs, f"{staging}/status.json", {"status": status, "reason": reason, "created": created}
-        )
-        fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created})
+        with fsio.staged(self.fs, final) as staging:
+            for entry in cand_fs.find(cand_path):
+                rel = entry[len(cand_path) :].lstrip("/")
+                if rel == fsio.SUCCESS:
+                    continue
+                target = f"{staging}/{rel}"
+                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                with cand_fs.open(entry, "rb") as src, self.fs.open(target, "wb") as dst:
+                    while chunk := src.read(8 << 20):
+                        dst.write(chunk)
+            created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+            fsio.write_json(self.fs, f"{staging}/metrics.json", metrics)
+            fsio.write_json(self.fs, f"{staging}/lineage.json", lineage)
+            fsio.write_json(
+                self.fs, f"{staging}/status.json", {"status": status, "reason": reason, "created": created}
+            )
+            fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created})
         return version
 
     def publish(self, version: str) -> None:
