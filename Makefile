@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test install install-test bench clean
+.PHONY: demo test install install-test bench bench-peers clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ test: install-test
 
 bench: install-test
 	$(PY) -m bench
+
+# The peers the benchmarks compare against (never runtime dependencies).  TorchRec 1.8.0 is installed
+# without its dependencies: 1.9.0's fbgemm does not load with torch 2.13.
+bench-peers: install-test
+	$(PIP) install --quiet -e '.[bench]' 'fbgemm-gpu-cpu==1.8.0' tensordict 'torchmetrics==1.0.3' pyre-extensions
+	$(PIP) install --quiet --no-deps 'torchrec==1.8.0'
 
 clean:
 	rm -rf demo-data .pytest_cache

@@ -1,0 +1,43 @@
+"""Run every benchmark at a small size, one after another: `python -m bench` (or `make bench`).
+
+Each benchmark is also a command of its own with full-size defaults:
+
+    python -m bench.ingest  [--rows N ...] [--plain]     ingest vs pyarrow CSV->Parquet, worker memory
+    python -m bench.vocab   [--rows N] [--days 7]        vocabulary window, incremental vs from scratch
+    python -m bench.store   [--quick] [--parts ...]      key index, host gathers, SSD I/O, hit rates, 10^6..10^8 keys
+    python -m bench.train   [--rows N] [--procs ...]     examples/s vs a plain PyTorch loop and TorchRec
+    python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
+    python -m bench.quality [--quick]                    AUC/logloss vs sklearn LR and DeepCTR DeepFM; ceiling
+
+Results: a table on stdout and bench/results/<name>.json.  Peers (scikit-learn, DeepCTR-Torch,
+TorchRec) come from `make bench-peers`; a benchmark says so when one is missing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+QUICK = [
+    ["bench.ingest", "--rows", "200000", "--plain"],
+    ["bench.vocab", "--rows", "100000", "--days", "7"],
+    ["bench.store", "--quick"],
+    ["bench.train", "--rows", "20000"],
+    ["bench.comm", "--steps", "100", "--sizes-mb", "1,4"],
+    ["bench.quality", "--quick", "--seeds", "0"],
+]
+
+
+def main() -> int:
+    failed = []
+    for args in QUICK:
+        print(f"\n### python -m {' '.join(args)}", flush=True)
+        if subprocess.run([sys.executable, "-m", *args]).returncode != 0:
+            failed.append(args[0])
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
