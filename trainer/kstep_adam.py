@@ -135,16 +135,17 @@ class KStepAdam:
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], names: dict[nn.Parameter, str]) -> None:
-        """Inverse of `state_tensors` (a warm start continues the moments and the bias-correction step).
+        """Inverse of `state_tensors` (a warm start continues the moments and the bias-correction step);
+        a parameter without saved moments (new in this architecture) starts with zero moments.
 
         Raises:
-            KeyError: a parameter's moments are missing.
             ValueError: a moment's shape differs from its parameter's.
         """
         step = float(tensors["step"].reshape(-1)[0]) if "step" in tensors else 0.0
         for p in self.params:
             name = names[p]
-            m, v = tensors[f"{name}.exp_avg"], tensors[f"{name}.exp_avg_sq"]
+            zero = torch.zeros_like(p)  # a parameter the saved model did not have (trainer.model.NEW_PARAMETERS)
+            m, v = tensors.get(f"{name}.exp_avg", zero), tensors.get(f"{name}.exp_avg_sq", zero)
             if m.shape != p.shape or v.shape != p.shape:
                 raise ValueError(
                     f"optimizer state of {name} has shape {tuple(m.shape)}, parameter has {tuple(p.shape)}"

@@ -51,11 +51,13 @@ def lr_at(
 def set_step_lrs(opt: Any, sparse: Any, cfg: TrainerConfig, *, step: int, total_steps: int) -> None:
     """Set the dense (KStepAdam) and sparse (ShardedEmbedding) learning rates of `step` from `cfg`.
 
-    Does nothing when the config asks for neither warm-up nor decay, so the default run is unchanged.
+    The warm-up lasts `trainer.warmup_steps`, but at most a tenth of `total_steps`.  Does nothing when
+    the config asks for neither warm-up nor decay.
     """
     if not cfg.warmup_steps and cfg.lr_decay == "none":
         return
-    kw = {"total_steps": total_steps, "warmup_steps": cfg.warmup_steps, "decay": cfg.lr_decay, "min_ratio": cfg.min_lr_ratio}
+    warmup = min(cfg.warmup_steps, total_steps // 10)  # a short run (a small day) is not all warm-up
+    kw = {"total_steps": total_steps, "warmup_steps": warmup, "decay": cfg.lr_decay, "min_ratio": cfg.min_lr_ratio}
     lr = lr_at(step, base_lr=cfg.lr, **kw)
     for group in opt.adam.param_groups:
         group["lr"] = lr

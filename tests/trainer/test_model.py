@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.model import CTRModel, InteractionArch, OverArch, SequenceAttention
+from trainer.model import BIAS_SCALE, CTRModel, InteractionArch, OverArch, SequenceAttention
 
 
 def test_sequence_attention_shape_and_seeded_values() -> None:
@@ -56,7 +56,7 @@ def test_interaction_and_over_arch() -> None:
 
 def test_ctr_model_shapes_and_seeded_values() -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4), wide=False), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4), wide=False, dense_buckets=0), num_dense=3, num_fields=4, dim=4)
     torch.manual_seed(1)
     dense, emb = torch.rand(2, 3), torch.randn(2, 4, 4)
     logits = model(dense, emb)
@@ -68,7 +68,7 @@ def test_ctr_model_shapes_and_seeded_values() -> None:
     assert emb.grad is not None and emb.grad.abs().sum() > 0
     # embeddings are not parameters of the model
     n = sum(p.numel() for p in model.parameters())
-    assert n == (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4) + (4 + 4) + (19 * 8 + 8) + (8 * 4 + 4) + (4 + 1)
+    assert n == (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4) + (4 + 4) + (19 * 8 + 8) + (8 * 4 + 4) + (4 + 1) + 1  # + bias
 
 
 def test_ctr_model_rejects_wrong_shapes() -> None:
@@ -78,3 +78,20 @@ def test_ctr_model_rejects_wrong_shapes() -> None:
     assert CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=0, num_fields=1, dim=2)(
         torch.zeros(3, 0), torch.randn(3, 1, 2)
     ).shape == (3,)
+
+
+@pytest.mark.parametrize("arch", ["attention", "lr", "dnn"])
+def test_scaled_bias_shifts_the_logit_and_old_checkpoints_load(arch: str) -> None:
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(arch=arch, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2).eval()
+    dense, emb = torch.rand(4, 2), torch.randn(4, 3, 2)
+    before = model(dense, emb)
+    with torch.no_grad():
+        model.bias.fill_(0.1)
+    torch.testing.assert_close(model(dense, emb), before + BIAS_SCALE * 0.1)
+    # a state dict written before `bias` existed loads strictly, as b = 0 (the function it had)
+    old = {k: v for k, v in model.state_dict().items() if k != "bias"}
+    model.load_state_dict(old, strict=True)
+    assert model.bias.item() == 0.0
+    torch.testing.assert_close(model(dense, emb), before)
+

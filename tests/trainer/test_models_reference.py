@@ -42,7 +42,7 @@ def test_cross_net_v2_formula() -> None:
 
 
 def test_lr_arch_is_logistic_regression_on_first_dim() -> None:
-    arch = LRArch(ModelConfig(arch="lr"), num_dense=2, num_fields=3, dim=4)
+    arch = LRArch(ModelConfig(arch="lr", dense_buckets=0), num_dense=2, num_fields=3, dim=4)
     with torch.no_grad():
         arch.linear.weight.copy_(torch.tensor([[1.0, -2.0]]))
         arch.linear.bias.fill_(0.5)
@@ -71,7 +71,7 @@ def test_reference_arch_shapes_and_gradients(cls: type, buckets: int) -> None:
 
 def test_deepfm_decomposes_into_first_order_fm_and_deep() -> None:
     torch.manual_seed(0)
-    arch = DeepFMArch(ModelConfig(arch="deepfm", mlp_dims=(4,)), num_dense=1, num_fields=3, dim=3)
+    arch = DeepFMArch(ModelConfig(arch="deepfm", mlp_dims=(4,), dense_buckets=0), num_dense=1, num_fields=3, dim=3)
     dense, emb = torch.rand(2, 1), torch.randn(2, 3, 3)
     v = emb[:, :, 1:]
     want = (arch.linear(dense).squeeze(-1) + emb[:, :, 0].sum(1) + FactorizationMachine()(v)
@@ -96,11 +96,14 @@ def test_ctr_model_dispatches_every_arch_with_seeded_values(arch: str) -> None:
 
 def test_attention_wide_term_adds_first_dims() -> None:
     torch.manual_seed(0)
-    cfg = ModelConfig(num_heads=1, mlp_dims=(4,))
+    cfg = ModelConfig(num_heads=1, mlp_dims=(4,), dense_buckets=0)
     model = CTRModel(cfg, num_dense=1, num_fields=2, dim=2).eval()
     dense, emb = torch.rand(3, 1), torch.randn(3, 2, 2)
     deep = model.over(model.interaction(dense, model.attention(emb)))
     torch.testing.assert_close(model(dense, emb), deep + model.wide(dense).squeeze(-1) + emb[:, :, 0].sum(1))
+    scaled = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,), wide_scale=0.5, dense_buckets=0), num_dense=1, num_fields=2, dim=2).eval()
+    scaled.load_state_dict(model.state_dict())
+    torch.testing.assert_close(scaled(dense, emb), deep + model.wide(dense).squeeze(-1) + 0.5 * emb[:, :, 0].sum(1))
 
 
 def test_model_config_validation() -> None:
@@ -108,3 +111,5 @@ def test_model_config_validation() -> None:
         ModelConfig(arch="xgboost")
     with pytest.raises(ValueError, match="dense_buckets"):
         ModelConfig(dense_buckets=2)
+    with pytest.raises(ValueError, match="wide_scale"):
+        ModelConfig(wide_scale=0.0)

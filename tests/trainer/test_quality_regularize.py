@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from types import SimpleNamespace
 
@@ -42,12 +44,15 @@ def test_set_step_lrs_sets_dense_and_sparse() -> None:
     opt = SimpleNamespace(adam=SimpleNamespace(param_groups=[{"lr": 0.0}]))
     sparse = SimpleNamespace(lr=0.0)
     cfg = TrainerConfig(lr=1e-3, sparse_lr=1e-2, warmup_steps=2, lr_decay="linear", min_lr_ratio=0.0)
-    set_step_lrs(opt, sparse, cfg, step=1, total_steps=4)
+    set_step_lrs(opt, sparse, cfg, step=1, total_steps=22)
     assert opt.adam.param_groups[0]["lr"] == pytest.approx(5e-4) and sparse.lr == pytest.approx(5e-3)
-    set_step_lrs(opt, sparse, cfg, step=3, total_steps=4)
+    set_step_lrs(opt, sparse, cfg, step=12, total_steps=22)
     assert opt.adam.param_groups[0]["lr"] == pytest.approx(5e-4) and sparse.lr == pytest.approx(5e-3)
+    # the warm-up is capped at a tenth of the run: 100 steps asked, 2 of 22 done
+    set_step_lrs(opt, sparse, dataclasses.replace(cfg, warmup_steps=100), step=1, total_steps=22)
+    assert sparse.lr == pytest.approx(5e-3)
     untouched = SimpleNamespace(lr=0.123)
-    set_step_lrs(opt, untouched, TrainerConfig(), step=1, total_steps=4)  # defaults: no schedule
+    set_step_lrs(opt, untouched, TrainerConfig(warmup_steps=0, lr_decay="none"), step=1, total_steps=4)
     assert untouched.lr == 0.123
 
 

@@ -1,0 +1,28 @@
+"""bench.quality trains the default model with the project's defaults on day-sized data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.quality import BENCH_TRAINER, SMALL_ROWS, SMALL_SAMPLE, recipe
+from pipeline.config import VocabConfig
+from storage.config import StoreConfig
+from trainer.config import ModelConfig, TrainerConfig
+
+
+def test_day_sized_recipe_is_the_project_defaults() -> None:
+    rec = recipe("attention", SMALL_ROWS)
+    assert rec.model == ModelConfig() and rec.store == StoreConfig()
+    assert rec.trainer == dataclasses.replace(TrainerConfig(), **BENCH_TRAINER)
+    assert rec.min_count == VocabConfig().min_count
+    assert recipe("dnn", 10**6).model == ModelConfig(arch="dnn", mlp_dims=(400, 400, 400))
+
+
+def test_small_sample_recipe_and_overrides() -> None:
+    rec = recipe("attention", 8_000, epochs=2)
+    assert rec.trainer.epochs == 2 and rec.model.dropout == SMALL_SAMPLE["dropout"]
+    assert rec.trainer.embedding_l2 == SMALL_SAMPLE["embedding_l2"] and rec.min_count == SMALL_SAMPLE["min_count"]
+    with pytest.raises(ValueError, match="unknown recipe override"):
+        recipe("attention", 8_000, nonsense=1)
