@@ -127,6 +127,14 @@ def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> 
 
     plan = warm_plan(cfg, date)
     latest = plan["published_version"]
+    init_from, warm_start = None, "cold: no published model"
+    if latest:
+        ok_dense, ok_sparse, why = warm_start_compatible(registry(cfg).read_json(latest, "model.json"), cfg)
+        init_from = latest if ok_dense else None
+        warm_start = f"from {latest}" if ok_dense else f"cold dense ({why})"
+        if not ok_sparse:  # rows of another width cannot be restored: the table starts empty
+            plan = {**plan, "snapshot_url": None, "snapshot_tag": None}
+            warm_start += "; cold sparse (store.embedding_dim changed)"
     digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
     run_tag = f"{date}:{latest or 'none'}:{digest}"
     work_dir = Path(local_dir(cfg)) / "runs" / date
@@ -134,7 +142,7 @@ def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> 
     result = run_training(
         features_url=feature_dir(cfg, date),
         output_url=fsio.join(run_dir(cfg, date), "model"),
-        init_model_url=registry(cfg).url(latest) if latest else None,
+        init_model_url=registry(cfg).url(init_from) if init_from else None,
         local_dir=local_dir(cfg),
         model_name=cfg.model_name,
         store=cfg.store,
@@ -149,7 +157,27 @@ def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> 
     )
     out = asdict(result) if hasattr(result, "__dataclass_fields__") else dict(result)
     out["parent_version"] = latest
+    out["warm_start"] = warm_start
     return out
+
+
+def warm_start_compatible(meta: dict[str, Any], cfg: RunConfig) -> tuple[bool, bool, str]:
+    """Can today's config start from the published model?  (dense ok, sparse ok, why not).
+
+    A config change that reshapes the network (another arch, MLP widths, dense
+    buckets, ...) or the rows (embedding_dim) must not fail every daily run until
+    someone intervenes: the affected part starts cold, and the record says so.
+    Dropout reshapes nothing and is ignored.
+    """
+    ours = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg.model).items() if k != "dropout"}
+    theirs = {k: v for k, v in (meta.get("model_config") or {}).items() if k != "dropout"}
+    sparse_ok = meta.get("dim") == cfg.store.embedding_dim
+    changed = [f"model.{k}" for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    if not sparse_ok:
+        changed.append("store.embedding_dim")
+    if changed:
+        return False, sparse_ok, "architecture changed: " + ", ".join(changed)
+    return True, True, ""
 
 
 # ---- evaluate -------------------------------------------------------------------------------

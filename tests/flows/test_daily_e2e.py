@@ -100,6 +100,10 @@ def test_day_two_warm_starts_from_day_one(three_days):
     assert reg.read_json("v00001", "lineage.json")["parent_version"] is None
     assert reg.read_json("v00002", "lineage.json")["parent_version"] == "v00001"
     assert reg.read_json("v00003", "lineage.json")["parent_version"] == "v00002"
+    assert read_record(cfg, DAYS[1])["train"]["warm_start"] == "from v00001"
+    assert read_record(cfg, DAYS[0])["train"]["warm_start"] == "cold: no published model"
+    init = json.loads((root / "runs" / f"date={DAYS[1]}" / "model" / "model.json").read_text())["init_model_url"]
+    assert init.rstrip("/").endswith("models/ctr/v00001")
     # the day-2 table still holds rows trained on day 1 only: the sparse state was carried over
     keys1 = set(pq.read_table(root / "models/ctr/v00001/sparse").column("key").to_pylist())
     keys2 = set(pq.read_table(root / "models/ctr/v00002/sparse").column("key").to_pylist())
