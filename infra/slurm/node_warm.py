@@ -6,10 +6,11 @@ infra/k8s/train-job.yaml do)::
     python infra/slurm/node_warm.py --spec URL_OR_PATH --out /local/spec.json \\
         --nnodes N --my-addr THIS_NODE_ADDR --all-addrs ADDR0,ADDR1,...
 
-Why this exists.  The flow's warm stage (`flows.stages.warm_stage`) warms only
-the ranks `trainer.node_rank * nproc_per_node ...` of the node the flow runs on,
-and the flow's train stage writes its spec into that node's local work dir.  A
-node that joins a multi-node job needs the same spec and its own shards warmed.
+Why this exists.  The flow's warm stage warms only the shards of the node the
+flow runs on; the flow's train stage writes the spec to
+`<root>/runs/date=D/train-spec.json`.  A node that joins a multi-node job needs
+a local copy of that spec, and its shards warm before its ranks start (each
+rank would otherwise warm its own shard at start-up: `trainer.warmup`).
 
 Which ranks a node gets.  With `--rdzv_backend c10d`, torchrun ignores
 `--node_rank` (it warns) and numbers the nodes in the sorted order of their
@@ -47,14 +48,6 @@ def group_rank(my_addr: str, all_addrs: list[str]) -> int:
 def node_ranks(node: int, nproc_per_node: int) -> list[int]:
     """Global ranks torchrun gives the processes of group rank `node` (contiguous per node)."""
     return list(range(node * nproc_per_node, (node + 1) * nproc_per_node))
-
-
-def root_and_date(features_url: str, vocab_date: str | None) -> tuple[str, str]:
-    """`<root>/features/date=D` -> (root, D); the vocabulary date defaults to D."""
-    head, sep, date = features_url.rstrip("/").rpartition("/features/date=")
-    if not sep or not head:
-        raise ValueError(f"spec.features_url {features_url!r} is not of the form <root>/features/date=YYYY-MM-DD")
-    return head, vocab_date or date
 
 
 def fetch_spec(spec_url: str, out: str) -> dict:
@@ -107,35 +100,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def warm(spec, ranks: list[int]) -> dict:
-    """The flow's warm stage for `ranks`, driven by the spec instead of the run config."""
-    from pipeline.vocab_stage import load_evicted
-    from storage import fsio
-    from storage.warm import warm_shards
-    from trainer import checkpoint
+    """Warm this node's shards before torchrun starts, exactly as its ranks would (`trainer.warmup`).
 
-    root, date = root_and_date(spec.features_url, spec.vocab_date)
-    so = spec.storage_options
-    snapshot_url = tag = None
-    if spec.init_model_url:
-        snapshot_url = fsio.join(spec.init_model_url, "sparse")
-        tag = checkpoint.read_model_json(spec.init_model_url, so).get("run_tag")
-    import pyarrow.parquet as pq
+    The plan (published snapshot, evictions, working set, token) comes with the
+    spec; shards already warm for it are left alone, and the ranks then find
+    their tokens and skip the work.
+    """
+    from trainer.warmup import ensure_warm
 
-    fs, path = fsio.get_fs(fsio.join(spec.features_url, "key_counts.parquet"), so)
-    with fs.open(path, "rb") as f:
-        working_set = pq.read_table(f, columns=["key"]).column("key").to_numpy()
-    return warm_shards(
-        local_dir=spec.local_dir,
-        model_name=spec.model_name,
-        world_size=spec.trainer.nnodes * spec.trainer.nproc_per_node,
-        ranks=ranks,
-        store=spec.store,
-        snapshot_url=snapshot_url,
-        snapshot_tag=tag,
-        evict_keys=load_evicted(root, date, storage_options=so),
-        working_set=working_set,
-        storage_options=so,
-    )
+    world = spec.trainer.nnodes * spec.trainer.nproc_per_node
+    return {
+        str(rank): ensure_warm(spec.warm, local_dir=spec.local_dir, model_name=spec.model_name, rank=rank,
+                               world_size=world, store=spec.store, storage_options=spec.storage_options)
+        for rank in ranks
+    }
 
 
 if __name__ == "__main__":

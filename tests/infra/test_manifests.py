@@ -640,14 +640,6 @@ def test_installed_torch_orders_c10d_nodes_by_address() -> None:
     assert '"--local_addr"' in run or '"--local-addr"' in run
 
 
-def test_node_warm_root_and_date() -> None:
-    nw = _node_warm()
-    assert nw.root_and_date("s3://b/ctr/features/date=2026-01-05", None) == ("s3://b/ctr", "2026-01-05")
-    assert nw.root_and_date("/data/features/date=2026-01-05/", "2026-01-04") == ("/data", "2026-01-04")
-    with pytest.raises(ValueError):
-        nw.root_and_date("s3://b/ctr/other", None)
-
-
 def _spec_dict(tmp_path: Path, nnodes: int, nproc: int) -> dict:
     from storage.config import StoreConfig
     from trainer.config import ModelConfig, TrainerConfig
