@@ -33,6 +33,7 @@ from flows.locks import model_slot
 from flows.recipes import default
 from storage import fsio
 from storage.fsio import code_version
+from trainer.progress import Bar
 
 
 class BackfillError(RuntimeError):
@@ -204,27 +205,30 @@ def backfill(
     if ingest_ahead > 0 and not force and len(pending) > 1:
         ahead, close_ahead = _ingest_ahead(cfg, pending[1:], ingest_ahead)
     try:
-        for i, date in enumerate(dates):
-            if date not in pending:
-                report["skipped"].append(date)
-                continue
-            if date in ahead:
-                ahead[date].result()
-            state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
-            record = stages.read_record(cfg, date) or {}
-            if record.get("status") == "refused":
-                report["refused"].append(date)
-            elif state.is_completed():
-                report["completed"].append(date)
-            else:
-                report["not_run"] = dates[i + 1 :]
-                raise BackfillError(
-                    f"backfill {start}..{end} stopped at {date}: {record.get('reason') or state.message}. "
-                    f"Completed: {report['completed'] or 'none'}; skipped (already done): "
-                    f"{report['skipped'] or 'none'}; refused: {report['refused'] or 'none'}; "
-                    f"not run: {report['not_run'] or 'none'}. Fix the cause and rerun the same backfill to resume."
-                )
-            log.info("backfill: %s %s", date, record.get("status"))
+        with Bar("backfill dates (skipped and run)", total=len(dates)) as bar:
+            for i, date in enumerate(dates):
+                bar.update(i)
+                if date not in pending:
+                    report["skipped"].append(date)
+                    continue
+                if date in ahead:
+                    ahead[date].result()
+                state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
+                record = stages.read_record(cfg, date) or {}
+                if record.get("status") == "refused":
+                    report["refused"].append(date)
+                elif state.is_completed():
+                    report["completed"].append(date)
+                else:
+                    report["not_run"] = dates[i + 1 :]
+                    raise BackfillError(
+                        f"backfill {start}..{end} stopped at {date}: {record.get('reason') or state.message}. "
+                        f"Completed: {report['completed'] or 'none'}; skipped (already done): "
+                        f"{report['skipped'] or 'none'}; refused: {report['refused'] or 'none'}; "
+                        f"not run: {report['not_run'] or 'none'}. Fix the cause and rerun the same backfill to resume."
+                    )
+                log.info("backfill: %s %s", date, record.get("status"))
+            bar.update(len(dates))
     finally:
         if close_ahead is not None:
             close_ahead()

@@ -38,12 +38,14 @@ from storage import fsio
 from storage.config import StoreConfig
 from trainer import checkpoint
 from trainer.config import ModelConfig, TrainerConfig
+from trainer.progress import Bar
 from trainer.spec import TrainSpec
 
 log = logging.getLogger(__name__)
 
 _REPO = Path(__file__).resolve().parents[1]
 _TAIL_LINES = 80
+_STEP = re.compile(r"\bstep (\d+)/(\d+)\b")  # rank 0's progress lines (trainer.train)
 
 
 class TrainingError(RuntimeError):
@@ -133,12 +135,15 @@ def _run_streaming(
 
     def pump() -> None:
         assert proc.stdout is not None  # stdout=PIPE
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            log.info("%s", line)
-            if nccl is not None and len(nccl) < _NCCL_KEEP and _NCCL_TRANSPORT.search(line):
-                nccl.append(line)
+        with Bar("training steps") as bar:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                log.info("%s", line)
+                if nccl is not None and len(nccl) < _NCCL_KEEP and _NCCL_TRANSPORT.search(line):
+                    nccl.append(line)
+                if bar.enabled and (m := _STEP.search(line)):
+                    bar.update(int(m.group(1)), total=int(m.group(2)))
 
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
