@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow.parquet as pq
 
 from flows.config import RunConfig
 from storage import fsio
@@ -81,10 +79,9 @@ def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
     With several nodes the ranks warm their own shards (torchrun decides which
     node holds which rank), so the stage only records the plan.
     """
-    from pipeline.vocab_stage import load_evicted
     from storage.tiered import shard_dir_for
     from storage.warm import warm_shards
-    from trainer.warmup import mark_warm
+    from trainer.warmup import mark_warm, read_keys
 
     plan = warm_plan(cfg, date)
     if cfg.trainer.nnodes > 1:
@@ -98,8 +95,8 @@ def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
         store=cfg.store,
         snapshot_url=plan["snapshot_url"],
         snapshot_tag=plan["snapshot_tag"],
-        evict_keys=load_evicted(cfg.root, date, storage_options=cfg.storage_options),
-        working_set=_working_set(cfg, date),
+        evict_keys=read_keys(plan["evict_url"], cfg.storage_options),
+        working_set=read_keys(plan["working_set_url"], cfg.storage_options),
         storage_options=cfg.storage_options,
     )
     for rank in range(world):
@@ -107,12 +104,6 @@ def warm_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
     report["published_version"] = plan["published_version"]
     report["warmed_by"] = "flow"
     return report
-
-
-def _working_set(cfg: RunConfig, date: str) -> np.ndarray:
-    fs, path = fsio.get_fs(fsio.join(feature_dir(cfg, date), "key_counts.parquet"), cfg.storage_options)
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f, columns=["key"]).column("key").to_numpy()
 
 
 # ---- train ----------------------------------------------------------------------------------
