@@ -8,16 +8,15 @@ and library versions, so a report can be reproduced.
 from __future__ import annotations
 
 import json
-import resource
-from collections.abc import Iterator
-from contextlib import contextmanager
 import os
 import platform
+import resource
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 

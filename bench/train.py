@@ -141,7 +141,11 @@ def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: flo
 
 def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int) -> dict[str, Any] | str:
     try:
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+        from torchrec import (
+            EmbeddingBagCollection,
+            EmbeddingBagConfig,
+            KeyedJaggedTensor,
+        )
     except Exception as exc:  # not installed, or its fbgemm does not load
         return f"skipped: torchrec not importable ({type(exc).__name__}: {exc}); install the `bench` extra"
     labels, dense, keys = _load_arrays(features)

@@ -31,13 +31,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench._common import WorkerMemory, mib, print_table, proc_memory, reset_peak_rss, write_json
+from bench._common import (
+    WorkerMemory,
+    mib,
+    print_table,
+    proc_memory,
+    reset_peak_rss,
+    write_json,
+)
 from pipeline.cluster import dask_client, local_worker_count
 from pipeline.config import DaskConfig, VocabConfig
 from pipeline.schema import CRITEO
 from pipeline.vocab import merge_counts
 from pipeline.vocab_stage import _count_part, build_vocab
-from storage.fsio import date_range, get_fs, write_json as write_manifest
+from storage.fsio import date_range, get_fs
+from storage.fsio import write_json as write_manifest
 
 PART_ROWS = 250_000
 

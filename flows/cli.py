@@ -159,8 +159,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.config import with_overrides
-    from flows.config import load_config
+    from flows.config import load_config, with_overrides
     from flows.recipes import demo
     from pipeline.generate import generate_days
     from storage.fsio import date_range, shift_date
@@ -229,7 +228,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if "PREFECT_API_URL" not in os.environ:
         raise ValueError("set PREFECT_API_URL to the Prefect server to deploy to (e.g. http://127.0.0.1:4200/api)")
     from flows.deploy import REPO, deploy_all, ensure_process_pool
-
     from flows.stages import redacted
 
     if args.pool == "ctr-process":

@@ -17,7 +17,13 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import DaskConfig, EncodeConfig, IngestConfig, InputConfig, VocabConfig
+from pipeline.config import (
+    DaskConfig,
+    EncodeConfig,
+    IngestConfig,
+    InputConfig,
+    VocabConfig,
+)
 from storage.config import StoreConfig
 from trainer.config import ModelConfig, PublishConfig, TrainerConfig
 

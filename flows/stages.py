@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-
 from flows.config import RunConfig
 from storage import fsio
 from storage.registry import ModelRegistry

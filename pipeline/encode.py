@@ -41,9 +41,8 @@ from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab_stage import load_admitted
 from storage.fsio import (
-    commit_dir,
     code_version,
-
+    commit_dir,
     get_fs,
     join,
     read_manifest,

@@ -51,9 +51,8 @@ from pipeline.config import IngestConfig, InputConfig
 from pipeline.parse import QUARANTINE_SCHEMA, parse_table, reason_category
 from pipeline.schema import LogSchema, get_schema
 from storage.fsio import (
-    commit_dir,
     code_version,
-
+    commit_dir,
     get_fs,
     join,
     read_manifest,

@@ -28,11 +28,17 @@ from distributed import Client
 
 from pipeline.config import VocabConfig
 from pipeline.schema import LogSchema, get_schema
-from pipeline.vocab import count_keys, field_stats, merge_counts, report_markdown, update_vocab, window_counts
+from pipeline.vocab import (
+    count_keys,
+    field_stats,
+    merge_counts,
+    report_markdown,
+    update_vocab,
+    window_counts,
+)
 from storage.fsio import (
-    commit_dir,
     code_version,
-
+    commit_dir,
     get_fs,
     join,
     read_manifest,

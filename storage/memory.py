@@ -18,12 +18,8 @@ from storage.rows import (
     RowBuffer,
     Rows,
     RowTier,
-    check_grads,
     check_keys,
-    check_lr,
     row_bytes,
-    sparse_adam,
-    sum_duplicates,
 )
 from storage.snapshot import SnapshotWriter, iter_snapshot, snapshot_dim
 
@@ -107,23 +103,6 @@ class MemoryStore(RowTier):
         self._counters["misses"] += k.size - nf
         self._counters["bytes_read"] += nf * 4 * self.dim
         return out
-
-    def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        k = check_keys(keys)
-        check_grads(grads, k.size, self.dim)
-        check_lr(lr, weight_decay)
-        if k.size == 0:
-            return
-        uniq, g = sum_duplicates(k, grads.to(self.device))
-        found, rows = self.read_rows(uniq)
-        self.write_rows(uniq, sparse_adam(rows, g, lr=lr, weight_decay=weight_decay))
-
-    def warm(self, keys: torch.Tensor) -> None:
-        """Materialise the rows of `keys` (unseen keys get their initial rows); values do not change."""
-        k = np.unique(check_keys(keys))
-        missing = k[~self.contains(k)]
-        if missing.size:
-            self.write_rows(missing, Rows.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))

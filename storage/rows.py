@@ -265,6 +265,7 @@ class RowTier(EmbeddingStore):
     """
 
     device: torch.device
+    init_std: float
 
     @abc.abstractmethod
     def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
@@ -280,3 +281,23 @@ class RowTier(EmbeddingStore):
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """Bool mask: which of `keys` this store (any level) holds."""
         raise NotImplementedError
+
+    # A tier that can read and write full rows gets update and warm from them.
+    def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
+        k = check_keys(keys)
+        check_grads(grads, k.size, self.dim)
+        check_lr(lr, weight_decay)
+        if k.size == 0:
+            return
+        uniq, g = sum_duplicates(k, grads.detach().to(self.device))
+        _, rows = self.read_rows(uniq)
+        self.write_rows(uniq, sparse_adam(rows, g, lr=lr, weight_decay=weight_decay))
+
+    def warm(self, keys: torch.Tensor) -> None:
+        """Write the initial rows of the keys not held yet (values of held rows do not change)."""
+        from storage.init import init_rows
+
+        k = np.unique(check_keys(keys))
+        missing = k[~self.contains(k)]
+        if missing.size:
+            self.write_rows(missing, Rows.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))

@@ -51,17 +51,13 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.fsio import is_local, local_path, write_text_atomic
 from storage.compact_index import CompactSlotMap
+from storage.fsio import is_local, local_path, write_text_atomic
 from storage.init import init_rows
 from storage.rows import (
     Rows,
     RowTier,
-    check_grads,
     check_keys,
-    check_lr,
-    sparse_adam,
-    sum_duplicates,
 )
 from storage.snapshot import SnapshotWriter, iter_snapshot, snapshot_dim
 
@@ -449,23 +445,6 @@ class SsdStore(RowTier):
         uniq, inverse = np.unique(k, return_inverse=True)
         _, rows = self.read_rows(uniq)
         return rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1)))
-
-    def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        k = check_keys(keys)
-        check_grads(grads, k.size, self.dim)
-        check_lr(lr, weight_decay)
-        if k.size == 0:
-            return
-        uniq, g = sum_duplicates(k, grads.detach().cpu())
-        _, rows = self.read_rows(uniq)
-        self.write_rows(uniq, sparse_adam(rows, g, lr=lr, weight_decay=weight_decay))
-
-    def warm(self, keys: torch.Tensor) -> None:
-        """Write the initial rows of the keys the shard does not hold yet (values do not change)."""
-        k = np.unique(check_keys(keys))
-        missing = k[~self.contains(k)]
-        if missing.size:
-            self.write_rows(missing, Rows.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))

@@ -21,7 +21,13 @@ import torch.distributed as dist
 from storage.base import EmbeddingStore, owner_of
 from trainer.config import TrainerConfig
 from trainer.staleness import StaleRowCache
-from trainer.topology import RankPlace, TwoPhaseGroups, detect_socket, emulated_places, two_phase_groups
+from trainer.topology import (
+    RankPlace,
+    TwoPhaseGroups,
+    detect_socket,
+    emulated_places,
+    two_phase_groups,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from storage.base import EmbeddingStore
 from storage import fsio
+from storage.base import EmbeddingStore
 from trainer import checkpoint
 from trainer.comm import DistContext, ShardedEmbedding, broadcast_tensors
 from trainer.data import Batch, Prefetcher, RankReader, read_schema, split_dir

@@ -7,7 +7,13 @@ import pandas as pd
 import pytest
 
 from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
-from pipeline.encode import encode_date, encode_frame, eval_size, positional_split, ts_threshold
+from pipeline.encode import (
+    encode_date,
+    encode_frame,
+    eval_size,
+    positional_split,
+    ts_threshold,
+)
 from pipeline.ingest import ingest_date
 from pipeline.keys import feature_keys, missing_key, oov_key
 from pipeline.parse import parse_chunk

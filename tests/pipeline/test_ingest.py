@@ -12,7 +12,6 @@ from pipeline.config import DaskConfig, IngestConfig, InputConfig
 from pipeline.ingest import IngestError, ingest_date
 from storage.fsio import SUCCESS
 
-
 SMALL_PARTS = IngestConfig(rows_per_partition=1500)
 DAYS = ("2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04")  # the `raw_days` fixture's days
 ROWS_PER_DAY = 4000

@@ -5,11 +5,18 @@ import pandas as pd
 import pytest
 import xxhash
 
-from pipeline.keys import HASH_MASK, factorize_keys, feature_keys, field_of, missing_key, oov_key
+from pipeline.keys import (
+    HASH_MASK,
+    factorize_keys,
+    feature_keys,
+    field_of,
+    missing_key,
+    oov_key,
+)
 
 
 def test_a_key_is_the_field_in_the_top_bits_and_the_masked_xxhash64_below():
-    expected = 3 << 56 | (xxhash.xxh64_intdigest("68fd1e64".encode()) & HASH_MASK)
+    expected = 3 << 56 | (xxhash.xxh64_intdigest(b"68fd1e64") & HASH_MASK)
     assert feature_keys(3, ["68fd1e64"]).tolist() == [expected]
 
 

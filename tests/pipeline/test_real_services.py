@@ -11,7 +11,13 @@ import pytest
 from distributed import Client
 
 from pipeline.cluster import dask_client
-from pipeline.config import DaskConfig, EncodeConfig, IngestConfig, InputConfig, VocabConfig
+from pipeline.config import (
+    DaskConfig,
+    EncodeConfig,
+    IngestConfig,
+    InputConfig,
+    VocabConfig,
+)
 from pipeline.encode import encode_date
 from pipeline.generate import generate_days
 from pipeline.ingest import ingest_date, read_quarantine

@@ -10,7 +10,13 @@ import torch
 
 from storage import snapshot as snap
 from storage.base import owner_of
-from storage.snapshot import SnapshotWriter, iter_snapshot, read_snapshot, snapshot_schema, write_snapshot
+from storage.snapshot import (
+    SnapshotWriter,
+    iter_snapshot,
+    read_snapshot,
+    snapshot_schema,
+    write_snapshot,
+)
 
 
 def _rows(n: int, dim: int, seed: int = 0, offset: int = 0):

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.model import BIAS_SCALE, CTRModel, InteractionArch, OverArch, SequenceAttention
+from trainer.model import (
+    BIAS_SCALE,
+    CTRModel,
+    InteractionArch,
+    OverArch,
+    SequenceAttention,
+)
 
 
 def test_sequence_attention_shape_and_seeded_values() -> None:
