@@ -144,27 +144,7 @@ def mib(n: float) -> float:
     return n / 2**20
 
 
-# ---- result reports (print a table, write JSON with the machine) ----
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on (goes into every JSON result)."""
-    import torch
-
-    mem_kb = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem_kb = int(f.readline().split()[1])
-    except OSError:
-        pass
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(mem_kb / 2**20, 1),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.is_available(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+# ---- result reports (print a table, write JSON with the environment) ----
 
 
 def peak_rss_mb() -> float:
@@ -191,35 +171,13 @@ def timer() -> Iterator[dict[str, float]]:
         out["s"] = time.perf_counter() - t0
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A plain-text table of result rows (floats shown with 4 significant digits)."""
-    if not rows:
-        return "(no rows)"
-    cols = list(columns or rows[0].keys())
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
-
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
 def report(name: str, rows: Sequence[dict[str, Any]], *, params: dict[str, Any], notes: str = "",
-           columns: Sequence[str] | None = None, out: str | Path | None = None) -> Path:
-    """Print the table and write `bench/results/<name>.json` (or `out`) with params and machine."""
+           columns: Sequence[str] | None = None) -> Path:
+    """Print the table (and notes) and write `bench/results/<name>.json` with params and the environment."""
     print(f"\n== {name} ==")
-    print(table(rows, columns))
+    print_table(rows, columns)
     if notes:
         print(notes)
-    path = Path(out) if out else RESULTS / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": name, "params": params, "machine": machine(), "rows": list(rows),
-                                "notes": notes}, indent=2, default=str))
+    path = write_json(name, {"benchmark": name, "params": params, "rows": list(rows), "notes": notes})
     print(f"results: {path}")
     return path

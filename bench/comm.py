@@ -33,20 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-try:
-    from bench._common import report
-except ImportError:  # a bench._common without `report`: print the table, write the JSON
-    from bench._common import print_table, write_json
-
-    def report(name: str, rows: Any, *, params: dict[str, Any], notes: str = "", columns: Any = None) -> Path:
-        print(f"\n== {name} ==")
-        print_table(rows, columns)
-        if notes:
-            print(notes)
-        path = write_json(name, {"benchmark": name, "params": params, "rows": list(rows), "notes": notes})
-        print(f"results: {path}")
-        return path
-
+from bench._common import report
 
 NS = ("ctrb0", "ctrb1")
 IFACES = ("ctrbv0", "ctrbv1")

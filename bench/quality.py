@@ -55,6 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from bench._common import report
 from pipeline.encode import dense_columns, encode_frame, key_columns
 from pipeline.generate import generate_day
 from pipeline.parse import read_log_file
@@ -418,21 +419,6 @@ def tune(dataset: str, arch: str, grid: tuple[dict[str, Any], ...] = TUNE_GRID, 
     return rows
 
 
-def _report(name: str, rows: list[dict[str, Any]], *, params: dict[str, Any], notes: str) -> Path:
-    try:
-        from bench._common import report  # type: ignore[attr-defined]
-    except ImportError:  # older/newer _common without `report`
-        from bench._common import print_table, write_json
-
-        print(f"\n== {name} ==")
-        print_table(rows)
-        print(notes)
-        path = write_json(name, {"benchmark": name, "params": params, "rows": rows, "notes": notes})
-        print(f"results: {path}")
-        return path
-    return report(name, rows, params=params, notes=notes)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="synthetic 100k rows only (no 1M)")
@@ -455,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, args.threads))
     if args.tune:
         rows = [r for d in (args.datasets or ["criteo", "avazu"]) for a in args.archs for r in tune(d, a, log=log)]
-        _report(f"{args.out}-tune", rows, params={"grid": [str(g) for g in TUNE_GRID]}, notes="inner split of train")
+        report(f"{args.out}-tune", rows, params={"grid": [str(g) for g in TUNE_GRID]}, notes="inner split of train")
         return 0
     datasets = args.datasets or ["criteo", "avazu", "synthetic-100k", *([] if args.quick else ["synthetic-1000k"])]
     rows, raw = [], {}
@@ -468,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "auc/logloss: mean over seeds on the eval part (last 20% in time order); auc_sd: population sd over "
         "seeds; auc_range: max - min; calib: mean prediction / click rate; of_ceiling: auc / truth auc."
     )
-    _report(args.out, rows, params={"datasets": datasets, "archs": args.archs, "seeds": args.seeds, "runs": raw}, notes=notes)
+    report(args.out, rows, params={"datasets": datasets, "archs": args.archs, "seeds": args.seeds, "runs": raw}, notes=notes)
     return 0
 
 

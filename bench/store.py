@@ -35,31 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import _common
+from bench._common import report
 
 DIM = 16
 HOST_CAP_BYTES = 2 << 30
 
 # -- reporting -----------------------------------------------------------------------------
-
-
-def report(name: str, rows: list[dict], *, params: dict, notes: str = "") -> None:
-    """`bench._common.report` when present; else the same table and JSON with the helpers there are."""
-    if hasattr(_common, "report"):
-        _common.report(name, rows, params=params, notes=notes)
-        return
-    print(f"\n== {name} ==")
-    _common.print_table(rows)
-    if notes:
-        print(notes)
-    path = _common.write_json(name, {"benchmark": name, "params": params, "rows": rows, "notes": notes})
-    print(f"results: {path}")
-
-
-def peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def best_rate(fn, items: int, repeat: int = 3) -> float:

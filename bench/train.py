@@ -39,19 +39,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-try:
-    from bench._common import report
-except ImportError:  # an older/newer bench._common without `report`: print the table, write the JSON
-    from bench._common import print_table, write_json
-
-    def report(name: str, rows: Any, *, params: dict[str, Any], notes: str = "", columns: Any = None) -> Path:
-        print(f"\n== {name} ==")
-        print_table(rows, columns)
-        if notes:
-            print(notes)
-        path = write_json(name, {"benchmark": name, "params": params, "rows": list(rows), "notes": notes})
-        print(f"results: {path}")
-        return path
+from bench._common import report
 from storage.config import StoreConfig
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.launch import run_training
