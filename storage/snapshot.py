@@ -230,6 +230,25 @@ def iter_snapshot(
         owner: (rank, world): keep only keys with `owner_of(key, world) == rank`.
         storage_options: fsspec options.
     """
+    for d, t, keep in _row_groups(url, owner, storage_options, list(_COLUMNS)):
+        if keep is not None and not keep.any():
+            continue
+        batch = SnapshotBatch(
+            t.column("key").to_numpy(),
+            _fsl_to_numpy(t.column("emb"), d),
+            _fsl_to_numpy(t.column("m"), d),
+            _fsl_to_numpy(t.column("v"), d),
+            t.column("clock").to_numpy(),
+        )
+        if keep is not None and not keep.all():
+            batch = SnapshotBatch(*(a[keep] for a in (batch.keys, batch.emb, batch.m, batch.v, batch.clock)))
+        yield batch
+
+
+def _row_groups(
+    url: str, owner: tuple[int, int] | None, storage_options: dict | None, columns: list[str]
+) -> Iterator[tuple[int, pa.Table, np.ndarray | None]]:
+    """(dim, row group table, owned-rows mask or None) for every row group of every part, in order."""
     _check_owner(owner)
     fs, files = snapshot_files(url, storage_options)
     dim = None
@@ -241,21 +260,9 @@ def iter_snapshot(
                 raise ValueError(f"snapshot parts disagree on dim: {d} in {f}, {dim} before")
             dim = d
             for i in range(pf.num_row_groups):
-                t = pf.read_row_group(i, columns=list(_COLUMNS))
+                t = pf.read_row_group(i, columns=columns)
                 keys = t.column("key").to_numpy()
-                keep = None if owner is None else owner_of(keys, owner[1]) == owner[0]
-                if keep is not None and not keep.any():
-                    continue
-                batch = SnapshotBatch(
-                    keys,
-                    _fsl_to_numpy(t.column("emb"), d),
-                    _fsl_to_numpy(t.column("m"), d),
-                    _fsl_to_numpy(t.column("v"), d),
-                    t.column("clock").to_numpy(),
-                )
-                if keep is not None and not keep.all():
-                    batch = SnapshotBatch(*(a[keep] for a in (batch.keys, batch.emb, batch.m, batch.v, batch.clock)))
-                yield batch
+                yield d, t, (None if owner is None else owner_of(keys, owner[1]) == owner[0])
 
 
 def snapshot_dim(url: str, storage_options: dict | None = None) -> int | None:
@@ -292,19 +299,9 @@ def read_snapshot(
         FileNotFoundError: `url` does not exist.
         ValueError: a part is not a snapshot, or parts disagree on dim.
     """
-    _check_owner(owner)
-    fs, files = snapshot_files(url, storage_options)
     n, dim = 0, None
-    for f in files:
-        with fs.open(f, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            d = _file_dim(pf, f)
-            if dim is not None and d != dim:
-                raise ValueError(f"snapshot parts disagree on dim: {d} in {f}, {dim} before")
-            dim = d
-            for i in range(pf.num_row_groups):
-                keys = pf.read_row_group(i, columns=["key"]).column("key").to_numpy()
-                n += keys.size if owner is None else int(np.count_nonzero(owner_of(keys, owner[1]) == owner[0]))
+    for dim, t, keep in _row_groups(url, owner, storage_options, ["key"]):
+        n += t.num_rows if keep is None else int(np.count_nonzero(keep))
     dim = dim or 1
     out = (
         np.empty(n, dtype=np.int64),
