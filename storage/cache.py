@@ -46,7 +46,11 @@ from storage.rows import (
     sparse_adam,
     sum_duplicates,
 )
-from storage.snapshot import SnapshotWriter, iter_snapshot, snapshot_dim
+from storage.snapshot import (
+    SnapshotWriter,
+    check_snapshot_dim,
+    iter_snapshot,
+)
 
 _FREQ_CAP = (1 << 30) - 1
 
@@ -558,9 +562,7 @@ class CachingTier(RowTier):
     def restore(
         self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
     ) -> int:
-        d = snapshot_dim(url, storage_options)
-        if d is not None and d != self.dim:
-            raise ValueError(f"snapshot {url} has dim {d}, the store has dim {self.dim}")
+        check_snapshot_dim(url, self.dim, storage_options)
         self._clear()
         if self.below is not None:
             return self.below.restore(url, owner=owner, storage_options=storage_options)

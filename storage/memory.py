@@ -21,7 +21,11 @@ from storage.rows import (
     check_keys,
     row_bytes,
 )
-from storage.snapshot import SnapshotWriter, iter_snapshot, snapshot_dim
+from storage.snapshot import (
+    SnapshotWriter,
+    check_snapshot_dim,
+    iter_snapshot,
+)
 
 
 class MemoryStore(RowTier):
@@ -127,9 +131,7 @@ class MemoryStore(RowTier):
     def restore(
         self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
     ) -> int:
-        d = snapshot_dim(url, storage_options)
-        if d is not None and d != self.dim:
-            raise ValueError(f"snapshot {url} has dim {d}, the store has dim {self.dim}")
+        check_snapshot_dim(url, self.dim, storage_options)
         self._map.clear()
         self._buf.reset()
         for b in iter_snapshot(url, owner=owner, storage_options=storage_options):

@@ -274,6 +274,13 @@ def snapshot_dim(url: str, storage_options: dict | None = None) -> int | None:
     return None
 
 
+def check_snapshot_dim(url: str, dim: int, storage_options: dict | None = None) -> None:
+    """Refuse to restore a snapshot of another row width into a store of width `dim`."""
+    d = snapshot_dim(url, storage_options)
+    if d is not None and d != dim:
+        raise ValueError(f"snapshot {url} has dim {d}, the store has dim {dim}")
+
+
 def read_snapshot(
     url: str,
     *,

@@ -59,7 +59,11 @@ from storage.rows import (
     RowTier,
     check_keys,
 )
-from storage.snapshot import SnapshotWriter, iter_snapshot, snapshot_dim
+from storage.snapshot import (
+    SnapshotWriter,
+    check_snapshot_dim,
+    iter_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -510,9 +514,7 @@ class SsdStore(RowTier):
     def restore(
         self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
     ) -> int:
-        d = snapshot_dim(url, storage_options)
-        if d is not None and d != self.dim:
-            raise ValueError(f"snapshot {url} has dim {d}, the store has dim {self.dim}")
+        check_snapshot_dim(url, self.dim, storage_options)
         self.wipe()
         for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
             # Keep the file order (a duplicate key's last row wins): slots follow it, so a snapshot of
