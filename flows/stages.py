@@ -151,16 +151,21 @@ def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> 
     return out
 
 
+SHAPE_FREE = ("dropout", "bag_pooling")
+"""ModelConfig fields that change no parameter shape: a change keeps the warm start."""
+
+
 def warm_start_compatible(meta: dict[str, Any], cfg: RunConfig) -> tuple[bool, bool, str]:
     """Can today's config start from the published model?  (dense ok, sparse ok, why not).
 
     A config change that reshapes the network (another arch, MLP widths, dense
     buckets, ...) or the rows (embedding_dim) must not fail every daily run until
     someone intervenes: the affected part starts cold, and the record says so.
-    Dropout reshapes nothing and is ignored.
+    Dropout and bag pooling reshape nothing and are ignored (a model from before
+    `model.bag_pooling` existed warm-starts a run that pools bags).
     """
-    ours = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg.model).items() if k != "dropout"}
-    theirs = {k: v for k, v in (meta.get("model_config") or {}).items() if k != "dropout"}
+    ours = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg.model).items() if k not in SHAPE_FREE}
+    theirs = {k: v for k, v in (meta.get("model_config") or {}).items() if k not in SHAPE_FREE}
     sparse_ok = meta.get("dim") == cfg.store.embedding_dim
     changed = [f"model.{k}" for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
     if not sparse_ok:

@@ -16,7 +16,9 @@ Multi-valued fields (a list of values in one field, declared in a schema
 file): `k_j` holds the key of the field's first value (missing key when the
 list is empty or null) so the trainer keeps one key column per field, and an
 extra list<int64> column `bag_j` holds every value's key (admitted, else the
-field's OOV key).  The trainer does not read `bag_j` yet.
+field's OOV key).  The trainer pools each bag into field j's embedding row
+(`trainer.bags`; `model.bag_pooling`), so key_counts.parquet, the warm
+stage's working set, counts the bag keys too.
 
 Sharing among R trainer ranks without a coordinator: the manifest lists
 `train_part_rows` / `eval_part_rows` ([{name, rows}] in order), from which
@@ -169,7 +171,8 @@ def encode_date(
     """Encode the committed events of `date` with its vocabulary into `<root>/features/date=D/`.
 
     Also writes features/date=D/key_counts.parquet: (key, count) of the train
-    rows, hottest first, the working set the warm stage loads.
+    rows (every `k_j` and every bag key), hottest first, the working set the
+    warm stage loads.
 
     Raises:
         FileNotFoundError: the events or the vocabulary of `date` are not committed.
@@ -262,8 +265,10 @@ def _encode_part(
             table = pa.Table.from_pandas(features[mask], schema=out_schema, preserve_index=False)
             with fs.open(join(stage, split, name), "wb") as f:
                 pq.write_table(table, f)
-    keys = features.loc[train, key_columns(schema)].to_numpy().ravel()
-    key_counts = pd.Series(keys).value_counts(sort=False)
+    keys = [features.loc[train, key_columns(schema)].to_numpy().ravel()]
+    # the trainer pulls bag keys too; a bag's first key is also its k_j, so it counts twice (counts only rank keys)
+    keys += [np.concatenate([np.empty(0, np.int64), *features.loc[train, c]]) for c in bag_columns(schema)]
+    key_counts = pd.Series(np.concatenate(keys)).value_counts(sort=False)
     return {"name": name, "train": int(train.sum()), "eval": int((~train).sum()), "key_counts": key_counts}
 
 

@@ -8,6 +8,7 @@ ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 LR_DECAYS = ("none", "linear", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
+BAG_POOLINGS = ("mean", "sum", "none")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,6 +38,10 @@ class ModelConfig:
     wide_scale: float = 1.0
     """The wide term uses wide_scale * e_f[0]: the key weights' effective step (sparse_lr * wide_scale)
     and L2 (embedding_l2 / wide_scale^2, in logit units) apart from the deep dimensions'."""
+    bag_pooling: str = "mean"
+    """How a multi-valued field's bag of keys (`bag_j` in features) becomes the field's one embedding row:
+    `mean` or `sum` of the bag's rows (an empty bag uses the missing key's row), or `none` to ignore the
+    bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
 
     def __post_init__(self) -> None:
         if self.dense_buckets < 0 or 0 < self.dense_buckets < 3:
@@ -45,6 +50,8 @@ class ModelConfig:
             raise ValueError(f"model.wide_scale must be > 0, got {self.wide_scale}")
         if self.dense_bucket_max <= 0 or self.cross_layers < 0:
             raise ValueError("model.dense_bucket_max must be > 0 and model.cross_layers >= 0")
+        if self.bag_pooling not in BAG_POOLINGS:
+            raise ValueError(f"model.bag_pooling must be one of {BAG_POOLINGS}, got {self.bag_pooling!r}")
         if self.arch not in ARCHS:
             raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.num_heads < 1 or self.attention_layers < 0:
@@ -88,8 +95,10 @@ class TrainerConfig:
     min_lr_ratio: float = 0.1
     seed: int = 0
     staleness_bound: int = 0
-    """HET bounded staleness of the worker-side cache of remote rows, in steps: a copy fetched at step t
-    serves steps t..t+bound, its gradients are pushed to the owner when it expires (0 = synchronous)."""
+    """HET bounded staleness of the worker-side cache of remote rows, in row updates (per-row clocks): a
+    cached copy is served while (owner's updates since the fetch + this rank's updates not yet pushed)
+    <= bound; the rank applies its own updates to the copy and pushes their sum when the bound would be
+    crossed, the copy is evicted, or it is dirty and bound steps old (0 = synchronous; trainer/staleness.py)."""
     timeout_s: int = 3600
     """The training subprocess is killed after this long."""
     nccl_env: dict[str, str] = field(default_factory=dict)
@@ -112,7 +121,7 @@ class TrainerConfig:
     """torchrun `--max-restarts`: times the job's workers are restarted (from the last checkpoint) after a failure."""
     staleness_cache_rows: int = 1_000_000
     """Capacity, in rows, of each rank's HET cache of remote rows (used when staleness_bound > 0); the
-    oldest copies are evicted (their pending gradients pushed) beyond it."""
+    least frequently used copies are evicted (their pending gradients pushed) beyond it."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -9,6 +9,11 @@ Paddle's heterogeneous PS pipelines IO with compute: here a thread reads and
 decodes the next batches into a bounded queue while the current step runs.  It
 does not pull embedding rows ahead: rows pulled before the previous step's
 push would be stale, and pulls are collectives that belong to the main thread.
+
+Multi-valued fields: when the features manifest lists `bag_columns`, each
+`bag_j` (list<int64>) is read as flat keys + offsets (`trainer.bags.Jagged`,
+straight from the Arrow list buffers) and reaches the step as `Batch.bags`,
+which the step pools into field j's row (`trainer.bags`).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import pyarrow.parquet as pq
 import torch
 
 from storage import fsio
+from trainer.bags import FieldBags, Jagged
 
 log = logging.getLogger(__name__)
 
 _DENSE = re.compile(r"^d_(\d+)$")
 _KEY = re.compile(r"^k_(\d+)$")
+_BAG = re.compile(r"^bag_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,25 @@ class FeatureSchema:
     dense_columns: tuple[str, ...]
     key_columns: tuple[str, ...]
     fields: tuple[str, ...]
+    bag_columns: tuple[str, ...] = ()
+    """`bag_j` list<int64> columns of multi-valued fields; bag_j belongs to key column k_j."""
+
+    def __post_init__(self) -> None:
+        orphans = [c for c in self.bag_columns if not _BAG.match(c) or "k_" + c[4:] not in self.key_columns]
+        if orphans:
+            raise ValueError(
+                f"bag columns {orphans} have no key column k_j among {list(self.key_columns)}; "
+                "bag columns are named bag_<j> after the key column k_<j> of their field (re-run encode)"
+            )
+
+    def for_pooling(self, bag_pooling: str) -> FeatureSchema:
+        """The columns a model with `model.bag_pooling` reads: without bag columns for `none`."""
+        return FeatureSchema(self.dense_columns, self.key_columns, self.fields) if bag_pooling == "none" else self
+
+    @property
+    def bag_fields(self) -> tuple[int, ...]:
+        """Position among the key columns (the F axis of `Batch.keys`) of each bag column's field."""
+        return tuple(self.key_columns.index("k_" + c[4:]) for c in self.bag_columns)
 
     @property
     def num_dense(self) -> int:
@@ -53,11 +79,13 @@ class FeatureSchema:
 
 @dataclass(frozen=True)
 class Batch:
-    """One step's examples: labels float32 (B,), dense float32 (B, n), keys int64 (B, F)."""
+    """One step's examples: labels float32 (B,), dense float32 (B, n), keys int64 (B, F), and the bags
+    of keys of its multi-valued fields (empty without them; see `trainer.bags`)."""
 
     labels: torch.Tensor
     dense: torch.Tensor
     keys: torch.Tensor
+    bags: tuple[FieldBags, ...] = ()
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -114,8 +142,8 @@ def list_parts(url: str, storage_options: dict | None = None) -> list[str]:
 def read_schema(features_url: str, storage_options: dict | None = None, *, split: str = "train") -> FeatureSchema:
     """The column layout of a committed features directory.
 
-    Uses the manifest's `dense_columns`/`key_columns`/`fields`; falls back to the
-    `d_<i>` / `k_<i>` columns of the first Parquet file.
+    Uses the manifest's `dense_columns`/`key_columns`/`fields`/`bag_columns`; falls back to
+    the `d_<i>` / `k_<i>` / `bag_<i>` columns of the first Parquet file.
 
     Raises:
         FileNotFoundError: the directory is not committed (no `_SUCCESS.json`).
@@ -126,16 +154,20 @@ def read_schema(features_url: str, storage_options: dict | None = None, *, split
         raise FileNotFoundError(f"{features_url} is not committed (no {fsio.SUCCESS}); run the encode stage first")
     dense = manifest.get("dense_columns")
     keys = manifest.get("key_columns")
+    bags = manifest.get("bag_columns") if keys is not None else None
     if dense is None or keys is None:
         first = list_parts(split_dir(features_url, split), storage_options)[0]
         with fs.open(first, "rb") as f:
             names = pq.ParquetFile(f).schema_arrow.names
         dense = _columns_by_index(names, _DENSE) if dense is None else dense
         keys = _columns_by_index(names, _KEY) if keys is None else keys
+        bags = _columns_by_index(names, _BAG) if bags is None else bags
     if not keys:
         raise ValueError(f"{features_url} has no key columns (k_0..k_F-1)")
     fields = manifest.get("fields") or list(keys)
-    return FeatureSchema(dense_columns=tuple(dense), key_columns=tuple(keys), fields=tuple(fields))
+    return FeatureSchema(
+        dense_columns=tuple(dense), key_columns=tuple(keys), fields=tuple(fields), bag_columns=tuple(bags or ()),
+    )
 
 
 def table_to_arrays(table: pa.Table, schema: FeatureSchema) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -150,13 +182,44 @@ def table_to_arrays(table: pa.Table, schema: FeatureSchema) -> tuple[np.ndarray,
     return labels, dense, keys
 
 
+def table_to_bags(table: pa.Table, schema: FeatureSchema) -> tuple[Jagged, ...]:
+    """The bags of each of `schema.bag_columns` (flat keys + offsets, no loop per row)."""
+    return tuple(Jagged.from_arrow(table.column(c)) for c in schema.bag_columns)
+
+
 def _tensor(a: np.ndarray) -> torch.Tensor:
     # Arrow hands out read-only buffers; torch tensors must own writable memory
     return torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous else np.array(a, order="C"))
 
 
-def _to_batch(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray) -> Batch:
-    return Batch(labels=_tensor(labels), dense=_tensor(dense), keys=_tensor(keys))
+@dataclass(frozen=True)
+class _Rows:
+    """Decoded rows between Parquet and batches: (labels, dense, keys) arrays and one Jagged per bag column."""
+
+    labels: np.ndarray
+    dense: np.ndarray
+    keys: np.ndarray
+    bags: tuple[Jagged, ...]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @classmethod
+    def concat(cls, parts: list[_Rows]) -> _Rows:
+        if len(parts) == 1:
+            return parts[0]
+        labels, dense, keys = (np.concatenate([getattr(p, a) for p in parts]) for a in ("labels", "dense", "keys"))
+        bags = tuple(Jagged.concat([p.bags[i] for p in parts]) for i in range(len(parts[0].bags)))
+        return cls(labels, dense, keys, bags)
+
+    def slice(self, lo: int, hi: int) -> _Rows:
+        return _Rows(self.labels[lo:hi], self.dense[lo:hi], self.keys[lo:hi], tuple(b.slice(lo, hi) for b in self.bags))
+
+    def to_batch(self, bag_fields: tuple[int, ...]) -> Batch:
+        return Batch(
+            labels=_tensor(self.labels), dense=_tensor(self.dense), keys=_tensor(self.keys),
+            bags=tuple(FieldBags.from_jagged(f, b) for f, b in zip(bag_fields, self.bags, strict=True)),
+        )
 
 
 class RankReader:
@@ -190,7 +253,7 @@ class RankReader:
         self.fs, _ = fsio.get_fs(url, storage_options)
         self.files = list_parts(url, storage_options)
         self.schema, self.batch_size = schema, batch_size
-        self.columns = ["label", *schema.dense_columns, *schema.key_columns]
+        self.columns = ["label", *schema.dense_columns, *schema.key_columns, *schema.bag_columns]
         self.file_rows: list[int] = []
         for path in self.files:
             with self.fs.open(path, "rb") as f:
@@ -201,7 +264,7 @@ class RankReader:
     def steps_per_epoch(self) -> int:
         return -(-self.share.rows // self.batch_size)
 
-    def _chunks(self, skip_rows: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _chunks(self, skip_rows: int = 0) -> Iterator[_Rows]:
         """The share's rows in order from its `skip_rows`-th, one Parquet row group slice at a time."""
         lo, hi = self.share.start + skip_rows, self.share.stop
         offset = 0
@@ -217,7 +280,7 @@ class RankReader:
                         a, b = max(lo, rg_off), min(hi, rg_off + n)
                         if a < b:
                             table = pf.read_row_group(i, columns=self.columns).slice(a - rg_off, b - a)
-                            yield table_to_arrays(table, self.schema)
+                            yield _Rows(*table_to_arrays(table, self.schema), table_to_bags(table, self.schema))
                         rg_off += n
             offset += rows
 
@@ -228,24 +291,23 @@ class RankReader:
         """
         if not 0 <= start_batch <= self.steps_per_epoch:
             raise ValueError(f"start_batch must be in [0, {self.steps_per_epoch}], got {start_batch}")
-        B = self.batch_size
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        B, fields = self.batch_size, self.schema.bag_fields
+        parts: list[_Rows] = []
         buffered = 0
         for chunk in self._chunks(min(start_batch * B, self.share.rows)):
             parts.append(chunk)
-            buffered += len(chunk[0])
+            buffered += len(chunk)
             if buffered < B:
                 continue
-            labels, dense, keys = (np.concatenate(x) for x in zip(*parts, strict=True))
+            rows = _Rows.concat(parts)
             start = 0
             while buffered - start >= B:
-                yield _to_batch(labels[start : start + B], dense[start : start + B], keys[start : start + B])
+                yield rows.slice(start, start + B).to_batch(fields)
                 start += B
-            parts = [(labels[start:], dense[start:], keys[start:])]
+            parts = [rows.slice(start, buffered)]
             buffered -= start
         if buffered:
-            labels, dense, keys = (np.concatenate(x) for x in zip(*parts, strict=True))
-            yield _to_batch(labels, dense, keys)
+            yield _Rows.concat(parts).to_batch(fields)
 
 
 _END = object()

@@ -4,6 +4,10 @@ Single process, no torch.distributed: the sparse parts of every rank are read
 into one read-only sorted table; keys the model never trained get their
 deterministic initial rows (`storage.init.init_rows`), exactly what a store
 would return for them.
+
+A model trained with bags of keys (model.json `bag_columns`, pooled with
+`model_config.bag_pooling`) is scored with the same bags pooled the same way
+(`trainer.bags`), so the rows it is evaluated on need those columns.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -20,6 +25,7 @@ from storage import fsio
 from storage.init import init_rows
 from storage.snapshot import read_snapshot, snapshot_files
 from trainer import checkpoint
+from trainer.bags import FieldBags, Jagged, expand_cells, pool_rows
 from trainer.config import ModelConfig
 from trainer.data import FeatureSchema, list_parts
 from trainer.metrics import StreamingMetrics, slice_metrics
@@ -88,33 +94,40 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
         keys, emb = np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
     schema = FeatureSchema(
         dense_columns=tuple(meta["dense_columns"]), key_columns=tuple(meta["key_columns"]),
-        fields=tuple(meta.get("fields") or meta["key_columns"]),
-    )
+        fields=tuple(meta.get("fields") or meta["key_columns"]), bag_columns=tuple(meta.get("bag_columns") or ()),
+    ).for_pooling(cfg.bag_pooling)
     emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=float(meta.get("init_std", 0.01)))
     return LoadedModel(model=model, embeddings=emb_table, schema=schema, meta=meta)
 
 
 @torch.no_grad()
 def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192) -> np.ndarray:
-    """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*` as in the model's schema).
+    """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*`, `bag_*` as in the model's schema).
+
+    Bag columns may hold lists or arrays of keys, or be Arrow-backed (`pd.ArrowDtype`, no per-row conversion).
 
     Raises:
         KeyError: a column the model needs is missing.
     """
     s = loaded.schema
-    missing = [c for c in (*s.dense_columns, *s.key_columns) if c not in features.columns]
+    missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
     if missing:
         raise KeyError(f"feature rows lack columns {missing} the model was trained with")
     dense_all = features[list(s.dense_columns)].to_numpy(np.float32) if s.dense_columns else None
     keys_all = features[list(s.key_columns)].to_numpy(np.int64)
+    bags_all = [
+        Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
+    ]
+    pooling = loaded.model.config.bag_pooling
     n = len(features)
     out = np.empty(n, dtype=np.float64)
-    D = loaded.embeddings.dim
     for lo in range(0, n, batch_size):
         hi = min(n, lo + batch_size)
         keys = torch.tensor(keys_all[lo:hi])  # (B, F)
-        B, F = keys.shape
-        emb = loaded.embeddings.lookup(keys.reshape(-1)).view(B, F, D)  # (B, F, D)
+        B = keys.shape[0]
+        bags = [FieldBags.from_jagged(f, b.slice(lo, hi)) for f, b in zip(s.bag_fields, bags_all, strict=True)]
+        cells = expand_cells(keys, bags)  # the keys of every (example, field) cell, as in training
+        emb = pool_rows(loaded.embeddings.lookup(cells.keys), cells, pooling)  # (B, F, D)
         dense = (
             torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
         )
@@ -199,11 +212,17 @@ def _feature_frames(
         yield features
         return
     fs, path = fsio.get_fs(features, storage_options)
-    cols = list(dict.fromkeys(["label", *loaded.schema.dense_columns, *loaded.schema.key_columns, *extra]))
+    s = loaded.schema
+    cols = list(dict.fromkeys(["label", *s.dense_columns, *s.key_columns, *s.bag_columns, *extra]))
     if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
         files = list_parts(features, storage_options)
     else:
         files = [f for split in splits for f in list_parts(fsio.join(features, split), storage_options)]
     for f in files:
         with fs.open(f, "rb") as fh:
-            yield pq.read_table(fh, columns=cols).to_pandas()
+            # list columns (bags) stay Arrow-backed: `score` reads their buffers without a loop per row
+            yield pq.read_table(fh, columns=cols).to_pandas(types_mapper=_arrow_lists)
+
+
+def _arrow_lists(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
+    return pd.ArrowDtype(arrow_type) if pa.types.is_list(arrow_type) else None

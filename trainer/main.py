@@ -123,6 +123,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         "examples": stats.examples, "loss_sum": stats.loss_sum, "final_loss": stats.final_loss,
         "train_s": stats.train_s, "store": store.stats(),
         "cache": trainer.sparse.cache.stats() if trainer.sparse.cache is not None else None,
+        "sparse_comm": trainer.sparse.comm_stats(),
     }
     everyone = _gather(mine, ctx)
     if ctx.rank == 0:
@@ -147,6 +148,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "sparse_bytes_per_step": sum(r["sparse_bytes"] for r in everyone) / max(1, steps),
             "staleness_bound": spec.trainer.staleness_bound,
             "stale_cache": [r["cache"] for r in everyone],
+            **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
             "resumed_from_step": stats.resumed_from,
             "world_size": ctx.world_size,
             "backend": ctx.backend,
@@ -166,6 +168,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "fields": list(schema.fields),
             "dense_columns": list(schema.dense_columns),
             "key_columns": list(schema.key_columns),
+            "bag_columns": list(schema.bag_columns),  # pooled with model_config.bag_pooling ([] = none)
             "vocab_date": spec.vocab_date,
             "run_tag": spec.run_tag,
             "model_name": spec.model_name,
@@ -192,6 +195,19 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             checkpoint.remove_checkpoints(spec.checkpoint_url, so)
     # no rank exits before the commit: the launcher of every node reads the committed model.json
     ctx.barrier()
+
+
+def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Sparse bytes per step by kind, what the synchronous path would have moved, and the HET cache hit rate."""
+    per = 1 / max(1, steps)
+    kinds = {k: sum(r["bytes_by_kind"][k] for r in ranks) * per for k in ranks[0]["bytes_by_kind"]}
+    caches = [r["cache"] for r in ranks if r["cache"] is not None]
+    looked = sum(c["hits"] + c["misses"] for c in caches)
+    return {
+        "sparse_bytes_per_step_by_kind": kinds,
+        "sparse_bytes_per_step_uncached": sum(r["uncached_bytes"] for r in ranks) * per,
+        "stale_cache_hit_rate": sum(c["hits"] for c in caches) / looked if looked else 0.0,
+    }
 
 
 def _asdict(cfg: Any) -> dict[str, Any]:

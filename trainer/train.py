@@ -25,11 +25,12 @@ import torch.nn.functional as F
 from storage import fsio
 from storage.base import EmbeddingStore
 from trainer import checkpoint
+from trainer.bags import cells_l2_grad, expand_cells, pool_rows
 from trainer.comm import DistContext, ShardedEmbedding, broadcast_tensors
 from trainer.data import Batch, Prefetcher, RankReader, read_schema, split_dir
 from trainer.kstep_adam import KStepAdam
 from trainer.model import CTRModel
-from trainer.regularize import embedding_l2_grad, set_step_lrs
+from trainer.regularize import set_step_lrs
 from trainer.spec import TrainSpec
 from trainer.topology import bind_io_threads
 
@@ -62,14 +63,18 @@ def train_step(
     batch has the same size, so d(global mean)/d row = sum over ranks of
     d(local mean)/d row / world.
 
+    Bags of keys (multi-valued fields, `batch.bags`) are pulled with the `k_*`
+    keys in the same pull and pooled into their field's row (`trainer.bags`).
+
     Raises:
         NonFiniteLossError: the loss is NaN/Inf (checked before any update is applied).
     """
     dev = sparse.ctx.device
-    B, Fn = batch.keys.shape
-    keys = batch.keys.reshape(-1)  # (B*F,)
-    rows = sparse.pull(keys).view(B, Fn, sparse.dim).requires_grad_(True)  # (B, F, D) leaf
-    logits = model(batch.dense.to(dev), rows)  # (B,)
+    pooling = model.config.bag_pooling
+    cells = expand_cells(batch.keys, batch.bags if pooling != "none" else ())  # keys (N,), N >= B*F
+    rows = sparse.pull(cells.keys).requires_grad_(True)  # (N, D) leaf: one pull for k_* and bag keys
+    emb = pool_rows(rows, cells, pooling)  # (B, F, D); a view of `rows` without bags
+    logits = model(batch.dense.to(dev), emb)  # (B,)
     loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(dev))
     if not math.isfinite(loss.item()):
         raise NonFiniteLossError(
@@ -79,8 +84,8 @@ def train_step(
     loss.backward()
     if rows.grad is None:  # cannot happen for a leaf that requires grad; guards refactors
         raise RuntimeError("embedding rows received no gradient")
-    grad = embedding_l2_grad(rows, rows.grad, embedding_l2)  # (B, F, D)
-    sparse.push(keys, grad.reshape(B * Fn, sparse.dim) / sparse.ctx.world_size)
+    grad = cells_l2_grad(rows, rows.grad, cells, pooling, embedding_l2)  # (N, D)
+    sparse.push(cells.keys, grad / sparse.ctx.world_size)
     opt.step()
     return loss.detach()
 
@@ -113,7 +118,7 @@ class Trainer:
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
-        self.schema = read_schema(spec.features_url, spec.storage_options)
+        self.schema = read_schema(spec.features_url, spec.storage_options).for_pooling(spec.model.bag_pooling)
         self.reader = RankReader(
             split_dir(spec.features_url, "train"), self.schema, rank=ctx.rank, world_size=ctx.world_size,
             batch_size=cfg.batch_size, storage_options=spec.storage_options,
@@ -202,7 +207,8 @@ class Trainer:
             "rows": rows, "opt_steps": self.opt.steps, "merges": self.opt.merges, "sync_bytes": self.opt.sync_bytes,
             "sync_s": self.opt.sync_seconds, "bytes_sent": self.sparse.bytes_sent,
             "bytes_received": self.sparse.bytes_received, "sparse_s": self.sparse.seconds,
-            "sparse_steps": self.sparse.steps,
+            "sparse_steps": self.sparse.steps, "sparse_by_kind": self.sparse.bytes_by_kind,
+            "sparse_uncached": self.sparse.uncached_bytes,
         }
         fsio.write_json(fs, fsio.join(path, checkpoint.rank_state_name(ctx.rank)), state)
         ctx.barrier()  # every rank's files exist before the checkpoint is marked complete
@@ -259,6 +265,8 @@ class Trainer:
         self.opt.sync_bytes, self.opt.sync_seconds = state["sync_bytes"], state["sync_s"]
         self.sparse.bytes_sent, self.sparse.bytes_received = state["bytes_sent"], state["bytes_received"]
         self.sparse.seconds, self.sparse.steps = state["sparse_s"], state["sparse_steps"]
+        self.sparse.bytes_by_kind.update(state.get("sparse_by_kind", {}))
+        self.sparse.uncached_bytes = state.get("sparse_uncached", 0)
         log.info("resumed from the checkpoint of step %d at %s (%d store rows)", step, url, rows)
         return step
 
