@@ -7,6 +7,7 @@ Each benchmark is also a command of its own with full-size defaults:
     python -m bench.store   [--quick] [--parts ...]      key index, host gathers, SSD I/O, hit rates, 10^6..10^8 keys
     python -m bench.train   [--rows N] [--procs ...]     examples/s vs a plain PyTorch loop and TorchRec
     python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
+    python -m bench.het     [--procs 2,4] [--bounds ...] HET cache: sparse bytes/step, hit rate, AUC per staleness bound
     python -m bench.quality [--quick]                    AUC/logloss vs sklearn LR and DeepCTR DeepFM; ceiling
 
 Results: a table on stdout and bench/results/<name>.json.  Peers (scikit-learn, DeepCTR-Torch,
@@ -24,6 +25,7 @@ QUICK = [
     ["bench.store", "--quick"],
     ["bench.train", "--rows", "20000"],
     ["bench.comm", "--steps", "100", "--sizes-mb", "1,4"],
+    ["bench.het", "--rows", "8000", "--procs", "2", "--bounds", "0,10"],
     ["bench.quality", "--quick", "--seeds", "0"],
 ]
 

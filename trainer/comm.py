@@ -14,6 +14,7 @@ import socket as _socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -339,17 +340,30 @@ def exchange_rows(rows: torch.Tensor, route: Route, recv_counts: list[int], ctx:
 
 
 def _send_grads(
-    keys: torch.Tensor, grads: torch.Tensor, ctx: DistContext
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+    keys: torch.Tensor, grads: torch.Tensor, ctx: DistContext, counts: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple[int, int]]:
+    """Sum the gradients (and `counts`) of duplicate keys and send them to the owners.
+
+    Returns:
+        (keys this rank owns (M,), their gradients (M, D), their counts (M,) or None,
+        (bytes sent to, bytes received from) the other ranks).
+    """
     route = route_keys(keys.reshape(-1), ctx.world_size)
     grads = grads.reshape(route.inverse.numel(), grads.shape[-1])  # (N, D), N may be 0
+    D = grads.shape[1]
+    if counts is not None:  # the update counts ride as one more float32 column (exact below 2^24)
+        grads = torch.cat([grads, counts.reshape(-1, 1).to(grads)], dim=1)  # (N, D + 1)
     summed = torch.zeros((route.unique.numel(), grads.shape[1]), dtype=grads.dtype, device=grads.device)
-    summed.index_add_(0, route.inverse.to(grads.device), grads)  # (U, D)
+    summed.index_add_(0, route.inverse.to(grads.device), grads)  # (U, D[+1])
     recv_counts = exchange_counts(route.send_counts, ctx)
     owned = all_to_all_rows(route.unique[route.order], route.send_counts, recv_counts, ctx)
     owned_grads = all_to_all_rows(summed[route.order.to(summed.device)], route.send_counts, recv_counts, ctx)
-    sent = route.unique.numel() * route.unique.element_size() + summed.numel() * summed.element_size()
-    return owned, owned_grads, sent
+    row_b = 8 + summed.shape[1] * summed.element_size()  # key + gradient (+ count) of one row
+    me = ctx.rank
+    wire = (row_b * (sum(route.send_counts) - route.send_counts[me]), row_b * (sum(recv_counts) - recv_counts[me]))
+    if counts is None:
+        return owned, owned_grads, None, wire
+    return owned, owned_grads[:, :D], owned_grads[:, D].round().to(torch.int64), wire
 
 
 def return_grads(keys: torch.Tensor, grads: torch.Tensor, ctx: DistContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,8 +372,171 @@ def return_grads(keys: torch.Tensor, grads: torch.Tensor, ctx: DistContext) -> t
     Returns:
         (keys this rank owns (M,), their gradients (M, D)); a key may appear once per sender.
     """
-    owned, owned_grads, _ = _send_grads(keys, grads, ctx)
+    owned, owned_grads, _, _ = _send_grads(keys, grads, ctx)
     return owned, owned_grads
+
+
+def apply_updates(
+    store: EmbeddingStore, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor | None, *,
+    lr: float, weight_decay: float = 0.0,
+) -> None:
+    """Apply gradients that arrived at the owner: entry i is the sum of `counts[i]` updates (None = 1 each).
+
+    A sum G of L updates is applied as L sparse-Adam steps on G / L, so a row
+    that a HET cache held back for L steps moves as far as L synchronous steps
+    would have moved it (one Adam step on G would move it about L times less:
+    Adam's step does not grow with the gradient), and its clock advances by L.
+    Round j applies every entry with L > j; entries of one key from several
+    senders are summed within a round (one step per row per round).  With all
+    counts 1 this is exactly one `store.update`, the synchronous rule.
+    """
+    if counts is None or not counts.numel() or bool((counts == 1).all()):
+        store.update(keys, grads, lr=lr, weight_decay=weight_decay)
+        return
+    c = counts.to(grads.device)
+    mean = grads / c.to(grads.dtype)[:, None]
+    for j in range(int(c.max())):
+        sel = c > j
+        store.update(keys[sel.to(keys.device)], mean[sel], lr=lr, weight_decay=weight_decay)
+
+
+def _split_by_owner(keys: torch.Tensor, world: int) -> tuple[torch.Tensor, list[int]]:
+    """(permutation grouping `keys` by owner rank, count per rank)."""
+    owners = owner_of(keys, world)
+    return torch.argsort(owners, stable=True), torch.bincount(owners, minlength=world).tolist()
+
+
+def _segments(counts: list[int]) -> list[tuple[int, int]]:
+    out, lo = [], 0
+    for n in counts:
+        out.append((lo, lo + n))
+        lo += n
+    return out
+
+
+@dataclass(frozen=True)
+class CachedPull:
+    """What `pull_with_clocks` brings back, in the order of the keys asked for.
+
+    Attributes:
+        need_rows: (len(need), D) rows of the keys that were not cached.
+        need_clocks: (len(need),) their owners' clocks.
+        check_clocks: (len(check),) the owners' clocks of the cached keys.
+        stale: (len(check),) bool: the cached keys whose clock passed their threshold.
+        stale_rows: (stale.sum(), D) fresh rows of those keys.
+        nbytes: (bytes sent to, bytes received from) the other ranks, by kind (`pull_keys`, `pull_rows`, `clock`).
+    """
+
+    need_rows: torch.Tensor
+    need_clocks: torch.Tensor
+    check_clocks: torch.Tensor
+    stale: torch.Tensor
+    stale_rows: torch.Tensor
+    nbytes: dict[str, tuple[int, int]]
+
+
+def pull_with_clocks(
+    store: EmbeddingStore, need: torch.Tensor, check: torch.Tensor, threshold: torch.Tensor, ctx: DistContext
+) -> CachedPull:
+    """The HET pull: rows + clocks of `need`, clocks of `check`, and rows of the `check` keys grown stale.
+
+    A cached key k is sent with its threshold (the largest owner clock at
+    which the copy is still valid); the owner returns its clock, and its row
+    only when the clock passed the threshold.  Both sides know from the clocks
+    which rows follow, so four collectives do it: counts, keys (+ thresholds),
+    clocks, rows.  A collective: every rank calls it (with empty tensors when
+    it has nothing to ask).
+
+    Args:
+        store: this rank's shard; must have `read_rows` (a `storage.rows.RowTier`) to report clocks.
+        need, check: distinct keys (N,), (C,); `threshold` (C,) int64 for `check`.
+    """
+    W = ctx.world_size
+    dev = ctx.comm_device
+    i64 = torch.int64
+    order_n, m = _split_by_owner(need, W)
+    order_c, c = _split_by_owner(check, W)
+    need_s, check_s, thr_s = need[order_n], check[order_c], threshold.to(i64)[order_c]
+    send_counts = torch.tensor([m, c], dtype=i64).T.reshape(-1)  # (W * 2,): [m_0, c_0, m_1, c_1, ...]
+    if W == 1:
+        recv = send_counts
+    else:
+        send_counts = send_counts.to(dev)
+        recv = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv, send_counts)
+    rm, rc = recv.view(W, 2)[:, 0].tolist(), recv.view(W, 2)[:, 1].tolist()
+
+    # 1) keys: to owner r, [its misses, its cached keys, their thresholds]
+    seg_n, seg_c = _segments(m), _segments(c)
+    payload = torch.cat([
+        torch.cat([need_s[a:b], check_s[x:y], thr_s[x:y]]) for (a, b), (x, y) in zip(seg_n, seg_c, strict=True)
+    ])
+    got = all_to_all_rows(payload, [mi + 2 * ci for mi, ci in zip(m, c, strict=True)],
+                          [mi + 2 * ci for mi, ci in zip(rm, rc, strict=True)], ctx).cpu()
+
+    # 2) the owner: clocks of every key asked, rows of the misses and of the stale cached keys
+    parts_keys, parts_thr, lo = [], [], 0
+    for mi, ci in zip(rm, rc, strict=True):
+        parts_keys += [got[lo : lo + mi + ci]]
+        parts_thr += [torch.cat([torch.full((mi,), -1, dtype=i64), got[lo + mi + ci : lo + mi + 2 * ci]])]
+        lo += mi + 2 * ci
+    asked = torch.cat(parts_keys) if parts_keys else torch.empty(0, dtype=i64)
+    asked_thr = torch.cat(parts_thr) if parts_thr else torch.empty(0, dtype=i64)
+    uniq, inv = torch.unique(asked, return_inverse=True)
+    _, rows = store.read_rows(uniq.numpy())  # type: ignore[attr-defined]
+    clocks = rows.clock.cpu()[inv]  # (A,)
+    send_row = clocks > asked_thr  # misses (threshold -1) always
+    served = rows.emb.to(dev)[inv.to(dev)][send_row.to(dev)]  # (R, D) grouped by requester
+    sizes_clk = [mi + ci for mi, ci in zip(rm, rc, strict=True)]
+    sizes_rows, lo = [], 0
+    for n in sizes_clk:
+        sizes_rows.append(int(send_row[lo : lo + n].sum()))
+        lo += n
+
+    # 3) clocks back; the requester works out which rows follow
+    back_clk = all_to_all_rows(clocks.to(dev), sizes_clk, [mi + ci for mi, ci in zip(m, c, strict=True)], ctx).cpu()
+    clk_need_s, clk_check_s = [], []
+    lo = 0
+    for mi, ci in zip(m, c, strict=True):
+        clk_need_s.append(back_clk[lo : lo + mi])
+        clk_check_s.append(back_clk[lo + mi : lo + mi + ci])
+        lo += mi + ci
+    clk_need_s_t = torch.cat(clk_need_s) if clk_need_s else torch.empty(0, dtype=i64)
+    clk_check_s_t = torch.cat(clk_check_s) if clk_check_s else torch.empty(0, dtype=i64)
+    stale_s = clk_check_s_t > thr_s
+    recv_rows = [mi + int(stale_s[x:y].sum()) for mi, (x, y) in zip(m, seg_c, strict=True)]
+
+    # 4) rows back: from owner r, [its misses' rows, its stale cached keys' rows]
+    back = all_to_all_rows(served, sizes_rows, recv_rows, ctx).cpu()
+    need_rows_s, stale_rows_s, lo = [], [], 0
+    for mi, n in zip(m, recv_rows, strict=True):
+        need_rows_s.append(back[lo : lo + mi])
+        stale_rows_s.append(back[lo + mi : lo + n])
+        lo += n
+    D = store.dim
+    need_rows = torch.empty((need.numel(), D), dtype=back.dtype)
+    need_rows[order_n] = torch.cat(need_rows_s) if need_rows_s else torch.empty(0, D)
+    need_clocks = torch.empty(need.numel(), dtype=i64)
+    need_clocks[order_n] = clk_need_s_t
+    check_clocks = torch.empty(check.numel(), dtype=i64)
+    check_clocks[order_c] = clk_check_s_t
+    stale = torch.empty(check.numel(), dtype=torch.bool)
+    stale[order_c] = stale_s
+    # stale rows arrive grouped by owner, in `check_s` order: put them in `check` order
+    stale_rows_sorted = torch.cat(stale_rows_s) if stale_rows_s else torch.empty(0, D)
+    stale_rows = stale_rows_sorted[torch.argsort(order_c[stale_s])]  # (S, D) in `check` order
+
+    row_b = D * back.element_size()
+    def wire(counts: list[int]) -> int:  # items exchanged with the other ranks (this rank's own stay here)
+        return sum(counts) - counts[ctx.rank]
+
+    own_clk = [mi + ci for mi, ci in zip(m, c, strict=True)]
+    nbytes = {  # (sent, received)
+        "pull_keys": (8 * wire(m), 8 * wire(rm)),
+        "clock": (16 * wire(c) + 8 * wire(sizes_clk), 16 * wire(rc) + 8 * wire(own_clk)),
+        "pull_rows": (row_b * wire(sizes_rows), row_b * wire(recv_rows)),
+    }
+    return CachedPull(need_rows, need_clocks, check_clocks, stale, stale_rows, nbytes)
 
 
 class ShardedEmbedding:
@@ -372,18 +549,27 @@ class ShardedEmbedding:
     once per step.
 
     With `staleness_bound > 0` (and more than one rank) remote rows go through
-    a `trainer.staleness.StaleRowCache`: a copy serves `staleness_bound` steps
-    after the one that fetched it, its gradients are summed locally and pushed
-    when it expires or is evicted.  `flush()` pushes every pending gradient
-    (a collective; call it on every rank before reading or snapshotting the
-    store).  With bound 0 the synchronous path runs unchanged.
+    a `trainer.staleness.StaleRowCache` (HET, per-row clocks): a cached copy is
+    checked against its owner's clock at each pull that needs it and served
+    while it misses at most `staleness_bound` updates; the rank applies its
+    own gradients to the copy and sums them, and pushes the sum when the bound
+    would be crossed or the copy is evicted.  `flush()` pushes every pending
+    gradient (a collective; call it on every rank before reading or
+    snapshotting the store).  With bound 0 the synchronous path runs unchanged.
+
+    Bytes moved between ranks (sent + received by this rank; the rows of keys
+    a rank owns itself never leave it and are not counted) are counted by kind in
+    `bytes_by_kind`: `pull_keys`, `pull_rows`, `push` (keys, gradients and,
+    with the cache, update counts) and `clock` (the cache's clock checks).
+    `uncached_bytes` counts what the synchronous path would have moved for the
+    same keys (summed over ranks it equals the synchronous run's `sparse_bytes`).
 
     Args:
-        store: this rank's shard of the table.
+        store: this rank's shard of the table (a `storage.rows.RowTier` when the cache is used: clocks).
         ctx: the distributed context.
         lr: sparse-Adam learning rate of the rows.
         weight_decay: passed to `store.update`.
-        staleness_bound: HET bound in steps (0 = synchronous).
+        staleness_bound: HET bound in row updates (0 = synchronous).
         cache_rows: capacity of the cache of remote rows.
         use_cache: force the cache path on or off (default: on when the bound is > 0 and world > 1);
             the cache path with bound 0 computes bit-for-bit what the synchronous path does.
@@ -395,6 +581,8 @@ class ShardedEmbedding:
         ...loss.backward()...
         emb.push(keys.reshape(-1), rows.grad.reshape(-1, D))
     """
+
+    KINDS = ("pull_keys", "pull_rows", "push", "clock")
 
     def __init__(
         self,
@@ -412,17 +600,30 @@ class ShardedEmbedding:
         self.lr, self.weight_decay = lr, weight_decay
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.bytes_by_kind = dict.fromkeys(self.KINDS, 0)
+        self.uncached_bytes = 0
         self.seconds = 0.0
         self.steps = 0
-        """Pushes done (the cache's clock)."""
+        """Pushes done (the step the next pull belongs to)."""
         if use_cache is None:
             use_cache = staleness_bound > 0 and ctx.world_size > 1
+        if use_cache and not callable(getattr(store, "read_rows", None)):
+            raise TypeError(
+                f"trainer.staleness_bound > 0 needs a store that reports row clocks (read_rows of a "
+                f"storage.rows.RowTier: the memory, host, device and ssd tiers); got {type(store).__name__}; "
+                "use one of those or set staleness_bound to 0"
+            )
         self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows) if use_cache else None
-        self._pulled: torch.Tensor | None = None
 
     def _to_store(self, t: torch.Tensor) -> torch.Tensor:
         device = getattr(self.store, "device", None)
         return t if device is None else t.to(device)
+
+    def _count(self, kind: str, sent: int, received: int) -> None:
+        if self.ctx.world_size > 1:
+            self.bytes_sent += sent
+            self.bytes_received += received
+            self.bytes_by_kind[kind] += sent + received
 
     def pull(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of `keys` (N,) as float32 (N, D) on `ctx.device`, in the order of `keys`."""
@@ -435,9 +636,10 @@ class ShardedEmbedding:
         route, owned, recv_counts = exchange_keys(keys, self.ctx)
         served = self.store.lookup(self._to_store(owned))  # (M, D) rows this rank owns, for the requesters
         rows = exchange_rows(served, route, recv_counts, self.ctx)  # (U, D)
-        if self.ctx.world_size > 1:
-            self.bytes_sent += route.unique.numel() * 8 + served.numel() * served.element_size()
-            self.bytes_received += owned.numel() * 8 + rows.numel() * rows.element_size()
+        me, row_b = self.ctx.rank, self.dim * served.element_size()
+        asked, got = sum(route.send_counts) - route.send_counts[me], sum(recv_counts) - recv_counts[me]
+        self._count("pull_keys", 8 * asked, 8 * got)
+        self._count("pull_rows", row_b * got, row_b * asked)
         out = rows.to(self.ctx.device)[route.inverse.to(self.ctx.device)]  # (N, D)
         self.seconds += time.perf_counter() - t0
         return out
@@ -448,8 +650,9 @@ class ShardedEmbedding:
         keys = keys.reshape(-1).to(torch.int64).cpu()
         grads = grads.detach().reshape(keys.numel(), self.dim)
         if self.cache is not None:
-            keys, grads = self._stage_cached(keys, grads)
-        self._send(keys, grads)
+            self._send(*self._stage_cached(keys, grads))
+        else:
+            self._send(keys, grads)
         self.steps += 1
         self.seconds += time.perf_counter() - t0
 
@@ -464,48 +667,72 @@ class ShardedEmbedding:
 
     def _pull_cached(self, keys: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None
+        cache = self.cache
         unique, inverse = torch.unique(keys, return_inverse=True)  # (U,), (N,)
+        cached, pos = cache.find(unique)  # only remote keys are ever cached
+        check, need = unique[cached], unique[~cached]
+        # the largest owner clock at which a copy is still valid: clock - base + local <= bound
+        threshold = cache.base[pos[cached]] - cache.local[pos[cached]] + cache.bound
+        got = pull_with_clocks(self.store, need, check, threshold, self.ctx)
+        for kind, (sent, received) in got.nbytes.items():
+            self._count(kind, sent, received)
+        valid, hit_rows = cache.serve(check, got.check_clocks, step=self.steps)
+        if not torch.equal(valid, ~got.stale):
+            raise RuntimeError("HET cache and owners disagree on which copies are stale (internal error)")
+        rows = torch.empty((unique.numel(), self.dim), dtype=torch.float32)
+        rows[~cached] = got.need_rows.to(rows.dtype)
+        idx_check = torch.nonzero(cached).reshape(-1)
+        rows[idx_check[valid]] = hit_rows
+        rows[idx_check[~valid]] = got.stale_rows.to(rows.dtype)
+        # cache the fresh copies of remote keys (stale ones included: refetched with their new clocks)
         remote = owner_of(unique, self.ctx.world_size) != self.ctx.rank
-        hit, hit_rows = self.cache.lookup(unique, remote)  # only remote keys are ever cached
-        need = unique[~hit]  # sorted, distinct
-        route, owned, recv_counts = exchange_keys(need, self.ctx)
-        served = self.store.lookup(self._to_store(owned))  # (M, D)
-        fetched = exchange_rows(served, route, recv_counts, self.ctx).cpu()  # (len(need), D), order of `need`
-        if self.ctx.world_size > 1:
-            self.bytes_sent += need.numel() * 8 + served.numel() * served.element_size()
-            self.bytes_received += owned.numel() * 8 + fetched.numel() * fetched.element_size()
-        fetch_remote = remote[~hit]
-        self.cache.insert(need[fetch_remote], fetched[fetch_remote], step=self.steps)
-        rows = torch.empty((unique.numel(), self.dim), dtype=fetched.dtype)
-        rows[hit] = hit_rows.to(rows.dtype)
-        rows[~hit] = fetched
+        fresh = ~cached & remote
+        fresh_rows = torch.cat([got.need_rows[remote[~cached]], got.stale_rows])
+        fresh_clocks = torch.cat([got.need_clocks[remote[~cached]], got.check_clocks[~valid]])
+        cache.insert(torch.cat([unique[fresh], check[~valid]]), fresh_rows, fresh_clocks, step=self.steps)
         return rows.to(self.ctx.device)[inverse.to(self.ctx.device)]  # (N, D)
 
-    def _stage_cached(self, keys: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stage_cached(
+        self, keys: torch.Tensor, grads: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sum `grads` per key, keep the cached copies' share, and return what must be sent this step."""
         assert self.cache is not None
         unique, inverse = torch.unique(keys, return_inverse=True)
         summed = torch.zeros((unique.numel(), self.dim), dtype=grads.dtype, device=grads.device)
         summed.index_add_(0, inverse.to(grads.device), grads)  # (U, D), as `_send_grads` sums them
-        cached = self.cache.accumulate(unique, summed)
+        # what the synchronous path moves for these keys: key + row at the pull, key + gradient at the push
+        # of every remote key, each counted once sent and once received
+        remote = int((owner_of(unique, self.ctx.world_size) != self.ctx.rank).sum())
+        self.uncached_bytes += 2 * remote * (16 + 2 * self.dim * summed.element_size())
+        cached = self.cache.accumulate(unique, summed, lr=self.lr, weight_decay=self.weight_decay)
         self.cache.expire(self.steps)
-        out_keys, out_grads = self.cache.take_outgoing()
+        out_keys, out_grads, out_counts = self.cache.take_outgoing()
         direct = ~cached
         return (
             torch.cat([unique[direct], out_keys]),
             torch.cat([summed[direct.to(summed.device)].cpu(), out_grads.to(summed.dtype)]),
+            torch.cat([torch.ones(int(direct.sum()), dtype=torch.int64), out_counts]),
         )
 
-    def _send(self, keys: torch.Tensor, grads: torch.Tensor) -> None:
-        owned, owned_grads, sent = _send_grads(keys, grads, self.ctx)
-        if self.ctx.world_size > 1:
-            self.bytes_sent += sent
-            self.bytes_received += owned.numel() * 8 + owned_grads.numel() * owned_grads.element_size()
+    def _send(self, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+        owned, owned_grads, owned_counts, (sent, received) = _send_grads(keys, grads, self.ctx, counts)
+        self._count("push", sent, received)
         if owned.numel():
-            self.store.update(
-                self._to_store(owned), self._to_store(owned_grads), lr=self.lr, weight_decay=self.weight_decay
+            apply_updates(
+                self.store, self._to_store(owned), self._to_store(owned_grads),
+                None if owned_counts is None else self._to_store(owned_counts),
+                lr=self.lr, weight_decay=self.weight_decay,
             )
 
     @property
     def sparse_bytes(self) -> int:
         return self.bytes_sent + self.bytes_received
+
+    def comm_stats(self) -> dict[str, Any]:
+        """This rank's sparse-communication counters (for model.json): bytes by kind, the uncached
+        equivalent (0 without a cache) and the cache's counters (None without a cache)."""
+        return {
+            "sparse_bytes": self.sparse_bytes, "bytes_by_kind": dict(self.bytes_by_kind),
+            "uncached_bytes": self.uncached_bytes if self.cache is not None else self.sparse_bytes,
+            "cache": self.cache.stats() if self.cache is not None else None,
+        }
