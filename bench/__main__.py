@@ -2,7 +2,7 @@
 
 Each benchmark is also a command of its own with full-size defaults:
 
-    python -m bench.ingest  [--rows N ...] [--plain]     ingest vs pyarrow CSV->Parquet, worker memory
+    python -m bench.ingest  [--rows N ...] [--plain] [--repeat K]  ingest vs pyarrow CSV->Parquet, worker memory
     python -m bench.vocab   [--rows N] [--days 7]        vocabulary window, incremental vs from scratch
     python -m bench.store   [--quick] [--parts ...]      key index, host gathers, SSD I/O, hit rates, 10^6..10^8 keys
     python -m bench.train   [--rows N] [--procs ...]     examples/s vs a plain PyTorch loop and TorchRec

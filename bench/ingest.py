@@ -1,7 +1,7 @@
 """Ingest throughput against a plain pyarrow CSV -> Parquet conversion of the same files.
 
     python -m bench.ingest                      # 5M rows
-    python -m bench.ingest --rows 1000000 --rows 5000000 --plain
+    python -m bench.ingest --rows 1000000 --rows 5000000 --plain --repeat 3
 
 For each N: writes N synthetic Criteo rows (pipeline.generate) as FILES gzip
 files of one day, then times, on the same files,
@@ -12,6 +12,14 @@ files of one day, then times, on the same files,
 - reference: one process, pyarrow.csv.read_csv (multi-threaded, typed columns,
              no validation) + pyarrow.parquet.write_table per file.
 
+Both clocks start with the code imported: the reference after `import pyarrow`,
+the project after its workers imported `pipeline.ingest` (a one-off per cluster,
+reported as `worker_import_s`).  `cpu_s` is the CPU time each side used
+(reference: its process; project: the worker processes), which shows the work
+done even when other load on the machine skews the wall clock.  With --repeat K
+the pair runs K times and the table shows medians (ratio: median of the K
+ratios; all of them in `ratios`).
+
 With --plain the same rows are also written as one uncompressed file and
 ingested with byte-range splitting (ingest.block_size), to show one big file
 spread over the workers.  Results: bench/results/ingest.json.
@@ -21,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib
 import json
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +54,7 @@ import pyarrow.csv as pacsv, pyarrow.parquet as pq
 from pipeline.schema import CRITEO
 from bench._common import proc_memory
 out, files = sys.argv[1], sys.argv[2:]
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 rows = 0
 for i, path in enumerate(files):
     table = pacsv.read_csv(
@@ -54,7 +64,8 @@ for i, path in enumerate(files):
     )
     pq.write_table(table, f"{out}/ref-{i:05d}.parquet")
     rows += table.num_rows
-print(json.dumps({"seconds": time.perf_counter() - t0, "rows": rows, "peak_rss": proc_memory()["peak_rss"]}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "rows": rows,
+                  "peak_rss": proc_memory()["peak_rss"]}))
 """
 
 
@@ -69,6 +80,7 @@ def write_inputs(directory: Path, rows: int, *, plain: bool) -> tuple[list[Path]
     try:
         for i, n in enumerate(per_file):
             path = directory / f"{DATE}-{i:02d}.tsv.gz"
+            path.unlink(missing_ok=True)  # slices are appended below: never onto a file of an earlier run
             files.append(path)
             for start in range(0, n, 500_000):  # generate in slices: the generator holds a slice in memory
                 table, _ = generate_day(0, min(500_000, n - start), seed=1000 * i + start // 500_000)
@@ -87,17 +99,23 @@ def run_project(url: str, root: Path, rows: int, ingest: IngestConfig, workers: 
     config = DaskConfig(n_workers=workers, threads_per_worker=1, processes=True, memory_limit="6GiB")
     with dask_client(config) as client:
         client.wait_for_workers(workers)
+        t0 = time.perf_counter()
+        client.run(importlib.import_module, "pipeline.ingest")
+        import_s = time.perf_counter() - t0
+        cpu0 = client.run(time.process_time)
         with WorkerMemory(client) as mem:
             t0 = time.perf_counter()
             r = ingest_date(DATE, root=str(root), input=InputConfig(url=url), ingest=ingest, client=client)
             seconds = time.perf_counter() - t0
+        cpu_s = sum(c - cpu0[w] for w, c in client.run(time.process_time).items())
     if r.rows_written != rows:
         raise RuntimeError(f"ingest wrote {r.rows_written} rows, expected {rows}")
     manifest = json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
     return {
         "seconds": seconds,
-        "rows_per_s": rows / seconds,
-        "peak_worker_rss_mib": max(mib(v) for v in mem.peak_bytes.values()),
+        "cpu_s": cpu_s,
+        "worker_import_s": import_s,
+        "peak_rss": max(mem.peak_bytes.values()),
         "per_worker_rss_mib": {k: round(mib(v), 1) for k, v in mem.peak_bytes.items()},
         "parts": r.parts,
         "tasks": manifest.get("blocks"),
@@ -105,49 +123,53 @@ def run_project(url: str, root: Path, rows: int, ingest: IngestConfig, workers: 
     }
 
 
-def bench_rows(rows: int, work: Path, *, plain: bool, workers: int, block_size: int) -> list[dict]:
+def run_reference(paths: list[Path], out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    _, stdout = run_child(_REFERENCE, str(out), *map(str, paths))
+    shutil.rmtree(out, ignore_errors=True)
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def compare(rows: int, input_name: str, raw_bytes: int, gz_bytes: int, ref: list[dict], proj: list[dict]) -> list[dict]:
+    """The reference row and the project row of one input kind: medians over the repeats."""
+    ratios = [r["seconds"] / p["seconds"] for r, p in zip(ref, proj, strict=True)]
+    out = []
+    for name, runs in ((f"reference {input_name}", ref), (f"project {input_name}", proj)):
+        s = statistics.median(r["seconds"] for r in runs)
+        is_proj = runs is proj
+        out.append({
+            "rows": rows, "input": input_name, "run": name, "seconds": s, "rows_per_s": rows / s,
+            "MB_per_s_raw": raw_bytes / 1e6 / s, "MB_per_s_gz": gz_bytes / 1e6 / s,
+            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "ratio": statistics.median(ratios) if is_proj else 1.0,
+            "ratios": [round(x, 3) for x in ratios] if is_proj else [],
+            "peak_rss_mib": mib(max(r["peak_rss"] for r in runs)),
+            "detail": "" if not is_proj else (
+                f"tasks={runs[0]['tasks']} parts={runs[0]['parts']} slow_chunks={runs[0]['slow_chunks']} "
+                f"import={statistics.median(r['worker_import_s'] for r in runs):.2f}s"),
+            **({"per_worker_rss_mib": runs[-1]["per_worker_rss_mib"]} if is_proj else {}),
+        })  # fmt: skip
+    return out
+
+
+def bench_rows(rows: int, work: Path, *, plain: bool, workers: int, block_size: int, repeat: int) -> list[dict]:
     data = work / f"n{rows}"
     files, plain_path = write_inputs(data, rows, plain=plain)
     gz_bytes = sum(p.stat().st_size for p in files)
     raw_bytes = sum(len(gzip.decompress(p.read_bytes())) for p in files)
-    out = []
-
-    ref_dir = work / "ref"
-    shutil.rmtree(ref_dir, ignore_errors=True)
-    ref_dir.mkdir()
-    _, stdout = run_child(_REFERENCE, str(ref_dir), *map(str, files))
-    ref = json.loads(stdout.strip().splitlines()[-1])
-    ref_rate = rows / ref["seconds"]
-    proj = run_project(str(data / "{date}-*.tsv.gz"), work / "root", rows, IngestConfig(), workers)
-    for name, r, seconds in (("reference (pyarrow, 1 process)", None, ref["seconds"]), ("project ingest", proj, None)):
-        s = seconds if seconds is not None else r["seconds"]
-        out.append({
-            "rows": rows, "input": f"{FILES} x gzip", "run": name, "seconds": s, "rows_per_s": rows / s,
-            "MB_per_s_raw": raw_bytes / 1e6 / s, "MB_per_s_gz": gz_bytes / 1e6 / s,
-            "ratio": (rows / s) / ref_rate,
-            "peak_rss_mib": mib(ref["peak_rss"]) if r is None else r["peak_worker_rss_mib"],
-            "detail": "" if r is None else f"parts={r['parts']} slow_chunks={r['slow_chunks']}",
-            **({} if r is None else {"per_worker_rss_mib": r["per_worker_rss_mib"]}),
-        })  # fmt: skip
+    ref, proj = [], []
+    for _ in range(repeat):  # the pair back to back, so both see about the same load on the machine
+        ref.append(run_reference(files, work / "ref"))
+        proj.append(run_project(str(data / "{date}-*.tsv.gz"), work / "root", rows, IngestConfig(), workers))
+    out = compare(rows, f"{FILES} x gzip", raw_bytes, gz_bytes, ref, proj)
     if plain_path is not None:
-        size = plain_path.stat().st_size
-        ref_dir2 = work / "ref_plain"
-        shutil.rmtree(ref_dir2, ignore_errors=True)
-        ref_dir2.mkdir()
-        _, stdout = run_child(_REFERENCE, str(ref_dir2), str(plain_path))
-        ref_p = json.loads(stdout.strip().splitlines()[-1])
-        proj_p = run_project(str(data / "plain-{date}.tsv"), work / "root", rows, IngestConfig(block_size=block_size),
-                             workers)  # fmt: skip
-        for name, r, s in (("reference plain", None, ref_p["seconds"]), ("project plain (byte ranges)", proj_p,
-                                                                          proj_p["seconds"])):  # fmt: skip
-            out.append({
-                "rows": rows, "input": "1 x plain", "run": name, "seconds": s, "rows_per_s": rows / s,
-                "MB_per_s_raw": size / 1e6 / s, "MB_per_s_gz": 0.0, "ratio": ref_p["seconds"] / s,
-                "peak_rss_mib": mib(ref_p["peak_rss"]) if r is None else r["peak_worker_rss_mib"],
-                "detail": "" if r is None else f"tasks={r['tasks']} parts={r['parts']}",
-                **({} if r is None else {"per_worker_rss_mib": r["per_worker_rss_mib"]}),
-            })  # fmt: skip
-    shutil.rmtree(ref_dir, ignore_errors=True)
+        ref, proj = [], []
+        for _ in range(repeat):
+            ref.append(run_reference([plain_path], work / "ref"))
+            proj.append(run_project(str(data / "plain-{date}.tsv"), work / "root", rows,
+                                    IngestConfig(block_size=block_size), workers))  # fmt: skip
+        out += compare(rows, "1 x plain", plain_path.stat().st_size, 0, ref, proj)
     return out
 
 
@@ -158,20 +180,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=0, help="Dask workers (default: one per core, max 4)")
     parser.add_argument("--block-size", type=int, default=64 << 20, help="byte-range size for --plain")
     parser.add_argument("--workdir", default="", help="where inputs and outputs go (default: a temp dir, removed)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each reference/project pair (medians shown)")
     args = parser.parse_args(argv)
     workers = args.workers or local_worker_count(DaskConfig())
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     results = []
     try:
         for rows in args.rows or [5_000_000]:
-            results += bench_rows(rows, work, plain=args.plain, workers=workers, block_size=args.block_size)
-            print_table(results, ["rows", "input", "run", "seconds", "rows_per_s", "MB_per_s_raw", "ratio",
+            results += bench_rows(rows, work, plain=args.plain, workers=workers, block_size=args.block_size,
+                                  repeat=args.repeat)  # fmt: skip
+            print_table(results, ["rows", "input", "run", "seconds", "rows_per_s", "MB_per_s_raw", "cpu_s", "ratio",
                                   "peak_rss_mib", "detail"])  # fmt: skip
             print()
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    path = write_json("ingest", {"workers": workers, "files_per_day": FILES, "results": results})
+    path = write_json("ingest", {"workers": workers, "files_per_day": FILES, "repeat": args.repeat, "results": results})
     print(f"wrote {path}")
 
 

@@ -41,6 +41,11 @@ class IngestConfig:
     block_size: int = 128 << 20
     """Plain (uncompressed) input files larger than this many bytes are cut into byte ranges of this
     size, each parsed by its own task; compressed files are always read by one task."""
+    overlap_io: bool = True
+    """Each task reads (and decompresses) its next chunk of lines in a reader thread and writes its
+    previous chunk's Parquet in a writer thread while it parses the current chunk, so one compressed
+    file is not read, parsed and written in turn; a task then holds up to 3 chunks instead of 1.
+    Output is the same either way."""
 
     def __post_init__(self) -> None:
         if self.rows_per_partition < 1:
@@ -86,6 +91,10 @@ class VocabConfig:
     max_keys_per_field: int = 0
     """Cap on admitted keys per field, highest scores kept (ties: smaller key); 0 means no cap.
     Keys pushed out by the cap are evicted like TTL-expired ones."""
+    merge_buckets: int = 0
+    """The window merge runs as this many Dask tasks, each on one range of key hashes (every day's
+    counts and the vocabulary are stored in these parts); 0 picks the smallest power of two that keeps
+    a task's input (window day counts + previous vocabulary) under 2**20 rows. Results do not depend on it."""
 
     def __post_init__(self) -> None:
         for name in ("window_days", "min_count", "ttl_days"):
@@ -98,6 +107,8 @@ class VocabConfig:
                 raise ValueError(f"vocab.min_count_per_field[{name!r}] must be an int >= 1, got {n!r}")
         if not 0.0 < self.decay <= 1.0:
             raise ValueError(f"vocab.decay must be in (0, 1], got {self.decay}")
+        if not 0 <= self.merge_buckets <= 65536:
+            raise ValueError(f"vocab.merge_buckets must be in [0, 65536] (0 = from the data size), got {self.merge_buckets}")
         if self.max_keys_per_field < 0:
             raise ValueError(f"vocab.max_keys_per_field must be >= 0 (0 = no cap), got {self.max_keys_per_field}")
 

@@ -6,7 +6,11 @@ file (or one byte range of a large plain file) in chunks of
 `ingest.rows_per_partition` lines and writes each chunk's events and
 quarantine parts straight into the staging directories, so no process ever
 holds a whole day.  Part names `part-FFFFF-BBBBB-CCCCC.parquet` (file index,
-byte-range block index, chunk index) sort in time order.
+byte-range block index, chunk index) sort in time order.  With
+`ingest.overlap_io` a task reads (and decompresses) chunk k+1 in a reader
+thread and writes chunk k-1 in a writer thread while it parses chunk k, so one
+compressed file, which only one task can read, costs about its parse time
+rather than read + parse + write; a task then holds at most 3 chunks.
 
 Large plain files: a file over `ingest.block_size` bytes is cut into byte
 ranges.  Block i owns the lines that *start* in its range [s_i, s_i+1).  A
@@ -29,17 +33,15 @@ date as done, so it rewrites both.
 
 from __future__ import annotations
 
-import gzip
-import lzma
 import uuid
-import zlib
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,6 +51,13 @@ from fsspec.utils import infer_compression
 
 from pipeline.config import IngestConfig, InputConfig
 from pipeline.parse import QUARANTINE_SCHEMA, parse_table, reason_category
+from pipeline.readers import (
+    DECOMPRESS_ERRORS,
+    READ_SIZE,
+    line_chunks,
+    open_input,
+    read_ahead,
+)
 from pipeline.schema import LogSchema, get_schema
 from storage.fsio import (
     code_version,
@@ -62,9 +71,6 @@ from storage.fsio import (
 )
 
 _GLOB_CHARS = "*?["
-_READ_SIZE = 8 << 20
-"""Bytes read from an input per step; a task holds at most this plus one partition of lines."""
-_DECOMPRESS_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, OSError, ValueError)
 _FINGERPRINT_KEYS = ("size", "mtime", "ETag", "etag", "LastModified", "last_modified", "updated", "md5Hash", "checksum")
 
 
@@ -122,6 +128,8 @@ class _FileTask:
     """End of the block's byte range; None reads to the end of the file."""
     first_line: int = 1
     """Line number of the block's first line."""
+    overlap_io: bool = True
+    """Read ahead and write behind in background threads (`IngestConfig.overlap_io`)."""
 
 
 def ingest_date(
@@ -182,6 +190,7 @@ def ingest_date(
             quarantine_dir=quarantine_stage,
             rows_per_partition=ingest.rows_per_partition,
             date=date,
+            overlap_io=ingest.overlap_io,
         )
         tasks = plan_tasks(inputs, base, block_size=ingest.block_size, client=client)
         futures = client.map(ingest_file, tasks, pure=False)
@@ -261,7 +270,7 @@ def count_newlines(item: tuple[str, int, int], *, storage_options: dict | None =
         f.seek(a)
         left = b - a
         while left > 0:
-            data = f.read(min(_READ_SIZE, left))
+            data = f.read(min(READ_SIZE, left))
             if not data:
                 break
             n += data.count(b"\n")
@@ -304,41 +313,43 @@ def ingest_file(task: _FileTask) -> dict[str, Any]:
     reasons: Counter = Counter()
     parts, quarantine_parts = [], []
     first_line = task.first_line
-    for chunk_index, data, n_lines in _read_chunks(task):
-        parsed = parse_table(
-            data, schema=schema, file=task.url, file_index=task.file_index, first_line=first_line, date=task.date
-        )
-        first_line += n_lines
-        name = f"part-{task.file_index:05d}-{task.block_index:05d}-{chunk_index:05d}.parquet"
-        if parsed.events.num_rows:
-            _write(task.out_fs, join(task.events_dir, name), parsed.events)
-            parts.append({"name": name, "rows": parsed.events.num_rows})
-        if parsed.quarantine.num_rows:
-            _write(task.out_fs, join(task.quarantine_dir, name), parsed.quarantine)
-            quarantine_parts.append({"name": name, "rows": parsed.quarantine.num_rows})
-            reasons.update(reason_category(r) for r in parsed.quarantine.column("reason").to_pylist())
-        counts["rows_read"] += parsed.rows_read
-        counts["rows_written"] += parsed.events.num_rows
-        counts["rows_quarantined"] += parsed.quarantine.num_rows
-        counts["rows_other_dates"] += parsed.rows_other_dates
-        counts["slow_chunks"] += not parsed.fast_path
+    with _PartWriter(task.out_fs, background=task.overlap_io) as writer, closing(_read_chunks(task)) as chunks:
+        for chunk_index, data, n_lines in chunks:
+            parsed = parse_table(
+                data, schema=schema, file=task.url, file_index=task.file_index, first_line=first_line, date=task.date
+            )
+            first_line += n_lines
+            name = f"part-{task.file_index:05d}-{task.block_index:05d}-{chunk_index:05d}.parquet"
+            tables = []
+            if parsed.events.num_rows:
+                tables.append((join(task.events_dir, name), parsed.events))
+                parts.append({"name": name, "rows": parsed.events.num_rows})
+            if parsed.quarantine.num_rows:
+                tables.append((join(task.quarantine_dir, name), parsed.quarantine))
+                quarantine_parts.append({"name": name, "rows": parsed.quarantine.num_rows})
+                reasons.update(reason_category(r) for r in parsed.quarantine.column("reason").to_pylist())
+            writer.write(tables)
+            counts["rows_read"] += parsed.rows_read
+            counts["rows_written"] += parsed.events.num_rows
+            counts["rows_quarantined"] += parsed.quarantine.num_rows
+            counts["rows_other_dates"] += parsed.rows_other_dates
+            counts["slow_chunks"] += not parsed.fast_path
+            del parsed, tables  # the writer holds what it still needs: free the rest before the next parse
     return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons)}
 
 
 def _read_chunks(task: _FileTask) -> Iterator[tuple[int, bytes, int]]:
-    """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range."""
+    """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range.
+
+    With `overlap_io` the chunks are read one ahead in a background thread (`readers.read_ahead`).
+    """
     compression = infer_compression(task.url)
     chunk_index = 0
     try:
-        with fsspec.open(task.url, "rb", compression=compression, **(task.input_options or {})) as f:
-            if task.start > 0:  # skip the line that started in the previous block
-                f.seek(task.start - 1)
-                f.readline()
-            budget = None if task.end is None else task.end - f.tell()
-            for data, n_lines in line_chunks(f, task.rows_per_partition, budget=budget):
-                yield chunk_index, data, n_lines
-                chunk_index += 1
-    except _DECOMPRESS_ERRORS as exc:
+        for data, n_lines in read_ahead(_line_chunks_of(task), 1 if task.overlap_io else 0):
+            yield chunk_index, data, n_lines
+            chunk_index += 1
+    except DECOMPRESS_ERRORS as exc:
         if compression is None:
             raise
         raise IngestError(
@@ -348,48 +359,53 @@ def _read_chunks(task: _FileTask) -> Iterator[tuple[int, bytes, int]]:
         ) from exc
 
 
-def line_chunks(f, rows: int, *, budget: int | None = None, read_size: int = _READ_SIZE) -> Iterator[tuple[bytes, int]]:
-    """Chunks of up to `rows` whole lines read from file object `f` at its position.
+def _line_chunks_of(task: _FileTask) -> Iterator[tuple[bytes, int]]:
+    with open_input(task.url, task.input_options) as f:
+        if task.start > 0:  # skip the line that started in the previous block
+            f.seek(task.start - 1)
+            f.readline()
+        budget = None if task.end is None else task.end - f.tell()
+        yield from line_chunks(f, task.rows_per_partition, budget=budget)
 
-    With `budget`, only the lines starting within the next `budget` bytes are
-    read (the last one is completed past the budget): a block's byte range.
-    Yields (bytes, line count); the file's last line may lack its newline.
-    Blocks are kept as a list and joined once per chunk (no quadratic re-copying).
+
+class _PartWriter:
+    """Writes each chunk's Parquet parts, in a background thread when `background`.
+
+    Why a thread: pyarrow releases the GIL while it encodes and compresses, so the
+    task parses chunk k+1 while chunk k is written.  At most one chunk's writes are
+    in flight (`write` waits for the previous chunk's first), so a task holds at
+    most two chunks of parsed tables.  Leaving the `with` block waits for the last
+    writes, also when the task failed: no part lands in staging after the task ended.
     """
-    parts: list[bytes] = []  # pieces of the chunk being filled, holding `have` newlines
-    have = 0
-    left = budget
-    while True:
-        want = read_size if left is None else min(read_size, left)
-        block = f.read(want) if want > 0 else b""
-        final = not block
-        if left is not None:
-            left -= len(block)
-            if left <= 0:
-                final = True
-                tail = block or (parts[-1] if parts else b"")
-                if tail and not tail.endswith(b"\n"):  # complete the line that started in range
-                    block += f.readline()
-        if block:
-            n = block.count(b"\n")
-            if have + n >= rows:
-                ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
-                used = idx = 0  # bytes and newlines of `block` already yielded
-                while have + len(ends) - idx >= rows:
-                    k = rows - have
-                    cut = int(ends[idx + k - 1]) + 1
-                    yield b"".join([*parts, block[used:cut]]), rows
-                    parts, used, idx, have = [], cut, idx + k, 0
-                block = block[used:]
-                n = len(ends) - idx
-            if block:
-                parts.append(block)
-                have += n
-        if final:
-            rest = b"".join(parts)
-            if rest:
-                yield rest, have + (0 if rest.endswith(b"\n") else 1)
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, *, background: bool) -> None:
+        self._fs = fs
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="part-writer") if background else None
+        self._pending: Future | None = None
+
+    def write(self, tables: list[tuple[str, pa.Table]]) -> None:
+        """Write `tables` ((path, table) pairs of one chunk) after the previous chunk's are written."""
+        if self._pool is None:
+            _write_all(self._fs, tables)
             return
+        self._wait()
+        self._pending = self._pool.submit(_write_all, self._fs, tables)
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def __enter__(self) -> _PartWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self._wait()  # a failed write fails the task
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)  # after a failure: wait, the task's own error wins
 
 
 def _per_file(per_task: list[dict]) -> list[dict]:
@@ -485,9 +501,16 @@ def check_quality(manifest: dict[str, Any], per_file: list[dict], max_bad_fracti
         )
 
 
-def _write(fs: fsspec.AbstractFileSystem, path: str, table: pa.Table) -> None:
-    with fs.open(path, "wb") as f:
-        pq.write_table(table, f)
+def _write_all(fs: fsspec.AbstractFileSystem, tables: list[tuple[str, pa.Table]]) -> None:
+    """Write each table as one Parquet file, with min/max statistics for its numeric columns only.
+
+    Why not for strings: categorical values are hashes or ids whose min/max prunes nothing, and
+    computing them is a fifth of the write time of a Criteo chunk.  Readers do not need them.
+    """
+    for path, table in tables:
+        numeric = [f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
+        with fs.open(path, "wb") as f:
+            pq.write_table(table, f, write_statistics=numeric)
 
 
 def _jsonable(value: Any) -> Any:

@@ -5,11 +5,12 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cluster import dask_client
 from pipeline.config import DaskConfig, IngestConfig, InputConfig
-from pipeline.ingest import IngestError, ingest_date
+from pipeline.ingest import IngestError, ingest_date, read_quarantine
 from storage.fsio import SUCCESS
 
 SMALL_PARTS = IngestConfig(rows_per_partition=1500)
@@ -158,3 +159,57 @@ def test_real_avazu_sample_is_dated_by_its_hour(tmp_path, shared_data, client):
     with pytest.raises(IngestError, match="no rows of 2014-10-23") as info:
         ingest_date("2014-10-23", ingest=IngestConfig(), **kw)
     assert info.value.kind == "no_rows"
+
+
+def quirky_day(root: Path) -> bytes:
+    """Day DAYS[0] with a BOM, CRLF line ends, blank lines and bad rows spread over several chunks."""
+    lines = gzip.decompress((root / "raw" / f"day_{DAYS[0]}.tsv.gz").read_bytes()).splitlines(keepends=True)
+    lines[0] = b"\xef\xbb\xbf" + lines[0]
+    for i in range(1, len(lines), 3):
+        lines[i] = lines[i].replace(b"\n", b"\r\n")
+    for i in (5, 1499, 1500, 2222):
+        lines[i] = b"\n"
+    for i in (10, 1501, 3999):
+        lines[i] = b"not\ta\trow\n"
+    fields = lines[777].split(b"\t")
+    lines[777] = b"\t".join([fields[0], b"x1", *fields[2:]])  # a non-numeric I1
+    return b"".join(lines)
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, lambda b: b], ids=["gzip", "plain"])
+def test_reading_ahead_and_writing_behind_in_threads_changes_no_output(root, client, compress):
+    name = "quirky-{date}.tsv.gz" if compress is gzip.compress else "quirky-{date}.tsv"
+    (root / name.format(date=DAYS[0])).write_bytes(compress(quirky_day(root)))
+    out = {}
+    for overlap in (False, True):
+        cfg = IngestConfig(rows_per_partition=700, max_bad_fraction=0.01, overlap_io=overlap)
+        out_root = root / f"overlap-{overlap}"
+        r = ingest_date(DAYS[0], root=str(out_root), input=InputConfig(url=str(root / name)), ingest=cfg, client=client)
+        out[overlap] = (r, events_of(out_root, DAYS[0]), read_quarantine(str(out_root), DAYS[0]))
+    (r0, ev0, q0), (r1, ev1, q1) = out[False], out[True]
+    assert (r1.rows_read, r1.rows_written, r1.rows_quarantined, r1.parts) == (r0.rows_read, r0.rows_written, 8, 6)
+    pd.testing.assert_frame_equal(ev1, ev0)
+    pd.testing.assert_frame_equal(q1, q0)
+    assert q1["line"].tolist() == [6, 11, 778, 1500, 1501, 1502, 2223, 4000]  # true 1-based line numbers
+    assert q1["reason"].tolist()[:3] == ["blank line", "wrong field count: 3 fields, expected 14..40",
+                                         "non-numeric integer field: I1='x1'"]  # fmt: skip
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_corrupt_gzip_fails_naming_the_file_with_or_without_read_ahead(root, client, overlap):
+    raw = root / "raw" / f"day_{DAYS[2]}.tsv.gz"
+    gz = raw.read_bytes()
+    raw.write_bytes(gz[:4000] + bytes(200) + gz[4200:])  # damaged inside, not at the end
+    cfg = IngestConfig(rows_per_partition=1500, overlap_io=overlap)
+    with pytest.raises(IngestError, match=r"day_2026-01-03\.tsv\.gz: cannot decompress \(gzip\).*truncated or corrupt") as info:
+        ingest_date(DAYS[2], root=str(root), input=InputConfig(), ingest=cfg, client=client)
+    assert info.value.kind == "corrupt_input" and siblings(root, "events") == [] and siblings(root, "quarantine") == []
+
+
+def test_events_parts_keep_min_max_statistics_of_numeric_columns_only(root, client):
+    # categorical values are hashes: their min/max prunes nothing and costs a fifth of the write
+    ingest_date(DAYS[0], root=str(root), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+    part = sorted((root / "events" / f"date={DAYS[0]}").glob("part-*.parquet"))[0]
+    meta = pq.ParquetFile(part).metadata.row_group(0)
+    with_stats = {meta.column(i).path_in_schema for i in range(meta.num_columns) if meta.column(i).is_stats_set}
+    assert with_stats == {"label", "ts", "order", *(f"I{i}" for i in range(1, 14))}

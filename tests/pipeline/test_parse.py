@@ -5,9 +5,10 @@ quarantine.line is the true 1-based line number in the file.
 """
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from pipeline.parse import parse_chunk, read_log_file
+from pipeline.parse import parse_chunk, parse_table, read_log_file
 from pipeline.schema import AVAZU, CRITEO, get_schema
 
 AVAZU_HEADER = ",".join(AVAZU.columns)
@@ -160,3 +161,23 @@ def test_real_criteo_sample_parses_clean(shared_data):
     events, quarantine = read_log_file(str(shared_data / "criteo" / "train_head_10k.tsv"), "criteo")
     assert len(events) == 10_000 and len(quarantine) == 0
     assert abs(events["label"].mean() - 0.218) < 1e-3
+
+
+def test_a_chunk_of_many_csv_reader_blocks_parses_like_line_by_line():
+    lines = [criteo_line(str(i % 2), [str(i), *[""] * 12], [f"{i:08x}", *["abcdef01"] * 25]) for i in range(9000)]
+    data = ("\n".join(lines) + "\n").encode()
+    assert len(data) > 2 * (1 << 20)  # the fast path reads 1 MiB blocks
+    fast = parse_table(data, schema=CRITEO, file="f.tsv")
+    slow = parse_table(data + b"x\ty\n", schema=CRITEO, file="f.tsv")  # one short line: per-line path
+    assert fast.fast_path and not slow.fast_path and slow.quarantine.column("line").to_pylist() == [9001]
+    pd.testing.assert_frame_equal(fast.events.to_pandas(), slow.events.to_pandas())
+    assert fast.events.column("I1").to_pylist() == list(range(9000))
+    assert fast.events.column("C1").to_pylist() == [f"{i:08x}" for i in range(9000)]
+
+
+def test_a_line_longer_than_a_csv_reader_block_is_still_a_row():
+    long_value = "v" * (3 << 20)
+    data = ("\n".join([criteo_line(), criteo_line(cats=[long_value] * 26), criteo_line()]) + "\n").encode()
+    parsed = parse_table(data, schema=CRITEO, file="f.tsv")
+    assert not parsed.fast_path and parsed.events.num_rows == 3 and parsed.quarantine.num_rows == 0
+    assert parsed.events.column("C26")[1].as_py() == long_value
