@@ -1,7 +1,8 @@
 """The caching layer shared by `HostStore` and `DeviceCache`.
 
 `SlotCache` is the pure bookkeeping of a bounded cache (NumPy only, no rows):
-key -> slot map, per-slot access frequency and last-access tick, the
+key -> slot map, per-slot access frequency and last-access tick (packed in one
+int64 per slot, so a touch reads and writes one cache line per row), the
 replacement policy (LFU with LRU tie-break, or LRU), and per-slot flags
 (`dirty`: changed since last written below; `in_below`: the tier below holds a
 copy).  `simulate_hit_rate` drives it alone, so benchmarks measure exactly the
@@ -53,6 +54,11 @@ from storage.snapshot import (
 )
 
 _FREQ_CAP = (1 << 30) - 1
+_TICK_BITS = 33
+"""A slot's score is ``freq << 33 | last_tick``: the LFU order (ties by recency) as one int64."""
+_ONE_ACCESS = np.int64(1 << _TICK_BITS)
+_TICK_MASK = np.int64((1 << _TICK_BITS) - 1)
+_FREQ_MASK = ~_TICK_MASK
 
 
 class StoreCapacityError(RuntimeError):
@@ -87,13 +93,11 @@ class SlotCache:
         self._grow(capacity or 0)
 
     def _grow(self, n: int) -> None:
-        old = getattr(self, "freq", np.empty(0, dtype=np.int64)).size
+        old = getattr(self, "_score", np.empty(0, dtype=np.int64)).size
         if n <= old and old:
             return
         n = max(n, 2 * old, 1024) if self.capacity is None else max(n, old)
-        for name, dtype in (
-            ("freq", np.int64), ("last", np.int64), ("dirty", bool), ("in_below", bool), ("_mark", np.int32)
-        ):
+        for name, dtype in (("_score", np.int64), ("dirty", bool), ("in_below", bool)):
             arr = np.zeros(n, dtype=dtype)
             if old:
                 arr[:old] = getattr(self, name)
@@ -102,21 +106,30 @@ class SlotCache:
     def __len__(self) -> int:
         return len(self.map)
 
+    @property
+    def freq(self) -> np.ndarray:
+        """Accesses per slot (a copy; capped at 2^30 - 1)."""
+        return self._score >> _TICK_BITS
+
+    @property
+    def last(self) -> np.ndarray:
+        """Tick of each slot's last access (a copy)."""
+        return self._score & _TICK_MASK
+
     def add(self, keys: np.ndarray) -> np.ndarray:
         """Slots for new (absent, distinct) keys, flags cleared."""
         slots = self.map.add(keys)
         if slots.size:
             self._grow(int(slots.max()) + 1)
-        self.freq[slots] = 0
-        self.last[slots] = 0
+        self._score[slots] = 0
         self.dirty[slots] = False
         self.in_below[slots] = False
         return slots
 
     def touch(self, slots: np.ndarray, counts: np.ndarray | int = 1) -> None:
         """Record an access (of `counts` occurrences) to each distinct slot."""
-        self.freq[slots] = np.minimum(self.freq[slots] + counts, _FREQ_CAP)
-        self.last[slots] = self.tick
+        freq = np.minimum((self._score[slots] >> _TICK_BITS) + counts, _FREQ_CAP)
+        self._score[slots] = (freq << _TICK_BITS) | self.tick
 
     def touch_accesses(self, slots: np.ndarray) -> int:
         """Record one access per element of `slots` (resident; duplicates allowed), without sorting.
@@ -127,14 +140,21 @@ class SlotCache:
         n = slots.size
         if n == 0:
             return 0
-        np.add.at(self.freq, slots, 1)
-        if int(self.freq[slots].max()) > _FREQ_CAP:
-            self.freq[slots] = np.minimum(self.freq[slots], _FREQ_CAP)
-        self.last[slots] = self.tick
-        # Distinct count without a sort: each slot keeps the position of its last occurrence.
-        pos = np.arange(n, dtype=np.int32)
-        self._mark[slots] = pos
-        return int(np.count_nonzero(self._mark[slots] == pos))
+        s = self._score
+        before = s[slots]
+        np.add.at(s, slots, _ONE_ACCESS)  # exact with duplicates: one increment per occurrence
+        after = s[slots]
+        # Each occurrence of a slot seen c times in this call sees its frequency grow by c, and the
+        # c occurrences contribute c * (1/c) = 1: the sum is the number of distinct slots (no sort).
+        grown = (after - before) >> _TICK_BITS
+        distinct = int(np.rint(np.reciprocal(grown.astype(np.float64)).sum()))
+        freq = after.view(np.uint64) >> np.uint64(_TICK_BITS)  # unsigned: a frequency past the cap may reach bit 63
+        after &= _FREQ_MASK
+        if int(freq.max()) > _FREQ_CAP:
+            after = np.minimum(freq, _FREQ_CAP).astype(np.int64) << _TICK_BITS
+        after |= self.tick
+        s[slots] = after
+        return distinct
 
     def next_tick(self) -> None:
         """Start a new call: accesses from now on are more recent than all before."""
@@ -163,11 +183,11 @@ class SlotCache:
             mask[protect] = False
             live = live[mask[live]]
         if self.policy == "lru":
-            rs = self.last[live]
+            rs = self._score[live] & _TICK_MASK
             ns = np.full(m, self.tick, dtype=np.int64)
         else:  # LFU, ties broken by recency (ticks stay far below 2^33)
-            rs = (self.freq[live] << 33) | self.last[live]
-            ns = (np.minimum(new_counts, _FREQ_CAP).astype(np.int64) << 33) | self.tick
+            rs = self._score[live]
+            ns = (np.minimum(new_counts, _FREQ_CAP).astype(np.int64) << _TICK_BITS) | self.tick
         self.scans += 1
         score = np.concatenate([rs, ns])
         n_drop = m - free

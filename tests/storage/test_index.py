@@ -76,3 +76,57 @@ def test_key_index_int32_values_refuse_overflow() -> None:
     assert idx.get(np.array([1, 2])).tolist() == [2**31 - 1, 0]
     with pytest.raises(TypeError, match="float64"):
         KeyIndex(value_dtype=np.float64)
+
+
+def _keys_with_hashes(hashes: np.ndarray) -> np.ndarray:
+    """Keys whose Fibonacci hash (key * FIB mod 2^64) is each of `hashes` (dropping negative keys)."""
+    from storage.compact_index import unmix
+
+    keys = unmix(np.asarray(hashes, dtype=np.uint64))
+    return keys[keys >= 0]
+
+
+def test_filter_never_hides_a_key_and_misses_near_colliding_keys_stay_misses() -> None:
+    # Keys built from their hashes: groups share the home-cell bits (top 32) and differ only in
+    # the filter bits (29..31) or the bits below, so the filter and the probe runs are crowded
+    # with near-collisions of the absent keys.
+    rng = np.random.default_rng(3)
+    tops = rng.integers(0, 2**32, 300, dtype=np.uint64) << np.uint64(32)
+    low = np.arange(64, dtype=np.uint64) << np.uint64(26)  # varies the filter bits and 3 bits below
+    hashes = (tops[:, None] | low[None, :]).ravel()
+    keys = _keys_with_hashes(hashes)
+    present = keys[::2]
+    absent = keys[1::2]
+    idx = KeyIndex(16)  # grows (rehash rebuilds the filter) while inserting
+    for part in np.array_split(rng.permutation(present), 7):
+        idx.insert(part, part // 3)
+    for batch in (absent, present, np.concatenate([absent, present]), absent[:40], present[:40]):
+        want = np.where(np.isin(batch, present), batch // 3, -1)
+        np.testing.assert_array_equal(idx.get(batch), want)
+    # Removed keys leave their filter bits set (stale bits only cost a probe): still misses.
+    gone = present[:500]
+    idx.remove(gone)
+    np.testing.assert_array_equal(idx.get(gone), np.full(gone.size, -1))
+    np.testing.assert_array_equal(idx.get(present[500:]), present[500:] // 3)
+    idx.insert(gone[:100], np.arange(100))
+    np.testing.assert_array_equal(idx.get(gone[:100]), np.arange(100))
+
+
+@pytest.mark.parametrize("miss_share", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_lookups_agree_whether_they_start_with_the_filter_or_the_table(miss_share: float) -> None:
+    # A batch with many misses starts with the filter, one with few with the home cells; both
+    # must give the dict's answer, whatever the batch size (small batches probe by windows).
+    rng = np.random.default_rng(4)
+    keys = np.unique(rng.integers(0, 2**62, 20_000))
+    idx = KeyIndex()
+    idx.insert(keys, np.arange(keys.size))
+    for n in (1, 7, 64, 600, 5000):
+        miss = rng.random(n) < miss_share
+        batch = np.where(miss, rng.integers(0, 2**62, n), keys[rng.integers(0, keys.size, n)])
+        ref = {int(k): i for i, k in enumerate(keys)}
+        assert idx.get(batch).tolist() == [ref.get(int(k), -1) for k in batch]
+
+
+def test_filter_bytes_are_counted() -> None:
+    idx = KeyIndex(1000, value_dtype=np.int32)
+    assert idx.nbytes == idx.table_size * (8 + 4 + 1)
