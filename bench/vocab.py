@@ -2,25 +2,34 @@
 
     python -m bench.vocab                          # 7 days x 700k rows, >= 1e7 distinct keys in the window
     python -m bench.vocab --rows 500000 --days 7   # quicker
+    python -m bench.vocab --days 8 --window-days 7 # steady state: the last update also drops a day
 
 Writes events directly (no raw text: this measures the vocabulary stage, not
 ingest): every day has `rows` rows of 26 categorical fields, most values
 unique to the day (`--new-share`), so the window holds 10^7+ distinct keys.
 Then it times
 
-- chain: days 1..7 built in order (each counts its own day once);
-- incremental: the daily update of day 7 alone (force=True), which counts day 7
-  and merges the kept day counts of days 1..6;
-- count only: the Dask counting of day 7's events (no merge), the floor;
-- count all days: what a non-incremental build would have to count.
+- chain: days 1..7 built in order (each counts its own day once; day 1 is a
+  "window" merge, days 2..7 "delta" merges);
+- incremental: the daily update of the last day alone (force=True): count it,
+  then per bucket previous vocabulary + the day - the day that left the window
+  (with the default window_days = days no day has left it yet: pass
+  `--days 8 --window-days 7` to include reading the dropped day);
+- window re-merge: the same day with incremental=False: count it, then per
+  bucket re-sum all the window's kept day counts (what decay < 1 or a broken
+  chain of run ids costs);
+- count only: the Dask counting of the last day's events (no merge), the floor;
+- count all window days: what a non-incremental build would have to count.
 
-Peak RSS of the driver (merge happens there) and of each worker.  Results:
-bench/results/vocab.json.
+Peak RSS of the driver (it only plans and adds up per-field numbers) and of
+each worker (a worker holds one events partition or one bucket at a time).
+Results: bench/results/vocab.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import tempfile
 import time
@@ -31,20 +40,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench._common import (
-    WorkerMemory,
-    mib,
-    print_table,
-    proc_memory,
-    reset_peak_rss,
-    write_json,
-)
+from bench._common import WorkerMemory, mib, proc_memory, report, reset_peak_rss
 from pipeline.cluster import dask_client, local_worker_count
 from pipeline.config import DaskConfig, VocabConfig
 from pipeline.schema import CRITEO
-from pipeline.vocab import merge_counts
-from pipeline.vocab_stage import _count_part, build_vocab
-from storage.fsio import date_range, get_fs
+from pipeline.vocab_stage import build_vocab
+from pipeline.vocab_tasks import count_part
+from storage.fsio import date_range, get_fs, read_json
 from storage.fsio import write_json as write_manifest
 
 PART_ROWS = 250_000
@@ -78,75 +80,115 @@ def write_events(root: Path, dates: list[str], rows: int, new_share: float, seed
                                                          "parts": parts, "run_id": f"bench-{date}"})  # fmt: skip
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (run on every worker and on the driver)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def phases(out) -> dict:
+    """count / merge seconds from the manifest of a single build ((result, manifest) pairs), else nothing."""
+    if isinstance(out, tuple) and isinstance(out[1], dict) and "seconds" in out[1]:
+        s = out[1]["seconds"]
+        return {"count_s": s["count"], "merge_s": s["merge"] + s["evicted_and_report"]}
+    return {"count_s": None, "merge_s": None}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=700_000, help="rows per day")
     parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--window-days", type=int, default=0, help="vocab.window_days (0: --days)")
     parser.add_argument("--new-share", type=float, default=0.1, help="share of values unique to their day")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--buckets", type=int, default=0, help="vocab.merge_buckets (0: from the data)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each single-day measurement (fastest kept)")
     parser.add_argument("--workdir", default="")
     args = parser.parse_args(argv)
     workers = args.workers or local_worker_count(DaskConfig())
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-vocab-"))
     dates = date_range("2026-04-01", f"2026-04-{args.days:02d}")
-    cfg = VocabConfig(window_days=args.days, min_count=2)
+    window = args.window_days or args.days
+    cfg = VocabConfig(window_days=window, min_count=2, merge_buckets=args.buckets)
     rows_out = []
+
+    def measure(run: str, rows: int, fn, repeat: int = 1) -> dict:
+        """Run `fn` `repeat` times; keep the fastest wall time and the least CPU (the machine is shared)."""
+        best: dict = {}
+        for _ in range(repeat):
+            reset_peak_rss()
+            base = proc_memory()["rss"]
+            cpu0 = sum(client.run(cpu_seconds).values()) + cpu_seconds()
+            with WorkerMemory(client) as mem:
+                t0 = time.perf_counter()
+                out = fn()
+                seconds = time.perf_counter() - t0
+            cpu = sum(client.run(cpu_seconds).values()) + cpu_seconds() - cpu0
+            print(f"{run}: {seconds:.1f}s wall, {cpu:.1f}s cpu", flush=True)
+            row = {"run": run, "seconds": seconds, "cpu_s": cpu, "rows_per_s": rows / seconds,
+                   "driver_peak_mib": mib(proc_memory()["peak_rss"]),
+                   "driver_growth_mib": mib(proc_memory()["peak_rss"] - base),
+                   "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values()), **phases(out)}  # fmt: skip
+            least_cpu = min(best.get("cpu_s", cpu), cpu)  # kept across runs even when a faster one replaces best
+            if not best or seconds < best["seconds"]:
+                best = row
+            best["cpu_s"] = least_cpu
+            best["runs"] = repeat
+        rows_out.append(best)
+        return out
+
     try:
         t0 = time.perf_counter()
         write_events(work, dates, args.rows, args.new_share)
-        print(f"wrote {args.days} days x {args.rows:,} rows of events in {time.perf_counter() - t0:.1f}s")
+        print(f"wrote {args.days} days x {args.rows:,} rows of events in {time.perf_counter() - t0:.1f}s", flush=True)
+        fs, _ = get_fs(str(work))
         with dask_client(DaskConfig(n_workers=workers, memory_limit="6GiB")) as client:
             client.wait_for_workers(workers)
-            reset_peak_rss()
-            with WorkerMemory(client) as mem:
-                t0 = time.perf_counter()
-                for d in dates:
-                    r = build_vocab(d, root=str(work), vocab=cfg, fmt="criteo", client=client)
-                chain = time.perf_counter() - t0
-            driver_chain = proc_memory()["peak_rss"]
-            seen = r.seen
-            rows_out.append({"run": f"chain: {args.days} daily builds", "seconds": chain,
-                             "rows_per_s": args.days * args.rows / chain, "keys_in_window": seen,
-                             "driver_peak_mib": mib(driver_chain),
-                             "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values())})  # fmt: skip
 
-            reset_peak_rss()
-            with WorkerMemory(client) as mem:
-                t0 = time.perf_counter()
-                build_vocab(dates[-1], root=str(work), vocab=cfg, fmt="criteo", client=client, force=True)
-                inc = time.perf_counter() - t0
-            rows_out.append({"run": "incremental update of the last day", "seconds": inc,
-                             "rows_per_s": args.rows / inc, "keys_in_window": seen,
-                             "driver_peak_mib": mib(proc_memory()["peak_rss"]),
-                             "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values())})  # fmt: skip
+            def build(d: str, **kw):
+                return build_vocab(d, root=str(work), vocab=cfg, fmt="criteo", client=client, **kw)
 
-            fs, root_path = get_fs(str(work))
-            events_dir = work / "events" / f"date={dates[-1]}"
-            paths = sorted(str(p) for p in events_dir.glob("part-*.parquet"))
-            t0 = time.perf_counter()
-            day = merge_counts(client.gather(client.map(_count_part, paths, fs=fs, fields=list(CRITEO.categorical),
-                                                        pure=False)))  # fmt: skip
-            count = time.perf_counter() - t0
-            rows_out.append({"run": "count one day only (floor)", "seconds": count, "rows_per_s": args.rows / count,
-                             "keys_in_window": len(day), "driver_peak_mib": 0.0, "worker_peak_mib": 0.0})  # fmt: skip
-            all_paths = sorted(str(p) for d in dates for p in (work / "events" / f"date={d}").glob("part-*.parquet"))
-            t0 = time.perf_counter()
-            window = merge_counts(client.gather(client.map(_count_part, all_paths, fs=fs,
-                                                           fields=list(CRITEO.categorical), pure=False)))  # fmt: skip
-            count_all = time.perf_counter() - t0
-            rows_out.append({"run": f"count all {args.days} days (non-incremental)", "seconds": count_all,
-                             "rows_per_s": args.days * args.rows / count_all, "keys_in_window": len(window),
-                             "driver_peak_mib": 0.0, "worker_peak_mib": 0.0})  # fmt: skip
+            def manifest() -> dict:
+                return read_json(fs, str(work / "vocab" / f"date={dates[-1]}" / "_SUCCESS.json"))
+
+            last = measure(f"chain: {args.days} daily builds", args.days * args.rows, lambda: [build(d) for d in dates])[-1]
+            rows_out[-1].update(keys_in_window=last.seen, merge="window, then delta", count_s=None, merge_s=None)
+            measure("incremental update of the last day", args.rows, lambda: (build(dates[-1], force=True), manifest()),
+                    repeat=args.repeat)  # fmt: skip
+            rows_out[-1].update(keys_in_window=last.seen, merge=manifest()["merge"])
+            measure("window re-merge of the last day", args.rows,
+                    lambda: (build(dates[-1], force=True, incremental=False), manifest()), repeat=args.repeat)  # fmt: skip
+            rows_out[-1].update(keys_in_window=last.seen, merge=manifest()["merge"])
+            buckets = manifest()["buckets"]
+
+            scratch_dir = work / "scratch-counts"
+            scratch_dir.mkdir()
+
+            def count(days: list[str]) -> int:
+                paths = sorted(str(p) for d in days for p in (work / "events" / f"date={d}").glob("part-*.parquet"))
+                outs = [str(scratch_dir / f"part-{i:05d}.parquet") for i in range(len(paths))]
+                return sum(client.gather(client.map(count_part, paths, outs, fs=fs, fields=list(CRITEO.categorical),
+                                                    pure=False)))  # fmt: skip
+
+            measure("count one day only (floor)", args.rows, lambda: count(dates[-1:]), repeat=args.repeat)
+            rows_out[-1].update(keys_in_window=0, merge="-")
+            measure(f"count all {window} days (non-incremental)", window * args.rows, lambda: count(dates[-window:]))
+            rows_out[-1].update(keys_in_window=0, merge="-")
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    print_table(rows_out)
-    print(f"incremental / one-day count = {rows_out[1]['seconds'] / rows_out[2]['seconds']:.2f}; "
-          f"incremental / {args.days}-day count = {rows_out[1]['seconds'] / rows_out[3]['seconds']:.2f}; "
-          f"chain / {args.days} = {rows_out[0]['seconds'] / args.days:.1f}s per day")  # fmt: skip
-    path = write_json("vocab", {"rows_per_day": args.rows, "days": args.days, "new_share": args.new_share,
-                                "workers": workers, "results": rows_out})  # fmt: skip
-    print(f"wrote {path}")
+    def ratio(i: int) -> str:  # wall and CPU of row i over the one-day count's
+        return f"{rows_out[i]['seconds'] / rows_out[3]['seconds']:.2f} wall, {rows_out[i]['cpu_s'] / rows_out[3]['cpu_s']:.2f} cpu"
+
+    notes = (f"{buckets} buckets, {last.seen:,} keys in the window; incremental / one-day count = {ratio(1)}; "
+             f"window re-merge / one-day count = {ratio(2)}; {window}-day count / one-day count = {ratio(4)}; "
+             f"chain / {args.days} = {rows_out[0]['seconds'] / args.days:.1f}s per day")  # fmt: skip
+    report("vocab", rows_out, params={"rows_per_day": args.rows, "days": args.days,
+                                      "window_days": window, "new_share": args.new_share,
+                                      "workers": workers, "merge_buckets": buckets, "repeat": args.repeat,
+                                      "worker_memory_limit": "6GiB"}, notes=notes,
+           columns=["run", "merge", "seconds", "count_s", "merge_s", "cpu_s", "rows_per_s", "keys_in_window",
+                    "driver_peak_mib", "driver_growth_mib", "worker_peak_mib"])  # fmt: skip
 
 
 if __name__ == "__main__":

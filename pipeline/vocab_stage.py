@@ -1,40 +1,63 @@
 """Vocab stage: events/date=D/ (+ earlier vocabularies) -> vocab/date=D/.
 
-Dask counts the day's keys per events partition; the driver merges them with
-the day counts kept by the previous vocabularies of the window and the
-previous vocabulary's first/last-seen dates (logic in `pipeline.vocab`).
-Writes day_counts.parquet, vocab.parquet, evicted.parquet and the report
-(report.parquet: one row per field with seen, admitted, evicted, coverage,
-oov_rate, missing_rate; report.md: the same as a short markdown summary the
-flow can publish), committed with a manifest holding the stats.
+Everything runs on Dask in pieces of bounded size; the driver only plans and
+adds up per-field numbers (the tasks are in `pipeline.vocab_tasks`, the logic
+in `pipeline.vocab` and `pipeline.vocab_merge`):
 
-Incremental: a daily run counts only day D's events (one Dask task per events
-partition); the other days of the window come from the day_counts.parquet
-kept by their committed vocabularies, so the daily cost is one day of
-counting plus a merge of `window_days` count tables.
+1. count: one task per events partition counts its keys into a scratch file
+   sorted by key hash;
+2. merge: one task per bucket (a range of key hashes, `vocab.merge_buckets`)
+   sums the day's counts of its range, reads the same range of the previous
+   vocabulary and of the window's day counts, decides admission and eviction,
+   and writes its part of day_counts.parquet/ and vocab.parquet/;
+3. cap (only with max_keys_per_field, only for fields over it): a few rounds
+   of per-bucket score histograms find each field's cut, then each bucket
+   applies it;
+4. evicted.parquet is concatenated from the buckets' parts (one part at a time),
+   report.parquet / report.md are written from the summed per-field numbers,
+   and the directory is committed with its manifest last.
+
+Incremental: D's events are the only events read.  When the previous
+vocabulary is D - 1's and its window held the same day counts (same run ids)
+as D's window minus the day that left it, and decay is 1, a bucket's window is
+previous count + D - the dropped day ("delta" merge: three inputs per bucket);
+otherwise it re-sums the window's kept day counts ("window" merge).  Both give
+the same vocabulary.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
 import fsspec
 import numpy as np
 import pandas as pd
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from distributed import Client
 
 from pipeline.config import VocabConfig
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab import (
-    count_keys,
-    field_stats,
-    merge_counts,
+    FieldTotals,
+    admission_thresholds,
+    day_number,
     report_markdown,
-    update_vocab,
-    window_counts,
+    stats_from_totals,
+)
+from pipeline.vocab_merge import CapSearch, auto_buckets
+from pipeline.vocab_tasks import (
+    SCRATCH,
+    Bucketed,
+    BucketResult,
+    MergePlan,
+    cap_round,
+    concat_evicted,
+    count_part,
+    finish_bucket,
+    merge_bucket,
+    scratch,
 )
 from storage.fsio import (
     code_version,
@@ -70,6 +93,7 @@ def build_vocab(
     fmt: str | LogSchema,
     client: Client,
     force: bool = False,
+    incremental: bool = True,
     storage_options: dict | None = None,
 ) -> VocabResult:
     """Build and commit the vocabulary of `date` under `<root>/vocab/date=D/`.
@@ -78,6 +102,11 @@ def build_vocab(
     the `window_days - 1` days before it (days without one are left out and
     the manifest's `window_dates` says which were used).  A committed
     vocabulary built from the same events run and config is kept unless `force`.
+
+    Args:
+        incremental: allow the "delta" merge when its conditions hold (see the
+            module docstring); False always re-sums the window (same result,
+            reads every day of the window; for benchmarks and recovery).
 
     Raises:
         FileNotFoundError: the events of `date` are not committed.
@@ -94,64 +123,144 @@ def build_vocab(
     if done and not force and done.get("events_run_id") == events.get("run_id") and done.get("config") == asdict(vocab):
         return _result(done, skipped=True)
 
+    fields = list(schema.categorical)
     multi = [name for name, _ in schema.multi_valued]
-    if unknown := sorted(set(vocab.min_count_per_field) - set(schema.categorical)):
+    if unknown := sorted(set(vocab.min_count_per_field) - set(fields)):
         raise ValueError(f"vocab.min_count_per_field names unknown fields {unknown}; {schema.name} fields are "
-                         f"{list(schema.categorical)}")  # fmt: skip
-    futures = client.map(
-        _count_part,
-        [join(events_dir, p["name"]) for p in events["parts"]],
-        fs=fs,
-        fields=list(schema.categorical),
-        multi_valued=multi,
-        pure=False,
-    )
-    day = merge_counts(client.gather(futures))
-
-    dated = {date: day}
-    for back in range(1, vocab.window_days):
-        d = shift_date(date, -back)
-        if read_manifest(fs, vocab_dir(root_path, d)) is not None:
-            dated[d] = _read(fs, join(vocab_dir(root_path, d), "day_counts.parquet"))
+                         f"{fields}")  # fmt: skip
+    run_id = uuid.uuid4().hex
+    window = _committed_window(fs, root_path, date, vocab.window_days)  # date -> manifest, without D
     prev_date = latest_vocab_before(fs, root_path, date)
-    previous = _read(fs, join(vocab_dir(root_path, prev_date), "vocab.parquet")) if prev_date else None
-    window = window_counts(dated, date=date, decay=vocab.decay)
-    update = update_vocab(date=date, window=window, previous=previous, config=vocab, fields=schema.categorical)
-    stats = field_stats(
-        vocab=update.vocab,
-        evicted=update.evicted,
-        day_counts=day,
-        day_rows=events["rows_written"],
-        fields=schema.categorical,
-        multi_valued=multi,
-    )
+    prev = read_manifest(fs, vocab_dir(root_path, prev_date)) if prev_date else None
+    delta, dropped = _delta_plan(date, vocab, window, prev_date, prev, fs=fs, root_path=root_path)
+    delta = delta and incremental
 
     with staged(fs, final) as stage:
-        report = pd.DataFrame(stats).assign(date=date)
-        for name, frame in (
-            ("day_counts", day), ("vocab", update.vocab), ("evicted", update.evicted), ("report", report)
-        ):  # fmt: skip
-            with fs.open(join(stage, f"{name}.parquet"), "wb") as f:
-                frame.to_parquet(f, index=False)
+        t0 = time.perf_counter()
+        for sub in (f"{SCRATCH}/counts", f"{SCRATCH}/merged", f"{SCRATCH}/evicted", "day_counts.parquet",
+                    "vocab.parquet"):  # fmt: skip
+            fs.makedirs(join(stage, sub), exist_ok=True)
+        parts = [p["name"] for p in events["parts"]]
+        outs = [scratch(stage, "counts", i) for i in range(len(parts))]
+        distinct = client.gather(client.map(count_part, [join(events_dir, p) for p in parts], outs, fs=fs,
+                                            fields=fields, multi_valued=multi, pure=False))  # fmt: skip
+        t1 = time.perf_counter()
+        buckets = vocab.merge_buckets or auto_buckets(
+            sum(distinct) + sum(m.get("day_keys", m.get("seen", 0)) for m in window.values())
+            + (prev.get("vocab_rows", prev.get("seen", 0)) if prev else 0)
+        )
+        plan = MergePlan(
+            stage=stage,
+            date=day_number(date),
+            buckets=buckets,
+            count_parts=tuple(outs),
+            window=() if delta else tuple((day_number(d), _day_counts(root_path, d, m)) for d, m in window.items()),
+            previous=_vocab_parts(root_path, prev_date, prev) if prev else None,
+            dropped=_day_counts(root_path, dropped, read_manifest(fs, vocab_dir(root_path, dropped))) if delta and dropped else None,
+            delta=delta,
+            thresholds=tuple(admission_thresholds(vocab, fields).tolist()),
+            ttl_days=vocab.ttl_days,
+            decay=vocab.decay,
+            capped=bool(vocab.max_keys_per_field),
+            n_fields=len(fields),
+        )
+        results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
+        t2 = time.perf_counter()
+        n_evicted = client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, buckets=buckets, fs=fs,
+                                  pure=False).result()  # fmt: skip
+        fs.rm(join(stage, SCRATCH), recursive=True)
+
+        totals = sum((r.totals for r in results), FieldTotals.zeros(len(fields)))
+        stats = stats_from_totals(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
+        window_dates = sorted([*window, date])
+        with fs.open(join(stage, "report.parquet"), "wb") as f:
+            pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
         with fs.open(join(stage, "report.md"), "w") as f:
-            f.write(report_markdown(date, stats, window_dates=sorted(dated), config=vocab))
+            f.write(report_markdown(date, stats, window_dates=window_dates, config=vocab))
         manifest = {
             "date": date,
             "format": schema.name,
             "config": asdict(vocab),
-            "window_dates": sorted(dated),
+            "window_dates": window_dates,
+            "window_runs": {**{d: m["run_id"] for d, m in window.items()}, date: run_id},
             "previous_vocab_date": prev_date,
+            "merge": "delta" if delta else "window",
+            "buckets": buckets,
             "day_rows": events["rows_written"],
-            "admitted": int(update.vocab["admitted"].sum()),
-            "seen": int((update.vocab["count"] > 0).sum()),
-            "evicted": len(update.evicted),
+            "day_keys": sum(r.day_keys for r in results),
+            "vocab_rows": sum(r.vocab_rows for r in results),
+            "admitted": int(totals.admitted.sum()),
+            "seen": int(totals.seen.sum()),
+            "evicted": int(n_evicted),
             "per_field": stats,
+            "seconds": {"count": round(t1 - t0, 3), "merge": round(t2 - t1, 3),
+                        "evicted_and_report": round(time.perf_counter() - t2, 3)},
             "events_run_id": events.get("run_id"),
-            "run_id": uuid.uuid4().hex,
+            "run_id": run_id,
             "code_version": code_version(),
         }
         commit_dir(fs, stage, final, manifest)
     return _result(manifest, skipped=False)
+
+
+def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, cap: int) -> list[BucketResult]:
+    """Run the bucket tasks (and, with a cap, the cut search and the finishing tasks); per-bucket results."""
+    buckets = range(plan.buckets)
+    results = client.gather(client.map(merge_bucket, buckets, plan=plan, fs=fs, pure=False))
+    if not plan.capped:
+        return results
+    search = CapSearch(cap=cap, admitted=sum(r.admitted for r in results), buckets=plan.buckets)
+    while not search.done:
+        search.absorb(client.gather(client.map(cap_round, buckets, plan=plan, fs=fs, query=search.query(),
+                                               shift=search.shift, pure=False)))  # fmt: skip
+    cuts = [{f: (c.bits, c.take[b]) for f, c in search.cuts.items()} for b in buckets]
+    return client.gather(client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False))
+
+
+def _committed_window(fs: fsspec.AbstractFileSystem, root_path: str, date: str, window_days: int) -> dict[str, dict]:
+    """date -> manifest of the committed vocabularies of the window_days - 1 days before `date`."""
+    out = {}
+    for back in range(window_days - 1, 0, -1):
+        d = shift_date(date, -back)
+        if (m := read_manifest(fs, vocab_dir(root_path, d))) is not None:
+            out[d] = m
+    return out
+
+
+def _delta_plan(
+    date: str, vocab: VocabConfig, window: dict[str, dict], prev_date: str | None, prev: dict | None, *,
+    fs: fsspec.AbstractFileSystem, root_path: str,
+) -> tuple[bool, str | None]:  # fmt: skip
+    """(whether the delta merge gives the exact window, the date that left the window or None).
+
+    It does when decay is 1, the previous vocabulary is of D - 1, and its window
+    was exactly this window's other days (same day-count run ids) plus at most
+    the day D - window_days, whose day counts are still the ones it used.
+    """
+    if vocab.decay != 1.0 or prev is None or prev_date != shift_date(date, -1) or "window_runs" not in prev:
+        return False, None
+    runs = dict(prev["window_runs"])
+    dropped = shift_date(date, -vocab.window_days)
+    dropped_run = runs.pop(dropped, None)
+    if runs != {d: m["run_id"] for d, m in window.items()}:
+        return False, None
+    if dropped_run is None:
+        return True, None
+    kept = read_manifest(fs, vocab_dir(root_path, dropped))
+    if kept is None or kept.get("run_id") != dropped_run or "buckets" not in kept:
+        return False, None
+    return True, dropped
+
+
+def _day_counts(root_path: str, date: str, manifest: dict) -> Bucketed:
+    """The day counts kept by a committed vocabulary (a single file before they were bucketed)."""
+    path = join(vocab_dir(root_path, date), "day_counts.parquet")
+    return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
+
+
+def _vocab_parts(root_path: str, date: str, manifest: dict) -> Bucketed:
+    path = join(vocab_dir(root_path, date), "vocab.parquet")
+    return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
 
 
 def vocab_dir(root_path: str, date: str) -> str:
@@ -198,20 +307,10 @@ def load_report(root: str, date: str, storage_options: dict | None = None) -> pd
     return _load(root, date, "report", None, storage_options)
 
 
-def _count_part(
-    path: str, *, fs: fsspec.AbstractFileSystem, fields: list[str], multi_valued: list[str] = ()
-) -> pd.DataFrame:
-    """Dask task: key counts of one events partition (multi-valued fields count every value)."""
-    with fs.open(path, "rb") as f:
-        table = pq.read_table(f, columns=fields)
-    columns = {
-        name: (pc.list_flatten(table.column(name)) if name in multi_valued else table.column(name)).to_pandas()
-        for name in fields
-    }
-    return count_keys(columns, fields)
-
-
 def _read(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """A Parquet file or a directory of parts (vocab.parquet/, day_counts.parquet/) as one frame."""
+    if fs.isdir(path):
+        return pq.read_table(path, filesystem=fs, columns=columns).to_pandas()
     with fs.open(path, "rb") as f:
         return pq.read_table(f, columns=columns).to_pandas()
 

@@ -58,7 +58,7 @@ def test_a_key_is_admitted_when_its_windowed_count_reaches_min_count():
 
 
 def test_admission_is_sticky_until_the_key_is_unseen_for_more_than_ttl_days():
-    cfg = dict(min_count=2, window_days=2, ttl_days=3)
+    cfg = {"min_count": 2, "window_days": 2, "ttl_days": 3}
     v = step("2026-01-01", {"2026-01-01": counts(a=2)}, None, **cfg).vocab
     for date in ("2026-01-02", "2026-01-03", "2026-01-04"):  # out of the window, within the TTL
         update = step(date, {}, v, **cfg)
@@ -70,7 +70,7 @@ def test_admission_is_sticky_until_the_key_is_unseen_for_more_than_ttl_days():
 
 
 def test_seen_again_before_the_ttl_keeps_a_key_and_updates_last_seen():
-    cfg = dict(min_count=2, window_days=1, ttl_days=2)
+    cfg = {"min_count": 2, "window_days": 1, "ttl_days": 2}
     v = step("2026-01-01", {"2026-01-01": counts(a=2)}, None, **cfg).vocab
     v = step("2026-01-03", {"2026-01-03": counts(a=1)}, v, **cfg).vocab.set_index("key")
     assert v.loc[key("a"), ["admitted", "first_seen", "last_seen"]].tolist() == [True, "2026-01-01", "2026-01-03"]
