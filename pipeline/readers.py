@@ -102,14 +102,14 @@ class _End:
     error: BaseException | None
 
 
-def read_ahead(items: Iterator[T], depth: int) -> Iterator[T]:
+def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead") -> Iterator[T]:
     """The items of `items`, produced by a background thread at most `depth` items ahead.
 
     The consumer sees the same items in the same order, then any exception the
     producer raised (with its traceback), at the point where the failed item
     would have come.  Closing the returned generator early (the consumer failed)
     stops the producer and closes `items` in the producer's thread, so files it
-    opened are closed before this returns.  `depth` 0 iterates inline.
+    opened are closed before this returns.  `depth` 0 iterates inline.  `name` names the thread.
     """
     if depth <= 0:
         yield from items
@@ -139,7 +139,7 @@ def read_ahead(items: Iterator[T], depth: int) -> Iterator[T]:
             if close is not None:
                 close()
 
-    thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         while True:

@@ -19,9 +19,7 @@ which the step pools into field j's row (`trainer.bags`).
 from __future__ import annotations
 
 import logging
-import queue
 import re
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.readers import read_ahead
 from storage import fsio
 from trainer.bags import FieldBags, Jagged
 
@@ -310,75 +309,38 @@ class RankReader:
             yield _Rows.concat(parts).to_batch(fields)
 
 
-_END = object()
-
-
 class Prefetcher:
     """Runs an iterator in a background thread, `depth` items ahead, through a bounded queue.
 
+    The thread is `pipeline.readers.read_ahead` (the same one ingest reads chunks with); this adds
+    `on_start`, run first inside that thread (e.g. to pin it to the NUMA node's cores).
     Exceptions in the producer are re-raised in the consumer.  `close()` (or
     leaving a `with` block) stops the thread even when the consumer stopped early.
     With `depth=0` there is no thread: the consumer runs the iterator itself
-    (the unpipelined reference `bench.train` measures against).
+    (the unpipelined reference `bench.train` measures against), and `on_start` is not called.
 
     Args:
         make_iter: builds the iterator; called inside the thread.
         depth: queue capacity (>= 1), or 0 for no background thread.
-        on_start: called first inside the thread (e.g. pin it to the NUMA node's cores).
+        on_start: called first inside the thread.
     """
 
     def __init__(self, make_iter: Callable[[], Iterable[Any]], *, depth: int = 2, on_start: Callable[[], Any] | None = None) -> None:
         if depth < 0:
             raise ValueError(f"prefetch depth must be >= 0, got {depth}")
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._make_iter, self._on_start = make_iter, on_start
-        self._thread: threading.Thread | None = None
-        if depth:
-            self._thread = threading.Thread(target=self._run, name="batch-prefetch", daemon=True)
-            self._thread.start()
 
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        def produce() -> Iterator[Any]:  # a generator: its body runs in read_ahead's thread
+            if depth and on_start is not None:
+                on_start()
+            yield from make_iter()
 
-    def _run(self) -> None:
-        try:
-            if self._on_start is not None:
-                self._on_start()
-            for item in self._make_iter():
-                if not self._put(item):
-                    return
-            self._put(_END)
-        except BaseException as exc:  # handed to the consumer
-            self._put(exc)
+        self._items = read_ahead(produce(), depth, name="batch-prefetch")
 
     def __iter__(self) -> Iterator[Any]:
-        if self._thread is None:
-            yield from self._make_iter()
-            return
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        return self._items
 
     def close(self) -> None:
-        self._stop.set()
-        while True:  # unblock a producer waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._items.close()  # stops and joins the producer thread, if it started
 
     def __enter__(self) -> Prefetcher:
         return self

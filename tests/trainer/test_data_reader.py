@@ -103,4 +103,4 @@ def test_prefetcher_runs_ahead_in_a_thread_and_propagates_errors() -> None:
     it = iter(p)
     assert next(it) == 0
     p.close()  # the consumer stopped early: the thread still ends
-    assert not p._thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "batch-prefetch"]
