@@ -76,6 +76,12 @@ class CompactSlotMap:
     (the SSD records carry their key): `lookup`, `add`, `remove`, `reassign`,
     `iter_items`, `save` / `load`.  Unbounded (slots up to 2^31 - 1).
 
+    Args:
+        reuse_slots: keep a free list of removed / reassigned slots and hand them out
+            again in `add` (lowest first).  With False the caller places keys itself
+            (`insert`, `reassign`; the SSD tier's log allocates whole units) and no
+            free list is kept, so garbage slots cost no memory.
+
     Example::
 
         m = CompactSlotMap()
@@ -83,7 +89,8 @@ class CompactSlotMap:
         m.lookup(np.array([9, 8, 7]))  # -> array([ 1, -1,  0])
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, reuse_slots: bool = True) -> None:
+        self._reuse = reuse_slots  # False: the caller allocates slots (`insert`); no free list is kept
         self._h = np.empty(0, dtype=np.uint64)
         self._s = np.empty(0, dtype=np.int32)
         self._n = 0  # main entries, tombstones included
@@ -216,8 +223,25 @@ class CompactSlotMap:
             self.merge()
         return slots
 
+    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Place `keys` (distinct, absent) at caller-chosen `slots` (distinct, unused); raises the high water."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if keys.size == 0:
+            return
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        self._raise_high_water(slots)
+        self._delta.insert(keys, slots)
+        if len(self._delta) > max(_MIN_DELTA, len(self) >> 5):
+            self.merge()
+
+    def _raise_high_water(self, slots: np.ndarray) -> None:
+        top = int(slots.max()) + 1
+        if top > MAX_SLOTS:
+            raise ValueError(f"CompactSlotMap cannot address more than {MAX_SLOTS} slots")
+        self.high_water = max(self.high_water, top)
+
     def _free_up(self, slots: np.ndarray) -> None:
-        if slots.size:
+        if slots.size and self._reuse:
             self._free = np.concatenate([self._free, slots.astype(np.int32)])
             self._free_sorted = False
 
@@ -241,9 +265,18 @@ class CompactSlotMap:
         return ok, freed
 
     def reassign(self, keys: np.ndarray, slots: np.ndarray, *, free_old: bool = True) -> np.ndarray:
-        """Point present `keys` (distinct) at new `slots`; returns their old slots (freed unless `free_old=False`)."""
+        """Point present `keys` (distinct) at new `slots`; returns their old slots (freed unless `free_old=False`).
+
+        Slots at or above the high water raise it (as `take_fresh` would have).
+
+        Raises:
+            KeyError: a key is not in the map (keys of the main segment may already point at
+                their new slots: callers check presence first).
+        """
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots = np.ascontiguousarray(slots, dtype=np.int64)
+        if keys.size == 0:
+            return np.empty(0, dtype=np.int64)
         old = np.full(keys.size, -1, dtype=np.int64)
         pos = self._find_main(mix(keys))
         inmain = pos >= 0
@@ -256,6 +289,7 @@ class CompactSlotMap:
             if (old[rest] < 0).any():
                 raise KeyError(f"reassign: {int((old[rest] < 0).sum())} keys are not in the map")
             self._delta.insert(keys[rest], slots[rest])
+        self._raise_high_water(slots)
         if free_old:
             self._free_up(old)
         return old
@@ -363,7 +397,7 @@ class CompactSlotMap:
         if hdr.shape != (2,):
             raise ValueError(f"index header has shape {hdr.shape}, expected (2,)")
         high_water, n = int(hdr[0]), int(hdr[1])
-        self.__init__()  # type: ignore[misc]
+        self.__init__(reuse_slots=self._reuse)  # type: ignore[misc]
         self._ensure(n)
         _read_npy_into(f, self._h[:n])
         _read_npy_into(f, self._s[:n])
@@ -377,7 +411,7 @@ class CompactSlotMap:
         live = np.flatnonzero(slot_keys >= 0)
         h = mix(slot_keys[live])
         order = np.argsort(h)
-        self.__init__()  # type: ignore[misc]
+        self.__init__(reuse_slots=self._reuse)  # type: ignore[misc]
         n = live.size
         self._ensure(n)
         self._h[:n] = h[order]
@@ -398,6 +432,7 @@ class CompactSlotMap:
             if s.size and (int(s.min()) < 0 or int(s.max()) >= hw):
                 raise ValueError(f"index slot out of range [0, {hw})")
             used[s] = True
-        self._free = np.flatnonzero(~used).astype(np.int32)
+        if self._reuse:
+            self._free = np.flatnonzero(~used).astype(np.int32)
         self._free_sorted = False
         self._build_dir()

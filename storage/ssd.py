@@ -11,26 +11,45 @@ itself (int64, checked on every read, so a stale index can never hand one key
 another key's row).  Records are packed ``rows_per_unit`` to a unit of
 ``unit_bytes`` (a multiple of 4096); I/O always moves whole units, at aligned
 offsets, from page-aligned (anonymous `mmap`) buffers, as O_DIRECT requires.
-A batch is sorted by unit, coalesced into contiguous runs, and the runs are
-spread over a small thread pool of `os.preadv` / `os.pwritev` calls (which
-release the GIL).  A write reads a unit first only when the unit holds live rows
-the write does not cover: whole units, units past the end of the file and
-units whose other slots are free (a per-unit count of live rows says which)
-are written without a read.
+Reads sort a batch by unit, coalesce it into contiguous runs and spread the runs
+over a small thread pool of `os.preadv` / `os.pwritev` calls (which release the GIL).
+
+Writes are log-structured: a batch of rows (new or updated) is appended, packed,
+to fresh slots at the log's tail (the rest of the tail unit, then free units,
+lowest first, then new units at the end of the file) and written whole-unit,
+without reading anything (the tail unit's content is kept in memory and written
+again around the new rows), then the key -> slot index is repointed.  The old
+slots become garbage, counted per unit (`_unit_live`).  A unit left with no
+live row is free for later appends; a unit left with fewer than
+``ceil(gc_threshold * rows_per_unit)`` live rows is reclaimed by the same append
+(its unit is read, its other live rows go to the tail with the batch).  So every
+used unit but the tail and one just-filled tail holds at least that many live
+rows, and, with L the most live rows held and B the most rows one call appends
+(batch plus moved rows), the row file never exceeds::
+
+    unit_bytes * (ceil(L / ceil(t * rows_per_unit)) + 2 + ceil(B / rows_per_unit) + 1)
+
+about 1/t times the live rows' size for L >> B (t = 0.5: <= 2x; ~1.6x measured
+under uniform random updates, with ~0.8 rows moved and ~0.1 units read per
+written row).  The index changes only after its write succeeded, so a failed
+write (a full disk) leaves every row as it was.
 
 The key -> slot index lives in memory (`storage.compact_index.CompactSlotMap`,
-~12.5 bytes per key, so a 10^8-row shard's index fits in ~1.3 GB) and is saved
-atomically on `flush()` / `close()` (new ``index-<gen>.idx``, then
-``meta.json`` replaced, then the old index removed), so the store reopens with
-the same content.  The first change after a save marks ``meta.json``
-``clean: false`` and clears the tag, so a crash mid-run is visible to the warm
-stage.  Evicted rows free their slots (reused, lowest first, by later
-inserts); `compact()` rewrites the file without holes, keeping the slot order.
-Whole-shard scans (`iter_rows`, snapshots, compaction) read the file
-sequentially and keep the records the index points at, so a snapshot of an SSD
-shard lists its rows in slot order, not key order.  Shards written in format 1
-(a slot -> key ``index-<gen>.npy``) are read and saved in format 2 on the next
-flush.
+~12.5 bytes per key, so a 10^8-row shard's index fits in ~1.3 GB; no free list:
+slots are placed by the log) and is saved atomically on `flush()` / `close()`
+(new ``index-<gen>.idx``, then ``meta.json`` replaced, then the old index
+removed), so the store reopens with the same content.  The first change after a
+save marks ``meta.json`` ``clean: false`` and clears the tag, so a crash mid-run
+is visible to the warm stage (appends may reuse units the saved index still
+points at).  `compact()` rewrites the file without holes, keeping the slot order
+(it gives back free units after a large eviction).  Whole-shard scans
+(`iter_rows`, snapshots, compaction) read the file sequentially and keep the
+records the index points at, so a snapshot of an SSD shard lists its rows in
+slot order, not key order.  The on-disk layout is the same as before
+log-structured writes (format 2, readable both ways); a reopened shard's
+under-threshold units are reclaimed by its next appends, `_RECHECK_UNITS` per
+append, so the bound holds again once they are worked off.  Shards written in format 1 (a slot -> key
+``index-<gen>.npy``) are read and saved in format 2 on the next flush.
 
 If the filesystem refuses O_DIRECT (EINVAL), the store logs one warning and
 uses buffered I/O; `direct_io_active` tells which is in use.
@@ -75,6 +94,8 @@ ROWS_FILE = "rows.bin"
 META_FILE = "meta.json"
 _MAX_RUN_BYTES = 32 << 20
 _BATCH_ROWS = 1 << 16
+_RECHECK_UNITS = 1024
+"""Units of an older or reopened shard checked against the threshold per append (bounds its extra I/O)."""
 
 
 def record_dtype(dim: int) -> np.dtype:
@@ -92,6 +113,10 @@ class SsdStore(RowTier):
         direct_io: open the row file with O_DIRECT (falls back to buffered I/O, with a
             warning, where the filesystem refuses it).
         io_threads: threads issuing the reads/writes of one batch.
+        gc_threshold: a unit whose live rows fall below this fraction of `rows_per_unit` is
+            reclaimed (its live rows move to the log's tail with the next append), so the row
+            file stays within ~1/gc_threshold of the live rows' size (see the module docstring).
+            0 reclaims only units with no live row left.
 
     Raises:
         ValueError: `path` is an object-store URL, or the shard has another dim or format.
@@ -107,6 +132,7 @@ class SsdStore(RowTier):
         init_std: float = 0.01,
         direct_io: bool = True,
         io_threads: int = 4,
+        gc_threshold: float = 0.5,
     ) -> None:
         if not is_local(str(path)):
             raise ValueError(
@@ -119,6 +145,9 @@ class SsdStore(RowTier):
             raise ValueError(f"init_std must be > 0, got {init_std}")
         if io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {io_threads}")
+        if not 0 <= gc_threshold < 1:
+            raise ValueError(f"gc_threshold must be in [0, 1), got {gc_threshold}")
+        self.gc_threshold = gc_threshold
         self.path = local_path(str(path))
         self.path.mkdir(parents=True, exist_ok=True)
         self.dim = dim
@@ -133,7 +162,8 @@ class SsdStore(RowTier):
             {"names": ["r"], "formats": [(self._rec, (self.rows_per_unit,))], "offsets": [0], "itemsize": self.unit_bytes}
         )
         self._counters = dict.fromkeys(
-            ("hits", "misses", "bytes_read", "bytes_written", "evictions", "read_calls", "write_calls", "rmw_units"),
+            ("hits", "misses", "bytes_read", "bytes_written", "evictions", "read_calls", "write_calls",
+             "gc_units", "gc_rows"),
             0,
         )
         self._lfs = LocalFileSystem()
@@ -141,8 +171,10 @@ class SsdStore(RowTier):
         self._io_threads = io_threads
         self._fd = -1
         self._closed = False
-        self._map = CompactSlotMap()
-        self._unit_live = np.zeros(0, dtype=np.int32)  # live rows per unit: which writes need no read
+        self._gc_rows = int(np.ceil(gc_threshold * self.rows_per_unit))
+        self._map = CompactSlotMap(reuse_slots=False)
+        self._unit_live = np.zeros(0, dtype=np.int32)  # live rows per unit
+        self._reset_log()
         self._meta: dict[str, Any] = {}
         self._load_meta()
         self._open_file()
@@ -189,6 +221,7 @@ class SsdStore(RowTier):
                 self._map.load_slot_keys(np.load(index))
         self._recount_units()
         self._meta = meta
+        self._reset_log()
         self._clean = bool(meta.get("clean", True))
         if not self._clean:
             log.warning("shard %s was not closed cleanly; its rows may be newer than its index", self.path)
@@ -265,6 +298,144 @@ class SsdStore(RowTier):
         for _, slots in self._map.iter_items():
             self._count_units(slots, 1)
 
+    # -- the log: where appended rows go -------------------------------------------------
+    def _reset_log(self) -> None:
+        """Rebuild the allocator from the live counts (after open, wipe, compaction).
+
+        Units past the high water are never used; units with no live row are free; units
+        under the threshold (a shard from before, or a partial last unit) are reclaimed by
+        the next append.  The tail unit is unknown after a reopen: appends start a new one."""
+        end = -(-self._map.high_water // self.rows_per_unit)
+        live = self._unit_live[:end]
+        self._end_unit = end  # units [0, end) may hold rows
+        self._free_units = np.flatnonzero(live == 0)  # ascending: taken lowest first
+        self._recheck = np.flatnonzero((live > 0) & (live < self._gc_rows))
+        self._tail_unit = -1  # the unit appends fill next (-1: none); its content is `_tail_recs`
+        self._tail_fill = 0
+        self._tail_recs = np.zeros(self.rows_per_unit, dtype=self._rec)
+
+    def _allocate(self, n: int) -> np.ndarray:
+        """`n` slots to append to, in order: the rest of the tail unit, free units (lowest first),
+        then new units at the end of the file.  Moves the tail (`_append` puts it back if the write fails)."""
+        rpu = self.rows_per_unit
+        parts = []
+        if self._tail_unit >= 0 and self._tail_fill < rpu:
+            k = min(n, rpu - self._tail_fill)
+            parts.append(self._tail_unit * rpu + self._tail_fill + np.arange(k, dtype=np.int64))
+            n -= k
+        need = -(-n // rpu)
+        reuse = self._free_units[:need]
+        self._free_units = self._free_units[reuse.size :]
+        fresh = np.arange(self._end_unit, self._end_unit + need - reuse.size, dtype=np.int64)
+        self._end_unit += fresh.size
+        units = np.concatenate([reuse.astype(np.int64), fresh])
+        parts.append((units[:, None] * rpu + np.arange(rpu)).reshape(-1)[:n])
+        slots = np.concatenate(parts)
+        last = int(slots[-1])
+        if last % rpu == rpu - 1:
+            new_tail, fill = -1, 0
+        else:
+            new_tail, fill = last // rpu, last % rpu + 1
+        if self._tail_unit >= 0 and new_tail != self._tail_unit:
+            # The old tail is filled: an ordinary unit now, checked against the threshold next time.
+            self._recheck = np.append(self._recheck, self._tail_unit)
+        self._tail_unit, self._tail_fill = new_tail, fill
+        return slots
+
+    def _append(self, keys: np.ndarray, recs: np.ndarray, old: np.ndarray, *, dying: np.ndarray | None = None) -> None:
+        """Write `recs` of `keys` (distinct; `old`: their current slots, -1 for new keys) to fresh
+        slots at the log's tail and repoint the index; `dying`: slots of rows being deleted.
+
+        Units that the dying old slots leave under the threshold are reclaimed in the same
+        write: their other live rows are read and appended with the batch.  The index changes
+        only after the write succeeded, so a failed write leaves every row as it was."""
+        n_user = keys.size
+        gone = old[old >= 0]
+        if dying is not None and dying.size:
+            gone = np.concatenate([gone, dying])
+        recheck = self._recheck
+        victims, idle = self._victims(gone)
+        if victims.size:
+            vslots, vrecs = self._live_in(victims, exclude=gone)
+            expect = int(self._unit_live[victims].sum()) - int(np.isin(gone // self.rows_per_unit, victims).sum())
+            if vslots.size != expect:
+                raise RuntimeError(
+                    f"shard {self.path} is inconsistent: units {victims[:5].tolist()} hold {vslots.size} live "
+                    f"rows, the index counts {expect}; wipe and restore it"
+                )
+            keys = np.concatenate([keys, vrecs["key"]])
+            recs = np.concatenate([recs, vrecs])
+            old = np.concatenate([old, vslots])
+            gone = np.concatenate([gone, vslots])
+            self._counters["gc_units"] += int(victims.size)
+            self._counters["gc_rows"] += int(vslots.size)
+        if keys.size == 0:
+            self._release(gone, idle)
+            return
+        saved = (self._free_units, self._end_unit, self._tail_unit, self._tail_fill, recheck)
+        old_tail = self._tail_unit
+        new = self._allocate(keys.size)
+        try:
+            self._write_slots(new, recs, tail=old_tail)
+        except BaseException as exc:
+            (self._free_units, self._end_unit, self._tail_unit, self._tail_fill, self._recheck) = saved
+            if not isinstance(exc, OSError):
+                raise
+            n_new = int((old[:n_user] < 0).sum())
+            raise OSError(
+                exc.errno,
+                f"writing {n_user} rows ({n_user * self.record_bytes} bytes) to {self.rows_file} "
+                f"failed: {exc.strerror} (disk full or file size limit?); no row changed, {n_new} new rows "
+                "were not added",
+            ) from exc
+        moved = old >= 0
+        self._map.reassign(keys[moved], new[moved], free_old=False)
+        self._map.insert(keys[~moved], new[~moved])
+        self._count_units(new, 1)
+        self._release(gone, idle)
+        if self._tail_unit >= 0:  # keep the tail unit's content: the next append rewrites it whole
+            if self._tail_unit != old_tail:
+                self._tail_recs = np.zeros(self.rows_per_unit, dtype=self._rec)
+            in_tail = new // self.rows_per_unit == self._tail_unit
+            self._tail_recs[new[in_tail] % self.rows_per_unit] = recs[in_tail]
+
+    def _victims(self, gone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Units to reclaim once the `gone` slots die: (those left with 0 < live < threshold,
+        those left empty that `gone` does not touch); the tail is never one.  Consumes up to
+        `_RECHECK_UNITS` units of `_recheck` (a reopened shard's may be many: bounded memory)."""
+        take, self._recheck = self._recheck[:_RECHECK_UNITS], self._recheck[_RECHECK_UNITS:]
+        cand = np.unique(np.concatenate([gone // self.rows_per_unit, take]))
+        if cand.size == 0:
+            return cand, cand
+        g_units, g_counts = np.unique(gone // self.rows_per_unit, return_counts=True)
+        after = self._unit_live[cand].astype(np.int64)
+        after[np.searchsorted(cand, g_units)] -= g_counts
+        usable = cand != self._tail_unit
+        empty = cand[(after == 0) & usable]
+        return cand[(after > 0) & (after < self._gc_rows) & usable], empty[~np.isin(empty, g_units)]
+
+    def _live_in(self, units: np.ndarray, exclude: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, records) of the live rows of `units`, leaving out the slots in `exclude`."""
+        rpu = self.rows_per_unit
+        buf, arr = self._alloc(units.size)
+        self._io(False, units, buf)
+        recs = arr.reshape(-1).copy()
+        del arr
+        slots = (units[:, None] * rpu + np.arange(rpu)).reshape(-1)
+        live = (self._map.lookup(recs["key"]) == slots) & ~np.isin(slots, exclude)
+        return slots[live], recs[live]
+
+    def _release(self, gone: np.ndarray, idle: np.ndarray) -> None:
+        """The rows at `gone` died: count them off; units left empty (and `idle` ones, empty
+        already) become free, except the tail."""
+        units = np.unique(gone // self.rows_per_unit)
+        if gone.size:
+            np.subtract.at(self._unit_live, gone // self.rows_per_unit, 1)
+        cand = np.concatenate([units, idle])
+        empty = cand[(self._unit_live[cand] == 0) & (cand != self._tail_unit)]
+        if empty.size:
+            self._free_units = np.union1d(self._free_units, empty)
+
     # -- unit I/O -----------------------------------------------------------------
     def _runs(self, units: np.ndarray) -> list[tuple[int, int]]:
         """(first, end) index ranges of `units` (sorted, distinct) that are contiguous on disk."""
@@ -340,45 +511,36 @@ class SsdStore(RowTier):
             )
         return recs
 
-    def _write_records(
-        self, slots: np.ndarray, recs: np.ndarray, *, fd: int | None = None, unit_live: np.ndarray | None = None
+    def _write_slots(
+        self, slots: np.ndarray, recs: np.ndarray, *, fd: int | None = None, tail: int = -1
     ) -> None:
-        """Write `recs` at `slots` (distinct, already counted in `unit_live`), reading first only
-        the units that hold other live rows.
+        """Write `recs` at `slots` (distinct), whole units only, never reading one first.
 
-        A big batch is written in pieces of at most `_BATCH_ROWS` rows (by slot order), so
-        the temporary unit buffers stay small whatever the batch size.  `fd` / `unit_live`:
-        another file and its live counts (compaction)."""
-        if slots.size > _BATCH_ROWS:
-            order = np.argsort(slots, kind="stable")
-            for lo in range(0, order.size, _BATCH_ROWS):
-                part = order[lo : lo + _BATCH_ROWS]
-                self._write_unit_batch(slots[part], recs[part], fd, unit_live)
-            return
-        self._write_unit_batch(slots, recs, fd, unit_live)
-
-    def _write_unit_batch(
-        self, slots: np.ndarray, recs: np.ndarray, fd: int | None, unit_live: np.ndarray | None
-    ) -> None:
+        Every unit touched must hold no live row outside this write, except the log's tail
+        unit `tail` (-1: none), whose current content is kept in memory (`_tail_recs`) and
+        written again around the new rows.  A big batch goes in pieces of about `_BATCH_ROWS` rows, split at unit
+        boundaries, so the temporary unit buffers stay small whatever the batch size."""
         if slots.size == 0:
             return
         rpu = self.rows_per_unit
+        order = np.argsort(slots, kind="stable")
+        slots, recs = slots[order], recs[order]
         unit_of = slots // rpu
-        units, pos, counts = np.unique(unit_of, return_inverse=True, return_counts=True)
-        buf, arr = self._alloc(units.size)
-        file_units = -(-os.fstat(self._fd if fd is None else fd).st_size // self.unit_bytes)
-        live = (self._unit_live if unit_live is None else unit_live)[units]
-        # Read-modify-write only where the unit exists on disk and holds live rows not in this write.
-        partial = np.flatnonzero((counts < live) & (units < file_units))
-        self._counters["rmw_units"] += partial.size
-        if partial.size:
-            pbuf, parr = self._alloc(partial.size)
-            self._io(False, units[partial], pbuf, fd)
-            arr[partial] = parr
-            del parr
-        arr[pos.reshape(-1), slots % rpu] = recs
-        del arr
-        self._io(True, units, buf, fd)
+        units = np.unique(unit_of)
+        step = max(1, _BATCH_ROWS // rpu)
+        for a in range(0, units.size, step):
+            chunk = units[a : a + step]
+            lo = int(np.searchsorted(unit_of, chunk[0], side="left"))
+            hi = int(np.searchsorted(unit_of, chunk[-1], side="right"))
+            buf, arr = self._alloc(chunk.size)  # zeroed: unused slots of a unit read back as key 0 (never live)
+            if tail >= 0:
+                t = np.flatnonzero(chunk == tail)
+                if t.size:
+                    arr[t[0]] = self._tail_recs
+            pos = np.searchsorted(chunk, unit_of[lo:hi])
+            arr[pos, slots[lo:hi] % rpu] = recs[lo:hi]
+            del arr
+            self._io(True, chunk, buf, fd)
 
     def _records(self, keys: np.ndarray, rows: Rows) -> np.ndarray:
         recs = np.zeros(keys.size, dtype=self._rec)
@@ -419,26 +581,7 @@ class SsdStore(RowTier):
         if keys.size == 0:
             return
         self._changing()
-        slots = self._map.lookup(keys)
-        new = slots < 0
-        if new.any():
-            slots[new] = self._map.add(keys[new])
-            self._count_units(slots[new], 1)
-        try:
-            self._write_records(slots, self._records(keys, rows))
-        except OSError as exc:
-            # The new keys' records may be missing: forget them, so the index never points at a
-            # row that was not written.  Overwritten rows may hold the old or the new value; the
-            # shard stays marked not clean (see `meta`), and the warm stage restores such a shard.
-            if new.any():
-                _, freed = self._map.remove(keys[new])
-                self._count_units(freed, -1)
-            raise OSError(
-                exc.errno,
-                f"writing {keys.size} rows ({keys.size * self.record_bytes} bytes) to {self.rows_file} "
-                f"failed: {exc.strerror} (disk full or file size limit?); {int(new.sum())} new rows "
-                "were not added",
-            ) from exc
+        self._append(keys, self._records(keys, rows), self._map.lookup(keys))
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         return self._map.lookup(np.ascontiguousarray(keys, dtype=np.int64)) >= 0
@@ -455,9 +598,14 @@ class SsdStore(RowTier):
         if k.size == 0 or not self.contains(k).any():
             return
         self._changing()
-        ok, freed = self._map.remove(k)
-        self._count_units(freed, -1)
-        self._counters["evictions"] += int(ok.sum())
+        # Forget the keys only once the live rows sharing their units are safe: reclaiming a unit
+        # that falls below the threshold moves those rows first (an append with no new rows).
+        slots = self._map.lookup(k)
+        held = slots >= 0
+        self._append(np.empty(0, dtype=np.int64), np.zeros(0, dtype=self._rec), np.empty(0, dtype=np.int64),
+                     dying=slots[held])
+        self._map.remove(k[held])
+        self._counters["evictions"] += int(held.sum())
 
     def _scan(self, batch_rows: int = _BATCH_ROWS):
         """Yield (slots, records) of the live rows, in slot order, reading the file sequentially.
@@ -506,8 +654,9 @@ class SsdStore(RowTier):
     def wipe(self) -> None:
         """Delete every row (truncate the file, empty the index) and clear the tag; persisted."""
         self._changing()
-        self._map = CompactSlotMap()
+        self._map = CompactSlotMap(reuse_slots=False)
         self._unit_live = np.zeros(0, dtype=np.int32)
+        self._reset_log()
         os.ftruncate(self._fd, 0)
         self._save(clean=True)
 
@@ -529,7 +678,9 @@ class SsdStore(RowTier):
         """Rewrite the row file without holes, keeping the rows' slot order; returns the bytes reclaimed.
 
         The live rows are copied (sequential reads and writes) to a new file that then replaces
-        the old one; the index is renumbered from the new file's records afterwards."""
+        the old one; the index is renumbered from the new file's records afterwards.  Appends
+        keep the file within the `gc_threshold` bound without this; it gives back the space of
+        free units (after a large eviction, say) and leaves every unit full."""
         self._changing()
         before = os.fstat(self._fd).st_size
         tmp = self.path / f"{ROWS_FILE}.compact"
@@ -544,9 +695,15 @@ class SsdStore(RowTier):
         new_fd = os.open(tmp, flags, 0o644)
         try:
             w = 0
+            carry = np.zeros(0, dtype=self._rec)
             for _, recs in self._scan():
-                self._write_records(np.arange(w, w + recs.size, dtype=np.int64), recs, fd=new_fd, unit_live=new_live)
-                w += recs.size
+                recs = np.concatenate([carry, recs])
+                full = recs.size // rpu * rpu  # whole units only: a unit is written once
+                self._write_slots(np.arange(w, w + full, dtype=np.int64), recs[:full], fd=new_fd)
+                w += full
+                carry = recs[full:]
+            self._write_slots(np.arange(w, w + carry.size, dtype=np.int64), carry, fd=new_fd)
+            w += carry.size
             if w != n:
                 raise RuntimeError(f"shard {self.path} is inconsistent: the index holds {n} rows, the file {w}")
             os.fsync(new_fd)
@@ -563,6 +720,7 @@ class SsdStore(RowTier):
         self._map.reset_slots(n)
         for slots, recs in self._scan_all():
             self._map.reassign(recs["key"], slots, free_old=False)
+        self._reset_log()
         self._save(clean=True)
         return before - os.fstat(self._fd).st_size
 
@@ -623,7 +781,9 @@ class SsdStore(RowTier):
                 **self._counters,
                 "rows": len(self),
                 "slots": self._map.high_water,
-                "free_slots": self._map.free_slots,
+                "free_units": int(self._free_units.size),
+                "free_slots": int(self._free_units.size) * self.rows_per_unit,
+                "dead_slots": max(0, self._map.high_water - len(self) - int(self._free_units.size) * self.rows_per_unit),
                 "index_bytes": self._map.nbytes,
                 "index_merges": self._map.merges,
                 "file_bytes": self.file_bytes if not self._closed else 0,
@@ -645,8 +805,9 @@ class SsdStore(RowTier):
             self._pool.shutdown()
         self._closed = True
         # Release the index now (~12.5 bytes per row), even if the object lives on.
-        self._map = CompactSlotMap()
+        self._map = CompactSlotMap(reuse_slots=False)
         self._unit_live = np.zeros(0, dtype=np.int32)
+        self._reset_log()
 
     def __enter__(self) -> SsdStore:
         return self

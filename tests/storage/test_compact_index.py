@@ -14,6 +14,7 @@ from storage.cache import SlotCache, simulate_hit_rates
 from storage.compact_index import CompactSlotMap, mix, unmix
 from storage.host import HostStore, host_row_bytes
 from storage.memory import MemoryStore
+from storage.rows import Rows
 from storage.ssd import SsdStore
 
 DIM, STD = 8, 0.05
@@ -79,6 +80,27 @@ def test_freed_slots_are_reused_lowest_first() -> None:
     assert m.high_water == 10
 
 
+def test_caller_placed_slots_keep_no_free_list() -> None:
+    """`reuse_slots=False` (the SSD log): `insert` at chosen slots, `reassign` repoints and
+    raises the high water, removed / old slots are not kept, a reload rebuilds no free list."""
+    m = CompactSlotMap(reuse_slots=False)
+    m.insert(np.array([5, 6, 7]), np.array([10, 11, 12]))
+    assert m.high_water == 13 and m.lookup(np.array([6, 8])).tolist() == [11, -1]
+    assert m.reassign(np.array([5, 7]), np.array([20, 21]), free_old=True).tolist() == [10, 12]
+    assert m.high_water == 22 and m.free_slots == 0
+    ok, freed = m.remove(np.array([6, 9]))
+    assert ok.tolist() == [True, False] and freed.tolist() == [11] and m.free_slots == 0
+    f = io.BytesIO()
+    m.save(f)
+    f.seek(0)
+    again = CompactSlotMap(reuse_slots=False)
+    again.load(f)
+    assert again.free_slots == 0 and again.high_water == 22
+    assert again.lookup(np.array([5, 6, 7])).tolist() == [20, -1, 21]
+    with pytest.raises(KeyError, match="not in the map"):
+        again.reassign(np.array([99]), np.array([30]))
+
+
 def test_corrupt_index_file_is_refused() -> None:
     m = CompactSlotMap()
     m.add(np.arange(100))
@@ -115,25 +137,40 @@ def test_format_1_shard_is_read_and_upgraded(tmp_path) -> None:
     assert [p.name for p in path.glob("index-*")] == [meta["index"]]
 
 
-def test_writes_read_a_unit_only_when_it_holds_other_live_rows(tmp_path) -> None:
+def test_writes_append_and_read_only_units_they_reclaim(tmp_path) -> None:
+    """Log-structured writes: a row update is appended at the tail, never read-modify-written;
+    a unit is read only when it falls under the threshold and its live rows move."""
     with SsdStore(str(tmp_path / "s"), DIM, init_std=STD) as store:
-        rpu = store.rows_per_unit
-        ref = MemoryStore(DIM, init_std=STD)
-        for s in (store, ref):
-            s.update(torch.arange(3 * rpu), torch.ones(3 * rpu, DIM), lr=0.1)  # three full units, appended
-        assert store.stats()["ssd"]["rmw_units"] == 0
-        for s in (store, ref):  # a whole unit rewritten: no read
-            s.update(torch.arange(rpu), torch.ones(rpu, DIM), lr=0.1)
-        assert store.stats()["ssd"]["rmw_units"] == 0
-        for s in (store, ref):  # one row of a full unit: read it first
-            s.update(torch.tensor([rpu + 1]), torch.ones(1, DIM), lr=0.1)
-        assert store.stats()["ssd"]["rmw_units"] == 1
-        for s in (store, ref):  # a unit emptied by evictions, then refilled in part: no read
-            s.evict(torch.arange(2 * rpu, 3 * rpu))
-            s.update(torch.arange(1000, 1003), torch.ones(3, DIM), lr=0.1)
-        assert store.stats()["ssd"]["rmw_units"] == 1
-        probe = torch.arange(0, 1100)
-        assert torch.equal(store.lookup(probe), ref.lookup(probe))
+        rpu, ub = store.rows_per_unit, store.unit_bytes
+        thr = store._gc_rows
+
+        def write(keys: np.ndarray, seed: int) -> None:
+            rows = Rows.fresh(torch.randn(keys.size, DIM, generator=torch.Generator().manual_seed(seed)))
+            store.write_rows(keys, rows)
+            expect[keys] = rows.emb.numpy()
+
+        expect = np.zeros((4 * rpu, DIM), dtype=np.float32)
+        write(np.arange(3 * rpu), 0)  # three full units
+        st = store.stats()["ssd"]
+        assert st["bytes_read"] == 0 and st["bytes_written"] == 3 * ub
+        write(np.array([rpu + 1]), 1)  # one row of a full unit: appended to a new tail unit, no read
+        st = store.stats()["ssd"]
+        assert st["bytes_read"] == 0 and st["bytes_written"] == 4 * ub and st["slots"] == 3 * rpu + 1
+        write(np.array([2, 3]), 2)  # the tail unit is rewritten whole from memory: still no read
+        assert store.stats()["ssd"]["bytes_read"] == 0 and store.stats()["ssd"]["slots"] == 3 * rpu + 3
+        # Overwrite unit 0 (rows 2, 3 are gone already) until it holds thr - 1 live rows: it is
+        # read once and its other rows move with the batch.
+        write(np.arange(4, rpu - thr + 3), 3)
+        st = store.stats()["ssd"]
+        assert st["gc_units"] == 1 and st["gc_rows"] == thr - 1 and st["bytes_read"] == ub
+        assert st["free_units"] == 1  # unit 0 is empty and taken first by the next append
+        slots = store._map.lookup(np.arange(3 * rpu))
+        assert not (slots // rpu == 0).any()
+        write(np.arange(3 * rpu, 4 * rpu), 4)
+        assert store.stats()["ssd"]["free_units"] == 0
+        assert (store._map.lookup(np.arange(3 * rpu, 4 * rpu)) // rpu == 0).any()
+        got = store.lookup(torch.arange(4 * rpu)).numpy()
+        np.testing.assert_array_equal(got, expect)
 
 
 def test_slot_cache_touch_accesses_equals_touch_of_counts() -> None:

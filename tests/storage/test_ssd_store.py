@@ -186,12 +186,82 @@ def test_compaction_keeps_content_and_shrinks_file(tmp_path) -> None:
     again.close()
 
 
-def test_freed_slots_are_reused(tmp_path) -> None:
+def test_freed_units_are_reused(tmp_path) -> None:
     with SsdStore(str(tmp_path / "s"), DIM, init_std=STD) as store:
-        store.update(torch.arange(100), torch.ones(100, DIM), lr=0.1)
-        store.evict(torch.arange(50))
-        store.update(torch.arange(1000, 1050), torch.ones(50, DIM), lr=0.1)
-        assert store.stats()["ssd"]["slots"] == 100
+        rpu = store.rows_per_unit
+        store.update(torch.arange(4 * rpu), torch.ones(4 * rpu, DIM), lr=0.1)
+        store.evict(torch.arange(2 * rpu))  # units 0 and 1 empty: free, the file does not grow
+        assert store.stats()["ssd"]["free_units"] == 2
+        store.update(torch.arange(1000, 1000 + 2 * rpu), torch.ones(2 * rpu, DIM), lr=0.1)
+        st = store.stats()["ssd"]
+        assert st["slots"] == 4 * rpu and st["free_units"] == 0 and store.file_bytes == 4 * store.unit_bytes
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.25])
+def test_random_updates_stay_within_the_space_bound(tmp_path, threshold) -> None:
+    """Long random updates, inserts and evictions: the file never exceeds
+    unit_bytes * (ceil(L / ceil(t * rows_per_unit)) + 2 + ceil(B / rows_per_unit) + 1)
+    (L: live rows, B: rows appended by one call), and the content stays exact."""
+    store = SsdStore(str(tmp_path / "s"), DIM, init_std=STD, gc_threshold=threshold)
+    ref = MemoryStore(DIM, init_std=STD)
+    rng = np.random.default_rng(3)
+    rpu, per_unit = store.rows_per_unit, store._gc_rows
+    peak_live = 0
+    for step in range(300):
+        keys = torch.from_numpy(np.unique(rng.integers(0, 3000, 200)))
+        grads = torch.from_numpy(rng.standard_normal((keys.numel(), DIM)).astype(np.float32))
+        before = store.stats()["ssd"]["gc_rows"]
+        store.update(keys, grads, lr=0.05)
+        ref.update(keys, grads, lr=0.05)
+        if step % 10 == 9:
+            gone = torch.from_numpy(np.unique(rng.integers(0, 3000, 100)))
+            store.evict(gone)
+            ref.evict(gone)
+        batch = keys.numel() + store.stats()["ssd"]["gc_rows"] - before
+        peak_live = max(peak_live, len(store))
+        bound = -(-peak_live // per_unit) + 2 + -(-batch // rpu) + 1
+        assert store.file_bytes <= bound * store.unit_bytes, step
+    st = store.stats()["ssd"]
+    assert st["gc_units"] > 0 and st["bytes_read"] > 0
+    amp = store.file_bytes / (len(store) * store.record_bytes)
+    assert amp < 1 / threshold + 0.5, amp
+    got, want = all_rows(store, str(tmp_path / "a.parquet")), all_rows(ref, str(tmp_path / "b.parquet"))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    store.close()
+    with SsdStore(str(tmp_path / "s"), DIM, init_std=STD, gc_threshold=threshold) as again:
+        got = all_rows(again, str(tmp_path / "c.parquet"))
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_gc_threshold_is_checked(tmp_path) -> None:
+    with pytest.raises(ValueError, match="gc_threshold must be in"):
+        SsdStore(str(tmp_path / "s"), DIM, gc_threshold=1.0)
+
+
+def test_failed_append_changes_no_row(tmp_path, monkeypatch) -> None:
+    """A write error (ENOSPC) during an update leaves old rows, new keys and the allocator as they were."""
+    store = SsdStore(str(tmp_path / "s"), DIM, init_std=STD)
+    ref = _fill(store, 200)
+    probe = torch.arange(900, dtype=torch.int64)
+    before, n, slots = store.lookup(probe).clone(), len(store), store.stats()["ssd"]["slots"]
+    real = ssd_mod.os.pwritev
+
+    def full(fd, bufs, off):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ssd_mod.os, "pwritev", full)
+    keys = torch.arange(0, 900, 2, dtype=torch.int64)  # held rows and new keys
+    with pytest.raises(OSError, match="no row changed"):
+        store.update(keys, torch.ones(keys.numel(), DIM), lr=0.1)
+    assert torch.equal(store.lookup(probe), before) and len(store) == n
+    assert store.stats()["ssd"]["slots"] == slots
+    monkeypatch.setattr(ssd_mod.os, "pwritev", real)
+    store.update(keys, torch.ones(keys.numel(), DIM), lr=0.1)  # the same update now goes through
+    ref.update(keys, torch.ones(keys.numel(), DIM), lr=0.1)
+    assert torch.equal(store.lookup(probe), ref.lookup(probe))
+    store.close()
 
 
 def test_corrupt_index_is_detected(tmp_path) -> None:
