@@ -40,9 +40,8 @@ from storage.rows import (
     RowBuffer,
     Rows,
     RowTier,
-    check_grads,
     check_keys,
-    check_lr,
+    check_update,
     row_bytes,
     sparse_adam,
     sum_duplicates,
@@ -473,9 +472,7 @@ class CachingTier(RowTier):
         return out.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(self.device))
 
     def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        k = check_keys(keys)
-        check_grads(grads, k.size, self.dim)
-        check_lr(lr, weight_decay)
+        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
         if k.size == 0:
             return
         uniq, g = sum_duplicates(k, grads.to(self.device))

@@ -2,7 +2,7 @@
 
 - `Rows`: a batch of full rows (embedding, Adam moments, clock), the unit tiers
   move between each other so optimizer state is never lost.
-- argument checks (`check_keys`, `check_grads`) so every tier raises the same
+- argument checks (`check_keys`, `check_update`) so every tier raises the same
   errors for the same bad input, before touching any row;
 - `sum_duplicates` and `sparse_adam`: the update rule of the contract;
 - `RowBuffer`: growable (or fixed) row tensors addressed by slot;
@@ -140,12 +140,16 @@ def check_grads(grads: torch.Tensor, n: int, dim: int) -> None:
         raise ValueError("grads contain NaN or inf; no row was changed")
 
 
-def check_lr(lr: float, weight_decay: float) -> None:
-    """Raise `ValueError` unless `lr` and `weight_decay` are finite and >= 0."""
+def check_update(keys: torch.Tensor, grads: torch.Tensor, dim: int, *, lr: float, weight_decay: float) -> np.ndarray:
+    """The keys of an `update` as int64 numpy, after every argument check (`check_keys`, `check_grads`,
+    and `lr` / `weight_decay` finite and >= 0): every tier refuses bad input the same way, before any row changes."""
+    k = check_keys(keys)
+    check_grads(grads, k.size, dim)
     if not lr >= 0 or not np.isfinite(lr):
         raise ValueError(f"lr must be a finite number >= 0, got {lr}")
     if not weight_decay >= 0 or not np.isfinite(weight_decay):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
+    return k
 
 
 def sum_duplicates(keys: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
@@ -301,9 +305,7 @@ class RowTier(EmbeddingStore):
 
     # A tier that can read and write full rows gets update and warm from them.
     def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        k = check_keys(keys)
-        check_grads(grads, k.size, self.dim)
-        check_lr(lr, weight_decay)
+        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
         if k.size == 0:
             return
         uniq, g = sum_duplicates(k, grads.detach().to(self.device))
