@@ -92,15 +92,21 @@ def _load_arrays(features: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return t.column("label").to_numpy().astype(np.float32), dense, keys
 
 
-def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int) -> dict[str, Any]:
-    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam."""
-    labels, dense, keys = _load_arrays(features)
+def _per_field_indices(keys: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Keys (N, F) -> dense per-field indices (N, F) and each field's table size: the peers' pre-mapped inputs."""
     idx = np.empty_like(keys)
     sizes = []
     for f in range(keys.shape[1]):
         uniq, inv = np.unique(keys[:, f], return_inverse=True)
         idx[:, f] = inv
         sizes.append(len(uniq))
+    return idx, sizes
+
+
+def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int) -> dict[str, Any]:
+    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam."""
+    labels, dense, keys = _load_arrays(features)
+    idx, sizes = _per_field_indices(keys)
     torch.manual_seed(0)
     bags = torch.nn.ModuleList(torch.nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in sizes)
     for b in bags:
@@ -137,13 +143,11 @@ def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int)
     except Exception as exc:  # not installed, or its fbgemm does not load
         return f"skipped: torchrec not importable ({type(exc).__name__}: {exc}); install the `bench` extra"
     labels, dense, keys = _load_arrays(features)
-    idx = np.empty_like(keys)
-    tables = []
-    for f in range(keys.shape[1]):
-        uniq, inv = np.unique(keys[:, f], return_inverse=True)
-        idx[:, f] = inv
-        tables.append(EmbeddingBagConfig(name=f"t{f}", embedding_dim=dim, num_embeddings=len(uniq),
-                                         feature_names=[f"f{f}"]))
+    idx, sizes = _per_field_indices(keys)
+    tables = [
+        EmbeddingBagConfig(name=f"t{f}", embedding_dim=dim, num_embeddings=n, feature_names=[f"f{f}"])
+        for f, n in enumerate(sizes)
+    ]
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
     model = CTRModel(MODEL, num_dense=13, num_fields=26, dim=dim)
