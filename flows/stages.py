@@ -31,6 +31,11 @@ def feature_dir(cfg: RunConfig, date: str) -> str:
     return fsio.join(cfg.root, "features", f"date={fsio.validate_date(date)}")
 
 
+def feature_data(cfg: RunConfig, date: str) -> str:
+    """The files of the committed features of `date` (`fsio.data_url`: an object store's data prefix)."""
+    return fsio.data_url(feature_dir(cfg, date), cfg.storage_options)
+
+
 def local_dir(cfg: RunConfig) -> str:
     """Node-local folder of the SSD tier: configured, else beside a local root, else a user cache folder."""
     if cfg.store.local_dir:
@@ -66,8 +71,9 @@ def warm_plan(cfg: RunConfig, date: str) -> dict[str, Any]:
         "published_version": latest,
         "snapshot_url": snapshot_url,
         "snapshot_tag": tag,
-        "evict_url": fsio.join(cfg.root, "vocab", f"date={date}", "evicted.parquet"),
-        "working_set_url": fsio.join(feature_dir(cfg, date), "key_counts.parquet"),
+        "evict_url": fsio.join(fsio.data_url(fsio.join(cfg.root, "vocab", f"date={date}"), cfg.storage_options),
+                               "evicted.parquet"),
+        "working_set_url": fsio.join(feature_data(cfg, date), "key_counts.parquet"),
         "token": warm_token(date, latest, world),
     }
 
@@ -130,7 +136,7 @@ def train_stage(cfg: RunConfig, date: str, *, vocab_date: str | None = None) -> 
     work_dir = Path(local_dir(cfg)) / "runs" / date
     work_dir.mkdir(parents=True, exist_ok=True)
     result = run_training(
-        features_url=feature_dir(cfg, date),
+        features_url=feature_data(cfg, date),  # resolved once: every rank and restart reads the same files
         output_url=fsio.join(run_dir(cfg, date), "model"),
         init_model_url=registry(cfg).url(init_from) if init_from else None,
         local_dir=local_dir(cfg),
@@ -180,7 +186,8 @@ def evaluate_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
     """AUC/logloss of the day's candidate and of the published model on the same eval rows."""
     from trainer.evaluate import evaluate_model
 
-    eval_url = fsio.join(feature_dir(cfg, date), "eval")
+    features = feature_data(cfg, date)
+    eval_url = fsio.join(features, "eval")
     so = cfg.storage_options
     new = evaluate_model(fsio.join(run_dir(cfg, date), "model"), eval_url, storage_options=so)
     reg = registry(cfg)
@@ -190,7 +197,7 @@ def evaluate_stage(cfg: RunConfig, date: str) -> dict[str, Any]:
         published = evaluate_model(reg.url(latest), eval_url, storage_options=so)
         # Next-day evaluation: the published model was trained through the previous day and has
         # not seen any of today's rows, so its score on today's train split is what production saw.
-        next_day = evaluate_model(reg.url(latest), fsio.join(feature_dir(cfg, date), "train"), storage_options=so)
+        next_day = evaluate_model(reg.url(latest), fsio.join(features, "train"), storage_options=so)
     return {"new": new, "published": published, "published_version": latest, "next_day": next_day}
 
 

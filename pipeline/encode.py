@@ -45,6 +45,7 @@ from pipeline.vocab_stage import load_admitted
 from storage.fsio import (
     code_version,
     commit_dir,
+    data_dir,
     get_fs,
     join,
     read_manifest,
@@ -193,7 +194,7 @@ def encode_date(
     if done and not force and all(done.get(k) == v for k, v in source.items()):
         return EncodeResult(date=date, rows_train=done["rows_train"], rows_eval=done["rows_eval"], skipped=True)
 
-    paths = [join(events_dir, p["name"]) for p in events["parts"]]
+    paths = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
     rows_eval = eval_size(events["rows_written"], encode.eval_fraction)
     rows_train = events["rows_written"] - rows_eval
     if schema.timestamp is None:

@@ -62,6 +62,7 @@ from pipeline.schema import LogSchema, get_schema
 from storage.fsio import (
     code_version,
     commit_dir,
+    data_dir,
     get_fs,
     join,
     read_manifest,
@@ -445,7 +446,7 @@ def read_quarantine(root: str, date: str, storage_options: dict | None = None) -
         )
     tables = []
     for p in quarantine["parts"]:
-        with fs.open(join(qdir, p["name"]), "rb") as f:
+        with fs.open(join(data_dir(qdir, quarantine), p["name"]), "rb") as f:
             tables.append(pq.read_table(f, schema=QUARANTINE_SCHEMA))
     return pa.concat_tables(tables or [QUARANTINE_SCHEMA.empty_table()]).to_pandas()
 

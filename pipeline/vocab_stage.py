@@ -62,6 +62,7 @@ from pipeline.vocab_tasks import (
 from storage.fsio import (
     code_version,
     commit_dir,
+    data_dir,
     get_fs,
     join,
     read_manifest,
@@ -142,7 +143,8 @@ def build_vocab(
             fs.makedirs(join(stage, sub), exist_ok=True)
         parts = [p["name"] for p in events["parts"]]
         outs = [scratch(stage, "counts", i) for i in range(len(parts))]
-        distinct = client.gather(client.map(count_part, [join(events_dir, p) for p in parts], outs, fs=fs,
+        events_data = data_dir(events_dir, events)
+        distinct = client.gather(client.map(count_part, [join(events_data, p) for p in parts], outs, fs=fs,
                                             fields=fields, multi_valued=multi, pure=False))  # fmt: skip
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
@@ -254,12 +256,12 @@ def _delta_plan(
 
 def _day_counts(root_path: str, date: str, manifest: dict) -> Bucketed:
     """The day counts kept by a committed vocabulary (a single file before they were bucketed)."""
-    path = join(vocab_dir(root_path, date), "day_counts.parquet")
+    path = join(data_dir(vocab_dir(root_path, date), manifest), "day_counts.parquet")
     return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
 
 
 def _vocab_parts(root_path: str, date: str, manifest: dict) -> Bucketed:
-    path = join(vocab_dir(root_path, date), "vocab.parquet")
+    path = join(data_dir(vocab_dir(root_path, date), manifest), "vocab.parquet")
     return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
 
 
@@ -297,9 +299,9 @@ def load_evicted(root: str, date: str, storage_options: dict | None = None) -> n
 def _load(root: str, date: str, name: str, columns: list[str] | None, storage_options: dict | None) -> pd.DataFrame:
     fs, root_path = get_fs(root, storage_options)
     directory = vocab_dir(root_path, validate_date(date))
-    if read_manifest(fs, directory) is None:
+    if (manifest := read_manifest(fs, directory)) is None:
         raise FileNotFoundError(f"no committed vocabulary for {date} at {join(root, 'vocab', f'date={date}')}: run build_vocab first")
-    return _read(fs, join(directory, f"{name}.parquet"), columns)
+    return _read(fs, join(data_dir(directory, manifest), f"{name}.parquet"), columns)
 
 
 def load_report(root: str, date: str, storage_options: dict | None = None) -> pd.DataFrame:

@@ -7,6 +7,10 @@ Layout (readable without this package: JSON metadata, safetensors, Parquet)::
         metrics.json  lineage.json  status.json  _SUCCESS.json
     <root>/models/<name>/LATEST        the published version id (one line), replaced atomically
 
+On an object store a version's files sit under its data prefix
+(`<version>/v-<token>/`, named by its `_SUCCESS.json`: `storage.fsio.data_dir`);
+`url()` and the reading methods resolve it.
+
 Every candidate that reached the publish gate becomes a version, published or
 refused, so a refusal can be inspected later; only `publish()` moves `LATEST`.
 Version ids are `v<NNNNN>` in creation order.
@@ -66,9 +70,18 @@ class ModelRegistry:
         """Protocol-less path of a version directory (use with `self.fs`)."""
         return f"{self.base}/{validate_version(version)}"
 
+    def data_path(self, version: str) -> str:
+        """Protocol-less path of a version's files (`fsio.data_dir`; the version directory when not committed)."""
+        path = self.path(version)
+        manifest = fsio.read_manifest(self.fs, path)
+        return path if manifest is None else fsio.data_dir(path, manifest)
+
     def url(self, version: str) -> str:
-        """Full URL of a version directory (for code that opens it through fsspec itself)."""
-        return self.fs.unstrip_protocol(self.path(version))
+        """Full URL of a version's files (for code that opens it through fsspec itself).
+
+        A committed directory in its own right (`fsio.data_url`), valid while the version exists.
+        """
+        return self.fs.unstrip_protocol(self.data_path(version))
 
     def versions(self) -> list[str]:
         if not self.fs.exists(self.base):
@@ -80,8 +93,9 @@ class ModelRegistry:
 
     def info(self, version: str) -> VersionInfo:
         path = self.path(version)
-        if fsio.read_manifest(self.fs, path) is None:
+        if (manifest := fsio.read_manifest(self.fs, path)) is None:
             raise RegistryError(f"model {self.model_name} has no committed version {version} at {path}")
+        path = fsio.data_dir(path, manifest)
         status = fsio.read_json(self.fs, f"{path}/status.json")
         metrics = fsio.read_json(self.fs, f"{path}/metrics.json") if self.fs.exists(f"{path}/metrics.json") else {}
         return VersionInfo(
@@ -93,7 +107,7 @@ class ModelRegistry:
         )
 
     def read_json(self, version: str, name: str) -> Any:
-        return fsio.read_json(self.fs, f"{self.path(version)}/{name}")
+        return fsio.read_json(self.fs, f"{self.data_path(version)}/{name}")
 
     # ---- writing -------------------------------------------------------------------------
     def add_version(
@@ -107,21 +121,19 @@ class ModelRegistry:
     ) -> str:
         """Copy a committed candidate model directory into a new version (committed atomically)."""
         cand_fs, cand_path = fsio.get_fs(candidate_url)
-        if fsio.read_manifest(cand_fs, cand_path) is None:
+        if (cand_manifest := fsio.read_manifest(cand_fs, cand_path)) is None:
             raise RegistryError(f"candidate model {candidate_url} is not committed (no _SUCCESS.json)")
+        cand_data = fsio.data_dir(cand_path, cand_manifest)
         existing = self.versions()
         number = int(existing[-1][1:]) + 1 if existing else 1
         version = f"v{number:05d}"
         final = f"{self.base}/{version}"
         self.fs.makedirs(self.base, exist_ok=True)
         with fsio.staged(self.fs, final) as staging:
-            for entry in cand_fs.find(cand_path):
-                rel = entry[len(cand_path) :].lstrip("/")
-                if rel == fsio.SUCCESS:
-                    continue
+            for rel in fsio.data_files(cand_fs, cand_path, cand_manifest):
                 target = f"{staging}/{rel}"
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-                with cand_fs.open(entry, "rb") as src, self.fs.open(target, "wb") as dst:
+                with cand_fs.open(f"{cand_data}/{rel}", "rb") as src, self.fs.open(target, "wb") as dst:
                     while chunk := src.read(8 << 20):
                         dst.write(chunk)
             created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -136,8 +148,9 @@ class ModelRegistry:
     def publish(self, version: str) -> None:
         """Point `LATEST` at `version` atomically and mark the version published."""
         path = self.path(version)
-        if fsio.read_manifest(self.fs, path) is None:
+        if (manifest := fsio.read_manifest(self.fs, path)) is None:
             raise RegistryError(f"cannot publish {version}: {path} is not a committed version")
+        path = fsio.data_dir(path, manifest)
         status = fsio.read_json(self.fs, f"{path}/status.json")
         status["status"] = "published"
         status["reason"] = ""

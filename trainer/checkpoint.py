@@ -52,9 +52,9 @@ def read_model_json(model_url: str, storage_options: dict | None = None) -> dict
         FileNotFoundError: the directory is not committed (no `_SUCCESS.json`) or has no model.json.
     """
     fs, path = fsio.get_fs(model_url, storage_options)
-    if fsio.read_manifest(fs, path) is None:
+    if (manifest := fsio.read_manifest(fs, path)) is None:
         raise FileNotFoundError(f"{model_url} is not a committed model directory (no {fsio.SUCCESS})")
-    return fsio.read_json(fs, fsio.join(path, MODEL_JSON))
+    return fsio.read_json(fs, fsio.join(fsio.data_dir(path, manifest), MODEL_JSON))
 
 
 # ----------------------------------------------------------------------------- training checkpoints

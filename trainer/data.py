@@ -155,7 +155,7 @@ def read_schema(features_url: str, storage_options: dict | None = None, *, split
     keys = manifest.get("key_columns")
     bags = manifest.get("bag_columns") if keys is not None else None
     if dense is None or keys is None:
-        first = list_parts(split_dir(features_url, split), storage_options)[0]
+        first = list_parts(split_dir(fsio.data_dir(features_url, manifest), split), storage_options)[0]
         with fs.open(first, "rb") as f:
             names = pq.ParquetFile(f).schema_arrow.names
         dense = _columns_by_index(names, _DENSE) if dense is None else dense

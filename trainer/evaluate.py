@@ -80,6 +80,7 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
     Raises:
         FileNotFoundError: not a committed model directory.
     """
+    model_url = fsio.data_url(model_url, storage_options)  # its files (an object store's data prefix)
     meta = checkpoint.read_model_json(model_url, storage_options)
     cfg = config_from_dict(ModelConfig, meta["model_config"], section="model_config")
     dim = int(meta["dim"])
@@ -211,6 +212,7 @@ def _feature_frames(
     if isinstance(features, pd.DataFrame):
         yield features
         return
+    features = fsio.data_url(features, storage_options)  # a features/date=D directory: its files
     fs, path = fsio.get_fs(features, storage_options)
     s = loaded.schema
     cols = list(dict.fromkeys(["label", *s.dense_columns, *s.key_columns, *s.bag_columns, *extra]))

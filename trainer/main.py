@@ -216,6 +216,9 @@ def _asdict(cfg: Any) -> dict[str, Any]:
 
 def run(spec: TrainSpec) -> None:
     """Train one rank of `spec` inside an initialised torchrun environment."""
+    so = spec.storage_options  # committed directories -> their files (an object store's data prefix)
+    spec = dataclasses.replace(spec, features_url=fsio.data_url(spec.features_url, so),
+                               init_model_url=spec.init_model_url and fsio.data_url(spec.init_model_url, so))
     ctx = init_distributed(spec.trainer)
     store: EmbeddingStore | None = None
     try:

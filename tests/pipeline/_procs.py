@@ -59,3 +59,24 @@ def start(procs: list[subprocess.Popen], args: list[str], log: Path, env: dict |
         p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=full_env, start_new_session=True)
     procs.append(p)
     return p
+
+
+@contextmanager
+def moto_s3(log_dir: Path, bucket: str = "ctr") -> Iterator[dict]:
+    """A real moto S3 server on a free port, stopped on exit; yields fsspec storage options, with `bucket` made.
+
+    The caller sets AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION (any values; `AWS_ENV`).
+    """
+    import s3fs
+
+    port = free_port()
+    with processes() as procs:
+        server = start(procs, [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], log_dir / "moto.log")
+        wait_port(port, server)
+        options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, "skip_instance_cache": True}
+        s3fs.S3FileSystem(**options).mkdir(bucket)
+        yield options
+
+
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+"""Credentials moto accepts (any values); set them before starting a client of `moto_s3`."""

@@ -22,13 +22,22 @@ from pipeline.encode import encode_date
 from pipeline.generate import generate_days
 from pipeline.ingest import ingest_date, read_quarantine
 from pipeline.vocab_stage import build_vocab, load_admitted
-from tests.pipeline._procs import BIN, free_port, processes, start, wait_port
+from storage import fsio
+from tests.pipeline._procs import (
+    AWS_ENV,
+    BIN,
+    free_port,
+    moto_s3,
+    processes,
+    start,
+    wait_port,
+)
 
 DATE = "2026-01-01"
 
 
 def run_stages(root: str, client: Client, storage_options: dict | None = None, input: InputConfig | None = None):
-    kw = dict(root=root, client=client, storage_options=storage_options)
+    kw = {"root": root, "client": client, "storage_options": storage_options}
     i = ingest_date(DATE, input=input or InputConfig(), ingest=IngestConfig(rows_per_partition=800), **kw)
     v = build_vocab(DATE, vocab=VocabConfig(min_count=2), fmt="criteo", **kw)
     e = encode_date(DATE, encode=EncodeConfig(), fmt="criteo", **kw)
@@ -65,16 +74,9 @@ def s3(tmp_path, monkeypatch):
     """A moto S3 server on a free port; yields fsspec storage options for it, with a bucket `ctr`."""
     if s3_missing:
         pytest.skip(f"S3 test needs {' and '.join(s3_missing)}: pip install 's3fs>=2024.6' 'moto[server]>=5'")
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in AWS_ENV.items():
         monkeypatch.setenv(k, v)
-    port = free_port()
-    with processes() as procs:
-        server = start(procs, [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], tmp_path / "moto.log")
-        wait_port(port, server)
-        options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, "skip_instance_cache": True}
-        import s3fs
-
-        s3fs.S3FileSystem(**options).mkdir("ctr")
+    with moto_s3(tmp_path) as options:
         yield options
 
 
@@ -87,21 +89,31 @@ def test_root_and_input_on_s3_commit_with_the_manifest_last(s3, client):
 
     fs = s3fs.S3FileSystem(**s3)
     for stage in ("events", "quarantine", "vocab", "features"):
+        final = f"ctr/pipeline/{stage}/date={DATE}"
         listing = fs.find(f"ctr/pipeline/{stage}", detail=True)
         assert not [p for p in listing if ".staging-" in p or ".old-" in p], f"{stage}: staging leftovers"
-        success = [p for p in listing if p.endswith("/_SUCCESS.json")]
-        assert len(success) == 1, stage
-        data = [info["LastModified"] for p, info in listing.items() if not p.endswith("_SUCCESS.json")]
-        assert stage == "quarantine" or data  # nothing was quarantined: only the manifest
-        assert all(listing[success[0]]["LastModified"] >= t for t in data), f"{stage}: manifest written before data"
+        manifest = json.loads(fs.cat(f"{final}/_SUCCESS.json"))
+        data = fsio.data_dir(final, manifest)  # every file lives under the one data prefix the manifest names
+        assert data.startswith(f"{final}/v-") and sorted(listing) == sorted([f"{final}/_SUCCESS.json", *fs.find(data)])
+        inner = json.loads(fs.cat(f"{data}/_SUCCESS.json"))
+        assert inner == {k: v for k, v in manifest.items() if k != "data"}  # the other keys are unchanged
+        times = [info["LastModified"] for p, info in listing.items() if p != f"{final}/_SUCCESS.json"]
+        assert stage == "quarantine" or len(times) > 1  # nothing was quarantined: only the manifests
+        committed_at = listing[f"{final}/_SUCCESS.json"]["LastModified"]
+        assert all(committed_at >= t for t in times), f"{stage}: manifest written before data"
     manifest = json.loads(fs.cat(f"ctr/pipeline/events/date={DATE}/_SUCCESS.json"))
     assert manifest["inputs"][0]["url"].startswith("s3://ctr/pipeline/raw/")
     assert len(read_quarantine(root, DATE, s3)) == 0 and len(load_admitted(root, DATE, s3)) == v.admitted
-    train = pd.read_parquet(f"{root}/features/date={DATE}/train", storage_options=s3)
+    train = pd.read_parquet(fsio.join(fsio.data_url(f"{root}/features/date={DATE}", s3), "train"), storage_options=s3)
     assert len(train) == e.rows_train
 
-    # a forced rerun replaces the outputs in place, leaving nothing behind
+    # a forced rerun commits a new data prefix and deletes the previous one, leaving nothing behind
+    old_data = manifest["data"]
     again = ingest_date(DATE, root=root, input=InputConfig(storage_options=s3), ingest=IngestConfig(rows_per_partition=1000),
                         client=client, storage_options=s3, force=True)  # fmt: skip
-    names = sorted(p.rsplit("/", 1)[-1] for p in fs.find(f"ctr/pipeline/events/date={DATE}"))
-    assert again.parts == 3 and names == ["_SUCCESS.json"] + [f"part-00000-00000-0000{c}.parquet" for c in range(3)]
+    final = f"ctr/pipeline/events/date={DATE}"
+    new_data = json.loads(fs.cat(f"{final}/_SUCCESS.json"))["data"]
+    names = sorted(p[len(final) + 1 :] for p in fs.find(final))
+    parts = [f"{new_data}/part-00000-00000-0000{c}.parquet" for c in range(3)]
+    assert new_data != old_data and again.parts == 3
+    assert names == sorted(["_SUCCESS.json", f"{new_data}/_SUCCESS.json", *parts])
