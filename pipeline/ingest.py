@@ -183,16 +183,16 @@ def ingest_date(
         remove_stale_staging(fs, final)
     events_stage, quarantine_stage = staging_dir(fs, events_final), staging_dir(fs, quarantine_final)
     try:
-        base = dict(
-            schema=schema,
-            input_options=input.storage_options,
-            out_fs=fs,
-            events_dir=events_stage,
-            quarantine_dir=quarantine_stage,
-            rows_per_partition=ingest.rows_per_partition,
-            date=date,
-            overlap_io=ingest.overlap_io,
-        )
+        base = {
+            "schema": schema,
+            "input_options": input.storage_options,
+            "out_fs": fs,
+            "events_dir": events_stage,
+            "quarantine_dir": quarantine_stage,
+            "rows_per_partition": ingest.rows_per_partition,
+            "date": date,
+            "overlap_io": ingest.overlap_io,
+        }
         tasks = plan_tasks(inputs, base, block_size=ingest.block_size, client=client)
         futures = client.map(ingest_file, tasks, pure=False)
         try:
