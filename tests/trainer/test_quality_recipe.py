@@ -6,7 +6,13 @@ import dataclasses
 
 import pytest
 
-from bench.quality import BENCH_TRAINER, SMALL_ROWS, SMALL_SAMPLE, SMALL_SAMPLE_DEFAULT_ARCH, recipe
+from bench.quality import (
+    BENCH_TRAINER,
+    SMALL_ROWS,
+    SMALL_SAMPLE,
+    SMALL_SAMPLE_DEFAULT_ARCH,
+    recipe,
+)
 from pipeline.config import VocabConfig
 from storage.config import StoreConfig
 from trainer.config import ModelConfig, TrainerConfig
@@ -22,11 +28,12 @@ def test_day_sized_recipe_is_the_project_defaults() -> None:
 
 def test_small_sample_recipe_and_overrides() -> None:
     rec = recipe("attention", 8_000, epochs=2)
-    assert rec.trainer.epochs == 2 and rec.model.dropout == SMALL_SAMPLE["dropout"]
+    assert rec.trainer.epochs == 2 and rec.model.dropout == SMALL_SAMPLE_DEFAULT_ARCH["dropout"]
     assert rec.trainer.embedding_l2 == SMALL_SAMPLE_DEFAULT_ARCH["embedding_l2"]
     assert rec.min_count == SMALL_SAMPLE_DEFAULT_ARCH["min_count"] and rec.trainer.lr == SMALL_SAMPLE_DEFAULT_ARCH["lr"]
     ref = recipe("dcn_v2", 8_000)  # the reference archs keep the shared small-sample recipe
     assert ref.trainer.lr == TrainerConfig().lr and ref.trainer.embedding_l2 == SMALL_SAMPLE["embedding_l2"]
     assert ref.min_count == SMALL_SAMPLE["min_count"] and ref.model.wide_scale == ModelConfig().wide_scale
+    assert ref.model.dropout == SMALL_SAMPLE["dropout"] and ref.model.num_heads == ModelConfig().num_heads
     with pytest.raises(ValueError, match="unknown recipe override"):
         recipe("attention", 8_000, nonsense=1)

@@ -1,0 +1,31 @@
+"""bench.quality --tune: blocked K-fold cross-validation over the train part only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.quality import cv_folds
+
+
+def test_cv_folds_validate_every_row_once_in_contiguous_blocks() -> None:
+    train = pd.DataFrame({"order": np.arange(23), "label": np.arange(23) % 2})
+    parts = cv_folds(train, folds=5)
+    assert len(parts) == 5
+    seen = np.concatenate([va["order"].to_numpy() for _, va in parts])
+    np.testing.assert_array_equal(seen, np.arange(23))  # blocks in time order, each row validated once
+    for tr, va in parts:
+        v = va["order"].to_numpy()
+        assert np.all(np.diff(v) == 1)  # one contiguous block
+        t = tr["order"].to_numpy()
+        assert np.all(np.diff(t) > 0) and len(t) + len(v) == 23  # the rest, in time order
+        assert not set(t) & set(v)
+        assert list(tr.index) == list(range(len(tr))) and list(va.index) == list(range(len(va)))
+
+
+def test_cv_folds_errors() -> None:
+    with pytest.raises(ValueError, match="folds >= 2"):
+        cv_folds(pd.DataFrame({"order": np.arange(10)}), folds=1)
+    with pytest.raises(ValueError, match="at least"):
+        cv_folds(pd.DataFrame({"order": np.arange(3)}), folds=5)
