@@ -1,6 +1,6 @@
 """Training throughput: our trainer at 1, 2, 4 processes beside a plain PyTorch loop and TorchRec.
 
-    python -m bench.train [--rows 100000] [--batch 1024] [--procs 1,2,4]
+    python -m bench.train [--rows 100000] [--batch 1024] [--procs 1,2,4] [--repeat 1]
 
 Data: synthetic Criteo-shaped rows (26 categorical + 13 integer fields,
 `pipeline.generate`) encoded into a features directory (`pipeline.encode.encode_frame`).
@@ -20,6 +20,12 @@ Rows measured, all on CPU with one thread per process:
 - `torchrec EBC`: TorchRec's `EmbeddingBagCollection` on CPU with the same
   model on top, when `torchrec` is installed (the `bench` extra); otherwise the
   row says it was skipped.
+
+On a shared machine the load drifts between runs that take half a minute each, so
+one pass compares runs made under different loads.  `--repeat R` makes R passes
+(each pass runs every row once, the references first in every other pass) and
+reports per row the median examples/s and the median (min..max) over the passes
+of its ratio to the plain loop of the same pass.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from trainer.launch import run_training
 from trainer.model import CTRModel
 
 MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64))
+LR, SPARSE_LR = 1e-3, 1e-2
 
 
 def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int = 0) -> Path:
@@ -173,6 +180,62 @@ def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int)
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
 
 
+def run_pass(
+    tmp: Path, features: Path, store: StoreConfig, args: argparse.Namespace, *, suffix: str, refs_first: bool
+) -> dict[str, dict[str, Any] | str]:
+    """Every row once (a tag `suffix` keeps this pass's model and SSD directories apart): name -> result."""
+    lr, sparse_lr = LR, SPARSE_LR
+    common = {"batch_size": args.batch, "lr": lr, "sparse_lr": sparse_lr, "epochs": 1}
+    procs = [int(x) for x in args.procs.split(",")]
+    out: dict[str, dict[str, Any] | str] = {}
+
+    def refs() -> None:
+        # the steps of `ours w1` (else of the first `ours` row): one epoch of a rank's share, the last batch partial
+        n0 = 1 if 1 in procs else procs[0]
+        steps = -(-(args.rows // n0) // args.batch)
+        out["plain torch"] = run_plain(
+            features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps
+        )
+        out["torchrec EBC"] = run_torchrec(features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
+
+    if refs_first:
+        refs()
+    for n in procs:
+        out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, nproc_per_node=n, **common)
+        if n in (1, 2):
+            out[f"ours w{n} no-prefetch"] = run_ours(
+                tmp, features, f"w{n}np{suffix}", store, nproc_per_node=n, prefetch_batches=0, **common
+            )
+        if n == 2 and args.staleness:
+            out[f"ours w2 stale={args.staleness}"] = run_ours(
+                tmp, features, f"w2s{suffix}", store, nproc_per_node=2, staleness_bound=args.staleness, **common
+            )
+    if not refs_first:
+        refs()
+    return out
+
+
+def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, Any]]:
+    """One row per run: the median pass's numbers, `vs_plain` = the median over passes of the ratio to the
+    plain loop of the same pass (with its min..max when there are several passes)."""
+    names = [n for n in passes[0] if n.startswith("ours")] + ["plain torch", "torchrec EBC"]
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        got = [p[name] for p in passes]
+        if any(isinstance(g, str) for g in got):
+            rows.append({"run": name, "note": next(g for g in got if isinstance(g, str))})
+            continue
+        ratios = [g["examples_per_s"] / p["plain torch"]["examples_per_s"] for g, p in zip(got, passes, strict=True)]
+        mid = sorted(range(len(got)), key=lambda i: got[i]["examples_per_s"])[len(got) // 2]
+        row = {"run": name, **got[mid], "examples_per_s": float(np.median([g["examples_per_s"] for g in got])),
+               "vs_plain": float(np.median(ratios))}
+        if len(passes) > 1:
+            row["vs_plain_range"] = f"{min(ratios):.3f}..{max(ratios):.3f}"
+            row["vs_plain_passes"] = ratios
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=100_000)
@@ -180,50 +243,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--procs", default="1,2,4")
     p.add_argument("--staleness", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=1, help="passes over every row (medians; see the module docstring)")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     torch.set_num_threads(1)
-    lr, sparse_lr = 1e-3, 1e-2
+    lr, sparse_lr = LR, SPARSE_LR
     store = StoreConfig(embedding_dim=args.dim, init_std=0.01, host_budget_mb=512)
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    rows: list[dict[str, Any]] = []
     try:
         features = write_synthetic_features(tmp / "features", args.rows, eval_rows=1000)
-        common = dict(batch_size=args.batch, lr=lr, sparse_lr=sparse_lr, epochs=1)
-        ours: dict[str, dict[str, Any]] = {}
-        for n in [int(x) for x in args.procs.split(",")]:
-            ours[f"ours w{n}"] = run_ours(tmp, features, f"w{n}", store, nproc_per_node=n, **common)
-            if n in (1, 2):
-                ours[f"ours w{n} no-prefetch"] = run_ours(
-                    tmp, features, f"w{n}np", store, nproc_per_node=n, prefetch_batches=0, **common
-                )
-            if n == 2 and args.staleness:
-                ours[f"ours w2 stale={args.staleness}"] = run_ours(
-                    tmp, features, "w2s", store, nproc_per_node=2, staleness_bound=args.staleness, **common
-                )
-        steps = ours.get("ours w1", next(iter(ours.values())))["steps"]
-        plain = run_plain(features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps)
-        trec = run_torchrec(features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
-        base = plain["examples_per_s"]
-        for name, r in ours.items():
-            rows.append({"run": name, **r, "vs_plain": r["examples_per_s"] / base})
-        rows.append({"run": "plain torch", **plain, "vs_plain": 1.0})
-        if isinstance(trec, str):
-            rows.append({"run": "torchrec EBC", "note": trec})
-        else:
-            rows.append({"run": "torchrec EBC", **trec, "vs_plain": trec["examples_per_s"] / base})
+        passes = [
+            run_pass(tmp, features, store, args, suffix=f"-{r}" if r else "", refs_first=r % 2 == 1)
+            for r in range(args.repeat)
+        ]
+        rows = summarise(passes)
+        trec = passes[0]["torchrec EBC"]
         notes = (
             "examples/s over the training loop only; every process runs 1 torch thread "
             f"({os.cpu_count()} CPUs here); the plain and TorchRec loops have every batch in "
             "memory with pre-mapped indices, ours reads Parquet and keeps the table in the tiered store."
         )
+        if args.repeat > 1:
+            notes += (f"\n{args.repeat} passes (references first in every other one): median examples/s; vs_plain is "
+                      "the median (vs_plain_range min..max) of the ratio to the plain loop of the same pass.")
         if isinstance(trec, str):
             notes += f"\nTorchRec: {trec}"
         report(
             "train", rows,
             params={"rows": args.rows, "batch": args.batch, "dim": args.dim, "model": str(MODEL), "lr": lr,
-                    "sparse_lr": sparse_lr, "staleness": args.staleness},
+                    "sparse_lr": sparse_lr, "staleness": args.staleness, "repeat": args.repeat},
             notes=notes,
-            columns=["run", "examples_per_s", "vs_plain", "steps", "train_s", "final_loss", "sparse_MB_per_step", "note"],
+            columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "steps",
+                     "train_s", "final_loss", "sparse_MB_per_step", "note"],
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -28,6 +28,7 @@ for room or by `evict`; rows: rows held at this level.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from storage.rows import (
     check_update,
     row_bytes,
     sparse_adam,
+    strictly_increasing,
     sum_duplicates,
 )
 from storage.snapshot import (
@@ -266,6 +268,29 @@ def simulate_hit_rates(
     return {"distinct": hits / total, "access": access_hits / stream.size}
 
 
+@dataclass(frozen=True)
+class _Looked:
+    """What a `lookup` of sorted distinct keys resolved, for an `update` of the very same keys right after.
+
+    A sharded step looks its owned keys up at the pull and updates the same keys (the same tensor) at
+    the push, with no other call to the tier in between; the update then reuses the slots and the rows
+    read below instead of hashing the keys and reading the misses below a second time.
+    """
+
+    keys: torch.Tensor
+    """The caller's tensor (identity and in-place version are checked)."""
+    version: int
+    slots: np.ndarray
+    """Slot of each key after the lookup (-1: not resident)."""
+    found_out: np.ndarray
+    """Whether the tier below holds each non-resident key."""
+    rows_out: Rows | None
+    """The non-resident keys' rows as read below (None when every key is resident)."""
+
+    def matches(self, keys: torch.Tensor) -> bool:
+        return keys is self.keys and keys._version == self.version
+
+
 class CachingTier(RowTier):
     """A bounded write-back cache of full rows over an optional lower tier.  See the module docstring.
 
@@ -314,6 +339,8 @@ class CachingTier(RowTier):
             dim, self.device, capacity if (preallocate and capacity) else 0, fixed=preallocate, limit=capacity
         )
         self._counters = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "evictions"), 0)
+        self._looked: _Looked | None = None
+        """The last `lookup`, while no other call has changed the tier since (see `_Looked`)."""
 
     @property
     def capacity(self) -> int | None:
@@ -371,7 +398,8 @@ class CachingTier(RowTier):
         c.in_below[slots] = False
 
     def _resolve(
-        self, keys: np.ndarray, counts: np.ndarray | int, mode: str
+        self, keys: np.ndarray, counts: np.ndarray | int, mode: str, *,
+        slots: np.ndarray | None = None, below: tuple[np.ndarray, Rows | None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Rows | None]:
         """Make the distinct `keys` resident where they fit.
 
@@ -379,12 +407,16 @@ class CachingTier(RowTier):
         every key (reading old values below); ``"write"`` admits every key without
         reading below (the caller overwrites the rows).
 
+        slots: the keys' slots when the caller has just looked them up (the map unchanged since),
+        so they are not hashed again; `below`: (found mask, rows) of the keys with slot -1 as just
+        read from the tier below (an earlier `lookup` of the same keys), so they are not read again.
+
         Returns (slots (-1: not resident), outside positions, found-below mask of
         the outside keys, rows of the outside keys (None in write mode)).
         """
         c = self._cache
         c.next_tick()
-        slots = c.map.lookup(keys)
+        slots = c.map.lookup(keys) if slots is None else slots
         miss = np.flatnonzero(slots < 0)
         self._counters["hits"] += keys.size - miss.size
         self._counters["misses"] += miss.size
@@ -396,6 +428,9 @@ class CachingTier(RowTier):
             if mode == "write":
                 found = self.below.contains(mkeys) if self.below is not None else np.zeros(miss.size, dtype=bool)
                 rows = None
+            elif below is not None and below[1] is not None:
+                found, rows = below  # read below by the lookup just before: count the read, do not redo it
+                self._counters["bytes_read"] += int(found.sum()) * row_bytes(self.dim) if self.below is not None else 0
             else:
                 found, rows = self._read_below(mkeys)
             want = found if mode == "read" else np.ones(miss.size, dtype=bool)
@@ -419,6 +454,7 @@ class CachingTier(RowTier):
 
     # -- tier-to-tier interface ----------------------------------------------------------
     def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
+        self._looked = None
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots, outside, found_out, rows_out = self._resolve(keys, 1, "read")
         res = np.flatnonzero(slots >= 0)
@@ -432,6 +468,7 @@ class CachingTier(RowTier):
         return found, rows
 
     def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
+        self._looked = None
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots, outside, _, _ = self._resolve(keys, 1, "write")
         res = np.flatnonzero(slots >= 0)
@@ -451,33 +488,58 @@ class CachingTier(RowTier):
 
     # -- contract ----------------------------------------------------------------------------
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of `keys`; keys that are sorted and distinct (a sharded pull's) are remembered for an
+        `update` of the same tensor right after (`_Looked`)."""
+        self._looked = None
         k = check_keys(keys)
         c = self._cache
         slots = c.map.lookup(k)
+        distinct = strictly_increasing(k)
         if k.size and (slots >= 0).all():
             # Fast path, every key resident: no sort, no de-dup; one scatter-add for the frequencies.
             c.next_tick()
-            self._counters["hits"] += c.touch_accesses(slots)
+            if distinct:  # one access per slot: the plain touch does it without the scatter-add
+                c.touch(slots)
+                self._counters["hits"] += k.size
+                self._looked = _Looked(keys, keys._version, slots, np.zeros(0, dtype=bool), None)
+            else:
+                self._counters["hits"] += c.touch_accesses(slots)
             return self._buf.gather_emb(slots)
-        uniq, inverse, counts = np.unique(k, return_inverse=True, return_counts=True)
-        slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
-        if outside.size == 0:  # all resident: one gather straight into the caller's order
-            return self._buf.gather_emb(slots[inverse.reshape(-1)])
+        if distinct:  # already np.unique's output: no sort, and `slots` need no second hashing
+            uniq, inverse, counts = k, None, 1
+            slots, outside, found_out, rows_out = self._resolve(uniq, counts, "read", slots=slots)
+            self._looked = _Looked(keys, keys._version, slots, found_out, rows_out)
         else:
-            out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
-            res = np.flatnonzero(slots >= 0)
-            dev = self.device
-            out[torch.from_numpy(res).to(dev)] = self._buf.gather_emb(slots[res])
-            out[torch.from_numpy(outside).to(dev)] = rows_out.emb.to(dev)
+            uniq, inverse, counts = np.unique(k, return_inverse=True, return_counts=True)
+            slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
+        if outside.size == 0:  # all resident: one gather straight into the caller's order
+            return self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)])
+        out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
+        res = np.flatnonzero(slots >= 0)
+        dev = self.device
+        out.index_copy_(0, torch.from_numpy(res).to(dev), self._buf.gather_emb(slots[res]))
+        out.index_copy_(0, torch.from_numpy(outside).to(dev), rows_out.emb.to(dev))
+        if inverse is None:
+            return out
         return out.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(self.device))
 
     def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
+        looked, self._looked = self._looked, None
         k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
         if k.size == 0:
             return
         uniq, g = sum_duplicates(k, grads.to(self.device))
-        counts = np.unique(k, return_counts=True)[1]
-        slots, outside, _, rows_out = self._resolve(uniq, counts, "create")
+        if uniq is k:  # sorted distinct keys: each occurs once
+            counts: np.ndarray | int = 1
+        else:
+            counts = np.unique(k, return_counts=True)[1]
+        if looked is not None and looked.matches(keys) and uniq is k:
+            # the same keys as the lookup just before: its slots and rows read below still hold
+            slots, outside, _, rows_out = self._resolve(
+                uniq, counts, "create", slots=looked.slots.copy(), below=(looked.found_out, looked.rows_out)
+            )
+        else:
+            slots, outside, _, rows_out = self._resolve(uniq, counts, "create")
         res = np.flatnonzero(slots >= 0)
         # Compute every new row first (sparse_adam refuses non-finite results), then write: a
         # refused update changes no value here or below.
@@ -506,6 +568,7 @@ class CachingTier(RowTier):
         Unknown keys get their initial rows and become part of the store.
         Keys that do not fit are passed on to `below.warm`.
         """
+        self._looked = None
         k = check_keys(keys)
         _, first = np.unique(k, return_index=True)
         ordered = k[np.sort(first)]
@@ -530,6 +593,7 @@ class CachingTier(RowTier):
             self.below.warm(torch.from_numpy(tail))
 
     def evict(self, keys: torch.Tensor) -> None:
+        self._looked = None
         k = np.unique(check_keys(keys))
         slots = self._cache.map.lookup(k)
         held = slots[slots >= 0]
@@ -545,6 +609,7 @@ class CachingTier(RowTier):
 
     def flush(self) -> None:
         """Write every dirty row below (they stay cached, clean), then flush below."""
+        self._looked = None
         if self.below is None:
             return
         c = self._cache
@@ -573,6 +638,7 @@ class CachingTier(RowTier):
         return w.rows
 
     def _clear(self) -> None:
+        self._looked = None
         self._cache = SlotCache(self._cache.capacity, self._cache.policy, evict_extra=self._cache.evict_extra)
         self._buf.reset()
 

@@ -85,7 +85,9 @@ def train_step(
     if rows.grad is None:  # cannot happen for a leaf that requires grad; guards refactors
         raise RuntimeError("embedding rows received no gradient")
     grad = cells_l2_grad(rows, rows.grad, cells, pooling, embedding_l2)  # (N, D)
-    sparse.push(cells.keys, grad / sparse.ctx.world_size)
+    world = sparse.ctx.world_size
+    # the same `cells.keys` tensor as the pull: the push reuses the pull's routing of the keys
+    sparse.push(cells.keys, grad if world == 1 else grad / world)
     opt.step()
     return loss.detach()
 
