@@ -21,6 +21,11 @@ Then it times
 - count only: the Dask counting of the last day's events (no merge), the floor;
 - count all window days: what a non-incremental build would have to count.
 
+The three single-day runs alternate for `--repeat` rounds, and the notes give
+each round's incremental / count CPU ratio: on a shared machine runs made
+minutes apart see different loads, runs of one round about the same.
+CPU is user + system seconds of the driver (with the scheduler) and the workers.
+
 Peak RSS of the driver (it only plans and adds up per-field numbers) and of
 each worker (a worker holds one events partition or one bucket at a time).
 Results: bench/results/vocab.json.
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -102,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-share", type=float, default=0.1, help="share of values unique to their day")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--buckets", type=int, default=0, help="vocab.merge_buckets (0: from the data)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each single-day measurement (fastest kept)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds of the single-day measurements (incremental, window, count; least CPU kept)")
     parser.add_argument("--workdir", default="")
     args = parser.parse_args(argv)
     workers = args.workers or local_worker_count(DaskConfig())
@@ -110,32 +117,30 @@ def main(argv: list[str] | None = None) -> None:
     dates = date_range("2026-04-01", f"2026-04-{args.days:02d}")
     window = args.window_days or args.days
     cfg = VocabConfig(window_days=window, min_count=2, merge_buckets=args.buckets)
-    rows_out = []
+    best: dict[str, dict] = {}  # run name -> its row (fastest wall time, least CPU), in first-run order
+    rounds: list[dict[str, float]] = []  # CPU seconds of each round's single-day runs
 
-    def measure(run: str, rows: int, fn, repeat: int = 1) -> dict:
-        """Run `fn` `repeat` times; keep the fastest wall time and the least CPU (the machine is shared)."""
-        best: dict = {}
-        for _ in range(repeat):
-            reset_peak_rss()
-            base = proc_memory()["rss"]
-            cpu0 = sum(client.run(cpu_seconds).values()) + cpu_seconds()
-            with WorkerMemory(client) as mem:
-                t0 = time.perf_counter()
-                out = fn()
-                seconds = time.perf_counter() - t0
-            cpu = sum(client.run(cpu_seconds).values()) + cpu_seconds() - cpu0
-            print(f"{run}: {seconds:.1f}s wall, {cpu:.1f}s cpu", flush=True)
-            row = {"run": run, "seconds": seconds, "cpu_s": cpu, "rows_per_s": rows / seconds,
-                   "driver_peak_mib": mib(proc_memory()["peak_rss"]),
-                   "driver_growth_mib": mib(proc_memory()["peak_rss"] - base),
-                   "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values()), **phases(out)}  # fmt: skip
-            least_cpu = min(best.get("cpu_s", cpu), cpu)  # kept across runs even when a faster one replaces best
-            if not best or seconds < best["seconds"]:
-                best = row
-            best["cpu_s"] = least_cpu
-            best["runs"] = repeat
-        rows_out.append(best)
-        return out
+    def measure(run: str, rows: int, fn, **extra) -> tuple[object, float]:
+        """Run `fn` once; fold it into `best[run]`; return its output and CPU seconds (driver + workers)."""
+        reset_peak_rss()
+        base = proc_memory()["rss"]
+        cpu0 = sum(client.run(cpu_seconds).values()) + cpu_seconds()
+        with WorkerMemory(client) as mem:
+            t0 = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - t0
+        cpu = sum(client.run(cpu_seconds).values()) + cpu_seconds() - cpu0
+        print(f"{run}: {seconds:.1f}s wall, {cpu:.1f}s cpu", flush=True)
+        row = {"run": run, "seconds": seconds, "cpu_s": cpu, "rows_per_s": rows / seconds,
+               "driver_peak_mib": mib(proc_memory()["peak_rss"]),
+               "driver_growth_mib": mib(proc_memory()["peak_rss"] - base),
+               "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values()), **phases(out), **extra}  # fmt: skip
+        old = best.get(run)
+        if old is None or seconds < old["seconds"]:
+            best[run] = row
+        best[run]["cpu_s"] = min(cpu, old["cpu_s"]) if old else cpu  # the machine is shared: least CPU
+        best[run]["runs"] = (old or {}).get("runs", 0) + 1
+        return out, cpu
 
     try:
         t0 = time.perf_counter()
@@ -151,16 +156,6 @@ def main(argv: list[str] | None = None) -> None:
             def manifest() -> dict:
                 return read_json(fs, str(work / "vocab" / f"date={dates[-1]}" / "_SUCCESS.json"))
 
-            last = measure(f"chain: {args.days} daily builds", args.days * args.rows, lambda: [build(d) for d in dates])[-1]
-            rows_out[-1].update(keys_in_window=last.seen, merge="window, then delta", count_s=None, merge_s=None)
-            measure("incremental update of the last day", args.rows, lambda: (build(dates[-1], force=True), manifest()),
-                    repeat=args.repeat)  # fmt: skip
-            rows_out[-1].update(keys_in_window=last.seen, merge=manifest()["merge"])
-            measure("window re-merge of the last day", args.rows,
-                    lambda: (build(dates[-1], force=True, incremental=False), manifest()), repeat=args.repeat)  # fmt: skip
-            rows_out[-1].update(keys_in_window=last.seen, merge=manifest()["merge"])
-            buckets = manifest()["buckets"]
-
             scratch_dir = work / "scratch-counts"
             scratch_dir.mkdir()
 
@@ -170,21 +165,43 @@ def main(argv: list[str] | None = None) -> None:
                 return sum(client.gather(client.map(count_part, paths, outs, fs=fs, fields=list(CRITEO.categorical),
                                                     pure=False)))  # fmt: skip
 
-            measure("count one day only (floor)", args.rows, lambda: count(dates[-1:]), repeat=args.repeat)
-            rows_out[-1].update(keys_in_window=0, merge="-")
-            measure(f"count all {window} days (non-incremental)", window * args.rows, lambda: count(dates[-window:]))
-            rows_out[-1].update(keys_in_window=0, merge="-")
+            chain, _ = measure(f"chain: {args.days} daily builds", args.days * args.rows, lambda: [build(d) for d in dates],
+                               merge="window, then delta", count_s=None, merge_s=None)  # fmt: skip
+            last = chain[-1]
+            best[f"chain: {args.days} daily builds"]["keys_in_window"] = last.seen
+            # The single-day runs alternate, so each round's ratios compare runs made under the same load.
+            for _ in range(args.repeat):
+                _, inc = measure("incremental update of the last day", args.rows,
+                                 lambda: (build(dates[-1], force=True), manifest()), keys_in_window=last.seen)  # fmt: skip
+                best["incremental update of the last day"]["merge"] = manifest()["merge"]
+                _, win = measure("window re-merge of the last day", args.rows,
+                                 lambda: (build(dates[-1], force=True, incremental=False), manifest()),
+                                 keys_in_window=last.seen)  # fmt: skip
+                best["window re-merge of the last day"]["merge"] = manifest()["merge"]
+                _, one = measure("count one day only (floor)", args.rows, lambda: count(dates[-1:]), keys_in_window=0,
+                                 merge="-")  # fmt: skip
+                rounds.append({"incremental": inc, "window": win, "count": one})
+            buckets = manifest()["buckets"]
+            measure(f"count all {window} days (non-incremental)", window * args.rows, lambda: count(dates[-window:]),
+                    keys_in_window=0, merge="-")  # fmt: skip
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
+    rows_out = list(best.values())
+
     def ratio(i: int) -> str:  # wall and CPU of row i over the one-day count's
         return f"{rows_out[i]['seconds'] / rows_out[3]['seconds']:.2f} wall, {rows_out[i]['cpu_s'] / rows_out[3]['cpu_s']:.2f} cpu"
 
+    same_round = sorted(r["incremental"] / r["count"] for r in rounds)
+    merge_cpu = sorted(r["incremental"] - r["count"] for r in rounds)
     notes = (f"{buckets} buckets, {last.seen:,} keys in the window; incremental / one-day count = {ratio(1)}; "
+             f"same-round incremental / count cpu: {', '.join(f'{x:.2f}' for x in same_round)} "
+             f"(median {statistics.median(same_round):.2f}); same-round incremental - count cpu (merge, evicted, "
+             f"report, commit): median {statistics.median(merge_cpu):.2f}s; "
              f"window re-merge / one-day count = {ratio(2)}; {window}-day count / one-day count = {ratio(4)}; "
              f"chain / {args.days} = {rows_out[0]['seconds'] / args.days:.1f}s per day")  # fmt: skip
     report("vocab", rows_out, params={"rows_per_day": args.rows, "days": args.days,
-                                      "window_days": window, "new_share": args.new_share,
+                                      "window_days": window, "new_share": args.new_share, "rounds": rounds,
                                       "workers": workers, "merge_buckets": buckets, "repeat": args.repeat,
                                       "worker_memory_limit": "6GiB"}, notes=notes,
            columns=["run", "merge", "seconds", "count_s", "merge_s", "cpu_s", "rows_per_s", "keys_in_window",

@@ -6,11 +6,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import dask
 from distributed import Client, LocalCluster
 
 from pipeline.config import DaskConfig
 
 MAX_LOCAL_WORKERS = 4
+PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 
 
 def local_worker_count(config: DaskConfig) -> int:
@@ -18,25 +20,65 @@ def local_worker_count(config: DaskConfig) -> int:
     return config.n_workers or max(1, min(os.cpu_count() or 1, MAX_LOCAL_WORKERS))
 
 
+def worker_environ(config: DaskConfig) -> dict[str, str]:
+    """Dask's pre-spawn environment of worker processes with `config`'s malloc thresholds applied.
+
+    Dask sets MALLOC_TRIM_THRESHOLD_=65536 so that idle workers hand memory back.  Setting it
+    also fixes glibc's mmap threshold at 128 KiB: every NumPy or Parquet buffer above that is a
+    fresh mmap, returned on free and page-faulted in again by the next task.  With the mmap
+    threshold above a task's arrays and a trim threshold above its working set, buffers are
+    reused from the heap (vocab bucket merges: ~30% less CPU, at most the trim threshold more
+    resident memory per idle worker).
+    """
+    env = {
+        k: str(v)
+        for k, v in (dask.config.get(PRE_SPAWN_ENVIRON, default=None) or {}).items()
+    }
+    if config.malloc_trim_threshold:
+        env["MALLOC_TRIM_THRESHOLD_"] = str(config.malloc_trim_threshold)
+    if config.malloc_mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(config.malloc_mmap_threshold)
+    return env
+
+
 @contextmanager
 def dask_client(config: DaskConfig) -> Iterator[Client]:
     """Yield a client; start (and afterwards close) a LocalCluster when `config.address` is empty.
 
-    Connecting to `config.address` leaves that cluster running: it is not ours to stop.
+    Connecting to `config.address` leaves that cluster running: it is not ours to stop (nor to
+    configure: the malloc thresholds apply only to the workers of a LocalCluster started here).
     """
     if config.address:
         with Client(config.address) as client:
             yield client
         return
-    cluster = LocalCluster(
-        n_workers=local_worker_count(config),
-        threads_per_worker=config.threads_per_worker,
-        processes=config.processes,
-        memory_limit=config.memory_limit,
-        dashboard_address=":0",  # any free port: never clash with another run on the machine
-    )
+    env = worker_environ(config)
+    # The nanny copies its pre-spawn environment into this process's os.environ before it spawns
+    # a worker; put back what was here so that processes this one starts later (torchrun) do not
+    # inherit the workers' malloc settings.
+    saved = {name: os.environ.get(name) for name in env}
+    try:
+        with dask.config.set({PRE_SPAWN_ENVIRON: env}):
+            cluster = LocalCluster(
+                n_workers=local_worker_count(config),
+                threads_per_worker=config.threads_per_worker,
+                processes=config.processes,
+                memory_limit=config.memory_limit,
+                dashboard_address=":0",  # any free port: never clash with another run on the machine
+            )
+    finally:
+        _restore_environ(saved)
     try:
         with Client(cluster) as client:
             yield client
     finally:
         cluster.close()
+        _restore_environ(saved)
+
+
+def _restore_environ(saved: dict[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

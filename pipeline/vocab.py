@@ -39,7 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.config import VocabConfig
-from pipeline.keys import MAX_FIELDS, factorize_keys, field_of
+from pipeline.keys import FIELD_SHIFT, MAX_FIELDS, factorize_keys, field_of
 
 Columns = dict[str, np.ndarray]
 """A table as name -> equally long NumPy arrays."""
@@ -248,6 +248,173 @@ def delta_combine(
     was = spread(previous["admitted"], False, bool)
     return _admit(date=date, keys=keys, count=count, score=count.astype(np.float64), first=first, last=last, was=was,
                   thresholds=thresholds, ttl_days=ttl_days)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaVocab:
+    """One bucket's final (uncapped) vocabulary from `delta_vocab`, dates as indices into `days`."""
+
+    vocab: Columns
+    """field, key, count, score, first_seen, last_seen, admitted (as `split_vocab`); the two dates are
+    int32 indices into `days`, the way a dictionary-encoded Parquet column stores them."""
+    days: np.ndarray
+    """int64 day numbers of the date indices (the dictionary)."""
+    evicted: Columns
+    """field, key, last_seen (day numbers) of the keys evicted at the run date."""
+    totals: FieldTotals
+
+
+def date_indices(dates: pa.ChunkedArray | pa.Array | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 indices, int64 day numbers they point to) of a date column.
+
+    A dictionary column as a vocabulary part is read (one chunk) costs no per-row
+    parsing; anything else (plain or large strings, date32, day numbers, several
+    chunks) goes through its day numbers.
+    """
+    if isinstance(dates, pa.ChunkedArray) and dates.num_chunks == 1:
+        dates = dates.chunk(0)
+    if isinstance(dates, pa.Array) and pa.types.is_dictionary(dates.type) and dates.null_count == 0:
+        return dates.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), day_numbers(dates.dictionary)
+    numbers = dates if isinstance(dates, np.ndarray) and dates.dtype == np.int64 else day_numbers(dates)
+    d = day_dictionary(numbers)
+    return d.indices.to_numpy(zero_copy_only=False), day_numbers(d.dictionary)
+
+
+def delta_vocab(
+    *,
+    date: int,
+    previous: Columns,
+    days: np.ndarray,
+    today: tuple[np.ndarray, np.ndarray],
+    dropped: tuple[np.ndarray, np.ndarray] | None,
+    thresholds: np.ndarray,
+    ttl_days: int,
+    n_fields: int,
+) -> DeltaVocab:
+    """`delta_combine` + `split_vocab` + `field_totals` in one pass, for a merge without a cap.
+
+    Works in the previous vocabulary's row order: today's and the dropped day's
+    counts are added at their (searched) rows, admission is decided per field
+    slice, and only then the kept rows and today's new keys are laid out once per
+    output column.  Dates stay indices into `days` (the previous part's date
+    dictionary, plus the run date), so no date is parsed or formatted per row.
+    Equal to `split_vocab(delta_combine(...))` (`tests/pipeline/test_vocab_buckets.py`).
+
+    Args:
+        date: the run date D (day number).
+        previous: key (sorted), count, first, last (int32 indices into `days`), admitted of D - 1's vocabulary.
+        days: int64 day numbers of the date indices.
+        today, dropped, thresholds, ttl_days: as in `delta_combine`.
+        n_fields: fields 0..n_fields-1 are reported in `totals`.
+
+    Raises:
+        ValueError: as `delta_combine`.
+    """
+    pk = np.asarray(previous["key"], np.int64)
+    tk, tc = np.asarray(today[0], np.int64), np.asarray(today[1], np.int64)
+    at = np.searchsorted(pk, tk)
+    found = _found(pk, tk, at)
+    seen_at = at[found]  # previous rows seen today
+    new = ~found & (tc > 0)  # (a count of 0 would be neither seen nor kept)
+    new_at, nk, nc = at[new], tk[new], tc[new]
+    count = np.array(previous["count"], np.int64)  # a copy: updated in place
+    count[seen_at] += tc[found]
+    if dropped is not None and len(dropped[0]):
+        dk = np.asarray(dropped[0], np.int64)
+        dat = np.searchsorted(pk, dk)
+        if not _found(pk, dk, dat).all():
+            raise _negative(date)
+        count[dat] -= np.asarray(dropped[1], np.int64)
+        if count[dat].min() < 0:  # only these rows went down
+            raise _negative(date)
+
+    days = np.asarray(days, np.int64)
+    hit = np.flatnonzero(days == date)
+    if len(hit):
+        today_index = int(hit[0])
+    else:
+        days, today_index = np.append(days, date), len(days)
+    first = np.asarray(previous["first"], np.int32)
+    last = np.array(previous["last"], np.int32)
+    if len(seen_at):
+        later = days[first[seen_at]] > date  # never for a previous vocabulary of D - 1; kept for equality
+        if later.any():
+            first = first.copy()
+            first[seen_at[later]] = today_index
+        earlier = days[last[seen_at]] <= date
+        last[seen_at[earlier]] = today_index
+
+    # admission, per field slice (keys sorted: a field is a contiguous range)
+    limit = np.asarray(thresholds, np.float64) - 1e-9  # decayed sums are floats (here: exact integer counts)
+    starts = _field_starts(pk)
+    by_count = np.empty(len(pk), bool)
+    for f, s, e in starts:
+        np.greater_equal(count[s:e], limit[f], out=by_count[s:e])
+    was = np.asarray(previous["admitted"], bool)
+    stale = days < date - ttl_days  # unseen for more than ttl_days
+    if stale.any():
+        expired = was & stale[last] & ~by_count
+        admitted = by_count | (was & ~expired)
+    else:
+        expired, admitted = None, by_count | was
+    new_field = field_of(nk)
+    new_admitted = nc >= limit[new_field]
+
+    keep = (count > 0) | admitted
+    kept = None if keep.all() else np.flatnonzero(keep)
+    n_kept = len(pk) if kept is None else len(kept)
+    inew = (new_at if kept is None else np.searchsorted(kept, new_at)) + np.arange(len(nk))
+    placed = np.ones(n_kept + len(nk), bool)
+    placed[inew] = False
+    dest = np.flatnonzero(placed)  # where the kept previous rows go
+
+    def lay_out(prev: np.ndarray, fresh, dtype) -> np.ndarray:
+        out = np.empty(len(placed), dtype)
+        out[dest] = prev if kept is None else prev[kept]
+        out[inew] = fresh
+        return out
+
+    keys = lay_out(pk, nk, np.int64)
+    out_count = lay_out(count, nc, np.int64)
+    vocab = {"field": field_of(keys).astype(np.int16), "key": keys, "count": out_count,
+             "score": out_count.astype(np.float64), "first_seen": lay_out(first, today_index, np.int32),
+             "last_seen": lay_out(last, today_index, np.int32),
+             "admitted": lay_out(admitted, new_admitted, bool)}  # fmt: skip
+
+    gone = np.empty(0, np.int64) if expired is None else np.flatnonzero(expired)  # no cap: evicted = expired
+    evicted = {"field": field_of(pk[gone]).astype(np.int16), "key": pk[gone], "last_seen": days[last[gone]]}
+    on_field = field_of(tk)
+    today_admitted = np.zeros(len(tk), bool)
+    today_admitted[found] = admitted[seen_at]
+    today_admitted[new] = new_admitted
+    weights = tc.astype(np.float64)
+    totals = FieldTotals(
+        seen=_per_field(starts, count > 0, n_fields) + _by_field(new_field, None, n_fields),
+        admitted=_per_field(starts, admitted, n_fields) + _by_field(new_field, new_admitted, n_fields),
+        evicted=_by_field(evicted["field"], None, n_fields),
+        covered=_by_field(on_field, today_admitted, n_fields, weights),
+        present=_by_field(on_field, None, n_fields, weights),
+    )
+    return DeltaVocab(vocab=vocab, days=days, evicted=evicted, totals=totals)
+
+
+def _field_starts(sorted_keys: np.ndarray) -> list[tuple[int, int, int]]:
+    """(field, start, end) of each field's range of rows in sorted keys (fields present only)."""
+    if not len(sorted_keys):
+        return []
+    lo, hi = int(field_of(int(sorted_keys[0]))), int(field_of(int(sorted_keys[-1])))
+    edges = np.searchsorted(sorted_keys, np.arange(lo + 1, hi + 1, dtype=np.int64) << FIELD_SHIFT)
+    bounds = [0, *edges.tolist(), len(sorted_keys)]
+    return [(f, bounds[i], bounds[i + 1]) for i, f in enumerate(range(lo, hi + 1)) if bounds[i + 1] > bounds[i]]
+
+
+def _per_field(starts: list[tuple[int, int, int]], mask: np.ndarray, n_fields: int) -> np.ndarray:
+    """True entries of `mask` per field 0..n_fields-1, given `_field_starts` of its rows."""
+    out = np.zeros(n_fields, np.int64)
+    for f, s, e in starts:
+        if f < n_fields:
+            out[f] = np.count_nonzero(mask[s:e])
+    return out
 
 
 def _found(sorted_keys: np.ndarray, keys: np.ndarray, at: np.ndarray) -> np.ndarray:

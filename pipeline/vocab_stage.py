@@ -168,8 +168,8 @@ def build_vocab(
         )
         results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
         t2 = time.perf_counter()
-        n_evicted = client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, buckets=buckets, fs=fs,
-                                  pure=False).result()  # fmt: skip
+        n_evicted = client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, fs=fs, pure=False,
+                                  buckets=[b for b, r in enumerate(results) if r.evicted_rows]).result()  # fmt: skip
         fs.rm(join(stage, SCRATCH), recursive=True)
 
         totals = sum((r.totals for r in results), FieldTotals.zeros(len(fields)))

@@ -27,6 +27,9 @@ from pipeline.vocab import (
     day_dictionary,
     day_numbers,
     delta_combine,
+    delta_vocab,
+    field_totals,
+    split_vocab,
     update_vocab,
     window_counts,
     window_table,
@@ -255,6 +258,23 @@ def test_daily_delta_merges_equal_the_reference_including_ties_at_the_cap(events
     assert per_field.max() == 12 and per_field.min() < 12  # the cap cut most fields, not the tiny ones
 
 
+def test_uncapped_daily_delta_merges_equal_the_reference(events_root, tmp_path, client):
+    """Without a cap a delta bucket goes straight to its final rows (`delta_vocab`); TTL evictions included."""
+    root = fresh_root(events_root, tmp_path)
+    cfg = VocabConfig(window_days=3, min_count=2, ttl_days=1, merge_buckets=4, min_count_per_field={"C7": 4})
+    ref = Reference(root)
+    modes, evicted = [], 0
+    for d in DATES:
+        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        manifest = assert_same_as_reference(root, d, ref.build(d, cfg))
+        modes.append(manifest["merge"])
+        evicted += manifest["evicted"]
+    assert modes == ["window"] + ["delta"] * (len(DATES) - 1)
+    assert evicted > 0
+    schema = pq.read_schema(root / "vocab" / f"date={DATES[-1]}" / "vocab.parquet" / "part-00000.parquet")
+    assert schema.field("first_seen").type == pa.string() and not schema.field("key").nullable
+
+
 def test_decay_gaps_and_changing_bucket_counts_equal_the_reference(events_root, tmp_path, client):
     """Decayed float scores (window merge, several radix rounds for the cap), a missing day, B varying per day."""
     root = fresh_root(events_root, tmp_path)
@@ -391,6 +411,60 @@ def test_the_delta_merge_equals_combining_the_summed_window(seed):
     with pytest.raises(ValueError, match="went negative"):  # a dropped day the previous vocabulary never counted
         delta_combine(date=date, previous=previous, today=days[date], dropped=(np.array([5]), np.array([1])),
                       thresholds=thresholds, ttl_days=5)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fused_delta_merge_equals_the_delta_merge_split_and_summed(seed):
+    """`delta_vocab` (no cap: straight to the kept rows, dates as dictionary indices) = delta_combine + split + totals."""
+    rng = np.random.default_rng(100 + seed)
+    date, ttl = 20100, 4
+
+    def keys(n: int) -> np.ndarray:
+        return np.unique((rng.integers(0, 4, n) << 56) | rng.integers(2, 300, n))
+
+    prev_keys = keys(int(rng.integers(0, 500)))
+    n = len(prev_keys)
+    count = rng.integers(0, 5, n)
+    last = rng.integers(date - 9, date, n)
+    previous = {"key": prev_keys, "count": count, "first": last - rng.integers(0, 30, n), "last": last,
+                "admitted": (rng.random(n) < 0.5) | (count >= 3)}  # fmt: skip
+    today = keys(int(rng.integers(0, 200)))
+    today = (today, rng.integers(1, 4, len(today)).astype(np.int64))
+    some = prev_keys[(count > 0) & (rng.random(n) < 0.3)]  # the dropped day: keys the window counted
+    dropped = (some, np.minimum(rng.integers(1, 3, len(some)), count[np.searchsorted(prev_keys, some)]))
+    if seed == 0:
+        dropped = None
+    thresholds = np.full(128, 3.0)
+    thresholds[1] = 2.0  # a per-field override
+    want = split_vocab_with_totals(delta_combine(date=date, previous=previous, today=today, dropped=dropped,
+                                                 thresholds=thresholds, ttl_days=ttl), today, n_fields=4)  # fmt: skip
+    # the previous dates as a part stores them: indices into a dictionary, here with unused and unsorted days
+    days = np.unique(np.r_[previous["first"], previous["last"], date - 50])[::-1]
+    if seed % 2:
+        days = np.r_[days, date]  # the run date already in the dictionary
+    indexed = {**previous, "first": np.searchsorted(-days, -previous["first"]).astype(np.int32),
+               "last": np.searchsorted(-days, -previous["last"]).astype(np.int32)}  # fmt: skip
+    got = delta_vocab(date=date, previous=indexed, days=days, today=today, dropped=dropped, thresholds=thresholds,
+                      ttl_days=ttl, n_fields=4)  # fmt: skip
+    vocab = {**got.vocab, "first_seen": got.days[got.vocab["first_seen"]], "last_seen": got.days[got.vocab["last_seen"]]}
+    for name, column in want[0].items():
+        np.testing.assert_array_equal(vocab[name], column, err_msg=name)
+        assert vocab[name].dtype == column.dtype or name in ("first_seen", "last_seen"), name
+    for name, column in want[1].items():
+        np.testing.assert_array_equal(got.evicted[name], column, err_msg=f"evicted {name}")
+    for name in ("seen", "admitted", "evicted", "covered", "present"):
+        np.testing.assert_array_equal(getattr(got.totals, name), getattr(want[2], name), err_msg=name)
+    if seed == 1:
+        assert len(want[1]["key"]) and (want[0]["count"] == 0).any() and len(want[0]["key"]) < len(prev_keys) + 200
+
+
+def split_vocab_with_totals(merged, today, *, n_fields):
+    vocab, gone = split_vocab(merged, merged["admitted"])
+    on = np.zeros(len(merged["key"]), np.int64)
+    on[np.searchsorted(merged["key"], today[0])] = today[1]
+    totals = field_totals(field=merged["field"], count=merged["count"], admitted=merged["admitted"],
+                          evicted=merged["was_admitted"] & ~merged["admitted"], today=on, n_fields=n_fields)  # fmt: skip
+    return vocab, gone, totals
 
 
 # ---- buckets and the cap search (pure) ------------------------------------------------------------------
