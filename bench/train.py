@@ -20,6 +20,10 @@ Rows measured, all on CPU with one thread per process:
 - `torchrec EBC`: TorchRec's `EmbeddingBagCollection` on CPU with the same
   model on top, when `torchrec` is installed (the `bench` extra); otherwise the
   row says it was skipped.
+- `reader alone wN`: rank 0's share of N ranks read and decoded into batches by
+  `trainer.data.RankReader` with nothing else running (no pulls, no compute), in
+  this process; `vs_rank_step` is its examples/s over one rank of `ours wN`
+  (examples/s / N): above 1, reading cannot be what bounds a training step.
 
 On a shared machine the load drifts between runs that take half a minute each, so
 one pass compares runs made under different loads.  `--repeat R` makes R passes
@@ -90,6 +94,18 @@ def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, **kw: Any)
         "final_loss": res.final_loss, "sparse_MB_per_step": res.stats["sparse_bytes_per_step"] / 2**20,
         "wall_s": res.wall_s,
     }
+
+
+def run_reader(features: Path, *, batch: int, world_size: int) -> dict[str, Any]:
+    """Rank 0's batches of `world_size` ranks, read and decoded with no training: the reader's own rate."""
+    from trainer.data import RankReader, read_schema, split_dir
+
+    url = str(features)
+    reader = RankReader(split_dir(url, "train"), read_schema(url), rank=0, world_size=world_size, batch_size=batch)
+    t0 = time.perf_counter()
+    rows = sum(len(b.labels) for b in reader.iter_batches())
+    read_s = time.perf_counter() - t0
+    return {"examples_per_s": rows / read_s, "steps": reader.steps_per_epoch, "train_s": read_s}
 
 
 def _load_arrays(features: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -201,6 +217,7 @@ def run_pass(
     if refs_first:
         refs()
     for n in procs:
+        out[f"reader alone w{n}"] = run_reader(features, batch=args.batch, world_size=n)
         out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, nproc_per_node=n, **common)
         if n in (1, 2):
             out[f"ours w{n} no-prefetch"] = run_ours(
@@ -218,7 +235,7 @@ def run_pass(
 def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, Any]]:
     """One row per run: the median pass's numbers, `vs_plain` = the median over passes of the ratio to the
     plain loop of the same pass (with its min..max when there are several passes)."""
-    names = [n for n in passes[0] if n.startswith("ours")] + ["plain torch", "torchrec EBC"]
+    names = [n for n in passes[0] if n.startswith(("ours", "reader"))] + ["plain torch", "torchrec EBC"]
     rows: list[dict[str, Any]] = []
     for name in names:
         got = [p[name] for p in passes]
@@ -229,7 +246,12 @@ def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, A
         mid = sorted(range(len(got)), key=lambda i: got[i]["examples_per_s"])[len(got) // 2]
         row = {"run": name, **got[mid], "examples_per_s": float(np.median([g["examples_per_s"] for g in got])),
                "vs_plain": float(np.median(ratios))}
-        if len(passes) > 1:
+        if name.startswith("reader alone w"):  # against one rank of the trainer with the same share
+            n = int(name.removeprefix("reader alone w"))
+            rank_rates = [p[f"ours w{n}"]["examples_per_s"] / n for p in passes if isinstance(p.get(f"ours w{n}"), dict)]
+            row["vs_rank_step"] = row["examples_per_s"] / float(np.median(rank_rates))
+            del row["vs_plain"]  # reading alone is not a training loop
+        elif len(passes) > 1:
             row["vs_plain_range"] = f"{min(ratios):.3f}..{max(ratios):.3f}"
             row["vs_plain_passes"] = ratios
         rows.append(row)
@@ -274,8 +296,8 @@ def main(argv: list[str] | None = None) -> None:
             params={"rows": args.rows, "batch": args.batch, "dim": args.dim, "model": str(MODEL), "lr": lr,
                     "sparse_lr": sparse_lr, "staleness": args.staleness, "repeat": args.repeat},
             notes=notes,
-            columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "steps",
-                     "train_s", "final_loss", "sparse_MB_per_step", "note"],
+            columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "vs_rank_step",
+                     "steps", "train_s", "final_loss", "sparse_MB_per_step", "note"],
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
