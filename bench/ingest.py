@@ -22,7 +22,17 @@ ratios; all of them in `ratios`).
 
 With --plain the same rows are also written as one uncompressed file and
 ingested with byte-range splitting (ingest.block_size), to show one big file
-spread over the workers.  Results: bench/results/ingest.json.
+spread over the workers.
+
+With --task-rows M (repeatable) it also measures one task alone: one gzip file
+of M rows ingested by `pipeline.ingest.ingest_file` in a fresh process with a
+LocalCluster worker's malloc settings, reporting its peak RSS (VmHWM) and its
+growth over the imported process.  A gzip file cannot be split, so a real day
+(one 46 GB file) is one such task: its peak must not grow with M.
+
+    python -m bench.ingest --rows 1000000 --task-rows 250000 --task-rows 1000000 --task-rows 4000000
+
+Results: bench/results/ingest.json.
 """
 
 from __future__ import annotations
@@ -31,8 +41,11 @@ import argparse
 import gzip
 import importlib
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +53,7 @@ from pathlib import Path
 import pyarrow.csv as pacsv
 
 from bench._common import WorkerMemory, mib, print_table, run_child, write_json
-from pipeline.cluster import dask_client, local_worker_count
+from pipeline.cluster import dask_client, local_worker_count, worker_environ
 from pipeline.config import DaskConfig, IngestConfig, InputConfig
 from pipeline.generate import generate_day
 from pipeline.ingest import ingest_date
@@ -67,6 +80,54 @@ for i, path in enumerate(files):
 print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "rows": rows,
                   "peak_rss": proc_memory()["peak_rss"]}))
 """
+
+_TASK = r"""
+import json, sys, time
+from bench._common import proc_memory
+from pipeline.ingest import _FileTask, ingest_file
+from pipeline.schema import CRITEO
+from storage.fsio import get_fs
+url, out, date, rows_per_partition = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+fs, _ = get_fs(out)
+for d in ("events", "quarantine"):
+    fs.makedirs(f"{out}/{d}", exist_ok=True)
+base = proc_memory()["rss"]
+t0 = time.perf_counter()
+r = ingest_file(_FileTask(url=url, file_index=0, schema=CRITEO, input_options=None, out_fs=fs,
+                          events_dir=f"{out}/events", quarantine_dir=f"{out}/quarantine",
+                          rows_per_partition=rows_per_partition, date=date))
+print(json.dumps({"seconds": time.perf_counter() - t0, "rows": r["rows_written"], "base_rss": base,
+                  "peak_rss": proc_memory()["peak_rss"]}))
+"""
+
+
+def write_gzip(path: Path, rows: int, *, seed: int = 0) -> None:
+    """One gzip file of `rows` synthetic Criteo rows of day DATE, generated in slices of 500k rows."""
+    options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        for start in range(0, rows, 500_000):  # the generator holds a slice in memory
+            table, _ = generate_day(0, min(500_000, rows - start), seed=seed + start // 500_000)
+            pacsv.write_csv(table, f, options)
+
+
+def task_peak(rows: int, work: Path, ingest: IngestConfig) -> dict:
+    """Peak RSS of one ingest task (one gzip file of `rows` rows) in a fresh process with a worker's malloc settings."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"task-{rows}.tsv.gz"
+    write_gzip(path, rows)
+    out = work / "task-root"
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, **worker_environ(DaskConfig())}
+    done = subprocess.run([sys.executable, "-c", _TASK, str(path), str(out), DATE, str(ingest.rows_per_partition)],
+                          capture_output=True, text=True, check=True, env=env)  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+    path.unlink()
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    if r["rows"] != rows:
+        raise RuntimeError(f"the task wrote {r['rows']} rows, expected {rows}")
+    return {"rows_per_file": rows, "rows_per_partition": ingest.rows_per_partition, "seconds": r["seconds"],
+            "base_rss_mib": mib(r["base_rss"]), "peak_rss_mib": mib(r["peak_rss"]),
+            "task_growth_mib": mib(r["peak_rss"] - r["base_rss"])}  # fmt: skip
 
 
 def write_inputs(directory: Path, rows: int, *, plain: bool) -> tuple[list[Path], Path | None]:
@@ -175,18 +236,25 @@ def bench_rows(rows: int, work: Path, *, plain: bool, workers: int, block_size: 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, action="append", help="rows per run (repeatable; default 5000000)")
+    parser.add_argument("--rows", type=int, action="append",
+                        help="rows per run (repeatable; default 5000000 unless only --task-rows is given)")
     parser.add_argument("--plain", action="store_true", help="also ingest one uncompressed file split in byte ranges")
     parser.add_argument("--workers", type=int, default=0, help="Dask workers (default: one per core, max 4)")
     parser.add_argument("--block-size", type=int, default=64 << 20, help="byte-range size for --plain")
     parser.add_argument("--workdir", default="", help="where inputs and outputs go (default: a temp dir, removed)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each reference/project pair (medians shown)")
+    parser.add_argument("--task-rows", type=int, action="append", default=[],
+                        help="also measure one ingest task alone on one gzip file of this many rows (repeatable)")
     args = parser.parse_args(argv)
     workers = args.workers or local_worker_count(DaskConfig())
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-ingest-"))
-    results = []
+    results: list[dict] = []
     try:
-        for rows in args.rows or [5_000_000]:
+        tasks = [task_peak(rows, work, IngestConfig()) for rows in args.task_rows]
+        if tasks:
+            print_table(tasks)
+            print()
+        for rows in args.rows or ([] if args.task_rows else [5_000_000]):
             results += bench_rows(rows, work, plain=args.plain, workers=workers, block_size=args.block_size,
                                   repeat=args.repeat)  # fmt: skip
             print_table(results, ["rows", "input", "run", "seconds", "rows_per_s", "MB_per_s_raw", "cpu_s", "ratio",
@@ -195,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    path = write_json("ingest", {"workers": workers, "files_per_day": FILES, "repeat": args.repeat, "results": results})
+    path = write_json("ingest", {"workers": workers, "files_per_day": FILES, "repeat": args.repeat, "results": results,
+                                 "task_peaks": tasks})  # fmt: skip
     print(f"wrote {path}")
 
 

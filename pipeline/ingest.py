@@ -10,7 +10,9 @@ byte-range block index, chunk index) sort in time order.  With
 `ingest.overlap_io` a task reads (and decompresses) chunk k+1 in a reader
 thread and writes chunk k-1 in a writer thread while it parses chunk k, so one
 compressed file, which only one task can read, costs about its parse time
-rather than read + parse + write; a task then holds at most 3 chunks.
+rather than read + parse + write; a task then holds at most 3 chunks (the one
+being parsed, the next one's raw lines, the previous one's tables in the writer),
+whatever its file's size.
 
 Large plain files: a file over `ingest.block_size` bytes is cut into byte
 ranges.  Block i owns the lines that *start* in its range [s_i, s_i+1).  A
@@ -335,20 +337,23 @@ def ingest_file(task: _FileTask) -> dict[str, Any]:
             counts["rows_quarantined"] += parsed.quarantine.num_rows
             counts["rows_other_dates"] += parsed.rows_other_dates
             counts["slow_chunks"] += not parsed.fast_path
-            del parsed, tables  # the writer holds what it still needs: free the rest before the next parse
+            # the writer holds what it still needs: free the rest (the raw chunk too) before the next read
+            del parsed, tables, data
     return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons)}
 
 
 def _read_chunks(task: _FileTask) -> Iterator[tuple[int, bytes, int]]:
     """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range.
 
-    With `overlap_io` the chunks are read one ahead in a background thread (`readers.read_ahead`).
+    With `overlap_io` the next chunk is read in a background thread while the caller parses this one
+    (`readers.read_ahead(lazy=True)`: one chunk ahead, counting the one being read).
     """
     compression = infer_compression(task.url)
     chunk_index = 0
     try:
-        for data, n_lines in read_ahead(_line_chunks_of(task), 1 if task.overlap_io else 0):
+        for data, n_lines in read_ahead(_line_chunks_of(task), 1 if task.overlap_io else 0, lazy=True):
             yield chunk_index, data, n_lines
+            del data  # not held while the next chunk is read
             chunk_index += 1
     except DECOMPRESS_ERRORS as exc:
         if compression is None:

@@ -11,15 +11,16 @@ Three pieces, used by `pipeline.ingest`:
 - `read_ahead`: runs a chunk iterator in a background thread, `depth` chunks ahead of the
   consumer.  Inflating (ISA-L, zlib, bz2) and pyarrow's CSV parsing and Parquet writing all
   release the GIL, so one task reads the next chunk while it parses and writes the current
-  one, instead of doing the three in turn.  The bounded queue keeps a task's memory to
-  `depth` + 2 chunks whatever the file size.
+  one, instead of doing the three in turn.  Ingest runs it `lazy` with depth 1: the next
+  chunk is read only once the consumer has taken the last one, so a task holds two raw
+  chunks (the one parsed, the one read) whatever the file size.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
@@ -83,8 +84,12 @@ def line_chunks(
                 while have + len(ends) - idx >= rows:
                     k = rows - have
                     cut = int(ends[idx + k - 1]) + 1
-                    yield b"".join([*parts, block[used:cut]]), rows
-                    parts, used, idx, have = [], cut, idx + k, 0
+                    parts.append(block[used:cut])
+                    chunk = b"".join(parts)
+                    parts.clear()  # before the yield: the pieces would double the chunk while it is out
+                    yield chunk, rows
+                    del chunk  # hold nothing of a yielded chunk while the next one is read
+                    used, idx, have = cut, idx + k, 0
                 block = block[used:]
                 n = len(ends) - idx
             if block:
@@ -92,6 +97,7 @@ def line_chunks(
                 have += n
         if final:
             rest = b"".join(parts)
+            parts.clear()
             if rest:
                 yield rest, have + (0 if rest.endswith(b"\n") else 1)
             return
@@ -102,7 +108,7 @@ class _End:
     error: BaseException | None
 
 
-def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead") -> Iterator[T]:
+def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead", lazy: bool = False) -> Iterator[T]:
     """The items of `items`, produced by a background thread at most `depth` items ahead.
 
     The consumer sees the same items in the same order, then any exception the
@@ -110,28 +116,48 @@ def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead") -> I
     would have come.  Closing the returned generator early (the consumer failed)
     stops the producer and closes `items` in the producer's thread, so files it
     opened are closed before this returns.  `depth` 0 iterates inline.  `name` names the thread.
+
+    By default the producer makes its next item while `depth` wait in the queue, so
+    `depth` + 1 items exist besides the one the consumer holds.  With `lazy` it starts an
+    item only when fewer than `depth` wait, so at most `depth` exist besides the consumer's
+    (the one being made included): for items as large as ingest's chunks, where each one
+    more in flight is a chunk more of a task's peak memory.
     """
     if depth <= 0:
         yield from items
         return
     buffer: queue.Queue = queue.Queue(maxsize=depth)
+    slots = threading.Semaphore(depth) if lazy else None  # items made and not yet taken
     stop = threading.Event()
 
-    def put(item: object) -> bool:
+    def wait_for(step: Callable[[], bool]) -> bool:
         while not stop.is_set():
+            if step():
+                return True
+        return False
+
+    def put(item: object) -> bool:
+        def step() -> bool:
             try:
                 buffer.put(item, timeout=0.05)
                 return True
             except queue.Full:
-                continue
-        return False
+                return False
+
+        return wait_for(step)
 
     def produce() -> None:
         try:
-            for item in items:
+            source = iter(items)
+            while slots is None or wait_for(lambda: slots.acquire(timeout=0.05)):
+                try:
+                    item = next(source)
+                except StopIteration:
+                    put(_End(None))
+                    return
                 if not put(item):
                     return
-            put(_End(None))
+                del item  # the consumer's now: holding it here would keep it alive past its use
         except BaseException as exc:  # handed to the consumer, raised there
             put(_End(exc))
         finally:
@@ -148,7 +174,10 @@ def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead") -> I
                 if item.error is not None:
                     raise item.error
                 return
+            if slots is not None:
+                slots.release()
             yield item
+            del item  # not held while waiting for the next one
     finally:
         stop.set()
         thread.join()

@@ -6,6 +6,7 @@ import bz2
 import gzip
 import io
 import threading
+import time
 import zlib
 
 import pytest
@@ -93,3 +94,31 @@ def test_a_consumer_that_stops_early_stops_the_producer_and_closes_its_source():
     assert closed.is_set()  # set before close() returned: the thread is done
     assert len(produced) <= 5  # it never ran ahead more than `depth` (+ the ones in hand)
     assert not [t for t in threading.enumerate() if t.name == "read-ahead"]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_read_ahead_bounds_the_items_made_and_not_yet_taken(lazy):
+    made = []
+
+    def source():
+        for i in range(20):
+            made.append(i)  # runs when the producer starts item i
+            yield i
+
+    depth = 2
+    reader = read_ahead(source(), depth, lazy=lazy)
+    for taken, item in enumerate(reader, start=1):
+        assert item == taken - 1
+        time.sleep(0.01)  # give the producer time to run as far ahead as it may
+        # lazy: the one being made counts (ingest's chunks); otherwise one more is made while `depth` wait
+        assert len(made) - taken <= (depth if lazy else depth + 1)
+    assert made == list(range(20))
+
+
+def test_line_chunks_of_a_byte_budget_end_on_the_line_that_starts_in_range():
+    f = io.BytesIO(TEXT)
+    cut = TEXT.index(b"\n", 1000) - 3  # inside a line: that line is completed past the budget
+    chunks = list(line_chunks(f, 100, budget=cut, read_size=64))
+    data = b"".join(c for c, _ in chunks)
+    assert data == TEXT[: TEXT.index(b"\n", cut) + 1]
+    assert sum(n for _, n in chunks) == data.count(b"\n")
