@@ -44,6 +44,9 @@ def test_update_after_lookup_of_the_same_keys_changes_nothing(tmp_path: Path, ca
         fresh.update(keys.clone(), grads, lr=0.05)  # another tensor: resolved again
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert reused.stats()["host"] == fresh.stats()["host"]
+    # ...while the tier below was really asked once per step instead of twice (the shortcut was taken)
+    asked = [sum(t.below.stats()["memory"][k] for k in ("hits", "misses")) for t in (reused, fresh)]
+    assert asked[0] < asked[1]
     got, want = all_rows(reused, str(tmp_path / "a")), all_rows(fresh, str(tmp_path / "b"))
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])

@@ -45,6 +45,9 @@ def test_push_of_the_pulled_tensor_equals_a_push_routed_afresh() -> None:
         reused.push(keys, grads)  # the pulled tensor: its route (and the store's resolution) are reused
         fresh.push(keys.clone(), grads)
         ref.update(keys, grads, lr=0.05)
+    # the reuse was taken: the host tier asked the tier below about its misses once per step, not twice
+    asked = [sum(e.store.below.stats()["memory"][k] for k in ("hits", "misses")) for e in (reused, fresh)]
+    assert asked[0] < asked[1]
     probe = torch.arange(30)
     torch.testing.assert_close(reused.store.lookup(probe), fresh.store.lookup(probe), rtol=0, atol=0)
     torch.testing.assert_close(reused.store.lookup(probe), ref.lookup(probe), rtol=1e-6, atol=1e-7)
