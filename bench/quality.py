@@ -118,7 +118,34 @@ off, AutoInt+ raw embeddings beside the attended ones, 2 layers, wide scale 1 / 
 L2 0.1 / 1, min_count 2, batch 128, MLP 400x3 all within +-0.0015 (Avazu); show-count features
 log1p(train count) per field +0.0018 on Avazu but -0.0053 on Criteo.  Predictions of attention and
 sklearn-lr carry the same information (their logit average beats the better of the two by at most
-0.0002 on any Avazu fold)."""
+0.0002 on any Avazu fold).
+
+Round 6 (issue 7; every candidate by `cv_folds` AND on the eval part, seeds 0-2, with the rule: adopt only if
+the CV mean improves on both samples, or on one and is within 0.0005 on the other, and neither eval AUC
+drops; bench/results/quality-round6-tune.json).  Nothing passed; the default stays (CV Criteo / Avazu
+0.7418 / 0.7075, eval 0.7378 / 0.7193).  CV Criteo / Avazu, eval Criteo / Avazu:
+
+- DCN-V2 cross tower beside attention + MLP (`model.cross_tower`, x0 = the field and bucket tokens, zero-init
+  head): 3 layers 0.7279 / 0.7081, 0.7210 / 0.7216; 1 layer 0.7361 / 0.7078, 0.7327 / 0.7226; low rank
+  (`cross_rank`) 3x16 0.7255 / 0.7078, 3x4 0.7349 / 0.7083; 2 layers, dropout 0.5, + FM: no better.  Avazu
+  gains <= 0.0008 (noise), Criteo loses 0.006-0.016 at any rank: at lr 1e-2 the tower overfits Criteo's 39
+  tokens.  With the raw dense values in x0 Criteo is worse (0.7167, 1 layer 0.7273); with a stop-gradient into
+  the embeddings Criteo recovers to 0.7389-0.7394 but Avazu's gain is gone (0.7076); a tower on the attended
+  tokens instead of the raw ones drops Avazu (0.7019-0.7026).
+- FM term (`model.fm`, over e[1:]): 0.7304 / 0.7085, eval 0.7318 / 0.7208.
+- dcn_v2's small-sample schedule (lr 1e-3, dropout 0.5, L2 1, min_count 4): with the wide term (scale 1)
+  0.7305 / 0.7042, eval 0.7294 / 0.7238; without 0.7255 / 0.7004, eval 0.7262 / 0.7236.  Its higher Avazu eval
+  is not a time effect the blocked folds hide: forward-chaining validation of the Avazu train part (train on
+  blocks 1..i, validate on block i+1, i = 2..4) ranks it below the default as well (0.6978 vs 0.6985).
+- Output bias initialised to the train log-odds (a patch of the bench, no config key): Avazu CV calibration
+  1.034 -> 1.011, but AUC 0.7399 / 0.7056, eval 0.7347 / 0.7219.
+On the Avazu eval part the default trails sklearn-lr by 0.0027-0.0032 (seeds 0-2) with a paired-bootstrap
+sd of 0.0034 over the 2,000 rows, and dcn_v2 by 0.006-0.008 with sd 0.006: within 1.5 sd, while the seed
+spread the issue's goal is measured against (sd 0.0002) is ~15x below that row-sampling noise.
+Calibration: Avazu's eval 1.057 is the eval click-rate shift (train 0.1714, eval 0.1675: +2.3%) on top of a
+~3.4% over-prediction that the folds show too (CV calibration 1.034 Avazu, 1.035 Criteo, where the folds'
+mean shift is ~0) and the bias initialisation removes; on Criteo the same over-prediction meets a -5% shift
+(0.216 -> 0.227), hence its eval 1.000."""
 REFERENCE_MLP = {"dnn": (400, 400, 400), "deepfm": (256, 128), "dcn_v2": (256, 128)}
 """Published MLP widths of the reference architectures (Paddle CTR-DNN; DeepFM / DCN-V2 papers)."""
 BENCH_TRAINER = {"k_steps": 1, "log_every": 10**9, "bind_io_threads": False}
@@ -417,18 +444,21 @@ def run_dataset(split: Split, archs: list[str], seeds: list[int], *, references:
 
 
 TUNE_GRID = (
-    {}, {"lr": 1e-3, "embedding_l2": 1.0, "wide_scale": 1.0, "min_count": 4}, {"wide_scale": 1.0}, {"epochs": 4},
-    {"dropout": 0.3}, {"num_heads": 4}, {"dropout": 0.3, "num_heads": 4},
+    {}, {"cross_tower": True}, {"cross_tower": True, "cross_layers": 1}, {"cross_tower": True, "cross_rank": 4},
+    {"fm": True}, {"lr": 1e-3, "dropout": 0.5, "embedding_l2": 1.0, "min_count": 4, "wide_scale": 1.0},
+    {"lr": 1e-3, "dropout": 0.5, "embedding_l2": 1.0, "min_count": 4, "wide": False},
 )
-"""Overrides of `recipe("attention")` scored by `--tune` (round 5, by `cv_folds`; the second entry is the
-round-3 recipe).  Rounds 1-3 (epochs, L2, sparse lr, min_count, dim, dropout, dense buckets, wide, wide
-scale, MLP width) chose `SMALL_SAMPLE`; round 4 (dense lr, then L2 / wide scale / min_count around it)
-chose lr 1e-2, embedding L2 0.3, wide scale 2, min_count 3, all on one 1,600-row inner split (2 seeds).
-Round 5 re-scored them by 5-fold CV (bench/results/quality-{criteo,avazu}-tune.json): round 4's dense lr is real on
-Criteo (CV 0.7307 -> 0.7415, better in 5/5 folds) and neutral on Avazu (0.7063 vs 0.7061); the candidates
-here and the architecture variants of the issue-7 diagnosis (see `SMALL_SAMPLE_DEFAULT_ARCH`) all land
-within +-0.0015 of it on Avazu; more epochs overfit Criteo (0.7377).  On synthetic-100k the
-schedule/L2/dropout candidates (`--datasets synthetic-100k`) chose the project's defaults."""
+"""Overrides of `recipe("attention")` scored by `--tune`: round 6, by `cv_folds` (see
+`SMALL_SAMPLE_DEFAULT_ARCH` for all its candidates, some of which were bench patches, not config keys).
+Rounds 1-3 (epochs, L2, sparse lr, min_count, dim, dropout, dense buckets, wide, wide scale, MLP width)
+chose `SMALL_SAMPLE`; round 4 (dense lr, then L2 / wide scale / min_count around it) chose lr 1e-2,
+embedding L2 0.3, wide scale 2, min_count 3, all on one 1,600-row inner split (2 seeds).  Round 5 re-scored
+them by 5-fold CV (grid: the round-4 recipe, the round-3 recipe, wide scale 1, epochs 4, dropout 0.3, 4 heads,
+both; bench/results/quality-{criteo,avazu}-tune.json): round 4's dense lr is real on Criteo (CV 0.7307 ->
+0.7415, better in 5/5 folds) and neutral on Avazu (0.7063 vs 0.7061); the candidates and the architecture
+variants of the issue-7 diagnosis all land within +-0.0015 of it on Avazu; more epochs overfit Criteo
+(0.7377); dropout 0.3 + 4 heads was adopted.  On synthetic-100k the schedule/L2/dropout candidates
+(`--datasets synthetic-100k`) chose the project's defaults."""
 
 
 TUNE_FOLDS = 5

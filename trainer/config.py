@@ -31,7 +31,17 @@ class ModelConfig:
     dense_bucket_max: float = 12.0
     """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
     cross_layers: int = 3
-    """Cross layers of `dcn_v2`."""
+    """Cross layers of `dcn_v2` (and of the attention model's `cross_tower`)."""
+    cross_rank: int = 0
+    """Rank r of every cross layer's W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
+    cross_tower: bool = False
+    """`attention` only: add a DCN-V2 cross network (`cross_layers` layers, `cross_rank`) over x0 = the flattened
+    field (and dense bucket) embeddings, parallel to attention + MLP, its zero-initialised linear head added to
+    the logit (a DCN / AutoInt+ hybrid).  The raw log1p dense values stay out of x0: the cross products square
+    them (values up to ~12), which overfit Criteo.  Off by default: see bench/quality.py, issue 7 round 6."""
+    fm: bool = False
+    """`attention` only: add the FM second-order term (sum of <v_i, v_j> over field pairs, v = e[1:], e[0] being
+    the wide term's key weight) to the logit.  Off by default: see bench/quality.py, issue 7 round 6."""
     wide: bool = True
     """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
     so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""
@@ -48,8 +58,8 @@ class ModelConfig:
             raise ValueError(f"model.dense_buckets must be 0 (off) or >= 3, got {self.dense_buckets}")
         if self.wide_scale <= 0:
             raise ValueError(f"model.wide_scale must be > 0, got {self.wide_scale}")
-        if self.dense_bucket_max <= 0 or self.cross_layers < 0:
-            raise ValueError("model.dense_bucket_max must be > 0 and model.cross_layers >= 0")
+        if self.dense_bucket_max <= 0 or self.cross_layers < 0 or self.cross_rank < 0:
+            raise ValueError("model.dense_bucket_max must be > 0, model.cross_layers and model.cross_rank >= 0")
         if self.bag_pooling not in BAG_POOLINGS:
             raise ValueError(f"model.bag_pooling must be one of {BAG_POOLINGS}, got {self.bag_pooling!r}")
         if self.arch not in ARCHS:

@@ -14,8 +14,10 @@ back to the owners.  Only the dense part below is data-parallel.
                           InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
 
 F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
-feature) and 0 without.  `model.arch` other than `attention` swaps the body for a reference
-architecture of `trainer.models.reference` (lr, dnn, deepfm, dcn_v2) with the same signature.
+feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit, and the optional
+`model.cross_tower` (a DCN-V2 cross network over the flattened tokens) and `model.fm` (an FM term) add
+towers parallel to attention + MLP (off by default).  `model.arch` other than `attention` swaps the body
+for a reference architecture of `trainer.models.reference` (lr, dnn, deepfm, dcn_v2) with the same signature.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 
 from trainer.config import ModelConfig
-from trainer.models.layers import DenseArch, OverArch
+from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine, OverArch
 from trainer.models.reference import REFERENCE_ARCHS, dense_arch
 
 log = logging.getLogger(__name__)
@@ -106,7 +108,8 @@ class CTRModel(nn.Module):
 
     With `config.arch == "attention"` (the default) the sub-architectures are
     `dense_arch` (only with dense buckets), `attention`, `interaction`, `over`, and `wide`
-    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term);
+    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term),
+    `cross` + `cross_head` (with `model.cross_tower`) and `fm` (with `model.fm`);
     any other arch is held as `net` (see `trainer.models.reference`).  Every arch adds the global
     bias `BIAS_SCALE * bias` to its logit.
 
@@ -147,6 +150,15 @@ class CTRModel(nn.Module):
         if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
             self.wide = nn.Linear(num_dense, 1)
             nn.init.zeros_(self.wide.weight)
+        # optional parallel towers, built last so that the modules above draw the same initial values
+        if config.cross_tower:  # DCN-V2 cross network on the field (and bucket) tokens, its own linear head
+            x0_dim = tokens * dim
+            self.cross = CrossNetV2(in_dim=x0_dim, num_layers=config.cross_layers, rank=config.cross_rank)
+            self.cross_head = nn.Linear(x0_dim, 1)
+            nn.init.zeros_(self.cross_head.weight)  # the tower starts as 0: the model starts as the backbone
+            nn.init.zeros_(self.cross_head.bias)
+        if config.fm:
+            self.fm = FactorizationMachine()
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
@@ -164,6 +176,11 @@ class CTRModel(nn.Module):
         if self.config.wide:
             w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
             logits = logits + self.wide(dense).squeeze(-1) + w  # (B,)
+        if self.config.cross_tower:
+            x0 = emb.reshape(emb.shape[0], -1)  # (B, F'*D): no raw dense values (see ModelConfig.cross_tower)
+            logits = logits + self.cross_head(self.cross(x0)).squeeze(-1)  # (B,)
+        if self.config.fm:
+            logits = logits + self.fm(emb[:, :, 1:])  # (B, F', D-1) pairwise factors -> (B,)
         return logits
 
 

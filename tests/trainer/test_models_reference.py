@@ -41,6 +41,23 @@ def test_cross_net_v2_formula() -> None:
     assert CrossNetV2(in_dim=3, num_layers=0)(x0) is x0
 
 
+def test_low_rank_cross_net_v2_factorises_w() -> None:
+    torch.manual_seed(0)
+    cross = CrossNetV2(in_dim=6, num_layers=2, rank=2)
+    x0 = torch.randn(3, 6)
+    x = x0
+    for v, u in cross.layers:  # W = U V^T: d x r and r x d, one bias of width d
+        x = x0 * (x @ v.weight.T @ u.weight.T + u.bias) + x
+    torch.testing.assert_close(cross(x0), x)
+    assert sum(p.numel() for p in cross.parameters()) == 2 * (2 * 6 * 2 + 6)
+    with pytest.raises(ValueError, match="cross_rank must be >= 0"):
+        CrossNetV2(in_dim=6, num_layers=1, rank=-1)
+    with pytest.raises(ValueError, match="model.cross_layers and model.cross_rank >= 0"):
+        ModelConfig(cross_rank=-1)
+    dcn = DCNv2Arch(ModelConfig(arch="dcn_v2", mlp_dims=(4,), dense_buckets=0, cross_rank=2), num_dense=1, num_fields=2, dim=3)
+    assert dcn.cross.layers[0][0].weight.shape == (2, 1 + 2 * 3)  # V^T: r x d, d = n + F*D
+
+
 def test_lr_arch_is_logistic_regression_on_first_dim() -> None:
     arch = LRArch(ModelConfig(arch="lr", dense_buckets=0), num_dense=2, num_fields=3, dim=4)
     with torch.no_grad():

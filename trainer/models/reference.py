@@ -122,7 +122,7 @@ class DCNv2Arch(nn.Module):
     """DCN-V2, parallel: x0 = [flatten(emb), dense]; logit = Linear([CrossNet(x0), MLP-hidden(x0)]).
 
     Args:
-        config: `cross_layers`, `mlp_dims`, `dropout`, `dense_buckets`.
+        config: `cross_layers`, `cross_rank`, `mlp_dims`, `dropout`, `dense_buckets`.
         num_dense, num_fields, dim: n, F, D.
 
     Example::
@@ -135,7 +135,7 @@ class DCNv2Arch(nn.Module):
         super().__init__()
         self.dense_arch = dense_arch(config, num_dense=num_dense, dim=dim)
         in_dim = num_dense + (num_fields + self.dense_arch.num_tokens) * dim
-        self.cross = CrossNetV2(in_dim=in_dim, num_layers=config.cross_layers)
+        self.cross = CrossNetV2(in_dim=in_dim, num_layers=config.cross_layers, rank=config.cross_rank)
         deep: list[nn.Module] = []
         width = in_dim
         for hidden in config.mlp_dims:
