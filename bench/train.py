@@ -11,7 +11,11 @@ Rows measured, all on CPU with one thread per process:
   table in the tiered store (host memory over SSD); examples/s over the
   training loop (`train_s` of model.json: process start-up excluded);
 - `ours w1 no-prefetch` / `ours w2 no-prefetch`: the same without the reader
-  thread (`trainer.prefetch_batches=0`), i.e. the gain of pipelining;
+  thread (`trainer.prefetch_batches=0`), i.e. the gain of pipelining; `ours wN`
+  runs the default `prefetch_batches="auto"`, which on CPU starts the thread only
+  when N ranks of one torch thread leave a core free (`trainer.data.prefetch_depth`),
+  so where it does not (e.g. w2 on 2 CPUs) an `ours wN prefetch=2` row adds the
+  thread explicitly;
 - `ours w2 stale=S`: the HET cache with staleness bound S; its sparse bytes per
   step beside those of `ours w2` (bound 0);
 - `plain torch`: one process, the same CTRModel on `nn.EmbeddingBag(sparse=True)`
@@ -52,6 +56,7 @@ import torch.nn.functional as F
 from bench._common import report
 from storage.config import StoreConfig
 from trainer.config import ModelConfig, TrainerConfig
+from trainer.data import prefetch_depth
 from trainer.launch import run_training
 from trainer.model import CTRModel
 
@@ -196,6 +201,12 @@ def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int)
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
 
 
+def auto_prefetch(nproc: int) -> int:
+    """The depth `prefetch_batches="auto"` gives `nproc` one-thread CPU ranks on this machine."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return prefetch_depth("auto", device_type="cpu", cpus=cpus, busy_cpus=nproc)
+
+
 def run_pass(
     tmp: Path, features: Path, store: StoreConfig, args: argparse.Namespace, *, suffix: str, refs_first: bool
 ) -> dict[str, dict[str, Any] | str]:
@@ -223,6 +234,10 @@ def run_pass(
             out[f"ours w{n} no-prefetch"] = run_ours(
                 tmp, features, f"w{n}np{suffix}", store, nproc_per_node=n, prefetch_batches=0, **common
             )
+            if not auto_prefetch(n):  # the default ran without the thread: measure it with one
+                out[f"ours w{n} prefetch=2"] = run_ours(
+                    tmp, features, f"w{n}pf{suffix}", store, nproc_per_node=n, prefetch_batches=2, **common
+                )
         if n == 2 and args.staleness:
             out[f"ours w2 stale={args.staleness}"] = run_ours(
                 tmp, features, f"w2s{suffix}", store, nproc_per_node=2, staleness_bound=args.staleness, **common

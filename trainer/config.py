@@ -117,9 +117,10 @@ class TrainerConfig:
     """Ranks per phase-1 group of the two-phase allreduce.  0 = detect from the topology (ranks on the
     same node and NUMA socket, else the same node); N > 0 = groups of N consecutive ranks (emulates
     N ranks per node on one machine, or overrides a wrong detection); must divide the world size."""
-    prefetch_batches: int = 2
+    prefetch_batches: str | int = "auto"
     """Batches the background reader thread prepares ahead of the training step (bounded queue); 0 = read
-    in the training thread (no pipelining)."""
+    in the training thread (no pipelining); `auto` = 2 where the thread can run beside the step (a CUDA
+    device, or a CPU core left over by the node's ranks x torch threads), else 0 (`trainer.data.prefetch_depth`)."""
     bind_io_threads: bool = True
     """Pin the reader thread to the cores of the rank's NUMA node (no effect on single-node machines)."""
     log_every: int = 100
@@ -132,6 +133,12 @@ class TrainerConfig:
     staleness_cache_rows: int = 1_000_000
     """Capacity, in rows, of each rank's HET cache of remote rows (used when staleness_bound > 0); the
     least frequently used copies are evicted (their pending gradients pushed) beyond it."""
+    malloc_trim_threshold: int = 256 << 20
+    """glibc M_TRIM_THRESHOLD (bytes) of each rank: free memory at the top of the heap kept instead of
+    handed back to the OS; 0 leaves glibc's dynamic default (see `trainer.main.tune_malloc`)."""
+    malloc_mmap_threshold: int = 32 << 20
+    """glibc M_MMAP_THRESHOLD (bytes, at most 32 MiB) of each rank: smaller blocks come from the heap, not from
+    a fresh mmap per tensor; 0 leaves glibc's dynamic default (see `trainer.main.tune_malloc`)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -151,9 +158,20 @@ class TrainerConfig:
             raise ValueError(f"trainer.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
         if self.intra_group_size < 0:
             raise ValueError(f"trainer.intra_group_size must be >= 0 (0 = detect), got {self.intra_group_size}")
-        for name in ("prefetch_batches", "checkpoint_every", "max_restarts"):
+        for name in ("checkpoint_every", "max_restarts", "malloc_trim_threshold"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        pf = self.prefetch_batches
+        if isinstance(pf, str) and pf.isdigit():  # a number the YAML/CLI loader handed over as text
+            pf = int(pf)
+            object.__setattr__(self, "prefetch_batches", pf)
+        if pf != "auto" and (isinstance(pf, bool) or not isinstance(pf, int) or pf < 0):
+            raise ValueError(f"trainer.prefetch_batches must be 'auto' or an integer >= 0, got {pf!r}")
+        if not 0 <= self.malloc_mmap_threshold <= 32 << 20:  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit)
+            raise ValueError(
+                f"trainer.malloc_mmap_threshold must be in [0, {32 << 20}] (glibc's maximum), "
+                f"got {self.malloc_mmap_threshold}"
+            )
         if self.staleness_bound < 0:
             raise ValueError(f"trainer.staleness_bound must be >= 0, got {self.staleness_bound}")
         if not 0 <= self.node_rank < self.nnodes:

@@ -27,7 +27,7 @@ from storage.base import EmbeddingStore
 from trainer import checkpoint
 from trainer.bags import cells_l2_grad, expand_cells, pool_rows
 from trainer.comm import DistContext, ShardedEmbedding, broadcast_tensors
-from trainer.data import Batch, Prefetcher, RankReader, read_schema, split_dir
+from trainer.data import Batch, Prefetcher, RankReader, prefetch_depth, read_schema, split_dir
 from trainer.kstep_adam import KStepAdam
 from trainer.model import CTRModel
 from trainer.regularize import set_step_lrs
@@ -292,6 +292,19 @@ class Trainer:
             if cpus is not None:
                 log.info("reader thread bound to NUMA node %d cpus %s", self.ctx.socket, sorted(cpus))
 
+    def _prefetch_depth(self) -> int:
+        """`trainer.prefetch_batches` resolved for this rank (`trainer.data.prefetch_depth`)."""
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        depth = prefetch_depth(
+            self.spec.trainer.prefetch_batches, device_type=self.ctx.device.type, cpus=cpus,
+            busy_cpus=self.ctx.local_world_size * torch.get_num_threads(),
+        )
+        if self.ctx.rank == 0:
+            log.info("reader thread: prefetch depth %d (trainer.prefetch_batches=%s, %d cpus, %d local ranks x %d "
+                     "torch threads)", depth, self.spec.trainer.prefetch_batches, cpus, self.ctx.local_world_size,
+                     torch.get_num_threads())
+        return depth
+
     def train(self) -> TrainStats:
         """Run every epoch (from the resumed step), then merge so all ranks hold identical dense parameters."""
         cfg, ctx, stats = self.spec.trainer, self.ctx, self.stats
@@ -306,8 +319,9 @@ class Trainer:
                 cfg.staleness_bound, f", resuming after step {start}" if start else "",
             )
         self.model.train()
+        depth = self._prefetch_depth()
         self._t0 = time.perf_counter()
-        with Prefetcher(lambda: self._batches(start), depth=cfg.prefetch_batches, on_start=self._bind) as batches:
+        with Prefetcher(lambda: self._batches(start), depth=depth, on_start=self._bind) as batches:
             for step, batch in enumerate(batches, start=start + 1):
                 set_step_lrs(self.opt, self.sparse, cfg, step=step, total_steps=total_steps)
                 self._last = train_step(

@@ -146,3 +146,34 @@ def test_state_tensors_round_trip_continues_the_step() -> None:
 def test_k_must_be_positive() -> None:
     with pytest.raises(ValueError, match="k_steps"):
         KStepAdam(_model().parameters(), init_distributed(cpu_trainer_config()), k=0, lr=0.01)
+
+
+def test_multi_tensor_adam_takes_the_per_tensor_loops_steps() -> None:
+    """KStepAdam runs foreach (multi-tensor) Adam for speed; its parameters and moments must follow the
+    per-tensor loop of torch.optim.Adam within float rounding, through lr changes (the schedule) and
+    weight decay, from a warm-started state (moments and step loaded from a model directory)."""
+    ctx = init_distributed(cpu_trainer_config())
+    ours, ref = _model(), _model()
+    names = {p: n for n, p in ours.named_parameters()}
+    opt = KStepAdam(ours.parameters(), ctx, k=1, lr=0.01, weight_decay=0.01)
+    assert opt.adam.defaults["foreach"] is True
+    loop = torch.optim.Adam(ref.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False)
+    g = torch.Generator().manual_seed(3)
+    warm = {f"{n}.{m}": torch.rand(p.shape, generator=g) * 1e-3 for p, n in names.items() for m in ("exp_avg", "exp_avg_sq")}
+    opt.load_state_tensors({**warm, "step": torch.tensor([5])}, names)
+    for n, p in ref.named_parameters():
+        loop.state[p] = {"step": torch.tensor(5.0), "exp_avg": warm[f"{n}.exp_avg"].clone(),
+                         "exp_avg_sq": warm[f"{n}.exp_avg_sq"].clone()}
+    for step in range(1, 13):
+        lr = 0.01 * (0.5 + step / 24)  # a changing lr, as `set_step_lrs` sets it
+        for group in (*opt.adam.param_groups, *loop.param_groups):
+            group["lr"] = lr
+        for p, q in zip(ours.parameters(), ref.parameters(), strict=True):
+            grad = torch.randn(p.shape, generator=g)
+            p.grad, q.grad = grad.clone(), grad.clone()
+        opt.step()
+        loop.step()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-8, msg=n)
+        for m in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.adam.state[p][m], loop.state[q][m], rtol=1e-6, atol=1e-10, msg=f"{n}.{m}")

@@ -57,6 +57,15 @@ def test_new_trainer_fields_are_validated() -> None:
     with pytest.raises(ValueError, match="max_restarts"):
         TrainerConfig(max_restarts=-1)
     assert TrainerConfig(prefetch_batches=0, checkpoint_every=0).prefetch_batches == 0
+    assert TrainerConfig().prefetch_batches == "auto"
+    assert TrainerConfig(prefetch_batches="3").prefetch_batches == 3  # YAML/CLI text of a number
+    for bad in ("always", 1.5, True):
+        with pytest.raises(ValueError, match="prefetch_batches must be 'auto' or an integer"):
+            TrainerConfig(prefetch_batches=bad)
+    with pytest.raises(ValueError, match="malloc_trim_threshold"):
+        TrainerConfig(malloc_trim_threshold=-1)
+    with pytest.raises(ValueError, match="malloc_mmap_threshold"):
+        TrainerConfig(malloc_mmap_threshold=(32 << 20) + 1)  # glibc refuses more than 32 MiB
     with pytest.raises(ValueError, match="log_every"):
         TrainerConfig(log_every=0)
 
