@@ -10,17 +10,19 @@ Rows measured, all on CPU with one thread per process:
 - `ours wN`: `trainer.launch.run_training` (torchrun, gloo) with N ranks, the
   table in the tiered store (host memory over SSD); examples/s over the
   training loop (`train_s` of model.json: process start-up excluded);
-- `ours w1 no-prefetch` / `ours w2 no-prefetch`: the same without the reader
-  thread (`trainer.prefetch_batches=0`), i.e. the gain of pipelining; `ours wN`
-  runs the default `prefetch_batches="auto"`, which on CPU starts the thread only
-  when N ranks of one torch thread leave a core free (`trainer.data.prefetch_depth`),
-  so where it does not (e.g. w2 on 2 CPUs) an `ours wN prefetch=2` row adds the
-  thread explicitly;
+- `ours w1 prefetch=2` / `ours w2 prefetch=2`: the same with the reader thread
+  two batches ahead (`trainer.prefetch_batches=2`), i.e. the gain of pipelining:
+  the default `prefetch_batches="auto"` runs without the thread on CPU
+  (`trainer.data.prefetch_depth`);
 - `ours w2 stale=S`: the HET cache with staleness bound S; its sparse bytes per
   step beside those of `ours w2` (bound 0);
 - `plain torch`: one process, the same CTRModel on `nn.EmbeddingBag(sparse=True)`
   per field (indices pre-mapped, every batch already in memory), SparseAdam for
   the tables, Adam for the rest: the reference a single process should match;
+- `plain torch fresh` / `torchrec EBC fresh`: the same loops in a fresh process
+  started with our ranks' glibc malloc settings (`trainer.main.tune_malloc`), the
+  like-for-like references: the in-process loops run in a heap this process has
+  already grown;
 - `torchrec EBC`: TorchRec's `EmbeddingBagCollection` on CPU with the same
   model on top, when `torchrec` is installed (the `bench` extra); otherwise the
   row says it was skipped.
@@ -42,6 +44,8 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,7 +60,6 @@ import torch.nn.functional as F
 from bench._common import report
 from storage.config import StoreConfig
 from trainer.config import ModelConfig, TrainerConfig
-from trainer.data import prefetch_depth
 from trainer.launch import run_training
 from trainer.model import CTRModel
 
@@ -161,6 +164,31 @@ def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: flo
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
 
 
+PLAIN_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+"""The glibc settings our ranks apply at start (`trainer.main.tune_malloc`, the defaults of
+`trainer.malloc_*`), as environment variables, for the like-for-like plain row."""
+
+
+def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
+    """Reference `fn` (`run_plain` or `run_torchrec`) in a fresh process with our ranks' malloc settings.
+
+    Why: the in-process references run in this long-lived process, whose heap earlier work has already
+    grown, so they take few page faults per step by chance; a fresh process does not (see `tune_malloc`).
+    These rows give a reference the same start as a rank, so `ours w1` against them measures the
+    training step, not the malloc settings.
+    """
+    code = (f"import json, sys, torch; from pathlib import Path; from bench.train import {fn}; "
+            f"torch.set_num_threads(1); print(json.dumps({fn}(Path(sys.argv[1]), **json.loads(sys.argv[2]))))")
+    env = {**os.environ, **PLAIN_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(features), json.dumps(kw)], env=env, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{fn} in a fresh process failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int) -> dict[str, Any] | str:
     try:
         from torchrec import (
@@ -201,12 +229,6 @@ def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int)
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
 
 
-def auto_prefetch(nproc: int) -> int:
-    """The depth `prefetch_batches="auto"` gives `nproc` one-thread CPU ranks on this machine."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return prefetch_depth("auto", device_type="cpu", cpus=cpus, busy_cpus=nproc)
-
-
 def run_pass(
     tmp: Path, features: Path, store: StoreConfig, args: argparse.Namespace, *, suffix: str, refs_first: bool
 ) -> dict[str, dict[str, Any] | str]:
@@ -223,21 +245,21 @@ def run_pass(
         out["plain torch"] = run_plain(
             features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps
         )
+        out["plain torch fresh"] = run_fresh(
+            "run_plain", features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps
+        )
         out["torchrec EBC"] = run_torchrec(features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
+        out["torchrec EBC fresh"] = run_fresh("run_torchrec", features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
 
     if refs_first:
         refs()
     for n in procs:
         out[f"reader alone w{n}"] = run_reader(features, batch=args.batch, world_size=n)
         out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, nproc_per_node=n, **common)
-        if n in (1, 2):
-            out[f"ours w{n} no-prefetch"] = run_ours(
-                tmp, features, f"w{n}np{suffix}", store, nproc_per_node=n, prefetch_batches=0, **common
+        if n in (1, 2):  # the default ("auto") runs without the reader thread on CPU: measure it with one
+            out[f"ours w{n} prefetch=2"] = run_ours(
+                tmp, features, f"w{n}pf{suffix}", store, nproc_per_node=n, prefetch_batches=2, **common
             )
-            if not auto_prefetch(n):  # the default ran without the thread: measure it with one
-                out[f"ours w{n} prefetch=2"] = run_ours(
-                    tmp, features, f"w{n}pf{suffix}", store, nproc_per_node=n, prefetch_batches=2, **common
-                )
         if n == 2 and args.staleness:
             out[f"ours w2 stale={args.staleness}"] = run_ours(
                 tmp, features, f"w2s{suffix}", store, nproc_per_node=2, staleness_bound=args.staleness, **common
@@ -250,7 +272,8 @@ def run_pass(
 def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, Any]]:
     """One row per run: the median pass's numbers, `vs_plain` = the median over passes of the ratio to the
     plain loop of the same pass (with its min..max when there are several passes)."""
-    names = [n for n in passes[0] if n.startswith(("ours", "reader"))] + ["plain torch", "torchrec EBC"]
+    refs = ["plain torch", "plain torch fresh", "torchrec EBC", "torchrec EBC fresh"]
+    names = [n for n in passes[0] if n.startswith(("ours", "reader"))] + refs
     rows: list[dict[str, Any]] = []
     for name in names:
         got = [p[name] for p in passes]

@@ -119,8 +119,8 @@ class TrainerConfig:
     N ranks per node on one machine, or overrides a wrong detection); must divide the world size."""
     prefetch_batches: str | int = "auto"
     """Batches the background reader thread prepares ahead of the training step (bounded queue); 0 = read
-    in the training thread (no pipelining); `auto` = 2 where the thread can run beside the step (a CUDA
-    device, or a CPU core left over by the node's ranks x torch threads), else 0 (`trainer.data.prefetch_depth`)."""
+    in the training thread (no pipelining); `auto` = 2 on a CUDA device, 0 on CPU, where reading is cheap
+    next to the step and the thread only competes with it (`trainer.data.prefetch_depth`)."""
     bind_io_threads: bool = True
     """Pin the reader thread to the cores of the rank's NUMA node (no effect on single-node machines)."""
     log_every: int = 100

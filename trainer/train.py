@@ -27,7 +27,14 @@ from storage.base import EmbeddingStore
 from trainer import checkpoint
 from trainer.bags import cells_l2_grad, expand_cells, pool_rows
 from trainer.comm import DistContext, ShardedEmbedding, broadcast_tensors
-from trainer.data import Batch, Prefetcher, RankReader, prefetch_depth, read_schema, split_dir
+from trainer.data import (
+    Batch,
+    Prefetcher,
+    RankReader,
+    prefetch_depth,
+    read_schema,
+    split_dir,
+)
 from trainer.kstep_adam import KStepAdam
 from trainer.model import CTRModel
 from trainer.regularize import set_step_lrs
@@ -294,15 +301,10 @@ class Trainer:
 
     def _prefetch_depth(self) -> int:
         """`trainer.prefetch_batches` resolved for this rank (`trainer.data.prefetch_depth`)."""
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        depth = prefetch_depth(
-            self.spec.trainer.prefetch_batches, device_type=self.ctx.device.type, cpus=cpus,
-            busy_cpus=self.ctx.local_world_size * torch.get_num_threads(),
-        )
+        depth = prefetch_depth(self.spec.trainer.prefetch_batches, device_type=self.ctx.device.type)
         if self.ctx.rank == 0:
-            log.info("reader thread: prefetch depth %d (trainer.prefetch_batches=%s, %d cpus, %d local ranks x %d "
-                     "torch threads)", depth, self.spec.trainer.prefetch_batches, cpus, self.ctx.local_world_size,
-                     torch.get_num_threads())
+            log.info("reader thread: prefetch depth %d (trainer.prefetch_batches=%s on %s)",
+                     depth, self.spec.trainer.prefetch_batches, self.ctx.device.type)
         return depth
 
     def train(self) -> TrainStats:

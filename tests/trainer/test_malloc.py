@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from trainer.config import TrainerConfig
-from trainer.main import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, malloc_settings, tune_malloc
+from trainer.main import (
+    M_MMAP_THRESHOLD,
+    M_TRIM_THRESHOLD,
+    malloc_settings,
+    tune_malloc,
+)
 
 _REPO = Path(__file__).resolve().parents[2]
 
