@@ -194,6 +194,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "stale_cache": [r["cache"] for r in everyone],
             **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
             "resumed_from_step": stats.resumed_from,
+            "prefetch_depth": stats.prefetch_depth,
             "world_size": ctx.world_size,
             "backend": ctx.backend,
             "device": str(ctx.device),

@@ -110,6 +110,8 @@ class TrainStats:
     dropped_rows: int = 0
     resumed_from: int = 0
     """Step of the checkpoint this run resumed from (0 = a fresh start)."""
+    prefetch_depth: int = 0
+    """Batches the reader thread ran ahead (`trainer.prefetch_batches` resolved; 0 = no thread)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -321,7 +323,7 @@ class Trainer:
                 cfg.staleness_bound, f", resuming after step {start}" if start else "",
             )
         self.model.train()
-        depth = self._prefetch_depth()
+        depth = stats.prefetch_depth = self._prefetch_depth()
         self._t0 = time.perf_counter()
         with Prefetcher(lambda: self._batches(start), depth=depth, on_start=self._bind) as batches:
             for step, batch in enumerate(batches, start=start + 1):

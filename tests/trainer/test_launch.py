@@ -181,16 +181,20 @@ def _assert_same_model(a: Path, b: Path) -> None:
 
 
 def test_a_killed_rank_is_resumed_from_the_last_checkpoint_by_a_rerun(trained, monkeypatch) -> None:
+    """Also with the reader thread running ahead (the CUDA default; the reference ran without it on CPU):
+    the thread changes neither the batches nor the resume position."""
     tmp, features, reference = trained
+    assert json.loads((Path(reference.model_url) / "model.json").read_text())["train"]["prefetch_depth"] == 0
     out = tmp / "runs" / "killed" / "model"
     monkeypatch.setenv("CTRPIPE_TRAINER_FAIL_AT", f"1:13:{tmp / 'killed.marker'}")  # rank 1 dies after step 13
     with pytest.raises(TrainingError, match="exit code"):
-        train(tmp, features, out, tag="killed", checkpoint_every=5)
+        train(tmp, features, out, tag="killed", checkpoint_every=5, prefetch_batches=2)
     ckpt = Path(f"{out}.checkpoint")
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-000000010"]  # the older one was pruned
     assert not out.exists()
-    rerun = train(tmp, features, out, tag="killed", checkpoint_every=5)  # the marker exists: no fault now
+    rerun = train(tmp, features, out, tag="killed", checkpoint_every=5, prefetch_batches=2)  # marker exists: no fault
     assert rerun.stats["resumed_from_step"] == 10 and rerun.steps == 32 and rerun.examples == 8000
+    assert rerun.stats["prefetch_depth"] == 2
     assert not ckpt.exists()  # deleted once the model is committed
     _assert_same_model(Path(reference.model_url), out)
 
