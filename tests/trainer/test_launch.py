@@ -58,10 +58,10 @@ MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(16,))
 
 
 def trainer_cfg(**kw) -> TrainerConfig:
-    base = dict(
-        nproc_per_node=2, backend="gloo", device="cpu", k_steps=4, batch_size=128, epochs=2, lr=1e-2,
-        sparse_lr=5e-2, timeout_s=240, log_every=10,
-    )
+    base = {
+        "nproc_per_node": 2, "backend": "gloo", "device": "cpu", "k_steps": 4, "batch_size": 128, "epochs": 2, "lr": 1e-2,
+        "sparse_lr": 5e-2, "timeout_s": 240, "log_every": 10,
+    }
     return TrainerConfig(**(base | kw))
 
 

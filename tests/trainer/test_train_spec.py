@@ -20,12 +20,12 @@ from trainer.train import NonFiniteLossError, train_step
 
 
 def _spec(**kw) -> TrainSpec:
-    base = dict(
-        features_url="/f/date=2024-01-02", output_url="/r/model", init_model_url=None, local_dir="/l",
-        model_name="ctr", storage_options=None, store=StoreConfig(embedding_dim=8),
-        model=ModelConfig(mlp_dims=(32, 16)), trainer=TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}),
-        run_tag="v00001", vocab_date="2024-01-01",
-    )
+    base = {
+        "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
+        "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8),
+        "model": ModelConfig(mlp_dims=(32, 16)), "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}),
+        "run_tag": "v00001", "vocab_date": "2024-01-01",
+    }
     return TrainSpec(**(base | kw))
 
 
