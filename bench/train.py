@@ -164,9 +164,12 @@ def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: flo
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
 
 
-PLAIN_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-"""The glibc settings our ranks apply at start (`trainer.main.tune_malloc`, the defaults of
-`trainer.malloc_*`), as environment variables, for the like-for-like plain row."""
+RANK_MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(TrainerConfig().malloc_mmap_threshold),
+    "MALLOC_TRIM_THRESHOLD_": str(TrainerConfig().malloc_trim_threshold),
+}
+"""The glibc settings our ranks apply at start (`trainer.main.tune_malloc` with the defaults of
+`trainer.malloc_*`), as environment variables, for the like-for-like `fresh` reference rows."""
 
 
 def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
@@ -179,7 +182,7 @@ def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
     """
     code = (f"import json, sys, torch; from pathlib import Path; from bench.train import {fn}; "
             f"torch.set_num_threads(1); print(json.dumps({fn}(Path(sys.argv[1]), **json.loads(sys.argv[2]))))")
-    env = {**os.environ, **PLAIN_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **RANK_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-c", code, str(features), json.dumps(kw)], env=env, cwd=Path(__file__).resolve().parents[1],
         capture_output=True, text=True, check=False,

@@ -318,8 +318,8 @@ def prefetch_depth(requested: int | str, *, device_type: str) -> int:
 
     An explicit number is kept.  `auto` runs the thread on a CUDA device, where the step's kernels run
     asynchronously while the host would otherwise wait, and not on CPU.  Why not on CPU: reading is cheap
-    next to a CPU step (bench.train: `reader alone` decodes a whole epoch in ~1/250 of one rank's training
-    time), so there is little to hide, while the thread's Python work (decode, key routing, pulls) takes
+    next to a CPU step (bench.train: `reader alone` decodes a whole epoch in 1/220-1/350 of one rank's
+    training time), so there is little to hide, while the thread's Python work (decode, key routing, pulls) takes
     GIL hand-offs and core time from the step.  Measured at one rank on 2 CPUs, so with a core to spare
     (3 runs of `bench.train --rows 150000 --procs 1 --repeat 5`, 15 passes): median 1.055x the plain
     loop without the thread, 1.019x with it.  A CPU run reading from a slow store can still ask for it.

@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -112,7 +112,6 @@ class TrainStats:
     """Step of the checkpoint this run resumed from (0 = a fresh start)."""
     prefetch_depth: int = 0
     """Batches the reader thread ran ahead (`trainer.prefetch_batches` resolved; 0 = no thread)."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Trainer:
