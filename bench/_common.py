@@ -181,3 +181,23 @@ def report(name: str, rows: Sequence[dict[str, Any]], *, params: dict[str, Any],
     path = write_json(name, {"benchmark": name, "params": params, "rows": list(rows), "notes": notes})
     print(f"results: {path}")
     return path
+
+
+def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, *, store: Any, model: Any,
+               run_tag: str, **kw: Any) -> Any:
+    """A one-node train spec for a bench run: `kw` are `trainer.*`, `optim.*` and `het.*` keys by name."""
+    import dataclasses
+
+    from trainer.config import HetConfig, OptimConfig, TrainerConfig
+    from trainer.spec import TrainSpec
+
+    sections = {"optim": OptimConfig, "het": HetConfig, "trainer": TrainerConfig}
+    names = {s: {f.name for f in dataclasses.fields(c)} for s, c in sections.items()}
+    unknown = set(kw) - set().union(*names.values())
+    if unknown:
+        raise ValueError(f"unknown training keys {sorted(unknown)}")
+    built = {s: c(**{k: v for k, v in kw.items() if k in names[s]}) for s, c in sections.items()}
+    return TrainSpec(
+        features_url=str(features), output_url=str(output), init_model_url=None, local_dir=str(local_dir),
+        model_name="ctr", storage_options=None, store=store, model=model, run_tag=run_tag, vocab_date=None, **built,
+    )

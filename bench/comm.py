@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import report
+from bench._common import report, train_spec
 
 NS = ("ctrb0", "ctrb1")
 IFACES = ("ctrbv0", "ctrbv1")
@@ -111,8 +111,12 @@ def node_env(node: int, netns: bool) -> dict[str, str]:
 def _allreduce_worker(rank: int, sizes_mb: list[int], reps: int, out: str) -> None:
     import torch
 
-    from trainer.comm import flat_all_reduce, hierarchical_all_reduce, init_distributed
     from trainer.config import TrainerConfig
+    from trainer.distributed.comm import (
+        flat_all_reduce,
+        hierarchical_all_reduce,
+        init_distributed,
+    )
 
     torch.set_num_threads(1)
     ctx = init_distributed(TrainerConfig(backend="gloo", device="cpu", intra_group_size=2, timeout_s=600))
@@ -171,25 +175,22 @@ def bench_allreduce(sizes_mb: list[int], reps: int, netns: bool) -> list[dict[st
 
 def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any], netns: bool) -> dict[str, Any]:
     """Two torchrun nodes x 2 ranks (in the namespaces when `netns`); returns model.json's train stats."""
-    from storage.config import StoreConfig
-    from trainer import checkpoint
-    from trainer.config import ModelConfig, TrainerConfig
+    from storage.embedding.config import StoreConfig
+    from trainer import model_dir
     from trainer.launch import torchrun_command, trainer_env
-    from trainer.spec import TrainSpec
+    from trainer.models.config import ModelConfig
 
     endpoint = f"{ADDRS[0] if netns else '127.0.0.1'}:{_free_port()}"
     out = tmp / "runs" / f"k{k}" / "model"
     procs = []
     for node in (0, 1):
-        cfg = TrainerConfig(
-            backend="gloo", device="cpu", nproc_per_node=2, nnodes=2, node_rank=node, rdzv_endpoint=endpoint,
-            k_steps=k, timeout_s=1800, log_every=10_000, checkpoint_every=0, intra_group_size=2, **steps_cfg,
+        spec = train_spec(
+            features, out, tmp / "local" / f"k{k}", store=StoreConfig(embedding_dim=16, host_budget_mb=256),
+            model=ModelConfig(num_heads=2, mlp_dims=(128, 64)), run_tag=f"k{k}", backend="gloo", device="cpu",
+            nproc_per_node=2, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, k_steps=k, timeout_s=1800,
+            log_every=10_000, checkpoint_every=0, intra_group_size=2, **steps_cfg,
         )
-        spec = TrainSpec(
-            features_url=str(features), output_url=str(out), init_model_url=None, local_dir=str(tmp / "local" / f"k{k}"),
-            model_name="ctr", storage_options=None, store=StoreConfig(embedding_dim=16, host_budget_mb=256),
-            model=ModelConfig(num_heads=2, mlp_dims=(128, 64)), trainer=cfg, run_tag=f"k{k}", vocab_date=None,
-        )
+        cfg = spec.trainer
         path = tmp / f"spec-k{k}-n{node}.json"
         spec.write(path)
         cmd = torchrun_command(cfg, str(path), run_id=f"bench-k{k}")
@@ -205,7 +206,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
         log.close()
         if code:
             raise RuntimeError(f"k={k}: a node exited with {code}:\n{Path(log.name).read_text()[-3000:]}")
-    return checkpoint.read_model_json(str(out))
+    return model_dir.read_meta(str(out)).to_dict()
 
 
 def bench_k(ks: list[int], steps: int, batch: int, netns: bool) -> list[dict[str, Any]]:

@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from bench._common import report
+from bench._common import report, train_spec
 from bench.train import MODEL, write_synthetic_features
-from storage.config import StoreConfig
-from trainer.config import TrainerConfig
+from storage.embedding.config import StoreConfig
 from trainer.evaluate import evaluate_model
 from trainer.launch import run_training
 
@@ -37,16 +36,13 @@ from trainer.launch import run_training
 def run_one(tmp: Path, features: Path, *, procs: int, bound: int, batch: int, dim: int) -> dict[str, Any]:
     """Train one epoch with `procs` ranks and staleness `bound`; returns the row of the table."""
     tag = f"w{procs}b{bound}"
-    cfg = TrainerConfig(
-        backend="gloo", device="cpu", nproc_per_node=procs, batch_size=batch, epochs=1, timeout_s=1800,
-        log_every=10_000, checkpoint_every=0, staleness_bound=bound, lr=1e-3, sparse_lr=2e-2,
-    )
     out = tmp / "runs" / tag / "model"
-    res = run_training(
-        features_url=str(features), output_url=str(out), init_model_url=None, local_dir=str(tmp / "local" / tag),
-        model_name="ctr", store=StoreConfig(embedding_dim=dim, init_std=0.01, host_budget_mb=256), model=MODEL,
-        trainer=cfg, run_tag=tag, vocab_date=None, work_dir=str(tmp / "work"),
+    spec = train_spec(
+        features, out, tmp / "local" / tag, store=StoreConfig(embedding_dim=dim, init_std=0.01, host_budget_mb=256),
+        model=MODEL, run_tag=tag, backend="gloo", device="cpu", nproc_per_node=procs, batch_size=batch, epochs=1,
+        timeout_s=1800, log_every=10_000, checkpoint_every=0, staleness_bound=bound, lr=1e-3, sparse_lr=2e-2,
     )
+    res = run_training(spec, work_dir=str(tmp / "work"))
     st = res.stats
     kinds = st.get("sparse_bytes_per_step_by_kind", {})
     return {

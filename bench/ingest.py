@@ -57,6 +57,7 @@ from pipeline.cluster import dask_client, local_worker_count, worker_environ
 from pipeline.config import DaskConfig, IngestConfig, InputConfig
 from pipeline.generate import generate_day
 from pipeline.ingest import ingest_date
+from storage.io.layout import Layout
 
 DATE = "2026-03-01"
 FILES = 4
@@ -86,7 +87,7 @@ import json, sys, time
 from bench._common import proc_memory
 from pipeline.ingest import _FileTask, ingest_file
 from pipeline.schema import CRITEO
-from storage.fsio import get_fs
+from storage.io.fsio import get_fs
 url, out, date, rows_per_partition = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 fs, _ = get_fs(out)
 for d in ("events", "quarantine"):
@@ -117,7 +118,7 @@ def task_peak(rows: int, work: Path, ingest: IngestConfig) -> dict:
     write_gzip(path, rows)
     out = work / "task-root"
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, **worker_environ(DaskConfig())}
+    env = {**os.environ, **worker_environ()}
     done = subprocess.run([sys.executable, "-c", _TASK, str(path), str(out), DATE, str(ingest.rows_per_partition)],
                           capture_output=True, text=True, check=True, env=env)  # fmt: skip
     shutil.rmtree(out, ignore_errors=True)
@@ -166,7 +167,7 @@ def run_project(url: str, root: Path, rows: int, ingest: IngestConfig, workers: 
         cpu0 = client.run(time.process_time)
         with WorkerMemory(client) as mem:
             t0 = time.perf_counter()
-            r = ingest_date(DATE, root=str(root), input=InputConfig(url=url), ingest=ingest, client=client)
+            r = ingest_date(DATE, layout=Layout(str(root)), input=InputConfig(url=url), ingest=ingest, client=client)
             seconds = time.perf_counter() - t0
         cpu_s = sum(c - cpu0[w] for w, c in client.run(time.process_time).items())
     if r.rows_written != rows:

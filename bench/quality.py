@@ -13,7 +13,7 @@ Datasets (each split in time order: first 80% train, last 20% eval):
 
 Project models run the real code path: the events go through `pipeline.encode.encode_frame` with
 a vocabulary admitted from the TRAIN rows only (`min_count`), are committed as a features
-directory, trained by `trainer.train.Trainer` (world size 1, `storage.memory.MemoryStore`),
+directory, trained by `trainer.train.Trainer` (world size 1, `storage.embedding.memory.MemoryStore`),
 written by `trainer.main.write_model` and scored by `trainer.evaluate.evaluate_model`.
 
 References, in the same run and on the same rows:
@@ -62,11 +62,12 @@ from pipeline.generate import generate_day
 from pipeline.parse import read_log_file
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab import count_keys
-from storage import fsio
-from storage.config import StoreConfig
-from storage.memory import MemoryStore
-from trainer.config import ModelConfig, TrainerConfig
+from storage.embedding.config import StoreConfig
+from storage.embedding.memory import MemoryStore
+from storage.io import fsio
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.metrics import auc, logloss
+from trainer.models.config import ModelConfig
 
 DATA = Path(os.environ.get("CTR_SHARED_DATA", "/work/shared/data"))
 REAL = {
@@ -84,6 +85,7 @@ class Recipe:
 
     model: ModelConfig
     store: StoreConfig
+    optim: OptimConfig
     trainer: TrainerConfig
     min_count: int
 
@@ -148,15 +150,17 @@ mean shift is ~0) and the bias initialisation removes; on Criteo the same over-p
 (0.216 -> 0.227), hence its eval 1.000."""
 REFERENCE_MLP = {"dnn": (400, 400, 400), "deepfm": (256, 128), "dcn_v2": (256, 128)}
 """Published MLP widths of the reference architectures (Paddle CTR-DNN; DeepFM / DCN-V2 papers)."""
-BENCH_TRAINER = {"k_steps": 1, "log_every": 10**9, "bind_io_threads": False}
+BENCH_TRAINER = {"log_every": 10**9, "bind_io_threads": False}
 """Operational settings of a one-rank in-process run; they do not change what is learned."""
+BENCH_OPTIM = {"k_steps": 1}
+"""One rank: the k-step merge has nothing to merge."""
 
 
 def recipe(arch: str, train_rows: int, **overrides: Any) -> Recipe:
     """What `arch` trains with on a train set of `train_rows` rows.
 
     A day of data (>= `SMALL_ROWS` train rows): the project's defaults, `ModelConfig(arch=arch)`,
-    `StoreConfig()`, `TrainerConfig()` and the vocabulary's `VocabConfig().min_count`, with only
+    `StoreConfig()`, `OptimConfig()` and the vocabulary's `VocabConfig().min_count`, with only
     the references' published MLP widths.  Smaller samples: `SMALL_SAMPLE` on top of the same (and
     `SMALL_SAMPLE_DEFAULT_ARCH` for `attention`).
     `overrides` replace fields of any of the three configs (by field name) or `min_count`.
@@ -167,7 +171,7 @@ def recipe(arch: str, train_rows: int, **overrides: Any) -> Recipe:
     if arch in REFERENCE_MLP:
         model["mlp_dims"] = REFERENCE_MLP[arch]
     store: dict[str, Any] = {}
-    trainer: dict[str, Any] = dict(BENCH_TRAINER)
+    optim: dict[str, Any] = dict(BENCH_OPTIM)
     min_count = VocabConfig().min_count
     if train_rows < SMALL_ROWS:
         overrides = {**SMALL_SAMPLE, **(SMALL_SAMPLE_DEFAULT_ARCH if arch == "attention" else {}), **overrides}
@@ -178,11 +182,12 @@ def recipe(arch: str, train_rows: int, **overrides: Any) -> Recipe:
             model[k] = v
         elif k in {f.name for f in dataclasses.fields(StoreConfig)}:
             store[k] = v
-        elif k in {f.name for f in dataclasses.fields(TrainerConfig)}:
-            trainer[k] = v
+        elif k in {f.name for f in dataclasses.fields(OptimConfig)}:
+            optim[k] = v
         else:
             raise ValueError(f"unknown recipe override {k!r}")
-    return Recipe(ModelConfig(**model), StoreConfig(**store), TrainerConfig(**trainer), min_count)
+    return Recipe(ModelConfig(**model), StoreConfig(**store), OptimConfig(**optim), TrainerConfig(**BENCH_TRAINER),
+                  min_count)
 
 
 # ----------------------------------------------------------------------------- data
@@ -263,21 +268,22 @@ def _single_rank_env():
 
 def train_and_score(train_f: pd.DataFrame, eval_f: pd.DataFrame, schema: LogSchema, rec: Recipe, *, seed: int) -> dict[str, Any]:
     """Train through `trainer.train.Trainer` + `trainer.main.write_model`, score with `evaluate_model`."""
-    from trainer.comm import init_distributed
+    from trainer.distributed.comm import init_distributed
     from trainer.evaluate import evaluate_model
     from trainer.main import write_model
     from trainer.spec import TrainSpec
     from trainer.train import Trainer
 
-    cfg = dataclasses.replace(rec.trainer, seed=seed)
+    optim = dataclasses.replace(rec.optim, seed=seed)
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp, _single_rank_env():
         features = write_features(Path(tmp), train_f, eval_f, schema)
         spec = TrainSpec(
             features_url=features, output_url=f"{tmp}/model", init_model_url=None, local_dir=f"{tmp}/local",
-            model_name="bench", storage_options=None, store=rec.store, model=rec.model, trainer=cfg,
+            model_name="bench", storage_options=None, store=rec.store, model=rec.model, optim=optim,
+            het=HetConfig(), trainer=rec.trainer,
             run_tag=f"bench-{seed}", vocab_date=None,
         )
-        ctx = init_distributed(cfg)
+        ctx = init_distributed(rec.trainer)
         store = MemoryStore(rec.store.embedding_dim, init_std=rec.store.init_std)
         try:
             t0 = time.perf_counter()

@@ -74,7 +74,7 @@ def paired_rates(*fns, items: int, repeat: int = 5) -> tuple[float, ...]:
 def bench_index(n_keys: int, batches: list[int]) -> None:
     import pandas as pd
 
-    from storage.index import KeyIndex
+    from storage.embedding.index import KeyIndex
 
     rng = np.random.default_rng(0)
     keys = np.unique(rng.integers(0, 2**62, int(n_keys * 1.01), dtype=np.int64))[:n_keys]
@@ -122,8 +122,8 @@ def bench_index(n_keys: int, batches: list[int]) -> None:
 
 
 def bench_host(n_rows: int, batches: list[int]) -> None:
-    from storage.host import HostStore, host_row_bytes
-    from storage.rows import Rows
+    from storage.embedding.host import HostStore, host_row_bytes
+    from storage.embedding.rows import Rows
 
     rng = np.random.default_rng(1)
     keys = np.unique(rng.integers(0, 2**62, int(n_rows * 1.01), dtype=np.int64))[:n_rows]
@@ -192,8 +192,8 @@ def _raw_random_reads(path: str, n_blocks: int, reads: int, threads: int, block:
 
 
 def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int = 3) -> None:
-    from storage.rows import Rows
-    from storage.ssd import SsdStore
+    from storage.embedding.rows import Rows
+    from storage.embedding.ssd import SsdStore
 
     rng = np.random.default_rng(2)
     shard = workdir / "ssd-bench"
@@ -322,7 +322,7 @@ def top_share(stream: np.ndarray, frac: float = 0.1) -> float:
 
 
 def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
-    from storage.cache import simulate_hit_rates
+    from storage.embedding.cache import simulate_hit_rates
 
     streams = {}
     if os.path.exists(criteo):
@@ -360,10 +360,10 @@ def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
 _SCALE_CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np, torch
-from storage.host import HostStore
-from storage.rows import Rows
-from storage.ssd import SsdStore
-from storage.init import init_rows
+from storage.embedding.host import HostStore
+from storage.embedding.rows import Rows
+from storage.embedding.ssd import SsdStore
+from storage.embedding.row_init import init_rows
 
 n, dim, shard, budget, queries, qbatch = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                           int(sys.argv[5]), int(sys.argv[6]))

@@ -57,11 +57,12 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from bench._common import report
-from storage.config import StoreConfig
-from trainer.config import ModelConfig, TrainerConfig
+from bench._common import report, train_spec
+from storage.embedding.config import StoreConfig
 from trainer.launch import run_training
-from trainer.model import CTRModel
+from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
 
 MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64))
 LR, SPARSE_LR = 1e-3, 1e-2
@@ -91,12 +92,10 @@ def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int
 
 
 def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, **kw: Any) -> dict[str, Any]:
-    cfg = TrainerConfig(backend="gloo", device="cpu", timeout_s=1800, log_every=10_000, checkpoint_every=0, **kw)
-    res = run_training(
-        features_url=str(features), output_url=str(tmp / "runs" / tag / "model"), init_model_url=None,
-        local_dir=str(tmp / "local" / tag), model_name="ctr", store=store, model=MODEL, trainer=cfg, run_tag=tag,
-        vocab_date=None, work_dir=str(tmp / "work"),
-    )
+    spec = train_spec(features, tmp / "runs" / tag / "model", tmp / "local" / tag, store=store, model=MODEL,
+                      run_tag=tag, backend="gloo", device="cpu", timeout_s=1800, log_every=10_000,
+                      checkpoint_every=0, **kw)
+    res = run_training(spec, work_dir=str(tmp / "work"))
     return {
         "examples_per_s": res.examples_per_s, "steps": res.steps, "train_s": res.stats["train_s"],
         "final_loss": res.final_loss, "sparse_MB_per_step": res.stats["sparse_bytes_per_step"] / 2**20,
@@ -164,12 +163,9 @@ def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: flo
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
 
 
-RANK_MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(TrainerConfig().malloc_mmap_threshold),
-    "MALLOC_TRIM_THRESHOLD_": str(TrainerConfig().malloc_trim_threshold),
-}
-"""The glibc settings our ranks apply at start (`trainer.main.tune_malloc` with the defaults of
-`trainer.malloc_*`), as environment variables, for the like-for-like `fresh` reference rows."""
+RANK_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+"""The glibc settings our ranks apply at start (`trainer.malloc.tune_malloc`), as environment
+variables, for the like-for-like `fresh` reference rows."""
 
 
 def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:

@@ -52,8 +52,10 @@ from pipeline.config import DaskConfig, VocabConfig
 from pipeline.schema import CRITEO
 from pipeline.vocab_stage import build_vocab
 from pipeline.vocab_tasks import count_part
-from storage.fsio import date_range, get_fs, read_json
-from storage.fsio import write_json as write_manifest
+from storage.io.dates import date_range
+from storage.io.fsio import get_fs, read_json
+from storage.io.fsio import write_json as write_manifest
+from storage.io.layout import Layout
 
 PART_ROWS = 250_000
 
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
             client.wait_for_workers(workers)
 
             def build(d: str, **kw):
-                return build_vocab(d, root=str(work), vocab=cfg, fmt="criteo", client=client, **kw)
+                return build_vocab(d, layout=Layout(str(work)), vocab=cfg, fmt="criteo", client=client, **kw)
 
             def manifest() -> dict:
                 return read_json(fs, str(work / "vocab" / f"date={dates[-1]}" / "_SUCCESS.json"))

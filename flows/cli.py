@@ -8,6 +8,7 @@
     ctrpipe models list|show VERSION|rollback VERSION [--config FILE] [--set ...]
     ctrpipe deploy [--pool NAME] [--cron CRON] [--config FILE] [--set ...]
     ctrpipe serve [--cron CRON] [--config FILE] [--set ...]
+    ctrpipe warm-node --spec URL --out FILE --nnodes N --my-addr ADDR --all-addrs A,B,...
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of config sections (see README)")
     p.add_argument("--recipe", default="default", help="base configuration: default or demo")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one key, e.g. --set trainer.k_steps=20 (repeatable)")
+                   help="override one key, e.g. --set optim.k_steps=20 (repeatable)")
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -93,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the deployments from this process (no worker needed)")
     p.add_argument("--cron", default="0 2 * * *")
     _add_config_args(p)
+
+    p = sub.add_parser(
+        "warm-node", help="before torchrun on one node of a multi-node job: fetch the train spec, warm this node's shards",
+        description="Run once per node before that node's torchrun (infra/slurm/train.sbatch and "
+        "infra/k8s/train-job.yaml do).  torchrun's c10d rendezvous numbers nodes by the sorted order of their "
+        "--local_addr strings, so pass each node's address here and to torchrun: the node's ranks follow from it.",
+    )
+    p.add_argument("--spec", required=True, help="train spec JSON (runs/date=D/train-spec.json): a path or fsspec URL")
+    p.add_argument("--out", required=True, help="local path to copy the spec to (what trainer.main reads)")
+    p.add_argument("--nnodes", type=int, required=True, help="nodes in the job; must equal the spec's trainer.nnodes")
+    p.add_argument("--nproc-per-node", type=int, default=0, help="check against the spec (0: take the spec's)")
+    p.add_argument("--my-addr", required=True, help="this node's --local_addr given to torchrun")
+    p.add_argument("--all-addrs", required=True, help="comma-separated --local_addr of every node")
+    p.add_argument("--skip-warm", action="store_true", help="only fetch and check the spec")
     return parser
 
 
@@ -119,36 +134,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from storage.fsio import validate_date
+    from storage.io.dates import validate_date
 
     validate_date(args.date)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
-    from flows.daily import daily_retrain
-    from flows.stages import read_record
+    from flows.daily import daily_retrain, record_of
 
     state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
-    record = read_record(cfg, args.date)
+    record = record_of(state, cfg.layout(), args.date)
     if record:
         print(format_table([record]))
     if not state.is_completed():
         print(f"daily-retrain {args.date}: {state.name}: {state.message}", file=sys.stderr)
-        return 2 if record and record.get("status") == "refused" else 1
+        return 2 if record and record.status == "refused" else 1
     return 0
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from storage.fsio import date_range as _dates
+    from storage.io.dates import date_range
 
-    _dates(args.start, args.end)  # fail before Prefect starts
+    date_range(args.start, args.end)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
     from flows.daily import backfill
-    from flows.stages import read_record
-    from storage.fsio import date_range
+    from flows.record import read_record
 
     state = backfill(args.start, args.end, config=cfg.to_dict(), force=args.force, return_state=True)
-    records = [r for d in date_range(args.start, args.end) if (r := read_record(cfg, d))]
+    layout = cfg.layout()
+    records = [r for d in date_range(args.start, args.end) if (r := read_record(layout, d))]
     if records:
         print(format_table(records))
     if not state.is_completed():
@@ -162,45 +176,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from flows.config import load_config, with_overrides
     from flows.recipes import demo
     from pipeline.generate import generate_days
-    from storage.fsio import date_range, shift_date
+    from storage.io.dates import date_range, shift_date
 
     root = str(Path(args.root).resolve())
     cfg = load_config(None, args.overrides, base=demo(root))
     _prefect_defaults(root)
-    raw = Path(root) / "raw"
+    raw = Path(cfg.layout().raw())
     end = shift_date(DEMO_START, args.days - 1)
     if not all((raw / f"day_{d}.tsv.gz").exists() for d in date_range(DEMO_START, end)):
         print(f"generating {args.days} days x {args.rows_per_day} rows of synthetic Criteo logs in {raw}")
         generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
 
-    from flows.daily import daily_retrain
-    from flows.stages import read_record
+    from flows.daily import daily_retrain, record_of
 
     records = []
     for date in date_range(DEMO_START, end):
-        daily_retrain(date, config=cfg.to_dict(), return_state=True)
-        record = read_record(cfg, date)
+        state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
+        record = record_of(state, cfg.layout(), date)
         if record:
             records.append(record)
             print(format_table([record]), flush=True)
     print("\nAll days:\n" + format_table(records))
     print(f"\nOutputs under {root}: events/ quarantine/ vocab/ features/ runs/ models/{cfg.model_name}/")
-    return 0 if len(records) == args.days and all(r["completed"] for r in records) else 1
+    return 0 if len(records) == args.days and all(r.completed for r in records) else 1
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    from flows.evaluate_cli import evaluate_log
+    from flows.evaluate_file import evaluate_log
 
     print(json.dumps(evaluate_log(cfg, args.model, args.input, args.format or cfg.input.format)))
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from flows.stages import registry
+    from storage.io.registry import ModelRegistry
 
-    reg = registry(_load(args))
+    reg = ModelRegistry(_load(args).layout())
     if args.action == "list":
         latest = reg.latest()
         for v in reg.versions():
@@ -228,7 +241,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if "PREFECT_API_URL" not in os.environ:
         raise ValueError("set PREFECT_API_URL to the Prefect server to deploy to (e.g. http://127.0.0.1:4200/api)")
     from flows.deploy import REPO, deploy_all, ensure_process_pool
-    from flows.stages import redacted
+    from flows.security import redacted
 
     if args.pool == "ctr-process":
         ensure_process_pool(args.pool)
@@ -251,6 +264,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_warm_node(args: argparse.Namespace) -> int:
+    from flows.node import warm_node
+
+    report = warm_node(args.spec, args.out, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+                       my_addr=args.my_addr, all_addrs=args.all_addrs.split(","), warm=not args.skip_warm)
+    print(json.dumps(report, default=str))
+    return 0
+
+
 _COMMANDS = {
     "deploy": cmd_deploy,
     "serve": cmd_serve,
@@ -260,27 +282,25 @@ _COMMANDS = {
     "backfill": cmd_backfill,
     "evaluate": cmd_evaluate,
     "models": cmd_models,
+    "warm-node": cmd_warm_node,
 }
 
 
-def format_table(records: list[dict[str, Any]]) -> str:
-    """The per-day summary users read: rows, vocabulary, metrics, publish outcome."""
+def format_table(records: list[Any]) -> str:
+    """The per-day summary users read (`DayRecord`s): rows, vocabulary, metrics, publish outcome."""
     head = ("date", "ingested", "quarant.", "vocab", "train", "eval", "AUC", "logloss", "published", "version")
     rows = [head]
     for r in records:
-        auc, loss = r.get("auc"), r.get("logloss")
         rows.append((
-            r["date"], str(r.get("rows_ingested", "")), str(r.get("rows_quarantined", "")),
-            str(r.get("vocab_size", "")), str(r.get("rows_train", "")), str(r.get("rows_eval", "")),
-            "-" if auc is None else f"{auc:.4f}", "-" if loss is None else f"{loss:.4f}",
-            {"published": "yes", "refused": "REFUSED"}.get(r.get("status", ""), r.get("status", "")),
-            str(r.get("model_version") or "-"),
+            r.date, str(r.rows_ingested), str(r.rows_quarantined), str(r.vocab_size), str(r.rows_train),
+            str(r.rows_eval), "-" if r.auc is None else f"{r.auc:.4f}", "-" if r.logloss is None else f"{r.logloss:.4f}",
+            {"published": "yes", "refused": "REFUSED"}.get(r.status, r.status), str(r.model_version or "-"),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = "\n".join(lines)
-    refused = [f"  {r['date']}: {r['status']}: {r['reason']}" for r in records if r.get("status") in ("refused", "failed")]
+    refused = [f"  {r.date}: {r.status}: {r.reason}" for r in records if r.status in ("refused", "failed")]
     return out + ("\n" + "\n".join(refused) if refused else "")
 
 

@@ -1,22 +1,19 @@
 """One run's configuration: typed sections from YAML, overridable by `--set section.key=value`.
 
-Every section is a frozen dataclass owned by the stage it configures; this
-module only assembles them.  Unknown keys and bad values raise `ConfigError`
-naming the key, so a typo never silently falls back to a default.
+Every section is a frozen dataclass owned by the stage it configures; this module only
+assembles them, through the one config codec (`storage.io.codec`).  Unknown keys and bad
+values raise `ConfigError` naming the key, so a typo never silently falls back to a default.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from flows.gate import PublishConfig
 from pipeline.config import (
     DaskConfig,
     EncodeConfig,
@@ -24,14 +21,14 @@ from pipeline.config import (
     InputConfig,
     VocabConfig,
 )
-from storage.config import StoreConfig
-from trainer.config import ModelConfig, PublishConfig, TrainerConfig
+from storage.embedding.config import StoreConfig
+from storage.io import codec
+from storage.io.codec import ConfigError
+from storage.io.layout import Layout, validate_model_name
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.models.config import ModelConfig
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class ConfigError(ValueError):
-    """A configuration key is unknown or its value is invalid; the message names the key."""
+__all__ = ["ConfigError", "RunConfig", "from_dict", "load_config", "with_overrides"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,21 +46,29 @@ class RunConfig:
     encode: EncodeConfig = field(default_factory=EncodeConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    het: HetConfig = field(default_factory=HetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
 
     def __post_init__(self) -> None:
         if not self.root:
             raise ConfigError("root must not be empty")
-        if not _NAME.match(self.model_name):
-            raise ConfigError(f"model_name must match {_NAME.pattern} (it becomes a path), got {self.model_name!r}")
+        try:
+            validate_model_name(self.model_name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.store.embedding_dim % self.model.num_heads:
             raise ConfigError(
                 f"model.num_heads ({self.model.num_heads}) must divide store.embedding_dim ({self.store.embedding_dim})"
             )
 
+    def layout(self) -> Layout:
+        """Where this run's outputs live (`storage.io.layout`)."""
+        return Layout(self.root, self.model_name, self.storage_options, self.store.local_dir)
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return codec.encode(self)
 
 
 def load_config(
@@ -91,7 +96,7 @@ def load_config(
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
-    return _build(RunConfig, data, prefix="")
+    return codec.decode(RunConfig, data)
 
 
 def with_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
@@ -118,62 +123,3 @@ def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
             raise ConfigError(f"{'.'.join(parts)}: {part} is not a section")
         node = nxt
     node[parts[-1]] = value
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known in {where}: {', '.join(sorted(fields))})")
-    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc) if prefix == "" or prefix.rstrip(".") in str(exc) else f"{where}: {exc}") from exc
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, prefix=f"{key}.")
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        return str(value)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a mapping, got {value!r}")
-        if args:
-            return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
-        return dict(value)
-    return value

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
-from storage import fsio
+from flows.record import DayRecord
+from storage.io.layout import Layout
 
 HISTORY_DAYS = 30
 
 
-def plot_history(records: list[dict[str, Any]]) -> bytes:
+def plot_history(records: list[DayRecord]) -> bytes:
     """PNG bytes of AUC and logloss by date (published days as dots, refused as crosses)."""
     import matplotlib
 
@@ -18,12 +18,12 @@ def plot_history(records: list[dict[str, Any]]) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (ax_auc, ax_loss) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
-    dates = [r["date"] for r in records]
+    dates = [r.date for r in records]
     for ax, key, label in ((ax_auc, "auc", "AUC"), (ax_loss, "logloss", "logloss")):
-        values = [r.get(key) for r in records]
+        values = [getattr(r, key) for r in records]
         ax.plot(dates, [v if v is not None else float("nan") for v in values], color="tab:blue", lw=1)
         for status, marker, color in (("published", "o", "tab:green"), ("refused", "x", "tab:red")):
-            pts = [(d, v) for d, v, r in zip(dates, values, records, strict=True) if r.get("status") == status and v is not None]
+            pts = [(d, v) for d, v, r in zip(dates, values, records, strict=True) if r.status == status and v is not None]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=status, zorder=3)
         ax.set_ylabel(label)
@@ -38,9 +38,9 @@ def plot_history(records: list[dict[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
-def write_history_png(root: str, date: str, records: list[dict[str, Any]], storage_options: dict | None = None) -> str:
-    """Write `<root>/runs/date=D/history.png`; returns its URL."""
-    fs, path = fsio.get_fs(fsio.join(root, "runs", f"date={date}", "history.png"), storage_options)
+def write_history_png(layout: Layout, date: str, records: list[DayRecord]) -> str:
+    """Write `runs/date=D/history.png`; returns its URL."""
+    fs, path = layout.fs(layout.run_history(date))
     with fs.open(path, "wb") as f:
         f.write(plot_history(records))
     return fs.unstrip_protocol(path)

@@ -26,7 +26,7 @@ def demo(root: str = "./demo-data") -> RunConfig:
             "vocab": {"min_count": 3},
             "store": {"embedding_dim": 8, "host_budget_mb": 256},
             "model": {"num_heads": 2, "mlp_dims": [64, 32]},
-            "trainer": {"batch_size": 256, "k_steps": 10, "epochs": 1, "sparse_lr": 0.05, "lr": 0.002},
+            "optim": {"batch_size": 256, "k_steps": 10, "epochs": 1, "sparse_lr": 0.05, "lr": 0.002},
             "publish": {"max_auc_drop": 0.02, "min_eval_rows": 100},
         }
     )

@@ -13,6 +13,8 @@ from pipeline.config import DaskConfig
 
 MAX_LOCAL_WORKERS = 4
 PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+"""glibc settings of LocalCluster worker processes (see `worker_environ`)."""
 
 
 def local_worker_count(config: DaskConfig) -> int:
@@ -20,8 +22,8 @@ def local_worker_count(config: DaskConfig) -> int:
     return config.n_workers or max(1, min(os.cpu_count() or 1, MAX_LOCAL_WORKERS))
 
 
-def worker_environ(config: DaskConfig) -> dict[str, str]:
-    """Dask's pre-spawn environment of worker processes with `config`'s malloc thresholds applied.
+def worker_environ() -> dict[str, str]:
+    """Dask's pre-spawn environment of worker processes with `WORKER_MALLOC` applied.
 
     Dask sets MALLOC_TRIM_THRESHOLD_=65536 so that idle workers hand memory back.  Setting it
     also fixes glibc's mmap threshold at 128 KiB: every NumPy or Parquet buffer above that is a
@@ -34,11 +36,7 @@ def worker_environ(config: DaskConfig) -> dict[str, str]:
         k: str(v)
         for k, v in (dask.config.get(PRE_SPAWN_ENVIRON, default=None) or {}).items()
     }
-    if config.malloc_trim_threshold:
-        env["MALLOC_TRIM_THRESHOLD_"] = str(config.malloc_trim_threshold)
-    if config.malloc_mmap_threshold:
-        env["MALLOC_MMAP_THRESHOLD_"] = str(config.malloc_mmap_threshold)
-    return env
+    return {**env, **WORKER_MALLOC}
 
 
 @contextmanager
@@ -52,7 +50,7 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
         with Client(config.address) as client:
             yield client
         return
-    env = worker_environ(config)
+    env = worker_environ()
     # The nanny copies its pre-spawn environment into this process's os.environ before it spawns
     # a worker; put back what was here so that processes this one starts later (torchrun) do not
     # inherit the workers' malloc settings.

@@ -67,22 +67,12 @@ class DaskConfig:
     """LocalCluster with worker processes (True) or threads in this process (False)."""
     memory_limit: str = "4GiB"
     """Per-worker memory limit of the LocalCluster."""
-    malloc_trim_threshold: int = 64 << 20
-    """MALLOC_TRIM_THRESHOLD_ (bytes) of LocalCluster worker processes; 0 keeps Dask's (64 KiB).
-    Dask's 64 KiB also pins glibc's mmap threshold at 128 KiB, so every array a task allocates is a
-    fresh mmap whose pages fault in on first touch (~40% of a vocab bucket's CPU); not applied to
-    a cluster at `address`, which is not ours to configure."""
-    malloc_mmap_threshold: int = 32 << 20
-    """MALLOC_MMAP_THRESHOLD_ (bytes) of LocalCluster worker processes; 0 leaves glibc's (dynamic)."""
 
     def __post_init__(self) -> None:
         if self.n_workers < 0:
             raise ValueError(f"dask.n_workers must be >= 0, got {self.n_workers}")
         if self.threads_per_worker < 1:
             raise ValueError(f"dask.threads_per_worker must be >= 1, got {self.threads_per_worker}")
-        for name in ("malloc_trim_threshold", "malloc_mmap_threshold"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"dask.{name} must be >= 0 bytes (0 = the default), got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -42,16 +42,17 @@ from pipeline.config import EncodeConfig
 from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab_stage import load_admitted
-from storage.fsio import (
-    code_version,
+from storage.io.dates import validate_date
+from storage.io.fsio import (
     commit_dir,
+    committed_data_url,
     data_dir,
-    get_fs,
     join,
     read_manifest,
     staged,
-    validate_date,
 )
+from storage.io.layout import Layout
+from storage.io.version import code_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,14 @@ class EncodeResult:
     rows_train: int
     rows_eval: int
     skipped: bool
+    run_id: str = ""
+    """The committed features' run id (what identifies their content)."""
+    url: str = ""
+    """The files of the committed `features/date=D` (`storage.io.fsio.data_url`)."""
+
+    def summary(self) -> str:
+        done = " (already committed)" if self.skipped else ""
+        return f"encode {self.date}: {self.rows_train} train rows, {self.rows_eval} eval rows{done}"
 
 
 def dense_columns(schema: LogSchema) -> list[str]:
@@ -162,14 +171,13 @@ def ts_threshold(ts_counts: pd.Series, rows_train: int) -> tuple[int, int]:
 def encode_date(
     date: str,
     *,
-    root: str,
+    layout: Layout,
     encode: EncodeConfig,
     fmt: str | LogSchema,
     client: Client,
     force: bool = False,
-    storage_options: dict | None = None,
 ) -> EncodeResult:
-    """Encode the committed events of `date` with its vocabulary into `<root>/features/date=D/`.
+    """Encode the committed events of `date` with its vocabulary into `features/date=D/` (`Layout`).
 
     Also writes features/date=D/key_counts.parquet: (key, count) of the train
     rows (every `k_j` and every bag key), hottest first, the working set the
@@ -180,19 +188,19 @@ def encode_date(
     """
     validate_date(date)
     schema = get_schema(fmt)
-    fs, root_path = get_fs(root, storage_options)
-    events_dir = join(root_path, "events", f"date={date}")
+    fs, events_dir = layout.fs(layout.events(date))
     events = read_manifest(fs, events_dir)
     if events is None:
-        raise FileNotFoundError(f"no committed events for {date} at {join(root, 'events', f'date={date}')}: run ingest first")
-    vocab = read_manifest(fs, join(root_path, "vocab", f"date={date}"))
+        raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
+    vocab = read_manifest(fs, layout.fs(layout.vocab(date))[1])
     if vocab is None:
-        raise FileNotFoundError(f"no committed vocabulary for {date} under {join(root, 'vocab')}: run build_vocab first")
-    final = join(root_path, "features", f"date={date}")
+        raise FileNotFoundError(f"no committed vocabulary for {date} at {layout.vocab(date)}: run build_vocab first")
+    _, final = layout.fs(layout.features(date))
     done = read_manifest(fs, final)
     source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.get("run_id"), "eval_fraction": encode.eval_fraction}
     if done and not force and all(done.get(k) == v for k, v in source.items()):
-        return EncodeResult(date=date, rows_train=done["rows_train"], rows_eval=done["rows_eval"], skipped=True)
+        return EncodeResult(date=date, rows_train=done["rows_train"], rows_eval=done["rows_eval"], skipped=True,
+                            run_id=done["run_id"], url=data_dir(layout.features(date), done))
 
     paths = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
     rows_eval = eval_size(events["rows_written"], encode.eval_fraction)
@@ -205,7 +213,7 @@ def encode_date(
         orders = np.sort(np.concatenate(client.gather(client.map(_orders_at, paths, fs=fs, ts=t, pure=False))))
         rules = [("threshold", t, int(orders[k - 1]) if k else -1)] * len(paths)
 
-    admitted = client.scatter(load_admitted(root, date, storage_options), broadcast=True)
+    admitted = client.scatter(load_admitted(layout, date), broadcast=True)
     with staged(fs, final) as stage:
         for split in ("train", "eval"):
             fs.makedirs(join(stage, split), exist_ok=True)
@@ -242,7 +250,8 @@ def encode_date(
             "code_version": code_version(),
         }
         commit_dir(fs, stage, final, manifest)
-    return EncodeResult(date=date, rows_train=rows_train, rows_eval=rows_eval, skipped=False)
+    return EncodeResult(date=date, rows_train=rows_train, rows_eval=rows_eval, skipped=False,
+                        run_id=manifest["run_id"], url=committed_data_url(layout.features(date), fs, stage))
 
 
 def _encode_part(

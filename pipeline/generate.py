@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from storage.fsio import get_fs, join, validate_date
+from storage.io.dates import validate_date
+from storage.io.fsio import get_fs, join
 
 N_DENSE = 13
 N_CATEGORICAL = 26

@@ -58,20 +58,22 @@ from pipeline.readers import (
     READ_SIZE,
     line_chunks,
     open_input,
-    read_ahead,
 )
 from pipeline.schema import LogSchema, get_schema
-from storage.fsio import (
-    code_version,
+from storage.io.dates import validate_date
+from storage.io.fsio import (
     commit_dir,
+    committed_data_url,
     data_dir,
     get_fs,
     join,
     read_manifest,
     remove_stale_staging,
     staging_dir,
-    validate_date,
 )
+from storage.io.layout import Layout
+from storage.io.read_ahead import read_ahead
+from storage.io.version import code_version
 
 _GLOB_CHARS = "*?["
 _FINGERPRINT_KEYS = ("size", "mtime", "ETag", "etag", "LastModified", "last_modified", "updated", "md5Hash", "checksum")
@@ -111,6 +113,15 @@ class IngestResult:
     """True when the date was already committed from the same inputs and nothing was done."""
     inputs: list[dict] = field(default_factory=list)
     """Fingerprints (url, size, mtime or etag) of the files read."""
+    run_id: str = ""
+    """The committed events' run id."""
+    url: str = ""
+    """The files of the committed `events/date=D` (`storage.io.fsio.data_url`)."""
+
+    def summary(self) -> str:
+        done = " (already committed)" if self.skipped else ""
+        return (f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
+                f"{self.rows_quarantined} quarantined{done}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,23 +149,21 @@ class _FileTask:
 def ingest_date(
     date: str,
     *,
-    root: str,
+    layout: Layout,
     input: InputConfig,
     ingest: IngestConfig,
     client: Client,
     force: bool = False,
-    storage_options: dict | None = None,
 ) -> IngestResult:
-    """Ingest the raw logs of `date` into `<root>/events/date=D/` and `<root>/quarantine/date=D/`.
+    """Ingest the raw logs of `date` into `events/date=D/` and `quarantine/date=D/` (`Layout`).
 
     Args:
         date: YYYY-MM-DD.
-        root: the pipeline's root URL.
+        layout: where the outputs go.
         input: where the raw logs are and their format.
         ingest: partition size and the bad-row limit.
         client: Dask client the files are parsed on.
         force: redo a date already committed from unchanged inputs.
-        storage_options: fsspec options of `root`.
 
     Raises:
         FileNotFoundError: no input file for the date.
@@ -162,7 +171,7 @@ def ingest_date(
     """
     validate_date(date)
     schema = get_schema(input.format)
-    url = input_url(input, root, date)
+    url = input_url(input, layout, date)
     if schema.timestamp is None and input.url and not any(p in input.url for p in ("{date}", "{yyyymmdd}")):
         raise ValueError(
             f"input.url {input.url!r} has no {{date}}/{{yyyymmdd}} placeholder and {schema.name} rows carry no "
@@ -172,14 +181,13 @@ def ingest_date(
     if not inputs:
         raise FileNotFoundError(f"no input for {date} at {url}")
 
-    fs, root_path = get_fs(root, storage_options)
-    events_final = join(root_path, "events", f"date={date}")
-    quarantine_final = join(root_path, "quarantine", f"date={date}")
+    fs, events_final = layout.fs(layout.events(date))
+    _, quarantine_final = layout.fs(layout.quarantine(date))
     done = read_manifest(fs, events_final)
     if done and not force and done.get("inputs") == inputs and done.get("format") == schema.name:
         quarantine_done = read_manifest(fs, quarantine_final)
         if quarantine_done is not None and quarantine_done.get("events_run_id") == done.get("run_id"):
-            return _result(date, done, skipped=True)
+            return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
 
     for final in (events_final, quarantine_final):
         remove_stale_staging(fs, final)
@@ -229,7 +237,7 @@ def ingest_date(
             if fs.exists(stage):
                 fs.rm(stage, recursive=True)
         raise
-    return _result(date, manifest, skipped=False)
+    return _result(date, manifest, skipped=False, url=committed_data_url(layout.events(date), fs, events_stage))
 
 
 def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[_FileTask]:
@@ -281,10 +289,11 @@ def count_newlines(item: tuple[str, int, int], *, storage_options: dict | None =
     return n
 
 
-def input_url(input: InputConfig, root: str, date: str) -> str:
-    """The URL (maybe a glob) of `date`'s raw logs: input.url with placeholders filled."""
+def input_url(input: InputConfig, layout: Layout, date: str) -> str:
+    """The URL (maybe a glob) of `date`'s raw logs: input.url with placeholders filled (default: the demo's
+    `raw/day_D.tsv.gz` under the root)."""
     if not input.url:
-        return join(root, "raw", f"day_{date}.tsv.gz")
+        return join(layout.raw(), f"day_{date}.tsv.gz")
     return input.url.replace("{date}", date).replace("{yyyymmdd}", date.replace("-", ""))
 
 
@@ -346,7 +355,7 @@ def _read_chunks(task: _FileTask) -> Iterator[tuple[int, bytes, int]]:
     """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range.
 
     With `overlap_io` the next chunk is read in a background thread while the caller parses this one
-    (`readers.read_ahead(lazy=True)`: one chunk ahead, counting the one being read).
+    (`storage.io.read_ahead(lazy=True)`: one chunk ahead, counting the one being read).
     """
     compression = infer_compression(task.url)
     chunk_index = 0
@@ -428,7 +437,7 @@ def _per_file(per_task: list[dict]) -> list[dict]:
     return [{**v, "reasons": dict(v["reasons"])} for v in out.values()]
 
 
-def read_quarantine(root: str, date: str, storage_options: dict | None = None) -> pd.DataFrame:
+def read_quarantine(layout: Layout, date: str) -> pd.DataFrame:
     """The quarantined rows of `date` (file, line, raw, reason), checked against the committed events run.
 
     Raises:
@@ -436,16 +445,16 @@ def read_quarantine(root: str, date: str, storage_options: dict | None = None) -
         IngestError(kind="inconsistent"): the committed quarantine belongs to another run than the
             committed events (an ingest crashed between its two renames); rerun the ingest of the date.
     """
-    fs, root_path = get_fs(root, storage_options)
-    events = read_manifest(fs, join(root_path, "events", f"date={validate_date(date)}"))
+    fs, events_dir = layout.fs(layout.events(date))
+    events = read_manifest(fs, events_dir)
     if events is None:
-        raise FileNotFoundError(f"no committed events for {date} under {join(root, 'events')}: run ingest first")
-    qdir = join(root_path, "quarantine", f"date={date}")
+        raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
+    _, qdir = layout.fs(layout.quarantine(date))
     quarantine = read_manifest(fs, qdir)
     expected = events.get("quarantine_run_id", events.get("run_id"))
     if quarantine is None or quarantine.get("events_run_id") != expected:
         raise IngestError(
-            f"quarantine of {date} at {join(root, 'quarantine', f'date={date}')} does not belong to the committed "
+            f"quarantine of {date} at {layout.quarantine(date)} does not belong to the committed "
             f"events run {expected}; an ingest stopped between its two commits: rerun the ingest of {date}",
             kind="inconsistent",
         )
@@ -523,7 +532,7 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, int | float | str) else str(value)
 
 
-def _result(date: str, manifest: dict[str, Any], *, skipped: bool) -> IngestResult:
+def _result(date: str, manifest: dict[str, Any], *, skipped: bool, url: str) -> IngestResult:
     return IngestResult(
         date=date,
         rows_read=manifest["rows_read"],
@@ -533,4 +542,6 @@ def _result(date: str, manifest: dict[str, Any], *, skipped: bool) -> IngestResu
         parts=len(manifest["parts"]),
         skipped=skipped,
         inputs=manifest["inputs"],
+        run_id=manifest["run_id"],
+        url=url,
     )

@@ -59,17 +59,17 @@ from pipeline.vocab_tasks import (
     merge_bucket,
     scratch,
 )
-from storage.fsio import (
-    code_version,
+from storage.io.dates import shift_date, validate_date
+from storage.io.fsio import (
     commit_dir,
+    committed_data_url,
     data_dir,
-    get_fs,
     join,
     read_manifest,
-    shift_date,
     staged,
-    validate_date,
 )
+from storage.io.layout import Layout, date_of
+from storage.io.version import code_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,20 +84,27 @@ class VocabResult:
     per_field: list[dict] = field(default_factory=list)
     """Per field: field, seen, admitted, evicted, coverage, oov_rate, missing_rate."""
     skipped: bool = False
+    run_id: str = ""
+    """The committed vocabulary's run id."""
+    url: str = ""
+    """The committed `vocab/date=D` directory."""
+
+    def summary(self) -> str:
+        done = " (already committed)" if self.skipped else ""
+        return f"vocab {self.date}: {self.admitted} keys admitted of {self.seen} seen, {self.evicted} evicted{done}"
 
 
 def build_vocab(
     date: str,
     *,
-    root: str,
+    layout: Layout,
     vocab: VocabConfig,
     fmt: str | LogSchema,
     client: Client,
     force: bool = False,
     incremental: bool = True,
-    storage_options: dict | None = None,
 ) -> VocabResult:
-    """Build and commit the vocabulary of `date` under `<root>/vocab/date=D/`.
+    """Build and commit the vocabulary of `date` under `vocab/date=D/` (`Layout`).
 
     The window sums the day counts of D and of the committed vocabularies of
     the `window_days - 1` days before it (days without one are left out and
@@ -114,15 +121,14 @@ def build_vocab(
     """
     validate_date(date)
     schema = get_schema(fmt)
-    fs, root_path = get_fs(root, storage_options)
-    events_dir = join(root_path, "events", f"date={date}")
+    fs, events_dir = layout.fs(layout.events(date))
     events = read_manifest(fs, events_dir)
     if events is None:
-        raise FileNotFoundError(f"no committed events for {date} at {join(root, 'events', f'date={date}')}: run ingest first")
-    final = vocab_dir(root_path, date)
+        raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
+    final = vocab_dir(layout, date)
     done = read_manifest(fs, final)
     if done and not force and done.get("events_run_id") == events.get("run_id") and done.get("config") == asdict(vocab):
-        return _result(done, skipped=True)
+        return _result(done, skipped=True, url=data_dir(layout.vocab(date), done))
 
     fields = list(schema.categorical)
     multi = [name for name, _ in schema.multi_valued]
@@ -130,10 +136,10 @@ def build_vocab(
         raise ValueError(f"vocab.min_count_per_field names unknown fields {unknown}; {schema.name} fields are "
                          f"{fields}")  # fmt: skip
     run_id = uuid.uuid4().hex
-    window = _committed_window(fs, root_path, date, vocab.window_days)  # date -> manifest, without D
-    prev_date = latest_vocab_before(fs, root_path, date)
-    prev = read_manifest(fs, vocab_dir(root_path, prev_date)) if prev_date else None
-    delta, dropped = _delta_plan(date, vocab, window, prev_date, prev, fs=fs, root_path=root_path)
+    window = _committed_window(fs, layout, date, vocab.window_days)  # date -> manifest, without D
+    prev_date = latest_vocab_before(fs, layout, date)
+    prev = read_manifest(fs, vocab_dir(layout, prev_date)) if prev_date else None
+    delta, dropped = _delta_plan(date, vocab, window, prev_date, prev, fs=fs, layout=layout)
     delta = delta and incremental
 
     with staged(fs, final) as stage:
@@ -156,9 +162,9 @@ def build_vocab(
             date=day_number(date),
             buckets=buckets,
             count_parts=tuple(outs),
-            window=() if delta else tuple((day_number(d), _day_counts(root_path, d, m)) for d, m in window.items()),
-            previous=_vocab_parts(root_path, prev_date, prev) if prev else None,
-            dropped=_day_counts(root_path, dropped, read_manifest(fs, vocab_dir(root_path, dropped))) if delta and dropped else None,
+            window=() if delta else tuple((day_number(d), _day_counts(layout, d, m)) for d, m in window.items()),
+            previous=_vocab_parts(layout, prev_date, prev) if prev else None,
+            dropped=_day_counts(layout, dropped, read_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,
             delta=delta,
             thresholds=tuple(admission_thresholds(vocab, fields).tolist()),
             ttl_days=vocab.ttl_days,
@@ -202,7 +208,7 @@ def build_vocab(
             "code_version": code_version(),
         }
         commit_dir(fs, stage, final, manifest)
-    return _result(manifest, skipped=False)
+    return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
 
 
 def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, cap: int) -> list[BucketResult]:
@@ -219,19 +225,19 @@ def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, ca
     return client.gather(client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False))
 
 
-def _committed_window(fs: fsspec.AbstractFileSystem, root_path: str, date: str, window_days: int) -> dict[str, dict]:
+def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str, window_days: int) -> dict[str, dict]:
     """date -> manifest of the committed vocabularies of the window_days - 1 days before `date`."""
     out = {}
     for back in range(window_days - 1, 0, -1):
         d = shift_date(date, -back)
-        if (m := read_manifest(fs, vocab_dir(root_path, d))) is not None:
+        if (m := read_manifest(fs, vocab_dir(layout, d))) is not None:
             out[d] = m
     return out
 
 
 def _delta_plan(
     date: str, vocab: VocabConfig, window: dict[str, dict], prev_date: str | None, prev: dict | None, *,
-    fs: fsspec.AbstractFileSystem, root_path: str,
+    fs: fsspec.AbstractFileSystem, layout: Layout,
 ) -> tuple[bool, str | None]:  # fmt: skip
     """(whether the delta merge gives the exact window, the date that left the window or None).
 
@@ -248,65 +254,61 @@ def _delta_plan(
         return False, None
     if dropped_run is None:
         return True, None
-    kept = read_manifest(fs, vocab_dir(root_path, dropped))
+    kept = read_manifest(fs, vocab_dir(layout, dropped))
     if kept is None or kept.get("run_id") != dropped_run or "buckets" not in kept:
         return False, None
     return True, dropped
 
 
-def _day_counts(root_path: str, date: str, manifest: dict) -> Bucketed:
+def _day_counts(layout: Layout, date: str, manifest: dict) -> Bucketed:
     """The day counts kept by a committed vocabulary (a single file before they were bucketed)."""
-    path = join(data_dir(vocab_dir(root_path, date), manifest), "day_counts.parquet")
+    path = join(data_dir(vocab_dir(layout, date), manifest), "day_counts.parquet")
     return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
 
 
-def _vocab_parts(root_path: str, date: str, manifest: dict) -> Bucketed:
-    path = join(data_dir(vocab_dir(root_path, date), manifest), "vocab.parquet")
+def _vocab_parts(layout: Layout, date: str, manifest: dict) -> Bucketed:
+    path = join(data_dir(vocab_dir(layout, date), manifest), "vocab.parquet")
     return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
 
 
-def vocab_dir(root_path: str, date: str) -> str:
-    return join(root_path, "vocab", f"date={date}")
+def vocab_dir(layout: Layout, date: str) -> str:
+    """The protocol-less path of `vocab/date=D` on the root's filesystem."""
+    return layout.fs(layout.vocab(date))[1]
 
 
-def latest_vocab_before(fs: fsspec.AbstractFileSystem, root_path: str, date: str) -> str | None:
+def latest_vocab_before(fs: fsspec.AbstractFileSystem, layout: Layout, date: str) -> str | None:
     """The most recent date before `date` with a committed vocabulary, or None."""
-    base = join(root_path, "vocab")
+    base = layout.fs(layout.vocab_parent())[1]
     if not fs.exists(base):
         return None
-    dates = []
-    for entry in fs.ls(base, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if name.startswith("date=") and len(name) == 15 and name[5:] < date:
-            dates.append(name[5:])
+    dates = [d for entry in fs.ls(base, detail=False) if (d := date_of(entry)) is not None and d < date]
     for d in sorted(dates, reverse=True):
-        if read_manifest(fs, vocab_dir(root_path, d)) is not None:
+        if read_manifest(fs, vocab_dir(layout, d)) is not None:
             return d
     return None
 
 
-def load_admitted(root: str, date: str, storage_options: dict | None = None) -> np.ndarray:
+def load_admitted(layout: Layout, date: str) -> np.ndarray:
     """The admitted keys of the vocabulary of `date`, sorted int64 (for encoding and the store)."""
-    frame = _load(root, date, "vocab", ["key", "admitted"], storage_options)
+    frame = _load(layout, date, "vocab", ["key", "admitted"])
     return np.sort(frame["key"].to_numpy(np.int64)[frame["admitted"].to_numpy(bool)])
 
 
-def load_evicted(root: str, date: str, storage_options: dict | None = None) -> np.ndarray:
+def load_evicted(layout: Layout, date: str) -> np.ndarray:
     """The keys evicted at `date`, sorted int64 (to drop from the embedding store)."""
-    return np.sort(_load(root, date, "evicted", ["key"], storage_options)["key"].to_numpy(np.int64))
+    return np.sort(_load(layout, date, "evicted", ["key"])["key"].to_numpy(np.int64))
 
 
-def _load(root: str, date: str, name: str, columns: list[str] | None, storage_options: dict | None) -> pd.DataFrame:
-    fs, root_path = get_fs(root, storage_options)
-    directory = vocab_dir(root_path, validate_date(date))
+def _load(layout: Layout, date: str, name: str, columns: list[str] | None) -> pd.DataFrame:
+    fs, directory = layout.fs(layout.vocab(date))
     if (manifest := read_manifest(fs, directory)) is None:
-        raise FileNotFoundError(f"no committed vocabulary for {date} at {join(root, 'vocab', f'date={date}')}: run build_vocab first")
+        raise FileNotFoundError(f"no committed vocabulary for {date} at {layout.vocab(date)}: run build_vocab first")
     return _read(fs, join(data_dir(directory, manifest), f"{name}.parquet"), columns)
 
 
-def load_report(root: str, date: str, storage_options: dict | None = None) -> pd.DataFrame:
+def load_report(layout: Layout, date: str) -> pd.DataFrame:
     """The per-field report of the vocabulary of `date` (field, seen, admitted, evicted, coverage, oov_rate, ...)."""
-    return _load(root, date, "report", None, storage_options)
+    return _load(layout, date, "report", None)
 
 
 def _read(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None) -> pd.DataFrame:
@@ -317,7 +319,7 @@ def _read(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = 
         return pq.read_table(f, columns=columns).to_pandas()
 
 
-def _result(manifest: dict, *, skipped: bool) -> VocabResult:
+def _result(manifest: dict, *, skipped: bool, url: str) -> VocabResult:
     return VocabResult(
         date=manifest["date"],
         admitted=manifest["admitted"],
@@ -325,4 +327,6 @@ def _result(manifest: dict, *, skipped: bool) -> VocabResult:
         evicted=manifest["evicted"],
         per_field=manifest["per_field"],
         skipped=skipped,
+        run_id=manifest["run_id"],
+        url=url,
     )

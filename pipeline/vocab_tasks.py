@@ -70,7 +70,7 @@ from pipeline.vocab_merge import (
     score_bits,
     source_buckets,
 )
-from storage.fsio import join
+from storage.io.fsio import join
 
 SCRATCH = "_scratch"
 COUNT_ROW_GROUP = 1 << 16

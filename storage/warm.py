@@ -1,18 +1,27 @@
-"""The warm stage: bring this node's SSD shards to the published model's state before training.
+"""Warm: bring a node's SSD shards to the published model's state before training.
 
-For each local rank:
+One module for every side of it:
 
-1. open its SSD shard (`<local_dir>/<model>/shard-RRRRR-of-WWWWW`);
-2. keep it when its tag equals `snapshot_tag` (the published model's run tag);
-   otherwise wipe it and restore the rows it owns from `snapshot_url` (a model's
-   ``sparse/`` directory, written by any world size), or leave it empty when
-   there is no published model.  The snapshot is read once for all the ranks
-   that need it, one row group at a time;
+- `WarmPlan`: what warming for a day needs (the published snapshot and its run tag, the
+  vocabulary's evicted keys, the day's working set, and a token naming this warm); built once by
+  the flow's warm stage and carried in the train spec;
+- `warm_shards`: the work, for any set of ranks of a node (the flow's warm stage on its own node);
+- `ensure_warm`: a rank's check at start-up: when its shard's token differs from the plan's
+  (a node the flow did not run on), it warms its own shard with `warm_shards`;
+- `node_ranks` / `group_rank`: which ranks a node of a c10d job gets (`ctrpipe warm-node`, run by
+  the Slurm and Kubernetes job before torchrun).
+
+`warm_shards`, for each rank:
+
+1. open its SSD shard (`NodeLayout.shard`);
+2. keep it when its tag equals the plan's `snapshot_tag` (the published model's run tag);
+   otherwise wipe it and restore the rows it owns from `snapshot_url` (a model's ``sparse/``
+   directory, written by any world size), or leave it empty when there is no published model.
+   The snapshot is read once for all the ranks that need it, one row group at a time;
 3. drop the vocabulary's evicted keys (and compact when a quarter of the file is holes);
 4. tag the shard with `snapshot_tag`;
-5. write the rank's working set (the day's keys it owns, hottest first, cut to
-   what fits the host budget) to ``<shard>/working_set.npy`` for the trainer's
-   `store.warm(...)`.
+5. write the rank's working set (the day's keys it owns, hottest first, cut to what fits the host
+   budget) to ``<shard>/working_set.npy``, which the rank loads into host memory (`load_working_set`).
 """
 
 from __future__ import annotations
@@ -22,26 +31,83 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from storage.base import owner_of
-from storage.config import StoreConfig
-from storage.host import rows_for_budget
-from storage.rows import Rows
-from storage.snapshot import iter_snapshot, snapshot_dim
-from storage.ssd import SsdStore
-from storage.tiered import shard_dir_for
+from storage.embedding.base import EmbeddingStore, owner_of
+from storage.embedding.config import StoreConfig
+from storage.embedding.host import rows_for_budget
+from storage.embedding.rows import Rows
+from storage.embedding.snapshot import iter_snapshot, snapshot_dim
+from storage.embedding.ssd import SsdStore
+from storage.io import fsio
+from storage.io.layout import NodeLayout
 
 log = logging.getLogger(__name__)
 
 WORKING_SET = "working_set.npy"
 """File name of a rank's working set inside its shard directory."""
+TOKEN = "warm_token"
+"""File inside a shard directory naming the warm it holds (`WarmPlan.token`)."""
 COMPACT_FRACTION = 0.25
 """Compact a shard when at least this fraction of its slots are holes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmPlan:
+    """What warming the shards of a `world_size`-rank job for one day needs."""
+
+    date: str
+    world_size: int
+    published_version: str | None
+    """The registry version whose rows the shards must hold (None: no published model, start empty)."""
+    snapshot_url: str | None
+    """That version's ``sparse/`` directory (None: start empty)."""
+    snapshot_tag: str | None
+    """That version's run tag: a shard already tagged with it is kept as it is."""
+    evict_url: str | None
+    """The day's vocabulary's ``evicted.parquet`` (keys to drop)."""
+    working_set_url: str | None
+    """The day's features' ``key_counts.parquet`` (keys, hottest first)."""
+
+    @property
+    def token(self) -> str:
+        """Names this warm: the day's working set over the published state, for one world size."""
+        return f"{self.date}|{self.published_version or 'none'}|{self.world_size}"
+
+    def cold(self) -> WarmPlan:
+        """The same plan starting from empty shards (the published rows do not fit this run)."""
+        return WarmPlan(date=self.date, world_size=self.world_size, published_version=None, snapshot_url=None,
+                        snapshot_tag=None, evict_url=self.evict_url, working_set_url=self.working_set_url)
+
+
+def is_warm(shard_dir: str | Path, token: str) -> bool:
+    path = Path(shard_dir) / TOKEN
+    return path.exists() and path.read_text() == token
+
+
+def mark_warm(shard_dir: str | Path, token: str) -> None:
+    Path(shard_dir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(shard_dir) / f"{TOKEN}.tmp"
+    tmp.write_text(token)
+    tmp.replace(Path(shard_dir) / TOKEN)
+
+
+def read_keys(url: str | None, storage_options: dict | None = None) -> np.ndarray:
+    """The `key` column of a Parquet file (empty when `url` is None or absent)."""
+    import pyarrow.parquet as pq
+
+    if not url:
+        return np.empty(0, dtype=np.int64)
+    fs, path = fsio.get_fs(url, storage_options)
+    if not fs.exists(path):
+        return np.empty(0, dtype=np.int64)
+    with fs.open(path, "rb") as f:
+        return pq.read_table(f, columns=["key"]).column("key").to_numpy().astype(np.int64, copy=False)
 
 
 def _open(shard: str, store: StoreConfig) -> SsdStore:
@@ -90,8 +156,7 @@ def _restore_many(shards: dict[int, SsdStore], url: str, world: int, storage_opt
 
 def warm_shards(
     *,
-    local_dir: str,
-    model_name: str,
+    node: NodeLayout,
     world_size: int,
     ranks: list[int],
     store: StoreConfig,
@@ -104,8 +169,7 @@ def warm_shards(
     """Prepare the SSD shards of `ranks` for a training run (see the module docstring).
 
     Args:
-        local_dir: node-local folder of the shards.
-        model_name: the model's folder under `local_dir`.
+        node: this node's folder of the model's shards.
         world_size: ranks in the training job (the owner of key k is `k % world_size`).
         ranks: the ranks whose shards live on this node.
         store: the store configuration (dim, init std, host budget).
@@ -130,7 +194,7 @@ def warm_shards(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"ranks must be distinct, got {ranks}")
-    shard_dirs = {r: shard_dir_for(local_dir, model_name, r, world_size) for r in ranks}  # validates
+    shard_dirs = {r: node.shard(r, world_size) for r in ranks}  # validates
     evict_keys = np.ascontiguousarray(evict_keys, dtype=np.int64).reshape(-1)
     working_set = np.ascontiguousarray(working_set, dtype=np.int64).reshape(-1)
     capacity = rows_for_budget(store.host_budget_mb << 20, store.embedding_dim)
@@ -180,7 +244,7 @@ def warm_shards(
         for s in shards.values():
             s.close()
     out = [reports[r] for r in ranks]
-    log.info("warmed %d shards of %s (restored %d)", len(out), model_name, sum(x["restored"] for x in out))
+    log.info("warmed %d shards of %s (restored %d)", len(out), node.model_name, sum(x["restored"] for x in out))
     return {
         "world_size": world_size,
         "snapshot_url": snapshot_url,
@@ -189,3 +253,59 @@ def warm_shards(
         "seconds": round(time.perf_counter() - t_start, 4),
         "ranks": out,
     }
+
+
+def warm_plan_shards(plan: WarmPlan, node: NodeLayout, ranks: list[int], store: StoreConfig,
+                     storage_options: dict | None = None) -> dict[str, Any]:
+    """`warm_shards` for `plan` on `ranks` of this node, then mark each shard warm for the plan."""
+    report = warm_shards(
+        node=node, world_size=plan.world_size, ranks=ranks, store=store, snapshot_url=plan.snapshot_url,
+        snapshot_tag=plan.snapshot_tag, evict_keys=read_keys(plan.evict_url, storage_options),
+        working_set=read_keys(plan.working_set_url, storage_options), storage_options=storage_options,
+    )
+    for rank in ranks:
+        mark_warm(node.shard(rank, plan.world_size), plan.token)
+    return report
+
+
+def ensure_warm(plan: WarmPlan | None, node: NodeLayout, *, rank: int, store: StoreConfig,
+                storage_options: dict | None = None) -> dict[str, Any] | None:
+    """Warm this rank's shard unless its token says it already holds `plan` (None: nothing to do).
+
+    The flow's warm stage warms the shards of the node it runs on; on any other node of a
+    multi-node job the rank (or `ctrpipe warm-node` before torchrun) does it here.
+    """
+    if plan is None or is_warm(node.shard(rank, plan.world_size), plan.token):
+        return None
+    report = warm_plan_shards(plan, node, [rank], store, storage_options)
+    log.info("rank %d warmed its own shard: %d rows", rank, report["rows"])
+    return report
+
+
+def load_working_set(store: EmbeddingStore, shard_dir: str) -> int:
+    """Load the working set `warm_shards` left in `shard_dir` into the store's fast levels; returns its keys."""
+    path = os.path.join(shard_dir, WORKING_SET)
+    if not os.path.exists(path):
+        return 0
+    keys = torch.from_numpy(np.load(path).astype(np.int64, copy=False))
+    store.warm(keys)
+    return int(keys.numel())
+
+
+def group_rank(my_addr: str, all_addrs: list[str]) -> int:
+    """A node's rank under c10d rendezvous: its position among the sorted, distinct addresses.
+
+    torchrun's c10d rendezvous ignores `--node_rank` and numbers nodes in the sorted order of their
+    `--local_addr` strings, so the job scripts pass each node's address to both.
+    """
+    addrs = [a for a in (x.strip() for x in all_addrs) if a]
+    if len(set(addrs)) != len(addrs):
+        raise ValueError(f"node addresses must be distinct (c10d orders nodes by address), got {addrs}")
+    if my_addr not in addrs:
+        raise ValueError(f"this node's address {my_addr!r} is not among the job's addresses {addrs}")
+    return sorted(addrs).index(my_addr)
+
+
+def node_ranks(node: int, nproc_per_node: int) -> list[int]:
+    """Global ranks torchrun gives the processes of group rank `node` (contiguous per node)."""
+    return list(range(node * nproc_per_node, (node + 1) * nproc_per_node))

@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from trainer.config import BAG_POOLINGS
-from trainer.regularize import embedding_l2_grad
+from trainer.models.config import BAG_POOLINGS
+from trainer.optim.schedule import embedding_l2_grad
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""Reading and writing the dense files of a model directory (see docs/ARCHITECTURE.md).
+"""Training checkpoints: what a killed or restarted run resumes from.
 
-    model.json               architecture, configs, columns, train stats
-    dense.safetensors        the model's state_dict
-    dense_optim.safetensors  `<param>.exp_avg`, `<param>.exp_avg_sq` per parameter, and `step`
-
-Safetensors only: a model directory never holds pickles.
+    <checkpoint_url>/step-000000120/
+        dense-r00000.safetensors   rank 0's model (`model.<name>`), Adam moments (`optim.<name>.exp_avg`, ...,
+                                   `optim.step`) and torch RNG state (`rng`): ranks differ between k-step merges
+        state-r00000.json          rank 0's counters (examples, loss sum, train seconds, sync and sparse bytes)
+        sparse/part-00000.parquet  rank 0's store shard (`EmbeddingStore.snapshot`)
+        checkpoint.json            written by rank 0 last, after every rank wrote: the checkpoint is complete
 """
 
 from __future__ import annotations
@@ -12,59 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
-
-from storage import fsio
-
-MODEL_JSON = "model.json"
-DENSE = "dense.safetensors"
-DENSE_OPTIM = "dense_optim.safetensors"
-SPARSE = "sparse"
-
-join = fsio.join
-
-
-def sparse_part_name(rank: int) -> str:
-    return f"part-{rank:05d}.parquet"
-
-
-def write_tensors(url: str, tensors: dict[str, torch.Tensor], storage_options: dict | None = None) -> None:
-    fs, path = fsio.get_fs(url, storage_options)
-    data = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
-    with fs.open(path, "wb") as f:
-        f.write(data)
-
-
-def read_tensors(url: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
-    fs, path = fsio.get_fs(url, storage_options)
-    if not fs.exists(path):
-        raise FileNotFoundError(url)
-    with fs.open(path, "rb") as f:
-        return st_load(f.read())
-
-
-def read_model_json(model_url: str, storage_options: dict | None = None) -> dict[str, Any]:
-    """`model.json` of a committed model directory.
-
-    Raises:
-        FileNotFoundError: the directory is not committed (no `_SUCCESS.json`) or has no model.json.
-    """
-    fs, path = fsio.get_fs(model_url, storage_options)
-    if (manifest := fsio.read_manifest(fs, path)) is None:
-        raise FileNotFoundError(f"{model_url} is not a committed model directory (no {fsio.SUCCESS})")
-    return fsio.read_json(fs, fsio.join(fsio.data_dir(path, manifest), MODEL_JSON))
-
-
-# ----------------------------------------------------------------------------- training checkpoints
-#
-#   <checkpoint_url>/step-000000120/
-#       dense-r00000.safetensors   rank 0's model (`model.<name>`), Adam moments (`optim.<name>.exp_avg`, ...,
-#                                  `optim.step`) and torch RNG state (`rng`): ranks differ between k-step merges
-#       state-r00000.json          rank 0's counters (examples, loss sum, train seconds, sync and sparse bytes)
-#       sparse/part-00000.parquet  rank 0's store shard (`EmbeddingStore.snapshot`)
-#       checkpoint.json            written by rank 0 last, after every rank wrote: the checkpoint is complete
+from storage.io import fsio
+from trainer.model_dir import join
 
 CHECKPOINT_JSON = "checkpoint.json"
 _STEP_DIR = re.compile(r"^step-(\d{9})$")

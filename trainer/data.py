@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.readers import read_ahead
-from storage import fsio
+from storage.io import fsio
+from storage.io.read_ahead import read_ahead
 from trainer.bags import FieldBags, Jagged
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Single process, no torch.distributed: the sparse parts of every rank are read
 into one read-only sorted table; keys the model never trained get their
-deterministic initial rows (`storage.init.init_rows`), exactly what a store
+deterministic initial rows (`storage.embedding.row_init.init_rows`), exactly what a store
 would return for them.
 
 A model trained with bags of keys (model.json `bag_columns`, pooled with
@@ -21,16 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from storage import fsio
-from storage.init import init_rows
-from storage.snapshot import read_snapshot, snapshot_files
-from trainer import checkpoint
+from storage.embedding.row_init import init_rows
+from storage.embedding.snapshot import read_snapshot, snapshot_files
+from storage.io import fsio
+from trainer import model_dir
 from trainer.bags import FieldBags, Jagged, expand_cells, pool_rows
-from trainer.config import ModelConfig
 from trainer.data import FeatureSchema, list_parts
 from trainer.metrics import StreamingMetrics, slice_metrics
-from trainer.model import CTRModel
-from trainer.spec import config_from_dict
+from trainer.model_dir import ModelMeta
+from trainer.models.ctr_model import CTRModel
 
 
 class FrozenEmbeddings:
@@ -71,7 +70,7 @@ class LoadedModel:
     model: CTRModel
     embeddings: FrozenEmbeddings
     schema: FeatureSchema
-    meta: dict[str, Any]
+    meta: ModelMeta
 
 
 def load_model(model_url: str, storage_options: dict | None = None) -> LoadedModel:
@@ -81,23 +80,22 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
         FileNotFoundError: not a committed model directory.
     """
     model_url = fsio.data_url(model_url, storage_options)  # its files (an object store's data prefix)
-    meta = checkpoint.read_model_json(model_url, storage_options)
-    cfg = config_from_dict(ModelConfig, meta["model_config"], section="model_config")
-    dim = int(meta["dim"])
-    model = CTRModel(cfg, num_dense=int(meta["num_dense"]), num_fields=int(meta["num_fields"]), dim=dim)
-    model.load_state_dict(checkpoint.read_tensors(fsio.join(model_url, checkpoint.DENSE), storage_options))
+    meta = model_dir.read_meta(model_url, storage_options)
+    cfg, dim = meta.model_config, meta.dim
+    model = CTRModel(cfg, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=dim)
+    model.load_state_dict(model_dir.read_tensors(fsio.join(model_url, model_dir.DENSE), storage_options))
     model.eval()
-    sparse_url = fsio.join(model_url, checkpoint.SPARSE)
+    sparse_url = fsio.join(model_url, model_dir.SPARSE)
     _, files = snapshot_files(sparse_url, storage_options)
     if files:
         keys, emb, _m, _v, _clock = read_snapshot(sparse_url, storage_options=storage_options)
     else:
         keys, emb = np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
     schema = FeatureSchema(
-        dense_columns=tuple(meta["dense_columns"]), key_columns=tuple(meta["key_columns"]),
-        fields=tuple(meta.get("fields") or meta["key_columns"]), bag_columns=tuple(meta.get("bag_columns") or ()),
+        dense_columns=meta.dense_columns, key_columns=meta.key_columns, fields=meta.fields,
+        bag_columns=meta.bag_columns,
     ).for_pooling(cfg.bag_pooling)
-    emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=float(meta.get("init_std", 0.01)))
+    emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=meta.init_std)
     return LoadedModel(model=model, embeddings=emb_table, schema=schema, meta=meta)
 
 
@@ -137,7 +135,7 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
 
 
 def evaluate_model(
-    model_url: str,
+    model: str | LoadedModel,
     features: str | pd.DataFrame,
     storage_options: dict | None = None,
     *,
@@ -152,7 +150,8 @@ def evaluate_model(
     so only one part's rows are in memory at once; the same accumulator merges across processes.
 
     Args:
-        model_url: a committed model directory.
+        model: a committed model directory, or one already loaded (`load_model`) to score it on
+            several sets without reading it again.
         features: a DataFrame, a directory of feature Parquet parts (e.g. `features/date=D/eval`), or a
             features/date=D directory (its `splits` sub-directories are used).
         storage_options: fsspec options for both URLs.
@@ -168,7 +167,7 @@ def evaluate_model(
     Raises:
         ValueError: no rows, or a single class (AUC undefined).
     """
-    loaded = load_model(model_url, storage_options)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, storage_options)
     metrics = StreamingMetrics(bins=bins)
     kept: list[tuple[np.ndarray, np.ndarray, pd.DataFrame]] = []
     for df in _feature_frames(features, loaded, storage_options, splits=splits, extra=slices):
@@ -177,7 +176,7 @@ def evaluate_model(
         if slices:
             kept.append((labels, probs, df[list(slices)]))
     if metrics.rows == 0:
-        raise ValueError(f"no feature rows to evaluate {model_url} on")
+        raise ValueError(f"no feature rows to evaluate the model on (features: {features if isinstance(features, str) else 'a frame'})")
     out = metrics.result()
     if slices:
         y = np.concatenate([k[0] for k in kept])

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage import fsio
-from storage.config import StoreConfig
-from trainer import checkpoint
-from trainer.config import ModelConfig, TrainerConfig
-from trainer.progress import Bar
+from storage.io import fsio
+from storage.io.progress import Bar
+from trainer import model_dir
+from trainer.config import TrainerConfig
+from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,13 @@ class TrainResult:
     world_size: int
     wall_s: float
     stats: dict[str, Any]
-    model_json: dict[str, Any]
+    meta: ModelMeta
     nccl_info: tuple[str, ...] = ()
     """The NCCL_DEBUG=INFO lines naming the transport NCCL chose (NET/IB, GDR, sockets), when NCCL ran."""
+
+    def summary(self) -> str:
+        return (f"train: {self.steps} steps on {self.world_size} rank(s), {self.examples} examples, "
+                f"{self.examples_per_s:,.0f} examples/s, final loss {self.final_loss:.4f}")
 
 
 def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe") -> list[str]:
@@ -109,11 +113,6 @@ def trainer_env(cfg: TrainerConfig) -> dict[str, str]:
 
 _NCCL_TRANSPORT = re.compile(r"NCCL INFO .*(NET/|GDR|GPU ?Direct|Using network|via P2P|via SHM|NCCL version)")
 _NCCL_KEEP = 40
-
-
-def nccl_transport_lines(lines: list[str]) -> list[str]:
-    """The NCCL_DEBUG=INFO lines that say which transport NCCL uses (first `_NCCL_KEEP`)."""
-    return [ln for ln in lines if _NCCL_TRANSPORT.search(ln)][:_NCCL_KEEP]
 
 
 def _run_streaming(
@@ -169,64 +168,30 @@ def _run_streaming(
     return code, "\n".join(tail)
 
 
-def run_training(
-    *,
-    features_url: str,
-    output_url: str,
-    init_model_url: str | None,
-    local_dir: str,
-    model_name: str,
-    store: StoreConfig,
-    model: ModelConfig,
-    trainer: TrainerConfig,
-    run_tag: str,
-    vocab_date: str | None,
-    storage_options: dict | None = None,
-    work_dir: str,
-    checkpoint_url: str | None = None,
-    warm: dict[str, Any] | None = None,
-    spec_copy_url: str | None = None,
-) -> TrainResult:
-    """Train on `features_url` (a committed features/date=D dir) and commit the model at `output_url`.
+def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = None) -> TrainResult:
+    """Train `spec` with torchrun and return the committed model's train stats.
 
     Args:
-        features_url: the day's features directory (holding `train/` and `_SUCCESS.json`).
-        output_url: the model directory to commit (e.g. `<root>/runs/date=D/model`).
-        init_model_url: a previous model directory to warm-start the dense parameters and Adam state, or None.
-        local_dir: node-local directory of the store shards (`storage.tiered.shard_dir_for`).
-        model_name: the model's name (shard directories are per model).
-        store, model, trainer: the configs.
-        run_tag: tag written into the shards and model.json (the version being trained).
-        vocab_date: the vocabulary the features were encoded with (recorded in model.json).
-        storage_options: fsspec options for every URL.
-        work_dir: local directory for the spec file.
-        checkpoint_url: where the ranks checkpoint (default `<output_url>.checkpoint`, shared by every node);
-            a rerun resumes from the newest checkpoint of the same run found there.
-        warm: lets each rank warm its own shard when the flow has not (`trainer.warmup.ensure_warm`).
+        spec: the run, whole: what to read, where to commit, the configs, the run tag.
+        work_dir: local directory for the spec file torchrun's ranks read.
         spec_copy_url: also write the spec here (shared storage), so jobs on other nodes can start
             torchrun with the very same spec (infra/k8s/train-job.yaml, infra/slurm/train.sbatch).
 
     Returns:
-        The committed model's URL and train stats.
+        The committed model's URL, meta and train stats.
 
     Raises:
         TrainingError: torchrun exited non-zero or ran past `trainer.timeout_s`.
     """
-    spec = TrainSpec(
-        features_url=features_url, output_url=output_url, init_model_url=init_model_url, local_dir=local_dir,
-        model_name=model_name, storage_options=storage_options, store=store, model=model, trainer=trainer,
-        run_tag=run_tag, vocab_date=vocab_date,
-        checkpoint_url=(checkpoint_url or f"{output_url.rstrip('/')}.checkpoint") if trainer.checkpoint_every else None,
-        warm=warm,
-    )
+    trainer = spec.trainer
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     spec_path = str(Path(work_dir).resolve() / f"train-spec-{uuid.uuid4().hex[:8]}.json")
     spec.write(spec_path)
     if spec_copy_url:
-        fs, path = fsio.get_fs(spec_copy_url, storage_options)
+        fs, path = fsio.get_fs(spec_copy_url, spec.storage_options)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         fsio.write_text_atomic(fs, path, Path(spec_path).read_text())
-    cmd = torchrun_command(trainer, spec_path, run_id=f"ctrpipe-{model_name}-{run_tag}".replace("/", "-"))
+    cmd = torchrun_command(trainer, spec_path, run_id=f"ctrpipe-{spec.model_name}-{spec.run_tag}".replace("/", "-"))
     log.info("launching: %s", " ".join(cmd))
     t0 = time.perf_counter()
     nccl: list[str] = []
@@ -238,10 +203,10 @@ def run_training(
         raise TrainingError(f"training timed out after {trainer.timeout_s}s (trainer.timeout_s)", returncode=None, tail=tail)
     if code != 0:
         raise TrainingError(f"training failed with exit code {code}", returncode=code, tail=tail)
-    meta = checkpoint.read_model_json(output_url, storage_options)
-    stats = meta.get("train", {})
+    meta = model_dir.read_meta(spec.output_url, spec.storage_options)
+    stats = meta.train
     return TrainResult(
-        model_url=output_url,
+        model_url=spec.output_url,
         steps=int(stats.get("steps", 0)),
         examples=int(stats.get("examples", 0)),
         final_loss=float(stats.get("final_loss", float("nan"))),
@@ -250,6 +215,6 @@ def run_training(
         world_size=int(stats.get("world_size", 0)),
         wall_s=wall,
         stats=stats,
-        model_json=meta,
+        meta=meta,
         nccl_info=tuple(nccl),
     )

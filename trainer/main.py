@@ -17,8 +17,6 @@ destroy the process groups.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
 import os
@@ -29,18 +27,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from storage import fsio
-from storage.base import EmbeddingStore
-from trainer import checkpoint
-from trainer.comm import DistContext, init_distributed
-from trainer.config import TrainerConfig
+from storage.embedding.base import EmbeddingStore
+from storage.io import fsio, version
+from storage.io.layout import NodeLayout
+from storage.warm import ensure_warm, load_working_set
+from trainer import checkpoint, model_dir
+from trainer.distributed.comm import DistContext, init_distributed
+from trainer.malloc import tune_malloc
+from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
 from trainer.train import Trainer, TrainStats
 
 log = logging.getLogger("trainer.main")
 
-WORKING_SET = "working_set.npy"
-MODEL_FORMAT = "ctr-pipeline-model/1"
 
 
 def _setup_logging() -> None:
@@ -49,47 +48,6 @@ def _setup_logging() -> None:
         level=logging.INFO, stream=sys.stdout, force=True,
         format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s",
     )
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-"""mallopt parameters (glibc <malloc.h>)."""
-
-
-def malloc_settings(cfg: TrainerConfig) -> list[tuple[int, int]]:
-    """The (mallopt parameter, value) pairs `cfg` asks for; a 0 in the config leaves that one to glibc."""
-    wanted = [(M_MMAP_THRESHOLD, cfg.malloc_mmap_threshold), (M_TRIM_THRESHOLD, cfg.malloc_trim_threshold)]
-    return [(param, value) for param, value in wanted if value > 0]
-
-
-def tune_malloc(cfg: TrainerConfig, libc: Any = None) -> list[tuple[int, int]]:
-    """Keep the step's tensor memory in this process's heap; returns the settings glibc accepted.
-
-    Why: on CPU every step allocates and frees the same few-MiB activation and gradient tensors.
-    With glibc's dynamic defaults the largest ones are fresh mmaps and the freed top of the heap is
-    trimmed back to the OS, so each step faults its pages in again: a fresh rank of `bench.train`
-    took ~4,500 minor page faults per step, nearly all in forward and backward, 7-11 ms of CPU of a
-    ~90-100 ms step (a long-lived process that once freed big blocks, like the bench's own plain loop,
-    happens to avoid most of them).  With blocks under 32 MiB from the heap and up to
-    `malloc_trim_threshold` of free heap kept, ~280 faults a step remain (the table growing).  No-op
-    where there is no glibc `mallopt` (macOS; musl's is a stub and refuses).
-
-    Args:
-        cfg: `malloc_mmap_threshold` / `malloc_trim_threshold` (0 = glibc's dynamic default).
-        libc: the C library (tests pass a fake); default: this process's.
-    """
-    settings = malloc_settings(cfg)
-    if not settings:
-        return []
-    if libc is None:
-        name = ctypes.util.find_library("c")
-        try:
-            libc = ctypes.CDLL(name) if name else None
-        except OSError:
-            libc = None
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        return []
-    return [(param, value) for param, value in settings if mallopt(param, value) == 1]  # 1 = accepted
 
 
 def report_environment(ctx: DistContext) -> None:
@@ -110,19 +68,16 @@ def report_environment(ctx: DistContext) -> None:
 
 
 def open_store(spec: TrainSpec, ctx: DistContext) -> EmbeddingStore:
-    """Open this rank's shard (`storage.tiered`) and load its working set into the fast levels."""
-    from storage.tiered import open_shard, shard_dir_for
-    from trainer.warmup import ensure_warm
+    """Open this rank's shard (`storage.embedding.tiered`), warmed for the spec's plan, with its working
+    set loaded into the fast levels."""
+    from storage.embedding.tiered import open_shard
 
-    ensure_warm(spec.warm, local_dir=spec.local_dir, model_name=spec.model_name, rank=ctx.rank,
-                world_size=ctx.world_size, store=spec.store, storage_options=spec.storage_options)
-    shard_dir = shard_dir_for(spec.local_dir, spec.model_name, ctx.rank, ctx.world_size)
+    node = NodeLayout(spec.local_dir, spec.model_name)
+    ensure_warm(spec.warm, node, rank=ctx.rank, store=spec.store, storage_options=spec.storage_options)
+    shard_dir = node.shard(ctx.rank, ctx.world_size)
     store = open_shard(shard_dir, spec.store, device=ctx.device)
-    ws = os.path.join(shard_dir, WORKING_SET)
-    if os.path.exists(ws):
-        keys = torch.from_numpy(np.load(ws).astype(np.int64, copy=False))
-        store.warm(keys)
-        log.info("warmed %d working-set rows from %s", keys.numel(), ws)
+    if loaded := load_working_set(store, shard_dir):
+        log.info("warmed %d working-set rows of %s", loaded, shard_dir)
     return store
 
 
@@ -150,7 +105,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
     if ctx.rank == 0:
         fsio.remove_stale_staging(fs, final)
         staging = fsio.staging_dir(fs, final)
-        fs.makedirs(fsio.join(staging, checkpoint.SPARSE), exist_ok=True)
+        fs.makedirs(fsio.join(staging, model_dir.SPARSE), exist_ok=True)
     staging = _broadcast(staging, ctx)
     staging_url = fs.unstrip_protocol(staging) if "://" in spec.output_url else staging
 
@@ -158,7 +113,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
     set_tag = getattr(store, "set_tag", None)
     if callable(set_tag):
         set_tag(spec.run_tag)
-    part = fsio.join(staging_url, checkpoint.SPARSE, checkpoint.sparse_part_name(ctx.rank))
+    part = fsio.join(staging_url, model_dir.SPARSE, model_dir.sparse_part_name(ctx.rank))
     sparse_rows = store.snapshot(part, storage_options=so)
 
     mine = {
@@ -176,7 +131,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         steps = stats.steps
         train_stats = {
             "steps": steps,
-            "epochs": spec.trainer.epochs,
+            "epochs": spec.optim.epochs,
             "examples": examples,
             "dropped_rows": stats.dropped_rows,
             "final_loss": float(np.mean([r["final_loss"] for r in everyone])),
@@ -190,7 +145,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "sparse_s": max(r["sparse_s"] for r in everyone),
             "sparse_rows": sum(r["rows"] for r in everyone),
             "sparse_bytes_per_step": sum(r["sparse_bytes"] for r in everyone) / max(1, steps),
-            "staleness_bound": spec.trainer.staleness_bound,
+            "staleness_bound": spec.het.staleness_bound,
             "stale_cache": [r["cache"] for r in everyone],
             **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
             "resumed_from_step": stats.resumed_from,
@@ -202,37 +157,25 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "store_stats": [r["store"] for r in everyone],
         }
         schema = trainer.schema
-        meta = {
-            "arch": spec.model.arch,
-            "format": MODEL_FORMAT,
-            "model_config": _asdict(spec.model),
-            "dim": spec.store.embedding_dim,
-            "init_std": spec.store.init_std,
-            "num_dense": schema.num_dense,
-            "num_fields": schema.num_fields,
-            "fields": list(schema.fields),
-            "dense_columns": list(schema.dense_columns),
-            "key_columns": list(schema.key_columns),
-            "bag_columns": list(schema.bag_columns),  # pooled with model_config.bag_pooling ([] = none)
-            "vocab_date": spec.vocab_date,
-            "run_tag": spec.run_tag,
-            "model_name": spec.model_name,
-            "features_url": spec.features_url,
-            "init_model_url": spec.init_model_url,
-            "trainer_config": _asdict(spec.trainer),
-            "train": train_stats,
-        }
-        checkpoint.write_tensors(fsio.join(staging_url, checkpoint.DENSE), trainer.model.state_dict(), so)
-        checkpoint.write_tensors(
-            fsio.join(staging_url, checkpoint.DENSE_OPTIM), trainer.opt.state_tensors(trainer.names), so
+        meta = ModelMeta(
+            model_name=spec.model_name, model_config=spec.model, dim=spec.store.embedding_dim,
+            init_std=spec.store.init_std, num_dense=schema.num_dense, num_fields=schema.num_fields,
+            fields=schema.fields, dense_columns=schema.dense_columns, key_columns=schema.key_columns,
+            bag_columns=schema.bag_columns, vocab_date=spec.vocab_date, run_tag=spec.run_tag,
+            features_url=spec.features_url, init_model_url=spec.init_model_url, optim=spec.optim, het=spec.het,
+            trainer=spec.trainer, train=train_stats,
         )
-        fsio.write_json(fs, fsio.join(staging, checkpoint.MODEL_JSON), meta)
+        model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
+        model_dir.write_tensors(
+            fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(trainer.names), so
+        )
+        model_dir.write_meta(fs, staging, meta)
     ctx.barrier()  # every sparse part is written before the commit
     if ctx.rank == 0:
         manifest = {
             "run_tag": spec.run_tag, "vocab_date": spec.vocab_date, "world_size": ctx.world_size,
             "sparse_parts": ctx.world_size, "sparse_rows": train_stats["sparse_rows"],
-            "steps": stats.steps, "code_version": fsio.code_version(),
+            "steps": stats.steps, "code_version": version.code_version(),
         }
         fsio.commit_dir(fs, staging, final, manifest)
         log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, train_stats["examples"])
@@ -285,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     spec = TrainSpec.read(args.spec)
-    log.info("malloc settings (mallopt param, bytes): %s", tune_malloc(spec.trainer) or "glibc defaults")
+    log.info("malloc settings (mallopt param, bytes): %s", tune_malloc() or "glibc defaults")
     run(spec)
     return 0
 

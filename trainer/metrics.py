@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,31 @@ def expected_calibration_error(table: list[dict[str, float]]) -> float:
     if n == 0:
         raise ValueError("expected calibration error of an empty table")
     return float(sum(r["count"] * abs(r["mean_prediction"] - r["click_rate"]) for r in table if r["count"]) / n)
+
+
+@dataclass(frozen=True)
+class EvalMetrics:
+    """What one evaluation of a model on a set of rows found (`StreamingMetrics.result`)."""
+
+    auc: float
+    logloss: float
+    rows: int
+    mean_prediction: float
+    click_rate: float
+    calibration: float
+    """mean prediction / click rate (1 = calibrated on average)."""
+    ece: float
+    reliability: tuple[dict[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> EvalMetrics:
+        """From `evaluate_model`'s dict (extra keys, such as `slices`, are left out)."""
+        return cls(
+            auc=float(result["auc"]), logloss=float(result["logloss"]), rows=int(result["rows"]),
+            mean_prediction=float(result["mean_prediction"]), click_rate=float(result["click_rate"]),
+            calibration=float(result["calibration"]), ece=float(result["ece"]),
+            reliability=tuple(result.get("reliability", ())),
+        )
 
 
 class StreamingMetrics:

@@ -1,76 +1,85 @@
-"""The train spec: the one JSON file the launcher writes and every rank of `trainer.main` reads."""
+"""The train spec: the one JSON file the launcher writes and every rank of `trainer.main` reads.
+
+The flow builds one `TrainSpec` and `trainer.launch.run_training` takes it whole; nothing restates
+its fields.  `identity()` names the trained result: the hash of what changes it (the model, the
+rows' shape, the optimisation, the HET bound, the world's shape and the features it reads), so a
+rerun with another timeout, log interval or checkpoint interval resumes from the same checkpoints.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from storage.config import StoreConfig
-from trainer.config import ModelConfig, TrainerConfig
-
-_C = TypeVar("_C")
-
-
-def config_from_dict(cls: type[_C], data: dict[str, Any], *, section: str) -> _C:
-    """Build a config dataclass from JSON data (lists become tuples where the field is a tuple).
-
-    Raises:
-        ValueError: unknown keys (named) or invalid values (the config's own message).
-    """
-    if not isinstance(data, dict):
-        raise ValueError(f"spec.{section} must be an object, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"spec.{section} has unknown keys {unknown}; known: {sorted(fields)}")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return cls(**kwargs)
+from storage.embedding.config import StoreConfig
+from storage.io import codec
+from storage.warm import WarmPlan
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.models.config import ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSpec:
-    """What one training run needs; see `trainer.launch.run_training` for the meaning of each field."""
+    """What one training run needs."""
 
     features_url: str
+    """The day's committed features directory (holding `train/` and `_SUCCESS.json`)."""
     output_url: str
+    """The model directory to commit (e.g. `<root>/runs/date=D/model`)."""
     init_model_url: str | None
+    """A previous model directory to warm-start the dense parameters and Adam state from, or None."""
     local_dir: str
+    """Node-local folder of the store shards (`storage.io.layout.NodeLayout`)."""
     model_name: str
     storage_options: dict[str, Any] | None
+    """fsspec options for every URL."""
     store: StoreConfig
     model: ModelConfig
+    optim: OptimConfig
+    het: HetConfig
     trainer: TrainerConfig
     run_tag: str
+    """Written into the shards and model.json: the date, the parent version and `identity()`."""
     vocab_date: str | None
+    """The vocabulary the features were encoded with (recorded in model.json)."""
+    features_id: str = ""
+    """What identifies the features' content (their manifest's run id): part of `identity()`."""
     checkpoint_url: str | None = None
     """Directory of this run's checkpoints (shared by every node); None = no checkpoints."""
-    warm: dict[str, Any] | None = None
-    """What a rank needs to warm its own shard when the flow did not (see `trainer.warmup`); None = skip."""
+    warm: WarmPlan | None = None
+    """What a rank needs to warm its own shard when the flow did not (`storage.warm.ensure_warm`)."""
+
+    def identity(self) -> str:
+        """A short hash of everything that changes the trained model (and nothing that does not)."""
+        t = self.trainer
+        parts = {
+            "model": codec.encode(self.model),
+            "optim": codec.encode(self.optim),
+            "het": codec.encode(self.het),
+            "rows": {"embedding_dim": self.store.embedding_dim, "init_std": self.store.init_std},
+            "world": {"nnodes": t.nnodes, "nproc_per_node": t.nproc_per_node, "intra_group_size": t.intra_group_size},
+            "features": self.features_id or self.features_url,
+            "init_model_url": self.init_model_url,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-        return out
+        return codec.encode(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(data))
-        unknown = sorted(set(data) - known)
-        if missing or unknown:
-            raise ValueError(f"train spec: missing keys {missing}, unknown keys {unknown}")
-        return cls(
-            **{k: data[k] for k in (known & set(data)) - {"store", "model", "trainer"}},
-            store=config_from_dict(StoreConfig, data["store"], section="store"),
-            model=config_from_dict(ModelConfig, data["model"], section="model"),
-            trainer=config_from_dict(TrainerConfig, data["trainer"], section="trainer"),
-        )
+        """The spec from its JSON data.
+
+        Raises:
+            ConfigError: a missing or unknown key, or an invalid value (named).
+        """
+        missing = [n for n in ("features_url", "output_url", "local_dir", "model_name", "run_tag") if n not in data]
+        if missing:
+            raise codec.ConfigError(f"train spec: missing keys {missing}")
+        return codec.decode(cls, data, prefix="spec.")
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))

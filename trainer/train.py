@@ -22,11 +22,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from storage import fsio
-from storage.base import EmbeddingStore
-from trainer import checkpoint
+from storage.embedding.base import EmbeddingStore
+from storage.io import fsio
+from trainer import checkpoint, model_dir
 from trainer.bags import cells_l2_grad, expand_cells, pool_rows
-from trainer.comm import DistContext, ShardedEmbedding, broadcast_tensors
 from trainer.data import (
     Batch,
     Prefetcher,
@@ -35,11 +34,12 @@ from trainer.data import (
     read_schema,
     split_dir,
 )
-from trainer.kstep_adam import KStepAdam
-from trainer.model import CTRModel
-from trainer.regularize import set_step_lrs
+from trainer.distributed.comm import DistContext, ShardedEmbedding, broadcast_tensors
+from trainer.distributed.topology import bind_io_threads
+from trainer.models.ctr_model import CTRModel
+from trainer.optim.kstep_adam import KStepAdam
+from trainer.optim.schedule import set_step_lrs
 from trainer.spec import TrainSpec
-from trainer.topology import bind_io_threads
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Trainer:
     """
 
     def __init__(self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore) -> None:
-        cfg = spec.trainer
+        cfg, het = spec.optim, spec.het
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
@@ -152,8 +152,8 @@ class Trainer:
         # every rank starts from rank 0's parameters, whatever their RNG or device did
         broadcast_tensors([p.data for p in self.model.parameters()], ctx)
         self.sparse = ShardedEmbedding(
-            store, ctx, lr=cfg.sparse_lr, weight_decay=cfg.weight_decay, staleness_bound=cfg.staleness_bound,
-            cache_rows=cfg.staleness_cache_rows,
+            store, ctx, lr=cfg.sparse_lr, weight_decay=cfg.weight_decay, staleness_bound=het.staleness_bound,
+            cache_rows=het.cache_rows,
         )
         self.stats = TrainStats(dropped_rows=self.reader.share.dropped)
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -168,17 +168,17 @@ class Trainer:
             ValueError: the previous model's architecture or columns differ from this run's.
         """
         so = self.spec.storage_options
-        meta = checkpoint.read_model_json(model_url, so)
+        meta = model_dir.read_meta(model_url, so)
         want = {"num_dense": self.schema.num_dense, "num_fields": self.schema.num_fields, "dim": self.model.dim}
-        have = {k: meta.get(k) for k in want}
+        have = {"num_dense": meta.num_dense, "num_fields": meta.num_fields, "dim": meta.dim}
         if have != want:
             raise ValueError(f"warm start from {model_url}: its shape {have} differs from this run's {want}")
-        state = checkpoint.read_tensors(checkpoint.join(model_url, checkpoint.DENSE), so)
+        state = model_dir.read_tensors(model_dir.join(model_url, model_dir.DENSE), so)
         try:
             self.model.load_state_dict(state, strict=True)
         except RuntimeError as exc:
             raise ValueError(f"warm start from {model_url}: dense weights do not fit the model config: {exc}") from exc
-        optim = checkpoint.read_tensors(checkpoint.join(model_url, checkpoint.DENSE_OPTIM), so)
+        optim = model_dir.read_tensors(model_dir.join(model_url, model_dir.DENSE_OPTIM), so)
         self.opt.load_state_tensors(optim, self.names)
         log.info("warm start from %s (Adam step %d)", model_url, int(optim["step"].reshape(-1)[0]))
 
@@ -186,11 +186,11 @@ class Trainer:
 
     def _fingerprint(self) -> dict[str, Any]:
         """What must match for a checkpoint to belong to this run (same data, world, batches, seed, k)."""
-        cfg = self.spec.trainer
+        cfg = self.spec.optim
         return {
             "features_url": self.spec.features_url, "run_tag": self.spec.run_tag, "world_size": self.ctx.world_size,
             "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed, "k_steps": cfg.k_steps,
-            "staleness_bound": cfg.staleness_bound, "rows_per_rank": self.reader.share.rows,
+            "staleness_bound": self.spec.het.staleness_bound, "rows_per_rank": self.reader.share.rows,
         }
 
     def save_checkpoint(self, step: int) -> str:
@@ -207,10 +207,10 @@ class Trainer:
         tensors |= {f"optim.{k}": v for k, v in self.opt.state_tensors(self.names).items()}
         tensors["rng"] = torch.get_rng_state()
         fs, path = fsio.get_fs(url, so)
-        fs.makedirs(fsio.join(path, checkpoint.SPARSE), exist_ok=True)
-        checkpoint.write_tensors(checkpoint.join(url, checkpoint.rank_dense_name(ctx.rank)), tensors, so)
+        fs.makedirs(fsio.join(path, model_dir.SPARSE), exist_ok=True)
+        model_dir.write_tensors(model_dir.join(url, checkpoint.rank_dense_name(ctx.rank)), tensors, so)
         self.store.flush()
-        rows = self.store.snapshot(checkpoint.join(url, checkpoint.SPARSE, checkpoint.sparse_part_name(ctx.rank)), so)
+        rows = self.store.snapshot(model_dir.join(url, model_dir.SPARSE, model_dir.sparse_part_name(ctx.rank)), so)
         state = {
             "step": step, "examples": self.stats.examples, "loss_sum": float(self._loss_sum),
             "last_loss": float(self._last), "train_s": self.stats.train_s + time.perf_counter() - self._t0,
@@ -257,12 +257,12 @@ class Trainer:
             return 0
         step, url = found
         so, rank = self.spec.storage_options, self.ctx.rank
-        tensors = checkpoint.read_tensors(checkpoint.join(url, checkpoint.rank_dense_name(rank)), so)
+        tensors = model_dir.read_tensors(model_dir.join(url, checkpoint.rank_dense_name(rank)), so)
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
         self.opt.load_state_tensors({k[6:]: v for k, v in tensors.items() if k.startswith("optim.")}, self.names)
         torch.set_rng_state(tensors["rng"])
         rows = self.store.restore(
-            checkpoint.join(url, checkpoint.SPARSE, checkpoint.sparse_part_name(rank)),
+            model_dir.join(url, model_dir.SPARSE, model_dir.sparse_part_name(rank)),
             owner=(rank, self.ctx.world_size), storage_options=so,
         )
         fs, path = fsio.get_fs(url, so)
@@ -284,11 +284,11 @@ class Trainer:
 
     def _batches(self, start_step: int = 0) -> Iterator[Batch]:
         per_epoch, first = self.reader.steps_per_epoch, start_step // self.reader.steps_per_epoch
-        for epoch in range(first, self.spec.trainer.epochs):
+        for epoch in range(first, self.spec.optim.epochs):
             yield from self.reader.iter_batches(start_step - epoch * per_epoch if epoch == first else 0)
 
     def _where(self, step: int) -> str:
-        per_epoch, B = self.reader.steps_per_epoch, self.spec.trainer.batch_size
+        per_epoch, B = self.reader.steps_per_epoch, self.spec.optim.batch_size
         epoch, b = divmod(step - 1, per_epoch)
         lo = self.reader.share.start + b * B
         hi = min(lo + B, self.reader.share.stop)
@@ -310,16 +310,16 @@ class Trainer:
 
     def train(self) -> TrainStats:
         """Run every epoch (from the resumed step), then merge so all ranks hold identical dense parameters."""
-        cfg, ctx, stats = self.spec.trainer, self.ctx, self.stats
+        cfg, run, ctx, stats = self.spec.optim, self.spec.trainer, self.ctx, self.stats
         total_steps = self.reader.steps_per_epoch * cfg.epochs
-        ckpt_every = cfg.checkpoint_every if self.spec.checkpoint_url else 0
+        ckpt_every = run.checkpoint_every if self.spec.checkpoint_url else 0
         fail_rank, fail_step = _fault_plan()
         start = self.start_step
         if ctx.rank == 0:
             log.info(
                 "training %d steps (%d rows/rank x %d epochs, batch %d, %d rows dropped), k=%d, staleness bound %d%s",
                 total_steps, self.reader.share.rows, cfg.epochs, cfg.batch_size, stats.dropped_rows, cfg.k_steps,
-                cfg.staleness_bound, f", resuming after step {start}" if start else "",
+                self.spec.het.staleness_bound, f", resuming after step {start}" if start else "",
             )
         self.model.train()
         depth = stats.prefetch_depth = self._prefetch_depth()
@@ -335,7 +335,7 @@ class Trainer:
                 stats.examples += len(batch)
                 self.opt.maybe_merge(step)
                 stats.steps = step
-                if ctx.rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
+                if ctx.rank == 0 and (step % run.log_every == 0 or step == total_steps):
                     log.info("step %d/%d loss %.5f", step, total_steps, self._last.item())
                 if ckpt_every and step % ckpt_every == 0 and step < total_steps:
                     self.save_checkpoint(step)

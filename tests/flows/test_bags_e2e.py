@@ -18,7 +18,7 @@ import pytest
 from flows.config import with_overrides
 from flows.daily import daily_retrain
 from flows.recipes import demo
-from flows.stages import read_record
+from flows.record import read_record
 from pipeline.keys import feature_keys
 
 pytestmark = pytest.mark.slow
@@ -74,20 +74,20 @@ def _run(base: Path, schema: Path, name: str, **overrides) -> tuple[dict, Path]:
             "dask.processes": False,
             "dask.n_workers": 2,
             "encode.eval_fraction": 0.2,
-            "trainer.batch_size": 64,
-            "trainer.epochs": 4,
-            "trainer.k_steps": 1,
+            "optim.batch_size": 64,
+            "optim.epochs": 4,
+            "optim.k_steps": 1,
             **overrides,
         },
     )
     daily_retrain(DATE, config=cfg.to_dict())
-    return read_record(cfg, DATE), root
+    return read_record(cfg.layout(), DATE), root
 
 
 def test_pooled_bags_find_a_signal_the_first_tag_does_not_carry(tagged_input) -> None:
     base, schema = tagged_input
     pooled, root = _run(base, schema, "mean", **{"trainer.nproc_per_node": 2})
-    assert pooled["status"] == "published", pooled
+    assert pooled.status == "published", pooled
     model = json.loads((root / "runs" / f"date={DATE}" / "model" / "model.json").read_text())
     assert model["bag_columns"] == ["bag_1"] and model["model_config"]["bag_pooling"] == "mean"
     assert model["train"]["world_size"] == 2
@@ -105,5 +105,5 @@ def test_pooled_bags_find_a_signal_the_first_tag_does_not_carry(tagged_input) ->
     model_none = json.loads((root_none / "runs" / f"date={DATE}" / "model" / "model.json").read_text())
     assert model_none["bag_columns"] == []
     # ~1000 eval rows: chance AUC has a std of ~0.02; the signal's best AUC is 0.9
-    assert first_only["auc"] < 0.6, first_only
-    assert pooled["auc"] > 0.8, pooled
+    assert first_only.auc < 0.6, first_only
+    assert pooled.auc > 0.8, pooled

@@ -74,7 +74,7 @@ def test_a_credential_in_the_environment_appears_in_no_output_or_file(day_run):
     ("args", "message"),
     [
         (["run", "--date", "2026-02-30"], "not a calendar date"),
-        (["run", "--date", "2026-02-01", "--set", "trainer.k_steps=0"], "trainer.k_steps"),
+        (["run", "--date", "2026-02-01", "--set", "optim.k_steps=0"], "optim.k_steps"),
         (["run", "--date", "2026-02-01", "--set", "trainer.kk=1"], "unknown config key trainer.kk"),
         (["models", "show", "../../etc"], "model version"),
         (["evaluate", "--model", "v00099", "--input", "x.tsv"], "v00099"),

@@ -9,34 +9,34 @@ from flows.recipes import by_name, demo
 def test_defaults_are_valid_and_documented_keys_exist():
     cfg = load_config()
     assert cfg.root and cfg.input.format == "criteo"
-    assert cfg.trainer.nproc_per_node == 1 and cfg.trainer.k_steps >= 1
+    assert cfg.trainer.nproc_per_node == 1 and cfg.optim.k_steps >= 1
 
 
 def test_yaml_then_overrides(tmp_path):
     f = tmp_path / "c.yaml"
-    f.write_text("root: /data/ctr\ntrainer:\n  k_steps: 50\n  nproc_per_node: 2\ninput:\n  format: avazu\n")
-    cfg = load_config(f, ["trainer.k_steps=20", "model.mlp_dims=[32, 16]", "input.url=s3://b/{yyyymmdd}.csv"])
+    f.write_text("root: /data/ctr\noptim:\n  k_steps: 50\ntrainer:\n  nproc_per_node: 2\ninput:\n  format: avazu\n")
+    cfg = load_config(f, ["optim.k_steps=20", "model.mlp_dims=[32, 16]", "input.url=s3://b/{yyyymmdd}.csv"])
     assert cfg.root == "/data/ctr"
-    assert cfg.trainer.k_steps == 20 and cfg.trainer.nproc_per_node == 2
+    assert cfg.optim.k_steps == 20 and cfg.trainer.nproc_per_node == 2
     assert cfg.model.mlp_dims == (32, 16)
     assert cfg.input.format == "avazu" and cfg.input.url == "s3://b/{yyyymmdd}.csv"
 
 
 def test_yaml_merges_into_a_recipe(tmp_path):
     f = tmp_path / "c.yaml"
-    f.write_text("trainer:\n  k_steps: 7\n")
+    f.write_text("optim:\n  k_steps: 7\n")
     cfg = load_config(f, base=demo("/tmp/x"))
-    assert cfg.trainer.k_steps == 7
-    assert cfg.trainer.batch_size == demo("/tmp/x").trainer.batch_size  # the rest of the recipe is kept
+    assert cfg.optim.k_steps == 7
+    assert cfg.optim.batch_size == demo("/tmp/x").optim.batch_size  # the rest of the recipe is kept
 
 
 @pytest.mark.parametrize(
     ("override", "names"),
     [
-        ("trainer.k_stepz=3", "trainer.k_stepz"),
-        ("trainr.k_steps=3", "trainr"),
-        ("trainer.k_steps=0", "trainer.k_steps"),
-        ("trainer.k_steps=ten", "trainer.k_steps"),
+        ("optim.k_stepz=3", "optim.k_stepz"),
+        ("optimm.k_steps=3", "optimm"),
+        ("optim.k_steps=0", "optim.k_steps"),
+        ("optim.k_steps=ten", "optim.k_steps"),
         ("input.format=parquet", "input.format"),
         ("trainer.nproc_per_node=-1", "trainer.nproc_per_node"),
         ("encode.eval_fraction=1.5", "encode.eval_fraction"),

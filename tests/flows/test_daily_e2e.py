@@ -18,9 +18,10 @@ import pytest
 from flows.config import with_overrides
 from flows.daily import backfill, daily_retrain
 from flows.recipes import demo
-from flows.stages import read_record
+from flows.record import read_record
 from pipeline.generate import generate_days
-from storage.registry import ModelRegistry
+from storage.io.layout import Layout
+from storage.io.registry import ModelRegistry
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def _config(root: Path, **overrides):
         "input.url": str(root / "raw" / "day_{date}.tsv.gz"),
         "dask.processes": False,
         "dask.n_workers": 2,
-        "trainer.batch_size": 128,
+        "optim.batch_size": 128,
     }
     return with_overrides(cfg, {**base, **overrides})
 
@@ -61,28 +62,29 @@ def three_days(tmp_path_factory):
 def test_every_day_completes_and_is_published(three_days):
     root, cfg, states = three_days
     assert [s.is_completed() for s in states] == [True, True, True]
-    records = [read_record(cfg, d) for d in DAYS]
-    assert [r["status"] for r in records] == ["published"] * 3
-    assert [r["model_version"] for r in records] == ["v00001", "v00002", "v00003"]
-    assert ModelRegistry(str(root), cfg.model_name).latest() == "v00003"
+    records = [read_record(cfg.layout(), d) for d in DAYS]
+    assert [r.status for r in records] == ["published"] * 3
+    assert [r.model_version for r in records] == ["v00001", "v00002", "v00003"]
+    assert ModelRegistry(Layout(str(root), cfg.model_name)).latest() == "v00003"
     for r in records:
-        for key in ("auc", "logloss", "rows_ingested", "rows_quarantined", "rows_train", "rows_eval",
-                    "published", "model_version"):
-            assert key in r
+        assert r.completed and r.published and r.latest_version == r.model_version
+        assert 0.5 < r.auc <= 1.0 and 0.0 < r.logloss < 1.0
+        assert r.rows_ingested > 0 and r.rows_eval >= cfg.publish.min_eval_rows
+        assert set(r.seconds) == {"ingest", "vocab", "encode", "warm", "train", "evaluate", "publish"}
 
 
 def test_rows_are_accounted_for(three_days):
     root, cfg, _ = three_days
     for date in DAYS:
-        r = read_record(cfg, date)
+        r = read_record(cfg.layout(), date)
         lines = _lines(root / "raw" / f"day_{date}.tsv.gz")
-        assert r["rows_read"] == lines
-        assert r["rows_read"] == r["rows_ingested"] + r["rows_quarantined"]
+        assert r.rows_read == lines
+        assert r.rows_read == r.rows_ingested + r.rows_quarantined
         events = pq.read_table(root / "events" / f"date={date}").num_rows
-        assert events == r["rows_ingested"]
-        assert r["rows_train"] + r["rows_eval"] == r["rows_ingested"]
-    r3 = read_record(cfg, DAYS[2])
-    assert r3["rows_quarantined"] == 2
+        assert events == r.rows_ingested
+        assert r.rows_train + r.rows_eval == r.rows_ingested
+    r3 = read_record(cfg.layout(), DAYS[2])
+    assert r3.rows_quarantined == 2
     quarantine = pq.read_table(root / "quarantine" / f"date={DAYS[2]}").to_pandas()
     assert sorted(quarantine["line"].tolist()) == [ROWS + 1, ROWS + 2]
     assert quarantine["reason"].str.len().min() > 0
@@ -90,18 +92,18 @@ def test_rows_are_accounted_for(three_days):
 
 def test_the_model_learns_the_planted_signal(three_days):
     _, cfg, _ = three_days
-    aucs = [read_record(cfg, d)["auc"] for d in DAYS]
+    aucs = [read_record(cfg.layout(), d).auc for d in DAYS]
     assert min(aucs) > 0.62, aucs
 
 
 def test_day_two_warm_starts_from_day_one(three_days):
     root, cfg, _ = three_days
-    reg = ModelRegistry(str(root), cfg.model_name)
+    reg = ModelRegistry(Layout(str(root), cfg.model_name))
     assert reg.read_json("v00001", "lineage.json")["parent_version"] is None
     assert reg.read_json("v00002", "lineage.json")["parent_version"] == "v00001"
     assert reg.read_json("v00003", "lineage.json")["parent_version"] == "v00002"
-    assert read_record(cfg, DAYS[1])["train"]["warm_start"] == "from v00001"
-    assert read_record(cfg, DAYS[0])["train"]["warm_start"] == "cold: no published model"
+    assert read_record(cfg.layout(), DAYS[1]).train["warm_start"] == "from v00001"
+    assert read_record(cfg.layout(), DAYS[0]).train["warm_start"] == "cold: no published model"
     init = json.loads((root / "runs" / f"date={DAYS[1]}" / "model" / "model.json").read_text())["init_model_url"]
     assert init.rstrip("/").endswith("models/ctr/v00001")
     # the day-2 table still holds rows trained on day 1 only: the sparse state was carried over
@@ -116,27 +118,27 @@ def test_day_two_warm_starts_from_day_one(three_days):
 
 def test_rerun_of_a_completed_date_changes_nothing(three_days):
     root, cfg, _ = three_days
-    before = read_record(cfg, DAYS[1])
+    before = read_record(cfg.layout(), DAYS[1])
     manifest = (root / "events" / f"date={DAYS[1]}" / "_SUCCESS.json").read_text()
     state = daily_retrain(DAYS[1], config=cfg.to_dict(), return_state=True)
     assert state.is_completed()
-    assert read_record(cfg, DAYS[1]) == before
+    assert read_record(cfg.layout(), DAYS[1]) == before
     assert (root / "events" / f"date={DAYS[1]}" / "_SUCCESS.json").read_text() == manifest
-    assert ModelRegistry(str(root), cfg.model_name).versions()[-1] == "v00003"
+    assert ModelRegistry(Layout(str(root), cfg.model_name)).versions()[-1] == "v00003"
 
 
 def test_a_degraded_model_is_refused_and_latest_stays(three_days):
     root, cfg, _ = three_days
     generate_days(str(root / "raw"), 1, ROWS, seed=7, start_date="2026-01-04")
-    bad = with_overrides(cfg, {"trainer.lr": 3.0, "trainer.sparse_lr": 30.0, "publish.max_auc_drop": 0.0})
+    bad = with_overrides(cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0})
     state = daily_retrain("2026-01-04", config=bad.to_dict(), return_state=True)
     assert state.is_failed() and state.name == "PublishRefused"
-    record = read_record(cfg, "2026-01-04")
-    assert record["status"] == "refused" and not record["published"]
-    assert "below the published model" in record["reason"]
-    reg = ModelRegistry(str(root), cfg.model_name)
+    record = read_record(cfg.layout(), "2026-01-04")
+    assert record.status == "refused" and not record.published
+    assert "below the published model" in record.reason
+    reg = ModelRegistry(Layout(str(root), cfg.model_name))
     assert reg.latest() == "v00003"
-    assert reg.info(record["model_version"]).status == "refused"
+    assert reg.info(record.model_version).status == "refused"
 
 
 def test_backfill_skips_completed_dates_and_reports(three_days):
@@ -157,10 +159,10 @@ def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):
                                         "vocab.min_count": 2})
     for date in ("2026-03-01", "2026-03-02"):
         state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
-        record = read_record(cfg, date)
-        assert record["rows_read"] == half and record["rows_quarantined"] == 0, record
-        assert state.is_completed() or record["status"] == "refused", record
-        assert record["auc"] > 0.6, record
+        record = read_record(cfg.layout(), date)
+        assert record.rows_read == half and record.rows_quarantined == 0, record
+        assert state.is_completed() or record.status == "refused", record
+        assert record.auc > 0.6, record
         model = json.loads((tmp_path / "root" / "runs" / f"date={date}" / "model" / "model.json").read_text())
         assert model["train"]["world_size"] == 2
     assert len(list((tmp_path / "root" / "models" / "ctr" / "v00002" / "sparse").glob("part-*.parquet"))) == 2

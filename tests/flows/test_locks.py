@@ -8,7 +8,7 @@ from flows.config import with_overrides
 from flows.daily import daily_retrain
 from flows.locks import model_slot
 from flows.recipes import demo
-from flows.stages import read_record
+from flows.record import read_record
 from pipeline.generate import generate_days
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ def test_a_second_run_waits_then_fails_clearly_and_changes_nothing(tmp_path):
     with model_slot(cfg.model_name, timeout_s=30):  # another run holds the model
         state = daily_retrain("2026-05-01", config=cfg.to_dict(), return_state=True)
     assert state.is_failed()
-    record = read_record(cfg, "2026-05-01")
-    assert record["status"] == "failed" and "ModelBusyError" in record["reason"]
-    assert "ctr-train-publish-ctr" in record["reason"]
+    record = read_record(cfg.layout(), "2026-05-01")
+    assert record.status == "failed" and "ModelBusyError" in record.reason
+    assert "ctr-train-publish-ctr" in record.reason
     assert not (tmp_path / "root" / "models").exists()  # nothing trained or published

@@ -98,7 +98,7 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         "vocab": {"min_count": 2},
         "store": {"embedding_dim": 8, "host_budget_mb": 64},
         "model": {"mlp_dims": [32, 16]},
-        "trainer": {"batch_size": 256, "k_steps": 5},
+        "optim": {"batch_size": 256, "k_steps": 5},
         "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50},
     }))
     api = f"http://127.0.0.1:{free_port}/api"

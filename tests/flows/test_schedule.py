@@ -4,7 +4,7 @@ import datetime as dt
 
 import pytest
 
-from flows.stages import resolve_date
+from flows.daily import resolve_date
 
 UTC = dt.UTC
 

@@ -32,7 +32,6 @@ K8S = INFRA / "k8s"
 DOCKER = INFRA / "docker"
 SLURM = INFRA / "slurm"
 SBATCH = SLURM / "train.sbatch"
-NODE_WARM = SLURM / "node_warm.py"
 WORK_POOL_TEMPLATE = K8S / "work-pool-template.json"
 PREFECT_YAML = INFRA / "prefect.yaml"
 
@@ -46,7 +45,6 @@ OUR_FILES = [
     K8S / "train-job.yaml",
     WORK_POOL_TEMPLATE,
     SBATCH,
-    NODE_WARM,
     INFRA / "README.md",
 ]
 WORK_POOLS = {"ctr-process": "process", "ctr-k8s": "kubernetes"}
@@ -517,9 +515,9 @@ def test_train_job() -> None:
     assert int(port) in [p["port"] for p in svc["spec"]["ports"]]
     assert opt["--nnodes"] == "$NNODES" and opt["--nproc_per_node"] == "$GPUS_PER_NODE"
     assert opt["--node_rank"] == "$JOB_COMPLETION_INDEX"
-    assert "--local_addr" in opt, "c10d orders nodes by address; node_warm.py needs the same addresses"
+    assert "--local_addr" in opt, "c10d orders nodes by address; ctrpipe warm-node needs the same addresses"
     assert argv[-4:-2] == ["-m", "trainer.main"] and argv[-2] == "--spec"
-    assert "node_warm.py" in script.split("exec ", 1)[0], "each node warms its shards before torchrun"
+    assert "-m flows.cli warm-node" in script.split("exec ", 1)[0], "each node warms its shards before torchrun"
     for res in ("requests", "limits"):
         assert int(container["resources"][res]["nvidia.com/gpu"]) == gpus
     assert any(k.startswith("rdma/") for k in container["resources"]["limits"]), "RDMA device resource"
@@ -601,35 +599,14 @@ def test_sbatch_torchrun_across_nodes() -> None:
     assert re.search(r'--rdzv_endpoint "\$\w+:\$\w+"', text) and 'RDZV_PORT="${CTR_RDZV_PORT:-29500}"' in text
     assert '--nnodes "$SLURM_NNODES"' in text and '--node_rank "$SLURM_NODEID"' in text
     assert re.search(r'--nproc_per_node "\$\w+"', text) and "--gpus-per-node" in text
-    assert '--local_addr "$ME"' in text and '--my-addr "$ME"' in text, "torchrun and node_warm.py must agree"
+    assert '--local_addr "$ME"' in text and '--my-addr "$ME"' in text, "torchrun and ctrpipe warm-node must agree"
+    assert "-m flows.cli warm-node --spec" in text.split("exec ", 1)[0], "each node warms its shards before torchrun"
     for var in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL"):
         assert f"export {var}=" in text
 
 
-# ---- node_warm.py (the per-node helper) -------------------------------------------------------------
-def _node_warm():
-    spec = importlib.util.spec_from_file_location("node_warm", NODE_WARM)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_node_warm_group_rank_is_c10d_order() -> None:
-    nw = _node_warm()
-    addrs = [f"ctr-train-{i}.ctr-train" for i in range(12)]
-    # c10d sorts participants (addr, pid, local_id) and numbers them: the address order decides
-    ranks = [nw.group_rank(a, addrs) for a in addrs]
-    assert ranks[:2] == [0, 1] and ranks[10] == 2 and ranks[2] == 4, "lexicographic, like sorted() in torch"
-    assert sorted(ranks) == list(range(12))
-    assert nw.node_ranks(2, 8) == list(range(16, 24))
-    with pytest.raises(ValueError, match="not among"):
-        nw.group_rank("elsewhere", addrs)
-    with pytest.raises(ValueError, match="distinct"):
-        nw.group_rank("a", ["a", "a"])
-
-
 def test_installed_torch_orders_c10d_nodes_by_address() -> None:
-    """node_warm.py's assumption, read from the installed torch's source (importing torch takes seconds)."""
+    """`ctrpipe warm-node`'s assumption, read from the installed torch's source (importing torch takes seconds)."""
     torch_dir = Path(importlib.util.find_spec("torch").submodule_search_locations[0])
     src = (torch_dir / "distributed" / "elastic" / "rendezvous" / "dynamic_rendezvous.py").read_text()
     assert "enumerate(sorted(state.participants))" in src, "c10d no longer numbers nodes in sorted order"
@@ -637,46 +614,6 @@ def test_installed_torch_orders_c10d_nodes_by_address() -> None:
     assert desc and "order=True" in desc.group(1), "_NodeDesc no longer orders by address first"
     run = (torch_dir / "distributed" / "run.py").read_text()
     assert '"--local_addr"' in run or '"--local-addr"' in run
-
-
-def _spec_dict(tmp_path: Path, nnodes: int, nproc: int) -> dict:
-    from storage.config import StoreConfig
-    from trainer.config import ModelConfig, TrainerConfig
-    from trainer.spec import TrainSpec
-
-    spec = TrainSpec(
-        features_url=str(tmp_path / "root" / "features" / "date=2026-01-05"),
-        output_url=str(tmp_path / "root" / "runs" / "date=2026-01-05" / "model"),
-        init_model_url=None, local_dir=str(tmp_path / "local"), model_name="ctr", storage_options=None,
-        store=StoreConfig(), model=ModelConfig(),
-        trainer=TrainerConfig(nnodes=nnodes, nproc_per_node=nproc, rdzv_endpoint="h0:29500" if nnodes > 1 else ""),
-        run_tag="2026-01-05:abc", vocab_date="2026-01-05",
-    )
-    return spec.to_dict()
-
-
-def test_node_warm_refuses_a_spec_for_another_world(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    nw = _node_warm()
-    src = tmp_path / "spec.json"
-    src.write_text(json.dumps(_spec_dict(tmp_path, nnodes=2, nproc=8)))
-    out = tmp_path / "copy" / "spec.json"
-    code = nw.main(["--spec", str(src), "--out", str(out), "--nnodes", "3", "--nproc-per-node", "8",
-                    "--my-addr", "a", "--all-addrs", "a,b,c", "--skip-warm"])
-    assert code == 2 and "trainer.nnodes=2" in capsys.readouterr().err
-
-
-def test_node_warm_copies_the_spec_and_picks_ranks(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    nw = _node_warm()
-    data = _spec_dict(tmp_path, nnodes=2, nproc=4)
-    src = tmp_path / "spec.json"
-    src.write_text(json.dumps(data))
-    out = tmp_path / "copy" / "spec.json"
-    code = nw.main(["--spec", f"file://{src}", "--out", str(out), "--nnodes", "2", "--nproc-per-node", "4",
-                    "--my-addr", "node-b", "--all-addrs", "node-b,node-a", "--skip-warm"])
-    assert code == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["group_rank"] == 1 and report["ranks"] == [4, 5, 6, 7]
-    assert json.loads(out.read_text()) == json.loads(json.dumps(data))
 
 
 # ---- the checkers fail on broken input ---------------------------------------------------------------

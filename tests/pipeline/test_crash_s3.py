@@ -19,8 +19,9 @@ from pipeline.encode import encode_date
 from pipeline.generate import generate_days
 from pipeline.ingest import ingest_date, read_quarantine
 from pipeline.vocab_stage import build_vocab
-from storage import fsio
-from tests.pipeline._procs import AWS_ENV, moto_s3, processes, start
+from storage.io import fsio
+from storage.io.layout import Layout
+from tests.helpers.procs import AWS_ENV, moto_s3, processes, start
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -40,7 +41,7 @@ if __name__ == "__main__":
 
 def run_all(root: str, so: dict, client) -> None:
     """Ingest, vocab and encode of DATE; small partitions so each stage writes many objects."""
-    kw = {"root": root, "client": client, "storage_options": so}
+    kw = {"layout": Layout(root, storage_options=so), "client": client}
     ingest_date(DATE, input=InputConfig(url=f"{RAW}/day_{{date}}.tsv.gz", storage_options=so),
                 ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05), **kw)  # fmt: skip
     build_vocab(DATE, vocab=VocabConfig(min_count=2), fmt="criteo", **kw)
@@ -67,7 +68,7 @@ def committed(fs, root: str) -> dict[str, tuple[bytes, dict[str, bytes]] | None]
 
 def frames(root: str, so: dict) -> dict[str, pd.DataFrame]:
     """What the readers of each stage return (run ids and paths aside, a rerun must give the same)."""
-    out = {"quarantine": read_quarantine(root, DATE, so)}
+    out = {"quarantine": read_quarantine(Layout(root, storage_options=so), DATE)}
     for stage, sub in (("events", ""), ("vocab", "vocab.parquet"), ("features", "train"), ("features", "eval")):
         data = fsio.data_url(f"{root}/{stage}/date={DATE}", so)
         out[f"{stage}/{sub}"] = pd.read_parquet(fsio.join(data, sub) if sub else data, storage_options=so)

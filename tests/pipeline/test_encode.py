@@ -19,7 +19,8 @@ from pipeline.keys import feature_keys, missing_key, oov_key
 from pipeline.parse import parse_chunk
 from pipeline.schema import AVAZU, CRITEO
 from pipeline.vocab_stage import build_vocab
-from storage.fsio import SUCCESS
+from storage.io.fsio import SUCCESS
+from storage.io.layout import Layout
 
 
 def one_row(**cats) -> pd.DataFrame:
@@ -58,14 +59,14 @@ def vocab_root(tmp_path_factory, raw_days, client):
     root = tmp_path_factory.mktemp("encode-root")
     shutil.copytree(raw_days.path, root / "raw")
     date = raw_days.dates[0]
-    ingest_date(date, root=str(root), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client)
-    build_vocab(date, root=str(root), vocab=VocabConfig(min_count=5), fmt="criteo", client=client)
+    ingest_date(date, layout=Layout(str(root)), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client)
+    build_vocab(date, layout=Layout(str(root)), vocab=VocabConfig(min_count=5), fmt="criteo", client=client)
     return root, date
 
 
 def test_a_day_is_encoded_into_time_ordered_train_and_eval(vocab_root, client):
     root, date = vocab_root
-    r = encode_date(date, root=str(root), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
+    r = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
     assert (r.rows_train, r.rows_eval, r.skipped) == (2800, 1200, False)
     day = root / "features" / f"date={date}"
     train, evals = pd.read_parquet(day / "train"), pd.read_parquet(day / "eval")
@@ -79,7 +80,7 @@ def test_a_day_is_encoded_into_time_ordered_train_and_eval(vocab_root, client):
     key_counts = pd.read_parquet(day / "key_counts.parquet")
     assert key_counts["count"].sum() == 2800 * 26 and key_counts["count"].is_monotonic_decreasing
     assert set(key_counts["key"]) == set(np.unique(train[[f"k_{j}" for j in range(26)]].to_numpy()))
-    again = encode_date(date, root=str(root), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
+    again = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
     assert again.skipped
 
 
@@ -87,7 +88,7 @@ def test_encode_needs_the_vocabulary(vocab_root, client, tmp_path):
     root, date = vocab_root
     shutil.copytree(root / "events", tmp_path / "events")
     with pytest.raises(FileNotFoundError, match="run build_vocab first"):
-        encode_date(date, root=str(tmp_path), encode=EncodeConfig(), fmt="criteo", client=client)
+        encode_date(date, layout=Layout(str(tmp_path)), encode=EncodeConfig(), fmt="criteo", client=client)
 
 
 def test_avazu_is_split_by_hour_then_order(tmp_path, client):
@@ -95,7 +96,7 @@ def test_avazu_is_split_by_hour_then_order(tmp_path, client):
     hours = ["14102103", "14102101", "14102102", "14102101"] * 5  # rows out of hour order
     lines = [header] + [",".join([str(i), str(i % 2), h, *[f"v{i % 3}"] * 21]) for i, h in enumerate(hours)]
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
-    kw = dict(root=str(tmp_path / "root"), client=client)
+    kw = dict(layout=Layout(str(tmp_path / "root")), client=client)
     ingest_date("2014-10-21", input=InputConfig(url=str(tmp_path / "a.csv"), format="avazu"),
                 ingest=IngestConfig(rows_per_partition=7), **kw)  # fmt: skip
     build_vocab("2014-10-21", vocab=VocabConfig(), fmt="avazu", **kw)

@@ -18,6 +18,7 @@ from pipeline.keys import feature_keys, missing_key
 from pipeline.parse import parse_chunk, parse_table
 from pipeline.schema import CRITEO, get_schema
 from pipeline.vocab_stage import build_vocab, load_admitted, load_report
+from storage.io.layout import Layout
 
 DATE = "2026-01-01"
 
@@ -53,10 +54,10 @@ def test_a_yaml_schema_file_with_a_multi_valued_field_runs_through_all_stages(tm
     (tmp_path / "shop.csv").write_text("\r\n".join(rows) + "\r\n")
     fmt = str(schema_path)
     inp = InputConfig(url=str(tmp_path / "shop.csv"), format=fmt)
-    kw = dict(root=str(tmp_path / "root"), client=client)
+    kw = dict(layout=Layout(str(tmp_path / "root")), client=client)
     r = ingest_date(DATE, input=inp, ingest=IngestConfig(rows_per_partition=250), **kw)
     assert (r.rows_read, r.rows_written, r.rows_quarantined) == (600, 599, 1)
-    q = read_quarantine(str(tmp_path / "root"), DATE)
+    q = read_quarantine(Layout(str(tmp_path / "root")), DATE)
     assert q["line"].tolist() == [6] and "expected yes or no" in q["reason"].iloc[0]
     events = pd.read_parquet(tmp_path / "root" / "events" / f"date={DATE}")
     for got, line in zip(events["tags"].iloc[:4], rows[1:5], strict=True):
@@ -113,43 +114,43 @@ def test_a_large_plain_file_is_split_in_byte_ranges_with_true_line_numbers(tmp_p
     (tmp_path / f"day_{DATE}.tsv").write_bytes(b"".join(lines))
     inp = InputConfig(url=str(tmp_path / "day_{date}.tsv"))
     kw = dict(input=inp, client=client)
-    whole = ingest_date(DATE, root=str(tmp_path / "a"), ingest=IngestConfig(rows_per_partition=700,
+    whole = ingest_date(DATE, layout=Layout(str(tmp_path / "a")), ingest=IngestConfig(rows_per_partition=700,
                         max_bad_fraction=0.01), **kw)  # fmt: skip
-    split = ingest_date(DATE, root=str(tmp_path / "b"), ingest=IngestConfig(rows_per_partition=700,
+    split = ingest_date(DATE, layout=Layout(str(tmp_path / "b")), ingest=IngestConfig(rows_per_partition=700,
                         max_bad_fraction=0.01, block_size=50_000), **kw)  # fmt: skip
     manifest = json.loads((tmp_path / "b" / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
     assert manifest["blocks"] > 10 and (split.rows_written, split.rows_quarantined) == (whole.rows_written, 3)
     ev = [pd.read_parquet(tmp_path / r / "events" / f"date={DATE}") for r in ("a", "b")]
     pd.testing.assert_frame_equal(ev[0], ev[1])
     assert ev[1]["order"].is_monotonic_increasing
-    assert read_quarantine(str(tmp_path / "b"), DATE)["line"].tolist() == [8, 2000, 3999]
+    assert read_quarantine(Layout(str(tmp_path / "b")), DATE)["line"].tolist() == [8, 2000, 3999]
 
 
 def test_a_quarantine_of_another_run_is_detected_and_the_date_is_redone(tmp_path, raw_days, client):
     shutil.copytree(raw_days.path, tmp_path / "raw")
-    kw = dict(root=str(tmp_path), input=InputConfig(), ingest=IngestConfig(), client=client)
+    kw = dict(layout=Layout(str(tmp_path)), input=InputConfig(), ingest=IngestConfig(), client=client)
     ingest_date(DATE, **kw)
     qm = tmp_path / "quarantine" / f"date={DATE}" / "_SUCCESS.json"
     m = json.loads(qm.read_text())
     qm.write_text(json.dumps({**m, "events_run_id": "crashed-run"}))  # as if killed between the two commits
     with pytest.raises(IngestError, match="rerun the ingest") as info:
-        read_quarantine(str(tmp_path), DATE)
+        read_quarantine(Layout(str(tmp_path)), DATE)
     assert info.value.kind == "inconsistent"
-    assert not ingest_date(DATE, **kw).skipped and len(read_quarantine(str(tmp_path), DATE)) == 0
+    assert not ingest_date(DATE, **kw).skipped and len(read_quarantine(Layout(str(tmp_path)), DATE)) == 0
     assert ingest_date(DATE, **kw).skipped
 
 
 def test_vocab_report_is_written_per_date(tmp_path, raw_days, client):
     shutil.copytree(raw_days.path, tmp_path / "raw")
-    ingest_date(DATE, root=str(tmp_path), input=InputConfig(), ingest=IngestConfig(), client=client)
+    ingest_date(DATE, layout=Layout(str(tmp_path)), input=InputConfig(), ingest=IngestConfig(), client=client)
     cfg = VocabConfig(min_count=2, min_count_per_field={"C3": 1000}, max_keys_per_field=50)
-    build_vocab(DATE, root=str(tmp_path), vocab=cfg, fmt="criteo", client=client)
-    report = load_report(str(tmp_path), DATE).set_index("field")
+    build_vocab(DATE, layout=Layout(str(tmp_path)), vocab=cfg, fmt="criteo", client=client)
+    report = load_report(Layout(str(tmp_path)), DATE).set_index("field")
     assert list(report.index) == list(CRITEO.categorical) and report["admitted"].max() <= 50
     assert report.loc["C3", "admitted"] == 0 and (report["coverage"] + report["oov_rate"] <= 1 + 1e-9).all()
-    assert len(load_admitted(str(tmp_path), DATE)) == report["admitted"].sum()
+    assert len(load_admitted(Layout(str(tmp_path)), DATE)) == report["admitted"].sum()
     md = (tmp_path / "vocab" / f"date={DATE}" / "report.md").read_text()
     assert md.startswith(f"# Vocabulary {DATE}") and "| C3 |" in md and "max_keys_per_field=50" in md
     with pytest.raises(ValueError, match=r"unknown fields \['C99'\]"):
-        build_vocab(DATE, root=str(tmp_path), vocab=VocabConfig(min_count_per_field={"C99": 2}), fmt="criteo",
+        build_vocab(DATE, layout=Layout(str(tmp_path)), vocab=VocabConfig(min_count_per_field={"C99": 2}), fmt="criteo",
                     client=client, force=True)  # fmt: skip

@@ -22,8 +22,9 @@ from pipeline.encode import encode_date
 from pipeline.generate import generate_days
 from pipeline.ingest import ingest_date, read_quarantine
 from pipeline.vocab_stage import build_vocab, load_admitted
-from storage import fsio
-from tests.pipeline._procs import (
+from storage.io import fsio
+from storage.io.layout import Layout
+from tests.helpers.procs import (
     AWS_ENV,
     BIN,
     free_port,
@@ -37,7 +38,7 @@ DATE = "2026-01-01"
 
 
 def run_stages(root: str, client: Client, storage_options: dict | None = None, input: InputConfig | None = None):
-    kw = {"root": root, "client": client, "storage_options": storage_options}
+    kw = {"layout": Layout(root, storage_options=storage_options), "client": client}
     i = ingest_date(DATE, input=input or InputConfig(), ingest=IngestConfig(rows_per_partition=800), **kw)
     v = build_vocab(DATE, vocab=VocabConfig(min_count=2), fmt="criteo", **kw)
     e = encode_date(DATE, encode=EncodeConfig(), fmt="criteo", **kw)
@@ -103,14 +104,14 @@ def test_root_and_input_on_s3_commit_with_the_manifest_last(s3, client):
         assert all(committed_at >= t for t in times), f"{stage}: manifest written before data"
     manifest = json.loads(fs.cat(f"ctr/pipeline/events/date={DATE}/_SUCCESS.json"))
     assert manifest["inputs"][0]["url"].startswith("s3://ctr/pipeline/raw/")
-    assert len(read_quarantine(root, DATE, s3)) == 0 and len(load_admitted(root, DATE, s3)) == v.admitted
+    assert len(read_quarantine(Layout(root, storage_options=s3), DATE)) == 0 and len(load_admitted(Layout(root, storage_options=s3), DATE)) == v.admitted
     train = pd.read_parquet(fsio.join(fsio.data_url(f"{root}/features/date={DATE}", s3), "train"), storage_options=s3)
     assert len(train) == e.rows_train
 
     # a forced rerun commits a new data prefix and deletes the previous one, leaving nothing behind
     old_data = manifest["data"]
-    again = ingest_date(DATE, root=root, input=InputConfig(storage_options=s3), ingest=IngestConfig(rows_per_partition=1000),
-                        client=client, storage_options=s3, force=True)  # fmt: skip
+    again = ingest_date(DATE, layout=Layout(root, storage_options=s3), input=InputConfig(storage_options=s3),
+                        ingest=IngestConfig(rows_per_partition=1000), client=client, force=True)
     final = f"ctr/pipeline/events/date={DATE}"
     new_data = json.loads(fs.cat(f"{final}/_SUCCESS.json"))["data"]
     names = sorted(p[len(final) + 1 :] for p in fs.find(final))

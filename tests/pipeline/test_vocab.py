@@ -12,6 +12,7 @@ from pipeline.keys import feature_keys
 from pipeline.schema import CRITEO
 from pipeline.vocab import count_keys, merge_counts, update_vocab, window_counts
 from pipeline.vocab_stage import build_vocab, load_admitted, load_evicted
+from storage.io.layout import Layout
 
 
 def counts(**key_count: int) -> pd.DataFrame:
@@ -87,7 +88,7 @@ def ingested(tmp_path_factory, raw_days, client):
     root = tmp_path_factory.mktemp("vocab-root")
     shutil.copytree(raw_days.path, root / "raw")
     for d in raw_days.dates:
-        ingest_date(d, root=str(root), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client)
+        ingest_date(d, layout=Layout(str(root)), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client)
     return root, raw_days.dates
 
 
@@ -103,7 +104,7 @@ def test_incremental_vocab_equals_counting_the_window_from_scratch(ingested, cli
     root = tmp_path / "root"
     shutil.copytree(src / "events", root / "events")
     cfg = VocabConfig(window_days=2, min_count=3, ttl_days=30)
-    results = [build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client) for d in dates]
+    results = [build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client) for d in dates]
     vocab = pd.read_parquet(root / "vocab" / f"date={dates[-1]}" / "vocab.parquet").set_index("key")
 
     window = day_keys(root, dates[-2]).add(day_keys(root, dates[-1]), fill_value=0)
@@ -116,7 +117,7 @@ def test_incremental_vocab_equals_counting_the_window_from_scratch(ingested, cli
     for d in dates:
         v = pd.read_parquet(root / "vocab" / f"date={d}" / "vocab.parquet")
         ever_admitted |= set(v.loc[v["admitted"], "key"])
-    assert set(load_admitted(str(root), dates[-1])) == ever_admitted  # sticky within the TTL
+    assert set(load_admitted(Layout(str(root)), dates[-1])) == ever_admitted  # sticky within the TTL
     assert results[-1].admitted == len(ever_admitted) and results[-1].evicted == 0
     f = results[-1].per_field[0]
     assert f["field"] == "C1" and 0.9 < f["coverage"] + f["oov_rate"] + f["missing_rate"] < 1.0 + 1e-6
@@ -127,19 +128,19 @@ def test_rerun_is_skipped_and_eviction_follows_the_ttl(ingested, client, tmp_pat
     root = tmp_path / "root"
     shutil.copytree(src / "events", root / "events")
     cfg = VocabConfig(window_days=1, min_count=1, ttl_days=2)
-    first = build_vocab(dates[0], root=str(root), vocab=cfg, fmt="criteo", client=client)
-    assert build_vocab(dates[0], root=str(root), vocab=cfg, fmt="criteo", client=client).skipped
+    first = build_vocab(dates[0], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
+    assert build_vocab(dates[0], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client).skipped
     # no vocabularies for the days between: day 0's keys were last seen 3 days before day 3
-    last = build_vocab(dates[3], root=str(root), vocab=cfg, fmt="criteo", client=client)
-    evicted = set(load_evicted(str(root), dates[3]))
+    last = build_vocab(dates[3], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
+    evicted = set(load_evicted(Layout(str(root)), dates[3]))
     day0, day3 = set(day_keys(root, dates[0]).index), set(day_keys(root, dates[3]).index)
     assert first.admitted == len(day0) and evicted == day0 - day3 and last.evicted == len(evicted)
-    assert set(load_admitted(str(root), dates[3])) == day3
+    assert set(load_admitted(Layout(str(root)), dates[3])) == day3
 
 
 def test_vocab_needs_committed_events(tmp_path, client):
     with pytest.raises(FileNotFoundError, match="run ingest first"):
-        build_vocab("2026-01-01", root=str(tmp_path), vocab=VocabConfig(), fmt="criteo", client=client)
+        build_vocab("2026-01-01", layout=Layout(str(tmp_path)), vocab=VocabConfig(), fmt="criteo", client=client)
 
 
 def test_per_field_min_count_overrides_the_global_one():

@@ -47,7 +47,8 @@ from pipeline.vocab_merge import (
     source_buckets,
 )
 from pipeline.vocab_stage import build_vocab, load_admitted, load_evicted, load_report
-from storage.fsio import date_range, shift_date
+from storage.io.dates import date_range, shift_date
+from storage.io.layout import Layout
 
 FIELDS = list(CRITEO.categorical)
 
@@ -207,12 +208,12 @@ def assert_same_as_reference(root: Path, date: str, ref: tuple[pd.DataFrame, pd.
     pd.testing.assert_frame_equal(evicted.reset_index(drop=True), want_evicted.reset_index(drop=True),
                                   check_exact=True, check_dtype=False, obj=f"evicted {date}")  # fmt: skip
     assert manifest["per_field"] == want_stats
-    report = load_report(str(root), date).drop(columns="date")
+    report = load_report(Layout(str(root)), date).drop(columns="date")
     assert report.to_dict("records") == want_stats
     assert manifest["admitted"] == int(want_vocab["admitted"].sum()) and manifest["evicted"] == len(want_evicted)
     assert manifest["seen"] == int((want_vocab["count"] > 0).sum())
-    np.testing.assert_array_equal(load_admitted(str(root), date), np.sort(want_vocab.loc[want_vocab["admitted"], "key"]))
-    np.testing.assert_array_equal(load_evicted(str(root), date), np.sort(want_evicted["key"]))
+    np.testing.assert_array_equal(load_admitted(Layout(str(root)), date), np.sort(want_vocab.loc[want_vocab["admitted"], "key"]))
+    np.testing.assert_array_equal(load_evicted(Layout(str(root)), date), np.sort(want_evicted["key"]))
     return manifest
 
 
@@ -243,7 +244,7 @@ def test_daily_delta_merges_equal_the_reference_including_ties_at_the_cap(events
     ref = Reference(root)
     modes, evicted, split_ties = [], 0, 0
     for d in DATES:
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         manifest = assert_same_as_reference(root, d, ref.build(d, cfg))
         modes.append(manifest["merge"])
         evicted += manifest["evicted"]
@@ -265,7 +266,7 @@ def test_uncapped_daily_delta_merges_equal_the_reference(events_root, tmp_path, 
     ref = Reference(root)
     modes, evicted = [], 0
     for d in DATES:
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         manifest = assert_same_as_reference(root, d, ref.build(d, cfg))
         modes.append(manifest["merge"])
         evicted += manifest["evicted"]
@@ -283,7 +284,7 @@ def test_decay_gaps_and_changing_bucket_counts_equal_the_reference(events_root, 
     for d, buckets in plan:
         cfg = VocabConfig(window_days=4, min_count=2, ttl_days=3, decay=0.7, max_keys_per_field=9,
                           merge_buckets=buckets)  # fmt: skip
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         manifest = assert_same_as_reference(root, d, ref.build(d, cfg))
         assert manifest["merge"] == "window" and manifest["buckets"] == (buckets or 1)
 
@@ -292,11 +293,11 @@ def test_incremental_and_full_window_merges_give_identical_files(events_root, tm
     root = fresh_root(events_root, tmp_path)
     cfg = VocabConfig(window_days=3, min_count=2, ttl_days=3, max_keys_per_field=15, merge_buckets=4)
     for d in DATES[:5]:
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
     delta = committed(root, DATES[4])
-    again = build_vocab(DATES[4], root=str(root), vocab=cfg, fmt="criteo", client=client, force=True)
+    again = build_vocab(DATES[4], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client, force=True)
     assert committed(root, DATES[4])[2]["merge"] == "delta" and not again.skipped  # an idempotent rerun
-    full = build_vocab(DATES[4], root=str(root), vocab=cfg, fmt="criteo", client=client, force=True, incremental=False)
+    full = build_vocab(DATES[4], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client, force=True, incremental=False)
     window = committed(root, DATES[4])
     assert window[2]["merge"] == "window" and full.admitted == delta[2]["admitted"]
     for a, b in zip(delta[:2], window[:2], strict=True):
@@ -311,10 +312,10 @@ def test_a_rebuilt_day_in_the_window_turns_the_next_merge_back_to_the_full_windo
     cfg = VocabConfig(window_days=3, min_count=2, merge_buckets=3)
     ref = Reference(root)
     for d in DATES[:3]:
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         ref.build(d, cfg)
-    build_vocab(DATES[1], root=str(root), vocab=cfg, fmt="criteo", client=client, force=True)  # new run id
-    build_vocab(DATES[3], root=str(root), vocab=cfg, fmt="criteo", client=client)
+    build_vocab(DATES[1], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client, force=True)  # new run id
+    build_vocab(DATES[3], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
     assert committed(root, DATES[3])[2]["merge"] == "window"
     assert_same_as_reference(root, DATES[3], ref.build(DATES[3], cfg))
 
@@ -325,7 +326,7 @@ def test_vocabularies_written_before_bucketing_are_read_as_one_bucket(events_roo
     cfg = VocabConfig(window_days=3, min_count=2, merge_buckets=4)
     ref = Reference(root)
     for d in DATES[:2]:
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         ref.build(d, cfg)
         vdir = root / "vocab" / f"date={d}"
         for name in ("vocab", "day_counts"):  # rewrite as the old single files, sorted by key
@@ -338,7 +339,7 @@ def test_vocabularies_written_before_bucketing_are_read_as_one_bucket(events_roo
         for k in ("buckets", "window_runs", "day_keys", "vocab_rows", "merge"):
             manifest.pop(k)
         (vdir / "_SUCCESS.json").write_text(json.dumps(manifest))
-    build_vocab(DATES[2], root=str(root), vocab=cfg, fmt="criteo", client=client)
+    build_vocab(DATES[2], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
     assert committed(root, DATES[2])[2]["merge"] == "window"
     assert_same_as_reference(root, DATES[2], ref.build(DATES[2], cfg))
 
@@ -349,14 +350,14 @@ def test_the_previous_bucketed_layout_with_large_string_dates_still_feeds_a_delt
     cfg = VocabConfig(window_days=2, min_count=2, ttl_days=2, merge_buckets=3)
     ref = Reference(root)
     for d in DATES[:3]:
-        build_vocab(d, root=str(root), vocab=cfg, fmt="criteo", client=client)
+        build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         ref.build(d, cfg)
     old = pa.schema([("field", pa.int16()), ("key", pa.int64()), ("count", pa.int64()), ("score", pa.float64()),
                      ("first_seen", pa.large_string()), ("last_seen", pa.large_string()), ("admitted", pa.bool_())])  # fmt: skip
     for part in (root / "vocab" / f"date={DATES[2]}" / "vocab.parquet").iterdir():
         pq.write_table(pq.read_table(part).cast(old), part)  # as the previous code wrote it
     assert pq.read_schema(part).field("first_seen").type == pa.large_string()
-    build_vocab(DATES[3], root=str(root), vocab=cfg, fmt="criteo", client=client)
+    build_vocab(DATES[3], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
     manifest = assert_same_as_reference(root, DATES[3], ref.build(DATES[3], cfg))
     assert manifest["merge"] == "delta"
     vocab = pd.read_parquet(root / "vocab" / f"date={DATES[3]}" / "vocab.parquet")

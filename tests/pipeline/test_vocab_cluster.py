@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import dask
-import pytest
 
 from pipeline.cluster import PRE_SPAWN_ENVIRON, dask_client, worker_environ
 from pipeline.config import DaskConfig
@@ -15,16 +14,9 @@ def test_local_workers_get_malloc_thresholds_on_top_of_dasks_environment():
     with dask.config.set(
         {PRE_SPAWN_ENVIRON: {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}}
     ):
-        env = worker_environ(DaskConfig())
+        env = worker_environ()
         assert env == {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
                        "OMP_NUM_THREADS": "1"}  # fmt: skip
-        assert worker_environ(DaskConfig(malloc_trim_threshold=0, malloc_mmap_threshold=0)) == {
-            "MALLOC_TRIM_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}  # fmt: skip
-
-
-def test_malloc_thresholds_must_not_be_negative():
-    with pytest.raises(ValueError, match="dask.malloc_trim_threshold must be >= 0"):
-        DaskConfig(malloc_trim_threshold=-1)
 
 
 def malloc_environ() -> dict[str, str]:

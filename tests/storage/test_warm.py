@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from storage.base import owner_of
-from storage.config import StoreConfig
-from storage.host import rows_for_budget
-from storage.memory import MemoryStore
-from storage.snapshot import read_snapshot
-from storage.ssd import SsdStore
-from storage.tiered import open_shard, shard_dir_for
+from storage.embedding.base import owner_of
+from storage.embedding.config import StoreConfig
+from storage.embedding.host import rows_for_budget
+from storage.embedding.memory import MemoryStore
+from storage.embedding.snapshot import read_snapshot
+from storage.embedding.ssd import SsdStore
+from storage.embedding.tiered import open_shard
+from storage.io.layout import NodeLayout
 from storage.warm import WORKING_SET, warm_shards
 
 DIM = 4
@@ -33,7 +34,7 @@ def _published(tmp_path, n: int = 600) -> tuple[str, np.ndarray]:
 
 def _warm(tmp_path, url, tag, ranks=(0, 1, 2), evict=(), ws=(), world=3, cfg=CFG):
     return warm_shards(
-        local_dir=str(tmp_path / "local"), model_name="ctr", world_size=world, ranks=list(ranks), store=cfg,
+        node=NodeLayout(str(tmp_path / "local"), "ctr"), world_size=world, ranks=list(ranks), store=cfg,
         snapshot_url=url, snapshot_tag=tag, evict_keys=np.array(evict, dtype=np.int64),
         working_set=np.array(ws, dtype=np.int64),
     )
@@ -48,7 +49,7 @@ def test_restore_two_shards_into_three_ranks(tmp_path) -> None:
     order = np.argsort(src[0])
     seen = []
     for rank in range(3):
-        shard = shard_dir_for(str(tmp_path / "local"), "ctr", rank, 3)
+        shard = NodeLayout(str(tmp_path / "local"), "ctr").shard(rank, 3)
         with SsdStore(shard, DIM) as s:
             assert s.tag == "v1"
             s.snapshot(str(tmp_path / f"out{rank}.parquet"))
@@ -72,7 +73,7 @@ def test_tag_match_skips_restore_and_evictions_apply(tmp_path) -> None:
     assert sum(r["evicted"] for r in report["ranks"]) == 30
     assert report["rows"] == keys.size - 30
     for rank in range(3):
-        with SsdStore(shard_dir_for(str(tmp_path / "local"), "ctr", rank, 3), DIM) as s:
+        with SsdStore(NodeLayout(str(tmp_path / "local"), "ctr").shard(rank, 3), DIM) as s:
             assert not s.contains(gone).any() and s.tag == "v1"
     # another tag: restore from scratch (the evicted keys come back from the snapshot)
     report = _warm(tmp_path, url, "v2")
@@ -82,7 +83,7 @@ def test_tag_match_skips_restore_and_evictions_apply(tmp_path) -> None:
 def test_a_changed_shard_is_restored(tmp_path) -> None:
     url, keys = _published(tmp_path)
     _warm(tmp_path, url, "v1", ranks=[1])
-    store = open_shard(shard_dir_for(str(tmp_path / "local"), "ctr", 1, 3), CFG)
+    store = open_shard(NodeLayout(str(tmp_path / "local"), "ctr").shard(1, 3), CFG)
     store.update(torch.tensor([4]), torch.ones(1, DIM), lr=0.1)  # training changed it; then a crash
     store.flush()
     store.close()
@@ -93,7 +94,7 @@ def test_a_changed_shard_is_restored(tmp_path) -> None:
 def test_no_snapshot_starts_empty(tmp_path) -> None:
     report = _warm(tmp_path, None, None, ws=[5, 1, 9, 5, 2])
     assert report["rows"] == 0 and not any(r["restored"] for r in report["ranks"])
-    ws = [np.load(f"{shard_dir_for(str(tmp_path / 'local'), 'ctr', r, 3)}/{WORKING_SET}") for r in range(3)]
+    ws = [np.load(f"{NodeLayout(str(tmp_path / 'local'), 'ctr').shard(r, 3)}/{WORKING_SET}") for r in range(3)]
     assert [w.tolist() for w in ws] == [[9], [1], [5, 2]]  # owned, deduplicated, order kept
 
 
@@ -104,10 +105,10 @@ def test_working_set_is_cut_to_the_host_budget(tmp_path) -> None:
     r = report["ranks"][0]
     assert r["working_set_keys"] == cap
     assert r["working_set_fits"] == pytest.approx(cap / ws.size)
-    got = np.load(f"{shard_dir_for(str(tmp_path / 'local'), 'ctr', 0, 2)}/{WORKING_SET}")
+    got = np.load(f"{NodeLayout(str(tmp_path / 'local'), 'ctr').shard(0, 2)}/{WORKING_SET}")
     np.testing.assert_array_equal(got, ws[:cap])
     # the trainer's path: open the stack and warm it with the file
-    store = open_shard(shard_dir_for(str(tmp_path / "local"), "ctr", 0, 2), CFG)
+    store = open_shard(NodeLayout(str(tmp_path / "local"), "ctr").shard(0, 2), CFG)
     store.warm(torch.from_numpy(got))
     assert store.stats()["host"]["rows"] == cap
     store.close()
@@ -121,6 +122,6 @@ def test_snapshot_of_another_dim_is_refused(tmp_path) -> None:
 
 def test_shard_of_another_dim_is_discarded(tmp_path) -> None:
     url, keys = _published(tmp_path)
-    SsdStore(shard_dir_for(str(tmp_path / "local"), "ctr", 0, 3), DIM * 2).close()
+    SsdStore(NodeLayout(str(tmp_path / "local"), "ctr").shard(0, 3), DIM * 2).close()
     report = _warm(tmp_path, url, "v1", ranks=[0])
     assert report["ranks"][0]["restored"]

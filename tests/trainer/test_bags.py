@@ -19,17 +19,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
-from spawn_ranks import cpu_trainer_config, run_ranks
 from torch import nn
 
-from storage.memory import MemoryStore
+from storage.embedding.memory import MemoryStore
+from tests.helpers.ranks import cpu_trainer_config, run_ranks
 from trainer.bags import FieldBags, Jagged, cells_l2_grad, expand_cells, pool_rows
-from trainer.comm import ShardedEmbedding, init_distributed
-from trainer.config import ModelConfig
 from trainer.data import Batch, FeatureSchema, RankReader, read_schema, split_dir
+from trainer.distributed.comm import ShardedEmbedding, init_distributed
 from trainer.evaluate import FrozenEmbeddings, LoadedModel, score
-from trainer.kstep_adam import KStepAdam
-from trainer.model import CTRModel
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
+from trainer.optim.kstep_adam import KStepAdam
 from trainer.train import train_step
 
 V, D = 40, 4  # keys 0..V-1, embedding width
@@ -344,7 +344,7 @@ def _train(rank: int, world: int, ctx) -> tuple[CTRModel, MemoryStore]:
 
 
 def _bag_rank(rank: int, world: int, out_dir: str) -> None:
-    ctx = init_distributed(cpu_trainer_config(k_steps=1))
+    ctx = init_distributed(cpu_trainer_config())
     try:
         model, store = _train(rank, world, ctx)
         owned = torch.arange(V)[torch.arange(V) % world == rank]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-from storage import fsio
-from storage.init import init_rows
-from storage.snapshot import write_snapshot
-from trainer import checkpoint
-from trainer.config import ModelConfig
+from storage.embedding.row_init import init_rows
+from storage.embedding.snapshot import write_snapshot
+from storage.io import fsio
+from trainer import model_dir
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.evaluate import FrozenEmbeddings, evaluate_model, load_model, score
-from trainer.model import CTRModel
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
 
 CFG = ModelConfig(num_heads=1, mlp_dims=(4,))
 DIM = 2
@@ -34,12 +34,13 @@ def make_model_dir(root: Path) -> tuple[Path, CTRModel, dict[int, torch.Tensor]]
         rows |= {int(a): e for a, e in zip(k, emb, strict=True)}
         z = torch.zeros_like(emb)
         write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, emb, z, z, torch.ones(len(keys), dtype=torch.int64))
-    checkpoint.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
-    meta = {
-        "arch": "attention", "model_config": dataclasses.asdict(CFG), "dim": DIM, "init_std": 0.5, "num_dense": 1,
-        "num_fields": 2, "fields": ["a", "b"], "dense_columns": ["d_0"], "key_columns": ["k_0", "k_1"],
-    }
-    fsio.write_json(fs, f"{staging}/model.json", meta)
+    model_dir.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
+    meta = model_dir.ModelMeta(
+        model_name="ctr", model_config=CFG, dim=DIM, init_std=0.5, num_dense=1, num_fields=2, fields=("a", "b"),
+        dense_columns=("d_0",), key_columns=("k_0", "k_1"), vocab_date=None, run_tag="t", features_url="",
+        init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig(),
+    )
+    model_dir.write_meta(fs, staging, meta)
     fsio.commit_dir(fs, staging, str(root / "m"), {"ok": True})
     return root / "m", model, rows
 

@@ -13,12 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from storage.config import StoreConfig
-from storage.tiered import shard_dir_for
-from trainer.config import ModelConfig, TrainerConfig
+from storage.embedding.config import StoreConfig
+from storage.io.layout import NodeLayout
+from tests.helpers.specs import make_spec
+from trainer.config import TrainerConfig
 from trainer.evaluate import evaluate_model, load_model, score
 from trainer.launch import TrainingError, run_training, torchrun_command
-from trainer.model import CTRModel
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -57,20 +59,16 @@ STORE = StoreConfig(embedding_dim=8, init_std=0.01, host_budget_mb=16)
 MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(16,))
 
 
-def trainer_cfg(**kw) -> TrainerConfig:
-    base = {
-        "nproc_per_node": 2, "backend": "gloo", "device": "cpu", "k_steps": 4, "batch_size": 128, "epochs": 2, "lr": 1e-2,
-        "sparse_lr": 5e-2, "timeout_s": 240, "log_every": 10,
-    }
-    return TrainerConfig(**(base | kw))
+BASE = {
+    "nproc_per_node": 2, "backend": "gloo", "device": "cpu", "k_steps": 4, "batch_size": 128, "epochs": 2, "lr": 1e-2,
+    "sparse_lr": 5e-2, "timeout_s": 240, "log_every": 10,
+}
 
 
 def train(tmp_path: Path, features: Path, out: Path, *, init: Path | None = None, tag: str = "v1", **kw):
-    return run_training(
-        features_url=str(features), output_url=str(out), init_model_url=str(init) if init else None,
-        local_dir=str(tmp_path / "local" / tag), model_name="ctr", store=STORE, model=MODEL, trainer=trainer_cfg(**kw),
-        run_tag=tag, vocab_date="2024-01-01", work_dir=str(tmp_path / "work"),
-    )
+    spec = make_spec(features, out, tmp_path / "local" / tag, store=STORE, model=MODEL, run_tag=tag, init=init,
+                     **(BASE | kw))
+    return run_training(spec, work_dir=str(tmp_path / "work"))
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +88,7 @@ def test_run_training_commits_the_model_directory(trained) -> None:
     assert sorted(p.name for p in (out / "sparse").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     assert not list(out.parent.glob("model.staging-*"))
     meta = json.loads((out / "model.json").read_text())
-    assert meta["arch"] == "attention" and meta["dim"] == 8 and meta["num_dense"] == N_DENSE
+    assert meta["model_config"]["arch"] == "attention" and meta["dim"] == 8 and meta["num_dense"] == N_DENSE
     assert meta["key_columns"] == ["k_0", "k_1", "k_2"] and meta["fields"] == ["C1", "C2", "C3"]
     assert meta["vocab_date"] == "2024-01-01" and meta["run_tag"] == "v1"
     st = meta["train"]
@@ -107,7 +105,7 @@ def test_run_training_commits_the_model_directory(trained) -> None:
     optim = load_file(out / "dense_optim.safetensors")
     assert int(optim["step"][0]) == 32
     for r in range(2):  # the local SSD shards now equal this run's model
-        shard = Path(shard_dir_for(str(tmp / "local" / "v1"), "ctr", r, 2))
+        shard = Path(NodeLayout(str(tmp / "local" / "v1"), "ctr").shard(r, 2))
         assert json.loads((shard / "meta.json").read_text())["tag"] == "v1"
     dense = load_file(out / "dense.safetensors")
     assert set(dense) == set(CTRModel(MODEL, num_dense=N_DENSE, num_fields=N_FIELDS, dim=8).state_dict())
@@ -132,7 +130,7 @@ def test_warm_start_loads_the_previous_dense_weights(trained) -> None:
     tmp, features, first = trained
     out = tmp / "runs" / "warm" / "model"
     # the warm stage's working set of rank 0, with a key the data never uses: the trainer loads it
-    shard0 = Path(shard_dir_for(str(tmp / "local" / "v2"), "ctr", 0, 2))
+    shard0 = Path(NodeLayout(str(tmp / "local" / "v2"), "ctr").shard(0, 2))
     shard0.mkdir(parents=True)
     np.save(shard0 / "working_set.npy", np.array([2 * 123_456_789], dtype=np.int64))
     second = train(tmp, features, out, init=Path(first.model_url), tag="v2", lr=1e-9, sparse_lr=1e-9, epochs=1)
@@ -144,7 +142,7 @@ def test_warm_start_loads_the_previous_dense_weights(trained) -> None:
         torch.testing.assert_close(now[name], prev[name], rtol=0, atol=1e-4)
     assert max((now[n] - cold[n]).abs().max().item() for n in cold) > 0.05
     assert int(load_file(out / "dense_optim.safetensors")["step"][0]) == 32 + 16  # Adam's step continues
-    assert second.model_json["init_model_url"] == first.model_url
+    assert second.meta.init_model_url == first.model_url
     assert 2 * 123_456_789 in pq.read_table(out / "sparse" / "part-00000.parquet").column("key").to_numpy()
 
 

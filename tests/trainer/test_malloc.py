@@ -1,5 +1,5 @@
 """Rank malloc settings: blocks under 32 MiB come from the heap and a freed heap top is kept, so a
-step's tensors do not fault their pages in again every step (`trainer.main.tune_malloc`)."""
+step's tensors do not fault their pages in again every step (`trainer.malloc.tune_malloc`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainerConfig
-from trainer.main import (
-    M_MMAP_THRESHOLD,
-    M_TRIM_THRESHOLD,
-    malloc_settings,
-    tune_malloc,
-)
+from trainer.malloc import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS, tune_malloc
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -32,26 +26,24 @@ class _FakeLibc:
         return 0 if param in self.refuse else 1
 
 
-def test_settings_follow_the_config_and_zero_leaves_glibc_alone() -> None:
-    assert malloc_settings(TrainerConfig()) == [(M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 256 << 20)]
-    assert malloc_settings(TrainerConfig(malloc_mmap_threshold=0)) == [(M_TRIM_THRESHOLD, 256 << 20)]
+def test_ranks_ask_for_heap_blocks_under_32_mib_and_keep_256_mib_of_free_heap() -> None:
+    assert SETTINGS == ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 256 << 20))
     libc = _FakeLibc()
-    assert tune_malloc(TrainerConfig(malloc_mmap_threshold=0, malloc_trim_threshold=0), libc) == []
+    assert tune_malloc(libc, settings=()) == []
     assert libc.calls == []
 
 
 def test_tune_malloc_reports_only_what_glibc_accepted() -> None:
     libc = _FakeLibc(refuse=(M_TRIM_THRESHOLD,))
-    assert tune_malloc(TrainerConfig(malloc_trim_threshold=1 << 30), libc) == [(M_MMAP_THRESHOLD, 32 << 20)]
-    assert libc.calls == [(M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30)]
-    assert tune_malloc(TrainerConfig(), object()) == []  # a C library without mallopt: nothing to do
+    assert tune_malloc(libc) == [(M_MMAP_THRESHOLD, 32 << 20)]
+    assert libc.calls == [(M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 256 << 20)]
+    assert tune_malloc(object()) == []  # a C library without mallopt: nothing to do
 
 
 _STEPS = """
 import json, resource, sys, torch
-from trainer.config import TrainerConfig
-from trainer.main import tune_malloc
-applied = tune_malloc(TrainerConfig())
+from trainer.malloc import tune_malloc
+applied = tune_malloc()
 def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def step():  # a step's transient tensors: 4 x 16 MiB written, then freed
     ts = [torch.ones(4 << 20) for _ in range(4)]

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from spawn_ranks import cpu_trainer_config
 
-from storage.config import StoreConfig
-from storage.memory import MemoryStore
-from trainer.comm import ShardedEmbedding, init_distributed
-from trainer.config import ModelConfig, TrainerConfig
+from storage.embedding.config import StoreConfig
+from storage.embedding.memory import MemoryStore
+from tests.helpers.ranks import cpu_trainer_config
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.data import Batch
-from trainer.kstep_adam import KStepAdam
-from trainer.model import CTRModel
+from trainer.distributed.comm import ShardedEmbedding, init_distributed
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
+from trainer.optim.kstep_adam import KStepAdam
 from trainer.spec import TrainSpec
 from trainer.train import NonFiniteLossError, train_step
 
@@ -23,8 +24,8 @@ def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
         "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8),
-        "model": ModelConfig(mlp_dims=(32, 16)), "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}),
-        "run_tag": "v00001", "vocab_date": "2024-01-01",
+        "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5), "het": HetConfig(),
+        "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
 
@@ -38,8 +39,8 @@ def test_spec_round_trip(tmp_path: Path) -> None:
 
 def test_spec_errors_name_the_key() -> None:
     d = _spec().to_dict()
-    d["trainer"]["k_step"] = 3
-    with pytest.raises(ValueError, match=r"spec.trainer has unknown keys \['k_step'\]"):
+    d["optim"]["k_step"] = 3
+    with pytest.raises(ValueError, match=r"unknown config key spec\.optim\.k_step"):
         TrainSpec.from_dict(d)
     d = _spec().to_dict()
     del d["run_tag"]
@@ -62,12 +63,19 @@ def test_new_trainer_fields_are_validated() -> None:
     for bad in ("always", 1.5, True):
         with pytest.raises(ValueError, match="prefetch_batches must be 'auto' or an integer"):
             TrainerConfig(prefetch_batches=bad)
-    with pytest.raises(ValueError, match="malloc_trim_threshold"):
-        TrainerConfig(malloc_trim_threshold=-1)
-    with pytest.raises(ValueError, match="malloc_mmap_threshold"):
-        TrainerConfig(malloc_mmap_threshold=(32 << 20) + 1)  # glibc refuses more than 32 MiB
     with pytest.raises(ValueError, match="log_every"):
         TrainerConfig(log_every=0)
+
+
+def test_the_identity_names_what_changes_the_model_and_not_how_the_job_runs() -> None:
+    spec = _spec()
+    same = _spec(trainer=TrainerConfig(timeout_s=99, log_every=7, checkpoint_every=3, max_restarts=2,
+                                       nccl_env={"NCCL_DEBUG": "INFO"}, prefetch_batches=4))
+    assert same.identity() == spec.identity()
+    for other in (_spec(optim=OptimConfig(k_steps=6)), _spec(het=HetConfig(staleness_bound=1)),
+                  _spec(model=ModelConfig(mlp_dims=(32,))), _spec(trainer=TrainerConfig(nproc_per_node=2)),
+                  _spec(store=StoreConfig(embedding_dim=16)), _spec(features_id="another-encode-run")):
+        assert other.identity() != spec.identity()
 
 
 def test_non_finite_loss_raises_naming_the_step_before_any_update() -> None:

@@ -1,4 +1,4 @@
-"""Building blocks shared by the architectures of `trainer.model` and `trainer.models.reference`.
+"""Building blocks shared by the architectures of `trainer.models.ctr_model` and `trainer.models.reference`.
 
 Notation (as in torchrec's DLRM): B batch size, n dense features, F categorical
 fields, D embedding width, K dense buckets.

@@ -1,7 +1,7 @@
 """Reference architectures, selectable with `model.arch`; all share the store's embedding path.
 
 Every architecture is an `nn.Module` built as `Arch(config, num_dense=n, num_fields=F, dim=D)`
-whose `forward(dense (B, n), emb (B, F, D)) -> logits (B,)` is what `trainer.model.CTRModel`
+whose `forward(dense (B, n), emb (B, F, D)) -> logits (B,)` is what `trainer.models.ctr_model.CTRModel`
 calls: the embedding rows come from the store (one row of width D per key, trained by the
 store's sparse Adam), never from module parameters.  What each one reads from a row:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.config import ModelConfig
+from trainer.models.config import ModelConfig
 from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine, OverArch
 
 
@@ -159,4 +159,4 @@ REFERENCE_ARCHS: dict[str, type[nn.Module]] = {
     "deepfm": DeepFMArch,
     "dcn_v2": DCNv2Arch,
 }
-"""`model.arch` name -> architecture class; `attention` (the default) is `trainer.model.CTRModel` itself."""
+"""`model.arch` name -> architecture class; `attention` (the default) is `trainer.models.ctr_model.CTRModel` itself."""

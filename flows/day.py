@@ -1,0 +1,145 @@
+"""`run_day(cfg, date)`: one date's run, stage after stage, with or without Prefect.
+
+    ingest -> vocab -> encode           on one Dask client (pipeline/)
+    [model slot]  read LATEST once -> warm -> train -> evaluate -> publish
+    -> runs/date=D/metrics.json (the day's record) and history.png
+
+A date whose record says `completed` is not run again unless `force`; every data stage also skips
+itself when its committed output is already there, so a rerun after a crash resumes at the first
+stage that had not committed.  The runner decides how a stage is called: `call` calls it once and
+logs its summary (tests, benchmarks, scripts); `flows.daily` runs each as a Prefect task with its
+retry policy.  The slot decides how two runs of one model are kept apart (`flows.locks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from flows import stages
+from flows.config import RunConfig
+from flows.history import HISTORY_DAYS, write_history_png
+from flows.record import DayRecord, read_record, recent_records, write_record
+from flows.state import DayState, read_published
+from pipeline.cluster import dask_client
+from storage.io.dates import validate_date
+
+log = logging.getLogger("ctrpipe")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the run and its policy."""
+
+    name: str
+    fn: Callable[..., Any]
+    retries: int
+    """Attempts after the first when it fails with a transient I/O error (the Prefect runner applies it)."""
+    uses_dask: bool = False
+    field: str = ""
+    """The `DayState` field its result goes to (default: `name`)."""
+
+    @property
+    def result_field(self) -> str:
+        return self.field or self.name
+
+
+DATA_STAGES = (
+    Stage("ingest", stages.ingest, retries=2, uses_dask=True),
+    Stage("vocab", stages.vocab, retries=2, uses_dask=True),
+    Stage("encode", stages.encode, retries=2, uses_dask=True),
+)
+MODEL_STAGES = (
+    Stage("warm", stages.warm, retries=2),
+    Stage("train", stages.train, retries=1),
+    Stage("evaluate", stages.evaluate, retries=2, field="evaluation"),
+    Stage("publish", stages.publish, retries=0),
+)
+STAGES = DATA_STAGES + MODEL_STAGES
+
+
+class Runner(Protocol):
+    def __call__(self, stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any: ...
+
+
+def call(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any:
+    """Run `stage` once, here, and log its one-line summary."""
+    t0 = time.perf_counter()
+    result = stage.fn(cfg, state, **kw)
+    log.info("%s (%.1fs)", result.summary(), time.perf_counter() - t0)
+    return result
+
+
+Slot = Callable[[RunConfig], AbstractContextManager[Any]]
+
+
+def no_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
+    return nullcontext()
+
+
+@dataclass(frozen=True)
+class DayRun:
+    record: DayRecord
+    ran: bool
+    """False when the date had completed before and nothing was done."""
+
+
+def run_day(
+    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = no_slot
+) -> DayRun:
+    """Run every stage of `date` in order and write its record; see the module docstring.
+
+    Raises:
+        whatever a stage raised, after writing a `failed` record naming it.
+    """
+    layout = cfg.layout()
+    validate_date(date)
+    if not force and (done := read_record(layout, date)) is not None and done.completed:
+        log.info("%s already completed (%s); nothing to do (use force to redo it)", date, done.status)
+        return DayRun(done, ran=False)
+    state = DayState(date=date, layout=layout, force=force)
+    seconds: dict[str, float] = {}
+
+    def step(stage: Stage, **kw: Any) -> None:
+        nonlocal state
+        t0 = time.perf_counter()
+        result = runner(stage, cfg, state, **kw)
+        seconds[stage.name] = round(time.perf_counter() - t0, 3)
+        state = state.with_result(stage.result_field, result)
+
+    try:
+        with dask_client(cfg.dask) as client:
+            for stage in DATA_STAGES:
+                step(stage, client=client)
+        with slot(cfg):
+            state = replace(state, published=read_published(layout))
+            for stage in MODEL_STAGES:
+                step(stage)
+    except Exception as exc:
+        write_record(layout, DayRecord(date=date, completed=False, status="failed",
+                                       reason=f"{type(exc).__name__}: {exc}", seconds=seconds))
+        raise
+    record = day_record(state, seconds)
+    write_record(layout, record)
+    write_history_png(layout, date, recent_records(layout, date, HISTORY_DAYS))
+    return DayRun(record, ran=True)
+
+
+def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
+    """The record of a run whose stages all finished."""
+    ing, voc, enc = state.need("ingest"), state.need("vocab"), state.need("encode")
+    warmed, trained, ev, pub = state.need("warm"), state.need("train"), state.need("evaluation"), state.need("publish")
+    return DayRecord(
+        date=state.date, completed=True, status="published" if pub.published else "refused", reason=pub.reason,
+        auc=ev.new.auc, logloss=ev.new.logloss,
+        published_auc=ev.published.auc if ev.published else None,
+        next_day_auc=ev.next_day.auc if ev.next_day else None,
+        rows_read=ing.rows_read, rows_ingested=ing.rows_written, rows_quarantined=ing.rows_quarantined,
+        vocab_size=voc.admitted, rows_train=enc.rows_train, rows_eval=enc.rows_eval,
+        published=pub.published, model_version=pub.version, latest_version=pub.latest,
+        parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(), seconds=seconds,
+    )

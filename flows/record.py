@@ -1,0 +1,75 @@
+"""The day's record, `runs/date=D/metrics.json`: what one daily run did, read by the CLI, the
+backfill, the history chart and the next run (a completed date is not run again)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.io import codec, dates, fsio
+from storage.io.layout import Layout
+
+STATUSES = ("published", "refused", "failed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DayRecord:
+    """`runs/date=D/metrics.json`."""
+
+    date: str
+    completed: bool
+    status: str
+    """`published`, `refused` (the gate said no; `LATEST` unchanged) or `failed` (a stage raised)."""
+    reason: str
+    auc: float | None = None
+    logloss: float | None = None
+    published_auc: float | None = None
+    """AUC of the previously published model on the same eval rows."""
+    next_day_auc: float | None = None
+    """AUC of the previously published model on this day's train rows (unseen by it): what production saw."""
+    rows_read: int = 0
+    rows_ingested: int = 0
+    rows_quarantined: int = 0
+    vocab_size: int = 0
+    rows_train: int = 0
+    rows_eval: int = 0
+    published: bool = False
+    model_version: str | None = None
+    latest_version: str | None = None
+    parent_version: str | None = None
+    train: dict[str, Any] = field(default_factory=dict)
+    """The train stage's scalar results (steps, examples, losses, rates, warm start)."""
+    warm: dict[str, Any] = field(default_factory=dict)
+    """The warm stage's scalar results."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds per stage."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return codec.encode(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DayRecord:
+        return codec.decode(cls, data, prefix="metrics.json: ")
+
+
+def write_record(layout: Layout, record: DayRecord) -> None:
+    fs, path = layout.fs(layout.run_record(record.date))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fsio.write_text_atomic(fs, path, json.dumps(record.to_dict(), indent=2, default=str))
+
+
+def read_record(layout: Layout, date: str) -> DayRecord | None:
+    fs, path = layout.fs(layout.run_record(date))
+    return DayRecord.from_dict(fsio.read_json(fs, path)) if fs.exists(path) else None
+
+
+def is_completed(layout: Layout, date: str) -> bool:
+    record = read_record(layout, date)
+    return bool(record and record.completed)
+
+
+def recent_records(layout: Layout, date: str, days: int) -> list[DayRecord]:
+    """Records of the `days` dates ending at `date` that have one, oldest first."""
+    window = dates.date_range(dates.shift_date(date, -(days - 1)), date)
+    return [r for d in window if (r := read_record(layout, d))]

@@ -1,0 +1,37 @@
+"""Train specs for tests that launch torchrun or build a Trainer directly."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from storage.embedding.config import StoreConfig
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.models.config import ModelConfig
+from trainer.spec import TrainSpec
+
+_OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
+_HET = {"staleness_bound", "cache_rows"}
+
+
+def split_configs(**kw: Any) -> tuple[TrainerConfig, OptimConfig, HetConfig]:
+    """The three training sections from one set of keyword arguments (each key goes to its section)."""
+    optim = {k: v for k, v in kw.items() if k in _OPTIM}
+    het = {k: v for k, v in kw.items() if k in _HET}
+    rest = {k: v for k, v in kw.items() if k not in _OPTIM | _HET}
+    return TrainerConfig(**rest), OptimConfig(**optim), HetConfig(**het)
+
+
+def make_spec(
+    features: str | Path, output: str | Path, local_dir: str | Path, *, store: StoreConfig, model: ModelConfig,
+    run_tag: str, init: str | Path | None = None, vocab_date: str | None = "2024-01-01", **kw: Any,
+) -> TrainSpec:
+    """A spec over `features` committing to `output`; `kw` are trainer/optim/het keys (checkpoints beside `output`)."""
+    trainer, optim, het = split_configs(**kw)
+    return TrainSpec(
+        features_url=str(features), output_url=str(output), init_model_url=str(init) if init else None,
+        local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=model, optim=optim,
+        het=het, trainer=trainer, run_tag=run_tag, vocab_date=vocab_date,
+        checkpoint_url=f"{output}.checkpoint" if trainer.checkpoint_every else None,
+    )

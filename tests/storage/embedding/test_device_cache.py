@@ -1,0 +1,102 @@
+"""DeviceCache: the contract over a MemoryStore, LFU vs LRU, write-back, hit-rate simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from storage.embedding.device_cache import DeviceCache, simulate_hit_rate
+from storage.embedding.memory import MemoryStore
+from tests.storage.embedding.conformance import DIM, STD, StoreContractTests, keys_of
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+class TestDeviceCacheOverMemory(StoreContractTests):
+    @pytest.fixture
+    def make_store(self, device):
+        def make(dim: int = DIM, init_std: float = STD) -> DeviceCache:
+            return DeviceCache(MemoryStore(dim, init_std=init_std), capacity_rows=32, device=device)
+
+        return make
+
+
+def _stream_cache(policy: str) -> tuple[DeviceCache, MemoryStore]:
+    below = MemoryStore(DIM, init_std=STD)
+    below.warm(torch.arange(100, dtype=torch.int64))
+    return DeviceCache(below, capacity_rows=3, policy=policy), below
+
+
+def test_lfu_keeps_frequent_rows_lru_keeps_recent_rows() -> None:
+    # key 1 is used often early; then a scan of new keys 10, 11, 12 (one per call) and key 1 again.
+    caches = {p: _stream_cache(p)[0] for p in ("lfu", "lru")}
+    stream = [[1], [1], [1], [2], [3], [10], [11], [1]]
+    for cache in caches.values():
+        for ks in stream:
+            cache.lookup(torch.tensor(ks))
+    lfu, lru = caches["lfu"].stats()["device"], caches["lru"].stats()["device"]
+    assert lfu["hits"] == 3  # the final 1 hits: LFU evicted 2, 3 for 10, 11
+    assert lru["hits"] == 2  # LRU evicted 1 when 11 came
+    assert caches["lfu"]._cache.map.lookup(np.array([1]))[0] >= 0
+    assert caches["lru"]._cache.map.lookup(np.array([10, 11]))[0] >= 0
+
+
+def test_updates_stay_on_device_until_eviction_or_flush() -> None:
+    below = MemoryStore(DIM, init_std=STD)
+    cache = DeviceCache(below, capacity_rows=4)
+    cache.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
+    assert len(below) == 0 and len(cache) == 2
+    assert cache.stats()["device"]["dirty"] == 2
+    cache.update(keys_of(3, 4, 5), torch.ones(3, DIM), lr=0.1)  # evicts one dirty row to below
+    assert len(below) == 1 and len(cache) == 5
+    cache.flush()
+    assert len(below) == 5 and cache.stats()["device"]["dirty"] == 0
+    ref = MemoryStore(DIM, init_std=STD)
+    ref.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
+    ref.update(keys_of(3, 4, 5), torch.ones(3, DIM), lr=0.1)
+    assert torch.equal(below.lookup(keys_of(1, 2, 3, 4, 5)), ref.lookup(keys_of(1, 2, 3, 4, 5)))
+
+
+def test_stats_report_every_tier() -> None:
+    cache = DeviceCache(MemoryStore(DIM, init_std=STD), capacity_rows=4)
+    cache.lookup(keys_of(1))
+    s = cache.stats()
+    assert list(s) == ["device", "memory"]
+    assert s["device"]["misses"] == 1 and s["memory"]["misses"] == 1
+
+
+def test_simulate_hit_rate_sanity() -> None:
+    rng = np.random.default_rng(0)
+    zipf = rng.zipf(1.2, 200_000) % 50_000
+    lfu = simulate_hit_rate(zipf, 2_000, "lfu", batch=1024)
+    lru = simulate_hit_rate(zipf, 2_000, "lru", batch=1024)
+    assert 0 < lru <= lfu < 1
+    assert simulate_hit_rate(zipf, 60_000, "lfu", batch=1024) > lfu  # bigger cache, more hits
+    assert simulate_hit_rate(np.arange(5000), 100, "lfu") == 0.0  # a scan never hits
+    assert simulate_hit_rate(np.zeros(0, dtype=np.int64), 10) == 0.0
+    with pytest.raises(ValueError):
+        simulate_hit_rate(zipf, 10, "fifo")
+
+
+def test_simulation_matches_the_cache() -> None:
+    rng = np.random.default_rng(1)
+    stream = rng.zipf(1.3, 4000) % 300
+    for policy in ("lfu", "lru"):
+        below = MemoryStore(DIM, init_std=STD)
+        below.warm(torch.from_numpy(np.unique(stream)))
+        cache = DeviceCache(below, capacity_rows=50, policy=policy)
+        for lo in range(0, stream.size, 100):
+            cache.lookup(torch.from_numpy(stream[lo : lo + 100]))
+        s = cache.stats()["device"]
+        assert s["hits"] / (s["hits"] + s["misses"]) == pytest.approx(
+            simulate_hit_rate(stream, 50, policy, batch=100)
+        )
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        DeviceCache(MemoryStore(DIM), capacity_rows=0)
+    with pytest.raises(ValueError, match="policy"):
+        DeviceCache(MemoryStore(DIM), capacity_rows=4, policy="fifo")

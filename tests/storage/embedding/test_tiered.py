@@ -1,0 +1,94 @@
+"""The open_shard stack (device cache / host / SSD): the contract, plus stack behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from storage.embedding.config import StoreConfig
+from storage.embedding.device_cache import DeviceCache
+from storage.embedding.host import HostStore, host_row_bytes
+from storage.embedding.memory import MemoryStore
+from storage.embedding.ssd import SsdStore
+from storage.embedding.tiered import TIERS, open_shard, tiers
+from tests.storage.embedding.conformance import DIM, STD, StoreContractTests, all_rows
+
+
+def _config(device_rows: int = 16, dim: int = DIM, std: float = STD) -> StoreConfig:
+    return StoreConfig(embedding_dim=dim, init_std=std, host_budget_mb=1, device_cache_rows=device_rows)
+
+
+def _small_stack(path: str, dim: int = DIM, std: float = STD, device_rows: int = 16) -> DeviceCache:
+    """The open_shard layering with a host budget of 48 rows so every tier spills in the tests."""
+    ssd = SsdStore(path, dim, init_std=std)
+    host = HostStore(dim, budget_bytes=48 * host_row_bytes(dim), below=ssd, init_std=std)
+    return DeviceCache(host, capacity_rows=device_rows, policy="lfu")
+
+
+class TestSmallStack(StoreContractTests):
+    @pytest.fixture
+    def make_store(self, tmp_path):
+        made = []
+
+        def make(dim: int = DIM, init_std: float = STD):
+            s = _small_stack(str(tmp_path / f"shard{len(made)}"), dim, init_std)
+            made.append(s)
+            return s
+
+        yield make
+        for s in made:
+            s.close()
+
+
+class TestOpenShard(StoreContractTests):
+    @pytest.fixture
+    def make_store(self, tmp_path):
+        made = []
+
+        def make(dim: int = DIM, init_std: float = STD):
+            s = open_shard(str(tmp_path / f"shard{len(made)}"), _config(dim=dim, std=init_std))
+            made.append(s)
+            return s
+
+        yield make
+        for s in made:
+            s.close()
+
+
+def test_open_shard_layers_and_stats(tmp_path) -> None:
+    store = open_shard(str(tmp_path / "s"), _config(device_rows=8))
+    assert [type(t) for t in tiers(store)] == [DeviceCache, HostStore, SsdStore]
+    assert tiers(store)[1].capacity == (1 << 20) // host_row_bytes(DIM)
+    store.lookup(torch.arange(4))
+    assert list(store.stats()) == ["device", "host", "ssd"]
+    store.close()
+    no_cache = open_shard(str(tmp_path / "t"), _config(device_rows=0))
+    assert isinstance(no_cache, HostStore)
+    no_cache.close()
+    assert set(TIERS) == {"memory", "host", "ssd", "device"}
+
+
+def test_flush_reaches_ssd_and_reopen_sees_everything(tmp_path) -> None:
+    path = str(tmp_path / "s")
+    store = _small_stack(path)
+    ref = MemoryStore(DIM, init_std=STD)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(10):
+        keys = torch.randint(0, 500, (64,), generator=gen)
+        g = torch.randn(64, DIM, generator=gen)
+        store.update(keys, g, lr=0.05)
+        ref.update(keys, g, lr=0.05)
+    assert store.stats()["device"]["dirty"] > 0
+    store.set_tag("run-7")  # flushes first
+    assert store.stats()["device"]["dirty"] == 0 and store.stats()["host"]["dirty"] == 0
+    assert store.tag == "run-7"
+    store.close()
+    ssd = SsdStore(path, DIM, init_std=STD)
+    assert ssd.tag == "run-7" and len(ssd) == len(ref)
+    got, want = all_rows(ssd, str(tmp_path / "a.parquet")), all_rows(ref, str(tmp_path / "b.parquet"))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    ssd.close()
+
+

@@ -1,0 +1,45 @@
+"""The layout: every path under the root comes from one object, and nothing unvalidated becomes a path."""
+
+import pytest
+
+from storage.io import dates
+from storage.io.layout import Layout, NodeLayout, date_of, validate_version
+
+
+@pytest.mark.parametrize("bad", ["2026-13-01", "../2026-01-01", "20260101", "2026-01-01/.."])
+def test_dates_are_validated_before_becoming_paths(bad):
+    with pytest.raises(ValueError):
+        dates.validate_date(bad)
+
+
+@pytest.mark.parametrize("bad", ["../v00001", "/etc/passwd", "v1", "latest", "v00001/.."])
+def test_versions_cannot_escape_the_registry(bad):
+    with pytest.raises(ValueError, match="model version"):
+        validate_version(bad)
+
+
+def test_every_path_of_a_day_and_a_model_comes_from_the_layout():
+    layout = Layout("s3://bucket/ctr/", "m1")
+    assert layout.root == "s3://bucket/ctr"
+    assert layout.events("2026-01-05") == "s3://bucket/ctr/events/date=2026-01-05"
+    assert layout.quarantine("2026-01-05") == "s3://bucket/ctr/quarantine/date=2026-01-05"
+    assert layout.vocab("2026-01-05") == "s3://bucket/ctr/vocab/date=2026-01-05"
+    assert layout.features("2026-01-05") == "s3://bucket/ctr/features/date=2026-01-05"
+    assert layout.run_model("2026-01-05") == "s3://bucket/ctr/runs/date=2026-01-05/model"
+    assert layout.run_record("2026-01-05").endswith("runs/date=2026-01-05/metrics.json")
+    assert layout.version("v00003") == "s3://bucket/ctr/models/m1/v00003"
+    assert layout.latest_pointer() == "s3://bucket/ctr/models/m1/LATEST"
+    assert date_of("s3://bucket/ctr/vocab/date=2026-01-05") == "2026-01-05" and date_of("vocab/x") is None
+
+
+def test_node_local_paths_are_local_and_per_model(tmp_path):
+    layout = Layout(str(tmp_path / "root"), "m1")
+    assert layout.local_dir == str((tmp_path / "root" / "_local").resolve())
+    assert layout.node.shard(3, 16) == f"{layout.local_dir}/m1/shard-00003-of-00016"
+    assert Layout("s3://b/x", "m1").local_dir != Layout("s3://b/y", "m1").local_dir  # roots never share shards
+    with pytest.raises(ValueError, match="rank"):
+        layout.node.shard(4, 4)
+    with pytest.raises(ValueError, match="model_name"):
+        Layout(str(tmp_path), "../x")
+    with pytest.raises(ValueError, match="local path"):
+        NodeLayout("s3://b/x", "m1")

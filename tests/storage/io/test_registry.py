@@ -1,0 +1,86 @@
+"""The registry and the model readers on an object store (memory://), where committed files sit under a data prefix."""
+
+from __future__ import annotations
+
+import uuid
+
+import fsspec
+import pytest
+
+from storage.io import fsio
+from storage.io.layout import Layout
+from storage.io.registry import ModelRegistry, RegistryError
+from trainer import model_dir
+
+
+def _model_json(url: str) -> dict:
+    """The model.json of a committed model directory, through its manifest (an object store's data prefix)."""
+    fs, path = fsio.get_fs(fsio.data_url(url))
+    return fsio.read_json(fs, f"{path}/{model_dir.MODEL_JSON}")
+
+
+def _commit_model(url: str, run: str) -> None:
+    fs, final = fsio.get_fs(url)
+    with fsio.staged(fs, final) as stage:
+        fsio.write_json(fs, f"{stage}/{model_dir.MODEL_JSON}", {"run_tag": run})
+        fs.pipe(f"{stage}/{model_dir.SPARSE}/part-00000.parquet", run.encode())
+        fsio.commit_dir(fs, stage, final, {"run_tag": run})
+
+
+def test_versions_copy_the_candidates_files_and_urls_resolve_to_them():
+    root = f"memory:///reg-{uuid.uuid4().hex[:8]}"
+    candidate = f"{root}/runs/date=2026-01-01/model"
+    _commit_model(candidate, "day1")
+    assert _model_json(candidate) == {"run_tag": "day1"}  # the outer URL reads through the manifest
+
+    reg = ModelRegistry(Layout(root, "ctr"))
+    v1 = reg.add_version(candidate, metrics={"auc": 0.7}, lineage={}, status="candidate")
+    _commit_model(candidate, "day2")  # the next day's candidate replaces the run's files, not the version's
+    reg.publish(v1)
+    assert reg.versions() == [v1] and reg.latest() == v1 and reg.info(v1).status == "published"
+    assert reg.read_json(v1, "model.json") == {"run_tag": "day1"} and reg.info(v1).metrics == {"auc": 0.7}
+    url = reg.url(v1)
+    assert url.startswith(f"{root}/models/ctr/{v1}/v-") and fsio.data_url(url) == url
+    assert _model_json(url) == {"run_tag": "day1"}
+    fs = fsspec.filesystem("memory")
+    assert fs.cat(fsio.get_fs(fsio.join(url, model_dir.SPARSE, "part-00000.parquet"))[1]) == b"day1"
+    files = fsio.data_files(fs, reg.path(v1), fsio.read_manifest(fs, reg.path(v1)))
+    assert files == ["lineage.json", "metrics.json", "model.json", "sparse/part-00000.parquet", "status.json"]
+
+
+def _candidate(tmp_path, name="cand"):
+    fs, path = fsio.get_fs(str(tmp_path / name))
+    staging = fsio.staging_dir(fs, path)
+    fs.makedirs(f"{staging}/sparse", exist_ok=True)
+    fs.pipe(f"{staging}/model.json", b'{"run_tag": "x"}')
+    fs.pipe(f"{staging}/sparse/part-00000.parquet", b"not really parquet")
+    fsio.commit_dir(fs, staging, path, {"ok": True})
+    return str(tmp_path / name)
+
+
+def test_registry_versions_publish_refuse_and_rollback(tmp_path):
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    assert reg.latest() is None
+    cand = _candidate(tmp_path)
+    v1 = reg.add_version(cand, metrics={"auc": 0.7}, lineage={"date": "2026-01-01"}, status="candidate")
+    reg.publish(v1)
+    v2 = reg.add_version(cand, metrics={"auc": 0.5}, lineage={}, status="refused", reason="worse")
+    assert (v1, v2) == ("v00001", "v00002")
+    assert reg.latest() == v1  # a refused version never moves LATEST
+    assert reg.info(v2).status == "refused" and reg.info(v2).reason == "worse"
+    assert reg.read_json(v1, "model.json") == {"run_tag": "x"}
+    v3 = reg.add_version(cand, metrics={"auc": 0.72}, lineage={}, status="candidate")
+    reg.publish(v3)
+    assert reg.latest() == v3
+    reg.rollback(v1)
+    assert reg.latest() == v1
+    with pytest.raises(RegistryError, match="never published"):
+        reg.rollback(v2)
+
+
+def test_uncommitted_candidate_is_not_registered(tmp_path):
+    (tmp_path / "half").mkdir()
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    with pytest.raises(RegistryError, match="not committed"):
+        reg.add_version(str(tmp_path / "half"), metrics={}, lineage={}, status="candidate")
+    assert reg.versions() == []

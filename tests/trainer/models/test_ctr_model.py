@@ -1,0 +1,154 @@
+"""Shapes and seeded values of the model's sub-architectures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import (
+    BIAS_SCALE,
+    CTRModel,
+    InteractionArch,
+    OverArch,
+    SequenceAttention,
+)
+
+
+def test_sequence_attention_shape_and_seeded_values() -> None:
+    torch.manual_seed(0)
+    att = SequenceAttention(dim=4, num_heads=2, num_layers=1)
+    x = torch.ones(1, 2, 4) * torch.arange(4.0)  # (B=1, F=2, D=4), two identical fields
+    y = att(x)
+    assert y.shape == (1, 2, 4)
+    want = torch.tensor([-1.3153119, -0.3080799, 0.1569724, 1.4664196])
+    torch.testing.assert_close(y[0, 0], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y[0, 1], want, rtol=1e-5, atol=1e-5)  # identical fields, identical outputs
+    torch.testing.assert_close(y.mean(-1), torch.zeros(1, 2), atol=1e-5, rtol=0)  # layernorm output
+
+
+def test_sequence_attention_layers() -> None:
+    x = torch.randn(3, 5, 8)
+    assert torch.equal(SequenceAttention(dim=8, num_heads=2, num_layers=0)(x), x)  # 0 layers: identity
+    assert SequenceAttention(dim=8, num_heads=4, num_layers=3)(x).shape == (3, 5, 8)
+    with pytest.raises(ValueError, match=r"embedding_dim \(6\) must be divisible by model.num_heads \(4\)"):
+        SequenceAttention(dim=6, num_heads=4, num_layers=1)
+
+
+def test_sequence_attention_is_permutation_equivariant_over_fields() -> None:
+    torch.manual_seed(0)
+    att = SequenceAttention(dim=8, num_heads=2, num_layers=2)
+    x = torch.randn(2, 5, 8)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    torch.testing.assert_close(att(x)[:, perm], att(x[:, perm]), rtol=1e-5, atol=1e-6)
+
+
+def test_interaction_and_over_arch() -> None:
+    inter = InteractionArch(num_dense=2, num_fields=3, dim=4)
+    dense, fields = torch.randn(5, 2), torch.randn(5, 3, 4)
+    z = inter(dense, fields)
+    assert z.shape == (5, 2 + 12) and inter.out_dim == 14
+    assert torch.equal(z[:, :2], dense) and torch.equal(z[:, 2:6], fields[:, 0])
+    over = OverArch(in_dim=14, mlp_dims=(8, 4))
+    assert over(z).shape == (5,)
+    lin = OverArch(in_dim=2, mlp_dims=(1,))
+    with torch.no_grad():  # relu(x0 + 2*x1) * 3 + 1
+        lin.mlp[0].weight.copy_(torch.tensor([[1.0, 2.0]]))
+        lin.mlp[0].bias.zero_()
+        lin.mlp[2].weight.fill_(3.0)
+        lin.mlp[2].bias.fill_(1.0)
+    torch.testing.assert_close(lin(torch.tensor([[1.0, 1.0], [-5.0, 1.0]])), torch.tensor([10.0, 1.0]))
+
+
+def test_ctr_model_shapes_and_seeded_values() -> None:
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4), wide=False, dense_buckets=0), num_dense=3, num_fields=4, dim=4)
+    torch.manual_seed(1)
+    dense, emb = torch.rand(2, 3), torch.randn(2, 4, 4)
+    logits = model(dense, emb)
+    assert logits.shape == (2,)
+    torch.testing.assert_close(logits, torch.tensor([0.3711708, 0.3795505]), rtol=1e-5, atol=1e-5)
+    # gradients reach the (store-provided) embeddings
+    emb.requires_grad_(True)
+    model(dense, emb).sum().backward()
+    assert emb.grad is not None and emb.grad.abs().sum() > 0
+    # embeddings are not parameters of the model
+    n = sum(p.numel() for p in model.parameters())
+    assert n == (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4) + (4 + 4) + (19 * 8 + 8) + (8 * 4 + 4) + (4 + 1) + 1  # + bias
+
+
+def test_ctr_model_rejects_wrong_shapes() -> None:
+    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2)
+    with pytest.raises(ValueError, match=r"expects dense \(B, 2\) and emb \(B, 3, 2\)"):
+        model(torch.randn(4, 2), torch.randn(4, 2, 2))
+    assert CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=0, num_fields=1, dim=2)(
+        torch.zeros(3, 0), torch.randn(3, 1, 2)
+    ).shape == (3,)
+
+
+@pytest.mark.parametrize("arch", ["attention", "lr", "dnn"])
+def test_scaled_bias_shifts_the_logit_and_old_checkpoints_load(arch: str) -> None:
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(arch=arch, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2).eval()
+    dense, emb = torch.rand(4, 2), torch.randn(4, 3, 2)
+    before = model(dense, emb)
+    with torch.no_grad():
+        model.bias.fill_(0.1)
+    torch.testing.assert_close(model(dense, emb), before + BIAS_SCALE * 0.1)
+    # a state dict written before `bias` existed loads strictly, as b = 0 (the function it had)
+    old = {k: v for k, v in model.state_dict().items() if k != "bias"}
+    model.load_state_dict(old, strict=True)
+    assert model.bias.item() == 0.0
+    torch.testing.assert_close(model(dense, emb), before)
+
+
+@pytest.mark.parametrize(
+    "tower", [{"cross_tower": True}, {"cross_tower": True, "cross_layers": 1, "cross_rank": 2}, {"fm": True}]
+)
+def test_parallel_towers_leave_the_backbone_unchanged_when_off(tower: dict) -> None:
+    # the towers are built after every backbone module, so the same seed gives the backbone the same
+    # initial values with and without them, and a default model keeps its state-dict keys
+    torch.manual_seed(0)
+    off = CTRModel(ModelConfig(mlp_dims=(8,)), num_dense=2, num_fields=3, dim=4)
+    torch.manual_seed(0)
+    on = CTRModel(ModelConfig(mlp_dims=(8,), **tower), num_dense=2, num_fields=3, dim=4)
+    off_state, on_state = off.state_dict(), on.state_dict()
+    assert not any(k.startswith(("cross", "fm")) for k in off_state)
+    assert all(torch.equal(v, on_state[k]) for k, v in off_state.items())
+
+
+def test_cross_tower_starts_as_the_backbone_and_learns() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(mlp_dims=(8,), dense_buckets=3, cross_tower=True, cross_layers=2)
+    model = CTRModel(cfg, num_dense=2, num_fields=3, dim=4)
+    torch.manual_seed(0)
+    backbone = CTRModel(dataclasses.replace(cfg, cross_tower=False), num_dense=2, num_fields=3, dim=4)
+    dense, emb = torch.rand(5, 2) * 3, torch.randn(5, 3, 4, requires_grad=True)
+    # zero-initialised head: the hybrid starts as exactly the backbone's function
+    torch.testing.assert_close(model(dense, emb), backbone(dense, emb))
+    assert model.cross.layers[0].weight.shape == ((3 + 2) * 4,) * 2  # x0 = the 3 field + 2 bucket tokens
+    model(dense, emb).sum().backward()
+    assert model.cross_head.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        model.cross_head.weight.fill_(0.1)
+    model.zero_grad()
+    emb.grad = None
+    out = model(dense, emb)
+    assert out.shape == (5,) and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(lin.weight.grad.abs().sum() > 0 for lin in model.cross.layers)
+    assert emb.grad.abs().sum() > 0
+
+
+def test_fm_term_adds_the_pairwise_interactions_of_the_factor_dims() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(mlp_dims=(8,), dense_buckets=0, fm=True)
+    model = CTRModel(cfg, num_dense=2, num_fields=3, dim=4)
+    torch.manual_seed(0)
+    backbone = CTRModel(dataclasses.replace(cfg, fm=False), num_dense=2, num_fields=3, dim=4)
+    dense, emb = torch.rand(5, 2), torch.randn(5, 3, 4)
+    v = emb[:, :, 1:]  # e[0] is the wide term's key weight
+    pairs = sum((v[:, i] * v[:, j]).sum(-1) for i in range(3) for j in range(i + 1, 3))
+    torch.testing.assert_close(model(dense, emb), backbone(dense, emb) + pairs, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,144 @@
+"""The model directory: the format every trained model is committed in, and its typed `model.json`.
+
+    model.json               `ModelMeta`: architecture, configs, columns, lineage pointers, train stats
+    dense.safetensors        the dense network's state_dict
+    dense_optim.safetensors  `<param>.exp_avg`, `<param>.exp_avg_sq` per parameter, and `step`
+    sparse/part-RRRRR.parquet  rank R's embedding rows: key, emb, m, v, clock (storage.embedding.snapshot)
+    _SUCCESS.json            written last (on an object store the files sit under its data prefix)
+
+Safetensors, JSON and Parquet only: a model directory never holds pickles.  `ModelMeta` is the one
+reader and writer of `model.json`; `warm_start` decides, in one place, whether a run may start from
+a saved model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from storage.embedding.config import StoreConfig
+from storage.io import codec, fsio
+from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.models.config import ModelConfig, reshaping_changes
+
+MODEL_JSON = "model.json"
+DENSE = "dense.safetensors"
+DENSE_OPTIM = "dense_optim.safetensors"
+SPARSE = "sparse"
+MODEL_FORMAT = "ctr-pipeline-model/2"
+
+join = fsio.join
+
+
+def sparse_part_name(rank: int) -> str:
+    return f"part-{rank:05d}.parquet"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelMeta:
+    """`model.json` of a model directory."""
+
+    format: str = MODEL_FORMAT
+    model_name: str
+    model_config: ModelConfig
+    dim: int
+    """Embedding width."""
+    init_std: float
+    """Std of the initial rows of keys the model never trained (`storage.embedding.row_init`)."""
+    num_dense: int
+    num_fields: int
+    fields: tuple[str, ...]
+    dense_columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    bag_columns: tuple[str, ...] = ()
+    """Pooled with `model_config.bag_pooling` (empty: no multi-valued fields)."""
+    vocab_date: str | None
+    """The vocabulary the training rows were encoded with."""
+    run_tag: str
+    """Names the trained result (date, parent version, `TrainSpec.identity`); the shards carry it too."""
+    features_url: str
+    init_model_url: str | None
+    """The model this one warm-started from, or None."""
+    optim: OptimConfig
+    het: HetConfig
+    trainer: TrainerConfig
+    train: dict[str, Any] = field(default_factory=dict)
+    """Train statistics (steps, examples, losses, rates, communication, store counters)."""
+
+    @property
+    def arch(self) -> str:
+        return self.model_config.arch
+
+    def to_dict(self) -> dict[str, Any]:
+        return codec.encode(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = MODEL_JSON) -> ModelMeta:
+        """Raises `ConfigError` naming the key when the file is not a model.json of this format."""
+        if data.get("format") != MODEL_FORMAT:
+            raise codec.ConfigError(
+                f"{where} has format {data.get('format')!r}, this code reads {MODEL_FORMAT!r}; retrain the model"
+            )
+        return codec.decode(cls, data, prefix="model.json: ")
+
+
+def read_meta(model_url: str, storage_options: dict | None = None) -> ModelMeta:
+    """The `ModelMeta` of a committed model directory.
+
+    Raises:
+        FileNotFoundError: the directory is not committed (no `_SUCCESS.json`) or has no model.json.
+    """
+    fs, path = fsio.get_fs(model_url, storage_options)
+    if (manifest := fsio.read_manifest(fs, path)) is None:
+        raise FileNotFoundError(f"{model_url} is not a committed model directory (no {fsio.SUCCESS})")
+    where = fsio.join(model_url, MODEL_JSON)
+    return ModelMeta.from_dict(fsio.read_json(fs, fsio.join(fsio.data_dir(path, manifest), MODEL_JSON)), where=where)
+
+
+def write_meta(fs: Any, path: str, meta: ModelMeta) -> None:
+    """Write `meta` as `<path>/model.json` (`path` on `fs`, protocol-less)."""
+    fsio.write_json(fs, fsio.join(path, MODEL_JSON), meta.to_dict())
+
+
+def write_tensors(url: str, tensors: dict[str, torch.Tensor], storage_options: dict | None = None) -> None:
+    fs, path = fsio.get_fs(url, storage_options)
+    data = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    with fs.open(path, "wb") as f:
+        f.write(data)
+
+
+def read_tensors(url: str, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
+    fs, path = fsio.get_fs(url, storage_options)
+    if not fs.exists(path):
+        raise FileNotFoundError(url)
+    with fs.open(path, "rb") as f:
+        return st_load(f.read())
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Whether a run may start from a saved model: its dense weights, its rows, and why not."""
+
+    dense: bool
+    sparse: bool
+    reason: str = ""
+
+
+def warm_start(saved: ModelMeta, model: ModelConfig, store: StoreConfig) -> WarmStart:
+    """Can a run with `model` and `store` start from `saved`?
+
+    A config change that reshapes the network (another arch, MLP widths, dense buckets, ...) or the
+    rows (embedding_dim) must not fail every daily run until someone intervenes: the affected part
+    starts cold, and the run's record says so.  Dropout and bag pooling reshape nothing.
+    """
+    changed = reshaping_changes(codec.encode(saved.model_config), model)
+    sparse_ok = saved.dim == store.embedding_dim
+    if not sparse_ok:
+        changed.append("store.embedding_dim")
+    if changed:
+        return WarmStart(False, sparse_ok, "architecture changed: " + ", ".join(changed))
+    return WarmStart(True, True)

@@ -1,0 +1,86 @@
+"""Typed configuration of the model (the `model` section), and which of its fields reshape parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
+BAG_POOLINGS = ("mean", "sum", "none")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    arch: str = "attention"
+    """Architecture: `attention` (embeddings -> multi-head self-attention over fields -> MLP -> sigmoid),
+    or a reference: `lr`, `dnn`, `deepfm`, `dcn_v2` (see trainer/models/reference.py)."""
+    num_heads: int = 2
+    """Attention heads; must divide store.embedding_dim."""
+    attention_layers: int = 1
+    mlp_dims: tuple[int, ...] = (256, 128)
+    """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
+    dropout: float = 0.0
+    """Dropout after each hidden MLP layer (and in attention)."""
+    dense_buckets: int = 16
+    """Bucketise each log1p dense feature into this many buckets with a learned token each (0 = off,
+    else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0.  The raw
+    log1p values are used as well.  (Default 0 before the quality work: a model published with 0 cannot
+    warm-start a run with buckets, the MLP input differs; pin 0, or start that run cold.)"""
+    dense_bucket_max: float = 12.0
+    """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
+    cross_layers: int = 3
+    """Cross layers of `dcn_v2` (and of the attention model's `cross_tower`)."""
+    cross_rank: int = 0
+    """Rank r of every cross layer's W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
+    cross_tower: bool = False
+    """`attention` only: add a DCN-V2 cross network (`cross_layers` layers, `cross_rank`) over x0 = the flattened
+    field (and dense bucket) embeddings, parallel to attention + MLP, its zero-initialised linear head added to
+    the logit (a DCN / AutoInt+ hybrid).  The raw log1p dense values stay out of x0: the cross products square
+    them (values up to ~12), which overfit Criteo.  Off by default: see bench/quality.py, issue 7 round 6."""
+    fm: bool = False
+    """`attention` only: add the FM second-order term (sum of <v_i, v_j> over field pairs, v = e[1:], e[0] being
+    the wide term's key weight) to the logit.  Off by default: see bench/quality.py, issue 7 round 6."""
+    wide: bool = True
+    """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
+    so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""
+    wide_scale: float = 1.0
+    """The wide term uses wide_scale * e_f[0]: the key weights' effective step (sparse_lr * wide_scale)
+    and L2 (embedding_l2 / wide_scale^2, in logit units) apart from the deep dimensions'."""
+    bag_pooling: str = "mean"
+    """How a multi-valued field's bag of keys (`bag_j` in features) becomes the field's one embedding row:
+    `mean` or `sum` of the bag's rows (an empty bag uses the missing key's row), or `none` to ignore the
+    bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
+
+    def __post_init__(self) -> None:
+        if self.dense_buckets < 0 or 0 < self.dense_buckets < 3:
+            raise ValueError(f"model.dense_buckets must be 0 (off) or >= 3, got {self.dense_buckets}")
+        if self.wide_scale <= 0:
+            raise ValueError(f"model.wide_scale must be > 0, got {self.wide_scale}")
+        if self.dense_bucket_max <= 0 or self.cross_layers < 0 or self.cross_rank < 0:
+            raise ValueError("model.dense_bucket_max must be > 0, model.cross_layers and model.cross_rank >= 0")
+        if self.bag_pooling not in BAG_POOLINGS:
+            raise ValueError(f"model.bag_pooling must be one of {BAG_POOLINGS}, got {self.bag_pooling!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.num_heads < 1 or self.attention_layers < 0:
+            raise ValueError("model.num_heads must be >= 1 and model.attention_layers >= 0")
+        if not self.mlp_dims or any(d < 1 for d in self.mlp_dims):
+            raise ValueError(f"model.mlp_dims must be positive widths, got {self.mlp_dims}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+
+SHAPE_FREE = ("dropout", "bag_pooling")
+"""ModelConfig fields that change no parameter shape: a change keeps the warm start."""
+
+
+def reshaping_changes(saved: dict[str, Any] | None, ours: ModelConfig) -> list[str]:
+    """The `model.*` keys whose saved value (a model.json `model_config`) differs from `ours`, ignoring
+    `SHAPE_FREE` fields: a non-empty list means the saved dense weights do not fit `ours`.
+
+    A field the saved config lacks (a model from before the field existed) counts as changed.
+    """
+    mine = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(ours).items() if k not in SHAPE_FREE}
+    theirs = {k: list(v) if isinstance(v, tuple) else v for k, v in (saved or {}).items() if k not in SHAPE_FREE}
+    return [f"model.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]

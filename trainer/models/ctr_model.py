@@ -1,0 +1,200 @@
+"""The CTR model: field embeddings -> self-attention over fields -> interaction -> MLP -> logit.
+
+The embeddings are not parameters of this module: every rank pulls the rows of
+its batch from the sharded embedding store (`trainer.distributed.comm.ShardedEmbedding`)
+and passes them in as a leaf tensor `emb` (B, F, D) whose gradient is pushed
+back to the owners.  Only the dense part below is data-parallel.
+
+    emb (B, F, D)                                   dense (B, n)
+      |                                               |  (only with model.dense_buckets > 0)
+      +--- cat ---------------- DenseArch (B, n_b, D) +
+      v                                               |
+    tokens (B, F', D) -> SequenceAttention -> (B, F', D)
+                                      |               |
+                          InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
+
+F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
+feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit, and the optional
+`model.cross_tower` (a DCN-V2 cross network over the flattened tokens) and `model.fm` (an FM term) add
+towers parallel to attention + MLP (off by default).  `model.arch` other than `attention` swaps the body
+for a reference architecture of `trainer.models.reference` (lr, dnn, deepfm, dcn_v2) with the same signature.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from trainer.models.config import ModelConfig
+from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine, OverArch
+from trainer.models.reference import REFERENCE_ARCHS, dense_arch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BIAS_SCALE", "CTRModel", "DenseArch", "InteractionArch", "OverArch", "SequenceAttention"]
+
+BIAS_SCALE = 20.0
+"""The global bias enters the logit as BIAS_SCALE * b.  Adam moves b by about lr per step, so the
+logit offset moves by ~BIAS_SCALE * lr (0.02 at lr 1e-3): it reaches the base rate's logit
+(about -1.1 at a 25% click rate) within the warm-up instead of after ~1000 steps, and the per-key
+weights no longer have to carry the intercept (which L2 then pulls back: a miscalibrated model)."""
+
+
+class SequenceAttention(nn.Module):
+    """Multi-head self-attention over the field embeddings of one example.
+
+    Each layer is `x = LayerNorm(x + MHA(x, x, x))` (post-norm residual); the F
+    fields play the role of a sequence with no order (no positional encoding:
+    field identity is already in the key hash, hence in the embedding).
+
+    Args:
+        dim: embedding width D; must be divisible by `num_heads`.
+        num_heads: attention heads.
+        num_layers: stacked layers; 0 makes the module the identity.
+        dropout: attention dropout probability.
+
+    Example::
+
+        att = SequenceAttention(dim=8, num_heads=2, num_layers=1)
+        y = att(torch.randn(4, 3, 8))  # (B=4, F=3, D=8) -> (4, 3, 8)
+    """
+
+    def __init__(self, *, dim: int, num_heads: int, num_layers: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"embedding_dim ({dim}) must be divisible by model.num_heads ({num_heads}); "
+                "change one of store.embedding_dim or model.num_heads"
+            )
+        self.attn = nn.ModuleList(
+            nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True) for _ in range(num_layers)
+        )
+        self.norm = nn.ModuleList(nn.LayerNorm(dim) for _ in range(num_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for attn, norm in zip(self.attn, self.norm, strict=True):
+            a, _ = attn(x, x, x, need_weights=False)  # (B, F, D)
+            x = norm(x + a)  # (B, F, D)
+        return x
+
+
+class InteractionArch(nn.Module):
+    """Joins the dense features and the attended field embeddings into one vector per example.
+
+    Args:
+        num_dense: n, the number of dense (already log1p-transformed) features.
+        num_fields: F.
+        dim: D.
+
+    Example::
+
+        inter = InteractionArch(num_dense=2, num_fields=3, dim=4)
+        z = inter(torch.randn(5, 2), torch.randn(5, 3, 4))  # -> (5, 2 + 3*4)
+    """
+
+    def __init__(self, *, num_dense: int, num_fields: int, dim: int) -> None:
+        super().__init__()
+        self.out_dim = num_dense + num_fields * dim
+
+    def forward(self, dense: torch.Tensor, fields: torch.Tensor) -> torch.Tensor:
+        B = fields.shape[0]
+        return torch.cat([dense, fields.reshape(B, -1)], dim=1)  # (B, n + F*D)
+
+
+class CTRModel(nn.Module):
+    """The dense part of the CTR model; embeddings come from the store.
+
+    With `config.arch == "attention"` (the default) the sub-architectures are
+    `dense_arch` (only with dense buckets), `attention`, `interaction`, `over`, and `wide`
+    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term),
+    `cross` + `cross_head` (with `model.cross_tower`) and `fm` (with `model.fm`);
+    any other arch is held as `net` (see `trainer.models.reference`).  Every arch adds the global
+    bias `BIAS_SCALE * bias` to its logit.
+
+    Args:
+        config: architecture (arch, heads, attention layers, MLP widths, dropout, dense buckets).
+        num_dense: n, dense features per example (already log-transformed).
+        num_fields: F, categorical fields per example.
+        dim: D, the embedding width (`StoreConfig.embedding_dim`).
+
+    Example::
+
+        model = CTRModel(ModelConfig(mlp_dims=(16,)), num_dense=13, num_fields=26, dim=8)
+        logits = model(torch.randn(32, 13), torch.randn(32, 26, 8))  # (32,)
+        probs = torch.sigmoid(logits)
+    """
+
+    def __init__(self, config: ModelConfig, *, num_dense: int, num_fields: int, dim: int) -> None:
+        super().__init__()
+        if num_dense < 0 or num_fields < 1 or dim < 1:
+            raise ValueError(
+                f"CTRModel needs num_dense >= 0, num_fields >= 1, dim >= 1; got {num_dense}, {num_fields}, {dim}"
+            )
+        self.config = config
+        self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
+        self.bias = nn.Parameter(torch.zeros(()))  # logit offset, scaled by BIAS_SCALE
+        self.register_load_state_dict_pre_hook(_keep_new_parameters)
+        if config.arch != "attention":
+            self.net = REFERENCE_ARCHS[config.arch](config, num_dense=num_dense, num_fields=num_fields, dim=dim)
+            return
+        if config.dense_buckets:  # registered only when used: default checkpoints keep their keys
+            self.dense_arch = dense_arch(config, num_dense=num_dense, dim=dim)
+        tokens = num_fields + (num_dense if config.dense_buckets else 0)
+        self.attention = SequenceAttention(
+            dim=dim, num_heads=config.num_heads, num_layers=config.attention_layers, dropout=config.dropout
+        )
+        self.interaction = InteractionArch(num_dense=num_dense, num_fields=tokens, dim=dim)
+        self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
+        if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
+            self.wide = nn.Linear(num_dense, 1)
+            nn.init.zeros_(self.wide.weight)
+        # optional parallel towers, built last so that the modules above draw the same initial values
+        if config.cross_tower:  # DCN-V2 cross network on the field (and bucket) tokens, its own linear head
+            x0_dim = tokens * dim
+            self.cross = CrossNetV2(in_dim=x0_dim, num_layers=config.cross_layers, rank=config.cross_rank)
+            self.cross_head = nn.Linear(x0_dim, 1)
+            nn.init.zeros_(self.cross_head.weight)  # the tower starts as 0: the model starts as the backbone
+            nn.init.zeros_(self.cross_head.bias)
+        if config.fm:
+            self.fm = FactorizationMachine()
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
+            raise ValueError(
+                f"CTRModel expects dense (B, {self.num_dense}) and emb (B, {self.num_fields}, {self.dim}), "
+                f"got {tuple(dense.shape)} and {tuple(emb.shape)}"
+            )
+        if self.config.arch != "attention":
+            return self.net(dense, emb) + BIAS_SCALE * self.bias  # (B,)
+        if self.config.dense_buckets:
+            emb = torch.cat([emb, self.dense_arch(dense)], dim=1)  # (B, F + n, D)
+        fields = self.attention(emb)  # (B, F', D)
+        z = self.interaction(dense, fields)  # (B, n + F'*D)
+        logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
+        if self.config.wide:
+            w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
+            logits = logits + self.wide(dense).squeeze(-1) + w  # (B,)
+        if self.config.cross_tower:
+            x0 = emb.reshape(emb.shape[0], -1)  # (B, F'*D): no raw dense values (see ModelConfig.cross_tower)
+            logits = logits + self.cross_head(self.cross(x0)).squeeze(-1)  # (B,)
+        if self.config.fm:
+            logits = logits + self.fm(emb[:, :, 1:])  # (B, F', D-1) pairwise factors -> (B,)
+        return logits
+
+
+NEW_PARAMETERS = ("bias",)
+"""Parameters the model gained after models had been published without them.  A state dict that lacks
+them (a warm start from, or an evaluation of, such a model) loads them as zeros; for `bias` that is
+exactly the old function.  (The Adam moments of such a parameter start at 0 too:
+`KStepAdam.load_state_tensors`.)"""
+
+
+def _keep_new_parameters(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
+    """load_state_dict pre-hook: the `NEW_PARAMETERS` a state dict lacks load as zeros."""
+    own = dict(module.named_parameters())
+    for name in NEW_PARAMETERS:
+        if name in own and prefix + name not in state_dict:
+            log.info("state dict without %s (written before it existed): loading it as 0", name)
+            state_dict[prefix + name] = torch.zeros_like(own[name])
