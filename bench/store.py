@@ -140,9 +140,9 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
         pos = [rng.integers(0, n_rows, b) for _ in range(n_batches)]
         qs = [torch.from_numpy(keys[p]) for p in pos]
         idxs = [torch.from_numpy(p) for p in pos]
-        torch.testing.assert_close(host.lookup(qs[0]), host._buf.gather_emb(host._cache.map.lookup(keys[pos[0]])))
+        torch.testing.assert_close(host.lookup(qs[0]).rows, host._buf.gather_emb(host._cache.map.lookup(keys[pos[0]])))
         dense_np = dense.numpy()
-        ours, base, take = paired_rates(lambda qs=qs: [host.lookup(q) for q in qs],
+        ours, base, take = paired_rates(lambda qs=qs: [host.lookup(q).rows for q in qs],
                                         lambda idxs=idxs: [dense.index_select(0, i) for i in idxs],
                                         lambda pos=pos: [np.take(dense_np, p, axis=0) for p in pos],
                                         items=b * n_batches)
@@ -398,7 +398,7 @@ assert len(ssd) == n
 host = HostStore(dim, budget_bytes=budget, below=ssd)
 rng = np.random.default_rng(0)
 warm_q = torch.from_numpy((rng.integers(0, n, qbatch) * 0x9E3779B1) & ((1 << 62) - 1))
-host.lookup(warm_q)
+host.lookup(warm_q).rows
 t0 = time.perf_counter()
 done = 0
 while done < queries:

@@ -110,9 +110,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
     staging_url = fs.unstrip_protocol(staging) if "://" in spec.output_url else staging
 
     store.flush()
-    set_tag = getattr(store, "set_tag", None)
-    if callable(set_tag):
-        set_tag(spec.run_tag)
+    store.set_tag(spec.run_tag)
     part = fsio.join(staging_url, model_dir.SPARSE, model_dir.sparse_part_name(ctx.rank))
     sparse_rows = store.snapshot(part, storage_options=so)
 

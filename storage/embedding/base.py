@@ -7,36 +7,56 @@ between tiers or evicting it never loses optimizer state.
 
 Guarantees every tier keeps (checked by `tests/storage/embedding/conformance.py`):
 
-- `lookup(keys)` returns a float32 tensor of shape (len(keys), dim) on the
-  store's device, in the order of `keys`; duplicates are allowed.  A key the
-  store has never seen is initialised with `init_rows(keys, dim, std)`, a pure
-  function of the key, so every rank, every tier and every rerun agrees.
-  `lookup` does not store that row: a row exists (counts in `len`, appears in
-  `snapshot`) once `update`, `warm` or `restore` wrote it.
+- `lookup(keys)` returns a `Lookup`: the keys and their rows, a float32 tensor
+  of shape (len(keys), dim) on `store.device`, in the order of `keys`;
+  duplicates are allowed.  A key the store has never seen is initialised with
+  `init_rows(keys, dim, init_std)`, a pure function of the key, so every rank,
+  every tier and every rerun agrees.  `lookup` does not store that row: a row
+  exists (counts in `len`, appears in `snapshot`) once `update`, `warm`,
+  `write_rows` or `restore` wrote it.
+- `update(target, grads, lr=...)` applies sparse Adam to the rows of `target`
+  (keys, or the `Lookup` of those keys); gradients of duplicate keys are summed
+  first.  Each row's clock counts its own updates and drives its bias
+  correction (lazy Adam).  Given the `Lookup` returned by this store's last
+  call, a tier may reuse what the lookup resolved (a caching tier does not hash
+  the keys or read the tier below a second time); the result is the same
+  either way.
 - Keys are int64 tensors of shape (N,) with non-negative values; gradients are
   float32 (N, dim).  Anything else raises `TypeError` / `ValueError` before any
-  row changes.
-- `update(keys, grads, lr=...)` applies sparse Adam to the rows of `keys`;
-  gradients of duplicate keys are summed first.  Each row's clock counts its
-  own updates and drives its bias correction (lazy Adam).  Non-finite
-  gradients raise `ValueError` before any row changes.
+  row changes.  Non-finite gradients raise `ValueError` before any row changes.
+- `read_rows(keys)` returns full rows (embedding, moments, clock) without
+  materialising unknown ones (`found=False`, fresh rows); `write_rows`
+  upserts full rows as given; `contains` says which keys are held.  Caching
+  tiers are built on these, and the HET cache reads row clocks through them.
 - `snapshot(url)` writes every row (embedding, m, v, clock) as one Parquet file
   (columns key:int64, emb/m/v: fixed-size list<float32>[dim], clock:int64) through fsspec,
   atomically; `restore(url, owner=(rank, world))` replaces the store's content
   with the rows of that file whose `owner_of(key, world) == rank`.
+- `tag` names the run whose state a persistent store holds (None for a store
+  with no persistent level, whose `set_tag` does nothing).
 - No per-key Python loops on the hot path: every operation is batched.
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
+from storage.embedding.rows import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    Rows,
+    check_keys,
+    check_update,
+    sparse_adam,
+    sum_duplicates,
+)
+
+__all__ = ["ADAM_BETAS", "ADAM_EPS", "EmbeddingStore", "Lookup", "owner_of"]
 
 
 def owner_of(keys: torch.Tensor | np.ndarray, world_size: int) -> torch.Tensor | np.ndarray:
@@ -46,31 +66,87 @@ def owner_of(keys: torch.Tensor | np.ndarray, world_size: int) -> torch.Tensor |
     return keys % world_size
 
 
+@dataclass(frozen=True, eq=False)
+class Lookup:
+    """The rows of `keys` as a store served them: the first half of a lookup -> update pair.
+
+    Attributes:
+        keys: int64 (N,), the store's own copy of the keys looked up (on the CPU).
+        rows: float32 (N, dim) on the store's device, in the order of `keys`.
+        plan: what the serving tier resolved (slots, rows read below), private to it; a
+            tier reuses it in `update` only while nothing else changed it since.
+    """
+
+    keys: torch.Tensor
+    rows: torch.Tensor
+    plan: Any = None
+
+
 class EmbeddingStore(abc.ABC):
     """A key -> (embedding, m, v, clock) table.  See the module docstring for the contract."""
 
     dim: int
+    init_std: float
+    """Std of the initial rows of unseen keys (`storage.embedding.row_init.init_rows`)."""
+    device: torch.device
+    """Where `lookup` returns rows and where gradients are applied."""
 
+    # ---- the training interface -----------------------------------------------------------------
     @abc.abstractmethod
-    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
-        """Embeddings of `keys` (int64, shape (N,)) as float32 (N, dim), initialising unseen keys."""
+    def lookup(self, keys: torch.Tensor) -> Lookup:
+        """The rows of `keys` (int64, shape (N,)) as float32 (N, dim), initialising unseen keys."""
         raise NotImplementedError
 
-    @abc.abstractmethod
-    def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        """Apply one sparse-Adam step to the rows of `keys` with `grads` (N, dim); duplicate keys summed."""
-        raise NotImplementedError
+    def update(self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
+        """Apply one sparse-Adam step to the rows of `target` (keys, or their `Lookup`) with `grads` (N, dim).
 
-    @abc.abstractmethod
+        Duplicate keys are summed.  The default reads the full rows, steps them and writes them back.
+        """
+        keys = target.keys if isinstance(target, Lookup) else target
+        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
+        if k.size == 0:
+            return
+        uniq, g = sum_duplicates(k, grads.detach().to(self.device))
+        _, rows = self.read_rows(uniq)
+        self.write_rows(uniq, sparse_adam(rows, g, lr=lr, weight_decay=weight_decay))
+
     def warm(self, keys: torch.Tensor) -> None:
-        """Bring the rows of `keys` into this tier's fastest level (hint; no effect on values)."""
-        raise NotImplementedError
+        """Bring the rows of `keys` into this store's fastest level (a hint; no effect on values).
+
+        Unknown keys get their initial rows and become part of the store.
+        """
+        from storage.embedding.row_init import init_rows
+
+        k = np.unique(check_keys(keys))
+        missing = k[~self.contains(k)]
+        if missing.size:
+            self.write_rows(missing, Rows.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))
 
     @abc.abstractmethod
     def evict(self, keys: torch.Tensor) -> None:
         """Delete the rows of `keys` from every level (the vocabulary dropped them); unknown keys are ignored."""
         raise NotImplementedError
 
+    # ---- full rows: what tiers move between each other ------------------------------------------
+    @abc.abstractmethod
+    def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
+        """Full rows of distinct `keys` on this store's device, and a bool mask of the keys it holds.
+
+        Unknown keys come back as fresh `init_rows` rows (clock 0) with `found=False`; nothing is stored.
+        """
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
+        """Insert or overwrite the rows of distinct `keys` (counts as a change to the store)."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """Bool mask: which of `keys` this store (any level) holds."""
+        raise NotImplementedError
+
+    # ---- persistence ----------------------------------------------------------------------------
     @abc.abstractmethod
     def snapshot(self, url: str, storage_options: dict | None = None) -> int:
         """Write every row to a Parquet file at `url` atomically; returns the number of rows."""
@@ -83,6 +159,21 @@ class EmbeddingStore(abc.ABC):
         """Replace the content with the rows at `url` (only those owned by `owner=(rank, world)`); returns rows kept."""
         raise NotImplementedError
 
+    @property
+    def tag(self) -> str | None:
+        """The run whose state the persistent level holds (None: no persistent level, or changed since)."""
+        return None
+
+    def set_tag(self, tag: str | None) -> None:  # noqa: B027 - a store with no persistent level keeps no tag
+        """Flush, then record `tag` in the persistent level (cleared again by the next change)."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook
+        """Write dirty rows down to the persistent level (no-op for purely in-memory stores)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and memory; the store is unusable afterwards."""
+
+    # ---- reporting ------------------------------------------------------------------------------
     @abc.abstractmethod
     def stats(self) -> dict[str, Any]:
         """Counters per tier, top tier first: ``{tier_name: {"hits", "misses", "bytes_read",
@@ -93,9 +184,3 @@ class EmbeddingStore(abc.ABC):
     def __len__(self) -> int:
         """Number of rows held (all levels)."""
         raise NotImplementedError
-
-    def flush(self) -> None:  # noqa: B027 - optional hook
-        """Write dirty rows down to the persistent level (no-op for purely in-memory stores)."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release files and memory; the store is unusable afterwards."""

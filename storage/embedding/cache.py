@@ -8,7 +8,7 @@ replacement policy (LFU with LRU tie-break, or LRU), and per-slot flags
 copy).  `simulate_hit_rate` drives it alone, so benchmarks measure exactly the
 policy the stores run.
 
-`CachingTier` is a `RowTier` that keeps full rows (embedding + Adam state) in
+`CachingTier` is an `EmbeddingStore` that keeps full rows (embedding + Adam state) in
 a `RowBuffer` on its device over an injected lower tier (`below`), inclusive
 and write-back:
 
@@ -34,13 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from storage.embedding.base import EmbeddingStore, Lookup
 from storage.embedding.config import POLICIES
 from storage.embedding.index import SlotMap
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import (
     RowBuffer,
     Rows,
-    RowTier,
     check_keys,
     check_update,
     row_bytes,
@@ -269,17 +269,18 @@ def simulate_hit_rates(
 
 
 @dataclass(frozen=True)
-class _Looked:
-    """What a `lookup` of sorted distinct keys resolved, for an `update` of the very same keys right after.
+class _Plan:
+    """What a `lookup` of sorted distinct keys resolved (the `Lookup.plan` of a caching tier).
 
-    A sharded step looks its owned keys up at the pull and updates the same keys (the same tensor) at
-    the push, with no other call to the tier in between; the update then reuses the slots and the rows
-    read below instead of hashing the keys and reading the misses below a second time.
+    A sharded step looks its owned keys up at the pull and updates the same keys at the push, with no
+    other call to the tier in between; an `update` given that `Lookup` then reuses the slots and the
+    rows read below instead of hashing the keys and reading the misses below a second time.  The plan
+    is valid while the tier's `generation` is the one it was made at: any other call changes it.
     """
 
-    keys: torch.Tensor
-    """The caller's tensor (identity and in-place version are checked)."""
-    version: int
+    tier: int
+    """`id` of the tier that made it (a plan only ever serves its own tier)."""
+    generation: int
     slots: np.ndarray
     """Slot of each key after the lookup (-1: not resident)."""
     found_out: np.ndarray
@@ -287,11 +288,8 @@ class _Looked:
     rows_out: Rows | None
     """The non-resident keys' rows as read below (None when every key is resident)."""
 
-    def matches(self, keys: torch.Tensor) -> bool:
-        return keys is self.keys and keys._version == self.version
 
-
-class CachingTier(RowTier):
+class CachingTier(EmbeddingStore):
     """A bounded write-back cache of full rows over an optional lower tier.  See the module docstring.
 
     Args:
@@ -300,7 +298,7 @@ class CachingTier(RowTier):
         device: where cached rows live.
         capacity: rows held at most (None: unbounded).
         policy: ``"lfu"`` or ``"lru"``.
-        below: the tier below (a `RowTier`), or None.
+        below: the tier below, or None.
         preallocate: allocate all `capacity` rows up front (a device cache) instead of growing.
         evict_extra: eviction slack, a fraction of `capacity` (see `SlotCache`).
     """
@@ -315,7 +313,7 @@ class CachingTier(RowTier):
         device: torch.device | str,
         capacity: int | None,
         policy: str,
-        below: RowTier | None,
+        below: EmbeddingStore | None,
         preallocate: bool = False,
         evict_extra: float = 0.0,
     ) -> None:
@@ -324,10 +322,8 @@ class CachingTier(RowTier):
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std}")
         if below is not None:
-            if not isinstance(below, RowTier):
-                raise TypeError(
-                    f"below must be a storage tier with read_rows/write_rows (a RowTier), got {type(below).__name__}"
-                )
+            if not isinstance(below, EmbeddingStore):
+                raise TypeError(f"below must be an EmbeddingStore (a storage tier), got {type(below).__name__}")
             if below.dim != dim:
                 raise ValueError(f"below has dim {below.dim}, this tier has dim {dim}")
         self.dim = dim
@@ -339,8 +335,8 @@ class CachingTier(RowTier):
             dim, self.device, capacity if (preallocate and capacity) else 0, fixed=preallocate, limit=capacity
         )
         self._counters = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "evictions"), 0)
-        self._looked: _Looked | None = None
-        """The last `lookup`, while no other call has changed the tier since (see `_Looked`)."""
+        self._generation = 0
+        """Counts the calls that change the tier: a `Lookup.plan` is reusable while this is unchanged."""
 
     @property
     def capacity(self) -> int | None:
@@ -454,7 +450,7 @@ class CachingTier(RowTier):
 
     # -- tier-to-tier interface ----------------------------------------------------------
     def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
-        self._looked = None
+        self._generation += 1
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots, outside, found_out, rows_out = self._resolve(keys, 1, "read")
         res = np.flatnonzero(slots >= 0)
@@ -468,7 +464,7 @@ class CachingTier(RowTier):
         return found, rows
 
     def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
-        self._looked = None
+        self._generation += 1
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots, outside, _, _ = self._resolve(keys, 1, "write")
         res = np.flatnonzero(slots >= 0)
@@ -487,44 +483,54 @@ class CachingTier(RowTier):
         return held
 
     # -- contract ----------------------------------------------------------------------------
-    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
-        """Rows of `keys`; keys that are sorted and distinct (a sharded pull's) are remembered for an
-        `update` of the same tensor right after (`_Looked`)."""
-        self._looked = None
+    def lookup(self, keys: torch.Tensor) -> Lookup:
+        """Rows of `keys`; for keys that are sorted and distinct (a sharded pull's) the `Lookup` carries
+        what was resolved, for an `update` of it right after (`_Plan`)."""
+        self._generation += 1
         k = check_keys(keys)
+        handle_keys = torch.from_numpy(k.copy())
         c = self._cache
         slots = c.map.lookup(k)
         distinct = strictly_increasing(k)
         if k.size and (slots >= 0).all():
             # Fast path, every key resident: no sort, no de-dup; one scatter-add for the frequencies.
             c.next_tick()
+            plan = None
             if distinct:  # one access per slot: the plain touch does it without the scatter-add
                 c.touch(slots)
                 self._counters["hits"] += k.size
-                self._looked = _Looked(keys, keys._version, slots, np.zeros(0, dtype=bool), None)
+                plan = self._plan(slots, np.zeros(0, dtype=bool), None)
             else:
                 self._counters["hits"] += c.touch_accesses(slots)
-            return self._buf.gather_emb(slots)
+            return Lookup(handle_keys, self._buf.gather_emb(slots), plan)
+        plan = None
         if distinct:  # already np.unique's output: no sort, and `slots` need no second hashing
             uniq, inverse, counts = k, None, 1
             slots, outside, found_out, rows_out = self._resolve(uniq, counts, "read", slots=slots)
-            self._looked = _Looked(keys, keys._version, slots, found_out, rows_out)
+            plan = self._plan(slots, found_out, rows_out)
         else:
             uniq, inverse, counts = np.unique(k, return_inverse=True, return_counts=True)
             slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
         if outside.size == 0:  # all resident: one gather straight into the caller's order
-            return self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)])
+            return Lookup(handle_keys, self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)]), plan)
         out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
         res = np.flatnonzero(slots >= 0)
         dev = self.device
         out.index_copy_(0, torch.from_numpy(res).to(dev), self._buf.gather_emb(slots[res]))
         out.index_copy_(0, torch.from_numpy(outside).to(dev), rows_out.emb.to(dev))
         if inverse is None:
-            return out
-        return out.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(self.device))
+            return Lookup(handle_keys, out, plan)
+        return Lookup(handle_keys, out.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(self.device)), plan)
 
-    def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        looked, self._looked = self._looked, None
+    def _plan(self, slots: np.ndarray, found_out: np.ndarray, rows_out: Rows | None) -> _Plan:
+        return _Plan(id(self), self._generation, slots, found_out, rows_out)
+
+    def update(self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
+        plan = target.plan if isinstance(target, Lookup) else None
+        if not (isinstance(plan, _Plan) and plan.tier == id(self) and plan.generation == self._generation):
+            plan = None  # another tier's, or the tier changed since the lookup: resolve afresh
+        self._generation += 1
+        keys = target.keys if isinstance(target, Lookup) else target
         k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
         if k.size == 0:
             return
@@ -533,10 +539,10 @@ class CachingTier(RowTier):
             counts: np.ndarray | int = 1
         else:
             counts = np.unique(k, return_counts=True)[1]
-        if looked is not None and looked.matches(keys) and uniq is k:
+        if plan is not None and uniq is k:
             # the same keys as the lookup just before: its slots and rows read below still hold
             slots, outside, _, rows_out = self._resolve(
-                uniq, counts, "create", slots=looked.slots.copy(), below=(looked.found_out, looked.rows_out)
+                uniq, counts, "create", slots=plan.slots.copy(), below=(plan.found_out, plan.rows_out)
             )
         else:
             slots, outside, _, rows_out = self._resolve(uniq, counts, "create")
@@ -568,7 +574,7 @@ class CachingTier(RowTier):
         Unknown keys get their initial rows and become part of the store.
         Keys that do not fit are passed on to `below.warm`.
         """
-        self._looked = None
+        self._generation += 1
         k = check_keys(keys)
         _, first = np.unique(k, return_index=True)
         ordered = k[np.sort(first)]
@@ -593,7 +599,7 @@ class CachingTier(RowTier):
             self.below.warm(torch.from_numpy(tail))
 
     def evict(self, keys: torch.Tensor) -> None:
-        self._looked = None
+        self._generation += 1
         k = np.unique(check_keys(keys))
         slots = self._cache.map.lookup(k)
         held = slots[slots >= 0]
@@ -609,7 +615,7 @@ class CachingTier(RowTier):
 
     def flush(self) -> None:
         """Write every dirty row below (they stay cached, clean), then flush below."""
-        self._looked = None
+        self._generation += 1
         if self.below is None:
             return
         c = self._cache
@@ -638,7 +644,7 @@ class CachingTier(RowTier):
         return w.rows
 
     def _clear(self) -> None:
-        self._looked = None
+        self._generation += 1
         self._cache = SlotCache(self._cache.capacity, self._cache.policy, evict_extra=self._cache.evict_extra)
         self._buf.reset()
 
@@ -659,14 +665,13 @@ class CachingTier(RowTier):
     @property
     def tag(self) -> str | None:
         """The tag of the persistent tier at the bottom of the stack (see `SsdStore.tag`), or None."""
-        return getattr(self.below, "tag", None)
+        return self.below.tag if self.below is not None else None
 
     def set_tag(self, tag: str | None) -> None:
         """Flush, then tag the persistent tier below (no-op for a stack without one)."""
         self.flush()
-        set_tag = getattr(self.below, "set_tag", None)
-        if callable(set_tag):
-            set_tag(tag)
+        if self.below is not None:
+            self.below.set_tag(tag)
 
     def _own_stats(self) -> dict[str, Any]:
         c = self._cache

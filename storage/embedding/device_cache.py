@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from storage.embedding.base import EmbeddingStore
 from storage.embedding.cache import CachingTier, simulate_hit_rate
-from storage.embedding.rows import RowTier
 
 __all__ = ["DeviceCache", "simulate_hit_rate"]
 
@@ -39,7 +39,7 @@ class DeviceCache(CachingTier):
     tier = "device"
 
     def __init__(
-        self, below: RowTier, *, capacity_rows: int, policy: str = "lfu", device: torch.device | str = "cpu"
+        self, below: EmbeddingStore, *, capacity_rows: int, policy: str = "lfu", device: torch.device | str = "cpu"
     ) -> None:
         if below is None:
             raise ValueError("DeviceCache needs a tier below it")
@@ -47,7 +47,7 @@ class DeviceCache(CachingTier):
             raise ValueError(f"capacity_rows must be >= 1, got {capacity_rows}")
         super().__init__(
             below.dim,
-            init_std=getattr(below, "init_std", 0.01),
+            init_std=below.init_std,
             device=device,
             capacity=capacity_rows,
             policy=policy,

@@ -16,8 +16,9 @@ cost per admitted row stays O(1 / evict_extra) amortised.
 
 from __future__ import annotations
 
+from storage.embedding.base import EmbeddingStore
 from storage.embedding.cache import CachingTier, StoreCapacityError
-from storage.embedding.rows import RowTier, row_bytes
+from storage.embedding.rows import row_bytes
 
 __all__ = ["HostStore", "StoreCapacityError", "host_row_bytes", "rows_for_budget"]
 
@@ -60,7 +61,7 @@ class HostStore(CachingTier):
         dim: int,
         *,
         budget_bytes: int,
-        below: RowTier | None = None,
+        below: EmbeddingStore | None = None,
         init_std: float = 0.01,
         policy: str = "lfu",
         evict_extra: float = 0.02,

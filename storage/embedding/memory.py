@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from storage.embedding.base import EmbeddingStore, Lookup
 from storage.embedding.index import SlotMap
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import (
     RowBuffer,
     Rows,
-    RowTier,
     check_keys,
     row_bytes,
 )
@@ -28,7 +28,7 @@ from storage.embedding.snapshot import (
 )
 
 
-class MemoryStore(RowTier):
+class MemoryStore(EmbeddingStore):
     """All rows in memory on one device (CPU or GPU).
 
     Args:
@@ -39,7 +39,7 @@ class MemoryStore(RowTier):
     Example::
 
         store = MemoryStore(16)
-        rows = store.lookup(torch.tensor([3, 5, 3]))           # (3, 16), initialised, not stored
+        rows = store.lookup(torch.tensor([3, 5, 3])).rows      # (3, 16), initialised, not stored
         store.update(torch.tensor([3, 3]), torch.ones(2, 16), lr=0.01)
         len(store)                                              # 1
     """
@@ -88,7 +88,7 @@ class MemoryStore(RowTier):
         return self._map.lookup(np.ascontiguousarray(keys, dtype=np.int64)) >= 0
 
     # -- contract -----------------------------------------------------------------
-    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+    def lookup(self, keys: torch.Tensor) -> Lookup:
         k = check_keys(keys)
         slots = self._map.lookup(k)
         found = slots >= 0
@@ -106,7 +106,7 @@ class MemoryStore(RowTier):
         self._counters["hits"] += nf
         self._counters["misses"] += k.size - nf
         self._counters["bytes_read"] += nf * 4 * self.dim
-        return out
+        return Lookup(torch.from_numpy(k.copy()), out)
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))

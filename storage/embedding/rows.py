@@ -5,20 +5,19 @@
 - argument checks (`check_keys`, `check_update`) so every tier raises the same
   errors for the same bad input, before touching any row;
 - `sum_duplicates` and `sparse_adam`: the update rule of the contract;
-- `RowBuffer`: growable (or fixed) row tensors addressed by slot;
-- `RowTier`: the tier-to-tier interface (`read_rows` / `write_rows`) that the
-  caching tiers (`HostStore`, `DeviceCache`) need from the tier below.
+- `RowBuffer`: growable (or fixed) row tensors addressed by slot.
 """
 
 from __future__ import annotations
 
-import abc
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from storage.embedding.base import ADAM_BETAS, ADAM_EPS, EmbeddingStore
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
 
 
 @dataclass
@@ -308,47 +307,3 @@ class RowBuffer:
     def reset(self) -> None:
         """Drop every row (a fixed buffer keeps its allocation)."""
         self.rows = Rows.empty(self.capacity if self.fixed else 0, self.dim, self.device)
-
-
-class RowTier(EmbeddingStore):
-    """An `EmbeddingStore` that can also move full rows, so a caching tier can sit above it.
-
-    `read_rows` never materialises a row (unknown keys come back as fresh
-    `init_rows` with `found=False`); `write_rows` upserts full rows as given.
-    """
-
-    device: torch.device
-    init_std: float
-
-    @abc.abstractmethod
-    def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
-        """Full rows of distinct `keys` on this tier's device, and a bool mask of the keys it holds."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
-    def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
-        """Insert or overwrite the rows of distinct `keys` (counts as a change to the store)."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
-    def contains(self, keys: np.ndarray) -> np.ndarray:
-        """Bool mask: which of `keys` this store (any level) holds."""
-        raise NotImplementedError
-
-    # A tier that can read and write full rows gets update and warm from them.
-    def update(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
-        if k.size == 0:
-            return
-        uniq, g = sum_duplicates(k, grads.detach().to(self.device))
-        _, rows = self.read_rows(uniq)
-        self.write_rows(uniq, sparse_adam(rows, g, lr=lr, weight_decay=weight_decay))
-
-    def warm(self, keys: torch.Tensor) -> None:
-        """Write the initial rows of the keys not held yet (values of held rows do not change)."""
-        from storage.embedding.row_init import init_rows
-
-        k = np.unique(check_keys(keys))
-        missing = k[~self.contains(k)]
-        if missing.size:
-            self.write_rows(missing, Rows.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))

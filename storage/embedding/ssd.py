@@ -70,11 +70,11 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from storage.embedding.base import EmbeddingStore, Lookup
 from storage.embedding.compact_index import CompactSlotMap
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import (
     Rows,
-    RowTier,
     check_keys,
 )
 from storage.embedding.snapshot import (
@@ -103,7 +103,7 @@ def record_dtype(dim: int) -> np.dtype:
     return np.dtype([("emb", "<f4", (dim,)), ("m", "<f4", (dim,)), ("v", "<f4", (dim,)), ("clock", "<i8"), ("key", "<i8")])
 
 
-class SsdStore(RowTier):
+class SsdStore(EmbeddingStore):
     """Rows of one shard in a direct-I/O row file with a persistent index.
 
     Args:
@@ -587,11 +587,11 @@ class SsdStore(RowTier):
         return self._map.lookup(np.ascontiguousarray(keys, dtype=np.int64)) >= 0
 
     # -- contract -------------------------------------------------------------------------
-    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+    def lookup(self, keys: torch.Tensor) -> Lookup:
         k = check_keys(keys)
         uniq, inverse = np.unique(k, return_inverse=True)
         _, rows = self.read_rows(uniq)
-        return rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1)))
+        return Lookup(torch.from_numpy(k.copy()), rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1))))
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))

@@ -349,7 +349,7 @@ def _bag_rank(rank: int, world: int, out_dir: str) -> None:
         model, store = _train(rank, world, ctx)
         owned = torch.arange(V)[torch.arange(V) % world == rank]
         torch.save(
-            {"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned)}, Path(out_dir) / f"r{rank}.pt"
+            {"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows}, Path(out_dir) / f"r{rank}.pt"
         )
     finally:
         ctx.destroy()
@@ -364,7 +364,7 @@ def test_two_ranks_with_bags_train_what_one_rank_trains_on_the_concatenated_batc
     start = _model("mean").state_dict()
     for r in range(2):
         got = torch.load(tmp_path / f"r{r}.pt")
-        torch.testing.assert_close(got["rows"], store.lookup(got["keys"]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["rows"], store.lookup(got["keys"]).rows, rtol=1e-5, atol=1e-6)
         for name, want in model.state_dict().items():
             have = got["state"][name]
             if name.endswith("in_proj_bias"):  # the key bias: see test_kstep_adam (its true gradient is 0)
@@ -374,4 +374,4 @@ def test_two_ranks_with_bags_train_what_one_rank_trains_on_the_concatenated_batc
     bag_keys = torch.tensor(
         sorted({k for r in range(2) for s in range(1, STEPS + 1) for k in _rank_batch(r, s).bags[0].values.tolist()})
     )
-    assert not torch.equal(store.lookup(bag_keys), MemoryStore(D, init_std=0.1).lookup(bag_keys))  # bag rows trained
+    assert not torch.equal(store.lookup(bag_keys).rows, MemoryStore(D, init_std=0.1).lookup(bag_keys).rows)  # bag rows trained

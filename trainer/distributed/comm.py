@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from storage.embedding.base import EmbeddingStore, owner_of
+from storage.embedding.base import EmbeddingStore, Lookup, owner_of
 from trainer.config import TrainerConfig
 from trainer.distributed.staleness import StaleRowCache
 from trainer.distributed.topology import (
@@ -404,7 +404,7 @@ def return_grads(keys: torch.Tensor, grads: torch.Tensor, ctx: DistContext) -> t
 
 
 def apply_updates(
-    store: EmbeddingStore, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor | None, *,
+    store: EmbeddingStore, target: torch.Tensor | Lookup, grads: torch.Tensor, counts: torch.Tensor | None, *,
     lr: float, weight_decay: float = 0.0,
 ) -> None:
     """Apply gradients that arrived at the owner: entry i is the sum of `counts[i]` updates (None = 1 each).
@@ -418,8 +418,9 @@ def apply_updates(
     counts 1 this is exactly one `store.update`, the synchronous rule.
     """
     if counts is None or not counts.numel() or bool((counts == 1).all()):
-        store.update(keys, grads, lr=lr, weight_decay=weight_decay)
+        store.update(target, grads, lr=lr, weight_decay=weight_decay)
         return
+    keys = target.keys if isinstance(target, Lookup) else target
     c = counts.to(grads.device)
     mean = grads / c.to(grads.dtype)[:, None]
     for j in range(int(c.max())):
@@ -475,7 +476,7 @@ def pull_with_clocks(
     it has nothing to ask).
 
     Args:
-        store: this rank's shard; must have `read_rows` (a `storage.embedding.rows.RowTier`) to report clocks.
+        store: this rank's shard (its `read_rows` reports the row clocks).
         need, check: distinct keys (N,), (C,); `threshold` (C,) int64 for `check`.
     """
     W = ctx.world_size
@@ -510,7 +511,7 @@ def pull_with_clocks(
     asked = torch.cat(parts_keys) if parts_keys else torch.empty(0, dtype=i64)
     asked_thr = torch.cat(parts_thr) if parts_thr else torch.empty(0, dtype=i64)
     uniq, inv = unique_keys(asked)
-    _, rows = store.read_rows(uniq.numpy())  # type: ignore[attr-defined]
+    _, rows = store.read_rows(uniq.numpy())
     clocks = rows.clock.cpu()[inv]  # (A,)
     send_row = clocks > asked_thr  # misses (threshold -1) always
     served = rows.emb.to(dev)[inv.to(dev)][send_row.to(dev)]  # (R, D) grouped by requester
@@ -582,6 +583,8 @@ class _Pulled:
     route: Route
     owned: torch.Tensor
     """The keys this rank served (M,), as given to its store."""
+    lookup: Lookup
+    """The store's lookup of `owned`, handed back to its `update`."""
 
     def matches(self, keys: torch.Tensor) -> bool:
         return keys is self.keys and keys._version == self.version
@@ -613,7 +616,7 @@ class ShardedEmbedding:
     same keys (summed over ranks it equals the synchronous run's `sparse_bytes`).
 
     Args:
-        store: this rank's shard of the table (a `storage.embedding.rows.RowTier` when the cache is used: clocks).
+        store: this rank's shard of the table.
         ctx: the distributed context.
         lr: sparse-Adam learning rate of the rows.
         weight_decay: passed to `store.update`.
@@ -656,18 +659,11 @@ class ShardedEmbedding:
         """Pushes done (the step the next pull belongs to)."""
         if use_cache is None:
             use_cache = staleness_bound > 0 and ctx.world_size > 1
-        if use_cache and not callable(getattr(store, "read_rows", None)):
-            raise TypeError(
-                f"het.staleness_bound > 0 needs a store that reports row clocks (read_rows of a "
-                f"storage.embedding.rows.RowTier: the memory, host, device and ssd tiers); got {type(store).__name__}; "
-                "use one of those or set staleness_bound to 0"
-            )
         self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows) if use_cache else None
         self._pulled: _Pulled | None = None
 
     def _to_store(self, t: torch.Tensor) -> torch.Tensor:
-        device = getattr(self.store, "device", None)
-        return t if device is None else t.to(device)
+        return t.to(self.store.device)
 
     def _count(self, kind: str, sent: int, received: int) -> None:
         if self.ctx.world_size > 1:
@@ -686,14 +682,15 @@ class ShardedEmbedding:
             return out
         route, owned, recv_counts = exchange_keys(keys, self.ctx)
         owned = self._to_store(owned)
-        served = self.store.lookup(owned)  # (M, D) rows this rank owns, for the requesters
+        looked = self.store.lookup(owned)
+        served = looked.rows  # (M, D) rows this rank owns, for the requesters
         rows = exchange_rows(served, route, recv_counts, self.ctx)  # (U, D)
         me, row_b = self.ctx.rank, self.dim * served.element_size()
         asked, got = sum(route.send_counts) - route.send_counts[me], sum(recv_counts) - recv_counts[me]
         self._count("pull_keys", 8 * asked, 8 * got)
         self._count("pull_rows", row_b * got, row_b * asked)
         out = rows.to(self.ctx.device).index_select(0, route.inverse.to(self.ctx.device))  # (N, D)
-        self._pulled = _Pulled(given, given._version, route, owned)
+        self._pulled = _Pulled(given, given._version, route, owned, looked)
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -780,11 +777,12 @@ class ShardedEmbedding:
         route = pulled.route if pulled is not None else None
         owned, owned_grads, owned_counts, (sent, received) = _send_grads(keys, grads, self.ctx, counts, route=route)
         self._count("push", sent, received)
+        target: torch.Tensor | Lookup = self._to_store(owned)
         if pulled is not None and owned.shape == pulled.owned.shape and torch.equal(owned, pulled.owned.to(owned)):
-            owned = pulled.owned  # the tensor the store looked up at the pull: it may skip resolving them again
+            target = pulled.lookup  # the store's own lookup of these keys at the pull: it may reuse what it resolved
         if owned.numel():
             apply_updates(
-                self.store, self._to_store(owned), self._to_store(owned_grads),
+                self.store, target, self._to_store(owned_grads),
                 None if owned_counts is None else self._to_store(owned_counts),
                 lr=self.lr, weight_decay=self.weight_decay,
             )

@@ -76,31 +76,31 @@ class StoreContractTests:
     def test_lookup_shape_dtype_and_init(self, make_store) -> None:
         store = make_store()
         keys = keys_of(5, 1, 2**60 + 7, 5, 0)
-        rows = store.lookup(keys)
+        rows = store.lookup(keys).rows
         assert rows.dtype == torch.float32
         assert tuple(rows.shape) == (5, DIM)
         expected = init_rows(keys, DIM, STD)
         assert torch.equal(rows.cpu(), expected)
         assert torch.equal(rows[0], rows[3])  # duplicates
-        assert store.lookup(keys_of()).shape == (0, DIM)
+        assert store.lookup(keys_of()).rows.shape == (0, DIM)
 
     def test_same_key_same_row_in_every_store(self, make_store) -> None:
         keys = torch.arange(100, dtype=torch.int64) * 7919
-        assert torch.equal(make_store().lookup(keys).cpu(), MemoryStore(DIM, init_std=STD).lookup(keys))
+        assert torch.equal(make_store().lookup(keys).rows.cpu(), MemoryStore(DIM, init_std=STD).lookup(keys).rows)
 
     def test_lookup_does_not_materialise(self, make_store, tmp_path) -> None:
         store = make_store()
-        store.lookup(torch.arange(50, dtype=torch.int64))
+        store.lookup(torch.arange(50, dtype=torch.int64)).rows
         assert len(store) == 0
         assert all_rows(store, str(tmp_path / "s.parquet"))["keys"].size == 0
 
     def test_lookup_order_with_mixed_known_unknown(self, make_store) -> None:
         store = make_store()
         store.update(keys_of(2, 4), torch.ones(2, DIM), lr=0.1)
-        rows = store.lookup(keys_of(4, 3, 2, 4)).cpu()
+        rows = store.lookup(keys_of(4, 3, 2, 4)).rows.cpu()
         ref = MemoryStore(DIM, init_std=STD)
         ref.update(keys_of(2, 4), torch.ones(2, DIM), lr=0.1)
-        assert torch.equal(rows, ref.lookup(keys_of(4, 3, 2, 4)))
+        assert torch.equal(rows, ref.lookup(keys_of(4, 3, 2, 4)).rows)
 
     # -- update -------------------------------------------------------------------
     def test_update_matches_torch_adam(self, make_store) -> None:
@@ -115,7 +115,7 @@ class StoreContractTests:
             store.update(keys, grads, lr=lr, weight_decay=wd)
             ref.step(keys, grads, lr, wd)
         probe = torch.arange(25, dtype=torch.int64)
-        got = store.lookup(probe).cpu()
+        got = store.lookup(probe).rows.cpu()
         want = torch.stack([ref.row(k) for k in probe.tolist()])
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
@@ -124,7 +124,7 @@ class StoreContractTests:
         g = torch.randn(3, DIM, generator=torch.Generator().manual_seed(1))
         a.update(keys_of(9, 9, 9), g, lr=0.1)
         b.update(keys_of(9), g.sum(0, keepdim=True), lr=0.1)
-        torch.testing.assert_close(a.lookup(keys_of(9)), b.lookup(keys_of(9)), rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(a.lookup(keys_of(9)).rows, b.lookup(keys_of(9)).rows, rtol=1e-6, atol=1e-8)
 
     def test_lazy_clocks(self, make_store, tmp_path) -> None:
         store = make_store()
@@ -146,7 +146,7 @@ class StoreContractTests:
             for s in (store, ref):
                 s.update(keys, grads, lr=0.02)
             probe = torch.randint(0, 1300, (50,), generator=gen)
-            assert torch.equal(store.lookup(probe).cpu(), ref.lookup(probe)), f"step {step}"
+            assert torch.equal(store.lookup(probe).rows.cpu(), ref.lookup(probe).rows), f"step {step}"
             if step % 10 == 9:
                 gone = torch.randint(0, 400, (20,), generator=gen) * 3
                 store.evict(gone)
@@ -174,13 +174,13 @@ class StoreContractTests:
     def test_wrong_dtype_and_shape_raise(self, make_store) -> None:
         store = make_store()
         with pytest.raises(TypeError):
-            store.lookup(torch.tensor([1, 2], dtype=torch.int32))
+            store.lookup(torch.tensor([1, 2], dtype=torch.int32)).rows
         with pytest.raises(TypeError):
-            store.lookup(np.array([1, 2]))  # type: ignore[arg-type]
+            store.lookup(np.array([1, 2])).rows  # type: ignore[arg-type]
         with pytest.raises(ValueError):
-            store.lookup(torch.tensor([[1, 2]]))
+            store.lookup(torch.tensor([[1, 2]])).rows
         with pytest.raises(ValueError):
-            store.lookup(keys_of(-3))
+            store.lookup(keys_of(-3)).rows
         with pytest.raises(TypeError):
             store.update(keys_of(1), torch.ones(1, DIM, dtype=torch.float64), lr=0.1)
         with pytest.raises(ValueError):
@@ -195,16 +195,16 @@ class StoreContractTests:
     def test_warm_keeps_values(self, make_store) -> None:
         store = make_store()
         store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
-        before = store.lookup(keys_of(1, 2, 3)).cpu()
+        before = store.lookup(keys_of(1, 2, 3)).rows.cpu()
         store.warm(keys_of(3, 2, 1, 1))
-        assert torch.equal(store.lookup(keys_of(1, 2, 3)).cpu(), before)
+        assert torch.equal(store.lookup(keys_of(1, 2, 3)).rows.cpu(), before)
 
     def test_evict(self, make_store, tmp_path) -> None:
         store = make_store()
         store.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
         store.evict(keys_of(2, 2, 99))  # duplicates and unknown keys are fine
         assert len(store) == 2
-        assert torch.equal(store.lookup(keys_of(2)).cpu(), init_rows(keys_of(2), DIM, STD))
+        assert torch.equal(store.lookup(keys_of(2)).rows.cpu(), init_rows(keys_of(2), DIM, STD))
         assert all_rows(store, str(tmp_path / "s.parquet"))["keys"].tolist() == [1, 3]
         store.update(keys_of(2), torch.ones(1, DIM), lr=0.1)  # a new life: clock restarts
         assert all_rows(store, str(tmp_path / "t.parquet"))["clock"].tolist() == [1, 1, 1]
@@ -225,12 +225,12 @@ class StoreContractTests:
         other.snapshot(b)
         assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
         probe = torch.arange(300, dtype=torch.int64)
-        assert torch.equal(other.lookup(probe).cpu(), store.lookup(probe).cpu())
+        assert torch.equal(other.lookup(probe).rows.cpu(), store.lookup(probe).rows.cpu())
         # training continues identically after a restore
         g = torch.randn(300, DIM, generator=gen)
         store.update(probe, g, lr=0.05)
         other.update(probe, g, lr=0.05)
-        assert torch.equal(other.lookup(probe).cpu(), store.lookup(probe).cpu())
+        assert torch.equal(other.lookup(probe).rows.cpu(), store.lookup(probe).rows.cpu())
 
     def test_restore_replaces_content_and_filters_owner(self, make_store, tmp_path) -> None:
         keys = torch.arange(100, dtype=torch.int64) * 5 + 1
@@ -250,8 +250,8 @@ class StoreContractTests:
         np.testing.assert_array_equal(got["m"], m[mine].numpy())
         np.testing.assert_array_equal(got["v"], v[mine].numpy())
         np.testing.assert_array_equal(got["clock"], clock[mine].numpy())
-        assert torch.equal(store.lookup(keys[mine]).cpu(), emb[mine])
-        assert torch.equal(store.lookup(keys_of(100_000)).cpu(), init_rows(keys_of(100_000), DIM, STD))
+        assert torch.equal(store.lookup(keys[mine]).rows.cpu(), emb[mine])
+        assert torch.equal(store.lookup(keys_of(100_000)).rows.cpu(), init_rows(keys_of(100_000), DIM, STD))
 
     def test_restore_wrong_dim_raises(self, make_store, tmp_path) -> None:
         url = str(tmp_path / "wide.parquet")
@@ -269,7 +269,7 @@ class StoreContractTests:
         for name in ("hits", "misses", "bytes_read", "bytes_written", "evictions", "rows"):
             assert name in s0[top], name
         store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
-        store.lookup(keys_of(1, 2, 3))
+        store.lookup(keys_of(1, 2, 3)).rows
         store.evict(keys_of(1))
         store.flush()  # write-back tiers count bytes when rows go down
         s1 = store.stats()

@@ -120,7 +120,7 @@ def test_format_1_shard_is_read_and_upgraded(tmp_path) -> None:
     keys = torch.arange(0, 600, 3, dtype=torch.int64)
     with SsdStore(str(path), DIM, init_std=STD) as store:
         store.update(keys, torch.randn(keys.numel(), DIM, generator=torch.Generator().manual_seed(1)), lr=0.1)
-        want = store.lookup(keys).clone()
+        want = store.lookup(keys).rows.clone()
         slot_keys = store._map.slot_keys()
     # Rewrite the shard's index as format 1 wrote it: a slot -> key .npy.
     meta = json.loads((path / "meta.json").read_text())
@@ -130,7 +130,7 @@ def test_format_1_shard_is_read_and_upgraded(tmp_path) -> None:
     (path / "meta.json").write_text(json.dumps(meta))
     with SsdStore(str(path), DIM, init_std=STD) as store:
         assert len(store) == keys.numel()
-        assert torch.equal(store.lookup(keys), want)
+        assert torch.equal(store.lookup(keys).rows, want)
         store.update(keys[:3], torch.ones(3, DIM), lr=0.1)
     meta = json.loads((path / "meta.json").read_text())
     assert meta["format"] == "ctr-ssd-shard/2" and meta["index"].endswith(".idx")
@@ -169,7 +169,7 @@ def test_writes_append_and_read_only_units_they_reclaim(tmp_path) -> None:
         write(np.arange(3 * rpu, 4 * rpu), 4)
         assert store.stats()["ssd"]["free_units"] == 0
         assert (store._map.lookup(np.arange(3 * rpu, 4 * rpu)) // rpu == 0).any()
-        got = store.lookup(torch.arange(4 * rpu)).numpy()
+        got = store.lookup(torch.arange(4 * rpu)).rows.numpy()
         np.testing.assert_array_equal(got, expect)
 
 
@@ -193,9 +193,9 @@ def test_host_lookup_fast_path_counts_distinct_hits() -> None:
     host = HostStore(DIM, budget_bytes=100 * host_row_bytes(DIM), init_std=STD)
     host.warm(torch.arange(10))
     before = host.stats()["host"]["hits"]
-    out = host.lookup(torch.tensor([3, 3, 4, 3]))
+    out = host.lookup(torch.tensor([3, 3, 4, 3])).rows
     assert host.stats()["host"]["hits"] - before == 2
-    assert torch.equal(out, MemoryStore(DIM, init_std=STD).lookup(torch.tensor([3, 3, 4, 3])))
+    assert torch.equal(out, MemoryStore(DIM, init_std=STD).lookup(torch.tensor([3, 3, 4, 3])).rows)
 
 
 def test_per_access_hit_rate() -> None:

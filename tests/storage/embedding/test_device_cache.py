@@ -35,7 +35,7 @@ def test_lfu_keeps_frequent_rows_lru_keeps_recent_rows() -> None:
     stream = [[1], [1], [1], [2], [3], [10], [11], [1]]
     for cache in caches.values():
         for ks in stream:
-            cache.lookup(torch.tensor(ks))
+            cache.lookup(torch.tensor(ks)).rows
     lfu, lru = caches["lfu"].stats()["device"], caches["lru"].stats()["device"]
     assert lfu["hits"] == 3  # the final 1 hits: LFU evicted 2, 3 for 10, 11
     assert lru["hits"] == 2  # LRU evicted 1 when 11 came
@@ -56,12 +56,12 @@ def test_updates_stay_on_device_until_eviction_or_flush() -> None:
     ref = MemoryStore(DIM, init_std=STD)
     ref.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
     ref.update(keys_of(3, 4, 5), torch.ones(3, DIM), lr=0.1)
-    assert torch.equal(below.lookup(keys_of(1, 2, 3, 4, 5)), ref.lookup(keys_of(1, 2, 3, 4, 5)))
+    assert torch.equal(below.lookup(keys_of(1, 2, 3, 4, 5)).rows, ref.lookup(keys_of(1, 2, 3, 4, 5)).rows)
 
 
 def test_stats_report_every_tier() -> None:
     cache = DeviceCache(MemoryStore(DIM, init_std=STD), capacity_rows=4)
-    cache.lookup(keys_of(1))
+    cache.lookup(keys_of(1)).rows
     s = cache.stats()
     assert list(s) == ["device", "memory"]
     assert s["device"]["misses"] == 1 and s["memory"]["misses"] == 1
@@ -88,7 +88,7 @@ def test_simulation_matches_the_cache() -> None:
         below.warm(torch.from_numpy(np.unique(stream)))
         cache = DeviceCache(below, capacity_rows=50, policy=policy)
         for lo in range(0, stream.size, 100):
-            cache.lookup(torch.from_numpy(stream[lo : lo + 100]))
+            cache.lookup(torch.from_numpy(stream[lo : lo + 100])).rows
         s = cache.stats()["device"]
         assert s["hits"] / (s["hits"] + s["misses"]) == pytest.approx(
             simulate_hit_rate(stream, 50, policy, batch=100)

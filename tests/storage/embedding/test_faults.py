@@ -238,11 +238,11 @@ def test_snapshot_restore_through_fsspec_memory(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("make", "exc", "match"),
     [
-        (lambda s: s.lookup(torch.tensor([1, 2], dtype=torch.int32)), TypeError, "int64, got torch.int32"),
+        (lambda s: s.lookup(torch.tensor([1, 2], dtype=torch.int32)).rows, TypeError, "int64, got torch.int32"),
         (lambda s: s.update(keys_of(1), torch.ones(1, DIM, dtype=torch.float64), lr=0.1), TypeError, "float64"),
         (lambda s: s.update(keys_of(1, 2), torch.ones(2, DIM + 1), lr=0.1), ValueError, rf"\(2, {DIM + 1}\)"),
         (lambda s: s.update(keys_of(1), torch.ones(1, DIM), lr=-0.5), ValueError, "-0.5"),
-        (lambda s: s.lookup(keys_of(-3)), ValueError, "-3"),
+        (lambda s: s.lookup(keys_of(-3)).rows, ValueError, "-3"),
     ],
 )
 def test_bad_input_names_the_value(tmp_path, make, exc, match) -> None:
@@ -299,7 +299,7 @@ _FULL_DISK_CHILD = textwrap.dedent(
     ssd = SsdStore(shard, 8, init_std=0.05)
     old = torch.arange(0, 200, dtype=torch.int64)
     ssd.update(old, torch.ones(200, 8), lr=0.1)
-    before = ssd.lookup(old).clone()
+    before = ssd.lookup(old).rows.clone()
     ssd.flush()
     # From here on no file may grow past `limit` bytes: writes beyond it fail with EFBIG
     # (SIGXFSZ ignored), as they would with ENOSPC on a full disk.
@@ -313,7 +313,7 @@ _FULL_DISK_CHILD = textwrap.dedent(
         assert exc.errno == errno.EFBIG, exc
         print("ERR", exc)
     assert not ssd.contains(new.numpy()).any(), "index points at rows that were never written"
-    assert torch.equal(ssd.lookup(old), before), "old rows changed"
+    assert torch.equal(ssd.lookup(old).rows, before), "old rows changed"
     host = HostStore(8, budget_bytes=50 * host_row_bytes(8), below=ssd, init_std=0.05)
     try:
         host.snapshot(snap)
@@ -351,5 +351,5 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path) -> None:
     with SsdStore(str(shard), 8, init_std=0.05) as ssd:
         assert len(ssd) == 200
         probe = torch.arange(0, 400, dtype=torch.int64) * 50  # old keys, failed new keys, unknown keys
-        assert torch.equal(ssd.lookup(probe), ref.lookup(probe))
+        assert torch.equal(ssd.lookup(probe).rows, ref.lookup(probe).rows)
     assert read_snapshot(str(existing))[0].tolist() == [5]

@@ -56,7 +56,7 @@ def test_spill_keeps_values_and_moves_coldest(tmp_path) -> None:
     assert not below.contains(hot.numpy()).any()
     # hot rows stayed on the host: the next call on them is all hits
     hits = s["host"]["hits"]
-    host.lookup(hot)
+    host.lookup(hot).rows
     assert host.stats()["host"]["hits"] == hits + 5
     ref = MemoryStore(DIM, init_std=STD)
     for _ in range(5):
@@ -64,7 +64,7 @@ def test_spill_keeps_values_and_moves_coldest(tmp_path) -> None:
     for part in cold.split(5):
         ref.update(part, torch.ones(5, DIM), lr=0.1)
     probe = torch.cat([hot, cold])
-    assert torch.equal(host.lookup(probe), ref.lookup(probe))
+    assert torch.equal(host.lookup(probe).rows, ref.lookup(probe).rows)
     got, want = all_rows(host, str(tmp_path / "a.parquet")), all_rows(ref, str(tmp_path / "b.parquet"))
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
@@ -74,7 +74,7 @@ def test_rows_read_back_from_below_are_clean() -> None:
     below = MemoryStore(DIM, init_std=STD)
     below.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
     host = _host(10, below)
-    host.lookup(keys_of(1, 2, 3, 4))
+    host.lookup(keys_of(1, 2, 3, 4)).rows
     s = host.stats()["host"]
     assert s["rows"] == 3 and s["dirty"] == 0 and s["misses"] == 4
     assert len(host) == 3
@@ -101,17 +101,17 @@ def test_batch_larger_than_budget_passes_through() -> None:
     assert len(host) == 50
     ref = MemoryStore(DIM, init_std=STD)
     ref.update(keys, torch.ones(50, DIM), lr=0.1)
-    assert torch.equal(host.lookup(keys), ref.lookup(keys))
+    assert torch.equal(host.lookup(keys).rows, ref.lookup(keys).rows)
 
 
 def test_no_below_over_budget_raises_before_any_change() -> None:
     host = _host(4)
     host.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
-    before = host.lookup(keys_of(1, 2, 3))
+    before = host.lookup(keys_of(1, 2, 3)).rows
     with pytest.raises(StoreCapacityError, match="budget"):
         host.update(keys_of(4, 5), torch.ones(2, DIM), lr=0.1)
     assert len(host) == 3
-    assert torch.equal(host.lookup(keys_of(1, 2, 3)), before)
+    assert torch.equal(host.lookup(keys_of(1, 2, 3)).rows, before)
     host.warm(torch.arange(100, dtype=torch.int64))  # a hint: fills what fits, never raises
     assert len(host) == 4
 
@@ -131,7 +131,7 @@ def test_budget_too_small_and_bad_below() -> None:
         HostStore(DIM, budget_bytes=10)
     with pytest.raises(ValueError, match="dim"):
         HostStore(DIM, budget_bytes=1 << 20, below=MemoryStore(DIM + 1))
-    with pytest.raises(TypeError, match="RowTier"):
+    with pytest.raises(TypeError, match="EmbeddingStore"):
         HostStore(DIM, budget_bytes=1 << 20, below=object())  # type: ignore[arg-type]
 
 
@@ -151,5 +151,5 @@ def test_eviction_slack_amortises_victim_scans() -> None:
     assert ss["victim_scans"] * 4 < se["victim_scans"]
     assert ss["rows"] <= 1000
     probe = torch.arange(3000, dtype=torch.int64)
-    assert torch.equal(slack.lookup(probe), ref.lookup(probe))  # values unaffected
-    assert torch.equal(exact.lookup(probe), ref.lookup(probe))
+    assert torch.equal(slack.lookup(probe).rows, ref.lookup(probe).rows)  # values unaffected
+    assert torch.equal(exact.lookup(probe).rows, ref.lookup(probe).rows)

@@ -38,10 +38,11 @@ def _steps(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_update_after_lookup_of_the_same_keys_changes_nothing(tmp_path: Path, capacity: int) -> None:
     reused, fresh = _host(capacity), _host(capacity)
     for keys, grads in _steps(12):
-        a = reused.lookup(keys)
-        reused.update(keys, grads, lr=0.05)  # the same tensor: the lookup's resolution is reused
-        b = fresh.lookup(keys.clone())
-        fresh.update(keys.clone(), grads, lr=0.05)  # another tensor: resolved again
+        looked = reused.lookup(keys)
+        reused.update(looked, grads, lr=0.05)  # the lookup's handle: its resolution is reused
+        b = fresh.lookup(keys).rows
+        fresh.update(keys, grads, lr=0.05)  # plain keys: resolved again
+        a = looked.rows
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert reused.stats()["host"] == fresh.stats()["host"]
     # ...while the tier below was really asked once per step instead of twice (the shortcut was taken)
@@ -52,22 +53,23 @@ def test_update_after_lookup_of_the_same_keys_changes_nothing(tmp_path: Path, ca
         np.testing.assert_array_equal(got[name], want[name])
 
 
-def test_a_call_in_between_or_an_in_place_change_turns_the_reuse_off(tmp_path: Path) -> None:
+def test_a_call_in_between_turns_the_reuse_off_and_the_handle_owns_its_keys(tmp_path: Path) -> None:
     host, ref = _host(6), MemoryStore(DIM, init_std=STD)
     keys = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int64)
     other = torch.tensor([7, 8, 9, 10, 11], dtype=torch.int64)
     ones = torch.ones(5, DIM)
-    host.lookup(keys)
-    host.update(other, ones, lr=0.1)  # evicts some of `keys`' rows and admits others
+    looked = host.lookup(keys)
+    host.update(other, ones, lr=0.1)  # evicts some of `keys`' rows and admits others: the plan is stale
     ref.update(other, ones, lr=0.1)
-    host.update(keys, ones, lr=0.1)
+    host.update(looked, ones, lr=0.1)  # resolved afresh
     ref.update(keys, ones, lr=0.1)
-    host.lookup(keys)
-    keys.add_(20)  # same tensor object, new content: must be resolved afresh
-    host.update(keys, ones, lr=0.1)
-    ref.update(keys, ones, lr=0.1)
+    looked = host.lookup(keys)
+    keys.add_(20)  # the caller's tensor changes; the handle kept its own copy of the keys looked up
+    host.update(looked, ones, lr=0.1)
+    ref.update(keys - 20, ones, lr=0.1)
+    assert torch.equal(looked.keys, keys - 20)
     probe = torch.arange(0, 30, dtype=torch.int64)
-    torch.testing.assert_close(host.lookup(probe), ref.lookup(probe), rtol=0, atol=0)
+    torch.testing.assert_close(host.lookup(probe).rows, ref.lookup(probe).rows, rtol=0, atol=0)
 
 
 def test_lookup_of_unsorted_keys_with_misses_still_matches_the_reference() -> None:
@@ -75,7 +77,7 @@ def test_lookup_of_unsorted_keys_with_misses_still_matches_the_reference() -> No
     host.update(torch.tensor([3, 9]), torch.ones(2, DIM), lr=0.1)
     ref.update(torch.tensor([3, 9]), torch.ones(2, DIM), lr=0.1)
     keys = torch.tensor([9, 40, 3, 40, 41])  # duplicates and misses: the de-duplicating path
-    torch.testing.assert_close(host.lookup(keys), ref.lookup(keys), rtol=0, atol=0)
+    torch.testing.assert_close(host.lookup(keys).rows, ref.lookup(keys).rows, rtol=0, atol=0)
 
 
 def test_all_finite_and_strictly_increasing() -> None:

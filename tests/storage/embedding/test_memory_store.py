@@ -30,7 +30,7 @@ class TestMemoryStoreCuda(StoreContractTests):
 
 def test_lookup_returns_rows_on_store_device() -> None:
     store = MemoryStore(4, device="cpu")
-    assert store.lookup(torch.tensor([1, 2])).device.type == "cpu"
+    assert store.lookup(torch.tensor([1, 2])).rows.device.type == "cpu"
 
 
 def test_bad_constructor_arguments() -> None:

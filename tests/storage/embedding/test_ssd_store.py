@@ -97,7 +97,7 @@ def test_falls_back_when_o_direct_is_refused(tmp_path, monkeypatch, caplog) -> N
     assert sum("O_DIRECT refused" in r.getMessage() for r in caplog.records) == 1
     ref = _fill(store, 200)
     probe = torch.arange(600, dtype=torch.int64)
-    assert torch.equal(store.lookup(probe), ref.lookup(probe))
+    assert torch.equal(store.lookup(probe).rows, ref.lookup(probe).rows)
     store.close()
 
 
@@ -117,7 +117,7 @@ def test_falls_back_when_io_is_refused(tmp_path, monkeypatch, caplog) -> None:
         ref = _fill(store, 100)
     assert refused and not store.direct_io_active
     assert sum("O_DIRECT refused" in r.getMessage() for r in caplog.records) == 1
-    assert torch.equal(store.lookup(torch.arange(300)), ref.lookup(torch.arange(300)))
+    assert torch.equal(store.lookup(torch.arange(300)).rows, ref.lookup(torch.arange(300)).rows)
     store.close()
 
 
@@ -127,7 +127,7 @@ def test_shm_works_direct_or_buffered(tmp_path) -> None:
     try:
         with SsdStore(path, DIM, init_std=STD) as store:  # tmpfs: O_DIRECT on newer kernels, else fallback
             ref = _fill(store, 50)
-            assert torch.equal(store.lookup(torch.arange(150)), ref.lookup(torch.arange(150)))
+            assert torch.equal(store.lookup(torch.arange(150)).rows, ref.lookup(torch.arange(150)).rows)
     finally:
         import shutil
 
@@ -251,7 +251,7 @@ def test_failed_append_changes_no_row(tmp_path, monkeypatch) -> None:
     store = SsdStore(str(tmp_path / "s"), DIM, init_std=STD)
     ref = _fill(store, 200)
     probe = torch.arange(900, dtype=torch.int64)
-    before, n, slots = store.lookup(probe).clone(), len(store), store.stats()["ssd"]["slots"]
+    before, n, slots = store.lookup(probe).rows.clone(), len(store), store.stats()["ssd"]["slots"]
     real = ssd_mod.os.pwritev
 
     def full(fd, bufs, off):
@@ -261,12 +261,12 @@ def test_failed_append_changes_no_row(tmp_path, monkeypatch) -> None:
     keys = torch.arange(0, 900, 2, dtype=torch.int64)  # held rows and new keys
     with pytest.raises(OSError, match="no row changed"):
         store.update(keys, torch.ones(keys.numel(), DIM), lr=0.1)
-    assert torch.equal(store.lookup(probe), before) and len(store) == n
+    assert torch.equal(store.lookup(probe).rows, before) and len(store) == n
     assert store.stats()["ssd"]["slots"] == slots
     monkeypatch.setattr(ssd_mod.os, "pwritev", real)
     store.update(keys, torch.ones(keys.numel(), DIM), lr=0.1)  # the same update now goes through
     ref.update(keys, torch.ones(keys.numel(), DIM), lr=0.1)
-    assert torch.equal(store.lookup(probe), ref.lookup(probe))
+    assert torch.equal(store.lookup(probe).rows, ref.lookup(probe).rows)
     store.close()
 
 
@@ -277,7 +277,7 @@ def test_corrupt_index_is_detected(tmp_path) -> None:
         slot_keys[:2] = slot_keys[:2][::-1].copy()
         store._map.load_slot_keys(slot_keys)
         with pytest.raises(RuntimeError, match="inconsistent"):
-            store.lookup(keys_of(1))
+            store.lookup(keys_of(1)).rows
 
 
 def test_refuses_object_store_urls() -> None:
@@ -289,4 +289,4 @@ def test_wide_rows_span_several_blocks(tmp_path) -> None:
     with SsdStore(str(tmp_path / "s"), 400, init_std=STD) as store:  # 4816-byte records
         assert store.unit_bytes == 8192 and store.rows_per_unit == 1
         ref = _fill(store, 40)
-        assert torch.equal(store.lookup(torch.arange(120)), ref.lookup(torch.arange(120)))
+        assert torch.equal(store.lookup(torch.arange(120)).rows, ref.lookup(torch.arange(120)).rows)

@@ -60,7 +60,7 @@ def test_open_shard_layers_and_stats(tmp_path) -> None:
     store = open_shard(str(tmp_path / "s"), _config(device_rows=8))
     assert [type(t) for t in tiers(store)] == [DeviceCache, HostStore, SsdStore]
     assert tiers(store)[1].capacity == (1 << 20) // host_row_bytes(DIM)
-    store.lookup(torch.arange(4))
+    store.lookup(torch.arange(4)).rows
     assert list(store.stats()) == ["device", "host", "ssd"]
     store.close()
     no_cache = open_shard(str(tmp_path / "t"), _config(device_rows=0))

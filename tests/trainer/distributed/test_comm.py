@@ -84,7 +84,7 @@ def _sharded_rank(rank: int, world: int, out_dir: str) -> None:
         owned = torch.tensor(sorted(k for ks in [_keys_for(r, s) for r in range(world) for s in range(3)] for k in ks.tolist()))
         mine = torch.unique(owned[owned % world == rank])
         assert len(store) == mine.numel()
-        torch.save({"pulled": pulled, "keys": mine, "rows": store.lookup(mine)}, Path(out_dir) / f"r{rank}.pt")
+        torch.save({"pulled": pulled, "keys": mine, "rows": store.lookup(mine).rows}, Path(out_dir) / f"r{rank}.pt")
         assert emb.sparse_bytes > 0
     finally:
         ctx.destroy()
@@ -97,7 +97,7 @@ def test_sharded_embedding_matches_single_store(tmp_path: Path, free_port: int) 
     want_pulled = {r: [] for r in range(world)}
     for step in range(3):
         for r in range(world):
-            want_pulled[r].append(ref.lookup(_keys_for(r, step)))
+            want_pulled[r].append(ref.lookup(_keys_for(r, step)).rows)
         # one process applying the concatenated batch: duplicates summed, one Adam step per row
         keys = torch.cat([_keys_for(r, step) for r in range(world)])
         ref.update(keys, torch.cat([_grads_for(r, step) for r in range(world)]), lr=0.05)
@@ -105,7 +105,7 @@ def test_sharded_embedding_matches_single_store(tmp_path: Path, free_port: int) 
         got = torch.load(tmp_path / f"r{r}.pt")
         for a, b in zip(got["pulled"], want_pulled[r], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(got["rows"], ref.lookup(got["keys"]), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got["rows"], ref.lookup(got["keys"]).rows, rtol=1e-6, atol=1e-7)
 
 
 def test_world_of_one_bypasses_collectives() -> None:
@@ -117,11 +117,11 @@ def test_world_of_one_bypasses_collectives() -> None:
     store, ref = MemoryStore(DIM), MemoryStore(DIM)
     emb = ShardedEmbedding(store, ctx, lr=0.01)
     keys = torch.tensor([5, 3, 5, 9])
-    torch.testing.assert_close(emb.pull(keys), ref.lookup(keys))
+    torch.testing.assert_close(emb.pull(keys), ref.lookup(keys).rows)
     grads = torch.randn(4, DIM)
     emb.push(keys, grads)
     ref.update(keys, grads, lr=0.01)
-    torch.testing.assert_close(store.lookup(keys), ref.lookup(keys))
+    torch.testing.assert_close(store.lookup(keys).rows, ref.lookup(keys).rows)
     assert emb.sparse_bytes == 0
 
 

@@ -53,7 +53,7 @@ def _k1_rank(rank: int, world: int, out_dir: str) -> None:
             train_step(model, sparse, opt, _batch(rank, step), step=step)
             assert not opt.maybe_merge(step)  # k=1 never merges: gradients were averaged
         owned = ALL_KEYS[ALL_KEYS % world == rank]
-        torch.save({"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned)}, Path(out_dir) / f"r{rank}.pt")
+        torch.save({"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows}, Path(out_dir) / f"r{rank}.pt")
         assert opt.sync_bytes == STEPS * sum(p.numel() for p in model.parameters()) * 4
     finally:
         ctx.destroy()
@@ -84,7 +84,7 @@ def test_k1_equals_one_process_adam_on_concatenated_batches(tmp_path: Path, free
                 have, want = torch.cat([have[:DIM], have[2 * DIM :]]), torch.cat([want[:DIM], want[2 * DIM :]])
             torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
         assert any(not torch.equal(got["state"][n], start[n]) for n in start)  # it did train
-        torch.testing.assert_close(got["rows"], store.lookup(got["keys"]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["rows"], store.lookup(got["keys"]).rows, rtol=1e-5, atol=1e-6)
 
 
 def _kstep_rank(rank: int, world: int, out_dir: str) -> None:
