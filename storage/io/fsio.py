@@ -15,7 +15,7 @@ so a crash at any point leaves the previous committed state readable:
 
 Readers trust a directory only when its `_SUCCESS.json` exists, and find its
 files at `data_dir(final, manifest)` (or `data_url(url)`): `final` itself on a
-local filesystem and for directories committed before data prefixes existed.
+local filesystem, the named data prefix on an object store.
 """
 
 from __future__ import annotations
@@ -113,8 +113,7 @@ def commit_dir(fs: fsspec.AbstractFileSystem, staging: str, final: str, manifest
     (1) a copy of the manifest is written into it (so its URL, as `data_url`
     returns it, is itself a committed directory), (2) `<final>/_SUCCESS.json`
     is replaced with the manifest plus `"data": "v-<token>"`: this one PUT is
-    the commit, (3) the previous data prefix (or the files of a directory
-    committed before data prefixes) is deleted.  Until (2) readers see the
+    the commit, (3) the previous data prefix is deleted.  Until (2) readers see the
     previous output, complete; after it the new one.  A crash after (2) leaves
     the old files beside the new ones, unreferenced, for the next writer to remove.
 
@@ -143,13 +142,9 @@ def commit_dir(fs: fsspec.AbstractFileSystem, staging: str, final: str, manifest
     write_json(fs, f"{final}/{SUCCESS}", {**manifest, DATA: name})  # the commit point
     superseded = previous.get(DATA) if previous else None
     fs.invalidate_cache(final)
-    for entry in fs.ls(final, detail=False):
-        base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if base in (SUCCESS, name):
-            continue
-        # another v- prefix may belong to a writer still running: crashed ones go in remove_stale_staging
-        if base == superseded or not _DATA_PREFIX.match(base):
-            fs.rm(entry, recursive=True)
+    # another v- prefix may belong to a writer still running: crashed ones go in remove_stale_staging
+    if superseded and superseded != name and fs.exists(f"{final}/{superseded}"):
+        fs.rm(f"{final}/{superseded}", recursive=True)
     fs.invalidate_cache()
 
 
@@ -157,8 +152,7 @@ def data_dir(final: str, manifest: Mapping[str, Any]) -> str:
     """Where the files of committed directory `final` are, given its manifest (from `read_manifest`).
 
     `<final>/<manifest["data"]>` for a directory committed on an object store,
-    else `final` itself (local filesystems; object-store directories committed
-    before data prefixes).  Works on URLs and protocol-less paths alike.
+    else `final` itself (a local filesystem).  Works on URLs and protocol-less paths alike.
 
     Raises:
         ValueError: `manifest["data"]` is not a data prefix name (`v-` + 12 hex digits).
@@ -193,18 +187,10 @@ def committed_data_url(url: str, fs: fsspec.AbstractFileSystem, staging: str) ->
 
 
 def data_files(fs: fsspec.AbstractFileSystem, final: str, manifest: Mapping[str, Any]) -> list[str]:
-    """Paths relative to `data_dir(final, manifest)` of every file of committed `final`, sorted.
-
-    Leaves out the manifests and, where the data is `final` itself, any data prefix of a writer.
-    """
+    """Paths relative to `data_dir(final, manifest)` of every file of committed `final` but its manifest, sorted."""
     base = data_dir(final, manifest)
-    out = []
-    for entry in fs.find(base):
-        rel = entry[len(base.rstrip("/")) :].lstrip("/")
-        if rel == SUCCESS or (base == final.rstrip("/") and _DATA_PREFIX.match(rel.split("/", 1)[0])):
-            continue
-        out.append(rel)
-    return sorted(out)
+    rels = (entry[len(base.rstrip("/")) :].lstrip("/") for entry in fs.find(base))
+    return sorted(rel for rel in rels if rel != SUCCESS)
 
 
 def remove_stale_staging(fs: fsspec.AbstractFileSystem, final: str) -> None:
@@ -215,8 +201,7 @@ def remove_stale_staging(fs: fsspec.AbstractFileSystem, final: str) -> None:
     never deleted; staging leftovers are removed.  On an object store the data
     prefixes `<final>/v-*` that `<final>/_SUCCESS.json` does not name are
     removed too (writers killed before their commit, or after it and before
-    deleting the previous prefix), and so are files beside the named prefix
-    (a directory committed before data prefixes whose rewrite was killed after its commit).
+    deleting the previous prefix).
     """
     final = final.rstrip("/")
     parent, name = final.rsplit("/", 1)
@@ -236,10 +221,7 @@ def remove_stale_staging(fs: fsspec.AbstractFileSystem, final: str) -> None:
         live = manifest.get(DATA) if manifest else None
         for entry in fs.ls(final, detail=False):
             base = entry.rstrip("/").rsplit("/", 1)[-1]
-            if base in (SUCCESS, live):
-                continue
-            # another data prefix, or (under a manifest naming one) files of the flat layout it replaced
-            if _DATA_PREFIX.match(base) or live is not None:
+            if base != live and _DATA_PREFIX.match(base):
                 leftovers.append(entry)
     for entry in leftovers:
         fs.rm(entry, recursive=True)

@@ -97,13 +97,6 @@ def test_commit_replaces_the_old_output_and_writes_the_manifest(fs_root):
         assert listing(fs, final) == sorted(["_SUCCESS.json", f"{data}/_SUCCESS.json", f"{data}/a"])
 
 
-def _flat_commit(fs, final, files, manifest):
-    """A directory committed by the earlier copy-based protocol: files at `final`, manifest without `data`."""
-    for name, data in files.items():
-        fs.pipe(f"{final}/{name}", data)
-    fsio.write_json(fs, f"{final}/{fsio.SUCCESS}", manifest)
-
-
 def _writer_b(fs, final, op):
     stage = fsio.staging_dir(fs, final)
     for name, data in B.items():
@@ -136,13 +129,12 @@ def _crashing(monkeypatch, fs, kill_at: int | None):
     return log, op
 
 
-@pytest.mark.parametrize("previous", ["prefix", "flat"])
-def test_a_writer_killed_before_the_manifest_put_leaves_the_old_output_and_after_it_the_new(
-    store_root, monkeypatch, previous
-):
+def test_a_writer_killed_before_the_manifest_put_leaves_the_old_output_and_after_it_the_new(store_root, monkeypatch):
     fs, root = store_root
-    commit_a = (lambda final: fsio.commit_dir(fs, _stage(fs, final, A), final, {"run": "A"})) if previous == "prefix" \
-        else (lambda final: _flat_commit(fs, final, A, {"run": "A"}))  # fmt: skip
+
+    def commit_a(final):
+        fsio.commit_dir(fs, _stage(fs, final, A), final, {"run": "A"})
+
     want_a, want_b = ({"run": "A"}, A), ({"run": "B"}, B)
 
     # an uninterrupted writer: the list of its operations and where the commit point is
@@ -152,7 +144,7 @@ def test_a_writer_killed_before_the_manifest_put_leaves_the_old_output_and_after
         _writer_b(fs, f"{root}/dry", op)
     put = log.index(f"write {root}/dry/_SUCCESS.json")
     assert log[put - 1].endswith("/_SUCCESS.json") and "/v-" in log[put - 1]  # the prefix's own copy first
-    assert put == len(B) + 1 and len(log) > put + 1  # then the deletes: the previous prefix or the flat files
+    assert put == len(B) + 1 and len(log) > put + 1  # then the delete of the previous prefix
     assert read_back(fs, f"{root}/dry") == want_b
 
     for kill_at in range(len(log)):
@@ -193,20 +185,22 @@ def test_staged_cleans_up_crashed_writers_and_keeps_the_committed_prefix(store_r
     assert listing(fs, final) == sorted(["_SUCCESS.json", f"{data}/_SUCCESS.json", f"{data}/a"])
 
 
-def test_data_url_resolves_once_and_flat_readers_skip_writer_prefixes(store_root):
+def test_data_url_resolves_once_and_a_running_writer_is_never_read(store_root):
     fs, root = store_root
     final = f"{root}/out"
     url = fs.unstrip_protocol(final)
     so = getattr(fs, "storage_options", None)
     assert fsio.data_url(url, so) == url  # not committed: unchanged, the caller reports it
-    _flat_commit(fs, final, A, {"run": "A"})
-    _stage(fs, final, {"a": b"half"})  # a writer still running beside a flat directory
-    assert fsio.data_url(url, so) == url and read_back(fs, final) == ({"run": "A"}, A)
+    fsio.commit_dir(fs, _stage(fs, final, A), final, {"run": "A"})
+    first = fsio.data_url(url, so)
+    running = _stage(fs, final, {"a": b"half"})  # a writer still running beside the committed prefix
+    assert fsio.data_url(url, so) == first and read_back(fs, final) == ({"run": "A"}, A)
     fsio.commit_dir(fs, _stage(fs, final, B), final, {"run": "B"})
     data = fsio.data_url(url, so)
-    assert data.startswith(f"{url}/v-") and fsio.data_url(data, so) == data  # a committed directory in its own right
+    assert data.startswith(f"{url}/v-") and data != first and fsio.data_url(data, so) == data  # committed in its own right
     assert fsio.read_manifest(*fsio.get_fs(data, so)) == {"run": "B"}
-    assert not fs.exists(f"{final}/a") and not fs.exists(f"{final}/nested/c")  # the flat files went with the commit
+    assert not fs.exists(fsio.get_fs(first, so)[1])  # the superseded prefix is gone
+    assert fs.exists(running)  # another writer's prefix is not the commit's to delete
 
 
 def test_commit_rejects_a_foreign_staging_path_and_the_reserved_key(store_root):
