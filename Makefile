@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test install install-test bench bench-peers clean
+.PHONY: demo test test-fast install install-test bench bench-peers clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: install
 
 test: install-test
 	$(PY) -m pytest -q
+
+# The edit loop: everything but the end-to-end, crash and multi-process tests (a few minutes on 2 cores).
+test-fast: install-test
+	$(PY) -m pytest -q -m "not slow and not distributed"
 
 bench: install-test
 	$(PY) -m bench

@@ -120,11 +120,13 @@ def test_rerun_of_a_completed_date_changes_nothing(three_days):
     root, cfg, _ = three_days
     before = read_record(cfg.layout(), DAYS[1])
     manifest = (root / "events" / f"date={DAYS[1]}" / "_SUCCESS.json").read_text()
+    registry = ModelRegistry(Layout(str(root), cfg.model_name))
+    versions, latest = registry.versions(), registry.latest()
     state = daily_retrain(DAYS[1], config=cfg.to_dict(), return_state=True)
     assert state.is_completed()
     assert read_record(cfg.layout(), DAYS[1]) == before
     assert (root / "events" / f"date={DAYS[1]}" / "_SUCCESS.json").read_text() == manifest
-    assert ModelRegistry(Layout(str(root), cfg.model_name)).versions()[-1] == "v00003"
+    assert (registry.versions(), registry.latest()) == (versions, latest)  # no new version, LATEST unmoved
 
 
 def test_a_degraded_model_is_refused_and_latest_stays(three_days):
