@@ -168,3 +168,4 @@ def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):
         model = json.loads((tmp_path / "root" / "runs" / f"date={date}" / "model" / "model.json").read_text())
         assert model["train"]["world_size"] == 2
     assert len(list((tmp_path / "root" / "models" / "ctr" / "v00002" / "sparse").glob("part-*.parquet"))) == 2
+

@@ -1,4 +1,4 @@
-"""The scheduled run processes the day before its *scheduled* time, however late it starts."""
+"""`flows.daily.resolve_date`: the scheduled run processes the day before its *scheduled* time, however late it starts."""
 
 import datetime as dt
 
