@@ -1,13 +1,11 @@
 """`SsdStore`: full rows of one shard in a node-local file read and written with direct I/O.
 
-The SSD level of Baidu's hierarchical parameter server.  The parts:
-
-- `ssd_format`: the shard directory (rows.bin, index-<gen>.idx, meta.json) and
-  the record / unit layout (every record carries its key, checked on each read);
-- `direct_io.UnitFile`: whole aligned units moved with O_DIRECT (buffered fallback);
-- `ssd_log.UnitLog`: log-structured appends and the reclaiming of sparse units;
-- `compact_index.CompactSlotMap`: the in-memory key -> slot index (~12.5 bytes
-  per key, so a 10^8-row shard's index fits in ~1.3 GB).
+The SSD level of Baidu's hierarchical parameter server, in parts: `ssd_format`
+(the shard directory and record layout; every record carries its key, checked on
+each read), `direct_io.UnitFile` (whole aligned units with O_DIRECT),
+`ssd_log.UnitLog` (log-structured appends, reclaiming sparse units) and
+`compact_index.CompactSlotMap` (the in-memory key -> slot index, ~12.5 bytes per
+key: a 10^8-row shard's index fits in ~1.3 GB).
 
 A write appends the batch at the log's tail without reading anything, then
 repoints the index, so a failed write (a full disk) leaves every row as it was.
@@ -16,41 +14,33 @@ appends (batch plus moved rows), the row file never exceeds::
 
     unit_bytes * (ceil(L / ceil(t * rows_per_unit)) + 2 + ceil(B / rows_per_unit) + 1)
 
-about 1/t times the live rows' size for L >> B.  The index is saved atomically
-on `flush()` / `close()` (new index file, then meta.json, then the old index
-removed).  The first change after a save marks meta.json ``clean: false`` and
-clears the tag, so a crash mid-run is visible to the warm stage (appends may
-reuse units the saved index still points at).  Whole-shard scans (`iter_rows`,
-snapshots, `compact`) read the file sequentially, so a snapshot of an SSD shard
-lists its rows in slot order, not key order.
+about 1/t times the live rows' size for L >> B.  The index is saved atomically on
+`flush()` / `close()` (new index file, then meta.json, then the old index goes).
+The first change after a save marks meta.json ``clean: false`` and clears the
+tag, so a crash mid-run (its appends may reuse units the saved index points at)
+is visible to the warm stage.  Whole-shard scans
+(`iter_rows`, snapshots, `compact`) read the file sequentially: a snapshot of a
+shard lists its rows in slot order, not key order.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from storage.embedding import ssd_format
 from storage.embedding.base import EmbeddingStore, Lookup
 from storage.embedding.compact_index import CompactSlotMap
 from storage.embedding.direct_io import UnitFile
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import Rows, check_keys
 from storage.embedding.snapshot import SnapshotWriter, check_snapshot_dim, iter_snapshot
-from storage.embedding.ssd_format import (
-    ROWS_FILE,
-    RecordLayout,
-    drop_other_indexes,
-    index_name,
-    load_index,
-    read_meta,
-    rows_of,
-    write_index,
-    write_meta,
-)
+from storage.embedding.ssd_format import ROWS_FILE, RecordLayout, rows_of
 from storage.embedding.ssd_log import UnitLog
 from storage.io.fsio import is_local, local_path
 
@@ -123,8 +113,8 @@ class SsdStore(EmbeddingStore):
 
     # -- files ------------------------------------------------------------------
     @property
-    def rows_file(self):
-        """The row file of the shard (a `pathlib.Path`)."""
+    def rows_file(self) -> Path:
+        """The row file of the shard."""
         return self.path / ROWS_FILE
 
     @property
@@ -133,7 +123,7 @@ class SsdStore(EmbeddingStore):
         return self._file.direct_io_active
 
     def _load_meta(self) -> None:
-        meta = read_meta(self.path)
+        meta = ssd_format.read_meta(self.path)
         if meta is None:
             self._meta: dict[str, Any] = {
                 **self._fmt.meta(), "generation": 0, "index": None, "tag": None, "clean": True, "rows": 0,
@@ -142,7 +132,7 @@ class SsdStore(EmbeddingStore):
             return
         self._fmt.check(meta, self.path)
         if meta.get("index"):
-            load_index(self.path, meta["index"], self._map)
+            ssd_format.load_index(self.path, meta["index"], self._map)
         self._log.recount(self._map.high_water, (slots for _, slots in self._map.iter_items()))
         self._meta = meta
         self._clean = bool(meta.get("clean", True))
@@ -155,15 +145,15 @@ class SsdStore(EmbeddingStore):
         name = self._meta.get("index")  # unclean: only the flags change
         if clean:
             self._file.fsync()
-            name = index_name(gen)
-            write_index(self.path, name, self._map)
+            name = ssd_format.index_name(gen)
+            ssd_format.write_index(self.path, name, self._map)
         self._meta.update(
             self._fmt.meta(), generation=gen, index=name, clean=clean, rows=len(self._map),
             slots=self._map.high_water, direct_io=self.direct_io_active,
         )
-        write_meta(self.path, self._meta)
+        ssd_format.write_meta(self.path, self._meta)
         if clean:
-            drop_other_indexes(self.path, name)
+            ssd_format.drop_other_indexes(self.path, name)
         self._clean = clean
 
     def _changing(self) -> None:

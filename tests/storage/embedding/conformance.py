@@ -11,10 +11,11 @@ A tier's test module does::
 
 The tests use only the `make_store`, `reopen_store` and `tmp_path` fixtures.
 `make_store` must return a fresh, empty store each call; small capacities (so
-caching tiers spill and evict during the tests) are encouraged.  A tier with a
-persistent level overrides `reopen_store` with a function that closes a store
-and opens it again on the same files.  Every value is checked bit for bit
-against `MemoryStore`, the reference.
+caching tiers spill and evict during the tests) are encouraged.  A store with a
+persistent level subclasses `PersistentStoreContractTests` instead and defines
+`open(path, dim, init_std)` and `path_of(store)`: its `reopen_store` fixture
+closes a store and opens it again on the same files.  Every value is checked
+bit for bit against `MemoryStore`, the reference.
 """
 
 from __future__ import annotations
@@ -385,3 +386,37 @@ class StoreContractTests:
         store.set_tag("run-2")
         store.set_tag(None)
         assert reopen_store(store).tag is None
+
+
+class PersistentStoreContractTests(StoreContractTests):
+    """The suite for a store with a persistent level: subclasses say how to open one on a directory."""
+
+    def open(self, path: str, dim: int, init_std: float):
+        """A store on the shard directory `path` (created empty, or reopened with its content)."""
+        raise NotImplementedError
+
+    def path_of(self, store) -> str:
+        """The shard directory `store` was opened on."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def make_store(self, tmp_path):
+        made = []
+
+        def make(dim: int = DIM, init_std: float = STD):
+            made.append(self.open(str(tmp_path / f"shard{len(made)}"), dim, init_std))
+            return made[-1]
+
+        make.made = made
+        yield make
+        for s in made:
+            s.close()
+
+    @pytest.fixture
+    def reopen_store(self, make_store):
+        def reopen(store):
+            store.close()
+            make_store.made.append(self.open(self.path_of(store), store.dim, store.init_std))
+            return make_store.made[-1]
+
+        return reopen

@@ -34,37 +34,19 @@ from tests.helpers.stores import (
     same_bytes,
     snapshot_arrays,
 )
-from tests.storage.embedding.conformance import StoreContractTests
+from tests.storage.embedding.conformance import PersistentStoreContractTests
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-class TestSsdStore(StoreContractTests):
+class TestSsdStore(PersistentStoreContractTests):
     direct_io = True
 
-    @pytest.fixture
-    def make_store(self, tmp_path):
-        made = []
+    def open(self, path: str, dim: int, init_std: float) -> SsdStore:
+        return SsdStore(path, dim, init_std=init_std, direct_io=self.direct_io)
 
-        def make(dim: int = DIM, init_std: float = STD) -> SsdStore:
-            s = SsdStore(str(tmp_path / f"shard{len(made)}"), dim, init_std=init_std, direct_io=self.direct_io)
-            made.append(s)
-            return s
-
-        make.made = made
-        yield make
-        for s in made:
-            s.close()
-
-    @pytest.fixture
-    def reopen_store(self, make_store):
-        def reopen(store: SsdStore) -> SsdStore:
-            store.close()
-            again = SsdStore(str(store.path), store.dim, init_std=store.init_std, direct_io=self.direct_io)
-            make_store.made.append(again)
-            return again
-
-        return reopen
+    def path_of(self, store: SsdStore) -> str:
+        return str(store.path)
 
 
 class TestSsdStoreBuffered(TestSsdStore):

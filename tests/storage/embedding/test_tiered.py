@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from storage.embedding.config import StoreConfig
@@ -13,7 +12,7 @@ from storage.embedding.memory import MemoryStore
 from storage.embedding.ssd import SsdStore
 from storage.embedding.tiered import open_shard
 from tests.helpers.stores import DIM, STD, all_rows
-from tests.storage.embedding.conformance import StoreContractTests
+from tests.storage.embedding.conformance import PersistentStoreContractTests
 
 
 def _config(device_rows: int = 16, dim: int = DIM, std: float = STD) -> StoreConfig:
@@ -27,45 +26,18 @@ def _small_stack(path: str, dim: int = DIM, std: float = STD, device_rows: int =
     return DeviceCache(host, capacity_rows=device_rows, policy="lfu")
 
 
-def _ssd_of(store) -> SsdStore:
-    while not isinstance(store, SsdStore):
-        store = store.below
-    return store
-
-
-class TestSmallStack(StoreContractTests):
-    @staticmethod
-    def open(path: str, dim: int, init_std: float):
+class TestSmallStack(PersistentStoreContractTests):
+    def open(self, path: str, dim: int, init_std: float):
         return _small_stack(path, dim, init_std)
 
-    @pytest.fixture
-    def make_store(self, tmp_path):
-        made = []
-
-        def make(dim: int = DIM, init_std: float = STD):
-            s = self.open(str(tmp_path / f"shard{len(made)}"), dim, init_std)
-            made.append(s)
-            return s
-
-        make.made = made
-        yield make
-        for s in made:
-            s.close()
-
-    @pytest.fixture
-    def reopen_store(self, make_store):
-        def reopen(store):
-            store.close()
-            again = self.open(str(_ssd_of(store).path), store.dim, store.init_std)
-            make_store.made.append(again)
-            return again
-
-        return reopen
+    def path_of(self, store) -> str:
+        while not isinstance(store, SsdStore):
+            store = store.below
+        return str(store.path)
 
 
 class TestOpenShard(TestSmallStack):
-    @staticmethod
-    def open(path: str, dim: int, init_std: float):
+    def open(self, path: str, dim: int, init_std: float):
         return open_shard(path, _config(dim=dim, std=init_std))
 
 
