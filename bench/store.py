@@ -322,7 +322,7 @@ def top_share(stream: np.ndarray, frac: float = 0.1) -> float:
 
 
 def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
-    from storage.embedding.cache import simulate_hit_rates
+    from storage.embedding.slot_cache import simulate_hit_rates
 
     streams = {}
     if os.path.exists(criteo):

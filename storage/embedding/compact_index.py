@@ -16,12 +16,13 @@ per key: 3.2 GB for 10^8 keys, over a 2 GiB host budget.  This map keeps:
 When the delta outgrows max(2^20, keys/32) it is merged into the main segment
 in place (LSM style): a forward pass drops the tombstones, a backward pass
 moves each main entry up by the number of delta hashes below it, chunk by
-chunk, so a merge needs no second copy of the segment.  Free slots (of removed
-keys) are reused lowest first.
+chunk, so a merge needs no second copy of the segment.  The caller places every
+key (`insert`, `reassign`): the SSD tier's log allocates whole units, so the map
+keeps no free list and garbage slots cost no memory.
 
 Snapshots of the map (`save` / `load`) hold the merged segment: a header
 (high water, keys), the sorted hashes and the slots, as three ``.npy`` arrays in
-one file; the free list is rebuilt from the slots on load.
+one file.
 """
 
 from __future__ import annotations
@@ -73,32 +74,24 @@ class CompactSlotMap:
     """Keys -> slots (int32) at ~12-13 bytes per key: sorted hash segment + small hash delta.
 
     Same role as `storage.embedding.index.SlotMap` for a tier that never needs slot -> key
-    (the SSD records carry their key): `lookup`, `add`, `remove`, `reassign`,
-    `iter_items`, `save` / `load`.  Unbounded (slots up to 2^31 - 1).
-
-    Args:
-        reuse_slots: keep a free list of removed / reassigned slots and hand them out
-            again in `add` (lowest first).  With False the caller places keys itself
-            (`insert`, `reassign`; the SSD tier's log allocates whole units) and no
-            free list is kept, so garbage slots cost no memory.
+    (the SSD records carry their key) and places keys itself: `lookup`, `insert`,
+    `remove`, `reassign`, `iter_items`, `save` / `load`.  Unbounded (slots up to 2^31 - 1).
 
     Example::
 
         m = CompactSlotMap()
-        m.add(np.array([7, 9]))        # -> array([0, 1])
-        m.lookup(np.array([9, 8, 7]))  # -> array([ 1, -1,  0])
+        m.insert(np.array([7, 9]), np.array([4, 0]))
+        m.lookup(np.array([9, 8, 7]))  # -> array([ 0, -1,  4])
     """
 
-    def __init__(self, *, reuse_slots: bool = True) -> None:
-        self._reuse = reuse_slots  # False: the caller allocates slots (`insert`); no free list is kept
+    def __init__(self) -> None:
         self._h = np.empty(0, dtype=np.uint64)
         self._s = np.empty(0, dtype=np.int32)
         self._n = 0  # main entries, tombstones included
         self._tombs = 0
         self._delta = KeyIndex(0, value_dtype=np.int32)
-        self.high_water = 0  # slots [0, high_water) have been used at least once
-        self._free = np.empty(0, dtype=np.int32)
-        self._free_sorted = True
+        self.high_water = 0
+        """Slots [0, high_water) have been used (the owner sets it after renumbering every slot)."""
         self.merges = 0
         self._build_dir()
 
@@ -108,13 +101,8 @@ class CompactSlotMap:
 
     @property
     def nbytes(self) -> int:
-        """Memory held: segment (allocated capacity), directory, delta and free list."""
-        return self._h.nbytes + self._s.nbytes + self._dir.nbytes + self._delta.nbytes + self._free.nbytes
-
-    @property
-    def free_slots(self) -> int:
-        """Freed slots waiting for reuse."""
-        return int(self._free.size)
+        """Memory held: segment (allocated capacity), directory and delta."""
+        return self._h.nbytes + self._s.nbytes + self._dir.nbytes + self._delta.nbytes
 
     def reserve(self, n: int) -> None:
         """Allocate (and zero) the segment for `n` keys now, so adding them never reallocates it."""
@@ -195,34 +183,6 @@ class CompactSlotMap:
         return out
 
     # -- changes ------------------------------------------------------------------------------
-    def _take_slots(self, n: int) -> np.ndarray:
-        if not self._free_sorted:
-            self._free = np.sort(self._free)[::-1].copy()  # lowest last: taken from the end
-            self._free_sorted = True
-        reuse = min(n, self._free.size)
-        fresh = n - reuse
-        if self.high_water + fresh > MAX_SLOTS:
-            raise ValueError(f"CompactSlotMap cannot address more than {MAX_SLOTS} slots")
-        slots = np.empty(n, dtype=np.int64)
-        if reuse:
-            slots[:reuse] = self._free[self._free.size - reuse :][::-1]
-            self._free = self._free[: self._free.size - reuse]
-        if fresh:
-            slots[reuse:] = np.arange(self.high_water, self.high_water + fresh)
-            self.high_water += fresh
-        return slots
-
-    def add(self, keys: np.ndarray) -> np.ndarray:
-        """Allocate slots for `keys` (distinct, absent); freed slots first (lowest first), then new ones."""
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        if keys.size == 0:
-            return np.empty(0, dtype=np.int64)
-        slots = self._take_slots(keys.size)
-        self._delta.insert(keys, slots)
-        if len(self._delta) > max(_MIN_DELTA, len(self) >> 5):
-            self.merge()
-        return slots
-
     def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
         """Place `keys` (distinct, absent) at caller-chosen `slots` (distinct, unused); raises the high water."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
@@ -240,13 +200,8 @@ class CompactSlotMap:
             raise ValueError(f"CompactSlotMap cannot address more than {MAX_SLOTS} slots")
         self.high_water = max(self.high_water, top)
 
-    def _free_up(self, slots: np.ndarray) -> None:
-        if slots.size and self._reuse:
-            self._free = np.concatenate([self._free, slots.astype(np.int32)])
-            self._free_sorted = False
-
     def remove(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Forget `keys` (distinct) and free their slots; returns (present mask, their slots)."""
+        """Forget `keys` (distinct); returns (present mask, the slots the present ones had)."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots = np.full(keys.size, -1, dtype=np.int64)
         pos = self._find_main(mix(keys))
@@ -260,14 +215,12 @@ class CompactSlotMap:
             if rest.size:
                 slots[rest] = self._delta.remove(keys[rest])
         ok = slots >= 0
-        freed = slots[ok]
-        self._free_up(freed)
-        return ok, freed
+        return ok, slots[ok]
 
-    def reassign(self, keys: np.ndarray, slots: np.ndarray, *, free_old: bool = True) -> np.ndarray:
-        """Point present `keys` (distinct) at new `slots`; returns their old slots (freed unless `free_old=False`).
+    def reassign(self, keys: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Point present `keys` (distinct) at new `slots`; returns their old slots.
 
-        Slots at or above the high water raise it (as `take_fresh` would have).
+        Slots at or above the high water raise it.
 
         Raises:
             KeyError: a key is not in the map (keys of the main segment may already point at
@@ -290,23 +243,7 @@ class CompactSlotMap:
                 raise KeyError(f"reassign: {int((old[rest] < 0).sum())} keys are not in the map")
             self._delta.insert(keys[rest], slots[rest])
         self._raise_high_water(slots)
-        if free_old:
-            self._free_up(old)
         return old
-
-    def reset_slots(self, high_water: int) -> None:
-        """After a caller renumbered every key's slot into [0, high_water) (compaction): no free slots."""
-        self.high_water = int(high_water)
-        self._free = np.empty(0, dtype=np.int32)
-        self._free_sorted = True
-
-    def take_fresh(self, n: int) -> np.ndarray:
-        """`n` never-used slots at the high water mark (for writes that must not touch used units)."""
-        if self.high_water + n > MAX_SLOTS:
-            raise ValueError(f"CompactSlotMap cannot address more than {MAX_SLOTS} slots")
-        out = np.arange(self.high_water, self.high_water + n, dtype=np.int64)
-        self.high_water += n
-        return out
 
     def merge(self) -> None:
         """Fold the delta into the main segment and drop tombstones (in place, chunk by chunk)."""
@@ -364,20 +301,6 @@ class CompactSlotMap:
             hi = min(self._n, lo + batch)
             yield unmix(self._h[lo:hi]), self._s[lo:hi].astype(np.int64)
 
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, slots) of every key, in hash order (a full copy: for tests and small maps)."""
-        parts = list(self.iter_items())
-        if not parts:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-    def slot_keys(self) -> np.ndarray:
-        """slot -> key array of length `high_water` (-1: free), as `SlotMap` keeps it."""
-        out = np.full(self.high_water, -1, dtype=np.int64)
-        for k, s in self.iter_items():
-            out[s] = k
-        return out
-
     # -- persistence ----------------------------------------------------------------------------
     def save(self, f: BinaryIO) -> None:
         """Write the merged map to the open binary file `f` (header, hashes, slots)."""
@@ -397,32 +320,16 @@ class CompactSlotMap:
         if hdr.shape != (2,):
             raise ValueError(f"index header has shape {hdr.shape}, expected (2,)")
         high_water, n = int(hdr[0]), int(hdr[1])
-        self.__init__(reuse_slots=self._reuse)  # type: ignore[misc]
+        self.__init__()  # type: ignore[misc]
         self._ensure(n)
         _read_npy_into(f, self._h[:n])
         _read_npy_into(f, self._s[:n])
         self._n = n
         self.high_water = high_water
-        self._check_and_free()
+        self._check()
 
-    def load_slot_keys(self, slot_keys: np.ndarray) -> None:
-        """Replace the content with a slot -> key array (-1 = free), the `SlotMap` / format-1 index."""
-        slot_keys = np.ascontiguousarray(slot_keys, dtype=np.int64)
-        live = np.flatnonzero(slot_keys >= 0)
-        h = mix(slot_keys[live])
-        order = np.argsort(h)
-        self.__init__(reuse_slots=self._reuse)  # type: ignore[misc]
-        n = live.size
-        self._ensure(n)
-        self._h[:n] = h[order]
-        self._s[:n] = live[order]
-        self._n = n
-        self.high_water = slot_keys.size
-        self._check_and_free()
-
-    def _check_and_free(self) -> None:
+    def _check(self) -> None:
         n, hw = self._n, self.high_water
-        used = np.zeros(hw, dtype=bool)
         for lo in range(0, n, _CHUNK):
             hi = min(n, lo + _CHUNK)
             c = self._h[max(0, lo - 1) : hi]
@@ -431,8 +338,4 @@ class CompactSlotMap:
             s = self._s[lo:hi]
             if s.size and (int(s.min()) < 0 or int(s.max()) >= hw):
                 raise ValueError(f"index slot out of range [0, {hw})")
-            used[s] = True
-        if self._reuse:
-            self._free = np.flatnonzero(~used).astype(np.int32)
-        self._free_sorted = False
         self._build_dir()

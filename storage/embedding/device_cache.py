@@ -4,8 +4,8 @@ HET's worker-side cache embedding table: hot rows (embedding + Adam state)
 live on the GPU (or on the CPU, same code) so most lookups and updates never
 leave the device.  Capacity is allocated up front; admission and eviction are
 batched per call; updates are applied to cached rows (dirty) and written back
-to `below` on eviction and on `flush()`.  `simulate_hit_rate` replays a key
-stream through the same policy without rows, for benchmarks.
+to `below` on eviction and on `flush()`.  `slot_cache.simulate_hit_rate` replays a
+key stream through the same policy without rows, for benchmarks.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from storage.embedding.base import EmbeddingStore
-from storage.embedding.cache import CachingTier, simulate_hit_rate
+from storage.embedding.caching_tier import CachingTier
 
-__all__ = ["DeviceCache", "simulate_hit_rate"]
+__all__ = ["DeviceCache"]
 
 
 class DeviceCache(CachingTier):

@@ -1,7 +1,7 @@
 """`HostStore`: rows in CPU memory under a byte budget, spilling the coldest to the tier below.
 
 The host level of the hierarchical parameter server (Baidu's HBM / memory / SSD
-split): a write-back LFU cache of full rows (`storage.embedding.cache.CachingTier`) whose
+split): a write-back LFU cache of full rows (`storage.embedding.caching_tier.CachingTier`) whose
 capacity is derived from a byte budget.  Over budget, the least-frequently used
 rows (ties: least recently used) not touched by the current call are written to
 `below` (dirty ones only; clean ones already are there) and dropped.  Keys it
@@ -17,10 +17,10 @@ cost per admitted row stays O(1 / evict_extra) amortised.
 from __future__ import annotations
 
 from storage.embedding.base import EmbeddingStore
-from storage.embedding.cache import CachingTier, StoreCapacityError
+from storage.embedding.caching_tier import CachingTier
 from storage.embedding.rows import row_bytes
 
-__all__ = ["HostStore", "StoreCapacityError", "host_row_bytes", "rows_for_budget"]
+__all__ = ["HostStore", "host_row_bytes", "rows_for_budget"]
 
 _OVERHEAD = 64
 """Bytes per row beyond the payload: key, frequency, tick, flags and two hash-table cells."""
@@ -43,7 +43,7 @@ class HostStore(CachingTier):
         dim: row width.
         budget_bytes: memory for rows; capacity is `rows_for_budget(budget_bytes, dim)` rows.
         below: the tier rows spill to (an `SsdStore`, a `MemoryStore` in tests), or None.
-            Without one, going over budget raises `StoreCapacityError`.
+            Without one, going over budget raises `caching_tier.StoreCapacityError`.
         init_std: std of `init_rows` for unseen keys.
         policy: ``"lfu"`` (default) or ``"lru"``.
         evict_extra: fraction of the capacity freed beyond need when a call must evict

@@ -8,8 +8,8 @@ keys costs O(N * longest probe) NumPy work and no per-key Python loop.
 Each home cell has a filter byte: bit ``b`` is set when a key with that home
 and filter bit ``b`` (3 hash bits the home does not depend on) was inserted, so
 about 94% of absent keys are proved absent by one read of a byte array 1/12 the
-table's size, and never touch the key table (misses used to cost more probe
-rounds than hits: an absent key's run goes on to the next EMPTY cell).  A batch
+table's size, and never touch the key table (an absent key's probe run would go
+on to the next EMPTY cell, longer than a present key's).  A batch
 whose first `_SAMPLE` keys are mostly absent starts with the filter; others
 start with the home cells, and the filter is not read for them.  `remove`
 leaves stale bits (they cost a probe, never a wrong answer) until a rehash.
@@ -268,11 +268,6 @@ class KeyIndex:
         live = self._keys >= 0
         return self._keys[live], self._vals[live].astype(np.int64)
 
-    def reserve(self, n: int) -> None:
-        """Make room for `n` keys in all (no growth until then)."""
-        if n * 1.0 > _MAX_LOAD * self._size:
-            self._rehash(int(n))
-
     def _rehash(self, capacity: int) -> None:
         live = self._keys >= 0
         keys, vals = self._keys[live], self._vals[live]
@@ -280,11 +275,6 @@ class KeyIndex:
         self._keys = self._vals = None  # type: ignore[assignment]  # free the old table first
         self._alloc(max(capacity, keys.size, 16))
         self.insert(keys, vals)
-
-    def clear(self) -> None:
-        """Remove every key."""
-        self._alloc(0)
-
 
 class SlotMap:
     """Keys -> dense slots with a free list; slot -> key kept in `slot_keys` (-1 = free).
@@ -306,24 +296,11 @@ class SlotMap:
         return len(self._index)
 
     @property
-    def nbytes(self) -> int:
-        """Memory of the hash index, the slot -> key array and the free list."""
-        return self._index.nbytes + self.slot_keys.nbytes + self._free.nbytes
-
-    @property
     def free_slots(self) -> int:
         """Slots that `add` can take without growing."""
         if self.capacity is None:
             return self._free.size
         return self._free.size + (self.capacity - self.high_water)
-
-    def reserve(self, n: int) -> None:
-        """Size the index and the slot array for `n` keys now, so adding up to `n` never copies them."""
-        self._index.reserve(n)
-        if n > self.slot_keys.size:
-            grown = np.full(n, EMPTY, dtype=np.int64)
-            grown[: self.slot_keys.size] = self.slot_keys
-            self.slot_keys = grown
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slot of each key, -1 when absent (duplicates allowed)."""
@@ -369,23 +346,6 @@ class SlotMap:
     def live_slots(self) -> np.ndarray:
         """Slots in use, ascending."""
         return np.flatnonzero(self.slot_keys[: self.high_water] >= 0)
-
-    def load(self, slot_keys: np.ndarray) -> None:
-        """Replace the content with `slot_keys` (slot -> key, -1 for a free slot)."""
-        slot_keys = np.ascontiguousarray(slot_keys, dtype=np.int64)
-        if self.capacity is not None and slot_keys.size > self.capacity:
-            raise ValueError(f"{slot_keys.size} slots do not fit a SlotMap of capacity {self.capacity}")
-        live = np.flatnonzero(slot_keys >= 0)
-        keys = slot_keys[live]
-        if np.unique(keys).size != keys.size:
-            raise ValueError("slot -> key array holds a key twice")
-        self._index = KeyIndex(keys.size, value_dtype=np.int32)
-        self._index.insert(keys, live)
-        self.high_water = slot_keys.size
-        size = max(self.capacity or 0, slot_keys.size)
-        self.slot_keys = np.full(size, EMPTY, dtype=np.int64)
-        self.slot_keys[: slot_keys.size] = slot_keys
-        self._free = np.flatnonzero(slot_keys < 0)[::-1].copy()
 
     def clear(self) -> None:
         """Remove every key and free every slot (capacity unchanged)."""

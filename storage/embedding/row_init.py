@@ -10,7 +10,7 @@ alone:
     row[k,j] = std * sqrt(-2 ln u1) * cos(2 pi u2)                       (Box-Muller, float64, then float32)
 
 Integer arithmetic is done in torch int64, which wraps modulo 2^64 like the
-uint64 arithmetic of the reference (`init_rows_numpy`, used by the tests), with
+uint64 arithmetic of a NumPy reference (in the tests), with
 logical right shifts emulated by masking.  The transcendental part is computed
 in float64 on the CPU whatever the keys' device, then rounded to float32, so the
 result does not depend on the accelerator.
@@ -96,23 +96,3 @@ def init_rows(keys: torch.Tensor, dim: int, std: float) -> torch.Tensor:
     r = u1.log_().mul_(-2.0).sqrt_()
     z = r.mul_(u2.cos_()).mul_(std)
     return z.to(torch.float32).to(device)
-
-
-def init_rows_numpy(keys: np.ndarray, dim: int, std: float) -> np.ndarray:
-    """Reference of `init_rows` in NumPy uint64 arithmetic (tests compare the two bit for bit)."""
-    u = np.asarray(keys, dtype=np.int64).view(np.uint64)
-
-    def mix(x: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            z = x + np.uint64(_GAMMA)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-            return z ^ (z >> np.uint64(31))
-
-    with np.errstate(over="ignore"):
-        steps = np.arange(dim, dtype=np.uint64) * np.uint64(_GAMMA)
-        h = mix(mix(u)[:, None] + steps[None, :])
-    u1 = ((h >> np.uint64(32)).astype(np.float64) + 1.0) * _INV_2_32
-    u2 = (h & np.uint64(0xFFFFFFFF)).astype(np.float64) * _INV_2_32
-    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(_TWO_PI * u2)
-    return (z * std).astype(np.float32)

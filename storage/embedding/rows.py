@@ -19,7 +19,6 @@ ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
 
-
 @dataclass
 class Rows:
     """A batch of N full rows on one device.
@@ -71,7 +70,7 @@ class Rows:
         idx = idx.to(self.emb.device)
         if idx.dtype == torch.bool:
             return Rows(self.emb[idx], self.m[idx], self.v[idx], self.clock[idx])
-        # index_select: same rows as t[idx], without advanced indexing's per-call setup (~8x faster on CPU)
+        # index_select: same rows as t[idx], without advanced indexing's per-call setup
         return Rows(*(t.index_select(0, idx) for t in (self.emb, self.m, self.v, self.clock)))
 
     def put(self, idx: torch.Tensor | np.ndarray, other: Rows) -> None:
@@ -89,21 +88,6 @@ class Rows:
         # index_copy_ is t[idx] = x for distinct positions, without advanced indexing's overhead
         for t, o in ((self.emb, other.emb), (self.m, other.m), (self.v, other.v), (self.clock, other.clock)):
             t.index_copy_(0, idx, o)
-
-    @staticmethod
-    def cat(parts: list[Rows]) -> Rows:
-        """Concatenate batches of rows (same device)."""
-        return Rows(
-            torch.cat([p.emb for p in parts]),
-            torch.cat([p.m for p in parts]),
-            torch.cat([p.v for p in parts]),
-            torch.cat([p.clock for p in parts]),
-        )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the four tensors."""
-        return sum(t.numel() * t.element_size() for t in (self.emb, self.m, self.v, self.clock))
 
 
 def row_bytes(dim: int) -> int:
@@ -134,8 +118,8 @@ def all_finite(t: torch.Tensor) -> bool:
     """`torch.isfinite(t).all()`, in one reduction for the usual all-finite case.
 
     A sum with a NaN or infinite term is never finite, so a finite sum proves every entry finite;
-    only a non-finite sum (a bad entry, or finite entries overflowing) pays for the elementwise check.
-    The step checks its gradients and new rows with it: ~20x cheaper than `isfinite(t).all()`.
+    only a non-finite sum (a bad entry, or finite entries overflowing) pays for the elementwise check
+    (the step checks every gradient and new row, so the common case must be cheap).
     """
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
@@ -227,9 +211,8 @@ def _take(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
     """Rows `idx` of the CPU tensor `t`, gathered by NumPy on the calling thread.
 
     The host tier gathers between NumPy steps; `torch.index_select` would hand each gather to
-    torch's intra-op thread pool, whose threads have gone to sleep by then: waking them cost
-    ~10 ms per 4096-row gather on a busy 2-core machine (a training process keeps the cores
-    busy), where `np.take` copies the same rows (a few MB, memory-bound) in ~0.1 ms.
+    torch's intra-op thread pool, whose threads have gone to sleep by then and are slow to wake
+    on a busy host, where `np.take` copies the same rows (memory-bound) on the calling thread.
     """
     return torch.from_numpy(np.take(t.numpy(), idx, axis=0))
 

@@ -306,10 +306,10 @@ def read_snapshot(
         FileNotFoundError: `url` does not exist.
         ValueError: a part is not a snapshot, or parts disagree on dim.
     """
-    n, dim = 0, None
-    for dim, t, keep in _row_groups(url, owner, storage_options, ["key"]):
+    n, dim = 0, 1
+    for group_dim, t, keep in _row_groups(url, owner, storage_options, ["key"]):
         n += t.num_rows if keep is None else int(np.count_nonzero(keep))
-    dim = dim or 1
+        dim = group_dim or 1
     out = (
         np.empty(n, dtype=np.int64),
         np.empty((n, dim), dtype=np.float32),

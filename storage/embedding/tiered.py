@@ -19,16 +19,8 @@ from storage.embedding.base import EmbeddingStore
 from storage.embedding.config import StoreConfig
 from storage.embedding.device_cache import DeviceCache
 from storage.embedding.host import HostStore
-from storage.embedding.memory import MemoryStore
 from storage.embedding.ssd import SsdStore
 
-TIERS: dict[str, type[EmbeddingStore]] = {
-    "memory": MemoryStore,
-    "host": HostStore,
-    "ssd": SsdStore,
-    "device": DeviceCache,
-}
-"""The tiers by name (the names `stats()` reports them under)."""
 
 def open_shard(shard_dir: str, config: StoreConfig, *, device: torch.device | str = "cpu") -> EmbeddingStore:
     """Open the tier stack of one shard (creating the SSD directory when needed).
@@ -53,10 +45,3 @@ def open_shard(shard_dir: str, config: StoreConfig, *, device: torch.device | st
         ssd.close()
         raise
 
-
-def tiers(store: EmbeddingStore) -> list[EmbeddingStore]:
-    """The tiers of a stack, top first (following `.below`)."""
-    out = [store]
-    while getattr(out[-1], "below", None) is not None:
-        out.append(out[-1].below)
-    return out

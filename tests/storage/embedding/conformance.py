@@ -9,9 +9,13 @@ A tier's test module does::
                 return MyStore(dim, init_std=init_std, ...)
             return make
 
-The tests use only the `make_store` and `tmp_path` fixtures.  `make_store`
-must return a fresh, empty store each call; small capacities (so caching tiers
-spill and evict during the tests) are encouraged.
+The tests use only the `make_store`, `reopen_store` and `tmp_path` fixtures.
+`make_store` must return a fresh, empty store each call; small capacities (so
+caching tiers spill and evict during the tests) are encouraged.  A store with a
+persistent level subclasses `PersistentStoreContractTests` instead and defines
+`open(path, dim, init_std)` and `path_of(store)`: its `reopen_store` fixture
+closes a store and opens it again on the same files.  Every value is checked
+bit for bit against `MemoryStore`, the reference.
 """
 
 from __future__ import annotations
@@ -20,57 +24,37 @@ import numpy as np
 import pytest
 import torch
 
-from storage.embedding.base import ADAM_BETAS, ADAM_EPS, EmbeddingStore, owner_of
+from storage.embedding.base import Lookup, owner_of
 from storage.embedding.memory import MemoryStore
 from storage.embedding.row_init import init_rows
-from storage.embedding.snapshot import read_snapshot, write_snapshot
-
-DIM = 8
-STD = 0.05
-
-
-def keys_of(*ks: int) -> torch.Tensor:
-    return torch.tensor(ks, dtype=torch.int64)
-
-
-def all_rows(store: EmbeddingStore, url: str) -> dict[str, np.ndarray]:
-    """Every row of `store`, via its snapshot, sorted by key."""
-    store.snapshot(url)
-    keys, emb, m, v, clock = read_snapshot(url)
-    order = np.argsort(keys)
-    return {"keys": keys[order], "emb": emb[order], "m": m[order], "v": v[order], "clock": clock[order]}
-
-
-class ReferenceAdam:
-    """torch.optim.Adam with one parameter per key, stepped only when the key is touched (lazy Adam)."""
-
-    def __init__(self, dim: int, std: float) -> None:
-        self.dim, self.std = dim, std
-        self.params: dict[int, torch.nn.Parameter] = {}
-        self.opts: dict[int, torch.optim.Adam] = {}
-
-    def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
-        summed: dict[int, torch.Tensor] = {}
-        for k, g in zip(keys.tolist(), grads, strict=True):
-            summed[k] = summed[k] + g if k in summed else g.clone()
-        for k, g in summed.items():
-            if k not in self.params:
-                self.params[k] = torch.nn.Parameter(init_rows(keys_of(k), self.dim, self.std)[0].clone())
-                self.opts[k] = torch.optim.Adam(
-                    [self.params[k]], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=weight_decay
-                )
-            opt = self.opts[k]
-            for group in opt.param_groups:
-                group["lr"], group["weight_decay"] = lr, weight_decay
-            self.params[k].grad = g.clone()
-            opt.step()
-
-    def row(self, k: int) -> torch.Tensor:
-        return self.params[k].detach() if k in self.params else init_rows(keys_of(k), self.dim, self.std)[0]
+from storage.embedding.rows import Rows
+from storage.embedding.snapshot import write_snapshot
+from tests.helpers.stores import (
+    DIM,
+    STD,
+    ReferenceAdam,
+    all_rows,
+    assert_same_rows,
+    keys_of,
+)
 
 
 class StoreContractTests:
-    """Contract tests; subclasses provide the `make_store` fixture."""
+    """Contract tests; subclasses provide the `make_store` fixture (and `reopen_store` for a persistent tier)."""
+
+    @pytest.fixture
+    def reopen_store(self):
+        """None: the store has no persistent level.  Else a function: store -> the same store reopened."""
+        return None
+
+    def test_declares_dim_init_std_and_device(self, make_store) -> None:
+        store = make_store()
+        assert store.dim == DIM and store.init_std == STD
+        assert isinstance(store.device, torch.device)
+        got = store.lookup(keys_of(1, 2))
+        assert got.rows.device == store.device
+        _, rows = store.read_rows(np.array([1, 2]))
+        assert rows.emb.device == store.device
 
     # -- lookup -------------------------------------------------------------------
     def test_lookup_shape_dtype_and_init(self, make_store) -> None:
@@ -90,7 +74,7 @@ class StoreContractTests:
 
     def test_lookup_does_not_materialise(self, make_store, tmp_path) -> None:
         store = make_store()
-        store.lookup(torch.arange(50, dtype=torch.int64)).rows
+        store.lookup(torch.arange(50, dtype=torch.int64))
         assert len(store) == 0
         assert all_rows(store, str(tmp_path / "s.parquet"))["keys"].size == 0
 
@@ -161,34 +145,37 @@ class StoreContractTests:
         store = make_store()
         store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
         before = all_rows(store, str(tmp_path / "a.parquet"))
-        for bad in (float("nan"), float("inf")):
+        # 1e30 is finite, but its square overflows the second moment: refused as well.
+        for bad, match in ((float("nan"), "NaN or inf"), (float("inf"), "NaN or inf"), (1e30, "non-finite")):
             g = torch.ones(3, DIM)
             g[2, 3] = bad
-            with pytest.raises(ValueError, match="NaN or inf"):
+            with pytest.raises(ValueError, match=match):
                 store.update(keys_of(1, 2, 3), g, lr=0.1)
         after = all_rows(store, str(tmp_path / "b.parquet"))
         for name in before:
             np.testing.assert_array_equal(before[name], after[name])
         assert len(store) == 2
 
-    def test_wrong_dtype_and_shape_raise(self, make_store) -> None:
+    def test_bad_input_raises_naming_the_value_and_changes_nothing(self, make_store) -> None:
         store = make_store()
-        with pytest.raises(TypeError):
-            store.lookup(torch.tensor([1, 2], dtype=torch.int32)).rows
-        with pytest.raises(TypeError):
-            store.lookup(np.array([1, 2])).rows  # type: ignore[arg-type]
-        with pytest.raises(ValueError):
-            store.lookup(torch.tensor([[1, 2]])).rows
-        with pytest.raises(ValueError):
-            store.lookup(keys_of(-3)).rows
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="int64, got torch.int32"):
+            store.lookup(torch.tensor([1, 2], dtype=torch.int32))
+        with pytest.raises(TypeError, match="ndarray"):
+            store.lookup(np.array([1, 2]))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"\(1, 2\)"):
+            store.lookup(torch.tensor([[1, 2]]))
+        with pytest.raises(ValueError, match="-3"):
+            store.lookup(keys_of(-3))
+        with pytest.raises(TypeError, match="float64"):
             store.update(keys_of(1), torch.ones(1, DIM, dtype=torch.float64), lr=0.1)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=rf"\(1, {DIM + 1}\)"):
             store.update(keys_of(1), torch.ones(1, DIM + 1), lr=0.1)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=rf"\(2, {DIM}\)"):
             store.update(keys_of(1, 2), torch.ones(1, DIM), lr=0.1)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="nan"):
             store.update(keys_of(1), torch.ones(1, DIM), lr=float("nan"))
+        with pytest.raises(ValueError, match="-0.5"):
+            store.update(keys_of(1), torch.ones(1, DIM), lr=-0.5)
         assert len(store) == 0
 
     # -- warm / evict ----------------------------------------------------------------
@@ -269,7 +256,7 @@ class StoreContractTests:
         for name in ("hits", "misses", "bytes_read", "bytes_written", "evictions", "rows"):
             assert name in s0[top], name
         store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
-        store.lookup(keys_of(1, 2, 3)).rows
+        store.lookup(keys_of(1, 2, 3))
         store.evict(keys_of(1))
         store.flush()  # write-back tiers count bytes when rows go down
         s1 = store.stats()
@@ -279,3 +266,157 @@ class StoreContractTests:
         assert total["bytes_written"] > 0
         assert total["evictions"] >= 1
         assert s1[top]["rows"] >= 1
+
+    # -- full rows: read_rows / write_rows / contains -----------------------------------
+    def test_read_rows_reports_found_and_fresh_rows_without_materialising(self, make_store) -> None:
+        store = make_store()
+        for ks in ((3, 5), (5,), (5, 9)):  # clocks 3:1, 5:3, 9:1
+            store.update(keys_of(*ks), torch.ones(len(ks), DIM), lr=0.1)
+        ref = MemoryStore(DIM, init_std=STD)
+        for ks in ((3, 5), (5,), (5, 9)):
+            ref.update(keys_of(*ks), torch.ones(len(ks), DIM), lr=0.1)
+        keys = np.array([9, 4, 5, 3, 1000])
+        found, rows = store.read_rows(keys)
+        want_found, want = ref.read_rows(keys)
+        assert found.tolist() == want_found.tolist() == [True, False, True, True, False]
+        assert rows.clock.cpu().tolist() == [1, 0, 3, 1, 0]
+        for name in ("emb", "m", "v", "clock"):
+            assert torch.equal(getattr(rows, name).cpu(), getattr(want, name)), name
+        fresh = init_rows(torch.tensor([4, 1000]), DIM, STD)
+        assert torch.equal(rows.emb.cpu()[[1, 4]], fresh)
+        assert not rows.m.cpu()[[1, 4]].any() and not rows.v.cpu()[[1, 4]].any()
+        assert len(store) == 3
+        assert store.contains(np.array([4, 1000, 9])).tolist() == [False, False, True]
+
+    def test_write_rows_stores_full_rows_as_given(self, make_store, tmp_path) -> None:
+        store = make_store()
+        gen = torch.Generator().manual_seed(7)
+        keys = np.arange(60, dtype=np.int64) * 11  # more than the small caches hold
+        rows = Rows(
+            torch.randn(60, DIM, generator=gen), torch.randn(60, DIM, generator=gen),
+            torch.rand(60, DIM, generator=gen), torch.arange(60, dtype=torch.int64) + 5,
+        )
+        assert not store.contains(keys).any()
+        store.write_rows(keys, rows)
+        assert store.contains(keys).all() and len(store) == 60
+        again = Rows(rows.emb * 2, rows.m, rows.v, rows.clock + 1)
+        store.write_rows(keys[:10], again.select(np.arange(10)))  # overwrite some
+        found, got = store.read_rows(keys)
+        assert found.all()
+        want_emb = torch.cat([rows.emb[:10] * 2, rows.emb[10:]])
+        assert torch.equal(got.emb.cpu(), want_emb) and torch.equal(got.m.cpu(), rows.m)
+        assert torch.equal(got.v.cpu(), rows.v)
+        assert got.clock.cpu().tolist() == [c + 1 for c in range(5, 15)] + list(range(15, 65))
+        snap = all_rows(store, str(tmp_path / "s.parquet"))
+        np.testing.assert_array_equal(snap["keys"], keys)
+        np.testing.assert_array_equal(snap["emb"], want_emb.numpy())
+        # training continues from the written state: the clock drives the bias correction
+        ref = MemoryStore(DIM, init_std=STD)
+        ref.write_rows(keys, Rows(want_emb, rows.m, rows.v, got.clock.cpu()))
+        g = torch.randn(60, DIM, generator=gen)
+        store.update(torch.from_numpy(keys), g, lr=0.05)
+        ref.update(torch.from_numpy(keys), g, lr=0.05)
+        assert_same_rows(store, ref, tmp_path)
+
+    # -- the lookup -> update pair ----------------------------------------------------------
+    @pytest.mark.parametrize("sorted_keys", [True, False])
+    def test_update_of_a_lookup_handle_equals_update_of_its_keys(self, make_store, tmp_path, sorted_keys) -> None:
+        """Sorted distinct keys (a sharded pull's, the reuse path) and unsorted ones with
+        duplicates; a stale handle (another call in between) and a caller who changes the keys
+        tensor after the lookup: the rows are bit-identical to updates by keys, and to MemoryStore's."""
+        by_handle, by_keys, ref = make_store(), make_store(), MemoryStore(DIM, init_std=STD)
+        gen = torch.Generator().manual_seed(11)
+        for step in range(12):
+            keys = torch.randint(0, 90, (40,), generator=gen)
+            keys = torch.unique(keys) if sorted_keys else keys
+            grads = torch.randn(keys.numel(), DIM, generator=gen)
+            handle = by_handle.lookup(keys)
+            assert isinstance(handle, Lookup) and torch.equal(handle.keys, keys)
+            looked = by_keys.lookup(keys).rows
+            assert torch.equal(handle.rows.cpu(), looked.cpu())
+            assert torch.equal(handle.rows.cpu(), ref.lookup(keys).rows)
+            if step % 3 == 1:  # another call in between: the handle is stale
+                other = torch.randint(0, 90, (25,), generator=gen)
+                og = torch.randn(25, DIM, generator=gen)
+                for s in (by_handle, by_keys, ref):
+                    s.update(other, og, lr=0.03)
+            if step % 3 == 2:  # the caller reuses its tensor: the handle kept its own keys
+                saved = keys.clone()
+                keys.add_(1000)
+                keys = saved
+            by_handle.update(handle, grads, lr=0.05)
+            by_keys.update(keys, grads, lr=0.05)
+            ref.update(keys, grads, lr=0.05)
+        assert len(by_handle) == len(by_keys) == len(ref)
+        assert_same_rows(by_handle, by_keys, tmp_path)
+        assert_same_rows(by_handle, ref, tmp_path)
+
+    def test_handle_of_another_store_updates_by_its_keys(self, make_store, tmp_path) -> None:
+        a, b, ref = make_store(), make_store(), MemoryStore(DIM, init_std=STD)
+        keys = keys_of(1, 4, 9)
+        handle = b.lookup(keys)
+        a.lookup(keys)
+        a.update(handle, torch.ones(3, DIM), lr=0.1)
+        ref.update(keys, torch.ones(3, DIM), lr=0.1)
+        assert len(b) == 0
+        assert_same_rows(a, ref, tmp_path)
+
+    # -- tag ---------------------------------------------------------------------------------
+    def test_tag_persists_until_the_next_change(self, make_store, reopen_store, tmp_path) -> None:
+        store = make_store()
+        assert store.tag is None
+        store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
+        store.set_tag("run-1")
+        if reopen_store is None:  # no persistent level: nothing to tag
+            assert store.tag is None
+            return
+        assert store.tag == "run-1"
+        store.lookup(keys_of(1, 2, 3))  # reading is no change
+        store.read_rows(np.array([1, 3]))
+        assert store.tag == "run-1"
+        store = reopen_store(store)
+        assert store.tag == "run-1" and len(store) == 2  # set_tag flushed every row first
+        ref = MemoryStore(DIM, init_std=STD)
+        ref.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
+        assert_same_rows(store, ref, tmp_path)
+        store.update(keys_of(3), torch.ones(1, DIM), lr=0.1)
+        assert store.tag is None
+        store = reopen_store(store)
+        assert store.tag is None
+        store.set_tag("run-2")
+        store.set_tag(None)
+        assert reopen_store(store).tag is None
+
+
+class PersistentStoreContractTests(StoreContractTests):
+    """The suite for a store with a persistent level: subclasses say how to open one on a directory."""
+
+    def open(self, path: str, dim: int, init_std: float):
+        """A store on the shard directory `path` (created empty, or reopened with its content)."""
+        raise NotImplementedError
+
+    def path_of(self, store) -> str:
+        """The shard directory `store` was opened on."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def make_store(self, tmp_path):
+        made = []
+
+        def make(dim: int = DIM, init_std: float = STD):
+            made.append(self.open(str(tmp_path / f"shard{len(made)}"), dim, init_std))
+            return made[-1]
+
+        make.made = made
+        yield make
+        for s in made:
+            s.close()
+
+    @pytest.fixture
+    def reopen_store(self, make_store):
+        def reopen(store):
+            store.close()
+            make_store.made.append(self.open(self.path_of(store), store.dim, store.init_std))
+            return make_store.made[-1]
+
+        return reopen

@@ -8,7 +8,7 @@ import pytest
 from storage.embedding.index import KeyIndex, SlotMap
 
 
-def test_key_index_matches_dict() -> None:
+def test_key_index_matches_a_dict_through_inserts_and_removes() -> None:
     rng = np.random.default_rng(0)
     idx, ref = KeyIndex(), {}
     for step in range(60):
@@ -39,12 +39,10 @@ def test_slot_map_reuses_slots_and_respects_capacity() -> None:
     with pytest.raises(ValueError, match="full"):
         sm.add(np.array([15]))
     assert sm.lookup(np.array([14, 10, 11])).tolist()[1:] == [0, -1]
-    copy = SlotMap()
-    copy.load(sm.slot_keys[: sm.high_water])
-    assert copy.lookup(np.array([10, 12, 13, 14])).tolist() == sm.lookup(np.array([10, 12, 13, 14])).tolist()
+    assert sm.slot_keys[sm.lookup(np.array([10, 12, 13, 14]))].tolist() == [10, 12, 13, 14]
 
 
-def test_key_index_grows_past_overflow_cells_and_reserves(monkeypatch) -> None:
+def test_key_index_grows_when_a_probe_run_passes_the_overflow_cells(monkeypatch) -> None:
     # Two overflow cells only: probe runs pass them often, so inserts must grow and retry.
     monkeypatch.setattr("storage.embedding.index._PAD", 2)
     idx = KeyIndex(16)
@@ -59,12 +57,6 @@ def test_key_index_grows_past_overflow_cells_and_reserves(monkeypatch) -> None:
     assert idx.get(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
     keys, vals = idx.items()
     assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == ref
-    big = KeyIndex()
-    big.reserve(10_000)
-    size = big.table_size
-    big.insert(np.arange(10_000) * 3, np.arange(10_000))
-    assert big.table_size == size  # no regrowth up to the reserved count
-    assert big.get(np.array([3 * 9_999, 1])).tolist() == [9_999, -1]
 
 
 def test_key_index_int32_values_refuse_overflow() -> None:
@@ -127,6 +119,6 @@ def test_lookups_agree_whether_they_start_with_the_filter_or_the_table(miss_shar
         assert idx.get(batch).tolist() == [ref.get(int(k), -1) for k in batch]
 
 
-def test_filter_bytes_are_counted() -> None:
+def test_filter_bytes_are_counted_in_nbytes() -> None:
     idx = KeyIndex(1000, value_dtype=np.int32)
     assert idx.nbytes == idx.table_size * (8 + 4 + 1)

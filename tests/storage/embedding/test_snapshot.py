@@ -1,7 +1,9 @@
-"""Snapshot file format: schema, atomic write, directory of parts, owner filter, streaming."""
+"""Snapshot files: schema, atomic write (also when a store's snapshot fails midway), directory of
+parts, owner filter, streaming, fsspec URLs."""
 
 from __future__ import annotations
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +18,13 @@ from storage.embedding.snapshot import (
     read_snapshot,
     snapshot_schema,
     write_snapshot,
+)
+from tests.helpers.stores import (
+    DIM,
+    host_over_ssd,
+    same_bytes,
+    snapshot_arrays,
+    train_random,
 )
 
 
@@ -85,7 +94,7 @@ def test_memory_filesystem_url() -> None:
     assert read_snapshot("memory://snapshots/run1", owner=(0, 2))[0].size == 10
 
 
-def test_errors(tmp_path) -> None:
+def test_missing_file_bad_schema_owner_and_shapes_are_refused(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         read_snapshot(str(tmp_path / "missing.parquet"))
     bad = tmp_path / "bad.parquet"
@@ -98,3 +107,59 @@ def test_errors(tmp_path) -> None:
     with pytest.raises(ValueError, match="shape"):
         write_snapshot(str(tmp_path / "y.parquet"), k, e, m[:2], v, c)
     assert not (tmp_path / "y.parquet").exists()
+
+
+def test_failed_snapshot_leaves_previous_one_and_no_partial_file(tmp_path, monkeypatch) -> None:
+    store = host_over_ssd(tmp_path / "s")
+    train_random(store, 3)
+    url = str(tmp_path / "snap" / "part-00000.parquet")
+    store.snapshot(url)
+    before = snapshot_arrays(url)
+    train_random(store, 3, seed=1)
+    calls = {"n": 0}
+    real = pq.ParquetWriter.write_table
+
+    def failing(self, table, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise OSError(28, "No space left on device")
+        return real(self, table, *a, **k)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
+    monkeypatch.setattr("storage.embedding.snapshot.ROW_GROUP_ROWS", 16)  # several row groups, fail mid-file
+    with pytest.raises(OSError, match="No space"):
+        store.snapshot(url)
+    assert same_bytes(snapshot_arrays(url), before)
+    assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == ["part-00000.parquet"]
+    store.close()
+
+
+def test_partial_snapshot_file_is_never_read_as_part(tmp_path) -> None:
+    d = tmp_path / "sparse"
+    write_snapshot(str(d / "part-00000.parquet"), np.array([1, 2]), np.ones((2, DIM)), np.zeros((2, DIM)),
+                   np.zeros((2, DIM)), np.array([1, 1]))
+    w = SnapshotWriter(str(d / "part-00001.parquet"), DIM)  # a writer killed before commit
+    w.write(np.array([3]), np.ones((1, DIM)), np.zeros((1, DIM)), np.zeros((1, DIM)), np.array([1]))
+    w._writer.close()
+    w._file.close()
+    assert any(".tmp-" in p.name for p in d.iterdir())
+    assert read_snapshot(str(d))[0].tolist() == [1, 2]
+
+
+def test_snapshot_restore_through_fsspec_memory(tmp_path) -> None:
+    store = host_over_ssd(tmp_path / "s")
+    train_random(store, 5)
+    url = "memory://ctr-test/model/sparse/part-00000.parquet"
+    try:
+        n = store.snapshot(url)
+        fs = fsspec.filesystem("memory")
+        assert [p.rsplit("/", 1)[1] for p in fs.ls("/ctr-test/model/sparse", detail=False)] == ["part-00000.parquet"]
+        other = host_over_ssd(tmp_path / "other")
+        assert other.restore("memory://ctr-test/model/sparse", owner=(0, 1)) == n
+        store.snapshot(str(tmp_path / "a.parquet"))
+        other.snapshot(str(tmp_path / "b.parquet"))
+        assert same_bytes(snapshot_arrays(str(tmp_path / "a.parquet")), snapshot_arrays(str(tmp_path / "b.parquet")))
+        other.close()
+    finally:
+        fsspec.filesystem("memory").rm("/ctr-test", recursive=True)
+    store.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from storage.embedding.config import StoreConfig
@@ -11,8 +10,9 @@ from storage.embedding.device_cache import DeviceCache
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
 from storage.embedding.ssd import SsdStore
-from storage.embedding.tiered import TIERS, open_shard, tiers
-from tests.storage.embedding.conformance import DIM, STD, StoreContractTests, all_rows
+from storage.embedding.tiered import open_shard
+from tests.helpers.stores import DIM, STD, all_rows
+from tests.storage.embedding.conformance import PersistentStoreContractTests
 
 
 def _config(device_rows: int = 16, dim: int = DIM, std: float = STD) -> StoreConfig:
@@ -26,50 +26,36 @@ def _small_stack(path: str, dim: int = DIM, std: float = STD, device_rows: int =
     return DeviceCache(host, capacity_rows=device_rows, policy="lfu")
 
 
-class TestSmallStack(StoreContractTests):
-    @pytest.fixture
-    def make_store(self, tmp_path):
-        made = []
+class TestSmallStack(PersistentStoreContractTests):
+    def open(self, path: str, dim: int, init_std: float):
+        return _small_stack(path, dim, init_std)
 
-        def make(dim: int = DIM, init_std: float = STD):
-            s = _small_stack(str(tmp_path / f"shard{len(made)}"), dim, init_std)
-            made.append(s)
-            return s
-
-        yield make
-        for s in made:
-            s.close()
+    def path_of(self, store) -> str:
+        while not isinstance(store, SsdStore):
+            store = store.below
+        return str(store.path)
 
 
-class TestOpenShard(StoreContractTests):
-    @pytest.fixture
-    def make_store(self, tmp_path):
-        made = []
-
-        def make(dim: int = DIM, init_std: float = STD):
-            s = open_shard(str(tmp_path / f"shard{len(made)}"), _config(dim=dim, std=init_std))
-            made.append(s)
-            return s
-
-        yield make
-        for s in made:
-            s.close()
+class TestOpenShard(TestSmallStack):
+    def open(self, path: str, dim: int, init_std: float):
+        return open_shard(path, _config(dim=dim, std=init_std))
 
 
-def test_open_shard_layers_and_stats(tmp_path) -> None:
+def test_open_shard_stacks_device_host_ssd_and_reports_every_tier(tmp_path) -> None:
     store = open_shard(str(tmp_path / "s"), _config(device_rows=8))
-    assert [type(t) for t in tiers(store)] == [DeviceCache, HostStore, SsdStore]
-    assert tiers(store)[1].capacity == (1 << 20) // host_row_bytes(DIM)
-    store.lookup(torch.arange(4)).rows
-    assert list(store.stats()) == ["device", "host", "ssd"]
+    assert isinstance(store, DeviceCache) and store.capacity == 8
+    assert isinstance(store.below, HostStore) and store.below.capacity == (1 << 20) // host_row_bytes(DIM)
+    assert isinstance(store.below.below, SsdStore) and store.below.below.path == tmp_path / "s"
+    store.lookup(torch.arange(4))
+    stats = store.stats()
+    assert list(stats) == ["device", "host", "ssd"] and stats["ssd"]["misses"] == 4
     store.close()
     no_cache = open_shard(str(tmp_path / "t"), _config(device_rows=0))
-    assert isinstance(no_cache, HostStore)
+    assert isinstance(no_cache, HostStore) and isinstance(no_cache.below, SsdStore)
     no_cache.close()
-    assert set(TIERS) == {"memory", "host", "ssd", "device"}
 
 
-def test_flush_reaches_ssd_and_reopen_sees_everything(tmp_path) -> None:
+def test_set_tag_flushes_every_tier_to_ssd_and_a_reopened_shard_sees_everything(tmp_path) -> None:
     path = str(tmp_path / "s")
     store = _small_stack(path)
     ref = MemoryStore(DIM, init_std=STD)

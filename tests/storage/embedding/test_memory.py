@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from storage.embedding.memory import MemoryStore
-from tests.storage.embedding.conformance import DIM, STD, StoreContractTests
+from tests.helpers.stores import DIM, STD
+from tests.storage.embedding.conformance import StoreContractTests
 
 
 class TestMemoryStore(StoreContractTests):
@@ -28,19 +29,14 @@ class TestMemoryStoreCuda(StoreContractTests):
         return make
 
 
-def test_lookup_returns_rows_on_store_device() -> None:
-    store = MemoryStore(4, device="cpu")
-    assert store.lookup(torch.tensor([1, 2])).rows.device.type == "cpu"
-
-
-def test_bad_constructor_arguments() -> None:
+def test_bad_constructor_arguments_name_the_value() -> None:
     with pytest.raises(ValueError, match="dim"):
         MemoryStore(0)
     with pytest.raises(ValueError, match="init_std"):
         MemoryStore(4, init_std=0.0)
 
 
-def test_many_rows_grow_and_free_slots() -> None:
+def test_freed_slots_are_reused_as_the_store_grows() -> None:
     store = MemoryStore(4)
     keys = torch.arange(5000, dtype=torch.int64) * 11
     store.update(keys, torch.ones(5000, 4), lr=0.1)

@@ -6,15 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from storage.embedding.host import HostStore, StoreCapacityError, host_row_bytes
+from storage.embedding.caching_tier import StoreCapacityError
+from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
-from tests.storage.embedding.conformance import (
-    DIM,
-    STD,
-    StoreContractTests,
-    all_rows,
-    keys_of,
-)
+from tests.helpers.stores import DIM, STD, all_rows, keys_of
+from tests.storage.embedding.conformance import StoreContractTests
 
 
 class TestHostOverMemory(StoreContractTests):
@@ -56,7 +52,7 @@ def test_spill_keeps_values_and_moves_coldest(tmp_path) -> None:
     assert not below.contains(hot.numpy()).any()
     # hot rows stayed on the host: the next call on them is all hits
     hits = s["host"]["hits"]
-    host.lookup(hot).rows
+    host.lookup(hot)
     assert host.stats()["host"]["hits"] == hits + 5
     ref = MemoryStore(DIM, init_std=STD)
     for _ in range(5):
@@ -74,7 +70,7 @@ def test_rows_read_back_from_below_are_clean() -> None:
     below = MemoryStore(DIM, init_std=STD)
     below.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
     host = _host(10, below)
-    host.lookup(keys_of(1, 2, 3, 4)).rows
+    host.lookup(keys_of(1, 2, 3, 4))
     s = host.stats()["host"]
     assert s["rows"] == 3 and s["dirty"] == 0 and s["misses"] == 4
     assert len(host) == 3
@@ -126,9 +122,11 @@ def test_warm_prefers_the_first_keys() -> None:
     assert set(np.flatnonzero(resident).tolist()) == {19, 3, 7, 11, 2}
 
 
-def test_budget_too_small_and_bad_below() -> None:
+def test_budget_too_small_and_bad_below_are_refused() -> None:
     with pytest.raises(ValueError, match="budget"):
         HostStore(DIM, budget_bytes=10)
+    with pytest.raises(ValueError, match="budget_bytes=-4096"):
+        HostStore(DIM, budget_bytes=-4096)
     with pytest.raises(ValueError, match="dim"):
         HostStore(DIM, budget_bytes=1 << 20, below=MemoryStore(DIM + 1))
     with pytest.raises(TypeError, match="EmbeddingStore"):

@@ -6,7 +6,30 @@ import numpy as np
 import pytest
 import torch
 
-from storage.embedding.row_init import init_rows, init_rows_numpy, splitmix64
+from storage.embedding.row_init import init_rows, splitmix64
+
+# splitmix64's published constants (Steele, Lea, Flood 2014), independent of the module under test.
+_GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def init_rows_numpy(keys: np.ndarray, dim: int, std: float) -> np.ndarray:
+    """`init_rows` as the module docstring specifies it, in NumPy uint64 arithmetic."""
+    u = np.asarray(keys, dtype=np.int64).view(np.uint64)
+
+    def mix(x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            z = x + np.uint64(_GAMMA)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+            return z ^ (z >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        steps = np.arange(dim, dtype=np.uint64) * np.uint64(_GAMMA)
+        h = mix(mix(u)[:, None] + steps[None, :])
+    u1 = ((h >> np.uint64(32)).astype(np.float64) + 1.0) * (1.0 / 2**32)
+    u2 = (h & np.uint64(0xFFFFFFFF)).astype(np.float64) * (1.0 / 2**32)
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return (z * std).astype(np.float32)
 
 
 def test_matches_numpy_reference_bit_for_bit() -> None:
@@ -21,7 +44,7 @@ def test_splitmix64_known_values() -> None:
     assert out == 0xE220A8397B1DCDAF
 
 
-def test_deterministic_and_pure() -> None:
+def test_a_row_depends_on_its_key_alone() -> None:
     keys = torch.tensor([7, 3, 7, 2**60], dtype=torch.int64)
     a = init_rows(keys, 8, 0.1)
     b = init_rows(keys.flip(0), 8, 0.1).flip(0)
@@ -33,7 +56,7 @@ def test_deterministic_and_pure() -> None:
     torch.testing.assert_close(init_rows(keys, 8, 0.2), a * 2)
 
 
-def test_distribution() -> None:
+def test_rows_are_normal_with_the_given_std_and_uncorrelated() -> None:
     rows = init_rows(torch.arange(50000, dtype=torch.int64), 8, 0.5)
     assert rows.dtype == torch.float32
     assert abs(rows.mean().item()) < 0.01
@@ -44,7 +67,7 @@ def test_distribution() -> None:
     assert c[0, 1].abs() < 0.03 and c[0, 2].abs() < 0.03
 
 
-def test_bad_arguments() -> None:
+def test_bad_arguments_are_refused() -> None:
     with pytest.raises(TypeError):
         init_rows(torch.tensor([1], dtype=torch.int32), 4, 0.1)
     with pytest.raises(ValueError):

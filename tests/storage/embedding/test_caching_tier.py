@@ -1,9 +1,9 @@
-"""A caching tier's `update` right after a `lookup` of the same keys reuses what the lookup resolved.
+"""CachingTier: reuse of a lookup's resolution by the update of its handle, the all-resident fast
+path, write-back snapshots, and refused updates that change no row at any level.
 
 The sharded step looks its owned (sorted, distinct) keys up at the pull and updates the very same
-tensor at the push; the update then skips hashing the keys and reading the misses below again.
-These tests check that the shortcut changes nothing a caller can see: rows, this tier's counters,
-and that any call in between (or an in-place change of the keys) turns it off.
+keys at the push; the update then skips hashing the keys and reading the misses below again.  The
+conformance suite checks the rows; these tests check the counters too, and that the shortcut is taken.
 """
 
 from __future__ import annotations
@@ -16,8 +16,15 @@ import torch
 
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
-from storage.embedding.rows import Rows, all_finite, strictly_increasing, sum_duplicates
-from tests.storage.embedding.conformance import DIM, STD, all_rows
+from tests.helpers.stores import (
+    DIM,
+    STD,
+    all_rows,
+    host_over_ssd,
+    same_bytes,
+    snapshot_arrays,
+    train_random,
+)
 
 
 def _host(capacity: int) -> HostStore:
@@ -80,35 +87,47 @@ def test_lookup_of_unsorted_keys_with_misses_still_matches_the_reference() -> No
     torch.testing.assert_close(host.lookup(keys).rows, ref.lookup(keys).rows, rtol=0, atol=0)
 
 
-def test_all_finite_and_strictly_increasing() -> None:
-    assert all_finite(torch.zeros(0)) and all_finite(torch.randn(100, 4))
-    assert all_finite(torch.full((4,), 3e38))  # the sum overflows; every entry is still finite
-    for bad in (float("nan"), float("inf"), -float("inf")):
-        t = torch.randn(50, 3)
-        t[17, 1] = bad
-        assert not all_finite(t)
-    assert strictly_increasing(np.array([], dtype=np.int64)) and strictly_increasing(np.array([5]))
-    assert strictly_increasing(np.array([1, 4, 9]))
-    assert not strictly_increasing(np.array([1, 4, 4])) and not strictly_increasing(np.array([4, 1]))
+def test_lookup_of_resident_keys_counts_distinct_hits() -> None:
+    host = HostStore(DIM, budget_bytes=100 * host_row_bytes(DIM), init_std=STD)
+    host.warm(torch.arange(10))
+    before = host.stats()["host"]["hits"]
+    out = host.lookup(torch.tensor([3, 3, 4, 3])).rows  # the fast path: every key resident, duplicates
+    assert host.stats()["host"]["hits"] - before == 2
+    assert torch.equal(out, MemoryStore(DIM, init_std=STD).lookup(torch.tensor([3, 3, 4, 3])).rows)
 
 
-def test_sum_duplicates_passes_sorted_distinct_keys_through() -> None:
-    keys, grads = np.array([2, 5, 7]), torch.randn(3, DIM)
-    uniq, summed = sum_duplicates(keys, grads)
-    assert uniq is keys and summed is grads
-    uniq, summed = sum_duplicates(np.array([7, 2, 7]), grads)
-    assert uniq.tolist() == [2, 7]
-    torch.testing.assert_close(summed, torch.stack([grads[1], grads[0] + grads[2]]), rtol=0, atol=0)
+def test_snapshot_is_a_step_boundary_with_dirty_rows_above(tmp_path) -> None:
+    store, ref = host_over_ssd(tmp_path / "s"), MemoryStore(DIM, init_std=STD)
+    train_random(store, 7)
+    train_random(ref, 7)
+    assert store.stats()["host"]["dirty"] > 0  # rows newer than the SSD copy exist
+    store.snapshot(str(tmp_path / "a.parquet"))
+    ref.snapshot(str(tmp_path / "b.parquet"))
+    assert same_bytes(snapshot_arrays(str(tmp_path / "a.parquet")), snapshot_arrays(str(tmp_path / "b.parquet")))
+    store.close()
 
 
-def test_rows_select_and_put_by_index_and_by_mask() -> None:
-    rows = Rows.fresh(torch.arange(12.0).reshape(4, 3))
-    rows.clock += torch.arange(4)
-    picked = rows.select(np.array([3, 1]))
-    assert picked.emb[:, 0].tolist() == [9.0, 3.0] and picked.clock.tolist() == [3, 1]
-    masked = rows.select(torch.tensor([False, True, False, True]))
-    assert masked.emb[:, 0].tolist() == [3.0, 9.0]
-    rows.put(np.array([0, 2]), picked)
-    assert rows.emb[:, 0].tolist() == [9.0, 3.0, 3.0, 9.0] and rows.clock.tolist() == [3, 1, 1, 3]
-    rows.put(torch.tensor([True, False, False, False]), Rows.empty(1, 3))
-    assert rows.emb[0].tolist() == [0.0, 0.0, 0.0] and rows.clock[0] == 0
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e30])
+def test_non_finite_update_changes_no_row_at_any_level(tmp_path, bad) -> None:
+    store = host_over_ssd(tmp_path / "s")
+    train_random(store, 4)  # rows in host (dirty) and on SSD
+    snap = str(tmp_path / "before.parquet")
+    store.snapshot(snap)
+    keys = torch.arange(0, 100, dtype=torch.int64)  # resident, on SSD only, and new keys
+    grads = torch.zeros(100, DIM)
+    grads[57, 3] = bad
+    with pytest.raises(ValueError, match="NaN or inf|non-finite"):
+        store.update(keys, grads, lr=0.05)
+    store.snapshot(str(tmp_path / "after.parquet"))
+    assert same_bytes(snapshot_arrays(snap), snapshot_arrays(str(tmp_path / "after.parquet")))
+    store.close()
+
+
+def test_tag_is_cleared_while_dirty_rows_are_above_the_tagged_level(tmp_path) -> None:
+    store = host_over_ssd(tmp_path / "s")
+    train_random(store, 2)
+    store.set_tag("run-1")
+    assert store.tag == "run-1"
+    store.update(torch.tensor([1]), torch.ones(1, DIM), lr=0.1)  # dirty in the host tier only
+    assert store.below.tag == "run-1" and store.tag is None
+    store.close()

@@ -1,0 +1,43 @@
+"""Row building blocks: the finiteness and sortedness checks, duplicate summing, Rows indexing."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from storage.embedding.rows import Rows, all_finite, strictly_increasing, sum_duplicates
+from tests.helpers.stores import DIM
+
+
+def test_all_finite_and_strictly_increasing_spot_every_bad_entry() -> None:
+    assert all_finite(torch.zeros(0)) and all_finite(torch.randn(100, 4))
+    assert all_finite(torch.full((4,), 3e38))  # the sum overflows; every entry is still finite
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.randn(50, 3)
+        t[17, 1] = bad
+        assert not all_finite(t)
+    assert strictly_increasing(np.array([], dtype=np.int64)) and strictly_increasing(np.array([5]))
+    assert strictly_increasing(np.array([1, 4, 9]))
+    assert not strictly_increasing(np.array([1, 4, 4])) and not strictly_increasing(np.array([4, 1]))
+
+
+def test_sum_duplicates_passes_sorted_distinct_keys_through() -> None:
+    keys, grads = np.array([2, 5, 7]), torch.randn(3, DIM)
+    uniq, summed = sum_duplicates(keys, grads)
+    assert uniq is keys and summed is grads
+    uniq, summed = sum_duplicates(np.array([7, 2, 7]), grads)
+    assert uniq.tolist() == [2, 7]
+    torch.testing.assert_close(summed, torch.stack([grads[1], grads[0] + grads[2]]), rtol=0, atol=0)
+
+
+def test_rows_select_and_put_by_index_and_by_mask() -> None:
+    rows = Rows.fresh(torch.arange(12.0).reshape(4, 3))
+    rows.clock += torch.arange(4)
+    picked = rows.select(np.array([3, 1]))
+    assert picked.emb[:, 0].tolist() == [9.0, 3.0] and picked.clock.tolist() == [3, 1]
+    masked = rows.select(torch.tensor([False, True, False, True]))
+    assert masked.emb[:, 0].tolist() == [3.0, 9.0]
+    rows.put(np.array([0, 2]), picked)
+    assert rows.emb[:, 0].tolist() == [9.0, 3.0, 3.0, 9.0] and rows.clock.tolist() == [3, 1, 1, 3]
+    rows.put(torch.tensor([True, False, False, False]), Rows.empty(1, 3))
+    assert rows.emb[0].tolist() == [0.0, 0.0, 0.0] and rows.clock[0] == 0
