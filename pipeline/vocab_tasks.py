@@ -19,10 +19,9 @@ the small-domain columns are dictionary-encoded (the unique keys are not);
 only field and key get min/max statistics; every column is required (no
 definition levels) and uncompressed (random keys do not compress; the
 dictionary-encoded columns are small); no Arrow schema is stored, so every
-reader sees plain string dates as before.
-Parts written before (large strings, nullable, compressed, any encoding) read the same way.
+reader sees plain string dates.
 
-The delta merge without a cap (`pipeline.vocab.delta_vocab`) keeps the previous
+The delta merge without a cap (`pipeline.vocab_delta_merge.delta_vocab`) keeps the previous
 part's date dictionary: it reads the dates as dictionary indices, sets today's
 index where a key was seen, and writes the indices back with the dictionary
 plus the run date, so no date is converted per row either way.
@@ -44,32 +43,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.keys import field_of
-from pipeline.vocab import (
-    Columns,
-    FieldTotals,
-    combine,
-    count_keys,
-    date_indices,
-    day_dictionary,
-    day_strings,
-    delta_combine,
-    delta_vocab,
-    field_totals,
-    previous_state,
-    split_vocab,
-    sum_counts,
-    window_table,
-)
-from pipeline.vocab_merge import (
-    Histogram,
-    bucket_bounds,
-    bucket_of,
-    cap_histograms,
-    cap_mask,
-    hx_of,
-    score_bits,
-    source_buckets,
-)
+from pipeline.vocab_admission import Columns, previous_state, split_vocab
+from pipeline.vocab_buckets import bucket_bounds, bucket_of, hx_of, source_buckets
+from pipeline.vocab_cap import Histogram, cap_histograms, cap_mask, score_bits
+from pipeline.vocab_counts import count_keys, sum_counts
+from pipeline.vocab_dates import date_indices, day_dictionary, day_strings
+from pipeline.vocab_delta_merge import delta_combine, delta_vocab
+from pipeline.vocab_report import FieldTotals, field_totals
+from pipeline.vocab_window_merge import combine, window_table
 from storage.io.fsio import join
 
 SCRATCH = "_scratch"
@@ -85,7 +66,7 @@ VOCAB_DICTIONARY = ["field", "count", "score", "first_seen", "last_seen", "admit
 DATE_COLUMNS = ["first_seen", "last_seen"]
 WRITE_OPTIONS = {"compression": "none", "store_schema": False}
 """How the stage's own parts are written: uncompressed (hash keys do not compress; the small-domain
-columns are dictionary-encoded already: +8% bytes, -15% write CPU), no Arrow schema."""
+columns are dictionary-encoded already, so compression costs write CPU for few bytes), no Arrow schema."""
 EVICTED_SCHEMA = pa.schema([("field", pa.int16()), ("key", pa.int64()), ("last_seen", pa.large_string())])
 COUNTS_SCHEMA = pa.schema([("field", pa.int16(), False), ("key", pa.int64(), False), ("count", pa.int64(), False)])
 SCRATCH_COUNTS_SCHEMA = pa.schema([("hx", pa.uint32(), False), ("key", pa.int64(), False), ("count", pa.int64(), False)])
@@ -96,14 +77,13 @@ MERGED_SCHEMA = pa.schema([("key", pa.int64()), ("field", pa.int16()), ("count",
 
 @dataclass(frozen=True, slots=True)
 class Bucketed:
-    """A table stored as per-bucket parts `<path>/part-BBBBB.parquet`, or (legacy) one file = one bucket."""
+    """A table stored as per-bucket parts `<path>/part-BBBBB.parquet`."""
 
     path: str
     buckets: int
-    single_file: bool = False
 
     def part(self, bucket: int) -> str:
-        return self.path if self.single_file else join(self.path, part_name(bucket))
+        return join(self.path, part_name(bucket))
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +256,7 @@ def write_vocab_part(fs: fsspec.AbstractFileSystem, path: str, vocab: Columns, d
 
     Args:
         days: None: the dates are day numbers; else they are int32 indices into these day numbers
-            (`pipeline.vocab.DeltaVocab`), written as the dictionary they already are.
+            (`pipeline.vocab_delta_merge.DeltaVocab`), written as the dictionary they already are.
     """
     if days is None:
         first, last = day_dictionary(vocab["first_seen"]), day_dictionary(vocab["last_seen"])
@@ -335,12 +315,12 @@ def read_bucket(fs: fsspec.AbstractFileSystem, source: Bucketed, bucket: int, bu
                 columns: list[str] | None) -> pa.Table:  # fmt: skip
     """The rows of `bucket` (of `buckets`) from `source`, whatever its own bucket count; sorted by key.
 
-    Date columns come back dictionary-encoded (`pipeline.vocab.day_numbers` reads them).
+    Date columns come back dictionary-encoded (`pipeline.vocab_dates.day_numbers` reads them).
     """
     wanted = None if columns is None else list(dict.fromkeys(["key", *columns]))
     tables = [_read(fs, source.part(i), wanted) for i in source_buckets(bucket, buckets, source.buckets)]
     t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if source.buckets == buckets and not source.single_file:
+    if source.buckets == buckets:
         return t
     keys = t.column("key").to_numpy()
     t = t.filter(pa.array(bucket_of(keys, buckets) == bucket))
