@@ -1,9 +1,10 @@
 """Vocab stage: events/date=D/ (+ earlier vocabularies) -> vocab/date=D/.
 
 Everything runs on Dask in pieces of bounded size; the driver only plans and
-adds up per-field numbers.  The tasks are in `pipeline.vocab_tasks`; the pure
-steps they run are `vocab_counts`, `vocab_window_merge` / `vocab_delta_merge`,
-`vocab_admission`, `vocab_buckets`, `vocab_cap` and `vocab_report`:
+adds up per-field numbers.  The tasks are in `pipeline.vocab_tasks` and their
+files in `pipeline.vocab_parts`; the pure steps they run are `vocab_counts`,
+`vocab_window_merge` / `vocab_delta_merge`, `vocab_admission`, `vocab_buckets`,
+`vocab_cap` and `vocab_report`:
 
 1. count: one task per events partition counts its keys into a scratch file
    sorted by key hash;
@@ -44,10 +45,9 @@ from pipeline.vocab_admission import admission_thresholds
 from pipeline.vocab_buckets import auto_buckets
 from pipeline.vocab_cap import CapSearch
 from pipeline.vocab_dates import day_number
+from pipeline.vocab_parts import SCRATCH, Bucketed, scratch
 from pipeline.vocab_report import FieldTotals, report_markdown, stats_from_totals
 from pipeline.vocab_tasks import (
-    SCRATCH,
-    Bucketed,
     BucketResult,
     MergePlan,
     cap_round,
@@ -55,7 +55,6 @@ from pipeline.vocab_tasks import (
     count_part,
     finish_bucket,
     merge_bucket,
-    scratch,
 )
 from storage.io.dates import shift_date, validate_date
 from storage.io.fsio import (
@@ -143,11 +142,10 @@ def build_vocab(
         for sub in (f"{SCRATCH}/counts", f"{SCRATCH}/merged", f"{SCRATCH}/evicted", "day_counts.parquet",
                     "vocab.parquet"):  # fmt: skip
             fs.makedirs(join(stage, sub), exist_ok=True)
-        parts = [p["name"] for p in events["parts"]]
-        outs = [scratch(stage, "counts", i) for i in range(len(parts))]
-        events_data = data_dir(events_dir, events)
-        distinct = client.gather(client.map(count_part, [join(events_data, p) for p in parts], outs, fs=fs,
-                                            fields=fields, multi_valued=multi, pure=False))  # fmt: skip
+        outs = [scratch(stage, "counts", i) for i in range(len(events["parts"]))]
+        inputs = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
+        distinct = client.gather(client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi,
+                                            pure=False))  # fmt: skip
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
             sum(distinct) + sum(m["day_keys"] for m in window.values()) + (prev["vocab_rows"] if prev else 0)
@@ -176,10 +174,7 @@ def build_vocab(
         totals = sum((r.totals for r in results), FieldTotals.zeros(len(fields)))
         stats = stats_from_totals(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
         window_dates = sorted([*window, date])
-        with fs.open(join(stage, "report.parquet"), "wb") as f:
-            pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
-        with fs.open(join(stage, "report.md"), "w") as f:
-            f.write(report_markdown(date, stats, window_dates=window_dates, config=vocab))
+        _write_report(fs, stage, date, stats, window_dates=window_dates, config=vocab)
         manifest = {
             "date": date,
             "format": schema.name,
@@ -204,6 +199,15 @@ def build_vocab(
         }
         commit_dir(fs, stage, final, manifest)
     return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
+
+
+def _write_report(fs: fsspec.AbstractFileSystem, stage: str, date: str, stats: list[dict], *,
+                  window_dates: list[str], config: VocabConfig) -> None:  # fmt: skip
+    """report.parquet (per-field stats, for `load_report`) and report.md (for the flow to publish)."""
+    with fs.open(join(stage, "report.parquet"), "wb") as f:
+        pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
+    with fs.open(join(stage, "report.md"), "w") as f:
+        f.write(report_markdown(date, stats, window_dates=window_dates, config=config))
 
 
 def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, cap: int) -> list[BucketResult]:
