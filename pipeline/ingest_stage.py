@@ -62,6 +62,8 @@ _FINGERPRINT_KEYS = ("size", "mtime", "ETag", "etag", "LastModified", "last_modi
 
 @dataclass(frozen=True, slots=True)
 class IngestResult:
+    """The committed events of a date, in numbers (rows read, written, quarantined, of other dates)."""
+
     date: str
     rows_read: int
     rows_written: int
@@ -79,6 +81,7 @@ class IngestResult:
     """The files of the committed `events/date=D` (`storage.io.fsio.data_url`)."""
 
     def summary(self) -> str:
+        """One line for the run log."""
         done = " (already committed)" if self.skipped else ""
         return (f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
                 f"{self.rows_quarantined} quarantined{done}")
@@ -205,7 +208,7 @@ def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, cli
                 first = 1 if b == 0 else 2 + before
                 tasks.append(
                     FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
-                              first_line=first, **base)
+                             first_line=first, **base)
                 )  # fmt: skip
                 before += next(counts)
     return sorted(tasks, key=lambda t: (t.file_index, t.block_index))

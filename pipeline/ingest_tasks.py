@@ -38,6 +38,8 @@ from storage.io.read_ahead import read_ahead
 
 @dataclass(frozen=True, slots=True)
 class FileTask:
+    """One ingest task: a file (or one byte range of a plain file) and where its parts go."""
+
     url: str
     file_index: int
     schema: LogSchema

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from pipeline.config import VocabConfig
@@ -76,17 +75,12 @@ def split_vocab(merged: Columns, admitted: np.ndarray) -> tuple[Columns, Columns
     return vocab, gone
 
 
-def previous_state(previous: pd.DataFrame | pa.Table | None) -> Columns:
+def previous_state(previous: pa.Table | None) -> Columns:
     """key, count, first, last (day numbers), admitted of a stored vocabulary table (None: empty)."""
     if previous is None:
         return {"key": np.empty(0, np.int64), "count": np.empty(0, np.int64), "first": np.empty(0, np.int64),
                 "last": np.empty(0, np.int64), "admitted": np.empty(0, bool)}  # fmt: skip
-    if isinstance(previous, pa.Table):
-        def col(name: str) -> np.ndarray:
-            return previous.column(name).to_numpy()
-    else:
-        def col(name: str) -> np.ndarray:
-            return previous[name].to_numpy()
-    return {"key": col("key").astype(np.int64, copy=False), "count": col("count").astype(np.int64, copy=False),
-            "first": day_numbers(previous["first_seen"]), "last": day_numbers(previous["last_seen"]),
-            "admitted": col("admitted").astype(bool, copy=False)}  # fmt: skip
+    return {"key": previous.column("key").to_numpy().astype(np.int64, copy=False),
+            "count": previous.column("count").to_numpy().astype(np.int64, copy=False),
+            "first": day_numbers(previous.column("first_seen")), "last": day_numbers(previous.column("last_seen")),
+            "admitted": previous.column("admitted").to_numpy().astype(bool, copy=False)}  # fmt: skip

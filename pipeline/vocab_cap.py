@@ -108,13 +108,16 @@ class CapSearch:
 
     @property
     def done(self) -> bool:
+        """Whether every over-full field's cut is found (`cuts` is complete)."""
         return not self._state
 
     @property
     def shift(self) -> int:
+        """This round's bin width: histogram bins are score bits >> shift."""
         return RADIX_SHIFTS[self._round]
 
     def query(self) -> dict[int, tuple[int, int]]:
+        """This round's question to every bucket: the boundary bin of each pending field."""
         return {f: (s[0], s[1]) for f, s in self._state.items()}
 
     def absorb(self, answers: Sequence[Mapping[int, Histogram]]) -> None:

@@ -72,14 +72,17 @@ class Bucketed:
     buckets: int
 
     def part(self, bucket: int) -> str:
+        """The path of `bucket`'s part."""
         return join(self.path, part_name(bucket))
 
 
 def part_name(index: int) -> str:
+    """The file name of part `index` (a bucket or an events partition)."""
     return f"part-{index:05d}.parquet"
 
 
 def scratch(stage: str, kind: str, index: int) -> str:
+    """The path of a scratch part: `kind` is counts, merged or evicted."""
     return join(stage, SCRATCH, kind, part_name(index))
 
 

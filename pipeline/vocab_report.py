@@ -28,6 +28,7 @@ class FieldTotals:
 
     @staticmethod
     def zeros(n_fields: int) -> FieldTotals:
+        """The sums of no key (the start of a sum over buckets)."""
         return FieldTotals(*(np.zeros(n_fields, np.int64) for _ in range(5)))
 
     def __add__(self, other: FieldTotals) -> FieldTotals:

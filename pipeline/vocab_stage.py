@@ -71,6 +71,8 @@ from storage.io.version import code_version
 
 @dataclass(frozen=True, slots=True)
 class VocabResult:
+    """The committed vocabulary of a date, in numbers (the keys are read with `load_admitted`/`load_evicted`)."""
+
     date: str
     admitted: int
     """Keys admitted at D, all fields."""
@@ -87,6 +89,7 @@ class VocabResult:
     """The committed `vocab/date=D` directory."""
 
     def summary(self) -> str:
+        """One line for the run log."""
         done = " (already committed)" if self.skipped else ""
         return f"vocab {self.date}: {self.admitted} keys admitted of {self.seen} seen, {self.evicted} evicted{done}"
 

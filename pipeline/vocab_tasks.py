@@ -69,6 +69,8 @@ class MergePlan:
 
 @dataclass(frozen=True, slots=True)
 class BucketResult:
+    """What a bucket task returns to the driver: per-field numbers and row counts, no keys."""
+
     admitted: np.ndarray
     """Admitted keys per field before the cap."""
     totals: FieldTotals | None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from pipeline.config import VocabConfig
 from pipeline.keys import MAX_FIELDS
@@ -70,7 +71,8 @@ def update_vocab(
     w = {"key": window["key"].to_numpy(np.int64), "count": window["count"].to_numpy(np.int64),
          "score": window["score"].to_numpy(np.float64), "first": day_numbers(window["first_date"]),
          "last": day_numbers(window["last_date"])}  # fmt: skip
-    merged = combine(date=day_number(date), window=w, previous=previous_state(previous), thresholds=thresholds,
+    stored = None if previous is None else pa.Table.from_pandas(previous, preserve_index=False)
+    merged = combine(date=day_number(date), window=w, previous=previous_state(stored), thresholds=thresholds,
                      ttl_days=config.ttl_days)  # fmt: skip
     admitted = merged["admitted"]
     if config.max_keys_per_field:
