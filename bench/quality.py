@@ -61,7 +61,7 @@ from pipeline.encode import dense_columns, encode_frame, key_columns
 from pipeline.generate import generate_day
 from pipeline.parse import read_log_file
 from pipeline.schema import LogSchema, get_schema
-from pipeline.vocab import count_keys
+from pipeline.vocab_counts import count_keys
 from storage.embedding.config import StoreConfig
 from storage.embedding.memory import MemoryStore
 from storage.io import fsio

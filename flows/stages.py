@@ -4,7 +4,7 @@ Plain functions, no Prefect: `flows.day.run_day` calls them in order and `flows.
 in a Prefect task with its retry policy.  Each takes the run config and the `DayState` the stages
 before it built, and returns a frozen result whose `summary()` is the one line the run logs.
 
-    ingest   raw logs -> events/, quarantine/             (pipeline.ingest, on Dask)
+    ingest   raw logs -> events/, quarantine/             (pipeline.ingest_stage, on Dask)
     vocab    events -> vocab/                            (pipeline.vocab_stage, on Dask)
     encode   events + vocab -> features/                 (pipeline.encode, on Dask)
     warm     this node's SSD shards <- the published rows (storage.warm)
@@ -25,7 +25,7 @@ from flows.gate import gate
 from flows.security import redacted
 from flows.state import DayState
 from pipeline.encode import EncodeResult, encode_date
-from pipeline.ingest import IngestResult, ingest_date
+from pipeline.ingest_stage import IngestResult, ingest_date
 from pipeline.vocab_stage import VocabResult, build_vocab
 from storage.io import fsio
 from storage.io.registry import ModelRegistry

@@ -19,7 +19,7 @@ from trainer.model_dir import ModelMeta, read_meta
 if TYPE_CHECKING:  # results of the stages (flows.stages); only their types are needed here
     from flows.stages import Evaluation, PublishResult, TrainOutcome, WarmResult
     from pipeline.encode import EncodeResult
-    from pipeline.ingest import IngestResult
+    from pipeline.ingest_stage import IngestResult
     from pipeline.vocab_stage import VocabResult
 
 

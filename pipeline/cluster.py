@@ -29,8 +29,8 @@ def worker_environ() -> dict[str, str]:
     also fixes glibc's mmap threshold at 128 KiB: every NumPy or Parquet buffer above that is a
     fresh mmap, returned on free and page-faulted in again by the next task.  With the mmap
     threshold above a task's arrays and a trim threshold above its working set, buffers are
-    reused from the heap (vocab bucket merges: ~30% less CPU, at most the trim threshold more
-    resident memory per idle worker).
+    reused from the heap, at the cost of at most the trim threshold more resident memory per
+    idle worker.
     """
     env = {
         k: str(v)

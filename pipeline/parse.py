@@ -279,9 +279,9 @@ def _fast_columns(data: bytes, end: int, schema: LogSchema, *, typed: bool) -> p
     a lone CR, which the per-line path keeps inside the line.
 
     The reader works in blocks of `_CSV_BLOCK` bytes, its default: a chunk of
-    tens of MB read as one block parses about half as fast, its working set no
-    longer fitting in the CPU caches.  A line longer than a block fails the
-    fast path and is parsed by the per-line path instead.
+    tens of MB read as one block parses slower, its working set no longer
+    fitting in the CPU caches.  A line longer than a block fails the fast path
+    and is parsed by the per-line path instead.
     """
     names = list(schema.columns)
     dense = set(schema.dense)
@@ -417,13 +417,6 @@ def _empty_table(schema: LogSchema) -> ParsedTable:
         rows_other_dates=0,
         fast_path=True,
     )
-
-
-def empty_events(schema: LogSchema) -> pd.DataFrame:
-    """A zero-row events frame with the right dtypes."""
-    frame = schema.events_schema().empty_table().to_pandas()
-    frame["ts"] = frame["ts"].astype("Int64")
-    return frame
 
 
 def read_log_file(url: str, fmt: str, storage_options: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -1,10 +1,10 @@
 """Raw input files -> chunks of whole lines (I/O only; parsing lives in `pipeline.parse`).
 
-Two pieces, used by `pipeline.ingest`:
+Two pieces, used by `pipeline.ingest_tasks`:
 
 - `open_input`: a raw file opened for reading, decompressed on the fly.  Gzip goes through
-  python-isal (`isal.igzip`, ISA-L), which inflates about twice as fast as the zlib behind
-  the standard `gzip` module: a gzip file cannot be split, so one task inflates it all and
+  python-isal (`isal.igzip`, ISA-L), which inflates faster than the zlib behind the
+  standard `gzip` module: a gzip file cannot be split, so one task inflates it all and
   the inflate rate caps that task.  Other compressions go through fsspec.
 - `line_chunks`: chunks of N whole lines from a file object, so every chunk starts at a
   known line number.

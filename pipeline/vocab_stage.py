@@ -1,12 +1,14 @@
 """Vocab stage: events/date=D/ (+ earlier vocabularies) -> vocab/date=D/.
 
 Everything runs on Dask in pieces of bounded size; the driver only plans and
-adds up per-field numbers (the tasks are in `pipeline.vocab_tasks`, the logic
-in `pipeline.vocab` and `pipeline.vocab_merge`):
+adds up per-field numbers.  The tasks are in `pipeline.vocab_tasks` and their
+files in `pipeline.vocab_parts`; the pure steps they run are `vocab_counts`,
+`vocab_window_merge` / `vocab_delta_merge`, `vocab_admission`, `vocab_buckets`,
+`vocab_cap` and `vocab_report`:
 
 1. count: one task per events partition counts its keys into a scratch file
    sorted by key hash;
-2. merge: one task per bucket (a range of key hashes, `vocab.merge_buckets`)
+2. merge: one task per bucket (a range of key hashes, `vocab_buckets`)
    sums the day's counts of its range, reads the same range of the previous
    vocabulary and of the window's day counts, decides admission and eviction,
    and writes its part of day_counts.parquet/ and vocab.parquet/;
@@ -39,17 +41,13 @@ from distributed import Client
 
 from pipeline.config import VocabConfig
 from pipeline.schema import LogSchema, get_schema
-from pipeline.vocab import (
-    FieldTotals,
-    admission_thresholds,
-    day_number,
-    report_markdown,
-    stats_from_totals,
-)
-from pipeline.vocab_merge import CapSearch, auto_buckets
+from pipeline.vocab_admission import admission_thresholds
+from pipeline.vocab_buckets import auto_buckets
+from pipeline.vocab_cap import CapSearch
+from pipeline.vocab_dates import day_number
+from pipeline.vocab_parts import SCRATCH, Bucketed, scratch
+from pipeline.vocab_report import FieldTotals, report_markdown, stats_from_totals
 from pipeline.vocab_tasks import (
-    SCRATCH,
-    Bucketed,
     BucketResult,
     MergePlan,
     cap_round,
@@ -57,7 +55,6 @@ from pipeline.vocab_tasks import (
     count_part,
     finish_bucket,
     merge_bucket,
-    scratch,
 )
 from storage.io.dates import shift_date, validate_date
 from storage.io.fsio import (
@@ -74,6 +71,8 @@ from storage.io.version import code_version
 
 @dataclass(frozen=True, slots=True)
 class VocabResult:
+    """The committed vocabulary of a date, in numbers (the keys are read with `load_admitted`/`load_evicted`)."""
+
     date: str
     admitted: int
     """Keys admitted at D, all fields."""
@@ -90,6 +89,7 @@ class VocabResult:
     """The committed `vocab/date=D` directory."""
 
     def summary(self) -> str:
+        """One line for the run log."""
         done = " (already committed)" if self.skipped else ""
         return f"vocab {self.date}: {self.admitted} keys admitted of {self.seen} seen, {self.evicted} evicted{done}"
 
@@ -132,9 +132,7 @@ def build_vocab(
 
     fields = list(schema.categorical)
     multi = [name for name, _ in schema.multi_valued]
-    if unknown := sorted(set(vocab.min_count_per_field) - set(fields)):
-        raise ValueError(f"vocab.min_count_per_field names unknown fields {unknown}; {schema.name} fields are "
-                         f"{fields}")  # fmt: skip
+    thresholds = admission_thresholds(vocab, fields)  # raises on a min_count_per_field of no field
     run_id = uuid.uuid4().hex
     window = _committed_window(fs, layout, date, vocab.window_days)  # date -> manifest, without D
     prev_date = latest_vocab_before(fs, layout, date)
@@ -147,15 +145,13 @@ def build_vocab(
         for sub in (f"{SCRATCH}/counts", f"{SCRATCH}/merged", f"{SCRATCH}/evicted", "day_counts.parquet",
                     "vocab.parquet"):  # fmt: skip
             fs.makedirs(join(stage, sub), exist_ok=True)
-        parts = [p["name"] for p in events["parts"]]
-        outs = [scratch(stage, "counts", i) for i in range(len(parts))]
-        events_data = data_dir(events_dir, events)
-        distinct = client.gather(client.map(count_part, [join(events_data, p) for p in parts], outs, fs=fs,
-                                            fields=fields, multi_valued=multi, pure=False))  # fmt: skip
+        outs = [scratch(stage, "counts", i) for i in range(len(events["parts"]))]
+        inputs = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
+        distinct = client.gather(client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi,
+                                            pure=False))  # fmt: skip
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
-            sum(distinct) + sum(m.get("day_keys", m.get("seen", 0)) for m in window.values())
-            + (prev.get("vocab_rows", prev.get("seen", 0)) if prev else 0)
+            sum(distinct) + sum(m["day_keys"] for m in window.values()) + (prev["vocab_rows"] if prev else 0)
         )
         plan = MergePlan(
             stage=stage,
@@ -166,7 +162,7 @@ def build_vocab(
             previous=_vocab_parts(layout, prev_date, prev) if prev else None,
             dropped=_day_counts(layout, dropped, read_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,
             delta=delta,
-            thresholds=tuple(admission_thresholds(vocab, fields).tolist()),
+            thresholds=tuple(thresholds.tolist()),
             ttl_days=vocab.ttl_days,
             decay=vocab.decay,
             capped=bool(vocab.max_keys_per_field),
@@ -181,10 +177,7 @@ def build_vocab(
         totals = sum((r.totals for r in results), FieldTotals.zeros(len(fields)))
         stats = stats_from_totals(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
         window_dates = sorted([*window, date])
-        with fs.open(join(stage, "report.parquet"), "wb") as f:
-            pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
-        with fs.open(join(stage, "report.md"), "w") as f:
-            f.write(report_markdown(date, stats, window_dates=window_dates, config=vocab))
+        _write_report(fs, stage, date, stats, window_dates=window_dates, config=vocab)
         manifest = {
             "date": date,
             "format": schema.name,
@@ -209,6 +202,15 @@ def build_vocab(
         }
         commit_dir(fs, stage, final, manifest)
     return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
+
+
+def _write_report(fs: fsspec.AbstractFileSystem, stage: str, date: str, stats: list[dict], *,
+                  window_dates: list[str], config: VocabConfig) -> None:  # fmt: skip
+    """report.parquet (per-field stats, for `load_report`) and report.md (for the flow to publish)."""
+    with fs.open(join(stage, "report.parquet"), "wb") as f:
+        pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
+    with fs.open(join(stage, "report.md"), "w") as f:
+        f.write(report_markdown(date, stats, window_dates=window_dates, config=config))
 
 
 def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, cap: int) -> list[BucketResult]:
@@ -245,7 +247,7 @@ def _delta_plan(
     was exactly this window's other days (same day-count run ids) plus at most
     the day D - window_days, whose day counts are still the ones it used.
     """
-    if vocab.decay != 1.0 or prev is None or prev_date != shift_date(date, -1) or "window_runs" not in prev:
+    if vocab.decay != 1.0 or prev is None or prev_date != shift_date(date, -1):
         return False, None
     runs = dict(prev["window_runs"])
     dropped = shift_date(date, -vocab.window_days)
@@ -255,20 +257,18 @@ def _delta_plan(
     if dropped_run is None:
         return True, None
     kept = read_manifest(fs, vocab_dir(layout, dropped))
-    if kept is None or kept.get("run_id") != dropped_run or "buckets" not in kept:
+    if kept is None or kept.get("run_id") != dropped_run:
         return False, None
     return True, dropped
 
 
 def _day_counts(layout: Layout, date: str, manifest: dict) -> Bucketed:
-    """The day counts kept by a committed vocabulary (a single file before they were bucketed)."""
-    path = join(data_dir(vocab_dir(layout, date), manifest), "day_counts.parquet")
-    return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
+    """The day counts kept by a committed vocabulary."""
+    return Bucketed(join(data_dir(vocab_dir(layout, date), manifest), "day_counts.parquet"), manifest["buckets"])
 
 
 def _vocab_parts(layout: Layout, date: str, manifest: dict) -> Bucketed:
-    path = join(data_dir(vocab_dir(layout, date), manifest), "vocab.parquet")
-    return Bucketed(path, manifest.get("buckets", 1), single_file="buckets" not in manifest)
+    return Bucketed(join(data_dir(vocab_dir(layout, date), manifest), "vocab.parquet"), manifest["buckets"])
 
 
 def vocab_dir(layout: Layout, date: str) -> str:

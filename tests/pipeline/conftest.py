@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shutil
 from pathlib import Path
 
 import pytest
 from distributed import Client, LocalCluster
 
 from pipeline.generate import generate_days
-
-DAYS = ("2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04")
-ROWS_PER_DAY = 4000
+from tests.helpers.raw_days import DAYS, ROWS_PER_DAY, RawDays
 
 
 @pytest.fixture(scope="session")
@@ -23,16 +21,16 @@ def client():
         yield c
 
 
-@dataclass(frozen=True)
-class RawDays:
-    path: Path
-    dates: tuple[str, ...] = DAYS
-    rows: int = ROWS_PER_DAY
-
-
 @pytest.fixture(scope="session")
 def raw_days(tmp_path_factory) -> RawDays:
     """Four generated Criteo days of 4000 rows (read-only: tests copy before changing them)."""
     out = tmp_path_factory.mktemp("raw")
     generate_days(str(out), len(DAYS), ROWS_PER_DAY, seed=3, start_date=DAYS[0])
     return RawDays(out)
+
+
+@pytest.fixture()
+def raw_root(tmp_path, raw_days) -> Path:
+    """A fresh root whose raw/ is a copy of `raw_days` (the ingest default input; tests may damage it)."""
+    shutil.copytree(raw_days.path, tmp_path / "raw")
+    return tmp_path

@@ -7,37 +7,26 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
-from pipeline.encode import encode_date
-from pipeline.ingest import ingest_date, read_quarantine
-from pipeline.vocab_stage import build_vocab
+from pipeline.config import IngestConfig, VocabConfig
+from pipeline.ingest_stage import read_quarantine
 from storage.io.layout import Layout
 from tests.helpers.procs import REPO
+from tests.helpers.stage_runs import StageConfigs, run_stages, stage_command
 
 DATES = ("2026-01-01", "2026-01-02")
 STAGES = ("events", "quarantine", "vocab", "features")
-_RUN = """
-import sys
-from distributed import Client, LocalCluster
-from tests.pipeline.test_crash import run_all
-if __name__ == "__main__":
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c, Client(c) as cl:
-        run_all(sys.argv[1], sys.argv[2], cl)
-"""
+CONFIGS = StageConfigs(ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05),
+                       vocab=VocabConfig(window_days=2, min_count=2))
+"""Small partitions, so there are many writes to interrupt."""
 
 
-def run_all(root: str, date: str, client) -> None:
-    """The three stages of `date`, small partitions so there are many writes to interrupt."""
-    kw = dict(layout=Layout(root), client=client)
-    ingest_date(date, input=InputConfig(), ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05), **kw)
-    build_vocab(date, vocab=VocabConfig(window_days=2, min_count=2), fmt="criteo", **kw)
-    encode_date(date, encode=EncodeConfig(), fmt="criteo", **kw)
+def run_all(root: Path, date: str, client) -> None:
+    run_stages(date, layout=Layout(str(root)), client=client, configs=CONFIGS)
 
 
 def snapshot(root: Path, date: str) -> dict[str, pd.DataFrame]:
@@ -65,8 +54,8 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result(tmp
         for d in DATES:
             shutil.copy(raw_days.path / f"day_{d}.tsv.gz", root / "raw")
     for d in DATES:
-        run_all(str(reference), d, client)
-    run_all(str(crashed), DATES[0], client)  # the previous committed state
+        run_all(reference, d, client)
+    run_all(crashed, DATES[0], client)  # the previous committed state
     before = snapshot(crashed, DATES[0])
     manifests = {s: (crashed / s / f"date={DATES[0]}" / "_SUCCESS.json").read_text() for s in STAGES}
 
@@ -75,7 +64,7 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result(tmp
     for _ in range(8):  # until two runs were killed mid-work (a run can finish before its kill)
         if kills >= 2:
             break
-        proc = subprocess.Popen([sys.executable, "-c", _RUN, str(crashed), DATES[1]], cwd=REPO,
+        proc = subprocess.Popen(stage_command(DATES[1], root=str(crashed), configs=CONFIGS), cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline and not list(crashed.glob("*/date=*.staging-*")):
@@ -92,7 +81,7 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result(tmp
     for k, frame in snapshot(crashed, DATES[0]).items():
         pd.testing.assert_frame_equal(frame, before[k], obj=k)
 
-    run_all(str(crashed), DATES[1], client)
+    run_all(crashed, DATES[1], client)
     got, want = snapshot(crashed, DATES[1]), snapshot(reference, DATES[1])
     for k in want:
         pd.testing.assert_frame_equal(got[k], want[k], obj=k)

@@ -8,20 +8,18 @@ import io
 import json
 import os
 import signal
-import sys
 import time
 
 import pandas as pd
 import pytest
 
-from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
-from pipeline.encode import encode_date
+from pipeline.config import IngestConfig, InputConfig, VocabConfig
 from pipeline.generate import generate_days
-from pipeline.ingest import ingest_date, read_quarantine
-from pipeline.vocab_stage import build_vocab
+from pipeline.ingest_stage import read_quarantine
 from storage.io import fsio
 from storage.io.layout import Layout
 from tests.helpers.procs import AWS_ENV, moto_s3, processes, start
+from tests.helpers.stage_runs import StageConfigs, run_stages, stage_command
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -29,23 +27,17 @@ pytest.importorskip("moto")
 DATE = "2026-01-01"
 RAW = "s3://ctr/raw"
 STAGES = ("events", "quarantine", "vocab", "features")
-_RUN = """
-import json, sys
-from distributed import Client, LocalCluster
-from tests.pipeline.test_crash_s3 import run_all
-if __name__ == "__main__":
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c, Client(c) as cl:
-        run_all(sys.argv[1], json.loads(sys.argv[2]), cl)
-"""
+
+
+def configs(so: dict) -> StageConfigs:
+    """Input on S3; small partitions, so each stage writes many objects."""
+    return StageConfigs(input=InputConfig(url=f"{RAW}/day_{{date}}.tsv.gz", storage_options=so),
+                        ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05),
+                        vocab=VocabConfig(min_count=2))  # fmt: skip
 
 
 def run_all(root: str, so: dict, client) -> None:
-    """Ingest, vocab and encode of DATE; small partitions so each stage writes many objects."""
-    kw = {"layout": Layout(root, storage_options=so), "client": client}
-    ingest_date(DATE, input=InputConfig(url=f"{RAW}/day_{{date}}.tsv.gz", storage_options=so),
-                ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05), **kw)  # fmt: skip
-    build_vocab(DATE, vocab=VocabConfig(min_count=2), fmt="criteo", **kw)
-    encode_date(DATE, encode=EncodeConfig(), fmt="criteo", **kw)
+    run_stages(DATE, layout=Layout(root, storage_options=so), client=client, configs=configs(so))
 
 
 def committed(fs, root: str) -> dict[str, tuple[bytes, dict[str, bytes]] | None]:
@@ -106,7 +98,8 @@ def test_sigkill_mid_write_on_s3_keeps_the_old_output_then_the_rerun_gives_the_u
         for attempt, target in enumerate(("events", "vocab", "features")):
             state = committed(fs, crashed)
             live = json.loads(state[target][0]).get("data")
-            proc = start(procs, [sys.executable, "-c", _RUN, crashed, json.dumps(s3)], tmp_path / f"run{attempt}.log")
+            command = stage_command(DATE, root=crashed, configs=configs(s3), storage_options=s3)
+            proc = start(procs, command, tmp_path / f"run{attempt}.log")
             deadline = time.monotonic() + 60
             while proc.poll() is None and time.monotonic() < deadline:
                 if new_prefix_objects(fs, crashed, target, live):

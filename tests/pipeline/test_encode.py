@@ -14,7 +14,7 @@ from pipeline.encode import (
     positional_split,
     ts_threshold,
 )
-from pipeline.ingest import ingest_date
+from pipeline.ingest_stage import ingest_date
 from pipeline.keys import feature_keys, missing_key, oov_key
 from pipeline.parse import parse_chunk
 from pipeline.schema import AVAZU, CRITEO
@@ -96,7 +96,7 @@ def test_avazu_is_split_by_hour_then_order(tmp_path, client):
     hours = ["14102103", "14102101", "14102102", "14102101"] * 5  # rows out of hour order
     lines = [header] + [",".join([str(i), str(i % 2), h, *[f"v{i % 3}"] * 21]) for i, h in enumerate(hours)]
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
-    kw = dict(layout=Layout(str(tmp_path / "root")), client=client)
+    kw = {"layout": Layout(str(tmp_path / "root")), "client": client}
     ingest_date("2014-10-21", input=InputConfig(url=str(tmp_path / "a.csv"), format="avazu"),
                 ingest=IngestConfig(rows_per_partition=7), **kw)  # fmt: skip
     build_vocab("2014-10-21", vocab=VocabConfig(), fmt="avazu", **kw)

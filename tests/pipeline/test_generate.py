@@ -1,5 +1,7 @@
 """Synthetic Criteo days: deterministic, skewed, drifting, with a learnable planted click model."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,7 +31,7 @@ def test_same_seed_same_bytes_other_seed_other_rows(tmp_path):
     a = generate_days(str(tmp_path / "a"), 1, 500, seed=1)[0]
     b = generate_days(str(tmp_path / "b"), 1, 500, seed=1)[0]
     c = generate_days(str(tmp_path / "c"), 1, 500, seed=2)[0]
-    read = lambda d: open(d.path, "rb").read()  # noqa: E731
+    read = lambda d: Path(d.path).read_bytes()  # noqa: E731
     assert read(a) == read(b) and read(a) != read(c)
     assert a.path.endswith("day_2026-01-01.tsv.gz") and a.rows == 500
 

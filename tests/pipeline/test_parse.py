@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from pipeline.parse import parse_chunk, parse_table, read_log_file
-from pipeline.schema import AVAZU, CRITEO, get_schema
+from pipeline.schema import AVAZU, CRITEO
+from tests.helpers.raw_days import criteo_text
 
 AVAZU_HEADER = ",".join(AVAZU.columns)
 
@@ -152,11 +153,6 @@ def test_read_log_file_reads_a_whole_small_file(tmp_path):
     assert len(events) == 1 and quarantine["line"].tolist() == [2]
 
 
-def test_unknown_format_names_the_known_ones():
-    with pytest.raises(ValueError, match="avazu"):
-        get_schema("parquet")
-
-
 def test_real_criteo_sample_parses_clean(shared_data):
     events, quarantine = read_log_file(str(shared_data / "criteo" / "train_head_10k.tsv"), "criteo")
     assert len(events) == 10_000 and len(quarantine) == 0
@@ -181,3 +177,19 @@ def test_a_line_longer_than_a_csv_reader_block_is_still_a_row():
     parsed = parse_table(data, schema=CRITEO, file="f.tsv")
     assert not parsed.fast_path and parsed.events.num_rows == 3 and parsed.quarantine.num_rows == 0
     assert parsed.events.column("C26")[1].as_py() == long_value
+
+
+def test_fast_path_and_per_line_path_give_the_same_rows(raw_days):
+    data = criteo_text(raw_days, 500)
+    lines = data.splitlines(True)
+    fast = parse_table(data, schema=CRITEO, file="f", first_line=3)
+    assert fast.fast_path
+    broken = b"".join(lines[:100] + [b"x\ty\n"] + lines[100:])  # one short line: per-line path
+    slow = parse_table(broken, schema=CRITEO, file="f", first_line=3)
+    assert not slow.fast_path and slow.quarantine.column("line").to_pylist() == [103]
+    a, b = fast.events.to_pandas(), slow.events.to_pandas()
+    b.loc[b.index >= 100, "order"] -= 1
+    pd.testing.assert_frame_equal(a, b)
+    bad_value = b"".join(lines[:10] + [lines[10].replace(b"\t", b"\tabc\t", 1).replace(b"\t", b"", 2)] + lines[11:])
+    mixed = parse_chunk(bad_value, schema=CRITEO, file="f")  # a non-number: string fast path, value check
+    assert len(mixed.events) + len(mixed.quarantine) == 500

@@ -1,4 +1,4 @@
-"""The LocalCluster the vocab stage runs on: worker malloc settings, and none for an external scheduler."""
+"""The LocalCluster the data stages run on: worker malloc settings, and none for an external scheduler."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """Ingest stage: raw log files of a date -> events/date=D/ and quarantine/date=D/.
 
-Wiring only: resolving the input URL, fanning files out to Dask tasks, and
-committing.  Parsing rules live in `pipeline.parse`.  Each task streams one
-file (or one byte range of a large plain file) in chunks of
-`ingest.rows_per_partition` lines and writes each chunk's events and
-quarantine parts straight into the staging directories, so no process ever
-holds a whole day.  Part names `part-FFFFF-BBBBB-CCCCC.parquet` (file index,
-byte-range block index, chunk index) sort in time order.  With
-`ingest.overlap_io` a task reads (and decompresses) chunk k+1 in a reader
-thread and writes chunk k-1 in a writer thread while it parses chunk k, so one
-compressed file, which only one task can read, costs about its parse time
-rather than read + parse + write; a task then holds at most 3 chunks (the one
-being parsed, the next one's raw lines, the previous one's tables in the writer),
-whatever its file's size.
+Wiring only: resolving the input URL, planning one Dask task per file or byte
+range (`pipeline.ingest_tasks`), the quality check and the commit.  Parsing
+rules live in `pipeline.parse`.
 
 Large plain files: a file over `ingest.block_size` bytes is cut into byte
 ranges.  Block i owns the lines that *start* in its range [s_i, s_i+1).  A
@@ -37,13 +27,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -52,13 +38,9 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import infer_compression
 
 from pipeline.config import IngestConfig, InputConfig
-from pipeline.parse import QUARANTINE_SCHEMA, parse_table, reason_category
-from pipeline.readers import (
-    DECOMPRESS_ERRORS,
-    READ_SIZE,
-    line_chunks,
-    open_input,
-)
+from pipeline.ingest_error import IngestError
+from pipeline.ingest_tasks import FileTask, count_newlines, ingest_file
+from pipeline.parse import QUARANTINE_SCHEMA
 from pipeline.schema import LogSchema, get_schema
 from storage.io.dates import validate_date
 from storage.io.fsio import (
@@ -72,36 +54,16 @@ from storage.io.fsio import (
     staging_dir,
 )
 from storage.io.layout import Layout
-from storage.io.read_ahead import read_ahead
 from storage.io.version import code_version
 
 _GLOB_CHARS = "*?["
 _FINGERPRINT_KEYS = ("size", "mtime", "ETag", "etag", "LastModified", "last_modified", "updated", "md5Hash", "checksum")
 
 
-class IngestError(RuntimeError):
-    """The date cannot be ingested as it stands; nothing was committed.
-
-    `kind` is one of "corrupt_input" (a compressed file is truncated or corrupt),
-    "too_many_bad_rows" (quarantined share over ingest.max_bad_fraction),
-    "no_rows" (the inputs hold no valid row of the date) and "inconsistent"
-    (a committed quarantine does not belong to the committed events run).
-    """
-
-    def __init__(self, message: str, *, kind: str = "") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-    def __reduce__(self):  # keep `kind` when Dask ships the error from a worker
-        return (_make_ingest_error, (str(self), self.kind))
-
-
-def _make_ingest_error(message: str, kind: str) -> IngestError:
-    return IngestError(message, kind=kind)
-
-
 @dataclass(frozen=True, slots=True)
 class IngestResult:
+    """The committed events of a date, in numbers (rows read, written, quarantined, of other dates)."""
+
     date: str
     rows_read: int
     rows_written: int
@@ -119,31 +81,10 @@ class IngestResult:
     """The files of the committed `events/date=D` (`storage.io.fsio.data_url`)."""
 
     def summary(self) -> str:
+        """One line for the run log."""
         done = " (already committed)" if self.skipped else ""
         return (f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
                 f"{self.rows_quarantined} quarantined{done}")
-
-
-@dataclass(frozen=True, slots=True)
-class _FileTask:
-    url: str
-    file_index: int
-    schema: LogSchema
-    input_options: dict | None
-    out_fs: fsspec.AbstractFileSystem
-    events_dir: str
-    quarantine_dir: str
-    rows_per_partition: int
-    date: str
-    block_index: int = 0
-    start: int = 0
-    """First byte of the block's range (plain files only)."""
-    end: int | None = None
-    """End of the block's byte range; None reads to the end of the file."""
-    first_line: int = 1
-    """Line number of the block's first line."""
-    overlap_io: bool = True
-    """Read ahead and write behind in background threads (`IngestConfig.overlap_io`)."""
 
 
 def ingest_date(
@@ -240,16 +181,16 @@ def ingest_date(
     return _result(date, manifest, skipped=False, url=committed_data_url(layout.events(date), fs, events_stage))
 
 
-def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[_FileTask]:
+def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[FileTask]:
     """One task per compressed or small file; large plain files cut into byte ranges (module docstring)."""
-    tasks: list[_FileTask] = []
+    tasks: list[FileTask] = []
     splits: list[tuple[int, list[int]]] = []  # (file index, block starts) of the files to split
     for i, item in enumerate(inputs):
         size = item.get("size")
         if infer_compression(item["url"]) is None and isinstance(size, int) and size > block_size:
             splits.append((i, list(range(0, size, block_size))))
         else:
-            tasks.append(_FileTask(url=item["url"], file_index=i, **base))
+            tasks.append(FileTask(url=item["url"], file_index=i, **base))
     if splits:
         # pass 1: newlines of [s_k - 1, s_{k+1} - 1) for every block k (block 0 from byte 0)
         ranges = []
@@ -266,27 +207,11 @@ def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, cli
                 end = starts[b + 1] if b + 1 < len(starts) else None
                 first = 1 if b == 0 else 2 + before
                 tasks.append(
-                    _FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
-                              first_line=first, **base)
+                    FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
+                             first_line=first, **base)
                 )  # fmt: skip
                 before += next(counts)
     return sorted(tasks, key=lambda t: (t.file_index, t.block_index))
-
-
-def count_newlines(item: tuple[str, int, int], *, storage_options: dict | None = None) -> int:
-    """Dask task: the number of b"\\n" in bytes [a, b) of a plain file."""
-    url, a, b = item
-    n = 0
-    with fsspec.open(url, "rb", **(storage_options or {})) as f:
-        f.seek(a)
-        left = b - a
-        while left > 0:
-            data = f.read(min(READ_SIZE, left))
-            if not data:
-                break
-            n += data.count(b"\n")
-            left -= len(data)
-    return n
 
 
 def input_url(input: InputConfig, layout: Layout, date: str) -> str:
@@ -318,111 +243,6 @@ def find_inputs(url: str, storage_options: dict | None = None) -> list[dict[str,
     return out
 
 
-def ingest_file(task: _FileTask) -> dict[str, Any]:
-    """Dask task: stream one file (or byte range) chunk by chunk, write its parts, return its counts."""
-    schema = task.schema
-    counts = Counter()
-    reasons: Counter = Counter()
-    parts, quarantine_parts = [], []
-    first_line = task.first_line
-    with _PartWriter(task.out_fs, background=task.overlap_io) as writer, closing(_read_chunks(task)) as chunks:
-        for chunk_index, data, n_lines in chunks:
-            parsed = parse_table(
-                data, schema=schema, file=task.url, file_index=task.file_index, first_line=first_line, date=task.date
-            )
-            first_line += n_lines
-            name = f"part-{task.file_index:05d}-{task.block_index:05d}-{chunk_index:05d}.parquet"
-            tables = []
-            if parsed.events.num_rows:
-                tables.append((join(task.events_dir, name), parsed.events))
-                parts.append({"name": name, "rows": parsed.events.num_rows})
-            if parsed.quarantine.num_rows:
-                tables.append((join(task.quarantine_dir, name), parsed.quarantine))
-                quarantine_parts.append({"name": name, "rows": parsed.quarantine.num_rows})
-                reasons.update(reason_category(r) for r in parsed.quarantine.column("reason").to_pylist())
-            writer.write(tables)
-            counts["rows_read"] += parsed.rows_read
-            counts["rows_written"] += parsed.events.num_rows
-            counts["rows_quarantined"] += parsed.quarantine.num_rows
-            counts["rows_other_dates"] += parsed.rows_other_dates
-            counts["slow_chunks"] += not parsed.fast_path
-            # the writer holds what it still needs: free the rest (the raw chunk too) before the next read
-            del parsed, tables, data
-    return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons)}
-
-
-def _read_chunks(task: _FileTask) -> Iterator[tuple[int, bytes, int]]:
-    """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range.
-
-    With `overlap_io` the next chunk is read in a background thread while the caller parses this one
-    (`storage.io.read_ahead(lazy=True)`: one chunk ahead, counting the one being read).
-    """
-    compression = infer_compression(task.url)
-    chunk_index = 0
-    try:
-        for data, n_lines in read_ahead(_line_chunks_of(task), 1 if task.overlap_io else 0, lazy=True):
-            yield chunk_index, data, n_lines
-            del data  # not held while the next chunk is read
-            chunk_index += 1
-    except DECOMPRESS_ERRORS as exc:
-        if compression is None:
-            raise
-        raise IngestError(
-            f"{task.url}: cannot decompress ({compression}) after chunk {chunk_index}: {exc}; "
-            "the file is truncated or corrupt, fetch it again",
-            kind="corrupt_input",
-        ) from exc
-
-
-def _line_chunks_of(task: _FileTask) -> Iterator[tuple[bytes, int]]:
-    with open_input(task.url, task.input_options) as f:
-        if task.start > 0:  # skip the line that started in the previous block
-            f.seek(task.start - 1)
-            f.readline()
-        budget = None if task.end is None else task.end - f.tell()
-        yield from line_chunks(f, task.rows_per_partition, budget=budget)
-
-
-class _PartWriter:
-    """Writes each chunk's Parquet parts, in a background thread when `background`.
-
-    Why a thread: pyarrow releases the GIL while it encodes and compresses, so the
-    task parses chunk k+1 while chunk k is written.  At most one chunk's writes are
-    in flight (`write` waits for the previous chunk's first), so a task holds at
-    most two chunks of parsed tables.  Leaving the `with` block waits for the last
-    writes, also when the task failed: no part lands in staging after the task ended.
-    """
-
-    def __init__(self, fs: fsspec.AbstractFileSystem, *, background: bool) -> None:
-        self._fs = fs
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="part-writer") if background else None
-        self._pending: Future | None = None
-
-    def write(self, tables: list[tuple[str, pa.Table]]) -> None:
-        """Write `tables` ((path, table) pairs of one chunk) after the previous chunk's are written."""
-        if self._pool is None:
-            _write_all(self._fs, tables)
-            return
-        self._wait()
-        self._pending = self._pool.submit(_write_all, self._fs, tables)
-
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def __enter__(self) -> _PartWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self._wait()  # a failed write fails the task
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)  # after a failure: wait, the task's own error wins
-
-
 def _per_file(per_task: list[dict]) -> list[dict]:
     """Task results (one per file or byte range) summed per file, in task order."""
     out: dict[str, dict] = {}
@@ -451,7 +271,7 @@ def read_quarantine(layout: Layout, date: str) -> pd.DataFrame:
         raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
     _, qdir = layout.fs(layout.quarantine(date))
     quarantine = read_manifest(fs, qdir)
-    expected = events.get("quarantine_run_id", events.get("run_id"))
+    expected = events["quarantine_run_id"]
     if quarantine is None or quarantine.get("events_run_id") != expected:
         raise IngestError(
             f"quarantine of {date} at {layout.quarantine(date)} does not belong to the committed "
@@ -516,18 +336,6 @@ def check_quality(manifest: dict[str, Any], per_file: list[dict], max_bad_fracti
         )
 
 
-def _write_all(fs: fsspec.AbstractFileSystem, tables: list[tuple[str, pa.Table]]) -> None:
-    """Write each table as one Parquet file, with min/max statistics for its numeric columns only.
-
-    Why not for strings: categorical values are hashes or ids whose min/max prunes nothing, and
-    computing them is a fifth of the write time of a Criteo chunk.  Readers do not need them.
-    """
-    for path, table in tables:
-        numeric = [f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
-        with fs.open(path, "wb") as f:
-            pq.write_table(table, f, write_statistics=numeric)
-
-
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, int | float | str) else str(value)
 
@@ -538,7 +346,7 @@ def _result(date: str, manifest: dict[str, Any], *, skipped: bool, url: str) -> 
         rows_read=manifest["rows_read"],
         rows_written=manifest["rows_written"],
         rows_quarantined=manifest["rows_quarantined"],
-        rows_other_dates=manifest.get("rows_other_dates", 0),
+        rows_other_dates=manifest["rows_other_dates"],
         parts=len(manifest["parts"]),
         skipped=skipped,
         inputs=manifest["inputs"],

@@ -1,24 +1,13 @@
-"""How the window merge is split into buckets of keys, and the per-field cap across buckets (pure NumPy).
+"""The per-field cap across buckets: keep each field's `max_keys_per_field` highest scores.
 
-Buckets are ranges of the key's hash, the same ranges in every field: bucket b
-of B holds the keys whose top 32 hash bits `hx` satisfy floor(hx * B / 2**32)
-== b.  Keys are hashes, so buckets are even; and because a bucket is a range,
-
-- within a field, bucket order is key order.  The cap's tie-break ("smaller key
-  first") is then decided bucket by bucket without shipping any key to the
-  driver (`CapSearch`);
-- data bucketed with another B (an older day, the previous vocabulary, a
-  legacy single file = one bucket) is read for bucket b by opening the few
-  source buckets whose ranges overlap b's and filtering (`source_buckets`).
-
-Every step of the merge except the cap is per key (`pipeline.vocab`).  The cap
-("the `max_keys_per_field` highest scores of each field") needs each capped
-field's cut: the score s* of its cap-th key and how many keys scoring exactly
-s* each bucket keeps.  `CapSearch` finds it with a radix search over the
-score's bits: each round every bucket returns a histogram of its admitted
-scores inside the current boundary bin (at most 2**13 bins per field), the
-driver narrows the bin, until one bin holds one score value.  Integer counts
-need at most two rounds; any float at most five.
+The cap is the one step of the merge that is not per key.  It needs each
+capped field's cut: the score s* of its cap-th key and how many keys scoring
+exactly s* each bucket keeps (smaller keys first; within a field bucket order is
+key order).  `CapSearch` finds it on the driver with a radix search over the
+score's bits: each round every bucket task returns a histogram of its admitted
+scores inside the current boundary bin (at most 2**13 bins per field) and the
+driver narrows the bin, until one bin holds one score value.  No key travels to
+the driver; integer counts need at most two rounds, any float at most five.
 """
 
 from __future__ import annotations
@@ -28,53 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.keys import HASH_MASK
-
-HX_SHIFT = 24
-"""hx = the top 32 bits of the 56-bit hash: key & HASH_MASK >> 24."""
-MAX_BUCKETS = 1 << 16
-MERGE_ROWS_PER_BUCKET = 1 << 20
-"""The automatic bucket count keeps a bucket's merge input (window + previous rows) under this."""
 RADIX_SHIFTS = (52, 39, 26, 13, 0)
 """Score bits are examined sign+exponent first, then 13 mantissa bits per round."""
-
-
-def hx_of(keys: np.ndarray) -> np.ndarray:
-    """The top 32 bits of each key's hash (uint64)."""
-    return (np.asarray(keys, dtype=np.int64) & HASH_MASK).astype(np.uint64) >> np.uint64(HX_SHIFT)
-
-
-def bucket_of_hx(hx: np.ndarray | int, buckets: int) -> np.ndarray | int:
-    """The bucket of `hx` values among `buckets` (monotone in hx)."""
-    if isinstance(hx, int):
-        return (hx * buckets) >> 32
-    return ((np.asarray(hx, dtype=np.uint64) * np.uint64(buckets)) >> np.uint64(32)).astype(np.int64)
-
-
-def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
-    """The merge bucket (0..buckets-1) of each key."""
-    return bucket_of_hx(hx_of(keys), buckets)
-
-
-def bucket_bounds(bucket: int, buckets: int) -> tuple[int, int]:
-    """The hx range [lo, hi) of `bucket` among `buckets`."""
-    return -(-(bucket << 32) // buckets), -(-((bucket + 1) << 32) // buckets)
-
-
-def source_buckets(bucket: int, buckets: int, source: int) -> range:
-    """The buckets of data bucketed `source` ways that hold keys of `bucket` among `buckets`."""
-    lo, hi = bucket_bounds(bucket, buckets)
-    if hi <= lo:
-        return range(0)
-    return range(bucket_of_hx(lo, source), bucket_of_hx(hi - 1, source) + 1)
-
-
-def auto_buckets(rows: int) -> int:
-    """The smallest power of two of buckets that keeps `rows` / buckets under MERGE_ROWS_PER_BUCKET."""
-    buckets = 1
-    while buckets < MAX_BUCKETS and rows > buckets * MERGE_ROWS_PER_BUCKET:
-        buckets *= 2
-    return buckets
 
 
 def score_bits(score: np.ndarray) -> np.ndarray:
@@ -89,7 +33,6 @@ def score_bits(score: np.ndarray) -> np.ndarray:
     return (score + 0.0).view(np.int64)  # + 0.0 turns -0.0 into 0.0
 
 
-# ---- the per-field cap across buckets -----------------------------------------------------------
 Query = Mapping[int, tuple[int, int]]
 """field -> (prefix, prefix_shift): the keys whose score bits >> prefix_shift == prefix (shift 64: all)."""
 
@@ -165,13 +108,16 @@ class CapSearch:
 
     @property
     def done(self) -> bool:
+        """Whether every over-full field's cut is found (`cuts` is complete)."""
         return not self._state
 
     @property
     def shift(self) -> int:
+        """This round's bin width: histogram bins are score bits >> shift."""
         return RADIX_SHIFTS[self._round]
 
     def query(self) -> dict[int, tuple[int, int]]:
+        """This round's question to every bucket: the boundary bin of each pending field."""
         return {f: (s[0], s[1]) for f, s in self._state.items()}
 
     def absorb(self, answers: Sequence[Mapping[int, Histogram]]) -> None:
