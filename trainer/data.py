@@ -386,7 +386,7 @@ def prefetch_depth(requested: int | str, *, device_type: str) -> int:
 class Prefetcher:
     """Runs an iterator in a background thread, `depth` items ahead, through a bounded queue.
 
-    The thread is `pipeline.readers.read_ahead` (the same one ingest reads chunks with); this adds
+    The thread is `storage.io.read_ahead.read_ahead` (the same one ingest reads chunks with); this adds
     `on_start`, run first inside that thread (e.g. to pin it to the NUMA node's cores).
     Exceptions in the producer are re-raised in the consumer.  `close()` (or
     leaving a `with` block) stops the thread even when the consumer stopped early.

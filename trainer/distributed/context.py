@@ -59,10 +59,6 @@ class DistContext:
         return self.topology.leader(self.rank)
 
     @property
-    def is_leader(self) -> bool:
-        return self.topology.is_leader(self.rank)
-
-    @property
     def socket(self) -> int:
         return self.places[self.rank].socket
 

@@ -14,7 +14,7 @@ def test_a_world_of_one_has_no_process_group_and_one_group_of_itself() -> None:
     ctx = init_distributed(cpu_trainer_config())
     assert ctx.world_size == 1 and ctx.rank == 0 and ctx.backend == "none"
     assert ctx.intra_group is None and ctx.leader_group is None and not ctx.initialized_pg
-    assert ctx.topology.groups == ((0,),) and ctx.is_leader and ctx.leader == 0
+    assert ctx.topology.groups == ((0,),) and ctx.leader == 0
     assert ctx.device == ctx.comm_device == torch.device("cpu")
     ctx.barrier()  # no-ops with one rank
     ctx.destroy()
