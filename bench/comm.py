@@ -112,11 +112,8 @@ def _allreduce_worker(rank: int, sizes_mb: list[int], reps: int, out: str) -> No
     import torch
 
     from trainer.config import TrainerConfig
-    from trainer.distributed.comm import (
-        flat_all_reduce,
-        hierarchical_all_reduce,
-        init_distributed,
-    )
+    from trainer.distributed.collectives import flat_all_reduce, hierarchical_all_reduce
+    from trainer.distributed.context import init_distributed
 
     torch.set_num_threads(1)
     ctx = init_distributed(TrainerConfig(backend="gloo", device="cpu", intra_group_size=2, timeout_s=600))

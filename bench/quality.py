@@ -268,7 +268,7 @@ def _single_rank_env():
 
 def train_and_score(train_f: pd.DataFrame, eval_f: pd.DataFrame, schema: LogSchema, rec: Recipe, *, seed: int) -> dict[str, Any]:
     """Train through `trainer.train.Trainer` + `trainer.main.write_model`, score with `evaluate_model`."""
-    from trainer.distributed.comm import init_distributed
+    from trainer.distributed.context import init_distributed
     from trainer.evaluate import evaluate_model
     from trainer.main import write_model
     from trainer.spec import TrainSpec
@@ -450,8 +450,7 @@ def run_dataset(split: Split, archs: list[str], seeds: list[int], *, references:
 
 
 TUNE_GRID = (
-    {}, {"cross_tower": True}, {"cross_tower": True, "cross_layers": 1}, {"cross_tower": True, "cross_rank": 4},
-    {"fm": True}, {"lr": 1e-3, "dropout": 0.5, "embedding_l2": 1.0, "min_count": 4, "wide_scale": 1.0},
+    {}, {"lr": 1e-3, "dropout": 0.5, "embedding_l2": 1.0, "min_count": 4, "wide_scale": 1.0},
     {"lr": 1e-3, "dropout": 0.5, "embedding_l2": 1.0, "min_count": 4, "wide": False},
 )
 """Overrides of `recipe("attention")` scored by `--tune`: round 6, by `cv_folds` (see

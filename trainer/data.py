@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ import torch
 from storage.io import fsio
 from storage.io.read_ahead import read_ahead
 from trainer.bags import FieldBags, Jagged
+from trainer.stateful import require_keys
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +226,9 @@ class _Rows:
 class RankReader:
     """Reads this rank's share of a split in order, as batches of `batch_size` (the last may be smaller).
 
+    Stateful: `position` counts the batches handed to training over every epoch (`stream`), so a
+    checkpoint written after a step resumes at the next batch, however far a reader thread ran ahead.
+
     Args:
         url: the split directory (`features/date=D/train`).
         schema: the column layout.
@@ -234,7 +239,9 @@ class RankReader:
     Example::
 
         reader = RankReader(split_dir(url, "train"), read_schema(url), rank=0, world_size=2, batch_size=512)
-        for batch in reader.iter_batches(): ...
+        for batch in reader.iter_batches(): ...  # one pass, no position
+        with reader.stream(epochs=2, depth=2) as batches:  # from `position`, counting it up
+            for batch in batches: ...
     """
 
     def __init__(
@@ -258,6 +265,8 @@ class RankReader:
             with self.fs.open(path, "rb") as f:
                 self.file_rows.append(pq.ParquetFile(f).metadata.num_rows)
         self.share = rank_share(sum(self.file_rows), rank, world_size)
+        self.position = 0
+        """Batches handed to training so far, over every epoch: where `stream` continues."""
 
     @property
     def steps_per_epoch(self) -> int:
@@ -308,6 +317,44 @@ class RankReader:
         if buffered:
             yield _Rows.concat(parts).to_batch(fields)
 
+    @contextmanager
+    def stream(
+        self, epochs: int, *, depth: int = 0, on_start: Callable[[], Any] | None = None
+    ) -> Iterator[Iterator[Batch]]:
+        """The batches from `position` to the end of epoch `epochs`, read `depth` ahead by a `Prefetcher`
+        thread; `position` counts each one as it is handed over (in the caller's thread)."""
+        start, per = self.position, self.steps_per_epoch
+
+        def batches() -> Iterator[Batch]:  # runs in the reader thread: reads no state that changes
+            first = start // per
+            for epoch in range(first, epochs):
+                yield from self.iter_batches(start - epoch * per if epoch == first else 0)
+
+        def handed_over(ahead: Iterable[Batch]) -> Iterator[Batch]:
+            for batch in ahead:
+                self.position += 1  # before the step: a checkpoint at its end resumes after it
+                yield batch
+
+        with Prefetcher(batches, depth=depth, on_start=on_start) as ahead:
+            yield handed_over(ahead)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position, and the share and batch size it counts in."""
+        return {"position": self.position, "batch_size": self.batch_size, "share": [self.share.start, self.share.stop]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the saved position.
+
+        Raises:
+            ValueError: the state counts batches of another size or another share of the rows.
+        """
+        require_keys(state, ("position", "batch_size", "share"), "reader")
+        mine = {"batch_size": self.batch_size, "share": [self.share.start, self.share.stop]}
+        theirs = {"batch_size": state["batch_size"], "share": list(state["share"])}
+        if theirs != mine or state["position"] < 0:
+            raise ValueError(f"reader state {dict(state)} does not fit this reader's {mine}")
+        self.position = int(state["position"])
+
 
 AUTO_PREFETCH_DEPTH = 2
 """The queue depth `prefetch_batches="auto"` picks where the reader thread can overlap the step."""
@@ -317,12 +364,9 @@ def prefetch_depth(requested: int | str, *, device_type: str) -> int:
     """The reader thread's queue depth for `trainer.prefetch_batches` (`requested`; 0 = no thread).
 
     An explicit number is kept.  `auto` runs the thread on a CUDA device, where the step's kernels run
-    asynchronously while the host would otherwise wait, and not on CPU.  Why not on CPU: reading is cheap
-    next to a CPU step (bench.train: `reader alone` decodes a whole epoch in 1/220-1/350 of one rank's
-    training time), so there is little to hide, while the thread's Python work (decode, key routing, pulls) takes
-    GIL hand-offs and core time from the step.  Measured at one rank on 2 CPUs, so with a core to spare
-    (3 runs of `bench.train --rows 150000 --procs 1 --repeat 5`, 15 passes): median 1.055x the plain
-    loop without the thread, 1.019x with it.  A CPU run reading from a slow store can still ask for it.
+    asynchronously while the host would otherwise wait, and not on CPU: there reading is cheap next to
+    a step, so there is little to hide, while the thread's Python work takes GIL hand-offs and core
+    time from the step.  A CPU run reading from a slow store can still ask for it.
 
     Args:
         requested: `trainer.prefetch_batches`, an int >= 0 or "auto".
@@ -342,7 +386,7 @@ def prefetch_depth(requested: int | str, *, device_type: str) -> int:
 class Prefetcher:
     """Runs an iterator in a background thread, `depth` items ahead, through a bounded queue.
 
-    The thread is `pipeline.readers.read_ahead` (the same one ingest reads chunks with); this adds
+    The thread is `storage.io.read_ahead.read_ahead` (the same one ingest reads chunks with); this adds
     `on_start`, run first inside that thread (e.g. to pin it to the NUMA node's cores).
     Exceptions in the producer are re-raised in the consumer.  `close()` (or
     leaving a `with` block) stops the thread even when the consumer stopped early.

@@ -142,7 +142,6 @@ def evaluate_model(
     batch_size: int = 8192,
     bins: int = 10,
     slices: tuple[str, ...] = (),
-    splits: tuple[str, ...] = ("eval",),
 ) -> dict[str, Any]:
     """AUC, log loss, calibration and reliability of a model on feature rows, one Parquet part at a time.
 
@@ -153,13 +152,11 @@ def evaluate_model(
         model: a committed model directory, or one already loaded (`load_model`) to score it on
             several sets without reading it again.
         features: a DataFrame, a directory of feature Parquet parts (e.g. `features/date=D/eval`), or a
-            features/date=D directory (its `splits` sub-directories are used).
+            features/date=D directory (its `eval` split, the day's hold-out, is used).
         storage_options: fsspec options for both URLs.
         bins: reliability-table bins.
         slices: key columns (e.g. `("k_0",)`) to report per-value metrics for (top 10 values); a plus,
             computed in memory, so leave empty for huge sets.
-        splits: the sub-directories of a features/date=D directory to read: `("eval",)` for the
-            day's own hold-out, `("train", "eval")` for a whole next day (see `evaluate_next_day`).
 
     Returns:
         {auc, logloss, rows, mean_prediction, click_rate, calibration, ece, reliability[, slices]}.
@@ -170,7 +167,7 @@ def evaluate_model(
     loaded = model if isinstance(model, LoadedModel) else load_model(model, storage_options)
     metrics = StreamingMetrics(bins=bins)
     kept: list[tuple[np.ndarray, np.ndarray, pd.DataFrame]] = []
-    for df in _feature_frames(features, loaded, storage_options, splits=splits, extra=slices):
+    for df in _feature_frames(features, loaded, storage_options, extra=slices):
         labels, probs = df["label"].to_numpy(np.float64), score(loaded, df, batch_size=batch_size)
         metrics.update(labels, probs)
         if slices:
@@ -186,26 +183,8 @@ def evaluate_model(
     return out
 
 
-def evaluate_next_day(
-    model_url: str, next_day_features_url: str, storage_options: dict | None = None, **kwargs: Any
-) -> dict[str, Any]:
-    """Score day D+1 with the model trained through D, before D+1 is trained on (backfills).
-
-    The model never saw any row of D+1, so every row is out-of-time: both the `train` and the
-    `eval` split of `features/date=D+1` are used.  Keys first admitted on D+1 are unknown to the
-    model and get their initial rows, as they would in serving.
-
-    Args:
-        model_url: the model committed for day D (e.g. `<root>/runs/date=D/model`).
-        next_day_features_url: `<root>/features/date=D+1`.
-        kwargs: passed to `evaluate_model` (batch_size, bins, slices).
-    """
-    return evaluate_model(model_url, next_day_features_url, storage_options, splits=("train", "eval"), **kwargs)
-
-
 def _feature_frames(
-    features: str | pd.DataFrame, loaded: LoadedModel, storage_options: dict | None, *, splits: tuple[str, ...],
-    extra: tuple[str, ...] = (),
+    features: str | pd.DataFrame, loaded: LoadedModel, storage_options: dict | None, *, extra: tuple[str, ...] = ()
 ):
     """Yield feature DataFrames: the frame itself, or one per Parquet part of the URL."""
     if isinstance(features, pd.DataFrame):
@@ -218,7 +197,7 @@ def _feature_frames(
     if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
         files = list_parts(features, storage_options)
     else:
-        files = [f for split in splits for f in list_parts(fsio.join(features, split), storage_options)]
+        files = list_parts(fsio.join(features, "eval"), storage_options)
     for f in files:
         with fs.open(f, "rb") as fh:
             # list columns (bags) stay Arrow-backed: `score` reads their buffers without a loop per row

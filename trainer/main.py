@@ -32,14 +32,13 @@ from storage.io import fsio, version
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, load_working_set
 from trainer import checkpoint, model_dir
-from trainer.distributed.comm import DistContext, init_distributed
+from trainer.distributed.context import DistContext, init_distributed
 from trainer.malloc import tune_malloc
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
 from trainer.train import Trainer, TrainStats
 
 log = logging.getLogger("trainer.main")
-
 
 
 def _setup_logging() -> None:
@@ -165,7 +164,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         )
         model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
         model_dir.write_tensors(
-            fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(trainer.names), so
+            fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(), so
         )
         model_dir.write_meta(fs, staging, meta)
     ctx.barrier()  # every sparse part is written before the commit
@@ -194,10 +193,6 @@ def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any
         "sparse_bytes_per_step_uncached": sum(r["uncached_bytes"] for r in ranks) * per,
         "stale_cache_hit_rate": sum(c["hits"] for c in caches) / looked if looked else 0.0,
     }
-
-
-def _asdict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
 
 
 def run(spec: TrainSpec) -> None:

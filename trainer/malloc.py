@@ -22,12 +22,9 @@ def tune_malloc(libc: Any = None, settings: tuple[tuple[int, int], ...] = SETTIN
 
     Why: on CPU every step allocates and frees the same few-MiB activation and gradient tensors.
     With glibc's dynamic defaults the largest ones are fresh mmaps and the freed top of the heap is
-    trimmed back to the OS, so each step faults its pages in again: a fresh rank of `bench.train`
-    took ~4,500 minor page faults per step, nearly all in forward and backward, 7-11 ms of CPU of a
-    ~90-100 ms step (a long-lived process that once freed big blocks, like the bench's own plain loop,
-    happens to avoid most of them).  With blocks under 32 MiB from the heap and up to
-    `TRIM_THRESHOLD` of free heap kept, ~280 faults a step remain (the table growing).  No-op
-    where there is no glibc `mallopt` (macOS; musl's is a stub and refuses).
+    trimmed back to the OS, so each step faults its pages in again, in forward and backward.  With
+    blocks under `MMAP_THRESHOLD` from the heap and up to `TRIM_THRESHOLD` of free heap kept, the
+    pages stay mapped.  No-op where there is no glibc `mallopt` (macOS; musl's is a stub and refuses).
 
     Args:
         libc: the C library (tests pass a fake); default: this process's.

@@ -1,11 +1,11 @@
 """The training loop of one rank: batches -> pull rows -> model -> push row grads -> local Adam -> k-step merge.
 
 Every `trainer.checkpoint_every` steps, and at the end, the ranks write a
-checkpoint (`trainer.checkpoint`): each rank's dense parameters, Adam moments
-and RNG state, its store shard, its counters; the data position is the step.
-A Trainer built over a checkpoint directory that holds a complete checkpoint
-of the same run resumes from it and finishes with the model an uninterrupted
-run would have produced.
+checkpoint (`trainer.checkpoint`): each rank's store shard, and the state of
+its Stateful components (`Trainer.components`: model, optimizer, sparse
+embedding, reader, the loop's totals, the RNG).  A Trainer built over a
+checkpoint directory that holds a complete checkpoint of the same run resumes
+from it and finishes with the model an uninterrupted run would have produced.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,23 +22,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from storage.embedding.base import EmbeddingStore
-from storage.io import fsio
 from trainer import checkpoint, model_dir
 from trainer.bags import cells_l2_grad, expand_cells, pool_rows
-from trainer.data import (
-    Batch,
-    Prefetcher,
-    RankReader,
-    prefetch_depth,
-    read_schema,
-    split_dir,
-)
-from trainer.distributed.comm import DistContext, ShardedEmbedding, broadcast_tensors
+from trainer.data import Batch, RankReader, prefetch_depth, read_schema, split_dir
+from trainer.distributed.collectives import broadcast_tensors
+from trainer.distributed.context import DistContext
+from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.distributed.topology import bind_io_threads
 from trainer.models.ctr_model import CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.optim.schedule import set_step_lrs
 from trainer.spec import TrainSpec
+from trainer.stateful import Stateful, require_keys
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +73,8 @@ def train_step(
     dev = sparse.ctx.device
     pooling = model.config.bag_pooling
     cells = expand_cells(batch.keys, batch.bags if pooling != "none" else ())  # keys (N,), N >= B*F
-    rows = sparse.pull(cells.keys).requires_grad_(True)  # (N, D) leaf: one pull for k_* and bag keys
+    pulled = sparse.pull(cells.keys)  # one pull for k_* and bag keys
+    rows = pulled.rows.requires_grad_(True)  # (N, D) leaf
     emb = pool_rows(rows, cells, pooling)  # (B, F, D); a view of `rows` without bags
     logits = model(batch.dense.to(dev), emb)  # (B,)
     loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(dev))
@@ -93,8 +88,7 @@ def train_step(
         raise RuntimeError("embedding rows received no gradient")
     grad = cells_l2_grad(rows, rows.grad, cells, pooling, embedding_l2)  # (N, D)
     world = sparse.ctx.world_size
-    # the same `cells.keys` tensor as the pull: the push reuses the pull's routing of the keys
-    sparse.push(cells.keys, grad if world == 1 else grad / world)
+    sparse.push(pulled, grad if world == 1 else grad / world)  # the pull's route and store lookup, reused
     opt.step()
     return loss.detach()
 
@@ -112,6 +106,54 @@ class TrainStats:
     """Step of the checkpoint this run resumed from (0 = a fresh start)."""
     prefetch_depth: int = 0
     """Batches the reader thread ran ahead (`trainer.prefetch_batches` resolved; 0 = no thread)."""
+
+
+class Progress:
+    """The loop's totals: examples, loss sum, last loss, training seconds.
+
+    Stateful, so a resumed run reports the totals of an uninterrupted one.  The losses stay tensors
+    on the device between steps: reading one back every step would wait for the device.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.examples = 0
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.last = torch.full((), float("nan"), device=device)
+        self.train_s = 0.0
+        """Seconds trained before the current `start()` (by this process or the runs it resumes)."""
+        self._t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.train_s + time.perf_counter() - self._t0
+
+    def add(self, loss: torch.Tensor, examples: int) -> None:
+        self.loss_sum += loss
+        self.last = loss
+        self.examples += examples
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"examples": self.examples, "loss_sum": float(self.loss_sum), "last_loss": float(self.last),
+                "train_s": self.seconds()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        require_keys(state, ("examples", "loss_sum", "last_loss", "train_s"), "progress")
+        self.examples, self.train_s = state["examples"], state["train_s"]
+        self.loss_sum.fill_(state["loss_sum"])
+        self.last = torch.full((), state["last_loss"], device=self.last.device)
+
+
+class TorchRNG:
+    """torch's CPU generator (dropout), Stateful: between k-step merges every rank draws its own numbers."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cpu": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        require_keys(state, ("cpu",), "rng")
+        torch.set_rng_state(state["cpu"])
 
 
 class Trainer:
@@ -143,9 +185,8 @@ class Trainer:
             spec.model, num_dense=self.schema.num_dense, num_fields=self.schema.num_fields,
             dim=spec.store.embedding_dim,
         ).to(ctx.device)
-        self.names = {p: n for n, p in self.model.named_parameters()}
         self.opt = KStepAdam(
-            self.model.parameters(), ctx, k=cfg.k_steps, lr=cfg.lr, weight_decay=cfg.weight_decay
+            self.model.named_parameters(), ctx, k=cfg.k_steps, lr=cfg.lr, weight_decay=cfg.weight_decay
         )
         if spec.init_model_url:
             self.load_warm_start(spec.init_model_url)
@@ -156,9 +197,7 @@ class Trainer:
             cache_rows=het.cache_rows,
         )
         self.stats = TrainStats(dropped_rows=self.reader.share.dropped)
-        self._loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        self._last = torch.full((), float("nan"), device=ctx.device)
-        self._t0 = time.perf_counter()
+        self.progress = Progress(ctx.device)
         self.start_step = self.resume() if spec.checkpoint_url else 0
 
     def load_warm_start(self, model_url: str) -> None:
@@ -179,7 +218,7 @@ class Trainer:
         except RuntimeError as exc:
             raise ValueError(f"warm start from {model_url}: dense weights do not fit the model config: {exc}") from exc
         optim = model_dir.read_tensors(model_dir.join(model_url, model_dir.DENSE_OPTIM), so)
-        self.opt.load_state_tensors(optim, self.names)
+        self.opt.load_state_tensors(optim)
         log.info("warm start from %s (Adam step %d)", model_url, int(optim["step"].reshape(-1)[0]))
 
     # ------------------------------------------------------------------ checkpoints
@@ -193,37 +232,27 @@ class Trainer:
             "staleness_bound": self.spec.het.staleness_bound, "rows_per_rank": self.reader.share.rows,
         }
 
+    def components(self) -> dict[str, Stateful]:
+        """What a checkpoint saves beside the store shard, by name."""
+        return {"model": self.model, "optim": self.opt, "sparse": self.sparse, "reader": self.reader,
+                "progress": self.progress, "rng": TorchRNG()}
+
     def save_checkpoint(self, step: int) -> str:
         """Write the checkpoint of `step` (a collective: every rank calls it at the same step); returns its URL.
 
         The HET cache is flushed first, so the store shards hold every gradient.
         """
         assert self.spec.checkpoint_url is not None
-        so, ctx = self.spec.storage_options, self.ctx
+        so, rank = self.spec.storage_options, self.ctx.rank
         t0 = time.perf_counter()
-        url = checkpoint.step_dir(self.spec.checkpoint_url, step)
+        url = checkpoint.make_step_dir(self.spec.checkpoint_url, step, so)
         self.sparse.flush()
-        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
-        tensors |= {f"optim.{k}": v for k, v in self.opt.state_tensors(self.names).items()}
-        tensors["rng"] = torch.get_rng_state()
-        fs, path = fsio.get_fs(url, so)
-        fs.makedirs(fsio.join(path, model_dir.SPARSE), exist_ok=True)
-        model_dir.write_tensors(model_dir.join(url, checkpoint.rank_dense_name(ctx.rank)), tensors, so)
         self.store.flush()
-        rows = self.store.snapshot(model_dir.join(url, model_dir.SPARSE, model_dir.sparse_part_name(ctx.rank)), so)
-        state = {
-            "step": step, "examples": self.stats.examples, "loss_sum": float(self._loss_sum),
-            "last_loss": float(self._last), "train_s": self.stats.train_s + time.perf_counter() - self._t0,
-            "rows": rows, "opt_steps": self.opt.steps, "merges": self.opt.merges, "sync_bytes": self.opt.sync_bytes,
-            "sync_s": self.opt.sync_seconds, "bytes_sent": self.sparse.bytes_sent,
-            "bytes_received": self.sparse.bytes_received, "sparse_s": self.sparse.seconds,
-            "sparse_steps": self.sparse.steps, "sparse_by_kind": self.sparse.bytes_by_kind,
-            "sparse_uncached": self.sparse.uncached_bytes,
-        }
-        fsio.write_json(fs, fsio.join(path, checkpoint.rank_state_name(ctx.rank)), state)
-        ctx.barrier()  # every rank's files exist before the checkpoint is marked complete
-        if ctx.rank == 0:
-            fsio.write_json(fs, fsio.join(path, checkpoint.CHECKPOINT_JSON), {"step": step, **self._fingerprint()})
+        rows = self.store.snapshot(checkpoint.shard_url(url, rank), so)
+        checkpoint.write_rank_state(url, rank, {n: c.state_dict() for n, c in self.components().items()}, so)
+        self.ctx.barrier()  # every rank's files exist before the checkpoint is marked complete
+        if rank == 0:
+            checkpoint.write_checkpoint_json(url, {"step": step, **self._fingerprint()}, so)
             checkpoint.remove_checkpoints(self.spec.checkpoint_url, so, keep_step=step)
         log.info("checkpoint of step %d at %s (%d rows, %.2fs)", step, url, rows, time.perf_counter() - t0)
         return url
@@ -251,41 +280,29 @@ class Trainer:
         return found
 
     def resume(self) -> int:
-        """Load the newest complete checkpoint of this run, if any; returns the step to continue after."""
+        """Load the newest complete checkpoint of this run, if any; returns the step to continue after.
+
+        Raises:
+            ValueError: the checkpoint's state does not fit the components (another version wrote it).
+        """
         found = self._find_checkpoint()
         if found is None:
             return 0
         step, url = found
         so, rank = self.spec.storage_options, self.ctx.rank
-        tensors = model_dir.read_tensors(model_dir.join(url, checkpoint.rank_dense_name(rank)), so)
-        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
-        self.opt.load_state_tensors({k[6:]: v for k, v in tensors.items() if k.startswith("optim.")}, self.names)
-        torch.set_rng_state(tensors["rng"])
-        rows = self.store.restore(
-            model_dir.join(url, model_dir.SPARSE, model_dir.sparse_part_name(rank)),
-            owner=(rank, self.ctx.world_size), storage_options=so,
-        )
-        fs, path = fsio.get_fs(url, so)
-        state = fsio.read_json(fs, fsio.join(path, checkpoint.rank_state_name(rank)))
-        st = self.stats
-        st.steps, st.examples, st.train_s, st.resumed_from = step, state["examples"], state["train_s"], step
-        self._loss_sum.fill_(state["loss_sum"])
-        self._last.fill_(state["last_loss"])
-        self.opt.steps, self.opt.merges = state["opt_steps"], state["merges"]
-        self.opt.sync_bytes, self.opt.sync_seconds = state["sync_bytes"], state["sync_s"]
-        self.sparse.bytes_sent, self.sparse.bytes_received = state["bytes_sent"], state["bytes_received"]
-        self.sparse.seconds, self.sparse.steps = state["sparse_s"], state["sparse_steps"]
-        self.sparse.bytes_by_kind.update(state.get("sparse_by_kind", {}))
-        self.sparse.uncached_bytes = state.get("sparse_uncached", 0)
+        state = checkpoint.read_rank_state(url, rank, so)
+        components = self.components()
+        require_keys(state, components, "checkpoint")
+        for name, component in components.items():
+            component.load_state_dict(state[name])
+        if self.reader.position != step:
+            raise ValueError(f"checkpoint {url} of step {step} holds reader position {self.reader.position}")
+        rows = self.store.restore(checkpoint.shard_url(url, rank), owner=(rank, self.ctx.world_size), storage_options=so)
+        self.stats.steps = self.stats.resumed_from = step
         log.info("resumed from the checkpoint of step %d at %s (%d store rows)", step, url, rows)
         return step
 
     # ------------------------------------------------------------------ the loop
-
-    def _batches(self, start_step: int = 0) -> Iterator[Batch]:
-        per_epoch, first = self.reader.steps_per_epoch, start_step // self.reader.steps_per_epoch
-        for epoch in range(first, self.spec.optim.epochs):
-            yield from self.reader.iter_batches(start_step - epoch * per_epoch if epoch == first else 0)
 
     def _where(self, step: int) -> str:
         per_epoch, B = self.reader.steps_per_epoch, self.spec.optim.batch_size
@@ -323,20 +340,21 @@ class Trainer:
             )
         self.model.train()
         depth = stats.prefetch_depth = self._prefetch_depth()
-        self._t0 = time.perf_counter()
-        with Prefetcher(lambda: self._batches(start), depth=depth, on_start=self._bind) as batches:
-            for step, batch in enumerate(batches, start=start + 1):
+        progress = self.progress
+        progress.start()
+        with self.reader.stream(cfg.epochs, depth=depth, on_start=self._bind) as batches:
+            for batch in batches:
+                step = self.reader.position
                 set_step_lrs(self.opt, self.sparse, cfg, step=step, total_steps=total_steps)
-                self._last = train_step(
+                loss = train_step(
                     self.model, self.sparse, self.opt, batch, step=step, embedding_l2=cfg.embedding_l2,
                     where=self._where(step),
                 )
-                self._loss_sum += self._last
-                stats.examples += len(batch)
+                progress.add(loss, len(batch))
                 self.opt.maybe_merge(step)
                 stats.steps = step
                 if ctx.rank == 0 and (step % run.log_every == 0 or step == total_steps):
-                    log.info("step %d/%d loss %.5f", step, total_steps, self._last.item())
+                    log.info("step %d/%d loss %.5f", step, total_steps, loss.item())
                 if ckpt_every and step % ckpt_every == 0 and step < total_steps:
                     self.save_checkpoint(step)
                 if step == fail_step and ctx.rank == fail_rank:
@@ -347,9 +365,8 @@ class Trainer:
         self.opt.merge()  # final merge: identical dense parameters and moments on every rank
         if ckpt_every and stats.steps > start:
             self.save_checkpoint(stats.steps)
-        stats.train_s += time.perf_counter() - self._t0
-        stats.loss_sum = float(self._loss_sum)
-        stats.final_loss = float(self._last)
+        stats.examples, stats.train_s = progress.examples, progress.seconds()
+        stats.loss_sum, stats.final_loss = float(progress.loss_sum), float(progress.last)
         return stats
 
 

@@ -1,4 +1,4 @@
-"""Loading a model directory written by hand (no torchrun) and scoring with it."""
+"""Loading a model directory written by hand (no torchrun) and scoring with it, bags pooled as in training."""
 
 from __future__ import annotations
 
@@ -6,15 +6,25 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
+from torch import nn
 
 from storage.embedding.row_init import init_rows
 from storage.embedding.snapshot import write_snapshot
 from storage.io import fsio
+from tests.helpers.bags import D, V, bag_model, random_bag_batch, reference_emb
 from trainer import model_dir
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
-from trainer.evaluate import FrozenEmbeddings, evaluate_model, load_model, score
+from trainer.data import FeatureSchema
+from trainer.evaluate import (
+    FrozenEmbeddings,
+    LoadedModel,
+    evaluate_model,
+    load_model,
+    score,
+)
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
@@ -76,8 +86,7 @@ def test_frozen_embeddings_empty_table() -> None:
     torch.testing.assert_close(t.lookup(torch.tensor([5, 5])), init_rows(torch.tensor([5, 5]), 3, 0.1))
 
 
-def test_evaluate_streams_parts_and_next_day_uses_both_splits(tmp_path: Path) -> None:
-    from trainer.evaluate import evaluate_next_day
+def test_evaluate_streams_the_parts_of_a_days_eval_split_with_slices(tmp_path: Path) -> None:
     from trainer.metrics import auc as exact_auc
 
     url, _model, _rows = make_model_dir(tmp_path)
@@ -92,10 +101,44 @@ def test_evaluate_streams_parts_and_next_day_uses_both_splits(tmp_path: Path) ->
                 "k_0": rng.choice([10, 11, 99], n), "k_1": rng.choice([12, 13], n),
             })
             df.to_parquet(day / split / f"part-{part:05d}.parquet", index=False)
-            frames.append(df)
-    whole = pd.concat(frames, ignore_index=True)
-    nd = evaluate_next_day(str(url), str(day), slices=("k_0",), bins=4)
-    assert nd["rows"] == 120 and len(nd["reliability"]) == 4
-    assert nd["auc"] == pytest.approx(exact_auc(whole["label"], score(load_model(str(url)), whole)), abs=1e-12)
-    assert {r["value"] for r in nd["slices"]["k_0"]} <= {10, 11, 99}
-    assert evaluate_model(str(url), str(day))["rows"] == 40  # default: the day's eval split only
+            frames.append((split, df))
+    held_out = pd.concat([df for split, df in frames if split == "eval"], ignore_index=True)
+    got = evaluate_model(str(url), str(day), slices=("k_0",), bins=4)  # a features/date=D dir: its eval split
+    assert got["rows"] == 40 and len(got["reliability"]) == 4
+    assert got["auc"] == pytest.approx(exact_auc(held_out["label"], score(load_model(str(url)), held_out)), abs=1e-12)
+    assert {r["value"] for r in got["slices"]["k_0"]} <= {10, 11, 99}
+    assert evaluate_model(str(url), str(day / "train"))["rows"] == 80  # a directory of parts: all of them
+
+
+@pytest.mark.parametrize("mode", ["mean", "sum"])
+def test_evaluation_scores_a_bag_model_with_its_bags_pooled_as_in_training(mode: str) -> None:
+    keys, lists = random_bag_batch(5, B=9)
+    table = torch.randn(V, D)
+    model = bag_model(mode).eval()
+    schema = FeatureSchema(
+        dense_columns=("d_0", "d_1"), key_columns=("k_0", "k_1", "k_2"), fields=("a", "b", "c"), bag_columns=("bag_1",)
+    )
+    loaded = LoadedModel(
+        model=model,
+        embeddings=FrozenEmbeddings(np.arange(V), table.numpy(), dim=D, init_std=0.01),
+        schema=schema,
+        meta={},
+    )
+    dense = torch.rand(9, 2)
+    frame = pd.DataFrame(
+        {
+            "d_0": dense[:, 0].numpy(),
+            "d_1": dense[:, 1].numpy(),
+            **{f"k_{f}": keys[:, f].numpy() for f in range(3)},
+            "bag_1": [np.array(x, np.int64) for x in lists],
+        }
+    )
+    with torch.no_grad():
+        want = torch.sigmoid(model(dense, reference_emb(nn.Parameter(table), keys, lists, mode))).double().numpy()
+    np.testing.assert_allclose(score(loaded, frame, batch_size=4), want, rtol=1e-6)
+    arrow_backed = frame.assign(
+        bag_1=pd.Series(pa.array(lists, type=pa.list_(pa.int64())), dtype=pd.ArrowDtype(pa.list_(pa.int64())))
+    )
+    np.testing.assert_allclose(score(loaded, arrow_backed, batch_size=5), want, rtol=1e-6)
+    with pytest.raises(KeyError, match=r"lack columns \['bag_1'\]"):
+        score(loaded, frame.drop(columns=["bag_1"]))

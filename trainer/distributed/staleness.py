@@ -46,7 +46,7 @@ Pushes.  The pending sum goes to the owner, with its count L, when
 - `drain` (checkpoints and the end of training).
 
 The owner applies a pending sum G of L updates as L Adam steps on G / L
-(`trainer.distributed.comm.apply_updates`): L local steps move a row L times, as they
+(`trainer.distributed.routing.apply_updates`): L local steps move a row L times, as they
 would have without the cache, and its clock advances by L.  A copy is dropped
 when its pending sum is pushed; the next pull fetches a fresh one.
 """

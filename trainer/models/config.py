@@ -25,22 +25,13 @@ class ModelConfig:
     dense_buckets: int = 16
     """Bucketise each log1p dense feature into this many buckets with a learned token each (0 = off,
     else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0.  The raw
-    log1p values are used as well.  (Default 0 before the quality work: a model published with 0 cannot
-    warm-start a run with buckets, the MLP input differs; pin 0, or start that run cold.)"""
+    log1p values are used as well."""
     dense_bucket_max: float = 12.0
     """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
     cross_layers: int = 3
-    """Cross layers of `dcn_v2` (and of the attention model's `cross_tower`)."""
+    """Cross layers of `dcn_v2`."""
     cross_rank: int = 0
-    """Rank r of every cross layer's W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
-    cross_tower: bool = False
-    """`attention` only: add a DCN-V2 cross network (`cross_layers` layers, `cross_rank`) over x0 = the flattened
-    field (and dense bucket) embeddings, parallel to attention + MLP, its zero-initialised linear head added to
-    the logit (a DCN / AutoInt+ hybrid).  The raw log1p dense values stay out of x0: the cross products square
-    them (values up to ~12), which overfit Criteo.  Off by default: see bench/quality.py, issue 7 round 6."""
-    fm: bool = False
-    """`attention` only: add the FM second-order term (sum of <v_i, v_j> over field pairs, v = e[1:], e[0] being
-    the wide term's key weight) to the logit.  Off by default: see bench/quality.py, issue 7 round 6."""
+    """Rank r of every cross layer of `dcn_v2`, W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
     wide: bool = True
     """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
     so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""

@@ -1,7 +1,7 @@
 """The CTR model: field embeddings -> self-attention over fields -> interaction -> MLP -> logit.
 
 The embeddings are not parameters of this module: every rank pulls the rows of
-its batch from the sharded embedding store (`trainer.distributed.comm.ShardedEmbedding`)
+its batch from the sharded embedding store (`trainer.distributed.sharded_embedding.ShardedEmbedding`)
 and passes them in as a leaf tensor `emb` (B, F, D) whose gradient is pushed
 back to the owners.  Only the dense part below is data-parallel.
 
@@ -14,26 +14,21 @@ back to the owners.  Only the dense part below is data-parallel.
                           InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
 
 F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
-feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit, and the optional
-`model.cross_tower` (a DCN-V2 cross network over the flattened tokens) and `model.fm` (an FM term) add
-towers parallel to attention + MLP (off by default).  `model.arch` other than `attention` swaps the body
-for a reference architecture of `trainer.models.reference` (lr, dnn, deepfm, dcn_v2) with the same signature.
+feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit.  `model.arch` other
+than `attention` swaps the body for a reference architecture of `trainer.models.reference` (lr, dnn,
+deepfm, dcn_v2) with the same signature.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 from torch import nn
 
 from trainer.models.config import ModelConfig
-from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine, OverArch
+from trainer.models.layers import OverArch
 from trainer.models.reference import REFERENCE_ARCHS, dense_arch
 
-log = logging.getLogger(__name__)
-
-__all__ = ["BIAS_SCALE", "CTRModel", "DenseArch", "InteractionArch", "OverArch", "SequenceAttention"]
+__all__ = ["BIAS_SCALE", "CTRModel", "InteractionArch", "SequenceAttention"]
 
 BIAS_SCALE = 20.0
 """The global bias enters the logit as BIAS_SCALE * b.  Adam moves b by about lr per step, so the
@@ -108,8 +103,7 @@ class CTRModel(nn.Module):
 
     With `config.arch == "attention"` (the default) the sub-architectures are
     `dense_arch` (only with dense buckets), `attention`, `interaction`, `over`, and `wide`
-    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term),
-    `cross` + `cross_head` (with `model.cross_tower`) and `fm` (with `model.fm`);
+    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term);
     any other arch is held as `net` (see `trainer.models.reference`).  Every arch adds the global
     bias `BIAS_SCALE * bias` to its logit.
 
@@ -135,7 +129,6 @@ class CTRModel(nn.Module):
         self.config = config
         self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
         self.bias = nn.Parameter(torch.zeros(()))  # logit offset, scaled by BIAS_SCALE
-        self.register_load_state_dict_pre_hook(_keep_new_parameters)
         if config.arch != "attention":
             self.net = REFERENCE_ARCHS[config.arch](config, num_dense=num_dense, num_fields=num_fields, dim=dim)
             return
@@ -150,15 +143,6 @@ class CTRModel(nn.Module):
         if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
             self.wide = nn.Linear(num_dense, 1)
             nn.init.zeros_(self.wide.weight)
-        # optional parallel towers, built last so that the modules above draw the same initial values
-        if config.cross_tower:  # DCN-V2 cross network on the field (and bucket) tokens, its own linear head
-            x0_dim = tokens * dim
-            self.cross = CrossNetV2(in_dim=x0_dim, num_layers=config.cross_layers, rank=config.cross_rank)
-            self.cross_head = nn.Linear(x0_dim, 1)
-            nn.init.zeros_(self.cross_head.weight)  # the tower starts as 0: the model starts as the backbone
-            nn.init.zeros_(self.cross_head.bias)
-        if config.fm:
-            self.fm = FactorizationMachine()
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
@@ -176,25 +160,4 @@ class CTRModel(nn.Module):
         if self.config.wide:
             w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
             logits = logits + self.wide(dense).squeeze(-1) + w  # (B,)
-        if self.config.cross_tower:
-            x0 = emb.reshape(emb.shape[0], -1)  # (B, F'*D): no raw dense values (see ModelConfig.cross_tower)
-            logits = logits + self.cross_head(self.cross(x0)).squeeze(-1)  # (B,)
-        if self.config.fm:
-            logits = logits + self.fm(emb[:, :, 1:])  # (B, F', D-1) pairwise factors -> (B,)
         return logits
-
-
-NEW_PARAMETERS = ("bias",)
-"""Parameters the model gained after models had been published without them.  A state dict that lacks
-them (a warm start from, or an evaluation of, such a model) loads them as zeros; for `bias` that is
-exactly the old function.  (The Adam moments of such a parameter start at 0 too:
-`KStepAdam.load_state_tensors`.)"""
-
-
-def _keep_new_parameters(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
-    """load_state_dict pre-hook: the `NEW_PARAMETERS` a state dict lacks load as zeros."""
-    own = dict(module.named_parameters())
-    for name in NEW_PARAMETERS:
-        if name in own and prefix + name not in state_dict:
-            log.info("state dict without %s (written before it existed): loading it as 0", name)
-            state_dict[prefix + name] = torch.zeros_like(own[name])

@@ -110,8 +110,7 @@ class CrossNetV2(nn.Module):
 
     Each layer adds one degree of explicit feature crossing.  W_l is full rank (d x d), or with
     `rank` r > 0 the paper's low-rank form W_l = U_l V_l^T (U_l, V_l: d x r), 2*d*r weights instead
-    of d^2 (the paper's answer to the d^2 cost; on the 8k-row Criteo sample, d = 624, rank 4 or 16 did
-    not overfit less than full rank: bench/quality.py round 6).
+    of d^2 (the paper's answer to the d^2 cost).
 
     Args:
         in_dim: d, the width of x_0.

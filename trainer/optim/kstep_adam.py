@@ -20,26 +20,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from storage.embedding.base import ADAM_BETAS, ADAM_EPS
-from trainer.distributed.comm import DistContext, hierarchical_all_reduce
+from trainer.distributed.collectives import hierarchical_all_reduce
+from trainer.distributed.context import DistContext
+from trainer.stateful import require_keys
+
+COUNTERS = ("steps", "merges", "sync_bytes", "sync_seconds")
 
 
 class KStepAdam:
     """Local Adam on the dense parameters plus k-step merging of parameters and moments.
 
     Args:
-        params: the dense parameters (identical on every rank at construction).
+        named_params: the dense parameters by name (identical on every rank at construction); the
+            names key the moments in `state_tensors` (a model directory) and `state_dict`.
         ctx: the distributed context (its two-phase groups carry the merges).
         k: merge period in steps; 1 = synchronous DP Adam (gradient allreduce).
         lr, weight_decay: Adam hyper-parameters.
 
     Example::
 
-        opt = KStepAdam(model.parameters(), ctx, k=10, lr=1e-3)
+        opt = KStepAdam(model.named_parameters(), ctx, k=10, lr=1e-3)
         for step in range(1, steps + 1):
             loss(...).backward()
             opt.step()          # allreduces gradients first when k == 1
@@ -49,7 +55,7 @@ class KStepAdam:
 
     def __init__(
         self,
-        params: Iterable[nn.Parameter],
+        named_params: Iterable[tuple[str, nn.Parameter]],
         ctx: DistContext,
         *,
         k: int,
@@ -58,11 +64,12 @@ class KStepAdam:
     ) -> None:
         if k < 1:
             raise ValueError(f"k (optim.k_steps) must be >= 1, got {k}")
-        self.params = [p for p in params if p.requires_grad]
+        named = [(n, p) for n, p in named_params if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
         self.ctx, self.k = ctx, k
-        # multi-tensor (foreach) Adam: one kernel per op over every parameter instead of a Python loop
-        # with ~10 ops per tensor (0.5 -> 0.4 ms a step for the default model on one CPU thread); the
-        # same arithmetic as the per-tensor loop (tests/trainer/optim/test_kstep_adam.py checks it)
+        # multi-tensor (foreach) Adam: one kernel per op over every parameter instead of a Python loop of
+        # ~10 ops per tensor; the same arithmetic (tests/trainer/optim/test_kstep_adam.py checks it)
         self.adam = torch.optim.Adam(
             self.params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=weight_decay, foreach=True
         )
@@ -121,34 +128,35 @@ class KStepAdam:
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
-    # ------------------------------------------------------------------ state for the model directory
+    # ------------------------------------------------------------------ state
 
-    def state_tensors(self, names: dict[nn.Parameter, str]) -> dict[str, torch.Tensor]:
-        """Moments as `<param name>.exp_avg` / `.exp_avg_sq`, and `step` (int64 (1,)), for safetensors."""
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Moments as `<param name>.exp_avg` / `.exp_avg_sq`, and `step` (int64 (1,)): the model
+        directory's `dense_optim.safetensors`, which a warm start continues from."""
         self.ensure_state()
         out: dict[str, torch.Tensor] = {}
         step = 0
-        for p in self.params:
+        for name, p in zip(self.names, self.params, strict=True):
             st = self.adam.state[p]
-            name = names[p]
             out[f"{name}.exp_avg"] = st["exp_avg"].detach().cpu().contiguous()
             out[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].detach().cpu().contiguous()
             step = max(step, int(st["step"]))
         out["step"] = torch.tensor([step], dtype=torch.int64)
         return out
 
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor], names: dict[nn.Parameter, str]) -> None:
-        """Inverse of `state_tensors` (a warm start continues the moments and the bias-correction step);
-        a parameter without saved moments (new in this architecture) starts with zero moments.
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Inverse of `state_tensors`: the moments and the bias-correction step continue.
 
         Raises:
-            ValueError: a moment's shape differs from its parameter's.
+            ValueError: a moment is missing or its shape differs from its parameter's (the saved
+                model does not fit: `trainer.model_dir.warm_start` says so before a run starts).
         """
-        step = float(tensors["step"].reshape(-1)[0]) if "step" in tensors else 0.0
-        for p in self.params:
-            name = names[p]
-            zero = torch.zeros_like(p)  # a parameter the saved model did not have (trainer.models.ctr_model.NEW_PARAMETERS)
-            m, v = tensors.get(f"{name}.exp_avg", zero), tensors.get(f"{name}.exp_avg_sq", zero)
+        want = ["step", *(f"{n}.{m}" for n in self.names for m in ("exp_avg", "exp_avg_sq"))]
+        if missing := [k for k in want if k not in tensors]:
+            raise ValueError(f"optimizer state lacks {missing}: it belongs to another architecture")
+        step = float(tensors["step"].reshape(-1)[0])
+        for name, p in zip(self.names, self.params, strict=True):
+            m, v = tensors[f"{name}.exp_avg"], tensors[f"{name}.exp_avg_sq"]
             if m.shape != p.shape or v.shape != p.shape:
                 raise ValueError(
                     f"optimizer state of {name} has shape {tuple(m.shape)}, parameter has {tuple(p.shape)}"
@@ -158,3 +166,18 @@ class KStepAdam:
                 "exp_avg": m.to(p.device, p.dtype).clone(),
                 "exp_avg_sq": v.to(p.device, p.dtype).clone(),
             }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The moments (`state_tensors`) and the counters (`COUNTERS`), for a training checkpoint."""
+        return {"moments": self.state_tensors(), **{name: getattr(self, name) for name in COUNTERS}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved.
+
+        Raises:
+            ValueError: a key or a moment is missing, or a moment's shape differs.
+        """
+        require_keys(state, ("moments", *COUNTERS), "optimizer")
+        self.load_state_tensors(state["moments"])
+        for name in COUNTERS:
+            setattr(self, name, state[name])

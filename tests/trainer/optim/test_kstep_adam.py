@@ -10,7 +10,8 @@ import torch
 from storage.embedding.memory import MemoryStore
 from tests.helpers.ranks import cpu_trainer_config, run_ranks
 from trainer.data import Batch
-from trainer.distributed.comm import ShardedEmbedding, init_distributed
+from trainer.distributed.context import init_distributed
+from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 from trainer.optim.kstep_adam import KStepAdam
@@ -46,7 +47,7 @@ def _k1_rank(rank: int, world: int, out_dir: str) -> None:
     ctx = init_distributed(cpu_trainer_config())
     try:
         model = _model()
-        opt = KStepAdam(model.parameters(), ctx, k=1, lr=0.01)
+        opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01)
         store = MemoryStore(DIM, init_std=0.1)
         sparse = ShardedEmbedding(store, ctx, lr=0.05)
         for step in range(1, STEPS + 1):
@@ -64,7 +65,7 @@ def test_k1_equals_one_process_adam_on_concatenated_batches(tmp_path: Path, free
     run_ranks(_k1_rank, world, free_port, str(tmp_path))
     ctx = init_distributed(cpu_trainer_config())  # world of one
     model = _model()
-    opt = KStepAdam(model.parameters(), ctx, k=1, lr=0.01)
+    opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01)
     store = MemoryStore(DIM, init_std=0.1)
     sparse = ShardedEmbedding(store, ctx, lr=0.05)
     for step in range(1, STEPS + 1):
@@ -91,7 +92,7 @@ def _kstep_rank(rank: int, world: int, out_dir: str) -> None:
     ctx = init_distributed(cpu_trainer_config())
     try:
         model = _model()
-        opt = KStepAdam(model.parameters(), ctx, k=2, lr=0.01)
+        opt = KStepAdam(model.named_parameters(), ctx, k=2, lr=0.01)
         sparse = ShardedEmbedding(MemoryStore(DIM), ctx, lr=0.05)
         train_step(model, sparse, opt, _batch(rank, 1), step=1)
         assert not opt.maybe_merge(1)
@@ -128,24 +129,44 @@ def test_kstep_merge_averages_params_and_both_moments(tmp_path: Path, free_port:
 def test_state_tensors_round_trip_continues_the_step() -> None:
     ctx = init_distributed(cpu_trainer_config())
     model = _model()
-    names = {p: n for n, p in model.named_parameters()}
-    opt = KStepAdam(model.parameters(), ctx, k=4, lr=0.01)
+    names = [n for n, _ in model.named_parameters()]
+    opt = KStepAdam(model.named_parameters(), ctx, k=4, lr=0.01)
     sparse = ShardedEmbedding(MemoryStore(DIM), ctx, lr=0.05)
     for step in (1, 2):
         train_step(model, sparse, opt, _batch(0, step), step=step)
-    saved = opt.state_tensors(names)
-    assert int(saved["step"][0]) == 2 and set(saved) == {"step"} | {f"{n}.{m}" for n in names.values() for m in ("exp_avg", "exp_avg_sq")}
+    saved = opt.state_tensors()
+    assert int(saved["step"][0]) == 2 and set(saved) == {"step"} | {f"{n}.{m}" for n in names for m in ("exp_avg", "exp_avg_sq")}
     other = _model()
-    opt2 = KStepAdam(other.parameters(), ctx, k=4, lr=0.01)
-    opt2.load_state_tensors(saved, {p: n for n, p in other.named_parameters()})
+    opt2 = KStepAdam(other.named_parameters(), ctx, k=4, lr=0.01)
+    opt2.load_state_tensors(saved)
     for (n, p), q in zip(model.named_parameters(), other.parameters(), strict=True):
         torch.testing.assert_close(opt.adam.state[p]["exp_avg_sq"], opt2.adam.state[q]["exp_avg_sq"], msg=n)
         assert float(opt2.adam.state[q]["step"]) == 2.0
+    # a saved model without the moments of a parameter does not fit: no silent zeros
+    with pytest.raises(ValueError, match=r"optimizer state lacks \['bias.exp_avg', 'bias.exp_avg_sq'\]"):
+        opt2.load_state_tensors({k: v for k, v in saved.items() if not k.startswith("bias.")})
+
+
+def test_state_dict_carries_the_moments_and_the_counters_across_a_restart() -> None:
+    ctx = init_distributed(cpu_trainer_config())
+    model = _model()
+    opt = KStepAdam(model.named_parameters(), ctx, k=4, lr=0.01)
+    sparse = ShardedEmbedding(MemoryStore(DIM), ctx, lr=0.05)
+    train_step(model, sparse, opt, _batch(0, 1), step=1)
+    opt.merges, opt.sync_bytes, opt.sync_seconds = 3, 1234, 0.5  # what a multi-rank run would have counted
+    state = opt.state_dict()
+    restarted = KStepAdam(_model().named_parameters(), ctx, k=4, lr=0.01)
+    restarted.load_state_dict(state)
+    assert (restarted.steps, restarted.merges, restarted.sync_bytes, restarted.sync_seconds) == (1, 3, 1234, 0.5)
+    for name, t in restarted.state_dict()["moments"].items():
+        assert torch.equal(t, state["moments"][name]), name
+    with pytest.raises(ValueError, match=r"optimizer state lacks \['merges'\]"):
+        restarted.load_state_dict({k: v for k, v in state.items() if k != "merges"})
 
 
 def test_k_must_be_positive() -> None:
     with pytest.raises(ValueError, match="k_steps"):
-        KStepAdam(_model().parameters(), init_distributed(cpu_trainer_config()), k=0, lr=0.01)
+        KStepAdam(_model().named_parameters(), init_distributed(cpu_trainer_config()), k=0, lr=0.01)
 
 
 def test_multi_tensor_adam_takes_the_per_tensor_loops_steps() -> None:
@@ -155,12 +176,12 @@ def test_multi_tensor_adam_takes_the_per_tensor_loops_steps() -> None:
     ctx = init_distributed(cpu_trainer_config())
     ours, ref = _model(), _model()
     names = {p: n for n, p in ours.named_parameters()}
-    opt = KStepAdam(ours.parameters(), ctx, k=1, lr=0.01, weight_decay=0.01)
+    opt = KStepAdam(ours.named_parameters(), ctx, k=1, lr=0.01, weight_decay=0.01)
     assert opt.adam.defaults["foreach"] is True
     loop = torch.optim.Adam(ref.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False)
     g = torch.Generator().manual_seed(3)
     warm = {f"{n}.{m}": torch.rand(p.shape, generator=g) * 1e-3 for p, n in names.items() for m in ("exp_avg", "exp_avg_sq")}
-    opt.load_state_tensors({**warm, "step": torch.tensor([5])}, names)
+    opt.load_state_tensors({**warm, "step": torch.tensor([5])})
     for n, p in ref.named_parameters():
         loop.state[p] = {"step": torch.tensor(5.0), "exp_avg": warm[f"{n}.exp_avg"].clone(),
                          "exp_avg_sq": warm[f"{n}.exp_avg_sq"].clone()}

@@ -1,0 +1,184 @@
+"""One training step: nothing of a step with a non-finite loss is applied; with bags of keys the fixed and
+bag keys are pulled together and the pushed row gradients are those of a plain torch reference; 2 gloo
+ranks train the same model as 1 rank on the concatenated batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from storage.embedding.memory import MemoryStore
+from tests.helpers.bags import (
+    BAG_FIELD,
+    MISSING,
+    D,
+    V,
+    bag_model,
+    field_bags,
+    random_bag_batch,
+    reference_emb,
+)
+from tests.helpers.ranks import cpu_trainer_config, run_ranks
+from trainer.bags import FieldBags
+from trainer.data import Batch
+from trainer.distributed.context import init_distributed
+from trainer.distributed.routing import unique_keys
+from trainer.distributed.sharded_embedding import Pulled, ShardedEmbedding
+from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
+from trainer.optim.kstep_adam import KStepAdam
+from trainer.train import NonFiniteLossError, train_step
+
+
+def test_non_finite_loss_raises_naming_the_step_before_any_update() -> None:
+    ctx = init_distributed(cpu_trainer_config())
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=1, num_fields=2, dim=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    store = MemoryStore(2)
+    opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.1)
+    batch = Batch(labels=torch.ones(3), dense=torch.tensor([[0.0], [float("nan")], [1.0]]), keys=torch.tensor([[1, 2]] * 3))
+    with pytest.raises(NonFiniteLossError, match="at step 7"):
+        train_step(model, ShardedEmbedding(store, ctx, lr=0.1), opt, batch, step=7)
+    assert len(store) == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ---- one step with bags --------------------------------------------------------------------------
+
+
+class _TableSparse:
+    """The pull/push contract of `ShardedEmbedding` over one in-memory table, recording what is pushed."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table, self.dim = table, table.shape[1]
+        self.ctx = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=1)
+        self.pulls: list[torch.Tensor] = []
+        self.pushed = torch.zeros_like(table)
+
+    def pull(self, keys: torch.Tensor) -> Pulled:
+        self.pulls.append(keys.clone())
+        return Pulled(self.table[keys].clone(), *unique_keys(keys))
+
+    def push(self, pulled: Pulled, grads: torch.Tensor) -> None:
+        self.pushed.index_add_(0, pulled.unique[pulled.inverse], grads)  # duplicates summed, as the owners do
+
+
+@pytest.mark.parametrize(
+    ("mode", "arch", "l2"), [("mean", "attention", 0.0), ("sum", "attention", 0.3), ("mean", "dnn", 0.3)]
+)
+def test_a_training_step_pushes_the_row_gradients_of_the_plain_torch_reference(mode: str, arch: str, l2: float) -> None:
+    torch.manual_seed(3)
+    keys, lists = random_bag_batch(2)
+    batch = Batch(labels=torch.tensor([1.0, 0, 1, 0, 0, 1]), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),))
+    table = torch.randn(V, D)
+
+    ref_model, ref_table = bag_model(mode, arch), nn.Parameter(table.clone())
+    emb = reference_emb(ref_table, keys, lists, mode)
+    loss = F.binary_cross_entropy_with_logits(ref_model(batch.dense, emb), batch.labels)
+    # embedding L2: (l2 / 2) * mean_b sum_f sum_(k in cell) w_k ||e_k||^2, w_k = 1 / |bag| under mean pooling
+    w = [[1.0 / max(len(x), 1) if mode == "mean" else 1.0] * len(x) for x in lists]
+    for b in range(6):
+        for f in range(3):
+            members = lists[b] if f == BAG_FIELD and lists[b] else [int(keys[b, f])]
+            weights = w[b] if f == BAG_FIELD and lists[b] else [1.0]
+            loss = loss + l2 / 2 / 6 * sum(
+                wk * ref_table[k].pow(2).sum() for k, wk in zip(members, weights, strict=True)
+            )
+    loss.backward()
+
+    model, sparse = bag_model(mode, arch), _TableSparse(table.clone())
+    train_step(model, sparse, torch.optim.SGD(model.parameters(), lr=0.0), batch, step=1, embedding_l2=l2)  # type: ignore[arg-type]
+    assert len(sparse.pulls) == 1  # the fixed keys and the bag keys in one pull
+    assert set(sparse.pulls[0].tolist()) == set(keys[:, [0, 2]].reshape(-1).tolist()) | {
+        k for x in lists for k in x
+    } | {MISSING}
+    torch.testing.assert_close(sparse.pushed, ref_table.grad, rtol=1e-5, atol=1e-7)
+    for (name, p), ref in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, ref.grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_bag_pooling_none_trains_on_the_first_keys_as_before() -> None:
+    keys, lists = random_bag_batch(4)
+    batch = Batch(labels=torch.ones(6), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),))
+    sparse = _TableSparse(torch.randn(V, D))
+    model = bag_model("none")
+    train_step(model, sparse, torch.optim.SGD(model.parameters(), lr=0.0), batch, step=1)  # type: ignore[arg-type]
+    assert sparse.pulls[0].tolist() == keys.reshape(-1).tolist()
+
+
+# ---- 2 gloo ranks = 1 rank on the concatenated batches --------------------------------------------
+
+STEPS, B_RANK = 3, 6
+
+
+def _rank_batch(rank: int, step: int) -> Batch:
+    keys, lists = random_bag_batch(1000 * step + rank, B=B_RANK)
+    g = torch.Generator().manual_seed(step * 31 + rank)
+    return Batch(
+        labels=torch.randint(0, 2, (B_RANK,), generator=g).float(),
+        dense=torch.rand(B_RANK, 2, generator=g),
+        keys=keys,
+        bags=(field_bags(lists),),
+    )
+
+
+def _concat(batches: list[Batch]) -> Batch:
+    bags = [b.bags[0] for b in batches]
+    shifts = np.cumsum([0] + [int(x.values.numel()) for x in bags[:-1]])
+    offsets = torch.cat([bags[0].offsets[:1]] + [x.offsets[1:] + int(s) for x, s in zip(bags, shifts, strict=True)])
+    return Batch(
+        *(torch.cat([getattr(b, f) for b in batches]) for f in ("labels", "dense", "keys")),
+        bags=(FieldBags(BAG_FIELD, torch.cat([x.values for x in bags]), offsets),),
+    )
+
+
+def _train(rank: int, world: int, ctx) -> tuple[CTRModel, MemoryStore]:
+    model = bag_model("mean")
+    opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01)
+    store = MemoryStore(D, init_std=0.1)
+    sparse = ShardedEmbedding(store, ctx, lr=0.05)
+    for step in range(1, STEPS + 1):
+        batch = _rank_batch(rank, step) if world > 1 else _concat([_rank_batch(r, step) for r in range(2)])
+        train_step(model, sparse, opt, batch, step=step, embedding_l2=0.1)
+    return model, store
+
+
+def _bag_rank(rank: int, world: int, out_dir: str) -> None:
+    ctx = init_distributed(cpu_trainer_config())
+    try:
+        model, store = _train(rank, world, ctx)
+        owned = torch.arange(V)[torch.arange(V) % world == rank]
+        torch.save(
+            {"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows}, Path(out_dir) / f"r{rank}.pt"
+        )
+    finally:
+        ctx.destroy()
+
+
+@pytest.mark.distributed
+def test_two_ranks_with_bags_train_what_one_rank_trains_on_the_concatenated_batches(
+    tmp_path: Path, free_port: int
+) -> None:
+    run_ranks(_bag_rank, 2, free_port, str(tmp_path))
+    model, store = _train(0, 1, init_distributed(cpu_trainer_config()))
+    start = bag_model("mean").state_dict()
+    for r in range(2):
+        got = torch.load(tmp_path / f"r{r}.pt")
+        torch.testing.assert_close(got["rows"], store.lookup(got["keys"]).rows, rtol=1e-5, atol=1e-6)
+        for name, want in model.state_dict().items():
+            have = got["state"][name]
+            if name.endswith("in_proj_bias"):  # the key bias: see test_kstep_adam (its true gradient is 0)
+                have, want = torch.cat([have[:D], have[2 * D :]]), torch.cat([want[:D], want[2 * D :]])
+            torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    assert any(not torch.equal(model.state_dict()[n], start[n]) for n in start)  # it did train
+    bag_keys = torch.tensor(
+        sorted({k for r in range(2) for s in range(1, STEPS + 1) for k in _rank_batch(r, s).bags[0].values.tolist()})
+    )
+    assert not torch.equal(store.lookup(bag_keys).rows, MemoryStore(D, init_std=0.1).lookup(bag_keys).rows)  # bag rows trained
