@@ -172,7 +172,7 @@ def run_project(url: str, root: Path, rows: int, ingest: IngestConfig, workers: 
         cpu_s = sum(c - cpu0[w] for w, c in client.run(time.process_time).items())
     if r.rows_written != rows:
         raise RuntimeError(f"ingest wrote {r.rows_written} rows, expected {rows}")
-    manifest = json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
+    manifest = json.loads((Path(Layout(str(root)).events(DATE)) / "_SUCCESS.json").read_text())
     return {
         "seconds": seconds,
         "cpu_s": cpu_s,

@@ -64,7 +64,7 @@ def write_events(root: Path, dates: list[str], rows: int, new_share: float, seed
     """Committed events for `dates`: `new_share` of each field's values are unique to the day."""
     schema = CRITEO.events_schema()
     for d, date in enumerate(dates):
-        out = root / "events" / f"date={date}"
+        out = Path(Layout(str(root)).events(date))
         out.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng([seed, d])
         parts = []
@@ -156,13 +156,13 @@ def main(argv: list[str] | None = None) -> None:
                 return build_vocab(d, layout=Layout(str(work)), vocab=cfg, fmt="criteo", client=client, **kw)
 
             def manifest() -> dict:
-                return read_json(fs, str(work / "vocab" / f"date={dates[-1]}" / "_SUCCESS.json"))
+                return read_json(fs, f"{Layout(str(work)).vocab(dates[-1])}/_SUCCESS.json")
 
             scratch_dir = work / "scratch-counts"
             scratch_dir.mkdir()
 
             def count(days: list[str]) -> int:
-                paths = sorted(str(p) for d in days for p in (work / "events" / f"date={d}").glob("part-*.parquet"))
+                paths = sorted(str(p) for d in days for p in Path(Layout(str(work)).events(d)).glob("part-*.parquet"))
                 outs = [str(scratch_dir / f"part-{i:05d}.parquet") for i in range(len(paths))]
                 return sum(client.gather(client.map(count_part, paths, outs, fs=fs, fields=list(CRITEO.categorical),
                                                     pure=False)))  # fmt: skip

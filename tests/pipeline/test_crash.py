@@ -11,12 +11,15 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from pipeline.config import IngestConfig, VocabConfig
 from pipeline.ingest_stage import read_quarantine
 from storage.io.layout import Layout
 from tests.helpers.procs import REPO
 from tests.helpers.stage_runs import StageConfigs, run_stages, stage_command
+
+pytestmark = pytest.mark.slow  # kills processes mid-write: minutes, not seconds
 
 DATES = ("2026-01-01", "2026-01-02")
 STAGES = ("events", "quarantine", "vocab", "features")

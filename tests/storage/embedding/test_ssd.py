@@ -306,6 +306,7 @@ def _replay(upto: int) -> MemoryStore:
     return ref
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_restores_last_snapshot_exactly(tmp_path) -> None:
     rng = np.random.default_rng(int(os.environ.get("FAULT_SEED", "0")))
     shard, snaps = tmp_path / "shard", tmp_path / "snaps"

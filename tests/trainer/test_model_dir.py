@@ -1,4 +1,5 @@
-"""A config change that reshapes the model starts the affected part cold instead of failing every day."""
+"""`trainer.model_dir.warm_start`: a config change that reshapes the model starts the affected part cold
+instead of failing every day."""
 
 from dataclasses import replace
 
