@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from flows.alerts import AlertsConfig
+from flows.check_config import ChecksConfig
 from flows.gate import PublishConfig
 from pipeline.config import (
     DaskConfig,
@@ -51,7 +53,9 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     het: HetConfig = field(default_factory=HetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     def __post_init__(self) -> None:
         if not self.root:

@@ -37,7 +37,7 @@ def empty_stats(schema: LogSchema) -> dict[str, Any]:
     return {
         "rows": 0,
         "clicks": 0,
-        "missing": {name: 0 for name in (*schema.dense, *schema.categorical)},
+        "missing": dict.fromkeys((*schema.dense, *schema.categorical), 0),
         "dense_hist": {name: [0] * BINS for name in schema.dense},
     }
 

@@ -46,8 +46,8 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import infer_compression
 
 from pipeline.config import IngestConfig, InputConfig
-from pipeline.ingest_error import IngestError
 from pipeline.day_stats import add_stats, empty_stats
+from pipeline.ingest_error import IngestError
 from pipeline.ingest_tasks import FileTask, count_newlines, ingest_file
 from pipeline.input_wait import wait_for_input
 from pipeline.parse import QUARANTINE_SCHEMA

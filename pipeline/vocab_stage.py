@@ -46,7 +46,12 @@ from pipeline.vocab_buckets import auto_buckets
 from pipeline.vocab_cap import CapSearch
 from pipeline.vocab_dates import day_number
 from pipeline.vocab_parts import SCRATCH, Bucketed, scratch
-from pipeline.vocab_report import FieldTotals, day_field_stats, report_markdown, stats_from_totals
+from pipeline.vocab_report import (
+    FieldTotals,
+    day_field_stats,
+    report_markdown,
+    stats_from_totals,
+)
 from pipeline.vocab_tasks import (
     BucketResult,
     MergePlan,
