@@ -166,8 +166,8 @@ def _worst_rise(today: dict[str, float], past: list[dict[str, float]], limit: fl
     worst = max(rises, key=lambda k: rises[k])
     if over:
         return True, rises[worst], limit, f"{what} rose by more than {limit:.0%} in {', '.join(over)} " \
-                                           f"({worst}: {today[worst]:.2%}, +{rises[worst]:.2%})"
-    return False, rises[worst], limit, f"largest rise of the {what}: {worst} +{rises[worst]:.2%} (limit +{limit:.0%})"
+                                           f"({worst}: {today[worst]:.2%}, {rises[worst]:+.2%})"
+    return False, rises[worst], limit, f"largest rise of the {what}: {worst} {rises[worst]:+.2%} (limit +{limit:.0%})"
 
 
 def _psi_check(today: dict[str, list[int]], past: list[dict[str, list[int]]], limit: float) -> tuple[bool, float, float, str]:

@@ -49,7 +49,7 @@ def chunk_stats(events: pa.Table, schema: LogSchema) -> dict[str, Any]:
     if not events.num_rows:
         return out
     out["clicks"] = int(pc.sum(events.column("label")).as_py() or 0)
-    for name in (*schema.dense, *schema.categorical):
+    for name in schema.categorical:
         col = events.column(name)
         missing = col.null_count
         if name in schema.multi_separator:  # an empty list is missing too
@@ -57,8 +57,9 @@ def chunk_stats(events: pa.Table, schema: LogSchema) -> dict[str, Any]:
         out["missing"][name] = int(missing)
     for name in schema.dense:
         values = events.column(name).to_numpy()  # float32, NaN where missing
+        out["missing"][name] = missing = int(np.isnan(values).sum())
         hist = np.bincount(np.searchsorted(_RAW_EDGES, values), minlength=BINS)
-        hist[-1] -= out["missing"][name]  # NaN sorts past every edge
+        hist[-1] -= missing  # NaN sorts past every edge
         out["dense_hist"][name] = hist.tolist()
     return out
 
