@@ -146,9 +146,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         cfg = with_overrides(cfg, {"publish.allow_older": True})
     _prefect_defaults()
-    from flows.daily import daily_retrain, record_of
+    from flows.daily import daily_retrain, model_tags, record_of
 
-    state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
+    with model_tags(cfg):
+        state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
     record = record_of(state, cfg.layout(), args.date)
     if record:
         print(format_table([record]))
@@ -164,10 +165,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     date_range(args.start, args.end)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
-    from flows.daily import backfill
+    from flows.daily import backfill, model_tags
     from flows.record import read_record
 
-    state = backfill(args.start, args.end, config=cfg.to_dict(), force=args.force, return_state=True)
+    with model_tags(cfg):
+        state = backfill(args.start, args.end, config=cfg.to_dict(), force=args.force, return_state=True)
     layout = cfg.layout()
     records = [r for d in date_range(args.start, args.end) if (r := read_record(layout, d))]
     if records:
@@ -195,11 +197,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
 
-    from flows.daily import daily_retrain, record_of
+    from flows.daily import daily_retrain, model_tags, record_of
 
     records = []
     for date in date_range(DEMO_START, end):
-        state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
+        with model_tags(cfg):
+            state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
         record = record_of(state, cfg.layout(), date)
         if record:
             records.append(record)

@@ -6,8 +6,10 @@ retry can succeed: transient I/O) and warm -> publish inside the model's Prefect
 record.  A refused publish ends the flow in a `Failed` state named `PublishRefused`, a day stopped by a
 data check in one named `DataCheckFailed` (not green, visible in the UI, alerted on: `flows.alerts`);
 the state's data is the record and its message names the model, the date and the reason.  A run that
-raises fails with `DailyRunError` naming the same.  The flow run carries the tag `model:<name>`,
-which the model's automations match.
+raises fails with `DailyRunError` naming the same.  The model's automations match flow runs by the tag
+`model:<name>`, which a run must carry from its creation (Prefect reads a run's tags once, for its
+first event): the model's deployments carry it, and `ctrpipe run`, `ctrpipe demo` and `backfill`
+start their runs inside `model_tags(cfg)`.
 """
 
 from __future__ import annotations
@@ -118,7 +120,6 @@ def daily_retrain(
     """
     date = resolve_date(date, _scheduled_time())
     cfg = _config(config, overrides)
-    _tag_this_run(f"model:{cfg.model_name}", f"date:{date}")
     with tags(f"date:{date}", f"model:{cfg.model_name}"):
         try:
             day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot)
@@ -134,18 +135,9 @@ def daily_retrain(
     return record.to_dict()
 
 
-def _tag_this_run(*new: str) -> None:
-    """Add `new` to this flow run's tags, however it was started (a deployment, `ctrpipe run`, a backfill),
-    so that its state events carry them and the model's automations match it (`flows.alerts`)."""
-    from prefect.client.orchestration import get_client
-
-    run_id = flow_run.get_id()
-    if run_id is None:  # called as a plain function (.fn())
-        return
-    with get_client(sync_client=True) as client:
-        current = client.read_flow_run(run_id).tags
-        if missing := [t for t in new if t not in current]:
-            client.update_flow_run(run_id, tags=[*current, *missing])
+def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
+    """Flow runs created inside carry `model:<name>`, which the model's alert automations match."""
+    return tags(f"model:{cfg.model_name}")
 
 
 def _artifact(cfg: RunConfig, r: DayRecord) -> None:
@@ -239,7 +231,8 @@ def backfill(
                     continue
                 if date in ahead:
                     ahead[date].result()
-                state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
+                with model_tags(cfg):
+                    state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
                 record = record_of(state, layout, date)
                 status = record.status if record else "failed"
                 if status == "refused":

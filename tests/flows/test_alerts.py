@@ -29,12 +29,12 @@ def test_a_model_gets_a_failed_run_and_a_missing_run_automation():
     failed, missing = automations("m1", "00000000-0000-0000-0000-000000000001", "dep-id", AlertsConfig())
     assert failed.name == failed_run_automation("m1") == "ctr-m1-run-failed"
     assert failed.trigger.expect == {f"prefect.flow-run.{s}" for s in ALERT_STATES}
-    related = [dict(r) for r in failed.trigger.match_related]
+    related = [r.model_dump() for r in failed.trigger.match_related]
     assert {"prefect.resource.id": "prefect.tag.model:m1", "prefect.resource.role": "tag"} in related
     assert "m1" in failed.actions[0].body and "flow_run.state.message" in failed.actions[0].body
     assert missing.name == missing_run_automation("m1") and missing.trigger.posture == "Proactive"
     assert missing.trigger.within == dt.timedelta(hours=26)
-    assert dict(missing.trigger.match_related) == {"prefect.resource.id": "prefect.deployment.dep-id"}
+    assert missing.trigger.match_related.model_dump() == {"prefect.resource.id": "prefect.deployment.dep-id"}
 
 
 def test_alert_settings_are_validated():
