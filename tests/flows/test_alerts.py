@@ -19,8 +19,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.alerts import ALERT_STATES, AlertsConfig, automations, failed_run_automation, missing_run_automation
-from tests.helpers.prefect_server import BIN, Procs, server_env, start_server, webhook_receiver
+from flows.alerts import (
+    ALERT_STATES,
+    AlertsConfig,
+    automations,
+    failed_run_automation,
+    missing_run_automation,
+)
+from tests.helpers.prefect_server import (
+    BIN,
+    Procs,
+    server_env,
+    start_server,
+    webhook_receiver,
+)
 
 DATE = "2026-04-01"
 

@@ -19,8 +19,8 @@ from flows.config import with_overrides
 from flows.daily import daily_retrain
 from flows.recipes import demo
 from flows.record import read_record
-from storage.io.layout import Layout
 from pipeline.keys import feature_keys
+from storage.io.layout import Layout
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline.ingest_stage import ingest_date
 
 from pipeline.config import IngestConfig, InputConfig, VocabConfig
+from pipeline.ingest_stage import ingest_date
 from pipeline.keys import feature_keys
 from pipeline.schema import CRITEO
 from pipeline.vocab_stage import build_vocab, load_admitted, load_evicted, load_report
