@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import Any
 
 from flows.data_checks import CheckReport
+from flows.history import figure_png
 from storage.io.layout import Layout
 
 SERIES = (
@@ -42,11 +42,7 @@ def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, di
         ax.tick_params(axis="x", rotation=45, labelsize=6)
         ax.grid(alpha=0.3)
     fig.suptitle(f"data checks of {date} against {len(window)} completed day(s) before it")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, dpi=80)
 
 
 def write_checks_png(layout: Layout, date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]],

@@ -29,6 +29,7 @@ from flows.alerts import (
 from tests.helpers.prefect_server import (
     BIN,
     Procs,
+    criteo_config,
     server_env,
     start_server,
     webhook_receiver,
@@ -56,19 +57,7 @@ def test_alert_settings_are_validated():
 
 # ---- a real server -------------------------------------------------------------------------------
 def _config(path: Path, root: Path, raw: Path, name: str, **sections) -> Path:
-    cfg = {
-        "root": str(root), "model_name": name,
-        "input": {"url": str(raw / "day_{date}.tsv"), "format": "criteo"},
-        "dask": {"processes": False, "n_workers": 1},
-        "vocab": {"min_count": 2},
-        "store": {"embedding_dim": 8, "host_budget_mb": 64},
-        "model": {"mlp_dims": [32, 16]},
-        "optim": {"batch_size": 256, "k_steps": 5},
-        "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50, "calibration_range": [0.5, 2.0]},
-    }  # fmt: skip
-    for key, value in sections.items():
-        cfg[key] = {**cfg.get(key, {}), **value}
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(criteo_config(root, raw, model_name=name, **sections)))
     return path
 
 

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.prefect_server import BIN, Procs, server_env, start_server
+from tests.helpers.prefect_server import (
+    BIN,
+    Procs,
+    criteo_config,
+    server_env,
+    start_server,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -45,17 +51,7 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
     root, raw = tmp_path / "root", tmp_path / "raw"
     _write_days(shared_data, raw)
     cfg_file = tmp_path / "config.yaml"
-    cfg_file.write_text(yaml.safe_dump({
-        "root": str(root),
-        "input": {"url": str(raw / "day_{date}.tsv"), "format": "criteo"},
-        "dask": {"processes": False, "n_workers": 1},
-        "vocab": {"min_count": 2},
-        "store": {"embedding_dim": 8, "host_budget_mb": 64},
-        "model": {"mlp_dims": [32, 16]},
-        "optim": {"batch_size": 256, "k_steps": 5},
-        "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50,
-                    "calibration_range": [0.5, 2.0]},  # ~330 eval rows after a dozen steps
-    }))
+    cfg_file.write_text(yaml.safe_dump(criteo_config(root, raw)))
     procs = Procs(tmp_path)
     try:
         client_env = start_server(procs, server_env(tmp_path), free_port)

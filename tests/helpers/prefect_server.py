@@ -80,6 +80,25 @@ def start_server(procs: Procs, env: dict[str, str], port: int) -> dict[str, str]
     return {**env, "PREFECT_API_URL": api}
 
 
+def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
+    """A run config for days cut from the real Criteo sample (`raw/day_D.tsv`): a tiny model, one Dask thread;
+    `sections` are merged into the config's sections."""
+    cfg = {
+        "root": str(root),
+        "input": {"url": str(raw / "day_{date}.tsv"), "format": "criteo"},
+        "dask": {"processes": False, "n_workers": 1},
+        "vocab": {"min_count": 2},
+        "store": {"embedding_dim": 8, "host_budget_mb": 64},
+        "model": {"mlp_dims": [32, 16]},
+        "optim": {"batch_size": 256, "k_steps": 5},
+        "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50,
+                    "calibration_range": [0.5, 2.0]},  # ~330 eval rows after a dozen steps
+    }  # fmt: skip
+    for key, value in sections.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+    return cfg
+
+
 class Receiver:
     """The JSON bodies POSTed to a webhook, in arrival order."""
 
