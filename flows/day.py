@@ -31,6 +31,7 @@ from flows.record import DayRecord, read_record, recent_records, write_record
 from flows.state import DayState, read_published
 from pipeline.cluster import dask_client
 from storage.io.dates import validate_date
+from storage.io.layout import Layout
 
 log = logging.getLogger("ctrpipe")
 
@@ -134,7 +135,7 @@ def run_day(
     return _finish(layout, day_record(state, seconds))
 
 
-def _finish(layout: Any, record: DayRecord) -> DayRun:
+def _finish(layout: Layout, record: DayRecord) -> DayRun:
     write_record(layout, record)
     write_history_png(layout, record.date, recent_records(layout, record.date, HISTORY_DAYS))
     return DayRun(record, ran=True)

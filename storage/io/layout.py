@@ -180,10 +180,6 @@ class Layout:
     def run(self, date: str) -> str:
         return self._under("runs", self.model_name, dated_name(date))
 
-    def runs(self) -> str:
-        """The folder holding every `date=D` run of this model."""
-        return self._under("runs", self.model_name)
-
     def run_record(self, date: str) -> str:
         """`metrics.json`: what the day's run did."""
         return fsio.join(self.run(date), "metrics.json")
