@@ -2,11 +2,11 @@
 
     ctrpipe demo [--root DIR] [--days N]
     ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D]
-    ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force]
+    ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force] [--allow-older]
     ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
     ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu] [--config FILE] [--set ...]
     ctrpipe models list|show VERSION|rollback VERSION [--config FILE] [--set ...]
-    ctrpipe deploy [--pool NAME] [--cron CRON] [--config FILE] [--set ...]
+    ctrpipe deploy [--pool NAME] [--cron CRON] [--config FILE] [--set ...] [--no-alerts]
     ctrpipe serve [--cron CRON] [--config FILE] [--set ...]
     ctrpipe warm-node --spec URL --out FILE --nnodes N --my-addr ADDR --all-addrs A,B,...
 """
@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="one daily retrain through the Prefect flow")
     p.add_argument("--date", required=True)
     p.add_argument("--force", action="store_true", help="redo the date even if it completed")
+    p.add_argument("--allow-older", action="store_true",
+                   help="let a model trained on a date older than LATEST's become LATEST (publish.allow_older)")
     _add_config_args(p)
 
     p = sub.add_parser("backfill", help="the daily flow for each date in a range, in order")
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default="ctr-process", help="work pool (created as a process pool if missing)")
     p.add_argument("--cron", default="0 2 * * *", help="schedule of the daily deployment (UTC)")
     p.add_argument("--source", default=None, help="code folder the worker runs from (default: this checkout)")
+    p.add_argument("--no-alerts", action="store_true", help="create no alert automations (see the alerts section)")
     _add_config_args(p)
 
     p = sub.add_parser("serve", help="serve the deployments from this process (no worker needed)")
@@ -138,16 +141,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     validate_date(args.date)  # fail before Prefect starts
     cfg = _load(args)
-    _prefect_defaults()
-    from flows.daily import daily_retrain, record_of
+    if args.allow_older:
+        from flows.config import with_overrides
 
-    state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
+        cfg = with_overrides(cfg, {"publish.allow_older": True})
+    _prefect_defaults()
+    from flows.daily import daily_retrain, model_tags, record_of
+
+    with model_tags(cfg):
+        state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
     record = record_of(state, cfg.layout(), args.date)
     if record:
         print(format_table([record]))
     if not state.is_completed():
         print(f"daily-retrain {args.date}: {state.name}: {state.message}", file=sys.stderr)
-        return 2 if record and record.status == "refused" else 1
+        return 2 if record and record.status in ("refused", "check_failed") else 1  # 2: a guard said no
     return 0
 
 
@@ -157,10 +165,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     date_range(args.start, args.end)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
-    from flows.daily import backfill
+    from flows.daily import backfill, model_tags
     from flows.record import read_record
 
-    state = backfill(args.start, args.end, config=cfg.to_dict(), force=args.force, return_state=True)
+    with model_tags(cfg):
+        state = backfill(args.start, args.end, config=cfg.to_dict(), force=args.force, return_state=True)
     layout = cfg.layout()
     records = [r for d in date_range(args.start, args.end) if (r := read_record(layout, d))]
     if records:
@@ -188,11 +197,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
 
-    from flows.daily import daily_retrain, record_of
+    from flows.daily import daily_retrain, model_tags, record_of
 
     records = []
     for date in date_range(DEMO_START, end):
-        state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
+        with model_tags(cfg):
+            state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
         record = record_of(state, cfg.layout(), date)
         if record:
             records.append(record)
@@ -248,7 +258,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     config = cfg.to_dict()
     if redacted(config) != config:
         raise ValueError("config holds credential-like values; put credentials in the environment, not in deployments")
-    ids = deploy_all(config, pool=args.pool, cron=args.cron, source=args.source or REPO)
+    ids = deploy_all(config, pool=args.pool, cron=args.cron, source=args.source or REPO, alerts=not args.no_alerts)
     for name, dep_id in ids.items():
         print(f"deployed {name}: {dep_id}")
     print(f"start a worker: prefect worker start --pool {args.pool}")
@@ -294,13 +304,14 @@ def format_table(records: list[Any]) -> str:
         rows.append((
             r.date, str(r.rows_ingested), str(r.rows_quarantined), str(r.vocab_size), str(r.rows_train),
             str(r.rows_eval), "-" if r.auc is None else f"{r.auc:.4f}", "-" if r.logloss is None else f"{r.logloss:.4f}",
-            {"published": "yes", "refused": "REFUSED"}.get(r.status, r.status), str(r.model_version or "-"),
+            {"published": "yes", "refused": "REFUSED", "check_failed": "STOPPED"}.get(r.status, r.status),
+            str(r.model_version or "-"),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = "\n".join(lines)
-    refused = [f"  {r.date}: {r.status}: {r.reason}" for r in records if r.status in ("refused", "failed")]
+    refused = [f"  {r.date}: {r.status}: {r.reason}" for r in records if r.status in ("refused", "check_failed", "failed")]
     return out + ("\n" + "\n".join(refused) if refused else "")
 
 

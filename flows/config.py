@@ -7,12 +7,16 @@ values raise `ConfigError` naming the key, so a typo never silently falls back t
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from flows.alerts import AlertsConfig
+from flows.check_config import ChecksConfig
 from flows.gate import PublishConfig
 from pipeline.config import (
     DaskConfig,
@@ -49,7 +53,9 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     het: HetConfig = field(default_factory=HetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -64,11 +70,22 @@ class RunConfig:
             )
 
     def layout(self) -> Layout:
-        """Where this run's outputs live (`storage.io.layout`)."""
-        return Layout(self.root, self.model_name, self.storage_options, self.store.local_dir)
+        """Where this run's outputs live (`storage.io.layout`).
+
+        The vocabulary and the features are filed under digests of the config they depend on, so two
+        models on one root share them exactly when those configs are equal.
+        """
+        vocab_key = _digest({"format": self.input.format, "vocab": codec.encode(self.vocab)})
+        features_key = _digest({"vocab": vocab_key, "encode": codec.encode(self.encode)})
+        return Layout(self.root, self.model_name, self.storage_options, self.store.local_dir,
+                      vocab_key=vocab_key, features_key=features_key)
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)
+
+
+def _digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def load_config(

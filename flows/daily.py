@@ -3,8 +3,13 @@
 `daily_retrain` is `flows.day.run_day` with each stage run as a Prefect task (retried only where a
 retry can succeed: transient I/O) and warm -> publish inside the model's Prefect concurrency slot
 (`flows.locks`), so two runs never train or publish the same model at once.  It returns the day's
-record; a refused publish ends the flow in a `Failed` state named `PublishRefused` (not green,
-visible in the UI) whose data is the record.
+record.  A refused publish ends the flow in a `Failed` state named `PublishRefused`, a day stopped by a
+data check in one named `DataCheckFailed` (not green, visible in the UI, alerted on: `flows.alerts`);
+the state's data is the record and its message names the model, the date and the reason.  A run that
+raises fails with `DailyRunError` naming the same.  The model's automations match flow runs by the tag
+`model:<name>`, which a run must carry from its creation (Prefect reads a run's tags once, for its
+first event): the model's deployments carry it, and `ctrpipe run`, `ctrpipe demo` and `backfill`
+start their runs inside `model_tags(cfg)`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ from storage.io.progress import Bar
 
 class BackfillError(RuntimeError):
     """A date of a backfill failed; the message lists what completed before it."""
+
+
+class DailyRunError(RuntimeError):
+    """A stage of a daily run raised; the message names the model, the date and the stage's error."""
+
+
+GUARD_STATES = {"refused": "PublishRefused", "check_failed": "DataCheckFailed"}
+"""The `Failed` states a run stopped by the publish gate or a data check ends in, by record status."""
 
 
 def _transient(task_: Any, task_run: Any, state: Any) -> bool:
@@ -108,14 +121,23 @@ def daily_retrain(
     date = resolve_date(date, _scheduled_time())
     cfg = _config(config, overrides)
     with tags(f"date:{date}", f"model:{cfg.model_name}"):
-        day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot)
+        try:
+            day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot)
+        except Exception as exc:
+            raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}") from exc
     record = day.record
     if day.ran:
         _artifact(cfg, record)
-    if record.status == "refused":
-        return Failed(name="PublishRefused", message=f"model {record.model_version} for {date} refused: "
+    if record.status in GUARD_STATES:
+        what = f"version {record.model_version} refused" if record.status == "refused" else "stopped before training"
+        return Failed(name=GUARD_STATES[record.status], message=f"model {cfg.model_name}, {date}: {what}: "
                       f"{record.reason}", data=record.to_dict())
     return record.to_dict()
+
+
+def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
+    """Flow runs created inside carry `model:<name>`, which the model's alert automations match."""
+    return tags(f"model:{cfg.model_name}")
 
 
 def _artifact(cfg: RunConfig, r: DayRecord) -> None:
@@ -134,15 +156,35 @@ def _artifact(cfg: RunConfig, r: DayRecord) -> None:
         ("model version", f"{r.model_version} (LATEST = {r.latest_version})"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    chart = cfg.layout().run_history(r.date)
+    layout = cfg.layout()
     create_markdown_artifact(
-        key=f"daily-retrain-{r.date}",
+        key=f"daily-retrain-{cfg.model_name}-{r.date}".lower().replace("_", "-").replace(".", "-"),
         markdown=(
-            f"# Daily retrain {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
-            f"AUC and logloss over the last {HISTORY_DAYS} days: `{chart}`\n"
+            f"# Daily retrain of {cfg.model_name}, {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
+            f"{checks_markdown(r)}\n\n"
+            f"AUC and logloss over the last {HISTORY_DAYS} days: `{layout.run_history(r.date)}`; "
+            f"the checked data series: `{layout.run_checks_chart(r.date)}`\n"
         ),
-        description=f"Daily retrain {r.date}: {r.status}",
+        description=f"Daily retrain of {cfg.model_name}, {r.date}: {r.status}",
     )
+
+
+def checks_markdown(r: DayRecord) -> str:
+    """The data checks and the publish gate's checks of a record as markdown tables."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    lines = [f"## Data checks ({r.checks_note or f'against {len(r.checks_window)} completed day(s)'})", "",
+             "| check | status | value | threshold | detail |", "|---|---|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {cell(c['value'])} | {cell(c['threshold'])} | {c['detail']} |"
+              for c in r.checks]
+    if r.gate:
+        lines += ["", "## Publish gate", "", "| check | passed | value | threshold | detail |", "|---|---|---|---|---|"]
+        lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
+                  f"| {c['detail']} |" for c in r.gate]
+    return "\n".join(lines)
 
 
 def record_of(state: Any, layout: Any, date: str) -> DayRecord | None:
@@ -189,7 +231,8 @@ def backfill(
                     continue
                 if date in ahead:
                     ahead[date].result()
-                state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
+                with model_tags(cfg):
+                    state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
                 record = record_of(state, layout, date)
                 status = record.status if record else "failed"
                 if status == "refused":

@@ -1,8 +1,12 @@
 """`run_day(cfg, date)`: one date's run, stage after stage, with or without Prefect.
 
     ingest -> vocab -> encode           on one Dask client (pipeline/)
+    checks                              the day's data against the trailing window (flows.data_checks)
     [model slot]  read LATEST once -> warm -> train -> evaluate -> publish
-    -> runs/date=D/metrics.json (the day's record) and history.png
+    -> runs/<model>/date=D/metrics.json (the day's record) and history.png
+
+A failed data check stops the day before the slot: its record says `check_failed` (not completed,
+so the day runs again once the input is fixed or the check's action is changed).
 
 A date whose record says `completed` is not run again unless `force`; every data stage also skips
 itself when its committed output is already there, so a rerun after a crash resumes at the first
@@ -27,6 +31,7 @@ from flows.record import DayRecord, read_record, recent_records, write_record
 from flows.state import DayState, read_published
 from pipeline.cluster import dask_client
 from storage.io.dates import validate_date
+from storage.io.layout import Layout
 
 log = logging.getLogger("ctrpipe")
 
@@ -53,13 +58,14 @@ DATA_STAGES = (
     Stage("vocab", stages.vocab, retries=2, uses_dask=True),
     Stage("encode", stages.encode, retries=2, uses_dask=True),
 )
+CHECK_STAGE = Stage("checks", stages.checks, retries=0)
 MODEL_STAGES = (
     Stage("warm", stages.warm, retries=2),
     Stage("train", stages.train, retries=1),
     Stage("evaluate", stages.evaluate, retries=2, field="evaluation"),
     Stage("publish", stages.publish, retries=0),
 )
-STAGES = DATA_STAGES + MODEL_STAGES
+STAGES = (*DATA_STAGES, CHECK_STAGE, *MODEL_STAGES)
 
 
 class Runner(Protocol):
@@ -115,6 +121,9 @@ def run_day(
         with dask_client(cfg.dask) as client:
             for stage in DATA_STAGES:
                 step(stage, client=client)
+        step(CHECK_STAGE)
+        if state.need("checks").report.failed:
+            return _finish(layout, check_failed_record(state, seconds))
         with slot(cfg):
             state = replace(state, published=read_published(layout))
             for stage in MODEL_STAGES:
@@ -123,23 +132,41 @@ def run_day(
         write_record(layout, DayRecord(date=date, completed=False, status="failed",
                                        reason=f"{type(exc).__name__}: {exc}", seconds=seconds))
         raise
-    record = day_record(state, seconds)
+    return _finish(layout, day_record(state, seconds))
+
+
+def _finish(layout: Layout, record: DayRecord) -> DayRun:
     write_record(layout, record)
-    write_history_png(layout, date, recent_records(layout, date, HISTORY_DAYS))
+    write_history_png(layout, record.date, recent_records(layout, record.date, HISTORY_DAYS))
     return DayRun(record, ran=True)
+
+
+def _data_fields(state: DayState) -> dict[str, Any]:
+    """The record's fields that the data stages and the checks fill in."""
+    ing, voc, enc, chk = state.need("ingest"), state.need("vocab"), state.need("encode"), state.need("checks")
+    return {
+        "rows_read": ing.rows_read, "rows_ingested": ing.rows_written, "rows_quarantined": ing.rows_quarantined,
+        "vocab_size": voc.admitted, "rows_train": enc.rows_train, "rows_eval": enc.rows_eval,
+        "checks": [r.to_dict() for r in chk.report.results], "checks_note": chk.report.note,
+        "checks_window": list(chk.report.window), "data_stats": chk.stats,
+    }
+
+
+def check_failed_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
+    """The record of a day a data check stopped before training."""
+    return DayRecord(date=state.date, completed=False, status="check_failed",
+                     reason=state.need("checks").report.reason(), seconds=seconds, **_data_fields(state))
 
 
 def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
     """The record of a run whose stages all finished."""
-    ing, voc, enc = state.need("ingest"), state.need("vocab"), state.need("encode")
     warmed, trained, ev, pub = state.need("warm"), state.need("train"), state.need("evaluation"), state.need("publish")
     return DayRecord(
         date=state.date, completed=True, status="published" if pub.published else "refused", reason=pub.reason,
         auc=ev.new.auc, logloss=ev.new.logloss,
         published_auc=ev.published.auc if ev.published else None,
         next_day_auc=ev.next_day.auc if ev.next_day else None,
-        rows_read=ing.rows_read, rows_ingested=ing.rows_written, rows_quarantined=ing.rows_quarantined,
-        vocab_size=voc.admitted, rows_train=enc.rows_train, rows_eval=enc.rows_eval,
         published=pub.published, model_version=pub.version, latest_version=pub.latest,
         parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(), seconds=seconds,
+        gate=pub.checks, **_data_fields(state),
     )

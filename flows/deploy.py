@@ -1,10 +1,14 @@
-"""Prefect deployments of the flows: `daily` (cron), `on-demand`, `backfill`.
+"""Prefect deployments of the flows, per model: `<model>-daily` (cron), `<model>-on-demand`, `<model>-backfill`.
 
-    ctrpipe deploy [--pool ctr-process] [--config FILE] [--cron "0 2 * * *"]   # a worker then runs them
+    ctrpipe deploy [--pool ctr-process] [--config FILE] [--cron "0 2 * * *"] [--no-alerts]  # a worker runs them
     ctrpipe serve  [--config FILE] [--cron ...]                                  # one process, no work pool
 
-The `daily` deployment passes no date: the flow computes the day before the
-run's *scheduled* start time, so a late run still processes the right day.
+Deployment names carry the model's name, so several models share one Prefect
+server: deploying one leaves the others' deployments, schedules and
+automations in place.  Deploy also creates the model's alert automations
+(`flows.alerts`).  The daily deployment passes no date: the flow computes the
+day before the run's *scheduled* start time, so a late run still processes
+the right day.
 Deployments reference the code by its folder (a process work pool on one
 machine) or by the image's working directory (the `ctr-k8s` Kubernetes pool,
 see infra/); `infra/prefect.yaml` describes the same deployments for
@@ -36,6 +40,11 @@ def ensure_process_pool(name: str) -> None:
             pass
 
 
+def deployment_names(model_name: str) -> dict[str, str]:
+    """kind -> the model's deployment name (`daily-retrain/<model>-daily`, ...)."""
+    return {kind: f"{model_name}-{kind}" for kind in ("daily", "on-demand", "backfill")}
+
+
 def deploy_all(
     config: dict[str, Any],
     *,
@@ -43,35 +52,49 @@ def deploy_all(
     cron: str = DEFAULT_CRON,
     timezone: str = "UTC",
     source: str | Path = REPO,
+    alerts: bool = True,
 ) -> dict[str, str]:
-    """Register the three deployments on the server at PREFECT_API_URL; returns name -> deployment id."""
+    """Register the model's three deployments (and its automations) on the server at PREFECT_API_URL.
+
+    Returns:
+        deployment (or automation) name -> id.
+    """
     from prefect import flow
     from prefect.schedules import Cron
 
+    from flows.alerts import AlertsConfig, upsert_automations
     from flows.locks import ensure_limit
+    from storage.io import codec
 
-    ensure_limit(config.get("model_name", "ctr"))
+    model = config.get("model_name", "ctr")
+    names = deployment_names(model)
+    ensure_limit(model)
     daily = flow.from_source(source=str(source), entrypoint=DAILY_ENTRY)
     backfill = flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)
     common = {"work_pool_name": pool, "build": False, "push": False, "print_next_steps": False}
-    tags = ["ctr-pipeline", f"model:{config.get('model_name', 'ctr')}"]
+    tags = ["ctr-pipeline", f"model:{model}"]
     ids = {
-        "daily": daily.deploy(
-            name="daily", schedules=[Cron(cron, timezone=timezone)], parameters={"config": config},
-            description="Scheduled daily retrain of the day before the scheduled time.", tags=tags, **common,
+        names["daily"]: daily.deploy(
+            name=names["daily"], schedules=[Cron(cron, timezone=timezone)], parameters={"config": config},
+            description=f"Scheduled daily retrain of model {model}: the day before the scheduled time.", tags=tags,
+            **common,
         ),
-        "on-demand": daily.deploy(
-            name="on-demand", parameters={"config": config},
-            description="Retrain one date now: --param date=YYYY-MM-DD [--param overrides='{...}'].",
+        names["on-demand"]: daily.deploy(
+            name=names["on-demand"], parameters={"config": config},
+            description=f"Retrain model {model} on one date now: --param date=YYYY-MM-DD [--param overrides='{{...}}'].",
             tags=tags, **common,
         ),
-        "backfill": backfill.deploy(
-            name="backfill", parameters={"config": config},
-            description="Retrain a date range in order: --param start=... --param end=...; resumable.",
+        names["backfill"]: backfill.deploy(
+            name=names["backfill"], parameters={"config": config},
+            description=f"Retrain model {model} on a date range in order: --param start=... --param end=...; resumable.",
             tags=tags, **common,
         ),
     }
-    return {k: str(v) for k, v in ids.items()}
+    out = {k: str(v) for k, v in ids.items()}
+    if alerts:
+        cfg = codec.decode(AlertsConfig, config.get("alerts"), prefix="alerts.")
+        out.update(upsert_automations(model, out[names["daily"]], cfg))
+    return out
 
 
 def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str = "UTC") -> None:
@@ -82,10 +105,13 @@ def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str
     from flows.daily import backfill, daily_retrain
     from flows.locks import ensure_limit
 
-    ensure_limit(config.get("model_name", "ctr"))
+    model = config.get("model_name", "ctr")
+    names = deployment_names(model)
+    ensure_limit(model)
+    tags = ["ctr-pipeline", f"model:{model}"]
     serve(
-        daily_retrain.to_deployment(name="daily", schedules=[Cron(cron, timezone=timezone)],
-                                    parameters={"config": config}),
-        daily_retrain.to_deployment(name="on-demand", parameters={"config": config}),
-        backfill.to_deployment(name="backfill", parameters={"config": config}),
+        daily_retrain.to_deployment(name=names["daily"], schedules=[Cron(cron, timezone=timezone)],
+                                    parameters={"config": config}, tags=tags),
+        daily_retrain.to_deployment(name=names["on-demand"], parameters={"config": config}, tags=tags),
+        backfill.to_deployment(name=names["backfill"], parameters={"config": config}, tags=tags),
     )

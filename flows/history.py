@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from flows.record import DayRecord
 from storage.io.layout import Layout
@@ -31,9 +32,16 @@ def plot_history(records: list[DayRecord]) -> bytes:
     ax_auc.legend(loc="lower right", fontsize=8)
     ax_loss.tick_params(axis="x", rotation=45, labelsize=7)
     fig.suptitle(f"daily retrain: last {len(records)} day(s)")
+    return figure_png(fig, dpi=90)
+
+
+def figure_png(fig: Any, *, dpi: int) -> bytes:
+    """PNG bytes of a matplotlib figure, which is closed (laid out tight first)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return buf.getvalue()
 

@@ -10,7 +10,7 @@ from typing import Any
 from storage.io import codec, dates, fsio
 from storage.io.layout import Layout
 
-STATUSES = ("published", "refused", "failed")
+STATUSES = ("published", "refused", "check_failed", "failed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +20,8 @@ class DayRecord:
     date: str
     completed: bool
     status: str
-    """`published`, `refused` (the gate said no; `LATEST` unchanged) or `failed` (a stage raised)."""
+    """`published`, `refused` (the gate said no; `LATEST` unchanged), `check_failed` (a data check
+    stopped the day before training) or `failed` (a stage raised)."""
     reason: str
     auc: float | None = None
     logloss: float | None = None
@@ -44,6 +45,16 @@ class DayRecord:
     """The warm stage's scalar results."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall seconds per stage."""
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """The data checks: {name, status (pass, warn, fail), value, threshold, detail} (`flows.data_checks`)."""
+    checks_note: str = ""
+    """Which data checks did not run and why (e.g. fewer than 2 completed days before this one)."""
+    checks_window: list[str] = field(default_factory=list)
+    """The completed days the data checks compared with."""
+    data_stats: dict[str, Any] = field(default_factory=dict)
+    """The day's checked series (`flows.data_checks.data_stats`): what later days compare with."""
+    gate: list[dict[str, Any]] = field(default_factory=list)
+    """The publish gate's checks: {name, passed, value, threshold, detail} (`flows.gate`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)

@@ -7,6 +7,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     ingest   raw logs -> events/, quarantine/             (pipeline.ingest_stage, on Dask)
     vocab    events -> vocab/                            (pipeline.vocab_stage, on Dask)
     encode   events + vocab -> features/                 (pipeline.encode, on Dask)
+    checks   the day's statistics vs the window's        (flows.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
     evaluate candidate and published model on the day    (trainer.evaluate)
@@ -15,23 +16,30 @@ before it built, and returns a frozen result whose `summary()` is the one line t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distributed import Client
 
+from flows.check_config import overridden
+from flows.checks_chart import write_checks_png
 from flows.config import RunConfig
-from flows.gate import gate
+from flows.data_checks import CheckReport, data_stats, run_checks
+from flows.gate import Scores, gate
+from flows.record import recent_records
 from flows.security import redacted
 from flows.state import DayState
 from pipeline.encode import EncodeResult, encode_date
 from pipeline.ingest_stage import IngestResult, ingest_date
+from pipeline.schema import get_schema
 from pipeline.vocab_stage import VocabResult, build_vocab
 from storage.io import fsio
+from storage.io.dates import shift_date
 from storage.io.registry import ModelRegistry
 from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
 from trainer.evaluate import evaluate_model, load_model
+from trainer.group_metrics import GroupAUC
 from trainer.launch import TrainResult, run_training
 from trainer.metrics import EvalMetrics
 from trainer.model_dir import SPARSE, warm_start
@@ -57,6 +65,32 @@ def vocab(cfg: RunConfig, state: DayState, *, client: Client) -> VocabResult:
 def encode(cfg: RunConfig, state: DayState, *, client: Client) -> EncodeResult:
     return encode_date(state.date, layout=state.layout, encode=cfg.encode, fmt=cfg.input.format, client=client,
                        force=state.force)
+
+
+# ---- checks -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChecksOutcome:
+    report: CheckReport
+    stats: dict[str, Any]
+    """The day's checked series (kept in its record for the days after it)."""
+    chart_url: str
+
+    def summary(self) -> str:
+        r = self.report
+        bad = "; ".join(f"{c.name} {c.status.upper()}: {c.detail}" for c in (*r.failed, *r.warned))
+        return (f"checks: {len(r.results)} run against {len(r.window)} day(s), {len(r.failed)} failed, "
+                f"{len(r.warned)} warned" + (f"; {bad}" if bad else "") + (f" ({r.note})" if r.note else ""))
+
+
+def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
+    """The data checks of the day against the completed days of the trailing window (`flows.data_checks`)."""
+    ing, voc, enc = state.need("ingest"), state.need("vocab"), state.need("encode")
+    stats = data_stats(rows_read=ing.rows_read, rows_quarantined=ing.rows_quarantined, rows_padded=ing.rows_padded,
+                       ingest_stats=ing.stats, day_fields=voc.day_fields, duplicate_share=enc.duplicate_share)  # fmt: skip
+    before = recent_records(state.layout, shift_date(state.date, -1), cfg.checks.window_days)
+    window = [(r.date, r.data_stats) for r in before if r.completed and r.data_stats]
+    report = run_checks(stats, window, cfg.checks)
+    return ChecksOutcome(report, stats, write_checks_png(state.layout, state.date, stats, window, report))
 
 
 # ---- warm -------------------------------------------------------------------------------------
@@ -171,6 +205,9 @@ class Evaluation:
     next_day: EvalMetrics | None
     """The published model on the day's train rows, which it never saw: what production saw."""
     published_version: str | None
+    new_groups: dict[str, GroupAUC] = field(default_factory=dict)
+    """Per field of `publish.group_fields()`: the candidate's AUC of each value (slices, GAUC)."""
+    published_groups: dict[str, GroupAUC] = field(default_factory=dict)
 
     def summary(self) -> str:
         pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
@@ -181,13 +218,22 @@ def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
     """AUC/logloss of the day's candidate and of the published model (loaded once) on the same eval rows."""
     so, features = cfg.storage_options, state.need("encode").url
     eval_rows = fsio.join(features, "eval")
-    new = EvalMetrics.of(evaluate_model(state.need("train").result.model_url, eval_rows, so))
+    fields = get_schema(cfg.input.format).categorical
+    columns = {f"k_{fields.index(name)}": name for name in cfg.publish.group_fields()}
+
+    def run(model: Any) -> tuple[EvalMetrics, dict[str, GroupAUC]]:
+        out = evaluate_model(model, eval_rows, so, groups=tuple(columns))
+        return EvalMetrics.of(out), {columns[c]: g for c, g in out.get("groups", {}).items()}
+
+    new, new_groups = run(state.need("train").result.model_url)
     published = next_day = None
+    published_groups: dict[str, GroupAUC] = {}
     if state.published:
         loaded = load_model(state.published.url, so)
-        published = EvalMetrics.of(evaluate_model(loaded, eval_rows, so))
+        published, published_groups = run(loaded)
         next_day = EvalMetrics.of(evaluate_model(loaded, fsio.join(features, "train"), so))
-    return Evaluation(new, published, next_day, state.published.version if state.published else None)
+    return Evaluation(new, published, next_day, state.published.version if state.published else None,
+                      new_groups, published_groups)
 
 
 # ---- publish ----------------------------------------------------------------------------------
@@ -198,6 +244,8 @@ class PublishResult:
     reason: str
     latest: str | None
     """The version `LATEST` names after the stage."""
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """The gate's checks with their values (`flows.gate.GateDecision.values`)."""
 
     def summary(self) -> str:
         if self.published:
@@ -217,6 +265,8 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
                    "rows_quarantined": ingested.rows_quarantined},
         "vocab_date": state.date,
         "run_tag": trained.run_tag,
+        "checks": [r.to_dict() for r in state.need("checks").report.results],
+        "check_overrides": overridden(cfg.checks),
         "config": redacted(cfg.to_dict()),
         "code_version": code_version(),
     }
@@ -224,12 +274,19 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
 
 def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     """Register the candidate as a version; move `LATEST` only when the gate passes."""
-    ev = state.need("evaluation")
-    decision = gate(ev.new, ev.published, cfg.publish)
+    ev, published = state.need("evaluation"), state.published
+    new = Scores(ev.new, ev.new_groups, trained_through=state.date)
+    before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
+        if ev.published and published else None
+    decision = gate(new, before, cfg.publish)
     metrics = {
         "date": state.date, "auc": ev.new.auc, "logloss": ev.new.logloss, "rows": ev.new.rows,
         "mean_prediction": ev.new.mean_prediction, "click_rate": ev.new.click_rate,
+        "calibration": ev.new.calibration,
         "published_auc_same_rows": ev.published.auc if ev.published else None,
+        "published_logloss_same_rows": ev.published.logloss if ev.published else None,
+        **({"gauc": ev.new_groups[cfg.publish.gauc_field].gauc()} if cfg.publish.gauc_field else {}),
+        "gate": decision.values(),
     }
     registry = ModelRegistry(state.layout)
     version = registry.add_version(
@@ -239,4 +296,4 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     if decision.publish:
         registry.publish(version)
     latest = version if decision.publish else (state.published.version if state.published else None)
-    return PublishResult(decision.publish, version, decision.reason, latest)
+    return PublishResult(decision.publish, version, decision.reason, latest, decision.values())

@@ -17,7 +17,13 @@ from storage.io.registry import ModelRegistry
 from trainer.model_dir import ModelMeta, read_meta
 
 if TYPE_CHECKING:  # results of the stages (flows.stages); only their types are needed here
-    from flows.stages import Evaluation, PublishResult, TrainOutcome, WarmResult
+    from flows.stages import (
+        ChecksOutcome,
+        Evaluation,
+        PublishResult,
+        TrainOutcome,
+        WarmResult,
+    )
     from pipeline.encode import EncodeResult
     from pipeline.ingest_stage import IngestResult
     from pipeline.vocab_stage import VocabResult
@@ -56,6 +62,7 @@ class DayState:
     ingest: IngestResult | None = None
     vocab: VocabResult | None = None
     encode: EncodeResult | None = None
+    checks: ChecksOutcome | None = None
     warm: WarmResult | None = None
     train: TrainOutcome | None = None
     evaluation: Evaluation | None = None

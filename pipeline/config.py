@@ -24,12 +24,25 @@ class InputConfig:
     (`pipeline.schema.load_schema_file` documents its keys)."""
     storage_options: dict | None = None
     """Extra fsspec storage options for the input URL (credentials come from the environment)."""
+    wait_s: float = 0.0
+    """How long ingest waits for a late input (and its `done_file`) before failing with "no input"; 0 fails at once."""
+    poll_s: float = 60.0
+    """While waiting, how often ingest looks again (and logs what it waits for)."""
+    done_file: str = ""
+    """A marker the exporter writes after the day's last file, e.g. `_SUCCESS`, in the folder of the
+    day's files; when set, ingest starts only once it is there (empty: the files are enough)."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS and not self.format.lower().endswith(SCHEMA_FILE_SUFFIXES):
             raise ValueError(
                 f"input.format must be one of {FORMATS} or a schema file path ending in .yaml/.yml, got {self.format!r}"
             )
+        if self.wait_s < 0:
+            raise ValueError(f"input.wait_s must be >= 0 seconds, got {self.wait_s}")
+        if self.poll_s <= 0:
+            raise ValueError(f"input.poll_s must be > 0 seconds, got {self.poll_s}")
+        if "/" in self.done_file or self.done_file in (".", ".."):
+            raise ValueError(f"input.done_file must be a file name (it sits next to the day's files), got {self.done_file!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

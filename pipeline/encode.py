@@ -5,7 +5,12 @@ label float32, d_i = log1p(max(x, 0)) with missing -> 0, k_j = the value's key
 when admitted, else the field's OOV key, or its missing key.
 
 The day is split in time order: the first (1 - eval_fraction) of the rows
-train, the rest evaluate.  Time order is `order` for formats without a
+train, the rest evaluate, less the eval rows that exactly copy a train row of
+the day (`pipeline.row_copies`: a replayed export must not put training rows
+into the hold-out).  The eval rows' hashes are computed first (only the
+partitions holding eval rows are read for it), each encode task reports the
+ones its train rows copy, and the eval parts holding such copies are
+rewritten without them.  Time order is `order` for formats without a
 timestamp, and (`ts`, `order`) for Avazu, whose rows are only roughly sorted
 by hour; the split point is found exactly from per-partition counts, so no
 process sorts the day.  Parts keep the events partition's index:
@@ -38,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from distributed import Client
 
+from pipeline import row_copies
 from pipeline.config import EncodeConfig
 from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
@@ -65,10 +71,15 @@ class EncodeResult:
     """The committed features' run id (what identifies their content)."""
     url: str = ""
     """The files of the committed `features/date=D` (`storage.io.fsio.data_url`)."""
+    duplicate_share: float = 0.0
+    """Share of the day's rows that copy another row exactly (`pipeline.row_copies`)."""
+    eval_copies_dropped: int = 0
+    """Eval rows left out because a train row of the day is their exact copy."""
 
     def summary(self) -> str:
         done = " (already committed)" if self.skipped else ""
-        return f"encode {self.date}: {self.rows_train} train rows, {self.rows_eval} eval rows{done}"
+        copies = f", {self.eval_copies_dropped} eval copies of train rows dropped" if self.eval_copies_dropped else ""
+        return f"encode {self.date}: {self.rows_train} train rows, {self.rows_eval} eval rows{copies}{done}"
 
 
 def dense_columns(schema: LogSchema) -> list[str]:
@@ -96,32 +107,41 @@ def features_schema(schema: LogSchema) -> pa.Schema:
 
 def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> pd.DataFrame:
     """Features of `events` rows given the sorted admitted keys (see the module docstring)."""
+    return encode_rows(events, schema, admitted)[0]
+
+
+def encode_rows(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """`encode_frame` and the rows' content hashes (`pipeline.row_copies.row_hashes`, from the same keys)."""
     cols: dict[str, np.ndarray] = {"label": events["label"].to_numpy(np.float32)}
     for i, name in enumerate(schema.dense):
         x = events[name].to_numpy(np.float32, na_value=np.nan)
         cols[f"d_{i}"] = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
     multi = schema.multi_separator
+    raw: dict[int, np.ndarray] = {}
     for j, name in enumerate(schema.categorical):
         if name in multi:
             cols[f"k_{j}"], cols[f"bag_{j}"] = _encode_bags(j, events[name], admitted)
             continue
-        cols[f"k_{j}"] = _encode_values(j, events[name], admitted)
+        cols[f"k_{j}"], raw[j] = _encode_values(j, events[name], admitted)
     out = pd.DataFrame({c: cols[c] for c in features_schema(schema).names})
-    return out
+    return out, row_copies.row_hashes(events, schema, raw)
 
 
-def _encode_values(j: int, values, admitted: np.ndarray) -> np.ndarray:
-    """Keys of `values` of field j: admitted key, else the OOV key, else (missing) the missing key."""
+def _encode_values(j: int, values, admitted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(keys of `values` of field j: admitted key, else the OOV key, else (missing) the missing key;
+    the values' own keys, admitted or not)."""
     codes, keys = factorize_keys(j, values)
+    present = codes >= 0
+    own = np.full(len(codes), missing_key(j), dtype=np.int64)
+    own[present] = keys[codes[present]]
     if len(admitted):
         pos = np.minimum(np.searchsorted(admitted, keys), len(admitted) - 1)
         keys = np.where(admitted[pos] == keys, keys, oov_key(j))
     else:
         keys = np.full(len(keys), oov_key(j), dtype=np.int64)
     out = np.full(len(codes), missing_key(j), dtype=np.int64)
-    present = codes >= 0
     out[present] = keys[codes[present]]
-    return out
+    return out, own
 
 
 def _encode_bags(j: int, lists, admitted: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -129,7 +149,7 @@ def _encode_bags(j: int, lists, admitted: np.ndarray) -> tuple[np.ndarray, list[
     arr = pa.array(list(lists), type=pa.list_(pa.string())) if not isinstance(lists, pa.Array) else lists
     flat = pc.list_flatten(arr)
     lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    keys = _encode_values(j, flat.to_pandas(), admitted)
+    keys = _encode_values(j, flat.to_pandas(), admitted)[0]
     row_of = np.repeat(np.arange(len(lengths)), lengths)
     keep = keys != missing_key(j)  # "" inside a list is not a value
     keys, row_of = keys[keep], row_of[keep]
@@ -199,41 +219,61 @@ def encode_date(
     done = read_manifest(fs, final)
     source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.get("run_id"), "eval_fraction": encode.eval_fraction}
     if done and not force and all(done.get(k) == v for k, v in source.items()):
-        return EncodeResult(date=date, rows_train=done["rows_train"], rows_eval=done["rows_eval"], skipped=True,
-                            run_id=done["run_id"], url=data_dir(layout.features(date), done))
+        return _result(done, skipped=True, url=data_dir(layout.features(date), done))
 
     paths = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
+    part_rows = [p["rows"] for p in events["parts"]]
     rows_eval = eval_size(events["rows_written"], encode.eval_fraction)
     rows_train = events["rows_written"] - rows_eval
     if schema.timestamp is None:
-        rules = [("head", k) for k in positional_split([p["rows"] for p in events["parts"]], rows_train)]
+        rules = [("head", k) for k in positional_split(part_rows, rows_train)]
+        holds_eval = [k < n for k, n in zip((r[1] for r in rules), part_rows, strict=True)]
     else:
-        ts_counts = pd.concat(client.gather(client.map(_ts_counts, paths, fs=fs, pure=False)))
-        t, k = ts_threshold(ts_counts, rows_train)
+        per_part = client.gather(client.map(_ts_counts, paths, fs=fs, pure=False))
+        t, k = ts_threshold(pd.concat(per_part), rows_train)
         orders = np.sort(np.concatenate(client.gather(client.map(_orders_at, paths, fs=fs, ts=t, pure=False))))
         rules = [("threshold", t, int(orders[k - 1]) if k else -1)] * len(paths)
+        holds_eval = [bool(len(c)) and int(c.index.max()) >= t for c in per_part]
 
+    # the eval rows' hashes first, so the encode tasks can say which of them are copies of train rows
+    eval_at = [i for i, h in enumerate(holds_eval) if h]
+    eval_hashes = dict(zip(eval_at, client.gather(client.map(
+        _eval_hashes, [paths[i] for i in eval_at], [rules[i] for i in eval_at], fs=fs, schema=schema, pure=False
+    )), strict=True))  # fmt: skip
+    all_eval = np.unique(np.concatenate([np.empty(0, np.uint64), *eval_hashes.values()]))
+    bits = row_copies.sample_bits(events["rows_written"])
     admitted = client.scatter(load_admitted(layout, date), broadcast=True)
+    eval_set = client.scatter(all_eval, broadcast=True)
     with staged(fs, final) as stage:
         for split in ("train", "eval"):
             fs.makedirs(join(stage, split), exist_ok=True)
         futures = [
-            client.submit(_encode_part, path, i, rule, admitted, fs=fs, schema=schema, stage=stage, pure=False)
+            client.submit(_encode_part, path, i, rule, admitted, eval_set, fs=fs, schema=schema, stage=stage,
+                          sample_bits=bits, pure=False)
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
-        ]
+        ]  # fmt: skip
         done_parts = client.gather(futures)
         n_train = sum(p["train"] for p in done_parts)
         n_eval = sum(p["eval"] for p in done_parts)
         if (n_train, n_eval) != (rows_train, rows_eval):  # the split rules must hit the planned sizes
             raise RuntimeError(f"encode {date}: split gave {n_train}/{n_eval} rows, planned {rows_train}/{rows_eval}")
+        copies = np.unique(np.concatenate([np.empty(0, np.uint64), *(p["copies"] for p in done_parts)]))
+        dropped = _drop_eval_copies(client, done_parts, eval_hashes, copies, fs=fs, stage=stage)
+        rows_eval -= sum(dropped.values())
+        for p in done_parts:
+            p["eval"] -= dropped.get(p["name"], 0)
         key_counts = _merge_key_counts([p["key_counts"] for p in done_parts])
         with fs.open(join(stage, "key_counts.parquet"), "wb") as f:
             pq.write_table(pa.Table.from_pandas(key_counts, preserve_index=False), f)
+        sampled = np.concatenate([np.empty(0, np.uint64), *(p["sample"] for p in done_parts)])
         manifest = {
             "date": date,
             "format": schema.name,
             "rows_train": rows_train,
             "rows_eval": rows_eval,
+            "eval_copies_dropped": sum(dropped.values()),
+            "duplicates": {"share": round(row_copies.duplicate_share(sampled), 6), "sampled_rows": len(sampled),
+                           "sample_bits": bits},
             "dense_columns": dense_columns(schema),
             "key_columns": key_columns(schema),
             "fields": list(schema.categorical),
@@ -250,24 +290,75 @@ def encode_date(
             "code_version": code_version(),
         }
         commit_dir(fs, stage, final, manifest)
-    return EncodeResult(date=date, rows_train=rows_train, rows_eval=rows_eval, skipped=False,
-                        run_id=manifest["run_id"], url=committed_data_url(layout.features(date), fs, stage))
+    return _result(manifest, skipped=False, url=committed_data_url(layout.features(date), fs, stage))
+
+
+def _result(manifest: dict, *, skipped: bool, url: str) -> EncodeResult:
+    return EncodeResult(date=manifest["date"], rows_train=manifest["rows_train"], rows_eval=manifest["rows_eval"],
+                        skipped=skipped, run_id=manifest["run_id"], url=url,
+                        duplicate_share=manifest["duplicates"]["share"],
+                        eval_copies_dropped=manifest["eval_copies_dropped"])  # fmt: skip
+
+
+def _drop_eval_copies(client: Client, parts: list[dict], eval_hashes: dict[int, np.ndarray], copies: np.ndarray, *,
+                      fs: fsspec.AbstractFileSystem, stage: str) -> dict[str, int]:  # fmt: skip
+    """Rewrite the eval parts holding copies of train rows without them; part name -> rows dropped."""
+    if not len(copies):
+        return {}
+    jobs = []
+    for i, hashes in eval_hashes.items():
+        drop = np.isin(hashes, copies)
+        if drop.any():
+            jobs.append((parts[i]["name"], drop))
+    done = client.gather([client.submit(_drop_rows, join(stage, "eval", name), drop, fs=fs, pure=False)
+                          for name, drop in jobs])  # fmt: skip
+    return {name: n for (name, _), n in zip(jobs, done, strict=True)}
+
+
+def _drop_rows(path: str, drop: np.ndarray, *, fs: fsspec.AbstractFileSystem) -> int:
+    """Dask task: rewrite one features part without the rows `drop` marks (removed when none is left)."""
+    with fs.open(path, "rb") as f:
+        table = pq.read_table(f)
+    if len(drop) != table.num_rows:
+        raise RuntimeError(f"{path}: {table.num_rows} rows, but {len(drop)} eval hashes; encode it again")
+    kept = table.filter(pa.array(~drop))
+    if kept.num_rows:
+        with fs.open(path, "wb") as f:
+            pq.write_table(kept, f)
+    else:
+        fs.rm(path)
+    return int(drop.sum())
+
+
+def _train_mask(events: pd.DataFrame, rule: tuple) -> np.ndarray:
+    """Which rows of an events partition train (the rest evaluate), by the split rule of `encode_date`."""
+    if rule[0] == "head":
+        return np.arange(len(events)) < rule[1]
+    _, t, last_order = rule
+    ts, order = events["ts"].to_numpy(np.int64), events["order"].to_numpy(np.int64)
+    return (ts < t) | ((ts == t) & (order <= last_order))
+
+
+def _eval_hashes(path: str, rule: tuple, *, fs: fsspec.AbstractFileSystem, schema: LogSchema) -> np.ndarray:
+    """Dask task: the content hashes of one events partition's eval rows, in row order."""
+    with fs.open(path, "rb") as f:
+        events = pq.read_table(f).to_pandas()
+    evaluate = ~_train_mask(events, rule)
+    return row_copies.row_hashes(events[evaluate].reset_index(drop=True), schema)
 
 
 def _encode_part(
-    path: str, index: int, rule: tuple, admitted: np.ndarray, *, fs: fsspec.AbstractFileSystem, schema: LogSchema,
-    stage: str,
-) -> dict:
-    """Dask task: encode one events partition, write its train/eval parts, count its train keys."""
+    path: str, index: int, rule: tuple, admitted: np.ndarray, eval_set: np.ndarray, *, fs: fsspec.AbstractFileSystem,
+    schema: LogSchema, stage: str, sample_bits: int,
+) -> dict:  # fmt: skip
+    """Dask task: encode one events partition, write its train/eval parts, count its train keys.
+
+    Also returns the day's eval hashes its train rows copy (`copies`) and its sample of row hashes.
+    """
     with fs.open(path, "rb") as f:
         events = pq.read_table(f).to_pandas()
-    if rule[0] == "head":
-        train = np.arange(len(events)) < rule[1]
-    else:
-        _, t, last_order = rule
-        ts, order = events["ts"].to_numpy(np.int64), events["order"].to_numpy(np.int64)
-        train = (ts < t) | ((ts == t) & (order <= last_order))
-    features = encode_frame(events, schema, admitted)
+    train = _train_mask(events, rule)
+    features, hashes = encode_rows(events, schema, admitted)
     name = f"part-{index:05d}.parquet"
     out_schema = features_schema(schema)
     for split, mask in (("train", train), ("eval", ~train)):
@@ -279,7 +370,9 @@ def _encode_part(
     # the trainer pulls bag keys too; a bag's first key is also its k_j, so it counts twice (counts only rank keys)
     keys += [np.concatenate([np.empty(0, np.int64), *features.loc[train, c]]) for c in bag_columns(schema)]
     key_counts = pd.Series(np.concatenate(keys)).value_counts(sort=False)
-    return {"name": name, "train": int(train.sum()), "eval": int((~train).sum()), "key_counts": key_counts}
+    return {"name": name, "train": int(train.sum()), "eval": int((~train).sum()), "key_counts": key_counts,
+            "copies": row_copies.copies_in(eval_set, hashes[train]),
+            "sample": row_copies.sample(hashes, sample_bits)}
 
 
 def _merge_key_counts(parts: list[pd.Series]) -> pd.DataFrame:

@@ -12,7 +12,15 @@ s_i - 1) and quarantine rows and `order` carry true line numbers.
 Compressed files are not seekable and are read whole by one task.
 
 Row accounting (in the manifest): rows_read = rows_written + rows_quarantined
-+ rows_other_dates, where rows_read counts every non-header line.
++ rows_other_dates, where rows_read counts every non-header line; rows_padded
+counts the written rows with missing trailing fields, and `stats` the labels,
+missing values and dense-value histograms of the written rows
+(`pipeline.day_stats`), for the data checks.
+
+A late input is waited for (`input.wait_s`, `pipeline.input_wait`).  Several
+models on one root share the events of a date: a run that finds them
+committed from the same inputs reuses them, and one that ingested at the same
+time as another keeps the first commit.
 
 One commit for events and quarantine: quarantine/date=D is committed first,
 then events/date=D, whose manifest is the commit point of the pair.  Both
@@ -38,8 +46,10 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import infer_compression
 
 from pipeline.config import IngestConfig, InputConfig
+from pipeline.day_stats import add_stats, empty_stats
 from pipeline.ingest_error import IngestError
 from pipeline.ingest_tasks import FileTask, count_newlines, ingest_file
+from pipeline.input_wait import wait_for_input
 from pipeline.parse import QUARANTINE_SCHEMA
 from pipeline.schema import LogSchema, get_schema
 from storage.io.dates import validate_date
@@ -75,6 +85,10 @@ class IngestResult:
     """True when the date was already committed from the same inputs and nothing was done."""
     inputs: list[dict] = field(default_factory=list)
     """Fingerprints (url, size, mtime or etag) of the files read."""
+    rows_padded: int = 0
+    """Written rows that had fewer fields than the format's columns (read as missing trailing fields)."""
+    stats: dict = field(default_factory=dict)
+    """Label, missing-value and dense-value counts of the written rows (`pipeline.day_stats`)."""
     run_id: str = ""
     """The committed events' run id."""
     url: str = ""
@@ -118,17 +132,12 @@ def ingest_date(
             f"input.url {input.url!r} has no {{date}}/{{yyyymmdd}} placeholder and {schema.name} rows carry no "
             "timestamp, so every date would read the same rows; put the date in the URL"
         )
-    inputs = find_inputs(url, input.storage_options)
-    if not inputs:
-        raise FileNotFoundError(f"no input for {date} at {url}")
+    inputs = wait_for_input(lambda: find_inputs(url, input.storage_options), url=url, date=date, input=input)
 
     fs, events_final = layout.fs(layout.events(date))
     _, quarantine_final = layout.fs(layout.quarantine(date))
-    done = read_manifest(fs, events_final)
-    if done and not force and done.get("inputs") == inputs and done.get("format") == schema.name:
-        quarantine_done = read_manifest(fs, quarantine_final)
-        if quarantine_done is not None and quarantine_done.get("events_run_id") == done.get("run_id"):
-            return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
+    if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
+        return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
 
     for final in (events_final, quarantine_final):
         remove_stale_staging(fs, final)
@@ -151,9 +160,15 @@ def ingest_date(
         except BaseException:
             client.cancel(futures)
             raise
-        per_file = _per_file(per_task)
+        per_file = _per_file(per_task, schema)
         manifest = summarize(date, schema, inputs, per_file)
         check_quality(manifest, per_file, ingest.max_bad_fraction)
+        if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
+            # another model's run on this root committed the same input meanwhile: the first commit wins,
+            # so runs that started on its events keep reading them
+            for stage in (events_stage, quarantine_stage):
+                fs.rm(stage, recursive=True)
+            return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
         run_id = uuid.uuid4().hex
         manifest.update(
             run_id=run_id,
@@ -179,6 +194,18 @@ def ingest_date(
                 fs.rm(stage, recursive=True)
         raise
     return _result(date, manifest, skipped=False, url=committed_data_url(layout.events(date), fs, events_stage))
+
+
+def _committed(fs: Any, events_final: str, quarantine_final: str, inputs: list[dict],
+               schema: LogSchema) -> dict[str, Any] | None:  # fmt: skip
+    """The committed events manifest of the date when it was ingested from `inputs` in this format, else None."""
+    done = read_manifest(fs, events_final)
+    if not done or done.get("inputs") != inputs or done.get("format") != schema.name:
+        return None
+    quarantine_done = read_manifest(fs, quarantine_final)
+    if quarantine_done is None or quarantine_done.get("events_run_id") != done.get("run_id"):
+        return None
+    return done
 
 
 def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[FileTask]:
@@ -243,17 +270,19 @@ def find_inputs(url: str, storage_options: dict | None = None) -> list[dict[str,
     return out
 
 
-def _per_file(per_task: list[dict]) -> list[dict]:
+def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
     """Task results (one per file or byte range) summed per file, in task order."""
     out: dict[str, dict] = {}
     for r in per_task:
-        acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter()})
+        acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter(),
+                                         "stats": empty_stats(schema)})  # fmt: skip
         for k, v in r.items():
             if isinstance(v, int):
                 acc[k] = acc.get(k, 0) + v
         acc["parts"] += r["parts"]
         acc["quarantine_parts"] += r["quarantine_parts"]
         acc["reasons"].update(r["reasons"])
+        acc["stats"] = add_stats(acc["stats"], r["stats"])
     return [{**v, "reasons": dict(v["reasons"])} for v in out.values()]
 
 
@@ -289,13 +318,17 @@ def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[d
     """The events manifest (without run ids) from the per-file task results."""
     totals = Counter()
     reasons: Counter = Counter()
+    stats = empty_stats(schema)
+    counted = ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates", "rows_padded")
     for r in per_file:
-        totals.update({k: r.get(k, 0) for k in ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates")})
+        totals.update({k: r.get(k, 0) for k in counted})
         reasons.update(r["reasons"])
+        stats = add_stats(stats, r["stats"])
     return {
         "date": date,
         "format": schema.name,
-        **{k: int(totals[k]) for k in ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates")},
+        **{k: int(totals[k]) for k in counted},
+        "stats": stats,
         "parts": sorted((p for r in per_file for p in r["parts"]), key=lambda p: p["name"]),
         "quarantine_parts": sorted((p for r in per_file for p in r["quarantine_parts"]), key=lambda p: p["name"]),
         "reasons": dict(reasons.most_common()),
@@ -350,6 +383,8 @@ def _result(date: str, manifest: dict[str, Any], *, skipped: bool, url: str) -> 
         parts=len(manifest["parts"]),
         skipped=skipped,
         inputs=manifest["inputs"],
+        rows_padded=manifest["rows_padded"],
+        stats=manifest["stats"],
         run_id=manifest["run_id"],
         url=url,
     )

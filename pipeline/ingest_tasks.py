@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
+from pipeline.day_stats import add_stats, chunk_stats, empty_stats
 from pipeline.ingest_error import IngestError
 from pipeline.parse import parse_table, reason_category
 from pipeline.readers import DECOMPRESS_ERRORS, READ_SIZE, line_chunks, open_input
@@ -83,6 +84,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
     counts = Counter()
     reasons: Counter = Counter()
     parts, quarantine_parts = [], []
+    stats = empty_stats(schema)
     first_line = task.first_line
     with _PartWriter(task.out_fs, background=task.overlap_io) as writer, closing(_read_chunks(task)) as chunks:
         for chunk_index, data, n_lines in chunks:
@@ -105,9 +107,12 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             counts["rows_quarantined"] += parsed.quarantine.num_rows
             counts["rows_other_dates"] += parsed.rows_other_dates
             counts["slow_chunks"] += not parsed.fast_path
+            counts["rows_padded"] += parsed.rows_padded
+            stats = add_stats(stats, chunk_stats(parsed.events, schema))
             # the writer holds what it still needs: free the rest (the raw chunk too) before the next read
             del parsed, tables, data
-    return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons)}
+    return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons),
+            "stats": stats}
 
 
 def _read_chunks(task: FileTask) -> Iterator[tuple[int, bytes, int]]:

@@ -14,7 +14,8 @@ A line is quarantined, first matching rule wins, for:
   bad timestamp | bad label (not a label value of the schema) | non-numeric integer/float field.
 Quirks accepted as valid: CRLF line ends, a UTF-8 BOM on line 1, a header on
 line 1, integers written as floats (`260.0`), and (Criteo) stripped trailing
-empty fields, which are read as missing.  Fields are never quoted in either
+empty fields, which are read as missing; such "padded" rows are counted
+(`rows_padded`), so a day of cut rows shows in the data checks.  Fields are never quoted in either
 format, so the separator is never escaped.
 """
 
@@ -63,6 +64,8 @@ class ParsedTable:
     rows_other_dates: int
     fast_path: bool
     """True when the chunk was split by pyarrow's CSV reader (no structurally bad line in it)."""
+    rows_padded: int = 0
+    """Valid rows with fewer fields than the schema's columns (missing trailing fields)."""
 
 
 def reason_category(reason: str) -> str:
@@ -266,6 +269,7 @@ def parse_table(
         rows_read=n,
         rows_other_dates=int(other_date.sum()),
         fast_path=fast is not None,
+        rows_padded=int((good & (counts < len(schema.columns))).sum()),
     )
 
 

@@ -214,6 +214,8 @@ def delta_vocab(
     today_admitted = np.zeros(len(tk), bool)
     today_admitted[found] = admitted[seen_at]
     today_admitted[new] = new_admitted
+    today_known = np.zeros(len(tk), bool)
+    today_known[found] = was[seen_at]
     weights = tc.astype(np.float64)
     totals = FieldTotals(
         seen=_per_field(starts, count > 0, n_fields) + count_by_field(new_field, None, n_fields),
@@ -221,6 +223,8 @@ def delta_vocab(
         evicted=count_by_field(evicted["field"], None, n_fields),
         covered=count_by_field(on_field, today_admitted, n_fields, weights),
         present=count_by_field(on_field, None, n_fields, weights),
+        known=count_by_field(on_field, today_known, n_fields, weights),
+        distinct=count_by_field(on_field, tc > 0, n_fields),
     )
     return DeltaVocab(vocab=vocab, days=days, evicted=evicted, totals=totals)
 

@@ -25,27 +25,33 @@ class FieldTotals:
     """Today's occurrences of admitted keys."""
     present: np.ndarray
     """Today's occurrences of non-missing values."""
+    known: np.ndarray
+    """Today's occurrences of keys the previous vocabulary admitted (what yesterday's model knows)."""
+    distinct: np.ndarray
+    """Distinct keys seen today."""
 
     @staticmethod
     def zeros(n_fields: int) -> FieldTotals:
         """The sums of no key (the start of a sum over buckets)."""
-        return FieldTotals(*(np.zeros(n_fields, np.int64) for _ in range(5)))
+        return FieldTotals(*(np.zeros(n_fields, np.int64) for _ in range(7)))
 
     def __add__(self, other: FieldTotals) -> FieldTotals:
         return FieldTotals(*(a + b for a, b in zip(self._parts(), other._parts(), strict=True)))
 
     def _parts(self) -> tuple[np.ndarray, ...]:
-        return (self.seen, self.admitted, self.evicted, self.covered, self.present)
+        return (self.seen, self.admitted, self.evicted, self.covered, self.present, self.known, self.distinct)
 
 
 def field_totals(
-    *, field: np.ndarray, count: np.ndarray, admitted: np.ndarray, evicted: np.ndarray, today: np.ndarray, n_fields: int
-) -> FieldTotals:
+    *, field: np.ndarray, count: np.ndarray, admitted: np.ndarray, evicted: np.ndarray, today: np.ndarray,
+    was_admitted: np.ndarray, n_fields: int,
+) -> FieldTotals:  # fmt: skip
     """Report sums of a set of keys (a bucket or the whole table) for fields 0..n_fields-1.
 
     Args:
         field, count, admitted, evicted: per key (after the cap).
         today: the key's count on the run date (0 when not seen today).
+        was_admitted: per key, whether the previous vocabulary admitted it.
     """
     on = np.flatnonzero(today)  # the keys seen today: few, so today's sums only look at them
     weights, today_field = today[on].astype(np.float64), field[on]
@@ -53,7 +59,9 @@ def field_totals(
                        admitted=count_by_field(field, admitted, n_fields),
                        evicted=count_by_field(field, evicted, n_fields),
                        covered=count_by_field(today_field, admitted[on], n_fields, weights),
-                       present=count_by_field(today_field, None, n_fields, weights))  # fmt: skip
+                       present=count_by_field(today_field, None, n_fields, weights),
+                       known=count_by_field(today_field, was_admitted[on], n_fields, weights),
+                       distinct=count_by_field(today_field, None, n_fields))  # fmt: skip
 
 
 def count_by_field(
@@ -89,6 +97,25 @@ def stats_from_totals(
         out.append({"field": name, "seen": int(totals.seen[j]), "admitted": int(totals.admitted[j]),
                     "evicted": int(totals.evicted[j]), "coverage": round(cov, 6),
                     "oov_rate": round(pres - cov, 6), "missing_rate": missing})  # fmt: skip
+    return out
+
+
+def day_field_stats(
+    totals: FieldTotals, *, day_rows: int, fields: Sequence[str], multi_valued: Sequence[str] = ()
+) -> list[dict]:
+    """Per field, what the day brings against the vocabulary before it (the manifest's `day_fields`).
+
+    day_keys: distinct keys seen today; oov_rate_previous: share of the day's rows (of a multi-valued
+    field: of its values) whose non-missing value the previous vocabulary did not admit, which is
+    what the model trained through the day before sees as out of vocabulary.
+    """
+    rows = max(day_rows, 1)
+    out = []
+    for j, name in enumerate(fields):
+        present, known = int(totals.present[j]), int(totals.known[j])
+        base = max(present, 1) if name in multi_valued else rows
+        out.append({"field": name, "day_keys": int(totals.distinct[j]),
+                    "oov_rate_previous": round((present - known) / base, 6)})  # fmt: skip
     return out
 
 

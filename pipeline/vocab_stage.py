@@ -46,7 +46,12 @@ from pipeline.vocab_buckets import auto_buckets
 from pipeline.vocab_cap import CapSearch
 from pipeline.vocab_dates import day_number
 from pipeline.vocab_parts import SCRATCH, Bucketed, scratch
-from pipeline.vocab_report import FieldTotals, report_markdown, stats_from_totals
+from pipeline.vocab_report import (
+    FieldTotals,
+    day_field_stats,
+    report_markdown,
+    stats_from_totals,
+)
 from pipeline.vocab_tasks import (
     BucketResult,
     MergePlan,
@@ -82,6 +87,10 @@ class VocabResult:
     """Keys evicted at D (to drop from the embedding store)."""
     per_field: list[dict] = field(default_factory=list)
     """Per field: field, seen, admitted, evicted, coverage, oov_rate, missing_rate."""
+    day_fields: list[dict] = field(default_factory=list)
+    """Per field: field, day_keys, oov_rate_previous (against the vocabulary before D; `vocab_report`)."""
+    previous_vocab_date: str | None = None
+    """The vocabulary before D that `day_fields` compares with."""
     skipped: bool = False
     run_id: str = ""
     """The committed vocabulary's run id."""
@@ -194,6 +203,7 @@ def build_vocab(
             "seen": int(totals.seen.sum()),
             "evicted": int(n_evicted),
             "per_field": stats,
+            "day_fields": day_field_stats(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi),
             "seconds": {"count": round(t1 - t0, 3), "merge": round(t2 - t1, 3),
                         "evicted_and_report": round(time.perf_counter() - t2, 3)},
             "events_run_id": events.get("run_id"),
@@ -326,6 +336,8 @@ def _result(manifest: dict, *, skipped: bool, url: str) -> VocabResult:
         seen=manifest["seen"],
         evicted=manifest["evicted"],
         per_field=manifest["per_field"],
+        day_fields=manifest["day_fields"],
+        previous_vocab_date=manifest["previous_vocab_date"],
         skipped=skipped,
         run_id=manifest["run_id"],
         url=url,

@@ -163,7 +163,8 @@ def _finish(fs: fsspec.AbstractFileSystem, plan: MergePlan, bucket: int, merged:
     write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), vocab)
     evicted_rows = write_evicted(fs, scratch(plan.stage, "evicted", bucket), gone)
     totals = field_totals(field=merged["field"], count=merged["count"], admitted=admitted,
-                          evicted=merged["was_admitted"] & ~admitted, today=today, n_fields=plan.n_fields)  # fmt: skip
+                          evicted=merged["was_admitted"] & ~admitted, today=today,
+                          was_admitted=merged["was_admitted"], n_fields=plan.n_fields)  # fmt: skip
     pre_cap = np.bincount(merged["field"][merged["admitted"]], minlength=plan.n_fields)[: plan.n_fields]
     return BucketResult(admitted=pre_cap, totals=totals, vocab_rows=len(vocab["key"]), day_keys=day_keys,
                         evicted_rows=evicted_rows)

@@ -27,6 +27,7 @@ from storage.io import fsio
 from trainer import model_dir
 from trainer.bags import FieldBags, Jagged, expand_cells, pool_rows
 from trainer.data import FeatureSchema, list_parts
+from trainer.group_metrics import group_auc
 from trainer.metrics import StreamingMetrics, slice_metrics
 from trainer.model_dir import ModelMeta
 from trainer.models.ctr_model import CTRModel
@@ -142,6 +143,7 @@ def evaluate_model(
     batch_size: int = 8192,
     bins: int = 10,
     slices: tuple[str, ...] = (),
+    groups: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """AUC, log loss, calibration and reliability of a model on feature rows, one Parquet part at a time.
 
@@ -157,9 +159,11 @@ def evaluate_model(
         bins: reliability-table bins.
         slices: key columns (e.g. `("k_0",)`) to report per-value metrics for (top 10 values); a plus,
             computed in memory, so leave empty for huge sets.
+        groups: key columns to compute the AUC of every value of (`trainer.group_metrics.GroupAUC`:
+            slice AUCs and GAUC for the publish gate); in memory too.
 
     Returns:
-        {auc, logloss, rows, mean_prediction, click_rate, calibration, ece, reliability[, slices]}.
+        {auc, logloss, rows, mean_prediction, click_rate, calibration, ece, reliability[, slices][, groups]}.
 
     Raises:
         ValueError: no rows, or a single class (AUC undefined).
@@ -167,19 +171,23 @@ def evaluate_model(
     loaded = model if isinstance(model, LoadedModel) else load_model(model, storage_options)
     metrics = StreamingMetrics(bins=bins)
     kept: list[tuple[np.ndarray, np.ndarray, pd.DataFrame]] = []
-    for df in _feature_frames(features, loaded, storage_options, extra=slices):
+    extra = tuple(dict.fromkeys((*slices, *groups)))
+    for df in _feature_frames(features, loaded, storage_options, extra=extra):
         labels, probs = df["label"].to_numpy(np.float64), score(loaded, df, batch_size=batch_size)
         metrics.update(labels, probs)
-        if slices:
-            kept.append((labels, probs, df[list(slices)]))
+        if extra:
+            kept.append((labels, probs, df[list(extra)]))
     if metrics.rows == 0:
         raise ValueError(f"no feature rows to evaluate the model on (features: {features if isinstance(features, str) else 'a frame'})")
     out = metrics.result()
-    if slices:
+    if extra:
         y = np.concatenate([k[0] for k in kept])
         p = np.concatenate([k[1] for k in kept])
         cols = pd.concat([k[2] for k in kept], ignore_index=True)
-        out["slices"] = {c: slice_metrics(y, p, cols[c].to_numpy()) for c in slices}
+        if slices:
+            out["slices"] = {c: slice_metrics(y, p, cols[c].to_numpy()) for c in slices}
+        if groups:
+            out["groups"] = {c: group_auc(y, p, cols[c].to_numpy()) for c in groups}
     return out
 
 

@@ -3,17 +3,21 @@
     <root>/raw/                                 demo input (`ctrpipe generate`, `ctrpipe demo`)
     <root>/events/date=D/                       typed rows of the day (ingest)
     <root>/quarantine/date=D/                   malformed rows with file, line and reason (ingest)
-    <root>/vocab/date=D/                        the feature vocabulary after day D (vocab)
-    <root>/features/date=D/{train,eval}/        encoded rows (encode)
-    <root>/runs/date=D/                         the day's run: metrics.json, history.png, train-spec.json,
-                                                model/ (the candidate) and model.checkpoint/
+    <root>/vocab[/<vocab_key>]/date=D/          the feature vocabulary after day D (vocab)
+    <root>/features[/<features_key>]/date=D/{train,eval}/   encoded rows (encode)
+    <root>/runs/<model>/date=D/                 the model's run of the day: metrics.json, history.png,
+                                                checks.png, train-spec.json, model/ (the candidate) and
+                                                model.checkpoint/
     <root>/models/<model>/vNNNNN/               registry versions
     <root>/models/<model>/LATEST                the published version
     <local_dir>/<model>/shard-RRRRR-of-WWWWW/   the SSD tier of rank R (node-local)
     <local_dir>/runs/D/                         the launcher's scratch (train spec) on this node
 
 A stage asks the layout for its directories and never formats `date=...` itself, so a change of
-layout is one edit here.  Dates, model names and versions are validated once, here, before they
+layout is one edit here.  Several models share one root: events and quarantine depend only on the
+input and are shared; a vocabulary and features are shared by the models whose configs of them are
+equal (`vocab_key` / `features_key`, digests of those configs: `flows.config.RunConfig.layout`);
+runs and the registry are the model's own.  Dates, model names and versions are validated once, here, before they
 become paths.  File names *inside* a committed directory belong to the stage that writes it.
 """
 
@@ -35,6 +39,8 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 VERSION = re.compile(r"^v\d{5}$")
 """Registry version ids: `v` and five digits, in creation order."""
 _DATED = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
+_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+"""Config keys of vocabularies and features (digests) become folder names."""
 
 
 def validate_model_name(name: str) -> str:
@@ -112,11 +118,14 @@ class Layout:
         model_name: the model whose runs, registry and shards these are.
         storage_options: fsspec options for the root (credentials come from the environment).
         local_dir: node-local folder of the SSD tier; empty = `default_local_dir(root)`.
+        vocab_key: names the vocabulary's config (`vocab/<key>/date=D`); empty = `vocab/date=D`.
+        features_key: names the features' config (`features/<key>/date=D`); empty = `features/date=D`.
 
     Example::
 
         layout = Layout("s3://bucket/ctr", "ctr")
         layout.events("2026-01-05")       # 's3://bucket/ctr/events/date=2026-01-05'
+        layout.run("2026-01-05")          # 's3://bucket/ctr/runs/ctr/date=2026-01-05'
         layout.version("v00003")          # 's3://bucket/ctr/models/ctr/v00003'
     """
 
@@ -124,11 +133,17 @@ class Layout:
     model_name: str = "ctr"
     storage_options: dict | None = None
     local_dir: str = ""
+    vocab_key: str = ""
+    features_key: str = ""
 
     def __post_init__(self) -> None:
         if not self.root:
             raise ValueError("root must not be empty")
         validate_model_name(self.model_name)
+        for name in ("vocab_key", "features_key"):
+            key = getattr(self, name)
+            if key and not _KEY.match(key):
+                raise ValueError(f"{name} must match {_KEY.pattern} (it becomes a folder name), got {key!r}")
         object.__setattr__(self, "root", self.root.rstrip("/") or "/")
         object.__setattr__(self, "local_dir", NodeLayout(self.local_dir or default_local_dir(self.root), self.model_name).local_dir)
 
@@ -144,7 +159,7 @@ class Layout:
         """The demo's raw day files (`day_YYYY-MM-DD.tsv.gz`)."""
         return self._under("raw")
 
-    # ---- data stages (shared by every model on the root) ------------------------------------------
+    # ---- data stages (events: shared by every model on the root; vocab, features: per config) -------
     def events(self, date: str) -> str:
         return self._under("events", dated_name(date))
 
@@ -152,18 +167,18 @@ class Layout:
         return self._under("quarantine", dated_name(date))
 
     def vocab(self, date: str) -> str:
-        return self._under("vocab", dated_name(date))
+        return fsio.join(self.vocab_parent(), dated_name(date))
 
     def vocab_parent(self) -> str:
-        """The folder holding every `vocab/date=D` (listed to find the previous vocabulary)."""
-        return self._under("vocab")
+        """The folder holding every `date=D` vocabulary of this config (listed to find the previous one)."""
+        return self._under("vocab", *([self.vocab_key] if self.vocab_key else []))
 
     def features(self, date: str) -> str:
-        return self._under("features", dated_name(date))
+        return self._under("features", *([self.features_key] if self.features_key else []), dated_name(date))
 
-    # ---- the day's run ---------------------------------------------------------------------------
+    # ---- the model's run of the day --------------------------------------------------------------
     def run(self, date: str) -> str:
-        return self._under("runs", dated_name(date))
+        return self._under("runs", self.model_name, dated_name(date))
 
     def run_record(self, date: str) -> str:
         """`metrics.json`: what the day's run did."""
@@ -180,6 +195,10 @@ class Layout:
     def run_checkpoints(self, date: str) -> str:
         """The training checkpoints of the day's run (shared by every node; deleted after the commit)."""
         return fsio.join(self.run(date), "model.checkpoint")
+
+    def run_checks_chart(self, date: str) -> str:
+        """`checks.png`: the data checks' series over their window, the day marked."""
+        return fsio.join(self.run(date), "checks.png")
 
     def run_train_spec(self, date: str) -> str:
         """A copy of the train spec on shared storage, for jobs that start torchrun themselves."""

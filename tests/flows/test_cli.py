@@ -38,9 +38,9 @@ def test_run_prints_the_day_table_and_publishes(day_run):
     tmp, _, _, out = day_run
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2026-02-01" in out.stdout and "v00001" in out.stdout and "yes" in out.stdout
-    record = json.loads((tmp / "root" / "runs" / "date=2026-02-01" / "metrics.json").read_text())
+    record = json.loads((tmp / "root" / "runs" / "ctr" / "date=2026-02-01" / "metrics.json").read_text())
     assert record["published"] and record["rows_read"] == 4000
-    assert (tmp / "root" / "runs" / "date=2026-02-01" / "history.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp / "root" / "runs" / "ctr" / "date=2026-02-01" / "history.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_evaluate_scores_the_published_model_on_a_log_file(day_run):

@@ -70,7 +70,7 @@ def test_every_day_completes_and_is_published(three_days):
         assert r.completed and r.published and r.latest_version == r.model_version
         assert 0.5 < r.auc <= 1.0 and 0.0 < r.logloss < 1.0
         assert r.rows_ingested > 0 and r.rows_eval >= cfg.publish.min_eval_rows
-        assert set(r.seconds) == {"ingest", "vocab", "encode", "warm", "train", "evaluate", "publish"}
+        assert set(r.seconds) == {"ingest", "vocab", "encode", "checks", "warm", "train", "evaluate", "publish"}
 
 
 def test_rows_are_accounted_for(three_days):
@@ -104,7 +104,7 @@ def test_day_two_warm_starts_from_day_one(three_days):
     assert reg.read_json("v00003", "lineage.json")["parent_version"] == "v00002"
     assert read_record(cfg.layout(), DAYS[1]).train["warm_start"] == "from v00001"
     assert read_record(cfg.layout(), DAYS[0]).train["warm_start"] == "cold: no published model"
-    init = json.loads((root / "runs" / f"date={DAYS[1]}" / "model" / "model.json").read_text())["init_model_url"]
+    init = json.loads((root / "runs" / "ctr" / f"date={DAYS[1]}" / "model" / "model.json").read_text())["init_model_url"]
     assert init.rstrip("/").endswith("models/ctr/v00001")
     # the day-2 table still holds rows trained on day 1 only: the sparse state was carried over
     keys1 = set(pq.read_table(root / "models/ctr/v00001/sparse").column("key").to_pylist())
@@ -165,7 +165,7 @@ def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):
         assert record.rows_read == half and record.rows_quarantined == 0, record
         assert state.is_completed() or record.status == "refused", record
         assert record.auc > 0.6, record
-        model = json.loads((tmp_path / "root" / "runs" / f"date={date}" / "model" / "model.json").read_text())
+        model = json.loads((tmp_path / "root" / "runs" / "ctr" / f"date={date}" / "model" / "model.json").read_text())
         assert model["train"]["world_size"] == 2
     assert len(list((tmp_path / "root" / "models" / "ctr" / "v00002" / "sparse").glob("part-*.parquet"))) == 2
 

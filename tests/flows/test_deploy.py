@@ -11,63 +11,23 @@ stopped at the end, even on failure.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers.prefect_server import (
+    BIN,
+    Procs,
+    criteo_config,
+    server_env,
+    start_server,
+)
+
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 DAYS = ["2026-04-01", "2026-04-02", "2026-04-03"]
-
-
-class Procs:
-    """Background processes, each in its own session, all stopped at the end."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in reversed(self.procs):
-            for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):  # a worker ignores the first SIGTERM
-                if p.poll() is not None:
-                    break
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    continue
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"prefect server at {url} not healthy after {timeout}s")
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -83,7 +43,7 @@ def _write_days(shared_data: Path, raw: Path) -> None:
 
 
 def _record(root: Path, date: str) -> dict | None:
-    p = root / "runs" / f"date={date}" / "metrics.json"
+    p = root / "runs" / "ctr" / f"date={date}" / "metrics.json"
     return json.loads(p.read_text()) if p.exists() else None
 
 
@@ -91,35 +51,20 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
     root, raw = tmp_path / "root", tmp_path / "raw"
     _write_days(shared_data, raw)
     cfg_file = tmp_path / "config.yaml"
-    cfg_file.write_text(yaml.safe_dump({
-        "root": str(root),
-        "input": {"url": str(raw / "day_{date}.tsv"), "format": "criteo"},
-        "dask": {"processes": False, "n_workers": 1},
-        "vocab": {"min_count": 2},
-        "store": {"embedding_dim": 8, "host_budget_mb": 64},
-        "model": {"mlp_dims": [32, 16]},
-        "optim": {"batch_size": 256, "k_steps": 5},
-        "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50},
-    }))
-    api = f"http://127.0.0.1:{free_port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "INFO"}
-    env.pop("PREFECT_API_URL", None)
+    cfg_file.write_text(yaml.safe_dump(criteo_config(root, raw)))
     procs = Procs(tmp_path)
     try:
-        server = procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                        "--port", str(free_port)], env)
-        _wait_healthy(api, server)
-        client_env = {**env, "PREFECT_API_URL": api}
+        client_env = start_server(procs, server_env(tmp_path), free_port)
 
-        out = _run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg_file)], client_env)
+        out = _run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg_file), "--no-alerts"],
+                   client_env)
         assert out.returncode == 0, out.stderr + out.stdout
-        assert "deployed daily" in out.stdout and "deployed on-demand" in out.stdout
+        assert "deployed ctr-daily" in out.stdout and "deployed ctr-on-demand" in out.stdout
 
         procs.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process",
                                "--type", "process"], client_env)
 
-        run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/on-demand", "--param",
+        run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
                     f"date={DAYS[0]}", "--watch", "--watch-timeout", "420"], client_env, timeout=480)
         assert "Completed" in run.stdout, run.stdout + run.stderr
         rec = _record(root, DAYS[0])
@@ -131,20 +76,20 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         good = (raw / f"day_{DAYS[1]}.tsv").read_bytes()
         (raw / f"day_{DAYS[1]}.tsv").write_bytes(b"garbage line without tabs\n" * 200 + good)
         params = json.dumps({"start": DAYS[0], "end": DAYS[2]})
-        run = _run([str(BIN / "prefect"), "deployment", "run", "backfill/backfill", "--params", params,
+        run = _run([str(BIN / "prefect"), "deployment", "run", "backfill/ctr-backfill", "--params", params,
                     "--watch", "--watch-timeout", "420"], client_env, timeout=480)
         assert "Failed" in run.stdout, run.stdout + run.stderr
         assert _record(root, DAYS[1])["status"] == "failed"
         assert _record(root, DAYS[2]) is None  # never started
         assert (root / "models" / "ctr" / "LATEST").read_text().strip() == "v00001"
-        day1_mtime = (root / "runs" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime
+        day1_mtime = (root / "runs" / "ctr" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime
 
         # fixed input, same backfill: only the failed and later dates run
         (raw / f"day_{DAYS[1]}.tsv").write_bytes(good)
-        run = _run([str(BIN / "prefect"), "deployment", "run", "backfill/backfill", "--params", params,
+        run = _run([str(BIN / "prefect"), "deployment", "run", "backfill/ctr-backfill", "--params", params,
                     "--watch", "--watch-timeout", "420"], client_env, timeout=480)
         assert "Completed" in run.stdout, run.stdout + run.stderr
-        assert (root / "runs" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime == day1_mtime
+        assert (root / "runs" / "ctr" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime == day1_mtime
         versions = [_record(root, d)["model_version"] for d in DAYS]
         assert versions == ["v00001", "v00002", "v00003"]
         lineage = json.loads((root / "models" / "ctr" / "v00003" / "lineage.json").read_text())

@@ -48,7 +48,7 @@ OUR_FILES = [
     INFRA / "README.md",
 ]
 WORK_POOLS = {"ctr-process": "process", "ctr-k8s": "kubernetes"}
-DEPLOYMENTS = {"daily", "on-demand", "backfill"}
+DEPLOYMENTS = {"ctr-daily", "ctr-on-demand", "ctr-backfill"}  # flows.deploy.deployment_names("ctr")
 LOCAL_DIR = "/mnt/ctr-local"  # store.local_dir inside the pods
 
 

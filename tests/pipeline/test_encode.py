@@ -107,3 +107,30 @@ def test_avazu_is_split_by_hour_then_order(tmp_path, client):
     assert evals.shape[1] == 1 + 21 and len(evals) == 5  # no dense columns for Avazu
     hour3 = events[events["ts"] == events["ts"].max()]
     assert len(hour3) == 5 and evals["label"].tolist() == hour3.sort_values("order")["label"].astype(float).tolist()
+
+
+def test_a_replayed_day_keeps_copies_of_train_rows_out_of_eval(tmp_path, raw_days, client):
+    """The day's file three times over (an upstream replay): no eval row is a copy of a train row."""
+    import gzip
+
+    day = raw_days.dates[0]
+    lines = gzip.decompress((raw_days.path / f"day_{day}.tsv.gz").read_bytes())
+    (tmp_path / f"replay_{day}.tsv").write_bytes(lines * 3)
+    kw = {"layout": Layout(str(tmp_path / "root")), "client": client}
+    ingest_date(day, input=InputConfig(url=str(tmp_path / "replay_{date}.tsv")),
+                ingest=IngestConfig(rows_per_partition=1500), **kw)  # fmt: skip
+    build_vocab(day, vocab=VocabConfig(min_count=5), fmt="criteo", **kw)
+    r = encode_date(day, encode=EncodeConfig(eval_fraction=0.2), fmt="criteo", **kw)
+    rows = 3 * 4000
+    assert r.rows_train == rows - eval_size(rows, 0.2)
+    assert r.eval_copies_dropped == eval_size(rows, 0.2) and r.rows_eval == 0  # the last fifth copies the first
+    assert r.duplicate_share > 0.6  # two of three rows copy another (a few generated rows repeat anyway)
+    features = tmp_path / "root" / "features" / f"date={day}"
+    assert not list((features / "eval").glob("*.parquet"))
+
+
+def test_a_day_without_copies_keeps_every_eval_row(vocab_root, client):
+    root, date = vocab_root
+    r = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.25), fmt="criteo",
+                    client=client, force=True)  # fmt: skip
+    assert r.rows_eval == 1000 and r.eval_copies_dropped == 0 and r.duplicate_share < 0.01

@@ -122,6 +122,45 @@ def test_real_criteo_sample_split_into_days(tmp_path, shared_data, client):
     assert [r.rows_written for r in results] == [5000, 5000] and sum(r.rows_quarantined for r in results) == 0
     clicks = sum(events_of(tmp_path / "root", d)["label"].sum() for d in ("2026-02-01", "2026-02-02"))
     assert clicks == 2182
+    # the day statistics the data checks read, counted in the same pass (manifest `stats`)
+    assert sum(r.stats["clicks"] for r in results) == 2182 and [r.rows_padded for r in results] == [0, 0]
+    events = events_of(tmp_path / "root", "2026-02-01")
+    assert results[0].stats["missing"]["I1"] == int(events["I1"].isna().sum()) > 0
+    assert results[0].stats["missing"]["C3"] == int(events["C3"].isna().sum())
+    assert sum(results[0].stats["dense_hist"]["I2"]) == 5000 - int(events["I2"].isna().sum())
+
+
+def test_rows_cut_short_are_counted_as_padded_not_quarantined(tmp_path, shared_data, client):
+    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines()[:1000]
+    cut = [b"\t".join(line.split(b"\t")[:20]) for line in lines[:300]] + lines[300:]
+    (tmp_path / "day_2026-02-01.tsv").write_bytes(b"\n".join(cut) + b"\n")
+    r = ingest_date("2026-02-01", layout=Layout(str(tmp_path / "root")), input=InputConfig(url=str(tmp_path / "day_{date}.tsv")),
+                    ingest=IngestConfig(), client=client)  # fmt: skip
+    assert (r.rows_written, r.rows_quarantined, r.rows_padded) == (1000, 0, 300)
+
+
+def test_a_late_input_is_waited_for(raw_root, client, tmp_path):
+    """The day's file lands halfway through input.wait_s: ingest waits, then commits it."""
+    import threading
+
+    late = tmp_path / "late"
+    late.mkdir()
+    src = raw_root / "raw" / f"day_{DAYS[0]}.tsv.gz"
+    timer = threading.Timer(2.0, lambda: (late / src.name).write_bytes(src.read_bytes()))
+    timer.start()
+    try:
+        r = ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=str(late / "day_{date}.tsv.gz"),
+                        wait_s=4, poll_s=0.5), ingest=SMALL_PARTS, client=client)  # fmt: skip
+    finally:
+        timer.cancel()
+    assert r.rows_written == ROWS_PER_DAY
+
+
+def test_an_input_that_never_lands_fails_saying_how_long_it_waited_and_for_what(raw_root, client):
+    (raw_root / "raw" / "_SUCCESS").unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError, match=r"the done marker .*_SUCCESS is not there .* after waiting 1s"):
+        ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(wait_s=1, poll_s=0.3, done_file="_SUCCESS"),
+                    ingest=SMALL_PARTS, client=client)  # fmt: skip
 
 
 def test_real_avazu_sample_is_dated_by_its_hour(tmp_path, shared_data, client):

@@ -87,7 +87,7 @@ def test_the_fused_delta_merge_equals_the_delta_merge_split_and_summed(seed):
         assert vocab[name].dtype == column.dtype or name in ("first_seen", "last_seen"), name
     for name, column in want[1].items():
         np.testing.assert_array_equal(got.evicted[name], column, err_msg=f"evicted {name}")
-    for name in ("seen", "admitted", "evicted", "covered", "present"):
+    for name in ("seen", "admitted", "evicted", "covered", "present", "known", "distinct"):
         np.testing.assert_array_equal(getattr(got.totals, name), getattr(want[2], name), err_msg=name)
     if seed == 1:
         assert len(want[1]["key"]) and (want[0]["count"] == 0).any() and len(want[0]["key"]) < len(prev_keys) + 200
@@ -98,5 +98,6 @@ def split_vocab_with_totals(merged, today, *, n_fields):
     on = np.zeros(len(merged["key"]), np.int64)
     on[np.searchsorted(merged["key"], today[0])] = today[1]
     totals = field_totals(field=merged["field"], count=merged["count"], admitted=merged["admitted"],
-                          evicted=merged["was_admitted"] & ~merged["admitted"], today=on, n_fields=n_fields)  # fmt: skip
+                          evicted=merged["was_admitted"] & ~merged["admitted"], today=on,
+                          was_admitted=merged["was_admitted"], n_fields=n_fields)  # fmt: skip
     return vocab, gone, totals

@@ -5,6 +5,7 @@ import numpy as np
 from pipeline.config import VocabConfig
 from pipeline.vocab_report import (
     FieldTotals,
+    day_field_stats,
     field_totals,
     report_markdown,
     stats_from_totals,
@@ -14,12 +15,14 @@ from pipeline.vocab_report import (
 def test_field_totals_of_buckets_add_up_to_those_of_the_whole_table():
     keys = {"field": np.array([0, 0, 1, 1, 1, 0]), "count": np.array([2, 0, 1, 3, 0, 1]),
             "admitted": np.array([True, True, False, True, True, False]),
-            "evicted": np.array([False, False, True, False, False, True]), "today": np.array([1, 0, 0, 2, 0, 1])}  # fmt: skip
+            "evicted": np.array([False, False, True, False, False, True]), "today": np.array([1, 0, 0, 2, 0, 1]),
+            "was_admitted": np.array([False, True, True, True, False, False])}  # fmt: skip
     whole = field_totals(**keys, n_fields=3)
     halves = field_totals(**{k: v[:3] for k, v in keys.items()}, n_fields=3) + field_totals(
         **{k: v[3:] for k, v in keys.items()}, n_fields=3
     )
-    want = {"seen": [2, 2, 0], "admitted": [2, 2, 0], "evicted": [1, 1, 0], "covered": [1, 2, 0], "present": [2, 2, 0]}
+    want = {"seen": [2, 2, 0], "admitted": [2, 2, 0], "evicted": [1, 1, 0], "covered": [1, 2, 0], "present": [2, 2, 0],
+            "known": [0, 2, 0], "distinct": [2, 1, 0]}
     for name, values in want.items():
         assert getattr(whole, name).tolist() == values and getattr(halves, name).tolist() == values, name
     assert FieldTotals.zeros(3).seen.tolist() == [0, 0, 0]
@@ -27,13 +30,23 @@ def test_field_totals_of_buckets_add_up_to_those_of_the_whole_table():
 
 def test_shares_are_of_the_days_rows_or_of_a_multi_valued_fields_values():
     totals = FieldTotals(seen=np.array([5, 3]), admitted=np.array([2, 1]), evicted=np.array([1, 0]),
-                         covered=np.array([6, 4]), present=np.array([8, 10]))  # fmt: skip
+                         covered=np.array([6, 4]), present=np.array([8, 10]), known=np.array([5, 4]),
+                         distinct=np.array([4, 3]))  # fmt: skip
     stats = stats_from_totals(totals, day_rows=10, fields=["A", "tags"], multi_valued=["tags"])
     assert stats == [
         {"field": "A", "seen": 5, "admitted": 2, "evicted": 1, "coverage": 0.6, "oov_rate": 0.2, "missing_rate": 0.2},
         {"field": "tags", "seen": 3, "admitted": 1, "evicted": 0, "coverage": 0.4, "oov_rate": 0.6,
          "missing_rate": None},
     ]  # fmt: skip
+
+
+def test_the_days_new_values_are_shares_against_the_previous_vocabulary():
+    totals = FieldTotals(seen=np.array([5, 3]), admitted=np.array([2, 1]), evicted=np.array([1, 0]),
+                         covered=np.array([6, 4]), present=np.array([8, 10]), known=np.array([5, 4]),
+                         distinct=np.array([4, 3]))  # fmt: skip
+    stats = day_field_stats(totals, day_rows=10, fields=["A", "tags"], multi_valued=["tags"])
+    assert stats == [{"field": "A", "day_keys": 4, "oov_rate_previous": 0.3},  # (8 - 5) of 10 rows
+                     {"field": "tags", "day_keys": 3, "oov_rate_previous": 0.6}]  # (10 - 4) of 10 values
 
 
 def test_the_markdown_report_names_the_config_the_totals_and_the_worst_fields():

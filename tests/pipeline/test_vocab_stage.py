@@ -77,7 +77,26 @@ def assert_same_as_reference(root: Path, date: str, ref: tuple[pd.DataFrame, pd.
     assert manifest["seen"] == int((want_vocab["count"] > 0).sum())
     np.testing.assert_array_equal(load_admitted(Layout(str(root)), date), np.sort(want_vocab.loc[want_vocab["admitted"], "key"]))
     np.testing.assert_array_equal(load_evicted(Layout(str(root)), date), np.sort(want_evicted["key"]))
+    assert manifest["day_fields"] == day_fields_reference(root, date, manifest)
     return manifest
+
+
+def day_fields_reference(root: Path, date: str, manifest: dict) -> list[dict]:
+    """Distinct keys of the day and the share of its rows the previous vocabulary had not admitted, per field."""
+    day = pd.read_parquet(root / "vocab" / f"date={date}" / "day_counts.parquet")
+    prev = manifest["previous_vocab_date"]
+    known = set()
+    if prev:
+        before = pd.read_parquet(root / "vocab" / f"date={prev}" / "vocab.parquet")
+        known = set(before.loc[before["admitted"], "key"].tolist())
+    day = day.assign(known=day["key"].isin(known), field=day["key"].to_numpy() >> 56)
+    out = []
+    for j, name in enumerate(FIELDS):
+        rows = day[day["field"] == j]
+        new = int(rows.loc[~rows["known"], "count"].sum())
+        out.append({"field": name, "day_keys": int((rows["count"] > 0).sum()),
+                    "oov_rate_previous": round(new / manifest["day_rows"], 6)})
+    return out
 
 
 DATES = date_range("2026-03-01", "2026-03-09")

@@ -25,11 +25,22 @@ def test_every_path_of_a_day_and_a_model_comes_from_the_layout():
     assert layout.quarantine("2026-01-05") == "s3://bucket/ctr/quarantine/date=2026-01-05"
     assert layout.vocab("2026-01-05") == "s3://bucket/ctr/vocab/date=2026-01-05"
     assert layout.features("2026-01-05") == "s3://bucket/ctr/features/date=2026-01-05"
-    assert layout.run_model("2026-01-05") == "s3://bucket/ctr/runs/date=2026-01-05/model"
-    assert layout.run_record("2026-01-05").endswith("runs/date=2026-01-05/metrics.json")
+    assert layout.run_model("2026-01-05") == "s3://bucket/ctr/runs/m1/date=2026-01-05/model"
+    assert layout.run_record("2026-01-05").endswith("runs/m1/date=2026-01-05/metrics.json")
+    assert layout.run_checks_chart("2026-01-05").endswith("runs/m1/date=2026-01-05/checks.png")
     assert layout.version("v00003") == "s3://bucket/ctr/models/m1/v00003"
     assert layout.latest_pointer() == "s3://bucket/ctr/models/m1/LATEST"
     assert date_of("s3://bucket/ctr/vocab/date=2026-01-05") == "2026-01-05" and date_of("vocab/x") is None
+
+
+def test_vocabularies_and_features_are_filed_under_their_config_keys():
+    keyed = Layout("s3://bucket/ctr", "m2", vocab_key="v1a2", features_key="f3b4")
+    assert keyed.vocab("2026-01-05") == "s3://bucket/ctr/vocab/v1a2/date=2026-01-05"
+    assert keyed.vocab_parent() == "s3://bucket/ctr/vocab/v1a2"
+    assert keyed.features("2026-01-05") == "s3://bucket/ctr/features/f3b4/date=2026-01-05"
+    assert keyed.events("2026-01-05") == Layout("s3://bucket/ctr", "m1").events("2026-01-05")  # shared
+    with pytest.raises(ValueError, match="vocab_key"):
+        Layout("s3://bucket/ctr", "m1", vocab_key="../x")
 
 
 def test_node_local_paths_are_local_and_per_model(tmp_path):

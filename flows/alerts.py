@@ -1,0 +1,151 @@
+"""Alerts: Prefect automations that tell someone when a model's daily retrain goes wrong.
+
+`ctrpipe deploy` creates, per model, through a Prefect notification block named `alerts.block`:
+
+    ctr-<model>-run-failed      a `daily-retrain` run of the model entered Failed, Crashed,
+                                PublishRefused or DataCheckFailed (one notification per run,
+                                naming the model, the run's date and reason: the state message)
+    ctr-<model>-no-daily-run    no run of the model's `<model>-daily` deployment completed
+                                within `alerts.expect_within` hours (a proactive trigger)
+
+The default block is a custom webhook whose URL comes from the environment variable
+`alerts.url_env` or from the Prefect Secret `alerts.url_secret` at deploy time, stored as a secret
+value of the block, never in committed config; a block of that name that already exists (e.g. one
+made in the UI for Slack) is used as it is when neither is set.  Rerunning deploy updates the
+automations in place (found by name), so they are never duplicated.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass
+from typing import Any
+
+DAILY_FLOW = "daily-retrain"
+ALERT_STATES = ("Failed", "Crashed", "PublishRefused", "DataCheckFailed")
+"""The flow-run states of a `daily-retrain` run that are alerted on."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AlertsConfig:
+    """The `alerts` section: where `ctrpipe deploy`'s automations send, and when a missing run alerts."""
+
+    block: str = "ctr-alerts"
+    """Name of the Prefect notification block the automations send through."""
+    url_env: str = "CTRPIPE_ALERT_WEBHOOK_URL"
+    """Environment variable holding the webhook URL; deploy (re)writes the block from it when it is set."""
+    url_secret: str = ""
+    """Name of a Prefect Secret block holding the webhook URL (used when `url_env` is not set)."""
+    expect_within: float = 26.0
+    """Hours: alert when no run of the model's daily deployment completed within this long."""
+
+    def __post_init__(self) -> None:
+        if not self.block:
+            raise ValueError("alerts.block must name a Prefect notification block")
+        if self.expect_within * 3600 < 10:
+            raise ValueError(f"alerts.expect_within must be at least 10 s (in hours), got {self.expect_within}")
+
+
+def failed_run_automation(model_name: str) -> str:
+    return f"ctr-{model_name}-run-failed"
+
+
+def missing_run_automation(model_name: str) -> str:
+    return f"ctr-{model_name}-no-daily-run"
+
+
+def webhook_url(cfg: AlertsConfig) -> str | None:
+    """The webhook URL from the environment or the Prefect Secret, or None when neither is set."""
+    if url := os.environ.get(cfg.url_env, ""):
+        return url
+    if cfg.url_secret:
+        from prefect.blocks.system import Secret
+
+        return str(Secret.load(cfg.url_secret).get())
+    return None
+
+
+def ensure_block(cfg: AlertsConfig) -> Any:
+    """The notification block's id: written from the webhook URL when one is given, else the existing block.
+
+    Raises:
+        ValueError: no URL is given and no block of that name exists.
+    """
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+    from prefect.client.orchestration import get_client
+
+    url = webhook_url(cfg)
+    if url:
+        block = CustomWebhookNotificationBlock(
+            name=cfg.block, url="{{webhook_url}}", secrets={"webhook_url": url},
+            json_data={"subject": "{{subject}}", "body": "{{body}}"},
+        )  # fmt: skip
+        return block.save(cfg.block, overwrite=True)
+    with get_client(sync_client=True) as client:  # a block of any type (Slack, email, ...) made by hand
+        for doc in client.read_block_documents():
+            if doc.name == cfg.block:
+                return doc.id
+    raise ValueError(
+        f"no notification block {cfg.block!r} on the Prefect server and no webhook URL to create it: set "
+        f"{cfg.url_env}, or alerts.url_secret to a Prefect Secret holding the URL, or create the block, or deploy "
+        "with --no-alerts"
+    )
+
+
+def automations(model_name: str, block_id: Any, daily_deployment_id: str, cfg: AlertsConfig) -> list[Any]:
+    """The model's two automations (not yet on the server)."""
+    from prefect.automations import Automation, EventTrigger, Posture, SendNotification
+
+    tag = {"prefect.resource.id": f"prefect.tag.model:{model_name}", "prefect.resource.role": "tag"}
+    flow = {"prefect.resource.role": "flow", "prefect.resource.name": DAILY_FLOW}
+    failed = Automation(
+        name=failed_run_automation(model_name),
+        description=f"A {DAILY_FLOW} run of model {model_name} failed, crashed, or was refused by a guard.",
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"}, match_related=[flow, tag],
+            expect={f"prefect.flow-run.{s}" for s in ALERT_STATES}, for_each={"prefect.resource.id"},
+            posture=Posture.Reactive, threshold=1, within=_dt.timedelta(0),
+        ),
+        actions=[SendNotification(
+            block_document_id=block_id,
+            subject=f"ctr-pipeline: model {model_name}: {{{{ flow_run.state.name }}}}",
+            body=(f"model {model_name}: {DAILY_FLOW} run {{{{ flow_run.name }}}} ended "
+                  "{{ flow_run.state.name }}: {{ flow_run.state.message }}"),
+        )],
+    )  # fmt: skip
+    missing = Automation(
+        name=missing_run_automation(model_name),
+        description=f"No daily run of model {model_name} completed within {cfg.expect_within:g} h.",
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.id": f"prefect.deployment.{daily_deployment_id}"},
+            expect={"prefect.flow-run.Completed"}, posture=Posture.Proactive, threshold=1,
+            within=_dt.timedelta(hours=cfg.expect_within),
+        ),
+        actions=[SendNotification(
+            block_document_id=block_id, subject=f"ctr-pipeline: model {model_name}: no daily run",
+            body=f"model {model_name}: no run of its daily deployment completed within {cfg.expect_within:g} h",
+        )],
+    )  # fmt: skip
+    return [failed, missing]
+
+
+def upsert_automations(model_name: str, daily_deployment_id: str, cfg: AlertsConfig) -> dict[str, str]:
+    """Create or update the model's automations (found by name); returns name -> automation id."""
+    from prefect.automations import Automation
+
+    block_id = ensure_block(cfg)
+    out = {}
+    for automation in automations(model_name, block_id, daily_deployment_id, cfg):
+        try:
+            existing = Automation.read(name=automation.name)
+        except ValueError:
+            existing = None
+        if existing is None:
+            out[automation.name] = str(automation.create().id)
+        else:
+            automation.id = existing.id
+            automation.update()
+            out[automation.name] = str(existing.id)
+    return out

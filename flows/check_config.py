@@ -1,0 +1,94 @@
+"""The `checks` section: what the data checks between ingest and training compare, and what each does.
+
+Every check has an action: `fail` stops the day before training (nothing is published; the flow
+ends in `DataCheckFailed`), `warn` records it and goes on, `off` skips it.  A day whose change is
+real (a launch, a holiday) is rerun with `--set checks.<name>.action=warn`; the lineage records it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+ACTIONS = ("fail", "warn", "off")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckAction:
+    action: str = "fail"
+    """`fail` (the day stops before training), `warn` (recorded, the run goes on) or `off`."""
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"action must be one of {ACTIONS}, got {self.action!r}")
+
+
+def _fail() -> CheckAction:
+    return CheckAction(action="fail")
+
+
+def _warn() -> CheckAction:
+    return CheckAction(action="warn")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChecksConfig:
+    """Thresholds of the data checks, and one action per check (`checks.<name>.action`)."""
+
+    window_days: int = 7
+    """The day is compared with the completed days among the `window_days` before it; with fewer
+    than 2 of them only the absolute checks (padded rows, click rate of 0 or 1, duplicates) run."""
+    min_volume_ratio: float = 0.3
+    """volume: fail when the day's rows read are under this share of the window's median (a partial export)."""
+    max_volume_ratio: float = 3.0
+    """volume: ... or over this many times it (a replayed or doubled export)."""
+    max_ctr_change: float = 0.5
+    """click_rate: relative change of the click rate against the window's median (lost or broken labels)."""
+    max_missing_increase: float = 0.3
+    """missing_rate: rise of one field's missing share over its median, absolute (a field dropped upstream)."""
+    max_padded_share: float = 0.05
+    """padded_rows: share of rows with missing trailing fields (rows cut short: the columns shift)."""
+    max_duplicate_share: float = 0.2
+    """duplicates: share of rows that exactly copy another row of the day (a replayed export)."""
+    max_quarantined_increase: float = 0.005
+    """quarantined: rise of the quarantined share over its median, absolute (a format change upstream)."""
+    max_psi: float = 0.25
+    """psi: population stability index of a dense field's values against the window's (a unit or scale change)."""
+    max_oov_increase: float = 0.2
+    """oov_rate: rise of one field's share of values the previous vocabulary lacks, absolute (re-hashed ids)."""
+    volume: CheckAction = field(default_factory=_fail)
+    click_rate: CheckAction = field(default_factory=_fail)
+    padded_rows: CheckAction = field(default_factory=_fail)
+    missing_rate: CheckAction = field(default_factory=_fail)
+    duplicates: CheckAction = field(default_factory=_fail)
+    quarantined: CheckAction = field(default_factory=_warn)
+    psi: CheckAction = field(default_factory=_warn)
+    oov_rate: CheckAction = field(default_factory=_warn)
+    distinct_keys: CheckAction = field(default_factory=_warn)
+    """distinct_keys: one field's distinct keys of the day outside the volume ratios of their median."""
+
+    def __post_init__(self) -> None:
+        if self.window_days < 1:
+            raise ValueError(f"checks.window_days must be >= 1, got {self.window_days}")
+        if not 0 <= self.min_volume_ratio <= 1 <= self.max_volume_ratio:
+            raise ValueError(
+                f"checks.min_volume_ratio ({self.min_volume_ratio}) must be in [0, 1] and checks.max_volume_ratio "
+                f"({self.max_volume_ratio}) >= 1"
+            )
+        for name in ("max_ctr_change", "max_missing_increase", "max_padded_share", "max_duplicate_share",
+                     "max_quarantined_increase", "max_psi", "max_oov_increase"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise ValueError(f"checks.{name} must be >= 0, got {getattr(self, name)}")
+
+    def action(self, check: str) -> str:
+        """The action of check `check`."""
+        return getattr(self, check).action
+
+
+CHECKS: tuple[str, ...] = tuple(f.name for f in fields(ChecksConfig) if f.type in ("CheckAction", CheckAction))
+"""Every check's name, in the order they are reported."""
+
+
+def overridden(cfg: ChecksConfig) -> dict[str, str]:
+    """The checks whose action differs from the default (for the lineage): name -> action."""
+    default = ChecksConfig()
+    return {name: cfg.action(name) for name in CHECKS if cfg.action(name) != default.action(name)}
