@@ -22,7 +22,13 @@ from tests.helpers.criteo import write_criteo_features
 from tests.helpers.specs import make_spec
 from trainer.config import TrainerConfig
 from trainer.evaluate import evaluate_model, load_model, score
-from trainer.launch import TrainingError, TrainResult, run_training, spec_env, torchrun_command
+from trainer.launch import (
+    TrainingError,
+    TrainResult,
+    run_training,
+    spec_env,
+    torchrun_command,
+)
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
