@@ -209,8 +209,8 @@ class ShardedEmbedding:
 
     def _pull_sync(self, keys: torch.Tensor) -> Pulled:
         route, owned, recv_counts = exchange_keys(keys, self.ctx)
-        # host read: the store's key index lives on the host (NCCL delivers the keys on the GPU)
-        owned = owned.cpu()
+        if owned.device.type != "cpu":  # NCCL delivers the keys on the GPU
+            owned = owned.cpu()  # host read: the store's key index lives on the host
         looked = self.store.lookup(owned)
         served = looked.rows  # (M, D) rows this rank owns, for the requesters
         rows = exchange_rows(served, route, recv_counts, self.ctx)  # (U, D)
