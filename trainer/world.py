@@ -40,10 +40,11 @@ def check_ranks_fit_gpus(cfg: TrainerConfig, nproc: int, gpus: int) -> None:
         ValueError: naming both numbers and the ways out.
     """
     if uses_nccl(cfg, gpus) and nproc > gpus:
+        fix = f"set trainer.nproc_per_node to at most {gpus} (or auto), or" if gpus else "set"
         raise ValueError(
             f"trainer.nproc_per_node={nproc} ranks on a node with {gpus} visible GPU(s) and backend "
             f"{cfg.backend!r} (NCCL): NCCL needs one GPU per rank (it fails with 'Duplicate GPU detected'); "
-            f"set trainer.nproc_per_node to at most {gpus} (or auto), or trainer.backend=gloo"
+            f"{fix} trainer.backend=gloo"
         )
 
 
