@@ -32,7 +32,9 @@ class BatchStager:
         """`batch` with dense and labels on the device (runs in the reader thread)."""
         if self._stream is None:
             return batch
-        with torch.cuda.stream(self._stream):
+        # the reader thread's current device is cuda:0 until set: pinning there would open a CUDA context
+        # on GPU 0 for every rank of the node
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             labels = host_to_device(batch.labels, self.device)
             dense = host_to_device(batch.dense, self.device)
             ready = torch.cuda.Event()

@@ -58,7 +58,7 @@ class Pulled:
         unique: the distinct keys (U,), sorted; `inverse` (N,) indexes them for every key.
         route: how `unique` travelled to the owners (the synchronous path; None on the HET cache
             path, whose push sends the keys the cache lets through, routed then).
-        owned: the keys this rank served for every requester (M,), on the store's device.
+        owned: the keys this rank served for every requester (M,), on the host (the stores index keys there).
         lookup: this rank's store's `Lookup` of `owned`, handed back to its `update`.
         recv_counts: keys each rank sent this one at the pull (the push's split sizes back).
     """

@@ -86,7 +86,8 @@ class KStepAdam:
 
         Args:
             scaler: fp16's loss scaler (`trainer.precision`): it unscales the gradients and skips the
-                step when they overflowed.
+                step when they overflowed.  With k == 1 it looks after the allreduce, where one rank's
+                overflow is every rank's: all skip together and their scales stay equal.
         """
         if self.k == 1 and self.ctx.world_size > 1:
             for p in self.params:
