@@ -130,6 +130,7 @@ class TrainOutcome:
         r = self.result
         return {"steps": r.steps, "examples": r.examples, "final_loss": r.final_loss, "mean_loss": r.mean_loss,
                 "examples_per_s": r.examples_per_s, "world_size": r.world_size, "wall_s": r.wall_s,
+                "backend": r.stats.get("backend"), "device": r.stats.get("device"),
                 "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
                 "run_tag": self.run_tag}
 

@@ -26,7 +26,7 @@ REVIEWED = frozenset({
     "torch.Tensor", "torch.amp.GradScaler", "torch.arange", "torch.are_deterministic_algorithms_enabled",
     "torch.argsort", "torch.autocast", "torch.bfloat16", "torch.bincount", "torch.bitwise_right_shift",
     "torch.bool", "torch.bucketize", "torch.cat", "torch.cuda.Event", "torch.cuda.Stream",
-    "torch.cuda.current_stream", "torch.cuda.device_count", "torch.cuda.get_device_properties",
+    "torch.cuda.current_stream", "torch.cuda.device", "torch.cuda.device_count", "torch.cuda.get_device_properties",
     "torch.cuda.get_rng_state", "torch.cuda.is_available", "torch.cuda.nccl.version", "torch.cuda.set_device",
     "torch.cuda.set_rng_state", "torch.cuda.stream", "torch.cumsum", "torch.device", "torch.distributed",
     "torch.distributed.PrefixStore", "torch.distributed.ProcessGroup", "torch.distributed.ReduceOp.SUM",

@@ -204,5 +204,5 @@ def cells_l2_grad(rows: torch.Tensor, grad: torch.Tensor, cells: Cells, mode: st
     if cells.plain:
         D = rows.shape[-1]
         return embedding_l2_grad(rows.view(B, F, D), grad.view(B, F, D), l2).view(-1, D)
-    w = pooling_weights(cells, mode).to(rows.device, rows.dtype).unsqueeze(1)  # (N, 1)
+    w = host_to_device(pooling_weights(cells, mode), rows.device).to(rows.dtype).unsqueeze(1)  # (N, 1)
     return grad + (l2 / B) * w * rows.detach()

@@ -13,7 +13,9 @@ Host reads of the step.  On CUDA a read of a device value on the host (`.item()`
 `.tolist()`, `.cpu()`) waits for the GPU; each one the step makes is marked
 `# host read:` with its reason (tests/trainer/test_train.py counts them): the
 all-to-all split sizes once per step, the owner's keys for the store's host
-index, the loss only at log points (every step on CPU, where it costs nothing).
+index, the loss only at log points (every step on CPU, where it costs nothing);
+and a host-memory store's gradients reach it on the host
+(`ShardedEmbedding._to_store`; none with the device cache).
 """
 
 from __future__ import annotations

@@ -148,7 +148,9 @@ class ShardedEmbedding:
         self._pushed = 0
 
     def _to_store(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.store.device)
+        """`t` where the store's rows are: a GPU rank's gradients reach a host-memory store here (a
+        device-to-host copy the host store needs; with the device cache they stay on the GPU)."""
+        return host_to_device(t, self.store.device)
 
     def _count(self, kind: str, sent: int, received: int) -> None:
         if self.ctx.world_size > 1:
@@ -219,7 +221,7 @@ class ShardedEmbedding:
         self._count("pull_keys", 8 * asked, 8 * got)
         self._count("pull_rows", row_b * got, row_b * asked)
         dev = self.ctx.device
-        out = rows.to(dev).index_select(0, host_to_device(route.inverse, dev))  # (N, D)
+        out = host_to_device(rows, dev).index_select(0, host_to_device(route.inverse, dev))  # (N, D)
         return Pulled(out, route.unique, route.inverse, route=route, owned=owned, lookup=looked, recv_counts=recv_counts)
 
     def _push_routed(self, pulled: Pulled, grads: torch.Tensor) -> None:
@@ -258,7 +260,7 @@ class ShardedEmbedding:
         fresh_clocks = torch.cat([got.need_clocks[remote[~cached]], got.check_clocks[~valid]])
         cache.insert(torch.cat([unique[fresh], check[~valid]]), fresh_rows, fresh_clocks, step=self.steps)
         dev = self.ctx.device
-        return Pulled(rows.to(dev)[inverse.to(dev)], unique, inverse)  # rows (N, D)
+        return Pulled(host_to_device(rows, dev)[host_to_device(inverse, dev)], unique, inverse)  # rows (N, D)
 
     def _stage_cached(self, pulled: Pulled, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sum `grads` per key, keep the cached copies' share, and return what must be sent this step."""
