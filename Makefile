@@ -4,16 +4,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test test-fast install install-test bench bench-peers clean
+# The exact CPU torch of the dev machines and CI; a GPU host installs over its own torch (README).
+CONSTRAINTS := constraints-cpu.txt
 
-$(VENV)/.installed: pyproject.toml
+.PHONY: demo test test-fast install install-test bench bench-peers wheelhouse gpu-check clean
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -36,8 +39,18 @@ bench: install-test
 # The peers the benchmarks compare against (never runtime dependencies).  TorchRec 1.8.0 is installed
 # without its dependencies: 1.9.0's fbgemm does not load with torch 2.13.
 bench-peers: install-test
-	$(PIP) install --quiet -e '.[bench]' 'fbgemm-gpu-cpu==1.8.0' tensordict 'torchmetrics==1.0.3' pyre-extensions
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[bench]' 'fbgemm-gpu-cpu==1.8.0' tensordict 'torchmetrics==1.0.3' pyre-extensions
 	$(PIP) install --quiet --no-deps 'torchrec==1.8.0'
+
+# Wheels of every runtime dependency but torch, for an offline install on a GPU host (README):
+#   make wheelhouse DIR=wheels [PYVER=3.12] [PLATFORM=manylinux_2_28_x86_64]
+wheelhouse:
+	@test -n "$(DIR)" || { echo "usage: make wheelhouse DIR=folder [PYVER=3.12] [PLATFORM=tag]"; exit 2; }
+	$(PYTHON) infra/wheelhouse.py --dest $(DIR) $(if $(PYVER),--python-version $(PYVER)) $(if $(PLATFORM),--platform $(PLATFORM))
+
+# The checks of a GPU host (needs CUDA; see infra/gpu-check.sh): OUT=dir [WHEELHOUSE=dir] [BUDGET_S=450]
+gpu-check:
+	bash infra/gpu-check.sh
 
 clean:
 	rm -rf demo-data .pytest_cache

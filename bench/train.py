@@ -16,6 +16,9 @@ Rows measured, all on CPU with one thread per process:
   (`trainer.data.prefetch_depth`);
 - `ours w2 stale=S`: the HET cache with staleness bound S; its sparse bytes per
   step beside those of `ours w2` (bound 0);
+- column `bf16_examples_per_s` of `ours wN`: the same run with `trainer.precision=bf16` (bfloat16
+  autocast of the dense network, on CPU here; float32 elsewhere), and `bf16_vs_fp32` its ratio to
+  the row's fp32 examples/s (`--no-bf16` leaves it out);
 - `plain torch`: one process, the same CTRModel on `nn.EmbeddingBag(sparse=True)`
   per field (indices pre-mapped, every batch already in memory), SparseAdam for
   the tables, Adam for the rest: the reference a single process should match;
@@ -255,6 +258,9 @@ def run_pass(
     for n in procs:
         out[f"reader alone w{n}"] = run_reader(features, batch=args.batch, world_size=n)
         out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, nproc_per_node=n, **common)
+        if args.bf16:
+            bf16 = run_ours(tmp, features, f"w{n}bf{suffix}", store, nproc_per_node=n, precision="bf16", **common)
+            out[f"ours w{n}"]["bf16_examples_per_s"] = bf16["examples_per_s"]
         if n in (1, 2):  # the default ("auto") runs without the reader thread on CPU: measure it with one
             out[f"ours w{n} prefetch=2"] = run_ours(
                 tmp, features, f"w{n}pf{suffix}", store, nproc_per_node=n, prefetch_batches=2, **common
@@ -291,6 +297,9 @@ def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, A
         elif len(passes) > 1:
             row["vs_plain_range"] = f"{min(ratios):.3f}..{max(ratios):.3f}"
             row["vs_plain_passes"] = ratios
+        if "bf16_examples_per_s" in row:
+            row["bf16_examples_per_s"] = float(np.median([g["bf16_examples_per_s"] for g in got]))
+            row["bf16_vs_fp32"] = row["bf16_examples_per_s"] / row["examples_per_s"]
         rows.append(row)
     return rows
 
@@ -303,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--procs", default="1,2,4")
     p.add_argument("--staleness", type=int, default=10)
     p.add_argument("--repeat", type=int, default=1, help="passes over every row (medians; see the module docstring)")
+    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 run of each `ours wN` row")
     args = p.parse_args(argv)
     if args.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
@@ -334,6 +344,7 @@ def main(argv: list[str] | None = None) -> None:
                     "sparse_lr": sparse_lr, "staleness": args.staleness, "repeat": args.repeat},
             notes=notes,
             columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "vs_rank_step",
+                     "bf16_examples_per_s", "bf16_vs_fp32",
                      "steps", "train_s", "final_loss", "sparse_MB_per_step", "note"],
         )
     finally:

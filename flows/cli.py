@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc-per-node", type=int, default=0, help="check against the spec (0: take the spec's)")
     p.add_argument("--my-addr", required=True, help="this node's --local_addr given to torchrun")
     p.add_argument("--all-addrs", required=True, help="comma-separated --local_addr of every node")
+    p.add_argument("--env-file", default=None,
+                   help="write the spec's environment of the ranks (trainer.nccl_env, ...) here, to source before torchrun")
     p.add_argument("--skip-warm", action="store_true", help="only fetch and check the spec")
     return parser
 
@@ -278,7 +280,8 @@ def cmd_warm_node(args: argparse.Namespace) -> int:
     from flows.node import warm_node
 
     report = warm_node(args.spec, args.out, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
-                       my_addr=args.my_addr, all_addrs=args.all_addrs.split(","), warm=not args.skip_warm)
+                       my_addr=args.my_addr, all_addrs=args.all_addrs.split(","), warm=not args.skip_warm,
+                       env_file=args.env_file)
     print(json.dumps(report, default=str))
     return 0
 

@@ -16,7 +16,9 @@ from typing import Any
 from storage.io import fsio
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, group_rank, node_ranks
+from trainer.launch import env_file_text
 from trainer.spec import TrainSpec
+from trainer.world import resolve_world
 
 
 class NodeMismatchError(ValueError):
@@ -38,18 +40,24 @@ def fetch_spec(spec_url: str, out: str) -> TrainSpec:
 
 def warm_node(
     spec_url: str, out: str, *, nnodes: int, nproc_per_node: int, my_addr: str, all_addrs: list[str],
-    warm: bool = True,
+    warm: bool = True, env_file: str | None = None,
 ) -> dict[str, Any]:
     """Fetch and check the spec, then warm the shards of this node's ranks exactly as they would.
 
+    Args:
+        env_file: where to write the spec's environment of the ranks (`trainer.launch.env_file_text`:
+            `trainer.nccl_env` and the rest), for the job script to source before its torchrun, so a
+            job started outside the flow runs with the same NCCL settings as one the flow launches.
+
     Returns:
-        {group_rank, ranks, spec (the local copy), warm: {rank: report or None (already warm)}}.
+        {group_rank, ranks, spec (the local copy), env_file, warm: {rank: report or None (already warm)}}.
 
     Raises:
         NodeMismatchError: the job's node count, address count or processes per node differ from the spec's.
+        ValueError: the spec asks for more NCCL ranks than this node has GPUs.
     """
     spec = fetch_spec(spec_url, out)
-    t = spec.trainer
+    t = resolve_world(spec.trainer)  # `auto` ranks, no more NCCL ranks than this node's GPUs
     addrs = [a for a in (x.strip() for x in all_addrs) if a]
     problems = []
     if t.nnodes != nnodes or len(addrs) != nnodes:
@@ -60,6 +68,9 @@ def warm_node(
         raise NodeMismatchError(
             "the train spec does not match the job (shard ownership would be wrong): " + "; ".join(problems)
         )
+    if env_file:
+        Path(env_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(env_file).write_text(env_file_text(t))
     node = group_rank(my_addr, addrs)
     ranks = node_ranks(node, t.nproc_per_node)
     reports: dict[str, Any] = {}
@@ -68,4 +79,5 @@ def warm_node(
         for rank in ranks:
             reports[str(rank)] = ensure_warm(spec.warm, shards, rank=rank, store=spec.store,
                                              storage_options=spec.storage_options)
-    return {"group_rank": node, "ranks": ranks, "spec": out, "warm": reports if warm else {"skipped": True}}
+    return {"group_rank": node, "ranks": ranks, "spec": out, "env_file": env_file,
+            "warm": reports if warm else {"skipped": True}}

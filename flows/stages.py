@@ -44,6 +44,7 @@ from trainer.launch import TrainResult, run_training
 from trainer.metrics import EvalMetrics
 from trainer.model_dir import SPARSE, warm_start
 from trainer.spec import TrainSpec
+from trainer.world import resolve_world
 
 EVICTED_FILE = "evicted.parquet"
 """The vocabulary's evicted keys (pipeline.vocab_stage)."""
@@ -124,7 +125,7 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     With several nodes the ranks warm their own shards (torchrun decides which node holds which
     rank), so the stage only makes the plan.
     """
-    published, world = state.published, cfg.trainer.world_size
+    published, world = state.published, resolve_world(cfg.trainer).world_size
     vocab_files, features = state.need("vocab").url, state.need("encode").url
     plan = WarmPlan(
         date=state.date, world_size=world, published_version=published.version if published else None,
@@ -163,6 +164,7 @@ class TrainOutcome:
         r = self.result
         return {"steps": r.steps, "examples": r.examples, "final_loss": r.final_loss, "mean_loss": r.mean_loss,
                 "examples_per_s": r.examples_per_s, "world_size": r.world_size, "wall_s": r.wall_s,
+                "backend": r.stats.get("backend"), "device": r.stats.get("device"),
                 "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
                 "run_tag": self.run_tag}
 
@@ -177,7 +179,7 @@ def train_spec(cfg: RunConfig, state: DayState) -> TrainSpec:
         features_url=encoded.url, output_url=layout.run_model(state.date),
         init_model_url=published.url if dense_ok and published else None, local_dir=layout.local_dir,
         model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=cfg.model,
-        optim=cfg.optim, het=cfg.het, trainer=cfg.trainer, run_tag="", vocab_date=state.date,
+        optim=cfg.optim, het=cfg.het, trainer=resolve_world(cfg.trainer), run_tag="", vocab_date=state.date,
         features_id=encoded.run_id,
         checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,
         warm=warmed.plan,

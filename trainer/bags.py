@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from storage.embedding.rows import host_to_device, segment_sum
 from trainer.models.config import BAG_POOLINGS
 from trainer.optim.schedule import embedding_l2_grad
 
@@ -177,10 +178,9 @@ def pool_rows(rows: torch.Tensor, cells: Cells, mode: str) -> torch.Tensor:
         return rows.view(B, F, rows.shape[-1])  # (B, F, D): nothing to pool
     if mode == "none":
         raise ValueError("model.bag_pooling is none but the batch has bags; drop them before pooling")
-    cell = cells.cell.to(rows.device)
-    out = rows.new_zeros(B * F, rows.shape[-1]).index_add(0, cell, rows)  # (B*F, D) sums
+    out = segment_sum(rows, cells.cell, B * F)  # (B*F, D) sums (sorted, not atomic, when deterministic)
     if mode == "mean":
-        out = out / cells.counts.to(rows.device, rows.dtype).unsqueeze(1)
+        out = out / host_to_device(cells.counts, rows.device).to(rows.dtype).unsqueeze(1)
     return out.view(B, F, rows.shape[-1])
 
 
@@ -204,5 +204,5 @@ def cells_l2_grad(rows: torch.Tensor, grad: torch.Tensor, cells: Cells, mode: st
     if cells.plain:
         D = rows.shape[-1]
         return embedding_l2_grad(rows.view(B, F, D), grad.view(B, F, D), l2).view(-1, D)
-    w = pooling_weights(cells, mode).to(rows.device, rows.dtype).unsqueeze(1)  # (N, 1)
+    w = host_to_device(pooling_weights(cells, mode), rows.device).to(rows.dtype).unsqueeze(1)  # (N, 1)
     return grad + (l2 / B) * w * rows.detach()

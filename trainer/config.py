@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 LR_DECAYS = ("none", "linear", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,8 +26,9 @@ class TrainerConfig:
     """The `trainer` section: how the training job runs (nothing here changes the trained result
     except the world's shape, `nnodes` x `nproc_per_node` and `intra_group_size`)."""
 
-    nproc_per_node: int = 1
-    """Training processes per node, launched by torchrun (one per GPU on GPU nodes)."""
+    nproc_per_node: str | int = "auto"
+    """Training processes per node, launched by torchrun.  `auto`: one per visible GPU on a CUDA node,
+    one on CPU (`trainer.world.resolve_world`); with NCCL at most the node's GPUs (checked at launch)."""
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = ""
@@ -54,13 +56,35 @@ class TrainerConfig:
     the end; a rerun (or a torchrun restart) resumes from the latest one.  0 = no checkpoints."""
     max_restarts: int = 0
     """torchrun `--max-restarts`: times the job's workers are restarted (from the last checkpoint) after a failure."""
+    precision: str = "auto"
+    """Arithmetic of the dense network (`trainer.precision`): `fp32`, `bf16` or `fp16` autocast with fp32
+    master weights and Adam state (fp16 adds loss scaling); `auto` = bf16 on CUDA, fp32 on CPU."""
+    deterministic: bool = False
+    """Bitwise-reproducible CUDA runs: deterministic algorithms (sorted segment sums instead of atomic
+    `index_add_`), at some speed.  On CPU every run is reproducible either way."""
 
     @property
     def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        """nnodes x nproc_per_node.
+
+        Raises:
+            ValueError: `nproc_per_node` is still `auto` (`trainer.world.resolve_world` fixes it on the node).
+        """
+        if self.nproc_per_node == "auto":
+            raise ValueError("trainer.nproc_per_node is 'auto': resolve it on the node (trainer.world.resolve_world)")
+        return self.nnodes * int(self.nproc_per_node)
 
     def __post_init__(self) -> None:
+        n = self.nproc_per_node
+        if isinstance(n, str) and n.isdigit():  # a number the YAML/CLI loader handed over as text
+            object.__setattr__(self, "nproc_per_node", int(n))
+        elif n != "auto" and (isinstance(n, bool) or not isinstance(n, int)):
+            raise ValueError(f"trainer.nproc_per_node must be 'auto' or an integer >= 1, got {n!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
         for name in ("nproc_per_node", "nnodes", "timeout_s", "log_every"):
+            if name == "nproc_per_node" and self.nproc_per_node == "auto":
+                continue
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
         if self.backend not in BACKENDS:

@@ -81,12 +81,14 @@ class FeatureSchema:
 @dataclass(frozen=True)
 class Batch:
     """One step's examples: labels float32 (B,), dense float32 (B, n), keys int64 (B, F), and the bags
-    of keys of its multi-valued fields (empty without them; see `trainer.bags`)."""
+    of keys of its multi-valued fields (empty without them; see `trainer.bags`).  `ready`: the CUDA
+    event of a batch whose dense and labels were copied to the GPU ahead (`trainer.staging`)."""
 
     labels: torch.Tensor
     dense: torch.Tensor
     keys: torch.Tensor
     bags: tuple[FieldBags, ...] = ()
+    ready: Any = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -319,16 +321,19 @@ class RankReader:
 
     @contextmanager
     def stream(
-        self, epochs: int, *, depth: int = 0, on_start: Callable[[], Any] | None = None
+        self, epochs: int, *, depth: int = 0, on_start: Callable[[], Any] | None = None,
+        prepare: Callable[[Batch], Batch] | None = None,
     ) -> Iterator[Iterator[Batch]]:
         """The batches from `position` to the end of epoch `epochs`, read `depth` ahead by a `Prefetcher`
-        thread; `position` counts each one as it is handed over (in the caller's thread)."""
+        thread; `position` counts each one as it is handed over (in the caller's thread).  `prepare`
+        runs on each batch in the reader thread (`trainer.staging.BatchStager`: its copy to the GPU)."""
         start, per = self.position, self.steps_per_epoch
 
         def batches() -> Iterator[Batch]:  # runs in the reader thread: reads no state that changes
             first = start // per
             for epoch in range(first, epochs):
-                yield from self.iter_batches(start - epoch * per if epoch == first else 0)
+                for batch in self.iter_batches(start - epoch * per if epoch == first else 0):
+                    yield batch if prepare is None else prepare(batch)
 
         def handed_over(ahead: Iterable[Batch]) -> Iterator[Batch]:
             for batch in ahead:

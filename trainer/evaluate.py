@@ -3,7 +3,9 @@
 Single process, no torch.distributed: the sparse parts of every rank are read
 into one read-only sorted table; keys the model never trained get their
 deterministic initial rows (`storage.embedding.row_init.init_rows`), exactly what a store
-would return for them.
+would return for them.  The dense network runs on the training device when there is one
+(`device="auto"`: CUDA when available); the table stays on the host (a searchsorted over
+its keys) and each batch's rows go to the device; only the probabilities come back.
 
 A model trained with bags of keys (model.json `bag_columns`, pooled with
 `model_config.bag_pooling`) is scored with the same bags pooled the same way
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 import torch
 
 from storage.embedding.row_init import init_rows
+from storage.embedding.rows import host_to_device
 from storage.embedding.snapshot import read_snapshot, snapshot_files
 from storage.io import fsio
 from trainer import model_dir
@@ -72,10 +75,22 @@ class LoadedModel:
     embeddings: FrozenEmbeddings
     schema: FeatureSchema
     meta: ModelMeta
+    device: torch.device = torch.device("cpu")
+    """Where the dense network scores."""
 
 
-def load_model(model_url: str, storage_options: dict | None = None) -> LoadedModel:
+def eval_device(device: str | torch.device = "auto") -> torch.device:
+    """`auto`: the training device when there is one (CUDA), else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(model_url: str, storage_options: dict | None = None, *, device: str | torch.device = "auto") -> LoadedModel:
     """Read a committed model directory (dense from safetensors, sparse from `sparse/part-*.parquet`).
+
+    Args:
+        device: where the dense network scores (`eval_device`).
 
     Raises:
         FileNotFoundError: not a committed model directory.
@@ -97,7 +112,8 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
         bag_columns=meta.bag_columns,
     ).for_pooling(cfg.bag_pooling)
     emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=meta.init_std)
-    return LoadedModel(model=model, embeddings=emb_table, schema=schema, meta=meta)
+    dev = eval_device(device)
+    return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev)
 
 
 @torch.no_grad()
@@ -127,11 +143,10 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
         B = keys.shape[0]
         bags = [FieldBags.from_jagged(f, b.slice(lo, hi)) for f, b in zip(s.bag_fields, bags_all, strict=True)]
         cells = expand_cells(keys, bags)  # the keys of every (example, field) cell, as in training
-        emb = pool_rows(loaded.embeddings.lookup(cells.keys), cells, pooling)  # (B, F, D)
-        dense = (
-            torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
-        )
-        out[lo:hi] = torch.sigmoid(loaded.model(dense, emb)).double().numpy()
+        dev = loaded.device
+        emb = pool_rows(host_to_device(loaded.embeddings.lookup(cells.keys), dev), cells, pooling)  # (B, F, D)
+        dense = torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
+        out[lo:hi] = torch.sigmoid(loaded.model(host_to_device(dense, dev), emb)).double().cpu().numpy()
     return out
 
 

@@ -21,9 +21,11 @@ deleted once the model is committed.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -40,6 +42,7 @@ from trainer import model_dir
 from trainer.config import TrainerConfig
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
+from trainer.world import resolve_world
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +97,44 @@ def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpi
     return cmd
 
 
-def trainer_env(cfg: TrainerConfig) -> dict[str, str]:
-    """The environment of the ranks: ours, plus NCCL settings, one OpenMP thread, and the repo on the path.
+def spec_env(cfg: TrainerConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment a train spec asks of its ranks, as (defaults, settings).
 
-    Unless set, NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=INIT,NET so NCCL logs which network and whether
-    GPUDirect RDMA it uses (`TrainResult.nccl_info`); gloo ranks ignore it.
+    Settings: `trainer.nccl_env` as given, one OpenMP thread, unbuffered output, and
+    CUBLAS_WORKSPACE_CONFIG with `trainer.deterministic` (cuBLAS is reproducible only with it).
+    Defaults (a variable already set wins): NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=INIT,NET where NCCL
+    runs (several CUDA ranks), so NCCL logs which network and whether GPUDirect RDMA it uses
+    (`TrainResult.nccl_info`).  A one-rank job creates no process group, so it asks for no NCCL
+    logging: it would claim an NCCL run that did not happen.  Nothing else of NCCL is set: its own
+    defaults hold unless the config says otherwise.
+
+    Raises:
+        ValueError: `nproc_per_node` still `auto` (`trainer.world.resolve_world` first).
     """
-    env = dict(os.environ)
-    if cfg.backend != "gloo" and cfg.device != "cpu":
-        env.setdefault("NCCL_DEBUG", "INFO")
-        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    env.update({k: str(v) for k, v in cfg.nccl_env.items()})
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
+    defaults: dict[str, str] = {}
+    if cfg.backend != "gloo" and cfg.device != "cpu" and cfg.world_size > 1:
+        defaults = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    settings = {k: str(v) for k, v in cfg.nccl_env.items()}
+    if cfg.deterministic:
+        settings["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    settings.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return defaults, settings
+
+
+def env_file_text(cfg: TrainerConfig) -> str:
+    """`spec_env` as a shell file for the jobs that start torchrun themselves (`ctrpipe warm-node
+    --env-file`, sourced by infra/slurm/train.sbatch and infra/k8s/train-job.yaml)."""
+    defaults, settings = spec_env(cfg)
+    lines = ["# the train spec's environment of the ranks (trainer.launch.spec_env)"]
+    lines += [f'export {k}="${{{k}:-{v}}}"' for k, v in defaults.items()]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def trainer_env(cfg: TrainerConfig) -> dict[str, str]:
+    """The environment of the ranks: ours, plus the spec's (`spec_env`), and the repo on the path."""
+    defaults, settings = spec_env(cfg)
+    env = {**defaults, **os.environ, **settings}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -182,8 +210,11 @@ def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = 
 
     Raises:
         TrainingError: torchrun exited non-zero or ran past `trainer.timeout_s`.
+        ValueError: more NCCL ranks per node than visible GPUs (before anything starts).
     """
-    trainer = spec.trainer
+    trainer = resolve_world(spec.trainer)  # `auto` ranks, and no more NCCL ranks than GPUs
+    if trainer is not spec.trainer:
+        spec = dataclasses.replace(spec, trainer=trainer)
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     spec_path = str(Path(work_dir).resolve() / f"train-spec-{uuid.uuid4().hex[:8]}.json")
     spec.write(spec_path)

@@ -32,6 +32,7 @@ from storage.io import fsio, version
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, load_working_set
 from trainer import checkpoint, model_dir
+from trainer.config import TrainerConfig
 from trainer.distributed.context import DistContext, init_distributed
 from trainer.malloc import tune_malloc
 from trainer.model_dir import ModelMeta
@@ -49,8 +50,12 @@ def _setup_logging() -> None:
     )
 
 
-def report_environment(ctx: DistContext) -> None:
-    """Log the topology, the two-phase groups and the NCCL settings this rank runs with."""
+def report_environment(ctx: DistContext, cfg: TrainerConfig) -> None:
+    """Log the topology, the two-phase groups and the NCCL settings this rank runs with.
+
+    A world of one creates no process group: a run configured for NCCL then exercises nothing of
+    NCCL, and says so (its model.json records backend `none`).
+    """
     nccl = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     log.info(
         "rank %d/%d local %d/%d backend %s device %s place %s",
@@ -59,6 +64,8 @@ def report_environment(ctx: DistContext) -> None:
     if ctx.rank == 0:
         log.info("two-phase groups %s leaders %s", list(ctx.topology.groups), list(ctx.topology.leaders))
         log.info("NCCL env %s", nccl or "{}")
+        if ctx.backend == "none" and cfg.backend == "nccl":
+            log.info("one rank: no process group, so NCCL is not exercised (backend none)")
         if ctx.backend == "nccl":
             log.info("NCCL version %s; NCCL_DEBUG=INFO lines of the ranks say which transport (NET/IB, GDR) it uses",
                      ".".join(map(str, torch.cuda.nccl.version())))
@@ -203,7 +210,7 @@ def run(spec: TrainSpec) -> None:
     ctx = init_distributed(spec.trainer)
     store: EmbeddingStore | None = None
     try:
-        report_environment(ctx)
+        report_environment(ctx, spec.trainer)
         store = open_store(spec, ctx)
         trainer = Trainer(spec, ctx=ctx, store=store)
         stats = trainer.train()

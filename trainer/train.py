@@ -5,7 +5,17 @@ checkpoint (`trainer.checkpoint`): each rank's store shard, and the state of
 its Stateful components (`Trainer.components`: model, optimizer, sparse
 embedding, reader, the loop's totals, the RNG).  A Trainer built over a
 checkpoint directory that holds a complete checkpoint of the same run resumes
-from it and finishes with the model an uninterrupted run would have produced.
+from it and finishes with the model an uninterrupted run would have produced:
+bit for bit on CPU, and on CUDA with `trainer.deterministic` (else within
+float32 rounding: `trainer.reproducibility`).
+
+Host reads of the step.  On CUDA a read of a device value on the host (`.item()`,
+`.tolist()`, `.cpu()`) waits for the GPU; each one the step makes is marked
+`# host read:` with its reason (tests/trainer/test_train.py counts them): the
+all-to-all split sizes once per step, the owner's keys for the store's host
+index, the loss only at log points (every step on CPU, where it costs nothing);
+and a host-memory store's gradients reach it on the host
+(`ShardedEmbedding._to_store`; none with the device cache).
 """
 
 from __future__ import annotations
@@ -32,7 +42,10 @@ from trainer.distributed.topology import bind_io_threads
 from trainer.models.ctr_model import CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.optim.schedule import set_step_lrs
+from trainer.precision import Precision, resolve_precision
+from trainer.reproducibility import TorchRNG, apply_determinism
 from trainer.spec import TrainSpec
+from trainer.staging import BatchStager, staged_inputs
 from trainer.stateful import Stateful, require_keys
 
 log = logging.getLogger(__name__)
@@ -57,6 +70,8 @@ def train_step(
     step: int,
     embedding_l2: float = 0.0,
     where: str = "",
+    precision: Precision | None = None,
+    check_loss: bool = True,
 ) -> torch.Tensor:
     """One synchronous step on this rank's batch; returns the batch's mean loss (detached).
 
@@ -67,29 +82,40 @@ def train_step(
     Bags of keys (multi-valued fields, `batch.bags`) are pulled with the `k_*`
     keys in the same pull and pooled into their field's row (`trainer.bags`).
 
+    Args:
+        precision: the dense network's autocast and loss scaling (default fp32: `trainer.precision`).
+        check_loss: read the loss on the host and refuse a non-finite one before any update (the
+            Trainer asks on CPU every step, on CUDA at its log points only: the read waits for the
+            GPU; a non-finite loss there still stops at the store, which refuses non-finite gradients).
+
     Raises:
-        NonFiniteLossError: the loss is NaN/Inf (checked before any update is applied).
+        NonFiniteLossError: the loss is NaN/Inf (with `check_loss`: before any update is applied).
     """
     dev = sparse.ctx.device
+    precision = precision or Precision("fp32", dev)
     pooling = model.config.bag_pooling
     cells = expand_cells(batch.keys, batch.bags if pooling != "none" else ())  # keys (N,), N >= B*F
     pulled = sparse.pull(cells.keys)  # one pull for k_* and bag keys
     rows = pulled.rows.requires_grad_(True)  # (N, D) leaf
     emb = pool_rows(rows, cells, pooling)  # (B, F, D); a view of `rows` without bags
-    logits = model(batch.dense.to(dev), emb)  # (B,)
-    loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(dev))
-    if not math.isfinite(loss.item()):
-        raise NonFiniteLossError(
-            f"non-finite loss {loss.item()} at step {step} on rank {sparse.ctx.rank}{' (' + where + ')' if where else ''}"
-        )
+    dense, labels = staged_inputs(batch, dev)
+    with precision.autocast():
+        logits = model(dense, emb)  # (B,)
+    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+    if check_loss:
+        value = loss.item()  # host read: the loss, where the Trainer checks it (see `check_loss`)
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"non-finite loss {value} at step {step} on rank {sparse.ctx.rank}{' (' + where + ')' if where else ''}"
+            )
     opt.zero_grad()
-    loss.backward()
+    precision.backward(loss)
     if rows.grad is None:  # cannot happen for a leaf that requires grad; guards refactors
         raise RuntimeError("embedding rows received no gradient")
-    grad = cells_l2_grad(rows, rows.grad, cells, pooling, embedding_l2)  # (N, D)
+    grad = cells_l2_grad(rows, precision.unscale(rows.grad), cells, pooling, embedding_l2)  # (N, D)
     world = sparse.ctx.world_size
     sparse.push(pulled, grad if world == 1 else grad / world)  # the pull's route and store lookup, reused
-    opt.step()
+    precision.step(opt)
     return loss.detach()
 
 
@@ -145,17 +171,6 @@ class Progress:
         self.last = torch.full((), state["last_loss"], device=self.last.device)
 
 
-class TorchRNG:
-    """torch's CPU generator (dropout), Stateful: between k-step merges every rank draws its own numbers."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cpu": torch.get_rng_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        require_keys(state, ("cpu",), "rng")
-        torch.set_rng_state(state["cpu"])
-
-
 class Trainer:
     """Builds the model, optimizer, sharded embedding and reader of one rank, and runs the epochs.
 
@@ -180,6 +195,8 @@ class Trainer:
                 f"no training rows for rank {ctx.rank}: {self.reader.share.total_rows} rows in "
                 f"{spec.features_url} over {ctx.world_size} ranks"
             )
+        apply_determinism(spec.trainer.deterministic)
+        self.precision = Precision(resolve_precision(spec.trainer.precision, ctx.device.type), ctx.device)
         torch.manual_seed(cfg.seed)
         self.model = CTRModel(
             spec.model, num_dense=self.schema.num_dense, num_fields=self.schema.num_fields,
@@ -230,12 +247,13 @@ class Trainer:
             "features_url": self.spec.features_url, "run_tag": self.spec.run_tag, "world_size": self.ctx.world_size,
             "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed, "k_steps": cfg.k_steps,
             "staleness_bound": self.spec.het.staleness_bound, "rows_per_rank": self.reader.share.rows,
+            "precision": self.precision.name,
         }
 
     def components(self) -> dict[str, Stateful]:
         """What a checkpoint saves beside the store shard, by name."""
         return {"model": self.model, "optim": self.opt, "sparse": self.sparse, "reader": self.reader,
-                "progress": self.progress, "rng": TorchRNG()}
+                "progress": self.progress, "rng": TorchRNG(self.ctx.device)}
 
     def save_checkpoint(self, step: int) -> str:
         """Write the checkpoint of `step` (a collective: every rank calls it at the same step); returns its URL.
@@ -342,19 +360,22 @@ class Trainer:
         depth = stats.prefetch_depth = self._prefetch_depth()
         progress = self.progress
         progress.start()
-        with self.reader.stream(cfg.epochs, depth=depth, on_start=self._bind) as batches:
+        stager = BatchStager(ctx.device)  # copies each batch's dense part to the GPU in the reader thread
+        on_host = ctx.device.type == "cpu"  # a host read of the loss costs nothing there: check every step
+        with self.reader.stream(cfg.epochs, depth=depth, on_start=self._bind, prepare=stager) as batches:
             for batch in batches:
                 step = self.reader.position
                 set_step_lrs(self.opt, self.sparse, cfg, step=step, total_steps=total_steps)
                 loss = train_step(
                     self.model, self.sparse, self.opt, batch, step=step, embedding_l2=cfg.embedding_l2,
-                    where=self._where(step),
+                    where=self._where(step), precision=self.precision,
+                    check_loss=on_host or step % run.log_every == 0 or step == total_steps,
                 )
                 progress.add(loss, len(batch))
                 self.opt.maybe_merge(step)
                 stats.steps = step
                 if ctx.rank == 0 and (step % run.log_every == 0 or step == total_steps):
-                    log.info("step %d/%d loss %.5f", step, total_steps, loss.item())
+                    log.info("step %d/%d loss %.5f", step, total_steps, loss.item())  # host read: the log line
                 if ckpt_every and step % ckpt_every == 0 and step < total_steps:
                     self.save_checkpoint(step)
                 if step == fail_step and ctx.rank == fail_rank:

@@ -33,6 +33,7 @@ from storage.embedding.rows import (
     Rows,
     check_keys,
     check_update,
+    host_to_device,
     row_bytes,
     sparse_adam,
     strictly_increasing,
@@ -298,11 +299,11 @@ class CachingTier(EmbeddingStore):
         out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
         res = np.flatnonzero(slots >= 0)
         dev = self.device
-        out.index_copy_(0, torch.from_numpy(res).to(dev), self._buf.gather_emb(slots[res]))
-        out.index_copy_(0, torch.from_numpy(outside).to(dev), rows_out.emb.to(dev))
+        out.index_copy_(0, host_to_device(torch.from_numpy(res), dev), self._buf.gather_emb(slots[res]))
+        out.index_copy_(0, host_to_device(torch.from_numpy(outside), dev), rows_out.emb.to(dev))
         if inverse is None:
             return Lookup(handle_keys, out, plan)
-        return Lookup(handle_keys, out.index_select(0, torch.from_numpy(inverse.reshape(-1)).to(self.device)), plan)
+        return Lookup(handle_keys, out.index_select(0, host_to_device(torch.from_numpy(inverse.reshape(-1)), dev)), plan)
 
     def _plan(self, slots: np.ndarray, found_out: np.ndarray, rows_out: Rows | None) -> _Plan:
         return _Plan(id(self), self._generation, slots, found_out, rows_out)
@@ -313,7 +314,8 @@ class CachingTier(EmbeddingStore):
             plan = None  # another tier's, or the tier changed since the lookup: resolve afresh
         self._generation += 1
         keys = target.keys if isinstance(target, Lookup) else target
-        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay)
+        # on a GPU the new rows' one finiteness check (`sparse_adam`) also refuses non-finite gradients
+        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay, finite=self.device.type == "cpu")
         if k.size == 0:
             return
         uniq, g = sum_duplicates(k, grads.to(self.device))
@@ -334,10 +336,10 @@ class CachingTier(EmbeddingStore):
         new_res = new_out = None
         try:
             if res.size:
-                idx = torch.from_numpy(res).to(self.device)
+                idx = host_to_device(torch.from_numpy(res), self.device)
                 new_res = sparse_adam(self._buf.gather(slots[res]), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
             if outside.size:
-                idx = torch.from_numpy(outside).to(self.device)
+                idx = host_to_device(torch.from_numpy(outside), self.device)
                 new_out = sparse_adam(rows_out.to(self.device), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
         except ValueError:
             c = self._cache
@@ -432,10 +434,14 @@ class CachingTier(EmbeddingStore):
                 w.write(keys[lo : lo + step], r.emb, r.m, r.v, r.clock)
         return w.rows
 
-    def _clear(self) -> None:
+    def _clear(self, *, release: bool = False) -> None:
+        """Forget every row; the buffer is zeroed in place (`RowBuffer.reset`), or freed on close."""
         self._generation += 1
         self._cache = SlotCache(self._cache.capacity, self._cache.policy, evict_extra=self._cache.evict_extra)
-        self._buf.reset()
+        if release:
+            self._buf.release()
+        else:
+            self._buf.reset()
 
     def restore(
         self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
@@ -496,8 +502,8 @@ class CachingTier(EmbeddingStore):
         return len(self.below) + only_here
 
     def close(self) -> None:
-        """Flush and close the tiers below; the cache is emptied."""
+        """Flush and close the tiers below; the cache is emptied and its buffer freed."""
         if self.below is not None:
             self.flush()
             self.below.close()
-        self._clear()
+        self._clear(release=True)

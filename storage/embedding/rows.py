@@ -133,8 +133,12 @@ def strictly_increasing(keys: np.ndarray) -> bool:
     return bool(keys.size < 2 or (keys[1:] > keys[:-1]).all())
 
 
-def check_grads(grads: torch.Tensor, n: int, dim: int) -> None:
+def check_grads(grads: torch.Tensor, n: int, dim: int, *, finite: bool = True) -> None:
     """Validate a gradient batch for `n` keys of width `dim`.
+
+    Args:
+        finite: also check every entry is finite (a host read); a tier that updates on a GPU leaves
+            it to `sparse_adam`, whose one check of the new rows refuses the same gradients.
 
     Raises:
         TypeError: not a float32 torch.Tensor.
@@ -146,20 +150,52 @@ def check_grads(grads: torch.Tensor, n: int, dim: int) -> None:
         raise TypeError(f"grads must be float32, got {grads.dtype}; cast with grads.float()")
     if tuple(grads.shape) != (n, dim):
         raise ValueError(f"grads must have shape ({n}, {dim}) for {n} keys, got {tuple(grads.shape)}")
-    if not all_finite(grads):
+    if finite and not all_finite(grads):
         raise ValueError("grads contain NaN or inf; no row was changed")
 
 
-def check_update(keys: torch.Tensor, grads: torch.Tensor, dim: int, *, lr: float, weight_decay: float) -> np.ndarray:
+def check_update(
+    keys: torch.Tensor, grads: torch.Tensor, dim: int, *, lr: float, weight_decay: float, finite: bool = True
+) -> np.ndarray:
     """The keys of an `update` as int64 numpy, after every argument check (`check_keys`, `check_grads`,
     and `lr` / `weight_decay` finite and >= 0): every tier refuses bad input the same way, before any row changes."""
     k = check_keys(keys)
-    check_grads(grads, k.size, dim)
+    check_grads(grads, k.size, dim, finite=finite)
     if not lr >= 0 or not np.isfinite(lr):
         raise ValueError(f"lr must be a finite number >= 0, got {lr}")
     if not weight_decay >= 0 or not np.isfinite(weight_decay):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
     return k
+
+
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t` on `device`; a host tensor bound for CUDA goes through pinned memory with `non_blocking`.
+
+    A copy from pageable memory makes the host wait for the GPU's queue to drain; from pinned
+    memory it is queued like a kernel, so index and batch uploads do not stall the step.  The
+    pinned staging buffer comes from torch's caching host allocator, which keeps it until the copy ran.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, ...) sums of the rows of `values` (N, ...) by `index` (N,) in [0, n); differentiable.
+
+    `index_add` is sequential on CPU, so its sums are reproducible; on CUDA it adds with atomics
+    in an order that changes from run to run.  Under `torch.use_deterministic_algorithms(True)`
+    (`trainer.deterministic`) a CUDA sum sorts the rows by index first and accumulates each segment
+    in that order (`index_put` with `accumulate`, deterministic on sorted indices), so every run
+    adds the same numbers in the same order.
+    """
+    index = host_to_device(index, values.device)
+    out = values.new_zeros((n, *values.shape[1:]))
+    if values.device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
+        order = torch.argsort(index, stable=True)
+        return out.index_put((index[order],), values[order], accumulate=True)
+    return out.index_add(0, index, values)
 
 
 def sum_duplicates(keys: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
@@ -171,11 +207,9 @@ def sum_duplicates(keys: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, t
         return keys, grads
     uniq, inverse = np.unique(keys, return_inverse=True)
     if uniq.size == keys.size:
-        order = torch.from_numpy(np.argsort(keys, kind="stable")).to(grads.device)
+        order = host_to_device(torch.from_numpy(np.argsort(keys, kind="stable")), grads.device)
         return uniq, grads.index_select(0, order)
-    summed = torch.zeros((uniq.size, grads.shape[1]), dtype=grads.dtype, device=grads.device)
-    summed.index_add_(0, torch.from_numpy(inverse.reshape(-1)).to(grads.device), grads)
-    return uniq, summed
+    return uniq, segment_sum(grads, torch.from_numpy(inverse.reshape(-1)), uniq.size)
 
 
 def sparse_adam(rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> Rows:
@@ -197,7 +231,11 @@ def sparse_adam(rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: flo
     step = (lr / bc1).to(torch.float32)[:, None]
     denom = v.sqrt() / bc2_sqrt.to(torch.float32)[:, None] + ADAM_EPS
     emb = rows.emb - step * (m / denom)
-    if not (all_finite(emb) and all_finite(v)):
+    # One reduction, one host read for the update: a NaN or inf gradient makes v (and emb) non-finite,
+    # so the new rows' check covers the gradients too (the tiers on a GPU skip `check_grads`' own).
+    if not bool(torch.isfinite(torch.stack([emb.sum(), v.sum()])).all()) and not (all_finite(emb) and all_finite(v)):
+        if not all_finite(grads):
+            raise ValueError("grads contain NaN or inf; no row was changed")
         # Finite but huge gradients (|g| > ~1e19) overflow v = g*g; such rows are never stored.
         bad = ~(torch.isfinite(emb).all(dim=1) & torch.isfinite(v).all(dim=1))
         raise ValueError(
@@ -271,22 +309,32 @@ class RowBuffer:
         if self.device.type == "cpu":
             r = self.rows
             return Rows(_take(r.emb, slots), _take(r.m, slots), _take(r.v, slots), _take(r.clock, slots))
-        return self.rows.select(torch.from_numpy(slots))
+        return self.rows.select(host_to_device(torch.from_numpy(slots), self.device))
 
     def scatter(self, slots: np.ndarray, rows: Rows) -> None:
         """Write `rows` at `slots` (distinct), growing when needed."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         if slots.size:
             self.ensure(int(slots.max()) + 1)
-        self.rows.put(torch.from_numpy(slots), rows)
+        self.rows.put(host_to_device(torch.from_numpy(slots), self.device), rows)
 
     def gather_emb(self, slots: np.ndarray) -> torch.Tensor:
         """Embeddings only at `slots`, (len(slots), dim)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         if self.device.type == "cpu":
             return _take(self.rows.emb, slots)
-        return self.rows.emb.index_select(0, torch.from_numpy(slots).to(self.device))
+        return self.rows.emb.index_select(0, host_to_device(torch.from_numpy(slots), self.device))
 
     def reset(self) -> None:
-        """Drop every row (a fixed buffer keeps its allocation)."""
-        self.rows = Rows.empty(self.capacity if self.fixed else 0, self.dim, self.device)
+        """Drop every row.  A fixed buffer keeps its allocation and is zeroed in place: allocating a
+        fresh one while the old is alive would need twice its memory (a GPU cache sized over half
+        the device could not be restored)."""
+        if self.fixed:
+            for t in (self.rows.emb, self.rows.m, self.rows.v, self.rows.clock):
+                t.zero_()
+        else:
+            self.rows = Rows.empty(0, self.dim, self.device)
+
+    def release(self) -> None:
+        """Free every slot (closing the tier): the buffer holds nothing afterwards, fixed or not."""
+        self.rows = Rows.empty(0, self.dim, self.device)

@@ -9,7 +9,7 @@ from flows.recipes import by_name, demo
 def test_defaults_are_valid_and_documented_keys_exist():
     cfg = load_config()
     assert cfg.root and cfg.input.format == "criteo"
-    assert cfg.trainer.nproc_per_node == 1 and cfg.optim.k_steps >= 1
+    assert cfg.trainer.nproc_per_node == "auto" and cfg.optim.k_steps >= 1
 
 
 def test_yaml_then_overrides(tmp_path):

@@ -4,6 +4,7 @@ learns its ranks in the order c10d will number the nodes."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,20 @@ def test_warm_node_copies_the_spec_and_picks_ranks(tmp_path: Path, capsys: pytes
     report = json.loads(capsys.readouterr().out)
     assert report["group_rank"] == 1 and report["ranks"] == [4, 5, 6, 7]
     assert json.loads(out.read_text()) == json.loads(json.dumps(data))
+
+
+def test_warm_node_writes_the_specs_rank_environment(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = _spec_dict(tmp_path, nnodes=2, nproc=4)
+    data["trainer"]["nccl_env"] = {"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "bond0"}
+    src = tmp_path / "spec.json"
+    src.write_text(json.dumps(data))
+    env_file = tmp_path / "copy" / "train-env.sh"
+    code = main(["warm-node", "--spec", str(src), "--out", str(tmp_path / "copy" / "spec.json"), "--nnodes", "2",
+                 "--nproc-per-node", "4", "--my-addr", "a", "--all-addrs", "a,b", "--skip-warm",
+                 "--env-file", str(env_file)])
+    assert code == 0 and json.loads(capsys.readouterr().out)["env_file"] == str(env_file)
+    sourced = subprocess.run(["bash", "-c", f"source {env_file} && env"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "NCCL_DEBUG": "WARN"}, check=True).stdout.splitlines()
+    assert {"NCCL_IB_HCA=mlx5_0", "NCCL_SOCKET_IFNAME=bond0", "OMP_NUM_THREADS=1"} <= set(sourced)
+    assert "NCCL_DEBUG=WARN" in sourced, "a default never overrides what the job's environment sets"
+    assert not any(v.startswith("NCCL_NET_GDR_LEVEL=") for v in sourced), "NCCL's own default unless configured"

@@ -521,7 +521,10 @@ def test_train_job() -> None:
     for res in ("requests", "limits"):
         assert int(container["resources"][res]["nvidia.com/gpu"]) == gpus
     assert any(k.startswith("rdma/") for k in container["resources"]["limits"]), "RDMA device resource"
-    assert {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL"} <= set(env)
+    assert not {n for n in env if n.startswith("NCCL_")}, "NCCL settings come from the spec (trainer.nccl_env)"
+    before = script.split("exec ", 1)[0]
+    assert "--env-file /tmp/ctr/train-env.sh" in before and "source /tmp/ctr/train-env.sh" in before, \
+        "the pod sources the spec's environment (ctrpipe warm-node --env-file) before torchrun"
     assert secret_ref(env.get("RDZV_ID")) is None and env["RDZV_ID"]["valueFrom"]["fieldRef"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -601,8 +604,11 @@ def test_sbatch_torchrun_across_nodes() -> None:
     assert re.search(r'--nproc_per_node "\$\w+"', text) and "--gpus-per-node" in text
     assert '--local_addr "$ME"' in text and '--my-addr "$ME"' in text, "torchrun and ctrpipe warm-node must agree"
     assert "-m flows.cli warm-node --spec" in text.split("exec ", 1)[0], "each node warms its shards before torchrun"
-    for var in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL"):
-        assert f"export {var}=" in text
+    assert not re.search(r"^\s*export NCCL_", text, flags=re.MULTILINE), "NCCL settings come from the spec"
+    before = text.split("exec ", 1)[0]
+    env_file = re.search(r'--env-file "([^"]+)"', before)
+    assert env_file and f'source "{env_file.group(1)}"' in before, \
+        "each node sources the spec's environment (ctrpipe warm-node --env-file) before torchrun"
 
 
 def test_installed_torch_orders_c10d_nodes_by_address() -> None:

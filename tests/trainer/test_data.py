@@ -3,6 +3,7 @@ restarts; bags read as flat keys + offsets; and the prefetch thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -101,6 +102,17 @@ def test_the_stream_counts_its_position_over_epochs_and_a_restart_continues_ther
     with again.stream(2, depth=depth) as batches:
         assert [b.labels.tolist() for b in batches] == whole[9:]
     assert again.position == 14
+
+    threads = set()
+
+    def prepare(batch):  # what trainer.staging.BatchStager does to each batch, in the reader thread
+        threads.add(threading.current_thread().name)
+        return dataclasses.replace(batch, labels=batch.labels + 1)
+
+    staged = RankReader(url, schema, rank=1, world_size=2, batch_size=4)
+    with staged.stream(2, depth=depth, prepare=prepare) as batches:
+        assert [(b.labels - 1).tolist() for b in batches] == whole
+    assert threads == ({"batch-prefetch"} if depth else {threading.current_thread().name})
 
 
 def test_a_reader_state_of_another_share_or_batch_size_is_refused(tmp_path: Path) -> None:

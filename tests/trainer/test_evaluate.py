@@ -21,6 +21,7 @@ from trainer.data import FeatureSchema
 from trainer.evaluate import (
     FrozenEmbeddings,
     LoadedModel,
+    eval_device,
     evaluate_model,
     load_model,
     score,
@@ -142,3 +143,11 @@ def test_evaluation_scores_a_bag_model_with_its_bags_pooled_as_in_training(mode:
     np.testing.assert_allclose(score(loaded, arrow_backed, batch_size=5), want, rtol=1e-6)
     with pytest.raises(KeyError, match=r"lack columns \['bag_1'\]"):
         score(loaded, frame.drop(columns=["bag_1"]))
+
+
+def test_evaluation_runs_on_the_training_device_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert eval_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert eval_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert eval_device() == torch.device("cuda")

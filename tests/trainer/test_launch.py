@@ -22,7 +22,13 @@ from tests.helpers.criteo import write_criteo_features
 from tests.helpers.specs import make_spec
 from trainer.config import TrainerConfig
 from trainer.evaluate import evaluate_model, load_model, score
-from trainer.launch import TrainingError, TrainResult, run_training, torchrun_command
+from trainer.launch import (
+    TrainingError,
+    TrainResult,
+    run_training,
+    spec_env,
+    torchrun_command,
+)
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
@@ -276,3 +282,14 @@ def test_two_nodes_of_two_equal_one_node_of_four(tmp_path: Path, shared_data: Pa
     np.testing.assert_array_equal(k_multi, k_single)
     np.testing.assert_allclose(e_multi, e_single, rtol=1e-5, atol=1e-6)
     assert abs(multi.final_loss - single.final_loss) < 1e-5 and multi.final_loss < 0.7
+
+
+def test_the_rank_environment_is_the_specs_and_claims_nccl_only_where_it_runs() -> None:
+    one = spec_env(TrainerConfig(nproc_per_node=1, backend="nccl", device="cuda"))
+    assert "NCCL_DEBUG" not in one[0], "one rank creates no process group: no NCCL logging to claim NCCL"
+    defaults, settings = spec_env(TrainerConfig(nproc_per_node=8, nccl_env={"NCCL_IB_HCA": "mlx5_0"}, deterministic=True))
+    assert defaults == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    assert settings["NCCL_IB_HCA"] == "mlx5_0" and settings["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not {"NCCL_SOCKET_IFNAME", "NCCL_NET_GDR_LEVEL"} & set(settings), "NCCL's defaults unless configured"
+    assert settings["OMP_NUM_THREADS"] == "1"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in spec_env(TrainerConfig(nproc_per_node=2))[1]

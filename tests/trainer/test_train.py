@@ -24,6 +24,7 @@ from tests.helpers.bags import (
     random_bag_batch,
     reference_emb,
 )
+from tests.helpers.host_reads import host_reads, unmarked
 from tests.helpers.ranks import cpu_trainer_config, run_ranks
 from trainer.bags import FieldBags
 from trainer.data import Batch
@@ -182,3 +183,53 @@ def test_two_ranks_with_bags_train_what_one_rank_trains_on_the_concatenated_batc
         sorted({k for r in range(2) for s in range(1, STEPS + 1) for k in _rank_batch(r, s).bags[0].values.tolist()})
     )
     assert not torch.equal(store.lookup(bag_keys).rows, MemoryStore(D, init_std=0.1).lookup(bag_keys).rows)  # bag rows trained
+
+
+# ---- host reads of a step ------------------------------------------------------------------------
+
+
+def _step_parts(ctx, seed: int = 0):
+    torch.manual_seed(seed)
+    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(8,)), num_dense=3, num_fields=4, dim=4)
+    opt = KStepAdam(model.named_parameters(), ctx, k=2, lr=0.01)
+    sparse = ShardedEmbedding(MemoryStore(4, init_std=0.1), ctx, lr=0.05)
+    g = torch.Generator().manual_seed(seed + ctx.rank)
+    batches = [Batch(labels=(torch.rand(32, generator=g) < 0.3).float(), dense=torch.rand(32, 3, generator=g),
+                     keys=torch.randint(0, 50, (32, 4), generator=g)) for _ in range(4)]
+    return model, sparse, opt, batches
+
+
+def test_a_step_reads_the_device_only_at_its_documented_points() -> None:
+    """One rank: no host read at all unless the loss is checked (every step on CPU, at log points on CUDA)."""
+    ctx = init_distributed(cpu_trainer_config())
+    model, sparse, opt, batches = _step_parts(ctx)
+    for i in range(2):
+        train_step(model, sparse, opt, batches[i], step=i + 1)
+    with host_reads(("trainer",)) as quiet:
+        train_step(model, sparse, opt, batches[2], step=3, check_loss=False)
+        opt.maybe_merge(3)
+    assert not quiet, f"a CUDA step would wait for the GPU at {sorted(quiet)}"
+    with host_reads(("trainer",)) as checked:
+        train_step(model, sparse, opt, batches[3], step=4)
+    assert sum(checked.values()) == 1 and not unmarked(checked), checked
+
+
+def _host_reads_rank(rank: int, world: int, out_dir: str) -> None:
+    ctx = init_distributed(cpu_trainer_config())
+    try:
+        model, sparse, opt, batches = _step_parts(ctx)
+        for i in range(2):
+            train_step(model, sparse, opt, batches[i], step=i + 1)
+        with host_reads(("trainer",)) as seen:
+            train_step(model, sparse, opt, batches[2], step=3, check_loss=False)
+        assert not unmarked(seen), f"undocumented host reads in the step: {unmarked(seen)}"
+        counts = [n for (path, _, name), n in seen.items() if path.endswith("collectives.py") and name == "tolist"]
+        assert counts == [1], f"the all-to-all split sizes are read once per step (the push reuses the pull's): {seen}"
+        assert sparse.bytes_by_kind["push"] > 0
+    finally:
+        ctx.destroy()
+
+
+@pytest.mark.distributed
+def test_two_ranks_read_the_split_sizes_once_per_step(tmp_path: Path, free_port: int) -> None:
+    run_ranks(_host_reads_rank, 2, free_port, str(tmp_path))

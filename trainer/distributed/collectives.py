@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from storage.embedding.rows import host_to_device
 from trainer.distributed.context import DistContext
 
 OPS = ("avg", "sum")
@@ -99,6 +100,7 @@ def exchange_counts(send_counts: list[int], ctx: DistContext) -> list[int]:
     send = torch.tensor(send_counts, dtype=torch.int64, device=ctx.comm_device)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send)
+    # host read: the split sizes of the uneven all-to-alls that follow (the step's one unavoidable sync)
     return recv.tolist()
 
 
@@ -116,7 +118,7 @@ def all_to_all_rows(
     """
     if ctx.world_size == 1:
         return tensor
-    inp = tensor.to(ctx.comm_device).contiguous()
+    inp = host_to_device(tensor, ctx.comm_device).contiguous()
     out = torch.empty((sum(recv_counts), *inp.shape[1:]), dtype=inp.dtype, device=ctx.comm_device)
     dist.all_to_all_single(out, inp, output_split_sizes=recv_counts, input_split_sizes=send_counts)
     return out

@@ -24,6 +24,7 @@ from trainer.distributed.topology import (
     emulated_places,
     two_phase_groups,
 )
+from trainer.world import check_ranks_fit_gpus
 
 
 @dataclass
@@ -79,13 +80,22 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None or value == "" else int(value)
 
 
-def pick_backend_and_device(cfg: TrainerConfig, local_rank: int) -> tuple[str, torch.device]:
+def pick_backend_and_device(
+    cfg: TrainerConfig, local_rank: int, local_world_size: int = 1
+) -> tuple[str, torch.device]:
     """NCCL + `cuda:<local_rank>` when CUDA is available and allowed by the config, else gloo + CPU.
 
+    Ranks share a GPU (`local_rank % device_count`) only with gloo: NCCL refuses two ranks on one
+    device at init, so more NCCL ranks on the node than GPUs is refused here, naming both numbers
+    (the ranks of a job started without `trainer.launch`, e.g. by infra/slurm, meet it first).
+
     Raises:
-        ValueError: the config asks for CUDA or NCCL on a machine without CUDA.
+        ValueError: the config asks for CUDA or NCCL on a machine without CUDA, or for more NCCL
+            ranks on this node than it has GPUs.
     """
     cuda = torch.cuda.is_available()
+    if cuda and local_world_size > 1:
+        check_ranks_fit_gpus(cfg, local_world_size, torch.cuda.device_count())
     if cfg.device == "cuda" and not cuda:
         raise ValueError("trainer.device='cuda' but CUDA is not available; use device='auto' or 'cpu'")
     if cfg.backend == "nccl" and (not cuda or cfg.device == "cpu" or not dist.is_nccl_available()):
@@ -117,7 +127,7 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", 1)
-    backend, device = pick_backend_and_device(cfg, local_rank)
+    backend, device = pick_backend_and_device(cfg, local_rank, local_world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     comm_device = device if backend == "nccl" else torch.device("cpu")

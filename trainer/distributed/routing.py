@@ -4,7 +4,10 @@ Rank r owns the keys with `owner_of(key, world) == r`.  A rank deduplicates
 its keys once (`route_keys`, pure), sends each distinct key to its owner
 (`exchange_keys`), gets the owners' rows back in the same order
 (`exchange_rows`), and later sends the summed gradient of each distinct key
-(`send_grads`), which the owner applies to its store (`apply_updates`).
+back along the same route (`send_route_grads`: the owner knows the keys and
+the counts from the pull, so one all-to-all of gradients is the whole push),
+which the owner applies to its store.  A push whose keys were not pulled
+(the HET cache's) routes them afresh (`send_grads`, `apply_updates`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pandas as pd
 import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, owner_of
+from storage.embedding.rows import host_to_device, segment_sum
 from trainer.distributed.collectives import all_to_all_rows, exchange_counts
 from trainer.distributed.context import DistContext
 
@@ -57,12 +61,13 @@ def route_keys(keys: torch.Tensor, world_size: int) -> Route:
     owners = owner_of(unique, world_size)  # (U,)
     order = torch.argsort(owners, stable=True)
     counts = torch.bincount(owners, minlength=world_size)
+    # host read: the keys are host tensors (the reader's), so this reads no device
     return Route(unique=unique, inverse=inverse, order=order, send_counts=counts.tolist())
 
 
 def _by_owner(t: torch.Tensor, route: Route, world_size: int) -> torch.Tensor:
     """`t` (U, ...) in `route.unique` order -> grouped by owner (`t[route.order]`; `t` itself with one rank)."""
-    return t if world_size == 1 else t.index_select(0, route.order.to(t.device))
+    return t if world_size == 1 else t.index_select(0, host_to_device(route.order, t.device))
 
 
 def remote_counts(send_counts: list[int], recv_counts: list[int], rank: int) -> tuple[int, int]:
@@ -87,7 +92,30 @@ def exchange_rows(rows: torch.Tensor, route: Route, recv_counts: list[int], ctx:
     back = all_to_all_rows(rows, recv_counts, route.send_counts, ctx)  # (U, D) grouped by owner
     if ctx.world_size == 1:  # the route's order is the identity
         return back
-    return torch.empty_like(back).index_copy_(0, route.order.to(back.device), back)
+    return torch.empty_like(back).index_copy_(0, host_to_device(route.order, back.device), back)
+
+
+def send_route_grads(
+    route: Route, recv_counts: list[int], grads: torch.Tensor, ctx: DistContext
+) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Sum the gradients (N, D) of the keys a pull routed and send them back along its route.
+
+    The owners received these keys at the pull, in this order, with these counts: neither the keys
+    nor the counts travel again, so the push is one all-to-all (no count exchange, no host read).
+
+    Args:
+        route, recv_counts: the pull's (`exchange_keys`).
+
+    Returns:
+        (the gradients of the keys this rank served at the pull (M, D), in their order,
+        (bytes sent to, bytes received from) the other ranks).
+    """
+    grads = grads.reshape(route.inverse.numel(), grads.shape[-1])  # (N, D)
+    summed = segment_sum(grads, route.inverse, route.unique.numel())  # (U, D)
+    owned_grads = all_to_all_rows(_by_owner(summed, route, ctx.world_size), route.send_counts, recv_counts, ctx)
+    row_b = summed.shape[1] * summed.element_size()
+    sent, received = remote_counts(route.send_counts, recv_counts, ctx.rank)
+    return owned_grads, (row_b * sent, row_b * received)
 
 
 def send_grads(
@@ -107,8 +135,7 @@ def send_grads(
     D = grads.shape[1]
     if counts is not None:  # the update counts ride as one more float32 column (exact below 2^24)
         grads = torch.cat([grads, counts.reshape(-1, 1).to(grads)], dim=1)  # (N, D + 1)
-    summed = torch.zeros((route.unique.numel(), grads.shape[1]), dtype=grads.dtype, device=grads.device)
-    summed.index_add_(0, route.inverse.to(grads.device), grads)  # (U, D[+1])
+    summed = segment_sum(grads, route.inverse, route.unique.numel())  # (U, D[+1])
     recv_counts = exchange_counts(route.send_counts, ctx)
     owned = all_to_all_rows(_by_owner(route.unique, route, ctx.world_size), route.send_counts, recv_counts, ctx)
     owned_grads = all_to_all_rows(_by_owner(summed, route, ctx.world_size), route.send_counts, recv_counts, ctx)

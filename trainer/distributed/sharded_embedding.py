@@ -5,10 +5,17 @@ input and an output dist: `pull` hands back a `Pulled` handle that carries
 what the push needs (the route of the keys, the keys this rank served, its
 store's `Lookup`), and `push` consumes it.  Nothing depends on which tensor
 the caller passed or on what it did to it since.
+
+The push of the synchronous path sends only the gradients, back along the pull's route (the owners
+know the keys and the counts from the pull): a step is four all-to-alls (counts, keys, rows,
+gradients) and one host read (the counts').  So the ranks never compare keys at the push; each
+rank checks locally that it pushes the handle of its latest pull, once, and ranks that run the
+same loop then push the same pull.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +23,7 @@ from typing import Any
 import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, owner_of
+from storage.embedding.rows import host_to_device, segment_sum
 from trainer.distributed.context import DistContext
 from trainer.distributed.het_pull import pull_with_clocks
 from trainer.distributed.routing import (
@@ -26,6 +34,7 @@ from trainer.distributed.routing import (
     remote_counts,
     route_keys,
     send_grads,
+    send_route_grads,
     unique_keys,
 )
 from trainer.distributed.staleness import StaleRowCache
@@ -45,19 +54,23 @@ class Pulled:
 
     Attributes:
         rows: float32 (N, D) on `ctx.device`, the rows of the pulled keys in their order.
+        seq: which pull of its embedding this is (1, 2, ...): a push takes the latest one, once.
         unique: the distinct keys (U,), sorted; `inverse` (N,) indexes them for every key.
         route: how `unique` travelled to the owners (the synchronous path; None on the HET cache
             path, whose push sends the keys the cache lets through, routed then).
-        owned: the keys this rank served for every requester (M,), on the store's device.
+        owned: the keys this rank served for every requester (M,), on the host (the stores index keys there).
         lookup: this rank's store's `Lookup` of `owned`, handed back to its `update`.
+        recv_counts: keys each rank sent this one at the pull (the push's split sizes back).
     """
 
     rows: torch.Tensor
     unique: torch.Tensor
     inverse: torch.Tensor
+    seq: int = 0
     route: Route | None = None
     owned: torch.Tensor | None = None
     lookup: Lookup | None = None
+    recv_counts: list[int] | None = None
 
 
 class ShardedEmbedding:
@@ -130,9 +143,14 @@ class ShardedEmbedding:
         if use_cache is None:
             use_cache = staleness_bound > 0 and ctx.world_size > 1
         self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows) if use_cache else None
+        self._pulls = 0
+        """Pulls made; `_pushed`: the pull whose handle was pushed last."""
+        self._pushed = 0
 
     def _to_store(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.store.device)
+        """`t` where the store's rows are: a GPU rank's gradients reach a host-memory store here (a
+        device-to-host copy the host store needs; with the device cache they stay on the GPU)."""
+        return host_to_device(t, self.store.device)
 
     def _count(self, kind: str, sent: int, received: int) -> None:
         if self.ctx.world_size > 1:
@@ -141,26 +159,42 @@ class ShardedEmbedding:
             self.bytes_by_kind[kind] += sent + received
 
     def pull(self, keys: torch.Tensor) -> Pulled:
-        """The rows of `keys` (N,) as float32 (N, D) on `ctx.device` (`Pulled.rows`), in the order of `keys`."""
+        """The rows of host `keys` (N,) as float32 (N, D) on `ctx.device` (`Pulled.rows`), in the order of `keys`.
+
+        The keys stay on the host (the reader's tensors): routing and the stores' key indexes run there.
+        """
         t0 = time.perf_counter()
-        flat = keys.reshape(-1).to(torch.int64).cpu()
+        flat = keys.reshape(-1).to(torch.int64)
+        self._pulls += 1
         pulled = self._pull_cached(flat) if self.cache is not None else self._pull_sync(flat)
         self.seconds += time.perf_counter() - t0
-        return pulled
+        return dataclasses.replace(pulled, seq=self._pulls)
 
     def push(self, pulled: Pulled, grads: torch.Tensor) -> None:
         """Apply `grads` (N, D) of the keys of `pulled` on their owners (duplicates summed, one Adam step per row).
 
+        Gradients of another float type (a mixed-precision step's) are converted to float32 here, once:
+        the store takes float32 only.
+
         Raises:
-            ValueError: the handle is not from this embedding's path, or the ranks pushed handles of
-                different pulls (push each pull's handle once, in the order of the pulls, on every rank).
+            ValueError: the handle is not this rank's latest pull, or was pushed already (push each
+                pull's handle once, in the order of the pulls, on every rank), or is not from this
+                embedding's path; nothing is sent or applied.
         """
+        if pulled.seq != self._pulls or pulled.seq == self._pushed:
+            raise ValueError(
+                f"rank {self.ctx.rank} pushed the handle of pull {pulled.seq} (latest pull {self._pulls}, last pushed "
+                f"{self._pushed}): every rank must push the handle of the same pull, its latest, once"
+            )
         t0 = time.perf_counter()
         grads = grads.detach().reshape(pulled.inverse.numel(), self.dim)
+        if grads.dtype != torch.float32:
+            grads = grads.float()
         if self.cache is not None:
             self._send(*self._stage_cached(pulled, grads))
         else:
             self._push_routed(pulled, grads)
+        self._pushed = pulled.seq
         self.steps += 1
         self.seconds += time.perf_counter() - t0
 
@@ -177,7 +211,8 @@ class ShardedEmbedding:
 
     def _pull_sync(self, keys: torch.Tensor) -> Pulled:
         route, owned, recv_counts = exchange_keys(keys, self.ctx)
-        owned = self._to_store(owned)
+        if owned.device.type != "cpu":  # NCCL delivers the keys on the GPU
+            owned = owned.cpu()  # host read: the store's key index lives on the host
         looked = self.store.lookup(owned)
         served = looked.rows  # (M, D) rows this rank owns, for the requesters
         rows = exchange_rows(served, route, recv_counts, self.ctx)  # (U, D)
@@ -186,20 +221,15 @@ class ShardedEmbedding:
         self._count("pull_keys", 8 * asked, 8 * got)
         self._count("pull_rows", row_b * got, row_b * asked)
         dev = self.ctx.device
-        out = rows.to(dev).index_select(0, route.inverse.to(dev))  # (N, D)
-        return Pulled(out, route.unique, route.inverse, route=route, owned=owned, lookup=looked)
+        out = host_to_device(rows, dev).index_select(0, host_to_device(route.inverse, dev))  # (N, D)
+        return Pulled(out, route.unique, route.inverse, route=route, owned=owned, lookup=looked, recv_counts=recv_counts)
 
     def _push_routed(self, pulled: Pulled, grads: torch.Tensor) -> None:
-        if pulled.route is None or pulled.owned is None or pulled.lookup is None:
+        if pulled.route is None or pulled.owned is None or pulled.lookup is None or pulled.recv_counts is None:
             raise ValueError("push() got the handle of a HET-cache pull; this embedding runs the synchronous path")
-        owned, owned_grads, _, (sent, received) = send_grads(pulled.route, grads, self.ctx)
+        owned_grads, (sent, received) = send_route_grads(pulled.route, pulled.recv_counts, grads, self.ctx)
         self._count("push", sent, received)
-        if not torch.equal(owned, pulled.owned.to(owned.device)):
-            raise ValueError(
-                f"rank {self.ctx.rank} received gradients of {owned.numel()} keys that are not the "
-                f"{pulled.owned.numel()} its pull served: every rank must push the handle of the same pull"
-            )
-        if owned.numel():
+        if pulled.owned.numel():
             self.store.update(pulled.lookup, self._to_store(owned_grads), lr=self.lr, weight_decay=self.weight_decay)
 
     # ------------------------------------------------------------------ the HET cache path
@@ -230,25 +260,26 @@ class ShardedEmbedding:
         fresh_clocks = torch.cat([got.need_clocks[remote[~cached]], got.check_clocks[~valid]])
         cache.insert(torch.cat([unique[fresh], check[~valid]]), fresh_rows, fresh_clocks, step=self.steps)
         dev = self.ctx.device
-        return Pulled(rows.to(dev)[inverse.to(dev)], unique, inverse)  # rows (N, D)
+        return Pulled(host_to_device(rows, dev)[host_to_device(inverse, dev)], unique, inverse)  # rows (N, D)
 
     def _stage_cached(self, pulled: Pulled, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sum `grads` per key, keep the cached copies' share, and return what must be sent this step."""
         assert self.cache is not None
         unique = pulled.unique
-        summed = torch.zeros((unique.numel(), self.dim), dtype=grads.dtype, device=grads.device)
-        summed.index_add_(0, pulled.inverse.to(grads.device), grads)  # (U, D), as `send_grads` sums them
-        # what the synchronous path moves for these keys: key + row at the pull, key + gradient at the push
+        summed = segment_sum(grads, pulled.inverse, unique.numel())  # (U, D), as `send_grads` sums them
+        # what the synchronous path moves for these keys: key + row at the pull, the gradient at the push
         # of every remote key, each counted once sent and once received
         remote = int((owner_of(unique, self.ctx.world_size) != self.ctx.rank).sum())
-        self.uncached_bytes += 2 * remote * (16 + 2 * self.dim * summed.element_size())
+        self.uncached_bytes += 2 * remote * (8 + 2 * self.dim * summed.element_size())
         cached = self.cache.accumulate(unique, summed, lr=self.lr, weight_decay=self.weight_decay)
         self.cache.expire(self.steps)
         out_keys, out_grads, out_counts = self.cache.take_outgoing()
         direct = ~cached
+        # the direct keys' gradients stay on the device; only the cached copies' share reached the host
+        # cache (`accumulate`), and the pending sums it releases go to the device to be sent with them
         return (
             torch.cat([unique[direct], out_keys]),
-            torch.cat([summed[direct.to(summed.device)].cpu(), out_grads.to(summed.dtype)]),
+            torch.cat([summed[host_to_device(direct, summed.device)], host_to_device(out_grads, summed.device).to(summed.dtype)]),
             torch.cat([torch.ones(int(direct.sum()), dtype=torch.int64), out_counts]),
         )
 

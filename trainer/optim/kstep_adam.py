@@ -81,14 +81,23 @@ class KStepAdam:
     def zero_grad(self) -> None:
         self.adam.zero_grad(set_to_none=False)
 
-    def step(self) -> None:
-        """One Adam step; with k == 1 the gradients are first averaged across ranks."""
+    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """One Adam step; with k == 1 the gradients are first averaged across ranks.
+
+        Args:
+            scaler: fp16's loss scaler (`trainer.precision`): it unscales the gradients and skips the
+                step when they overflowed.  With k == 1 it looks after the allreduce, where one rank's
+                overflow is every rank's: all skip together and their scales stay equal.
+        """
         if self.k == 1 and self.ctx.world_size > 1:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             self._sync([p.grad for p in self.params])
-        self.adam.step()
+        if scaler is None:
+            self.adam.step()
+        else:
+            scaler.step(self.adam)
         self.steps += 1
 
     def maybe_merge(self, step: int | None = None) -> bool:

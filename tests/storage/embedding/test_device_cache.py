@@ -75,3 +75,21 @@ def test_bad_arguments_are_refused() -> None:
         DeviceCache(MemoryStore(DIM), capacity_rows=-5)
     with pytest.raises(ValueError, match="policy"):
         DeviceCache(MemoryStore(DIM), capacity_rows=4, policy="fifo")
+
+
+def test_restore_reuses_the_buffer_and_close_frees_it(tmp_path) -> None:
+    """A cache sized over half the GPU must restore in place: no second full buffer while the first lives."""
+    below = MemoryStore(DIM, init_std=STD)
+    cache = DeviceCache(below, capacity_rows=8)
+    cache.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
+    url = str(tmp_path / "snap.parquet")
+    cache.snapshot(url)
+    buffers = [cache._buf.rows.emb, cache._buf.rows.m, cache._buf.rows.v, cache._buf.rows.clock]
+    ptrs = [t.data_ptr() for t in buffers]
+    cache.update(keys_of(4), torch.ones(1, DIM), lr=0.1)
+    assert cache.restore(url) == 3
+    assert [t.data_ptr() for t in (cache._buf.rows.emb, cache._buf.rows.m, cache._buf.rows.v, cache._buf.rows.clock)] == ptrs
+    assert cache._buf.capacity == 8 and len(cache) == 3
+    assert torch.equal(cache.lookup(keys_of(1, 2, 3)).rows, below.lookup(keys_of(1, 2, 3)).rows)
+    cache.close()
+    assert cache._buf.capacity == 0, "a closed cache holds no device memory"

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from storage.embedding.rows import Rows, all_finite, strictly_increasing, sum_duplicates
+from storage.embedding.rows import (
+    Rows,
+    all_finite,
+    host_to_device,
+    segment_sum,
+    sparse_adam,
+    strictly_increasing,
+    sum_duplicates,
+)
 from tests.helpers.stores import DIM
 
 
@@ -41,3 +50,31 @@ def test_rows_select_and_put_by_index_and_by_mask() -> None:
     assert rows.emb[:, 0].tolist() == [9.0, 3.0, 3.0, 9.0] and rows.clock.tolist() == [3, 1, 1, 3]
     rows.put(torch.tensor([True, False, False, False]), Rows.empty(1, 3))
     assert rows.emb[0].tolist() == [0.0, 0.0, 0.0] and rows.clock[0] == 0
+
+
+def test_segment_sum_is_index_add_on_cpu_and_differentiable() -> None:
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(50, DIM, generator=g, requires_grad=True)
+    index = torch.randint(0, 7, (50,), generator=g)
+    got = segment_sum(values, index, 9)
+    assert torch.equal(got, torch.zeros(9, DIM).index_add(0, index, values)), "bit for bit the sequential sums"
+    assert torch.equal(got[7:], torch.zeros(2, DIM))
+    got.sum().backward()
+    assert torch.equal(values.grad, torch.ones(50, DIM))
+
+
+def test_host_to_device_leaves_a_cpu_tensor_alone() -> None:
+    t = torch.arange(4)
+    assert host_to_device(t, "cpu") is t
+
+
+def test_sparse_adam_refuses_non_finite_gradients_without_a_separate_check() -> None:
+    """What a GPU tier relies on when it skips `check_grads`' finiteness read: the same error, nothing changed."""
+    rows = Rows.fresh(torch.ones(3, DIM))
+    for bad, match in ((float("nan"), "grads contain NaN or inf"), (float("inf"), "grads contain NaN or inf"),
+                       (1e30, "would make 1 row")):
+        grads = torch.ones(3, DIM)
+        grads[1, 0] = bad
+        with pytest.raises(ValueError, match=match):
+            sparse_adam(rows, grads, lr=0.1)
+    assert torch.equal(rows.emb, torch.ones(3, DIM)) and int(rows.clock.sum()) == 0

@@ -81,12 +81,16 @@ def _sharded_rank(rank: int, world: int, out_dir: str) -> None:
         assert len(store) == mine.numel()
         torch.save({"pulled": pulled, "keys": mine, "rows": store.lookup(mine).rows}, Path(out_dir) / f"r{rank}.pt")
         assert emb.sparse_bytes > 0 and emb.steps == 3
-        # ranks that push the handles of different pulls are told so, and nothing is applied
+        # a handle that is not the latest pull's, or was pushed already, is refused on the rank, before any
+        # collective (so no rank waits for it), and nothing is applied
         first, second = emb.pull(torch.tensor([2, 3])), emb.pull(torch.tensor([4, 5]))
         before = store.lookup(mine).rows
         with pytest.raises(ValueError, match="every rank must push the handle of the same pull"):
-            emb.push(first if rank == 0 else second, torch.ones(2, DIM))
+            emb.push(first, torch.ones(2, DIM))
         assert torch.equal(store.lookup(mine).rows, before)
+        emb.push(second, torch.zeros(2, DIM))
+        with pytest.raises(ValueError, match=r"pull 5 \(latest pull 5, last pushed 5\)"):
+            emb.push(second, torch.ones(2, DIM))
     finally:
         ctx.destroy()
 
