@@ -12,6 +12,7 @@ A model trained with bags of keys (model.json `bag_columns`, pooled with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +83,7 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
     model_url = fsio.data_url(model_url, storage_options)  # its files (an object store's data prefix)
     meta = model_dir.read_meta(model_url, storage_options)
     cfg, dim = meta.model_config, meta.dim
-    model = CTRModel(cfg, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=dim)
-    model.load_state_dict(model_dir.read_tensors(fsio.join(model_url, model_dir.DENSE), storage_options))
-    model.eval()
+    model = model_dir.load_network(model_url, meta, storage_options)
     sparse_url = fsio.join(model_url, model_dir.SPARSE)
     _, files = snapshot_files(sparse_url, storage_options)
     if files:
@@ -99,7 +98,6 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
     return LoadedModel(model=model, embeddings=emb_table, schema=schema, meta=meta)
 
 
-@torch.no_grad()
 def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192) -> np.ndarray:
     """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*`, `bag_*` as in the model's schema).
 
@@ -108,7 +106,32 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     Raises:
         KeyError: a column the model needs is missing.
     """
-    s = loaded.schema
+    return score_features(loaded.model, loaded.embeddings.lookup, loaded.schema, loaded.meta.model_config.bag_pooling,
+                          features, batch_size=batch_size)
+
+
+@torch.no_grad()
+def score_features(
+    net: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    lookup: Callable[[torch.Tensor], torch.Tensor],
+    schema: FeatureSchema,
+    pooling: str,
+    features: pd.DataFrame,
+    *,
+    batch_size: int = 8192,
+) -> np.ndarray:
+    """`score` with any network (the trained module or an exported program) and any row lookup.
+
+    The one path from feature rows to probabilities: evaluation and the online scorer
+    (`flows.serving`) both come through here, so they pool bags and batch rows alike.
+
+    Args:
+        net: (dense (B, n) float32, emb (B, F, D) float32) -> logits (B,).
+        lookup: keys (N,) int64 -> rows (N, D) float32 (unknown keys get their initial rows).
+        schema: the model's columns (`FeatureSchema.for_pooling` applied).
+        pooling: `model.bag_pooling`.
+    """
+    s = schema
     missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
     if missing:
         raise KeyError(f"feature rows lack columns {missing} the model was trained with")
@@ -117,7 +140,6 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     bags_all = [
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
-    pooling = loaded.model.config.bag_pooling
     n = len(features)
     out = np.empty(n, dtype=np.float64)
     for lo in range(0, n, batch_size):
@@ -126,11 +148,11 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
         B = keys.shape[0]
         bags = [FieldBags.from_jagged(f, b.slice(lo, hi)) for f, b in zip(s.bag_fields, bags_all, strict=True)]
         cells = expand_cells(keys, bags)  # the keys of every (example, field) cell, as in training
-        emb = pool_rows(loaded.embeddings.lookup(cells.keys), cells, pooling)  # (B, F, D)
+        emb = pool_rows(lookup(cells.keys), cells, pooling)  # (B, F, D)
         dense = (
             torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
         )
-        out[lo:hi] = torch.sigmoid(loaded.model(dense, emb)).double().numpy()
+        out[lo:hi] = torch.sigmoid(net(dense, emb)).double().numpy()
     return out
 
 
