@@ -25,6 +25,7 @@ from storage.embedding.config import StoreConfig
 from storage.io import codec
 from storage.io.codec import ConfigError
 from storage.io.layout import Layout, validate_model_name
+from storage.io.registry import RegistryConfig
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 
@@ -50,6 +51,7 @@ class RunConfig:
     het: HetConfig = field(default_factory=HetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
 
     def __post_init__(self) -> None:
         if not self.root:

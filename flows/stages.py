@@ -11,6 +11,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
     evaluate candidate and published model on the day    (trainer.evaluate)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
+             -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from distributed import Client
 from flows.config import RunConfig
 from flows.gate import gate
 from flows.security import redacted
+from flows.serving.export import publish_bundles
 from flows.state import DayState
 from pipeline.encode import EncodeResult, encode_date
 from pipeline.ingest_stage import IngestResult, ingest_date
@@ -198,10 +200,14 @@ class PublishResult:
     reason: str
     latest: str | None
     """The version `LATEST` names after the stage."""
+    bundles: dict[str, Any] | None = None
+    """What `flows.serving.export.publish_bundles` wrote (bytes of the full bundle and of the delta)."""
+    pruned: str = ""
+    """The retention summary (`ModelRegistry.prune`)."""
 
     def summary(self) -> str:
         if self.published:
-            return f"publish: {self.version} is now LATEST ({self.reason})"
+            return f"publish: {self.version} is now LATEST ({self.reason}); {self.pruned}"
         return f"publish: REFUSED {self.version}: {self.reason}; LATEST stays {self.latest or 'unset'}"
 
 
@@ -236,7 +242,10 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         state.need("train").result.model_url, metrics=metrics, lineage=lineage(cfg, state),
         status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
     )
+    bundles = None
     if decision.publish:
         registry.publish(version)
+        bundles = publish_bundles(state.layout, version, state.published.version if state.published else None)
     latest = version if decision.publish else (state.published.version if state.published else None)
-    return PublishResult(decision.publish, version, decision.reason, latest)
+    pruned = registry.prune(cfg.registry).summary()
+    return PublishResult(decision.publish, version, decision.reason, latest, bundles, pruned)

@@ -34,18 +34,19 @@ from trainer.models.ctr_model import CTRModel
 
 
 class FrozenEmbeddings:
-    """Read-only key -> embedding lookup over the rows of a model's sparse snapshot.
+    """Read-only key -> embedding lookup over the rows of a model's sparse snapshot (or a serving bundle).
 
     Args:
         keys: int64 (N,), distinct.
-        emb: float32 (N, D).
+        emb: float32 or float16 (N, D), kept in its dtype; rows are returned as float32.
         init_std: std of the initial rows returned for unknown keys.
     """
 
     def __init__(self, keys: np.ndarray, emb: np.ndarray, *, dim: int, init_std: float) -> None:
         order = np.argsort(keys, kind="stable")
+        dtype = np.float16 if emb.dtype == np.float16 else np.float32
         self.keys = np.ascontiguousarray(keys[order], dtype=np.int64)
-        self.emb = torch.from_numpy(np.ascontiguousarray(emb[order], dtype=np.float32).reshape(-1, dim))
+        self.emb = torch.from_numpy(np.ascontiguousarray(emb[order], dtype=dtype).reshape(-1, dim))
         self.dim, self.init_std = dim, init_std
 
     def __len__(self) -> int:
@@ -60,7 +61,7 @@ class FrozenEmbeddings:
         pos = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
         found = self.keys[pos] == k
         if found.any():
-            out[torch.from_numpy(np.flatnonzero(found))] = self.emb[torch.from_numpy(pos[found])]
+            out[torch.from_numpy(np.flatnonzero(found))] = self.emb[torch.from_numpy(pos[found])].float()
         return out
 
 
