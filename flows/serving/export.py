@@ -50,6 +50,26 @@ class ExportError(RuntimeError):
     """A version cannot be exported as asked (the message says why and what to do)."""
 
 
+def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes | None = None) -> dict[str, bytes]:
+    """The files every bundle holds besides its rows: model.json, the network(s), the feature spec."""
+    import json
+
+    files = {
+        MODEL_JSON: json.dumps(meta.to_dict(), indent=2, sort_keys=True).encode(),
+        PROGRAM: program,
+        FEATURE_SPEC: json.dumps(spec.to_dict(), indent=2, sort_keys=True).encode(),
+        ADMITTED: npy_bytes(spec.admitted),
+    }
+    if onnx is not None:
+        files[ONNX] = onnx
+    return files
+
+
+def row_files(rows: export.SparseRows) -> dict[str, bytes]:
+    """`rows/keys.npy` and `rows/emb.npy` of a table (of a delta: its changed rows)."""
+    return {KEYS: npy_bytes(rows.keys), EMB: npy_bytes(rows.emb)}
+
+
 @dataclass
 class VersionExport:
     """What a bundle of one registry version is made of, read once.
@@ -112,17 +132,7 @@ class VersionExport:
         return self._program
 
     def _common(self, *, onnx: bool) -> dict[str, bytes]:
-        import json
-
-        files = {
-            MODEL_JSON: json.dumps(self.meta.to_dict(), indent=2, sort_keys=True).encode(),
-            PROGRAM: self.program(),
-            FEATURE_SPEC: json.dumps(self.spec.to_dict(), indent=2, sort_keys=True).encode(),
-            ADMITTED: npy_bytes(self.spec.admitted),
-        }
-        if onnx:
-            files[ONNX] = export.onnx_bytes(self.network)
-        return files
+        return model_files(self.meta, self.spec, self.program(), export.onnx_bytes(self.network) if onnx else None)
 
     def _manifest(self, kind: str, table: export.SparseRows, dtype: str) -> dict[str, Any]:
         return {
@@ -141,7 +151,7 @@ class VersionExport:
                    dtype_auc: dict[str, Any] | None = None) -> dict[str, Any]:
         """A full bundle of the version at `out_url`; returns its manifest."""
         table = export.cast_rows(self.rows, dtype)
-        files = {**self._common(onnx=onnx), KEYS: npy_bytes(table.keys), EMB: npy_bytes(table.emb)}
+        files = {**self._common(onnx=onnx), **row_files(table)}
         manifest = {**self._manifest("full", table, dtype), "rows": len(table), "base_version": None,
                     "dtype_auc": dtype_auc}
         return write_bundle(out_url, files, manifest, self.layout.storage_options)
@@ -153,8 +163,7 @@ class VersionExport:
                               "no delta between them; export a full bundle")
         table, base_table = export.cast_rows(self.rows, dtype), export.cast_rows(base.rows, dtype)
         delta = export.delta_rows(table, base_table)
-        files = {**self._common(onnx=onnx), KEYS: npy_bytes(delta.rows.keys), EMB: npy_bytes(delta.rows.emb),
-                 EVICTED: npy_bytes(delta.evicted)}
+        files = {**self._common(onnx=onnx), **row_files(delta.rows), EVICTED: npy_bytes(delta.evicted)}
         manifest = {**self._manifest("delta", table, dtype), "rows": len(delta.rows), "base_version": base.version,
                     "base_rows_digest": export.rows_digest(base_table), "evicted": int(delta.evicted.size),
                     "changed_by_clock": delta.by_clock, "changed_by_value": delta.by_value}
