@@ -114,3 +114,20 @@ def score_server(args: list[str], port: int, log: Path, *, env: dict | None = No
         proc = start(procs, [sys.executable, "-m", "flows.cli", "score-server", *args, "--port", str(port)], log, env)
         wait_ready(port, proc, path=ready_path)
         yield proc
+
+
+def day_config(root: Path, input_url: str, **overrides: Any) -> Any:
+    """The demo recipe on `root`, reading `input_url`, with threads for Dask and a lenient gate (every day publishes)."""
+    from flows.config import with_overrides
+    from flows.recipes import demo
+
+    return with_overrides(demo(str(root)), {
+        "input.url": input_url, "dask.processes": False, "dask.n_workers": 2, "optim.batch_size": 128,
+        "publish.max_auc_drop": 1.0, **overrides,
+    })
+
+
+def cli_args(cfg: Any) -> list[str]:
+    """`--recipe demo --set ...` that rebuild `cfg` in a `ctrpipe` child process."""
+    return ["--recipe", "demo", "--set", f"root={cfg.root}", "--set", f"input.url={cfg.input.url}",
+            "--set", f"input.format={cfg.input.format}"]

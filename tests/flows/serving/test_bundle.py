@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from flows.serving.bundle import EMB, MANIFEST, PROGRAM, BundleError, BundleReader, write_bundle
+from flows.serving.bundle import (
+    EMB,
+    MANIFEST,
+    PROGRAM,
+    BundleError,
+    BundleReader,
+    write_bundle,
+)
 from tests.helpers.serving import write_tiny_bundle
 
 
