@@ -70,6 +70,16 @@ def row_files(rows: export.SparseRows) -> dict[str, bytes]:
     return {KEYS: npy_bytes(rows.keys), EMB: npy_bytes(rows.emb)}
 
 
+def write_full_bundle(url: str, *, meta: ModelMeta, spec: FeatureSpec, program: bytes, rows: export.SparseRows,
+                      manifest: dict[str, Any], onnx: bytes | None = None,
+                      storage_options: dict | None = None) -> dict[str, Any]:
+    """Commit a full bundle of a network and its rows at `url` (the manifest gets the row counts and digest)."""
+    files = {**model_files(meta, spec, program, onnx), **row_files(rows)}
+    manifest = {"kind": "full", "dim": meta.dim, "init_std": meta.init_std, "base_version": None, **manifest,
+                "rows": len(rows), "table_rows": len(rows), "rows_digest": export.rows_digest(rows)}
+    return write_bundle(url, files, manifest, storage_options)
+
+
 @dataclass
 class VersionExport:
     """What a bundle of one registry version is made of, read once.
@@ -151,10 +161,10 @@ class VersionExport:
                    dtype_auc: dict[str, Any] | None = None) -> dict[str, Any]:
         """A full bundle of the version at `out_url`; returns its manifest."""
         table = export.cast_rows(self.rows, dtype)
-        files = {**self._common(onnx=onnx), **row_files(table)}
-        manifest = {**self._manifest("full", table, dtype), "rows": len(table), "base_version": None,
-                    "dtype_auc": dtype_auc}
-        return write_bundle(out_url, files, manifest, self.layout.storage_options)
+        return write_full_bundle(out_url, meta=self.meta, spec=self.spec, program=self.program(), rows=table,
+                                 manifest={**self._manifest("full", table, dtype), "dtype_auc": dtype_auc},
+                                 onnx=export.onnx_bytes(self.network) if onnx else None,
+                                 storage_options=self.layout.storage_options)
 
     def write_delta(self, out_url: str, base: VersionExport, *, dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
         """A delta bundle: the rows changed (by clock) or evicted since `base`, plus the network and spec."""

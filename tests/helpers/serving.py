@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flows.serving.bundle import write_bundle
-from flows.serving.export import model_files, row_files
+from flows.serving.export import write_full_bundle
 from pipeline.feature_spec import FeatureSpec
 from pipeline.keys import feature_keys
 from pipeline.schema import get_schema
@@ -65,12 +64,10 @@ def write_tiny_bundle(url: str, *, version: str = "v00001", seed: int = 0, dtype
     admitted, rows = tiny_rows(seed, dtype=dtype)
     spec = FeatureSpec(schema=CRITEO, admitted=admitted, bag_pooling=TINY.bag_pooling,
                        dense_buckets=TINY.dense_buckets, dense_bucket_max=TINY.dense_bucket_max)
-    files = {**model_files(meta, spec, export.program_bytes(export.export_program(network))), **row_files(rows)}
-    manifest = {"version": version, "kind": "full", "model_name": "ctr", "dtype": dtype, "dim": DIM,
-                "init_std": meta.init_std, "rows": len(rows), "table_rows": len(rows),
-                "rows_digest": export.rows_digest(rows), "metrics": {"auc": 0.5 + seed / 100},
-                "dates_trained": ["2026-01-01"], "base_version": None}
-    return write_bundle(url, files, manifest)
+    manifest = {"version": version, "model_name": "ctr", "dtype": dtype, "metrics": {"auc": 0.5 + seed / 100},
+                "dates_trained": ["2026-01-01"]}
+    return write_full_bundle(url, meta=meta, spec=spec, program=export.program_bytes(export.export_program(network)),
+                             rows=rows, manifest=manifest)
 
 
 # ---- the server ---------------------------------------------------------------------------------
