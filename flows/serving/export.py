@@ -70,6 +70,14 @@ def row_files(rows: export.SparseRows) -> dict[str, bytes]:
     return {KEYS: npy_bytes(rows.keys), EMB: npy_bytes(rows.emb)}
 
 
+def version_rows(layout: Layout, version: str) -> export.SparseRows:
+    """Key, vector and clock of every row of a registry version (what a delta is computed against)."""
+    registry = ModelRegistry(layout)
+    url = registry.url(version)
+    meta = model_dir.read_meta(url, layout.storage_options)
+    return export.read_rows(fsio.join(url, model_dir.SPARSE), dim=meta.dim, storage_options=layout.storage_options)
+
+
 def write_full_bundle(url: str, *, meta: ModelMeta, spec: FeatureSpec, program: bytes, rows: export.SparseRows,
                       manifest: dict[str, Any], onnx: bytes | None = None,
                       storage_options: dict | None = None) -> dict[str, Any]:
@@ -107,7 +115,7 @@ class VersionExport:
         if list(self.spec.schema.categorical) != list(self.meta.fields):
             raise ExportError(f"{self.version} was trained on fields {list(self.meta.fields)}, but its input format "
                               f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}")
-        self.rows = export.read_rows(fsio.join(self.url, model_dir.SPARSE), dim=self.meta.dim, storage_options=so)
+        self.rows = version_rows(self.layout, self.version)
         self._program: bytes | None = None
 
     def _format(self) -> str:
@@ -166,15 +174,16 @@ class VersionExport:
                                  onnx=export.onnx_bytes(self.network) if onnx else None,
                                  storage_options=self.layout.storage_options)
 
-    def write_delta(self, out_url: str, base: VersionExport, *, dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
-        """A delta bundle: the rows changed (by clock) or evicted since `base`, plus the network and spec."""
-        if base.meta.dim != self.meta.dim:
-            raise ExportError(f"{base.version} has rows of width {base.meta.dim}, {self.version} of {self.meta.dim}: "
+    def write_delta(self, out_url: str, base: str, *, dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
+        """A delta bundle: the rows changed (by clock) or evicted since version `base`, plus the network and spec."""
+        base_rows = version_rows(self.layout, base)
+        if base_rows.dim != self.meta.dim:
+            raise ExportError(f"{base} has rows of width {base_rows.dim}, {self.version} of {self.meta.dim}: "
                               "no delta between them; export a full bundle")
-        table, base_table = export.cast_rows(self.rows, dtype), export.cast_rows(base.rows, dtype)
+        table, base_table = export.cast_rows(self.rows, dtype), export.cast_rows(base_rows, dtype)
         delta = export.delta_rows(table, base_table)
         files = {**self._common(onnx=onnx), **row_files(delta.rows), EVICTED: npy_bytes(delta.evicted)}
-        manifest = {**self._manifest("delta", table, dtype), "rows": len(delta.rows), "base_version": base.version,
+        manifest = {**self._manifest("delta", table, dtype), "rows": len(delta.rows), "base_version": base,
                     "base_rows_digest": export.rows_digest(base_table), "evicted": int(delta.evicted.size),
                     "changed_by_clock": delta.by_clock, "changed_by_value": delta.by_value}
         return write_bundle(out_url, files, manifest, self.layout.storage_options)
@@ -212,7 +221,7 @@ def export_version(layout: Layout, version: str, out_url: str, *, delta_from: st
         target = VersionExport(layout, version)
         if delta_from is None:
             return target.write_full(out_url, dtype=dtype, onnx=onnx, dtype_auc=target.dtype_auc(dtype))
-        return target.write_delta(out_url, VersionExport(layout, delta_from), dtype=dtype, onnx=onnx)
+        return target.write_delta(out_url, delta_from, dtype=dtype, onnx=onnx)
     except RegistryError as exc:
         raise ExportError(str(exc)) from None
 
@@ -224,11 +233,10 @@ def publish_bundles(layout: Layout, version: str, previous: str | None) -> dict[
     out = {"bundle_bytes": full["bytes_total"], "rows": full["rows"]}
     if previous is not None:
         try:
-            base = VersionExport(layout, previous)
-        except (ExportError, RegistryError, FileNotFoundError) as exc:  # e.g. pruned, or trained on a rebuilt vocab
+            delta = target.write_delta(layout.bundle_delta(version, previous), previous)
+        except (ExportError, RegistryError, FileNotFoundError) as exc:  # e.g. pruned, or rows of another width
             log.warning("no delta of %s from %s: %s", version, previous, exc)
         else:
-            delta = target.write_delta(layout.bundle_delta(version, previous), base)
             out |= {"delta_from": previous, "delta_bytes": delta["bytes_total"], "delta_rows": delta["rows"]}
     point_servers_at(layout, version)
     return out

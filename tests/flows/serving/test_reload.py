@@ -115,6 +115,16 @@ def _check_chain_and_sizes(tmp, cfg, layout):
     assert read_table(mine).keys.tolist() == read_table(published).keys.tolist()
     assert mine.manifest["rows_digest"] == published.manifest["rows_digest"]
 
+    out = run("export", "--model", "latest", "--dtype", "float16", "--out", str(tmp / "half"))
+    assert out.returncode == 0, out.stderr
+    half = BundleReader(str(tmp / "half"))
+    emb_bytes = lambda r: r.manifest["files"]["rows/emb.npy"]["bytes"]  # noqa: E731
+    assert read_table(half).emb.dtype == np.float16
+    assert emb_bytes(half) < 0.6 * emb_bytes(BundleReader(layout.bundle("v00004")))
+    change = half.manifest["dtype_auc"]
+    assert change["rows"] > 0 and abs(change["change"]) < 0.01 and change["float32"] == pytest.approx(
+        ModelRegistry(layout).info("v00004").metrics["auc"], abs=1e-9)
+
     shown = json.loads(run("models", "show", "v00004").stdout)
     delta = shown["bundle"]["deltas"][0]
     assert delta["from"] == "v00003" and 0 < delta["bytes"] < shown["bundle"]["full_bytes"]
