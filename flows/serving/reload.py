@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from flows.serving.bundle import BundleError, BundleReader
+from flows.serving.bundle import BundleReader
 from flows.serving.model import ServingModel, load_model
 from storage.io import fsio
 from storage.io.layout import Layout, validate_version
@@ -135,7 +135,7 @@ class Reloader:
         t0 = time.perf_counter()
         try:
             model = self.source.load(version)
-        except (BundleError, OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # whatever stops a bundle from loading refuses it; the old one keeps serving
             self._tried[version] = commit
             self.holder.refused[version] = str(exc)
             log.error("refused bundle %s: %s; still serving %s", version, exc, self._serving())
