@@ -43,10 +43,12 @@ class FrozenEmbeddings:
     """
 
     def __init__(self, keys: np.ndarray, emb: np.ndarray, *, dim: int, init_std: float) -> None:
-        order = np.argsort(keys, kind="stable")
         dtype = np.float16 if emb.dtype == np.float16 else np.float32
-        self.keys = np.ascontiguousarray(keys[order], dtype=np.int64)
-        self.emb = torch.from_numpy(np.ascontiguousarray(emb[order], dtype=dtype).reshape(-1, dim))
+        if keys.size > 1 and not (keys[1:] > keys[:-1]).all():  # sorted already (a bundle): no copy
+            order = np.argsort(keys, kind="stable")
+            keys, emb = keys[order], emb[order]
+        self.keys = np.ascontiguousarray(keys, dtype=np.int64)
+        self.emb = torch.from_numpy(np.ascontiguousarray(emb, dtype=dtype).reshape(-1, dim))
         self.dim, self.init_std = dim, init_std
 
     def __len__(self) -> int:

@@ -54,8 +54,23 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def npy_array(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
+def npy_array(data: bytes | bytearray) -> np.ndarray:
+    """The array of a `.npy` file's bytes, without a copy (a view of `data`; writable when `data` is a bytearray).
+
+    Raises:
+        BundleError: not a `.npy` file of a plain dtype (object arrays would need pickles).
+    """
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(buf)
+    except ValueError as exc:
+        raise BundleError(f"not a .npy file: {exc}") from None
+    if dtype.hasobject:
+        raise BundleError("a .npy file of Python objects is refused (it would need pickles)")
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape, order="F" if fortran else "C")
 
 
 def now_iso() -> str:
@@ -126,7 +141,7 @@ class BundleReader:
         """Protocol-less path of a file of the bundle (on `self.fs`)."""
         return fsio.join(self.path, name)
 
-    def read(self, name: str) -> bytes:
+    def read(self, name: str) -> bytearray:
         """The bytes of file `name`, after checking its size and sha256 against the manifest.
 
         Raises:
@@ -135,15 +150,20 @@ class BundleReader:
         entry = self.manifest["files"].get(name)
         if entry is None:
             raise BundleError(f"bundle {self.url} has no {name} (files: {sorted(self.manifest['files'])})")
+        data = bytearray(entry["bytes"])  # read in place: a large rows file is held once
         try:
             with self.fs.open(self.file_path(name), "rb") as f:
-                data = f.read()
+                got = f.readinto(data)
+                extra = f.read(1)
         except OSError as exc:
             raise BundleError(f"bundle {self.url}: cannot read {name}: {exc}") from exc
+        if got != entry["bytes"] or extra:
+            raise BundleError(f"bundle {self.url}: {name} is not {entry['bytes']} bytes long as its manifest says: "
+                              "the bundle is corrupt; export it again")
         self.check(name, data)
         return data
 
-    def check(self, name: str, data: bytes) -> None:
+    def check(self, name: str, data: bytes | bytearray) -> None:
         entry = self.manifest["files"][name]
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise BundleError(f"bundle {self.url}: {name} fails its checksum ({len(data)} bytes, manifest says "
