@@ -57,14 +57,24 @@ class FrozenEmbeddings:
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of `keys` (N,) as float32 (N, D); unknown keys get `init_rows`."""
         k = np.array(keys.detach().cpu().numpy(), dtype=np.int64)
-        out = init_rows(torch.from_numpy(k), self.dim, self.init_std)  # (N, D)
         if self.keys.size == 0:
-            return out
+            return init_rows(torch.from_numpy(k), self.dim, self.init_std)
         pos = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
         found = self.keys[pos] == k
-        if found.any():
-            out[torch.from_numpy(np.flatnonzero(found))] = self.emb[torch.from_numpy(pos[found])].float()
-        return out
+        return fill_rows(k, found, self.emb[torch.from_numpy(pos[found])], self.init_std)
+
+
+def fill_rows(keys: np.ndarray, found: np.ndarray, rows: torch.Tensor, init_std: float) -> torch.Tensor:
+    """(N, D) float32: `rows` (float32 or float16) where `found`, the keys' initial rows elsewhere.
+
+    Only the unknown keys' initial rows are computed (they cost more than a gather).
+    """
+    out = torch.empty(keys.size, rows.shape[1], dtype=torch.float32)
+    out[torch.from_numpy(np.flatnonzero(found))] = rows.float()
+    if not found.all():
+        missing = np.flatnonzero(~found)
+        out[torch.from_numpy(missing)] = init_rows(torch.from_numpy(keys[missing]), rows.shape[1], init_std)
+    return out
 
 
 @dataclass

@@ -20,8 +20,7 @@ import torch
 
 from flows.serving.bundle import EMB, EVICTED, KEYS, BundleError, BundleReader
 from storage.embedding.index import KeyIndex
-from storage.embedding.row_init import init_rows
-from trainer.evaluate import FrozenEmbeddings
+from trainer.evaluate import FrozenEmbeddings, fill_rows
 from trainer.export import SparseRows, apply_delta, rows_digest
 
 
@@ -94,11 +93,8 @@ class MmapTable:
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of `keys` (N,) as float32 (N, D); unknown keys get `init_rows`."""
         k = np.array(keys.detach().cpu().numpy(), dtype=np.int64)
-        out = init_rows(torch.from_numpy(k), self.dim, self.init_std)  # (N, D)
         slots = self.index.get(k)
-        found = np.flatnonzero(slots >= 0)
-        if found.size:
-            rows, inverse = np.unique(slots[found], return_inverse=True)  # ascending: sequential page reads
-            vectors = np.asarray(self.emb[rows], dtype=np.float32)[inverse]
-            out[torch.from_numpy(found)] = torch.from_numpy(vectors)
-        return out
+        found = slots >= 0
+        rows, inverse = np.unique(slots[found], return_inverse=True)  # ascending: pages read in file order
+        vectors = np.asarray(self.emb[rows], dtype=np.float32).reshape(-1, self.dim)[inverse.reshape(-1)]
+        return fill_rows(k, found, torch.from_numpy(vectors), self.init_std)
