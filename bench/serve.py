@@ -120,10 +120,10 @@ def percentiles(lat: list[float]) -> tuple[float, float]:
 
 
 def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
     from flows.serving.bundle import BundleReader
     from flows.serving.model import load_model
-
-    from concurrent.futures import ThreadPoolExecutor
 
     model = load_model([BundleReader(str(bundle))])
 
