@@ -68,7 +68,7 @@ def program_bytes(program: torch.export.ExportedProgram) -> bytes:
     return buf.getvalue()
 
 
-def load_program(data: bytes) -> torch.nn.Module:
+def load_program(data: bytes | bytearray) -> torch.nn.Module:
     """A callable module from `.pt2` bytes (`torch.export.load`): module(dense, emb) -> logits."""
     return torch.export.load(io.BytesIO(data)).module()
 
@@ -190,8 +190,8 @@ def apply_delta(base: SparseRows, rows: SparseRows, evicted: np.ndarray) -> Spar
 def rows_digest(rows: SparseRows) -> str:
     """sha256 of a table's content (dtype, shape, keys, vectors): equal digests, bit-identical tables."""
     h = hashlib.sha256(f"{rows.emb.dtype.str}:{rows.emb.shape}".encode())
-    h.update(np.ascontiguousarray(rows.keys, dtype="<i8").tobytes())
-    h.update(np.ascontiguousarray(rows.emb).tobytes())
+    h.update(np.ascontiguousarray(rows.keys, dtype="<i8"))  # the buffers themselves: no copy of a large table
+    h.update(np.ascontiguousarray(rows.emb))
     return h.hexdigest()
 
 
