@@ -24,7 +24,7 @@ from distributed import Client
 from flows.config import RunConfig
 from flows.gate import gate
 from flows.security import redacted
-from flows.serving.export import publish_bundles
+from flows.serving.export import point_servers_at, write_bundles
 from flows.state import DayState
 from pipeline.encode import EncodeResult, encode_date
 from pipeline.ingest_stage import IngestResult, ingest_date
@@ -201,7 +201,7 @@ class PublishResult:
     latest: str | None
     """The version `LATEST` names after the stage."""
     bundles: dict[str, Any] | None = None
-    """What `flows.serving.export.publish_bundles` wrote (bytes of the full bundle and of the delta)."""
+    """What `flows.serving.export.write_bundles` wrote (bytes of the full bundle and of the delta)."""
     pruned: str = ""
     """The retention summary (`ModelRegistry.prune`)."""
 
@@ -243,9 +243,10 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
     )
     bundles = None
-    if decision.publish:
+    if decision.publish:  # bundles first: a version that cannot be served is not published
+        bundles = write_bundles(state.layout, version, state.published.version if state.published else None)
         registry.publish(version)
-        bundles = publish_bundles(state.layout, version, state.published.version if state.published else None)
+        point_servers_at(state.layout, version)
     latest = version if decision.publish else (state.published.version if state.published else None)
     pruned = registry.prune(cfg.registry).summary()
     return PublishResult(decision.publish, version, decision.reason, latest, bundles, pruned)

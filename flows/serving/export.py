@@ -4,9 +4,9 @@
 rows (with clocks, to find what changed), feature spec and metadata are read once, then written as
 a full bundle and/or as a delta against a base version.
 
-The publish stage writes the bundles (`publish_bundles`): a full bundle of every published version
-at `Layout.bundle(v)`, a delta from the version it replaced at `Layout.bundle_delta(v, previous)`,
-then moves `Layout.bundle_latest()`.  Export at publish rather than on demand because the admitted
+The publish stage writes the bundles (`write_bundles`): a full bundle of every version it publishes
+at `Layout.bundle(v)` and a delta from the version it replaces at `Layout.bundle_delta(v, previous)`,
+before `LATEST` moves; then it moves `Layout.bundle_latest()` (`point_servers_at`).  Export at publish rather than on demand because the admitted
 keys must be frozen from the vocabulary the model was trained with, and `vocab/date=D` is rebuilt
 by a `--force` rerun; a serving host then only ever reads bundles.  `ctrpipe export` writes a
 bundle of any version on demand (another dtype, ONNX, a delta from any base) and refuses when the
@@ -226,8 +226,12 @@ def export_version(layout: Layout, version: str, out_url: str, *, delta_from: st
         raise ExportError(str(exc)) from None
 
 
-def publish_bundles(layout: Layout, version: str, previous: str | None) -> dict[str, Any]:
-    """The publish stage's bundles: full bundle of `version`, delta from `previous`, then the servers' pointer."""
+def write_bundles(layout: Layout, version: str, previous: str | None) -> dict[str, Any]:
+    """The publish stage's bundles of `version`: the full bundle, and a delta from `previous` when there is one.
+
+    Written before `LATEST` moves (a version that cannot be exported is not published); the stage then
+    moves the servers' pointer (`point_servers_at`).
+    """
     target = VersionExport(layout, version)
     full = target.write_full(layout.bundle(version))
     out = {"bundle_bytes": full["bytes_total"], "rows": full["rows"]}
@@ -238,7 +242,6 @@ def publish_bundles(layout: Layout, version: str, previous: str | None) -> dict[
             log.warning("no delta of %s from %s: %s", version, previous, exc)
         else:
             out |= {"delta_from": previous, "delta_bytes": delta["bytes_total"], "delta_rows": delta["rows"]}
-    point_servers_at(layout, version)
     return out
 
 
