@@ -119,7 +119,7 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     Raises:
         KeyError: a column the model needs is missing.
     """
-    return score_features(loaded.model, loaded.embeddings.lookup, loaded.schema, loaded.meta.model_config.bag_pooling,
+    return score_features(loaded.model, loaded.embeddings.lookup, loaded.schema, loaded.model.config.bag_pooling,
                           features, batch_size=batch_size)
 
 
