@@ -4,8 +4,11 @@
     ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D]
     ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force] [--allow-older]
     ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
-    ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu] [--config FILE] [--set ...]
-    ctrpipe models list|show VERSION|rollback VERSION [--config FILE] [--set ...]
+    ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu] [--predictions URL] [--config FILE]
+    ctrpipe models list|show VERSION|rollback VERSION|prune [--dry-run] [--config FILE] [--set ...]
+    ctrpipe export --model latest|VERSION --out URL [--delta-from VERSION] [--dtype float16] [--onnx] [--config FILE]
+    ctrpipe score-server [--model latest|VERSION | --bundle URL] [--host H] [--port P] [--reload-every S] [--mmap]
+                         [--auth-token-env NAME] [--config FILE]
     ctrpipe deploy [--pool NAME] [--cron CRON] [--config FILE] [--set ...] [--no-alerts]
     ctrpipe serve [--cron CRON] [--config FILE] [--set ...]
     ctrpipe warm-node --spec URL --out FILE --nnodes N --my-addr ADDR --all-addrs A,B,...
@@ -80,12 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="latest", help="latest or a version such as v00003")
     p.add_argument("--input", required=True, help="path or fsspec URL of a raw log file")
     p.add_argument("--format", choices=["criteo", "avazu"], default=None)
+    p.add_argument("--predictions", default=None, metavar="URL",
+                   help="also write line number, label and score of every row here (Parquet)")
     _add_config_args(p)
 
-    p = sub.add_parser("models", help="list, show or roll back registry versions")
-    p.add_argument("action", choices=["list", "show", "rollback"])
+    p = sub.add_parser("models", help="list, show, roll back or prune registry versions")
+    p.add_argument("action", choices=["list", "show", "rollback", "prune"])
     p.add_argument("version", nargs="?")
+    p.add_argument("--dry-run", action="store_true", help="prune: only say what would be deleted")
     _add_config_args(p)
+
+    _add_serving_parsers(sub)
 
     p = sub.add_parser("deploy", help="register the daily / on-demand / backfill deployments on the Prefect server")
     p.add_argument("--pool", default="ctr-process", help="work pool (created as a process pool if missing)")
@@ -218,14 +226,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from flows.evaluate_file import evaluate_log
 
-    print(json.dumps(evaluate_log(cfg, args.model, args.input, args.format or cfg.input.format)))
+    print(json.dumps(evaluate_log(cfg, args.model, args.input, args.format or cfg.input.format,
+                                  predictions_url=args.predictions)))
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from storage.io.registry import ModelRegistry
 
-    reg = ModelRegistry(_load(args).layout())
+    cfg = _load(args)
+    reg = ModelRegistry(cfg.layout())
     if args.action == "list":
         latest = reg.latest()
         for v in reg.versions():
@@ -233,18 +243,110 @@ def cmd_models(args: argparse.Namespace) -> int:
             mark = "*" if v == latest else " "
             auc = info.metrics.get("auc")
             print(f"{mark} {v}  {info.status:<9} {info.metrics.get('date', ''):<10} "
-                  f"auc={'-' if auc is None else f'{auc:.4f}'}  {info.reason}")
+                  f"auc={'-' if auc is None else f'{auc:.4f}'}  bytes={reg.version_bytes(v)}  "
+                  f"bundle={reg.bundle_bytes(v)}  {info.reason}".rstrip())
         return 0
+    if args.action == "prune":
+        return _models_prune(reg, cfg, dry_run=args.dry_run)
     if not args.version:
         raise ValueError(f"models {args.action} needs a VERSION (see `ctrpipe models list`)")
     if args.action == "show":
+        from flows.serving.export import bundle_sizes
+
         info = reg.info(args.version)
         print(json.dumps({"version": info.version, "status": info.status, "reason": info.reason,
-                          "created": info.created, "metrics": info.metrics,
+                          "created": info.created, "metrics": info.metrics, "bytes": reg.version_bytes(args.version),
+                          "bundle": bundle_sizes(reg.layout, args.version),
                           "lineage": reg.read_json(args.version, "lineage.json")}, indent=2, default=str))
         return 0
     reg.rollback(args.version)
     print(f"LATEST -> {args.version}")
+    from flows.serving.export import ExportError, point_servers_at
+
+    try:
+        point_servers_at(reg.layout, args.version)
+        print(f"servers -> {args.version} (bundles/{reg.model_name}/LATEST)")
+    except ExportError as exc:
+        print(f"servers not moved: {exc}", file=sys.stderr)
+    return 0
+
+
+def _models_prune(reg: Any, cfg: Any, *, dry_run: bool) -> int:
+    plan = reg.prune(cfg.registry, dry_run=dry_run)
+    for v, why in plan.keep.items():
+        print(f"keep    {v}  {why}")
+    for v in plan.delete:
+        print(f"{'would delete' if dry_run else 'deleted'} {v}")
+    for d in plan.delete_deltas:
+        print(f"{'would delete' if dry_run else 'deleted'} delta {d}")
+    print(f"{plan.freed_bytes} bytes {'would be ' if dry_run else ''}freed")
+    return 0
+
+
+# ---- serving ---------------------------------------------------------------------------------
+def _add_serving_parsers(sub: Any) -> None:
+    p = sub.add_parser("export", help="write the serving bundle of a registry version (full, or a delta)")
+    p.add_argument("--model", default="latest", help="latest or a version such as v00003")
+    p.add_argument("--out", required=True, help="the bundle directory to write: a path or fsspec URL")
+    p.add_argument("--delta-from", default=None, metavar="VERSION",
+                   help="only the rows changed (by clock) or evicted since VERSION, plus the network")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="row dtype (float16: the AUC change it causes is recorded in the manifest)")
+    p.add_argument("--onnx", action="store_true", help="also export dense.onnx (needs the onnx extra)")
+    _add_config_args(p)
+
+    p = sub.add_parser("score-server", help="serve a bundle over HTTP: POST /v1/score, with hot reload")
+    p.add_argument("--model", default="latest", help="latest (follow bundles/<model>/LATEST) or a version")
+    p.add_argument("--bundle", default=None, metavar="URL", help="serve this bundle directory (pinned; no root needed)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--reload-every", type=float, default=30.0, metavar="SECONDS", help="poll period of LATEST")
+    p.add_argument("--mmap", action="store_true", help="serve the rows memory-mapped (tables larger than RAM)")
+    p.add_argument("--auth-token-env", default="", metavar="NAME",
+                   help="require Authorization: Bearer <token>, the token read from this environment variable")
+    p.add_argument("--max-lines", type=int, default=10_000, help="most lines or rows per request")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body")
+    p.add_argument("--max-batch-rows", type=int, default=4096, help="rows above which requests stop joining a batch")
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="how long a batch waits for more requests")
+    _add_config_args(p)
+
+
+def _version_of(reg: Any, model: str) -> str:
+    version = reg.latest() if model == "latest" else model
+    if version is None:
+        raise FileNotFoundError(f"no published model {reg.model_name} under {reg.layout.models()}; run a daily retrain first")
+    return version
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from flows.serving.export import export_version
+    from storage.io.registry import ModelRegistry
+
+    layout = _load(args).layout()
+    version = _version_of(ModelRegistry(layout), args.model)
+    manifest = export_version(layout, version, args.out, delta_from=args.delta_from, dtype=args.dtype, onnx=args.onnx)
+    keys = ("version", "kind", "base_version", "rows", "table_rows", "evicted", "dtype", "bytes_total",
+            "registry_version_bytes", "dtype_auc")
+    print(json.dumps({k: manifest.get(k) for k in keys} | {"out": args.out}, default=str))
+    return 0
+
+
+def cmd_score_server(args: argparse.Namespace) -> int:
+    import logging
+
+    from flows.serving.reload import BundleSource
+    from flows.serving.server import ServeConfig, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ServeConfig(host=args.host, port=args.port, reload_every_s=args.reload_every,
+                         max_body_bytes=args.max_body_bytes, max_lines=args.max_lines,
+                         max_batch_rows=args.max_batch_rows, max_wait_ms=args.max_wait_ms,
+                         auth_token_env=args.auth_token_env)
+    if args.bundle:
+        source = BundleSource(bundle_url=args.bundle, mmap=args.mmap)
+    else:
+        source = BundleSource(layout=_load(args).layout(), version=args.model, mmap=args.mmap)
+    serve(source, config)
     return 0
 
 
@@ -296,6 +398,8 @@ _COMMANDS = {
     "evaluate": cmd_evaluate,
     "models": cmd_models,
     "warm-node": cmd_warm_node,
+    "export": cmd_export,
+    "score-server": cmd_score_server,
 }
 
 

@@ -29,6 +29,7 @@ from storage.embedding.config import StoreConfig
 from storage.io import codec
 from storage.io.codec import ConfigError
 from storage.io.layout import Layout, validate_model_name
+from storage.io.registry import RegistryConfig
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 
@@ -56,6 +57,7 @@ class RunConfig:
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
 
     def __post_init__(self) -> None:
         if not self.root:

@@ -12,6 +12,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
     evaluate candidate and published model on the day    (trainer.evaluate)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
+             -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from flows.data_checks import CheckReport, data_stats, run_checks
 from flows.gate import Scores, gate
 from flows.record import recent_records
 from flows.security import redacted
+from flows.serving.export import point_servers_at, write_bundles
 from flows.state import DayState
 from pipeline.encode import EncodeResult, encode_date
 from pipeline.ingest_stage import IngestResult, ingest_date
@@ -248,10 +250,14 @@ class PublishResult:
     """The version `LATEST` names after the stage."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     """The gate's checks with their values (`flows.gate.GateDecision.values`)."""
+    bundles: dict[str, Any] | None = None
+    """What `flows.serving.export.write_bundles` wrote (bytes of the full bundle and of the delta)."""
+    pruned: str = ""
+    """The retention summary (`ModelRegistry.prune`)."""
 
     def summary(self) -> str:
         if self.published:
-            return f"publish: {self.version} is now LATEST ({self.reason})"
+            return f"publish: {self.version} is now LATEST ({self.reason}); {self.pruned}"
         return f"publish: REFUSED {self.version}: {self.reason}; LATEST stays {self.latest or 'unset'}"
 
 
@@ -295,7 +301,11 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         state.need("train").result.model_url, metrics=metrics, lineage=lineage(cfg, state),
         status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
     )
-    if decision.publish:
+    bundles = None
+    if decision.publish:  # bundles first: a version that cannot be served is not published
+        bundles = write_bundles(state.layout, version, state.published.version if state.published else None)
         registry.publish(version)
+        point_servers_at(state.layout, version)
     latest = version if decision.publish else (state.published.version if state.published else None)
-    return PublishResult(decision.publish, version, decision.reason, latest, decision.values())
+    pruned = registry.prune(cfg.registry).summary()
+    return PublishResult(decision.publish, version, decision.reason, latest, decision.values(), bundles, pruned)

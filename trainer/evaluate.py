@@ -14,6 +14,7 @@ A model trained with bags of keys (model.json `bag_columns`, pooled with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,18 +38,21 @@ from trainer.models.ctr_model import CTRModel
 
 
 class FrozenEmbeddings:
-    """Read-only key -> embedding lookup over the rows of a model's sparse snapshot.
+    """Read-only key -> embedding lookup over the rows of a model's sparse snapshot (or a serving bundle).
 
     Args:
         keys: int64 (N,), distinct.
-        emb: float32 (N, D).
+        emb: float32 or float16 (N, D), kept in its dtype; rows are returned as float32.
         init_std: std of the initial rows returned for unknown keys.
     """
 
     def __init__(self, keys: np.ndarray, emb: np.ndarray, *, dim: int, init_std: float) -> None:
-        order = np.argsort(keys, kind="stable")
-        self.keys = np.ascontiguousarray(keys[order], dtype=np.int64)
-        self.emb = torch.from_numpy(np.ascontiguousarray(emb[order], dtype=np.float32).reshape(-1, dim))
+        dtype = np.float16 if emb.dtype == np.float16 else np.float32
+        if keys.size > 1 and not (keys[1:] > keys[:-1]).all():  # sorted already (a bundle): no copy
+            order = np.argsort(keys, kind="stable")
+            keys, emb = keys[order], emb[order]
+        self.keys = np.ascontiguousarray(keys, dtype=np.int64)
+        self.emb = torch.from_numpy(np.ascontiguousarray(emb, dtype=dtype).reshape(-1, dim))
         self.dim, self.init_std = dim, init_std
 
     def __len__(self) -> int:
@@ -57,14 +61,24 @@ class FrozenEmbeddings:
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of `keys` (N,) as float32 (N, D); unknown keys get `init_rows`."""
         k = np.array(keys.detach().cpu().numpy(), dtype=np.int64)
-        out = init_rows(torch.from_numpy(k), self.dim, self.init_std)  # (N, D)
         if self.keys.size == 0:
-            return out
+            return init_rows(torch.from_numpy(k), self.dim, self.init_std)
         pos = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
         found = self.keys[pos] == k
-        if found.any():
-            out[torch.from_numpy(np.flatnonzero(found))] = self.emb[torch.from_numpy(pos[found])]
-        return out
+        return fill_rows(k, found, self.emb[torch.from_numpy(pos[found])], self.init_std)
+
+
+def fill_rows(keys: np.ndarray, found: np.ndarray, rows: torch.Tensor, init_std: float) -> torch.Tensor:
+    """(N, D) float32: `rows` (float32 or float16) where `found`, the keys' initial rows elsewhere.
+
+    Only the unknown keys' initial rows are computed (they cost more than a gather).
+    """
+    out = torch.empty(keys.size, rows.shape[1], dtype=torch.float32)
+    out[torch.from_numpy(np.flatnonzero(found))] = rows.float()
+    if not found.all():
+        missing = np.flatnonzero(~found)
+        out[torch.from_numpy(missing)] = init_rows(torch.from_numpy(keys[missing]), rows.shape[1], init_std)
+    return out
 
 
 @dataclass
@@ -98,9 +112,7 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     model_url = fsio.data_url(model_url, storage_options)  # its files (an object store's data prefix)
     meta = model_dir.read_meta(model_url, storage_options)
     cfg, dim = meta.model_config, meta.dim
-    model = CTRModel(cfg, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=dim)
-    model.load_state_dict(model_dir.read_tensors(fsio.join(model_url, model_dir.DENSE), storage_options))
-    model.eval()
+    model = model_dir.load_network(model_url, meta, storage_options)
     sparse_url = fsio.join(model_url, model_dir.SPARSE)
     _, files = snapshot_files(sparse_url, storage_options)
     if files:
@@ -116,7 +128,6 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev)
 
 
-@torch.no_grad()
 def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192) -> np.ndarray:
     """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*`, `bag_*` as in the model's schema).
 
@@ -125,7 +136,34 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     Raises:
         KeyError: a column the model needs is missing.
     """
-    s = loaded.schema
+    return score_features(loaded.model, loaded.embeddings.lookup, loaded.schema, loaded.model.config.bag_pooling,
+                          features, batch_size=batch_size, device=loaded.device)
+
+
+@torch.no_grad()
+def score_features(
+    net: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    lookup: Callable[[torch.Tensor], torch.Tensor],
+    schema: FeatureSchema,
+    pooling: str,
+    features: pd.DataFrame,
+    *,
+    batch_size: int = 8192,
+    device: torch.device = torch.device("cpu"),
+) -> np.ndarray:
+    """`score` with any network (the trained module or an exported program) and any row lookup.
+
+    The one path from feature rows to probabilities: evaluation and the online scorer
+    (`flows.serving`) both come through here, so they pool bags and batch rows alike.
+
+    Args:
+        net: (dense (B, n) float32, emb (B, F, D) float32) -> logits (B,).
+        lookup: keys (N,) int64 -> rows (N, D) float32 (unknown keys get their initial rows).
+        schema: the model's columns (`FeatureSchema.for_pooling` applied).
+        pooling: `model.bag_pooling`.
+        device: where `net` scores (the rows and dense features are copied there).
+    """
+    s = schema
     missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
     if missing:
         raise KeyError(f"feature rows lack columns {missing} the model was trained with")
@@ -134,7 +172,6 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     bags_all = [
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
-    pooling = loaded.model.config.bag_pooling
     n = len(features)
     out = np.empty(n, dtype=np.float64)
     for lo in range(0, n, batch_size):
@@ -143,10 +180,9 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
         B = keys.shape[0]
         bags = [FieldBags.from_jagged(f, b.slice(lo, hi)) for f, b in zip(s.bag_fields, bags_all, strict=True)]
         cells = expand_cells(keys, bags)  # the keys of every (example, field) cell, as in training
-        dev = loaded.device
-        emb = pool_rows(host_to_device(loaded.embeddings.lookup(cells.keys), dev), cells, pooling)  # (B, F, D)
+        emb = pool_rows(host_to_device(lookup(cells.keys), device), cells, pooling)  # (B, F, D)
         dense = torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
-        out[lo:hi] = torch.sigmoid(loaded.model(host_to_device(dense, dev), emb)).double().cpu().numpy()
+        out[lo:hi] = torch.sigmoid(net(host_to_device(dense, device), emb)).double().cpu().numpy()
     return out
 
 

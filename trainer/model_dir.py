@@ -24,6 +24,7 @@ from storage.embedding.config import StoreConfig
 from storage.io import codec, fsio
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig, reshaping_changes
+from trainer.models.ctr_model import CTRModel
 
 MODEL_JSON = "model.json"
 DENSE = "dense.safetensors"
@@ -97,6 +98,13 @@ def read_meta(model_url: str, storage_options: dict | None = None) -> ModelMeta:
         raise FileNotFoundError(f"{model_url} is not a committed model directory (no {fsio.SUCCESS})")
     where = fsio.join(model_url, MODEL_JSON)
     return ModelMeta.from_dict(fsio.read_json(fs, fsio.join(fsio.data_dir(path, manifest), MODEL_JSON)), where=where)
+
+
+def load_network(model_url: str, meta: ModelMeta, storage_options: dict | None = None) -> CTRModel:
+    """The dense network of the committed model directory at `model_url` (its files), in eval mode."""
+    model = CTRModel(meta.model_config, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim)
+    model.load_state_dict(read_tensors(fsio.join(model_url, DENSE), storage_options))
+    return model.eval()
 
 
 def write_meta(fs: Any, path: str, meta: ModelMeta) -> None:

@@ -10,8 +10,12 @@
                                                 model.checkpoint/
     <root>/models/<model>/vNNNNN/               registry versions
     <root>/models/<model>/LATEST                the published version
+    <root>/bundles/<model>/vNNNNN/              the serving bundle of a published version (flows.serving)
+    <root>/bundles/<model>/deltas/vNNNNN-from-vMMMMM/  its rows changed since vMMMMM (a delta bundle)
+    <root>/bundles/<model>/LATEST               the version whose bundle servers load (moved after the bundle commit)
     <local_dir>/<model>/shard-RRRRR-of-WWWWW/   the SSD tier of rank R (node-local)
     <local_dir>/runs/D/                         the launcher's scratch (train spec) on this node
+    <local_dir>/<model>/serving/vNNNNN/         a bundle's rows copied for `score-server --mmap` on this node
 
 A stage asks the layout for its directories and never formats `date=...` itself, so a change of
 layout is one edit here.  Several models share one root: events and quarantine depend only on the
@@ -41,6 +45,7 @@ VERSION = re.compile(r"^v\d{5}$")
 _DATED = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 _KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 """Config keys of vocabularies and features (digests) become folder names."""
+_DELTA = re.compile(r"^(v\d{5})-from-(v\d{5})$")
 
 
 def validate_model_name(name: str) -> str:
@@ -66,6 +71,12 @@ def date_of(folder_name: str) -> str | None:
     """The date a `date=YYYY-MM-DD` folder name holds, or None for any other name."""
     m = _DATED.match(folder_name.rstrip("/").rsplit("/", 1)[-1])
     return m.group(1) if m else None
+
+
+def delta_versions(folder_name: str) -> tuple[str, str] | None:
+    """(target, base) of a delta bundle folder name `vNNNNN-from-vMMMMM`, or None for any other name."""
+    m = _DELTA.match(folder_name.rstrip("/").rsplit("/", 1)[-1])
+    return (m.group(1), m.group(2)) if m else None
 
 
 def default_local_dir(root: str) -> str:
@@ -107,6 +118,10 @@ class NodeLayout:
     def work_dir(self, date: str) -> str:
         """The launcher's scratch folder for the day on this node (the spec file torchrun reads)."""
         return str(Path(self.local_dir) / "runs" / validate_date(date))
+
+    def serving_cache(self, version: str) -> str:
+        """Where `score-server --mmap` copies a remote bundle's rows (memory maps need local files)."""
+        return str(Path(self.local_dir) / self.model_name / "serving" / validate_version(version))
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,26 @@ class Layout:
 
     def latest_pointer(self) -> str:
         return fsio.join(self.models(), "LATEST")
+
+    # ---- serving bundles -------------------------------------------------------------------------
+    def bundles(self) -> str:
+        return self._under("bundles", self.model_name)
+
+    def bundle(self, version: str) -> str:
+        """The full serving bundle of a version (`flows.serving.bundle`)."""
+        return fsio.join(self.bundles(), validate_version(version))
+
+    def bundle_deltas(self) -> str:
+        """The folder of the delta bundles (`delta_versions` parses their names)."""
+        return fsio.join(self.bundles(), "deltas")
+
+    def bundle_delta(self, version: str, base: str) -> str:
+        """The delta bundle taking the rows of `base` to those of `version`."""
+        return fsio.join(self.bundle_deltas(), f"{validate_version(version)}-from-{validate_version(base)}")
+
+    def bundle_latest(self) -> str:
+        """The version servers load; moved only once its bundle is committed."""
+        return fsio.join(self.bundles(), "LATEST")
 
     # ---- this node -------------------------------------------------------------------------------
     @property

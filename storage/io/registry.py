@@ -14,16 +14,21 @@ On an object store a version's files sit under its data prefix
 Every candidate that reached the publish gate becomes a version, published or
 refused, so a refusal can be inspected later; only `publish()` moves `LATEST`.
 Version ids are `v<NNNNN>` in creation order.
+
+Retention (`prune`, `RegistryConfig`): the newest `keep_versions` published versions are the
+rollback window; refused ones are kept `keep_refused_days` for inspection.  A version's serving
+bundles (`Layout.bundle`, `Layout.bundle_delta`) go with it, and the base of a kept version's delta
+stays, so a server holding that base can still follow the chain to `LATEST`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage.io import fsio
-from storage.io.layout import VERSION, Layout, validate_version
+from storage.io.layout import VERSION, Layout, delta_versions, validate_version
 
 
 class RegistryError(RuntimeError):
@@ -38,6 +43,39 @@ class VersionInfo:
     created: str
     reason: str
     metrics: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegistryConfig:
+    """How many versions the registry keeps (`ModelRegistry.prune`, run after each publish)."""
+
+    keep_versions: int = 14
+    """Published versions kept, the newest first: the rollback window (LATEST is always kept)."""
+    keep_refused_days: int = 7
+    """Refused versions (and candidates never published) are kept this many days after their creation."""
+
+    def __post_init__(self) -> None:
+        if self.keep_versions < 1:
+            raise ValueError(f"registry.keep_versions must be >= 1 (LATEST is always kept), got {self.keep_versions}")
+        if self.keep_refused_days < 0:
+            raise ValueError(f"registry.keep_refused_days must be >= 0, got {self.keep_refused_days}")
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """What `prune` keeps (version -> why) and deletes, and the bytes the deletions free."""
+
+    keep: dict[str, str]
+    delete: list[str]
+    delete_deltas: list[str] = field(default_factory=list)
+    """Delta bundle folder names (`vNNNNN-from-vMMMMM`) whose target or base version goes."""
+    freed_bytes: int = 0
+
+    def summary(self) -> str:
+        if not self.delete and not self.delete_deltas:
+            return f"prune: nothing to delete ({len(self.keep)} versions kept)"
+        return (f"prune: {len(self.delete)} version(s) {', '.join(self.delete)} and {len(self.delete_deltas)} "
+                f"delta(s) deleted, {self.freed_bytes} bytes freed; {len(self.keep)} kept")
 
 
 class ModelRegistry:
@@ -100,6 +138,75 @@ class ModelRegistry:
     def read_json(self, version: str, name: str) -> Any:
         return fsio.read_json(self.fs, f"{self.data_path(version)}/{name}")
 
+    def version_bytes(self, version: str) -> int:
+        """Bytes the version's directory holds (its files, on an object store its data prefix too)."""
+        return _tree_bytes(self.fs, self.path(version))
+
+    def bundle_bytes(self, version: str) -> int:
+        """Bytes of the version's serving bundle (0 when it has none)."""
+        return _tree_bytes(self.fs, self.layout.fs(self.layout.bundle(version))[1])
+
+    def deltas(self) -> list[tuple[str, str]]:
+        """(target, base) of every delta bundle under `Layout.bundle_deltas`."""
+        path = self.layout.fs(self.layout.bundle_deltas())[1]
+        if not self.fs.exists(path):
+            return []
+        return sorted(d for p in self.fs.ls(path, detail=False) if (d := delta_versions(p)))
+
+    # ---- retention -----------------------------------------------------------------------
+    def prune_plan(self, config: RegistryConfig, *, now: _dt.datetime | None = None) -> PrunePlan:
+        """Which versions `prune` keeps and why; deletes nothing.
+
+        Kept: `LATEST`; the newest version (ids are never reused); the newest `keep_versions`
+        published versions; refused and never-published versions younger than `keep_refused_days`;
+        and the base of the delta bundle of any version kept so far (one level: the base's own
+        delta is not needed, the base's full bundle is).  Everything else is deleted with its bundles.
+        """
+        now = now or _dt.datetime.now(_dt.UTC)
+        versions = self.versions()
+        keep: dict[str, str] = {}
+        if latest := self.latest():
+            keep[latest] = "LATEST"
+        if versions:
+            keep.setdefault(versions[-1], "newest (ids are never reused)")
+        infos = {v: self.info(v) for v in versions}
+        published = [v for v in versions if infos[v].status == "published"]
+        for v in published[-config.keep_versions :]:
+            keep.setdefault(v, f"within the rollback window (newest {config.keep_versions} published)")
+        horizon = now - _dt.timedelta(days=config.keep_refused_days)
+        for v in versions:
+            created = infos[v].created
+            if infos[v].status != "published" and created and _dt.datetime.fromisoformat(created) >= horizon:
+                keep.setdefault(v, f"{infos[v].status}, younger than {config.keep_refused_days} days")
+        deltas = self.deltas()
+        for target, base in deltas:
+            if target in keep and base in versions:
+                keep.setdefault(base, f"base of the delta of {target}")
+        delete = [v for v in versions if v not in keep]
+        gone = [f"{t}-from-{b}" for t, b in deltas if t not in keep or b not in keep]
+        freed = sum(self.version_bytes(v) + self.bundle_bytes(v) for v in delete)
+        freed += sum(_tree_bytes(self.fs, self.layout.fs(fsio.join(self.layout.bundle_deltas(), d))[1]) for d in gone)
+        return PrunePlan(keep=dict(sorted(keep.items())), delete=delete, delete_deltas=gone, freed_bytes=freed)
+
+    def prune(self, config: RegistryConfig, *, dry_run: bool = False, now: _dt.datetime | None = None) -> PrunePlan:
+        """Delete what `prune_plan` does not keep (with `dry_run`, only say so).
+
+        Bundles go first, then the registry directories: a server never sees a version whose
+        bundle is half deleted named by a pointer, since `LATEST` and its bundle are always kept.
+        """
+        plan = self.prune_plan(config, now=now)
+        if dry_run:
+            return plan
+        for d in plan.delete_deltas:
+            self.fs.rm(self.layout.fs(fsio.join(self.layout.bundle_deltas(), d))[1], recursive=True)
+        for v in plan.delete:
+            bundle = self.layout.fs(self.layout.bundle(v))[1]
+            if self.fs.exists(bundle):
+                self.fs.rm(bundle, recursive=True)
+            self.fs.rm(self.path(v), recursive=True)
+        self.fs.invalidate_cache()
+        return plan
+
     # ---- writing -------------------------------------------------------------------------
     def add_version(
         self,
@@ -154,3 +261,10 @@ class ModelRegistry:
         if info.status != "published":
             raise RegistryError(f"{version} was never published ({info.status}: {info.reason}); refusing to roll back to it")
         fsio.write_text_atomic(self.fs, self.layout.fs(self.layout.latest_pointer())[1], version + "\n")
+
+
+def _tree_bytes(fs: Any, path: str) -> int:
+    """Total size of the files under `path` (0 when it does not exist)."""
+    if not fs.exists(path):
+        return 0
+    return int(sum(info.get("size") or 0 for info in fs.find(path, detail=True).values()))

@@ -10,6 +10,7 @@ def test_defaults_are_valid_and_documented_keys_exist():
     cfg = load_config()
     assert cfg.root and cfg.input.format == "criteo"
     assert cfg.trainer.nproc_per_node == "auto" and cfg.optim.k_steps >= 1
+    assert (cfg.registry.keep_versions, cfg.registry.keep_refused_days) == (14, 7)
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -44,6 +45,7 @@ def test_yaml_merges_into_a_recipe(tmp_path):
         ("model_name=../etc", "model_name"),
         ("store.local_dir=s3://bucket/ssd", "store.local_dir"),
         ("trainer.nnodes=2", "trainer.rdzv_endpoint"),
+        ("registry.keep_versions=0", "registry.keep_versions"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(override, names):

@@ -43,6 +43,7 @@ OUR_FILES = [
     K8S / "prefect-worker.yaml",
     K8S / "ssd-local-volume.yaml",
     K8S / "train-job.yaml",
+    K8S / "scorer.yaml",
     WORK_POOL_TEMPLATE,
     SBATCH,
     INFRA / "README.md",
@@ -139,6 +140,19 @@ def check_k8s_object(doc: dict) -> list[str]:
         labels = pod_templates(doc)[0][2] if pod_templates(doc) else {}
         if not match or any(labels.get(k) != v for k, v in match.items()):
             problems.append(f"{label}: spec.selector.matchLabels {match} do not select its pod labels {labels}")
+    return problems
+
+
+def check_http_probes(container: dict, wanted: dict[str, str]) -> list[str]:
+    """Each probe in `wanted` (probe -> path) is an httpGet of that path on a port the container declares."""
+    problems = []
+    ports = {p.get("name") for p in container.get("ports") or []} | {p.get("containerPort") for p in container.get("ports") or []}
+    for probe, path in wanted.items():
+        get = ((container.get(probe) or {}).get("httpGet")) or {}
+        if get.get("path") != path:
+            problems.append(f"container {container.get('name')}: {probe} must be an httpGet of {path}, got {get or None}")
+        elif get.get("port") not in ports:
+            problems.append(f"container {container.get('name')}: {probe} port {get.get('port')} is not a container port")
     return problems
 
 
@@ -530,6 +544,39 @@ def test_train_job() -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert LOCAL_DIR in mounts and mounts[LOCAL_DIR] in volumes, f"the SSD tier must be mounted at {LOCAL_DIR}"
     assert set(mounts.values()) <= set(volumes), "every mount needs a volume"
+
+
+def test_scorer_deployment() -> None:
+    objs = {(d["kind"], d["metadata"]["name"]): d for p, d in k8s_objects() if p == K8S / "scorer.yaml"}
+    dep, svc, config = objs[("Deployment", "ctr-scorer")], objs[("Service", "ctr-scorer")], objs[("ConfigMap", "ctr-scorer-config")]
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert not check_http_probes(container, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"})
+    argv = [*container["command"], *container["args"]]
+    assert argv[:4] == ["python", "-m", "flows.cli", "score-server"]
+    opt = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
+    assert opt["--model"] == "latest" and opt["--host"] == "0.0.0.0", "a pod must listen beyond loopback"
+    port = int(opt["--port"])
+    assert port in [p["containerPort"] for p in container["ports"]]
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == [container["ports"][0]["name"]]
+    # the token comes from a Secret, by the variable --auth-token-env names
+    assert secret_ref(env_of(container).get(opt["--auth-token-env"])), "the bearer token must come from a Secret"
+    # --config is the mounted ConfigMap, whose config names a root the daily flow also writes
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == config["metadata"]["name"])
+    key = opt["--config"].removeprefix(mounts[volume["name"]].rstrip("/") + "/")
+    loaded = yaml.safe_load(config["data"][key])
+    assert loaded["root"].startswith("s3://") and loaded["store"]["local_dir"] == LOCAL_DIR
+    assert LOCAL_DIR in mounts.values()
+
+
+def test_checker_http_probes_fail() -> None:
+    good = {"name": "c", "ports": [{"name": "http", "containerPort": 8000}],
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}}}
+    assert check_http_probes(good, {"readinessProbe": "/readyz"}) == []
+    assert check_http_probes(good, {"livenessProbe": "/healthz"})
+    wrong_port = {**good, "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9}}}
+    assert any("not a container port" in p for p in check_http_probes(wrong_port, {"readinessProbe": "/readyz"}))
 
 
 def test_work_pool_template() -> None:

@@ -54,3 +54,17 @@ def test_node_local_paths_are_local_and_per_model(tmp_path):
         Layout(str(tmp_path), "../x")
     with pytest.raises(ValueError, match="local path"):
         NodeLayout("s3://b/x", "m1")
+
+
+def test_bundle_paths_come_from_the_layout_and_delta_names_parse_back():
+    from storage.io.layout import delta_versions
+
+    layout = Layout("s3://bucket/ctr", "m1")
+    assert layout.bundle("v00004") == "s3://bucket/ctr/bundles/m1/v00004"
+    assert layout.bundle_latest() == "s3://bucket/ctr/bundles/m1/LATEST"
+    delta = layout.bundle_delta("v00004", "v00003")
+    assert delta == "s3://bucket/ctr/bundles/m1/deltas/v00004-from-v00003"
+    assert delta_versions(delta) == ("v00004", "v00003") and delta_versions("v00004") is None
+    with pytest.raises(ValueError, match="model version"):
+        layout.bundle_delta("v00004", "../v1")
+    assert Layout("/r", "m1", local_dir="/l").node.serving_cache("v00002") == "/l/m1/serving/v00002"

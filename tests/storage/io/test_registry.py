@@ -84,3 +84,57 @@ def test_uncommitted_candidate_is_not_registered(tmp_path):
     with pytest.raises(RegistryError, match="not committed"):
         reg.add_version(str(tmp_path / "half"), metrics={}, lineage={}, status="candidate")
     assert reg.versions() == []
+
+
+def _published_and_refused(tmp_path, pattern: str) -> ModelRegistry:
+    """A registry whose versions follow `pattern` ('p' published, 'r' refused), each with a bundle and a delta."""
+    layout = Layout(str(tmp_path / "root"), "ctr")
+    reg = ModelRegistry(layout)
+    cand = _candidate(tmp_path)
+    last = None
+    for kind in pattern:
+        v = reg.add_version(cand, metrics={}, lineage={}, status="candidate" if kind == "p" else "refused")
+        if kind == "p":
+            reg.publish(v)
+            for url, size in ((layout.bundle(v), 100), *(((layout.bundle_delta(v, last), 10),) if last else ())):
+                path = reg.layout.fs(url)[1]
+                reg.fs.makedirs(path, exist_ok=True)
+                reg.fs.pipe(f"{path}/rows.npy", b"x" * size)
+            last = v
+    return reg
+
+
+def test_prune_keeps_latest_the_rollback_window_young_refusals_and_the_base_of_kept_deltas(tmp_path):
+    import datetime as dt
+
+    from storage.io.registry import RegistryConfig
+
+    reg = _published_and_refused(tmp_path, "pprppp")  # v1 v2 p, v3 refused, v4 v5 v6 p
+    reg.rollback("v00005")  # LATEST is no longer the newest
+    cfg = RegistryConfig(keep_versions=2, keep_refused_days=7)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=8)
+    plan = reg.prune_plan(cfg, now=later)
+    assert plan.keep == {
+        "v00004": "base of the delta of v00005",
+        "v00005": "LATEST",
+        "v00006": "newest (ids are never reused)",
+    }
+    assert plan.delete == ["v00001", "v00002", "v00003"]
+    assert plan.delete_deltas == ["v00002-from-v00001", "v00004-from-v00002"]
+    assert plan.freed_bytes == sum(reg.version_bytes(v) for v in plan.delete) + 2 * 100 + 2 * 10
+    assert reg.prune(cfg, dry_run=True, now=later) == plan and reg.versions()[0] == "v00001"  # dry run: nothing gone
+
+    assert reg.prune_plan(cfg).keep["v00003"].startswith("refused, younger than 7 days")  # not yet 7 days old
+    reg.prune(cfg, now=later)
+    assert reg.versions() == ["v00004", "v00005", "v00006"] and reg.latest() == "v00005"
+    assert reg.deltas() == [("v00005", "v00004"), ("v00006", "v00005")]
+    assert reg.bundle_bytes("v00002") == 0 and reg.bundle_bytes("v00004") == 100
+    v7 = reg.add_version(_candidate(tmp_path, "c2"), metrics={}, lineage={}, status="candidate")
+    assert v7 == "v00007"  # ids go on after the kept newest, never reused
+
+
+def test_registry_config_refuses_an_empty_rollback_window():
+    from storage.io.registry import RegistryConfig
+
+    with pytest.raises(ValueError, match="keep_versions"):
+        RegistryConfig(keep_versions=0)

@@ -1,0 +1,345 @@
+"""Online scorer: requests/s and p50/p99 latency over loopback HTTP beside the same bundle scored in-process.
+
+    python -m bench.serve [--keys 200000] [--seconds 4] [--batches 1,32,256] [--clients 1,8,32]
+                          [--mmap-keys 10000000] [--mmap-dim 16]
+
+A synthetic bundle (the demo architecture, Criteo fields, `--keys` rows, lines from `pipeline.generate`)
+is served by `ctrpipe score-server --bundle` in a child process; client threads with keep-alive
+connections post `batch` raw lines per request for `--seconds` per cell.  The baseline, in the same
+run, scores the same lines in this process without HTTP (`ServingModel.parse` + `score_features`,
+one request at a time, in one worker thread as the server does): the ceiling of the model itself.  Then: a reload under load (8 clients while
+the pointer moves to a second bundle: failed requests must be 0), bundle size and load time against the
+same model as a registry version, and resident memory with and without `--mmap` for a
+`--mmap-keys`-key table (each loaded in a fresh child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench._common import report, run_child
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- the bundle ------------------------------------------------------------------------------------
+def synthetic_lines(n: int, seed: int = 0) -> list[str]:
+    """`n` raw Criteo lines from the project's generator."""
+    from pipeline.generate import generate_days
+
+    tmp = tempfile.mkdtemp(prefix="bench-serve-lines-")
+    try:
+        day = generate_days(tmp, 1, n, seed=seed)[0]
+        import gzip
+
+        return gzip.decompress(Path(day.path).read_bytes()).decode().splitlines()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int, version: str = "v00001") -> dict:
+    """A full bundle whose admitted keys are the values of `lines` seen twice, padded with random keys to `keys` rows."""
+    import torch
+
+    from flows.serving.export import write_full_bundle
+    from pipeline.feature_spec import FeatureSpec
+    from pipeline.keys import feature_keys
+    from pipeline.parse import parse_chunk
+    from pipeline.schema import get_schema
+    from trainer import export
+    from trainer.config import HetConfig, OptimConfig, TrainerConfig
+    from trainer.model_dir import ModelMeta
+    from trainer.models.config import ModelConfig
+    from trainer.models.ctr_model import CTRModel
+
+    schema = get_schema("criteo")
+    events = parse_chunk(("\n".join(lines) + "\n").encode(), schema=schema, file="bench").events
+    seen = np.concatenate([feature_keys(j, events[c]) for j, c in enumerate(schema.categorical)])
+    uniq, counts = np.unique(seen, return_counts=True)
+    admitted = uniq[counts >= 2]
+    rng = np.random.default_rng(seed)
+    extra = rng.integers(1 << 57, 1 << 62, max(keys - admitted.size, 0), dtype=np.int64)
+    row_keys = np.unique(np.concatenate([admitted, extra]))[:keys]
+    rows = export.SparseRows(row_keys, rng.normal(0, 0.05, (row_keys.size, dim)).astype(np.float32))
+    cfg = ModelConfig(num_heads=2, mlp_dims=(64, 32))
+    torch.manual_seed(seed)
+    net = CTRModel(cfg, num_dense=13, num_fields=26, dim=dim).eval()
+    meta = ModelMeta(model_name="ctr", model_config=cfg, dim=dim, init_std=0.05, num_dense=13, num_fields=26,
+                     fields=schema.categorical, dense_columns=tuple(f"d_{i}" for i in range(13)),
+                     key_columns=tuple(f"k_{j}" for j in range(26)), vocab_date="2026-01-01", run_tag="bench",
+                     features_url="", init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig())
+    spec = FeatureSpec(schema=schema, admitted=admitted, bag_pooling=cfg.bag_pooling, dense_buckets=cfg.dense_buckets,
+                       dense_bucket_max=cfg.dense_bucket_max)
+    program = export.program_bytes(export.export_program(net))
+    write_full_bundle(str(out), meta=meta, spec=spec, program=program, rows=rows,
+                      manifest={"version": version, "model_name": "ctr", "dtype": "float32", "metrics": {}})
+    return {"meta": meta, "net": net, "rows": rows}
+
+
+def write_registry_version(out: Path, made: dict) -> None:
+    """The same model as a registry-format model directory (dense, Adam state, rows with m, v, clock)."""
+    import torch
+
+    from storage.embedding.snapshot import write_snapshot
+    from storage.io import fsio
+    from trainer import model_dir
+
+    fs, path = fsio.get_fs(str(out))
+    with fsio.staged(fs, path) as stage:
+        model_dir.write_tensors(f"{stage}/{model_dir.DENSE}", made["net"].state_dict())
+        optim = {f"{k}.{m}": torch.zeros_like(v) for k, v in made["net"].state_dict().items() for m in ("exp_avg", "exp_avg_sq")}
+        model_dir.write_tensors(f"{stage}/{model_dir.DENSE_OPTIM}", {**optim, "step": torch.tensor(1)})
+        rows = made["rows"]
+        write_snapshot(f"{stage}/sparse/part-00000.parquet", rows.keys, rows.emb, np.zeros_like(rows.emb),
+                       np.zeros_like(rows.emb), np.ones(len(rows), np.int64))
+        model_dir.write_meta(fs, stage, made["meta"])
+        fsio.commit_dir(fs, stage, path, {"bench": True})
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ---- load -----------------------------------------------------------------------------------------
+def percentiles(lat: list[float]) -> tuple[float, float]:
+    a = np.asarray(lat) * 1000
+    return float(np.percentile(a, 50)), float(np.percentile(a, 99))
+
+
+def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flows.serving.bundle import BundleReader
+    from flows.serving.model import load_model
+
+    model = load_model([BundleReader(str(bundle))])
+
+    def loop() -> list[float]:
+        lat, i, t_end = [], 0, time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            chunk = [lines[(i + j) % len(lines)] for j in range(batch)]
+            t0 = time.perf_counter()
+            model.score_features(model.parse(lines=chunk).features)
+            lat.append(time.perf_counter() - t0)
+            i += batch
+        return lat
+
+    # in a worker thread, as the server scores: torch's main-thread OpenMP pool is far slower on a busy machine
+    with ThreadPoolExecutor(1) as pool:
+        lat = pool.submit(loop).result()
+    p50, p99 = percentiles(lat)
+    total = sum(lat)
+    return {"req_s": len(lat) / total, "rows_s": len(lat) * batch / total, "p50_ms": p50, "p99_ms": p99}
+
+
+def http_load(port: int, lines: list[str], *, batch: int, clients: int, seconds: float,
+              versions: list[str] | None = None) -> dict[str, Any]:
+    lat: list[float] = []
+    failures: list[Any] = []
+    lock = threading.Lock()
+    t_end = time.perf_counter() + seconds
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        i = k * 997
+        while time.perf_counter() < t_end:
+            body = json.dumps({"lines": [lines[(i + j) % len(lines)] for j in range(batch)]})
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", "/v1/score", body=body, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = json.loads(resp.read())
+                ok = resp.status == 200 and None not in data["scores"]
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                ok, data = False, repr(exc)
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            dt = time.perf_counter() - t0
+            with lock:
+                if ok:
+                    lat.append(dt)
+                    if versions is not None:
+                        versions.append(data["model_version"])
+                else:
+                    failures.append(data)
+            i += batch
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    p50, p99 = percentiles(lat) if lat else (float("nan"), float("nan"))
+    return {"req_s": len(lat) / wall, "rows_s": len(lat) * batch / wall, "p50_ms": p50, "p99_ms": p99,
+            "failed": len(failures)}
+
+
+def start_server(args: list[str], port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(_REPO)}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "score-server", *args, "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=_REPO, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"score-server exited: {log.read_text()[-2000:]}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("score-server did not become ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_MEMORY_CHILD = """
+import sys, time, numpy as np, torch
+from flows.serving.bundle import BundleReader
+from flows.serving.model import load_model
+t0 = time.perf_counter()
+m = load_model([BundleReader(sys.argv[1])], mmap_dir=sys.argv[2] if sys.argv[2] != "-" else None)
+load_s = time.perf_counter() - t0
+keys = np.load(sys.argv[1] + "/rows/keys.npy", mmap_mode="r")
+q = torch.from_numpy(np.asarray(keys[np.random.default_rng(0).integers(0, keys.size, 200000)]))
+for _ in range(5):
+    m.table.lookup(q)
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
+kb = lambda k: int(status[k].split()[0]) * 1024
+print(load_s, kb("VmRSS"), kb("RssAnon"), kb("RssFile"), kb("VmHWM"))
+"""
+
+
+def memory_rows(tmp: Path, keys: int, dim: int) -> list[dict[str, Any]]:
+    lines = synthetic_lines(2000, seed=3)
+    bundle = tmp / "big"
+    write_bundle(bundle, lines, keys=keys, dim=dim, seed=3)
+    out = []
+    for mode, arg in (("in memory", "-"), ("--mmap", str(tmp / "mmap-cache"))):
+        _, text = run_child(f"import sys; sys.path.insert(0, {str(_REPO)!r})\n" + _MEMORY_CHILD, str(bundle), arg)
+        load_s, rss, anon, file_, peak = (float(x) for x in text.split())
+        out.append({"part": "memory", "mode": mode, "keys": keys, "dim": dim, "load_s": load_s,
+                    "rss_MiB": rss / 2**20, "anon_MiB": anon / 2**20, "file_MiB": file_ / 2**20,
+                    "peak_MiB": peak / 2**20, "rows_MiB": keys * dim * 4 / 2**20})
+    shutil.rmtree(bundle, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
+    p.add_argument("--keys", type=int, default=200_000)
+    p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=4.0, help="per measured cell")
+    p.add_argument("--batches", default="1,32,256")
+    p.add_argument("--clients", default="1,8,32")
+    p.add_argument("--mmap-keys", type=int, default=10_000_000, help="0 skips the memory part")
+    p.add_argument("--mmap-dim", type=int, default=16)
+    args = p.parse_args(argv)
+    batches = [int(x) for x in args.batches.split(",")]
+    clients = [int(x) for x in args.clients.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        lines = synthetic_lines(20_000)
+        root = tmp / "root"
+        made = write_bundle(root / "bundles" / "ctr" / "v00001", lines, keys=args.keys, dim=args.dim, seed=0)
+        write_bundle(root / "bundles" / "ctr" / "v00002", lines, keys=args.keys, dim=args.dim, seed=1, version="v00002")
+        (root / "bundles" / "ctr" / "LATEST").write_text("v00001\n")
+        bundle = root / "bundles" / "ctr" / "v00001"
+
+        base = {b: in_process(bundle, lines, b, args.seconds) for b in batches}
+        port = free_port()
+        proc = start_server(["--bundle", str(bundle)], port, tmp / "server.log")
+        try:
+            http_load(port, lines, batch=32, clients=4, seconds=1.0)  # warm-up
+            for b in batches:
+                rows.append({"part": "in-process", "batch": b, "clients": 1, **base[b]})
+                for c in clients:
+                    r = http_load(port, lines, batch=b, clients=c, seconds=args.seconds)
+                    rows.append({"part": "http", "batch": b, "clients": c, **r,
+                                 "x_in_process": r["rows_s"] / base[b]["rows_s"],
+                                 "p50_added_ms": r["p50_ms"] - base[b]["p50_ms"],
+                                 "p99_added_ms": r["p99_ms"] - base[b]["p99_ms"]})
+        finally:
+            stop(proc)
+
+        # reload under load: 8 clients while the pointer moves to v00002
+        port = free_port()
+        proc = start_server(["--set", f"root={root}", "--model", "latest", "--reload-every", "0.5"], port,
+                            tmp / "reload.log")
+        try:
+            versions: list[str] = []
+            mover = threading.Timer(1.5, lambda: (root / "bundles" / "ctr" / "LATEST").write_text("v00002\n"))
+            mover.start()
+            r = http_load(port, lines, batch=32, clients=8, seconds=max(args.seconds, 5.0), versions=versions)
+            rows.append({"part": "reload", "batch": 32, "clients": 8, **r,
+                         "switched": "v00002" in versions, "served_v1": versions.count("v00001"),
+                         "served_v2": versions.count("v00002")})
+        finally:
+            stop(proc)
+
+        # bundle vs registry version: bytes and load time
+        write_registry_version(tmp / "registry-v", made)
+        from flows.serving.bundle import BundleReader
+        from flows.serving.model import load_model
+        from trainer.evaluate import load_model as load_registry_model
+
+        t0 = time.perf_counter()
+        load_registry_model(str(tmp / "registry-v"))
+        reg_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        load_model([BundleReader(str(bundle))])
+        bundle_s = time.perf_counter() - t0
+        rows.append({"part": "size", "mode": "registry version", "keys": args.keys, "bytes": tree_bytes(tmp / "registry-v"),
+                     "load_s": reg_s})
+        rows.append({"part": "size", "mode": "bundle", "keys": args.keys, "bytes": tree_bytes(bundle), "load_s": bundle_s,
+                     "x_registry": tree_bytes(bundle) / tree_bytes(tmp / "registry-v")})
+        if args.mmap_keys:
+            rows += memory_rows(tmp, args.mmap_keys, args.mmap_dim)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    cols = ["part", "mode", "batch", "clients", "keys", "req_s", "rows_s", "p50_ms", "p99_ms", "failed", "x_in_process",
+            "p50_added_ms", "p99_added_ms", "switched", "bytes", "x_registry", "load_s", "rss_MiB", "anon_MiB",
+            "file_MiB", "peak_MiB"]
+    report("serve", rows, params=vars(args), columns=cols,
+           notes="x_in_process: HTTP rows/s over in-process rows/s at the same batch; *_added_ms: HTTP minus in-process "
+                 "latency.  Goals: >= 0.5x at 32 clients x 32 lines; batch 1 adds <= ~2 ms p50, ~10 ms p99; 0 failed "
+                 "requests during the reload.  Clients, server and baseline share this machine's cores.")
+
+
+if __name__ == "__main__":
+    main()

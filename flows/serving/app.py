@@ -1,0 +1,176 @@
+"""The scorer's HTTP API (Starlette, an ASGI app; `flows.serving.server` runs it on uvicorn).
+
+    POST /v1/score   {"lines": ["<raw log line>", ...]} or {"rows": [{"<field>": value, ...}, ...]}
+                     -> 200 {"model_version": "v00002", "scores": [p | null, ...], "errors": [{"index", "reason"}]}
+    GET  /v1/model   version, trained dates, AUC, export time of the model being served
+    GET  /healthz    200 while the process runs (liveness)
+    GET  /readyz     200 once a model is loaded, else 503 (readiness)
+
+A malformed line gets `null` and the reason ingest would quarantine it for; the other lines are
+scored.  What is wrong with the request itself gets a 4xx and `{"error": "..."}`, never a 500:
+400 invalid JSON or body shape, 401 missing or wrong bearer token (only with `auth_token`),
+413 body over `max_body_bytes` or more than `max_lines` entries, 415 a content type other than
+application/json, 422 entries of the wrong type, 503 no model loaded yet.  With a token, `/v1/*`
+needs `Authorization: Bearer <token>`; the probes stay open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from flows.serving.batcher import MicroBatcher
+from flows.serving.reload import ModelHolder, Reloader
+
+log = logging.getLogger("ctrpipe.serve")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApiLimits:
+    max_body_bytes: int = 8 << 20
+    """Largest request body accepted (413 above)."""
+    max_lines: int = 10_000
+    """Most lines or rows in one request (413 above)."""
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024 or self.max_lines < 1:
+            raise ValueError(f"max_body_bytes must be >= 1024 and max_lines >= 1, got {self.max_body_bytes}, "
+                             f"{self.max_lines}")
+
+
+class RequestError(Exception):
+    """A request the API answers with a 4xx and this message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_body(request: Request, limits: ApiLimits) -> Any:
+    """The request's JSON, with the content type, size and syntax checked (`RequestError` otherwise)."""
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        raise RequestError(415, f"content type must be application/json, got {ctype or 'none'!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise RequestError(413, f"body of {declared} bytes is over the limit of {limits.max_body_bytes} bytes")
+    body = bytearray()
+    async for chunk in request.stream():  # a chunked body has no declared length: count as it comes
+        body += chunk
+        if len(body) > limits.max_body_bytes:
+            raise RequestError(413, f"body is over the limit of {limits.max_body_bytes} bytes")
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"invalid JSON: {exc}") from None
+
+
+def entries(payload: Any, limits: ApiLimits) -> tuple[str, list[Any]]:
+    """("lines" | "rows", the entries) of a score request (`RequestError` when its shape is wrong)."""
+    if not isinstance(payload, dict):
+        raise RequestError(400, f'body must be an object {{"lines": [...]}} or {{"rows": [...]}}, got {type(payload).__name__}')
+    keys = set(payload)
+    if len(keys & {"lines", "rows"}) != 1 or keys - {"lines", "rows"}:
+        raise RequestError(400, f'body must hold exactly one of "lines" or "rows", got keys {sorted(keys)}')
+    kind = "lines" if "lines" in payload else "rows"
+    items = payload[kind]
+    if not isinstance(items, list):
+        raise RequestError(422, f"{kind} must be a list, got {type(items).__name__}")
+    if len(items) > limits.max_lines:
+        raise RequestError(413, f"{len(items)} {kind} in one request, the limit is {limits.max_lines}: split it")
+    if kind == "lines" and (bad := next((i for i, x in enumerate(items) if not isinstance(x, str)), None)) is not None:
+        raise RequestError(422, f"lines[{bad}] must be a string (one raw log line), got {type(items[bad]).__name__}")
+    return kind, items
+
+
+def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, reloader: Reloader | None = None,
+              auth_token: str | None = None) -> Starlette:
+    """The ASGI app over the served model (see the module docstring).
+
+    Args:
+        holder: the model being served (replaced by `reloader`).
+        batcher: scores the requests (started and stopped with the app).
+        limits: request size limits.
+        reloader: polls for new versions while the app runs (None: a pinned bundle).
+        auth_token: the bearer token `/v1/*` requires (None: no auth).
+    """
+    expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    def authorized(request: Request) -> bool:
+        if expected is None:
+            return True
+        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+
+    async def score(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        try:
+            kind, items = entries(await read_body(request, limits), limits)
+        except RequestError as exc:
+            return _error(exc.status, str(exc))
+        model = holder.current  # the request stays on this version, whatever the reloader does meanwhile
+        if model is None:
+            return _error(503, "no model loaded yet (see GET /readyz)")
+        parsed = await asyncio.to_thread(model.parse, **{kind: items})
+        probs = await batcher.score(model, parsed.features)
+        scores: list[float | None] = [None] * len(items)
+        for i, p in zip(parsed.index.tolist(), probs.tolist(), strict=True):
+            scores[i] = p
+        return JSONResponse({"model_version": model.version, "scores": scores,
+                             "errors": [{"index": i, "reason": r} for i, r in parsed.errors]})
+
+    async def model_info(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        model = holder.current
+        if model is None:
+            return _error(503, "no model loaded yet (see GET /readyz)")
+        return JSONResponse({**model.info(), "switches": holder.switches, "refused": holder.refused,
+                             "batching": batcher.stats.as_dict()})
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        model = holder.current
+        if model is None:
+            return JSONResponse({"status": "not ready", "reason": "no model loaded yet"}, status_code=503)
+        return JSONResponse({"status": "ready", "model_version": model.version})
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        batcher.start()
+        poller = asyncio.get_running_loop().create_task(reloader.run()) if reloader else None
+        try:
+            yield
+        finally:
+            if poller is not None:
+                poller.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
+            await batcher.stop()
+
+    routes = [
+        Route("/v1/score", score, methods=["POST"]),
+        Route("/v1/model", model_info, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

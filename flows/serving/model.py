@@ -1,0 +1,146 @@
+"""One loaded bundle: the exported network, the rows, the feature spec; raw lines in, probabilities out.
+
+The server holds a `ServingModel` per version (two while it switches).  It needs only the bundle:
+`torch.export.load` for the network, the `.npy` rows, `feature_spec.json` + `admitted.npy` for
+the feature path, model.json for the columns.  Scoring goes through
+`trainer.evaluate.score_features`, the path evaluation takes, so served and evaluated scores agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flows.serving.bundle import (
+    ADMITTED,
+    EMB,
+    FEATURE_SPEC,
+    KEYS,
+    MODEL_JSON,
+    PROGRAM,
+    BundleError,
+    BundleReader,
+)
+from flows.serving.tables import MmapTable, chain_table, memory_table
+from pipeline.feature_spec import FeatureSpec, Parsed
+from trainer.data import FeatureSchema
+from trainer.evaluate import score_features
+from trainer.export import load_program
+from trainer.model_dir import ModelMeta
+
+log = logging.getLogger("ctrpipe.serve")
+
+
+@dataclass
+class ServingModel:
+    """A bundle in memory, ready to score (see the module docstring)."""
+
+    version: str
+    manifest: dict[str, Any]
+    spec: FeatureSpec
+    net: torch.nn.Module
+    table: Any
+    """`lookup(keys (N,) int64) -> (N, D) float32`: a `FrozenEmbeddings` or an `MmapTable`."""
+    schema: FeatureSchema
+    loaded_s: float = 0.0
+    loaded_at: float = field(default_factory=time.time)
+
+    def parse(self, *, lines: list[str] | None = None, rows: list[Any] | None = None) -> Parsed:
+        """Lines or rows -> the training inputs (`FeatureSpec.parse_lines` / `parse_rows`)."""
+        return self.spec.parse_lines(lines) if lines is not None else self.spec.parse_rows(rows or [])
+
+    def score_features(self, features: pd.DataFrame) -> np.ndarray:
+        """Click probabilities (N,) float64 of feature rows."""
+        if len(features) == 0:
+            return np.zeros(0, np.float64)
+        return score_features(self.net, self.table.lookup, self.schema, self.spec.bag_pooling, features)
+
+    def info(self) -> dict[str, Any]:
+        """What `GET /v1/model` answers."""
+        m = self.manifest
+        return {
+            "model_version": self.version, "model_name": m.get("model_name"), "kind": m["kind"],
+            "dates_trained": m.get("dates_trained", []), "date": m.get("date"),
+            "auc": (m.get("metrics") or {}).get("auc"), "metrics": m.get("metrics") or {},
+            "exported": m.get("exported"), "rows": m.get("table_rows"), "dtype": m.get("dtype"),
+            "format": self.spec.schema.name, "loaded_s": round(self.loaded_s, 3),
+            "mmap": isinstance(self.table, MmapTable),
+        }
+
+
+def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> ServingModel:
+    """Load the last bundle of `readers` (one full bundle, or a full bundle and its deltas in order).
+
+    Args:
+        readers: the bundle, or the chain ending at the version to serve.
+        mmap_dir: serve the rows memory-mapped from this local folder (`--mmap`; a full bundle only):
+            `rows/emb.npy` is used in place when the bundle is local, else copied there first.
+
+    Raises:
+        BundleError: a file is missing or corrupt, or the chain is broken.
+    """
+    t0 = time.perf_counter()
+    last = readers[-1]
+    meta = ModelMeta.from_dict(last.read_json(MODEL_JSON), where=f"{last.url}/{MODEL_JSON}")
+    spec = FeatureSpec.from_dict(last.read_json(FEATURE_SPEC), last.read_array(ADMITTED))
+    program = last.read(PROGRAM)
+    try:
+        net = load_program(program)
+    except Exception as exc:  # torch.export.load raises many types on a bad file
+        raise BundleError(f"bundle {last.url}: {PROGRAM} does not load with torch.export.load: {exc}") from exc
+    if mmap_dir is not None:
+        if len(readers) != 1:
+            raise BundleError("--mmap serves a full bundle; apply a delta chain in memory")
+        table = MmapTable(last.read_array(KEYS), _local_rows(last, mmap_dir), init_std=meta.init_std)
+    else:
+        table = memory_table(chain_table(readers), init_std=meta.init_std)
+    schema = FeatureSchema(dense_columns=meta.dense_columns, key_columns=meta.key_columns, fields=meta.fields,
+                           bag_columns=meta.bag_columns).for_pooling(spec.bag_pooling)
+    model = ServingModel(version=last.version, manifest=last.manifest, spec=spec, net=net, table=table,
+                         schema=schema, loaded_s=time.perf_counter() - t0)
+    smoke_check(model)
+    return model
+
+
+def _local_rows(reader: BundleReader, mmap_dir: str) -> str:
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(reader.fs, LocalFileSystem):
+        reader.check_file(EMB)
+        return reader.file_path(EMB)
+    return reader.copy_checked(EMB, f"{mmap_dir.rstrip('/')}/{EMB}")
+
+
+def smoke_check(model: ServingModel) -> None:
+    """Score one line of all-missing values (and the label): a finite probability, or the bundle is refused.
+
+    Raises:
+        BundleError: the line does not parse or the network returns no probability in [0, 1].
+    """
+    s = model.spec.schema
+    values = ["" for _ in s.columns]
+    values[s.columns.index(s.label)] = s.label_negative[0]
+    if s.timestamp is not None:
+        values[s.columns.index(s.timestamp)] = _example_timestamp(s.timestamp_format)
+    parsed = model.parse(lines=[s.separator.join(values)])
+    if parsed.errors:
+        raise BundleError(f"bundle {model.version}: smoke line refused: {parsed.errors[0][1]}")
+    try:
+        p = model.score_features(parsed.features)
+    except Exception as exc:
+        raise BundleError(f"bundle {model.version}: smoke score failed: {type(exc).__name__}: {exc}") from exc
+    if p.shape != (1,) or not math.isfinite(float(p[0])) or not 0.0 <= float(p[0]) <= 1.0:
+        raise BundleError(f"bundle {model.version}: smoke score gave {p!r}, not one probability")
+
+
+def _example_timestamp(fmt: str | None) -> str:
+    if fmt in ("unix", "unix_ms"):
+        return "0"
+    return time.strftime(fmt or "%Y", time.gmtime(0))

@@ -1,0 +1,52 @@
+"""Training-serving parity on the real Criteo sample: the served score of every held-out line is the score
+`ctrpipe evaluate` gives the same line, and the served AUC is evaluate's AUC."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.day import run_day
+from tests.helpers.procs import free_port
+from tests.helpers.serving import call, cli_args, day_config, score_server
+from trainer.metrics import auc
+
+pytestmark = pytest.mark.slow
+DATE = "2026-04-01"
+HELD_OUT = 1000
+
+
+def test_served_scores_equal_evaluate_predictions_line_by_line(shared_data, tmp_path):
+    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_text().splitlines()
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / f"day_{DATE}.tsv").write_text("\n".join(lines) + "\n")
+    cfg = day_config(tmp_path / "root", str(tmp_path / "raw" / "day_{date}.tsv"))
+    record = run_day(cfg, DATE).record
+    assert record.status == "published" and record.rows_eval == HELD_OUT
+
+    held_out = lines[-HELD_OUT:]  # the day's eval split: its last rows in file order
+    (tmp_path / "eval.tsv").write_text("\n".join(held_out) + "\n")
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "evaluate", "--model", "latest", "--input",
+                          str(tmp_path / "eval.tsv"), "--predictions", str(tmp_path / "pred.parquet"), *cli_args(cfg)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    evaluated = json.loads(out.stdout.strip().splitlines()[-1])
+    pred = pd.read_parquet(tmp_path / "pred.parquet")
+    assert len(pred) == HELD_OUT and pred["line"].tolist() == list(range(1, HELD_OUT + 1))
+
+    port = free_port()
+    with score_server([*cli_args(cfg), "--model", "latest"], port, tmp_path / "server.log"):
+        chunks = [held_out[i : i + 100] for i in range(0, HELD_OUT, 100)]
+        with ThreadPoolExecutor(4) as pool:  # concurrent requests: micro-batched together
+            answers = list(pool.map(lambda c: call(port, "POST", "/v1/score", {"lines": c}), chunks))
+    assert all(status == 200 and body["errors"] == [] for status, body in answers)
+    served = np.array([s for _, body in answers for s in body["scores"]])
+    assert {body["model_version"] for _, body in answers} == {evaluated["model"]}
+    np.testing.assert_allclose(served, pred["score"].to_numpy(), atol=1e-6, rtol=0)
+    assert auc(pred["label"].to_numpy(), served) == pytest.approx(evaluated["auc"], abs=1e-6)
