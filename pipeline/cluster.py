@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, WorkerPlugin
+from distributed.core import Status
 
 from pipeline.config import DaskConfig
 
@@ -39,6 +42,27 @@ def worker_environ() -> dict[str, str]:
     return {**env, **WORKER_MALLOC}
 
 
+class QuietClose(WorkerPlugin):
+    """Drops the connection errors a worker process logs while it closes with our LocalCluster.
+
+    A heartbeat in flight when the scheduler goes away fails with CommClosedError, and the worker
+    logs it as an ERROR with a traceback (a race inside distributed) although nothing is wrong: the
+    cluster is being shut down on purpose.  Errors while the worker runs are left alone.
+    """
+
+    name = "ctrpipe-quiet-close"
+
+    def setup(self, worker: Any) -> None:
+        closing = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
+
+        def keep(record: logging.LogRecord) -> bool:
+            exc = record.exc_info[1] if record.exc_info else None
+            return not (worker.status in closing and isinstance(exc, OSError))
+
+        for name in ("distributed.worker", "distributed.core"):
+            logging.getLogger(name).addFilter(keep)
+
+
 @contextmanager
 def dask_client(config: DaskConfig) -> Iterator[Client]:
     """Yield a client; start (and afterwards close) a LocalCluster when `config.address` is empty.
@@ -47,7 +71,14 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
     configure: the malloc thresholds apply only to the workers of a LocalCluster started here).
     """
     if config.address:
-        with Client(config.address) as client:
+        try:
+            client = Client(config.address)
+        except OSError as exc:  # the scheduler is down or unreachable (Dask's own message names no key)
+            raise OSError(
+                f"cannot reach the Dask scheduler at dask.address={config.address!r} ({exc}); start it, or set "
+                "dask.address to empty to run a local cluster"
+            ) from exc
+        with client:
             yield client
         return
     env = worker_environ()
@@ -68,6 +99,8 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
         _restore_environ(saved)
     try:
         with Client(cluster) as client:
+            if config.processes:
+                client.register_plugin(QuietClose())
             yield client
     finally:
         cluster.close()

@@ -28,8 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
+from pipeline import bad_rows
 from pipeline.ingest_error import IngestError
-from pipeline.parse import parse_table, reason_category
+from pipeline.parse import parse_table
 from pipeline.readers import DECOMPRESS_ERRORS, READ_SIZE, line_chunks, open_input
 from pipeline.schema import LogSchema
 from storage.io.fsio import join
@@ -82,6 +83,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
     schema = task.schema
     counts = Counter()
     reasons: Counter = Counter()
+    samples: dict[str, dict] = {}
     parts, quarantine_parts = [], []
     first_line = task.first_line
     with _PartWriter(task.out_fs, background=task.overlap_io) as writer, closing(_read_chunks(task)) as chunks:
@@ -98,7 +100,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             if parsed.quarantine.num_rows:
                 tables.append((join(task.quarantine_dir, name), parsed.quarantine))
                 quarantine_parts.append({"name": name, "rows": parsed.quarantine.num_rows})
-                reasons.update(reason_category(r) for r in parsed.quarantine.column("reason").to_pylist())
+                bad_rows.tally(parsed.quarantine, reasons, samples)
             writer.write(tables)
             counts["rows_read"] += parsed.rows_read
             counts["rows_written"] += parsed.events.num_rows
@@ -107,7 +109,8 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             counts["slow_chunks"] += not parsed.fast_path
             # the writer holds what it still needs: free the rest (the raw chunk too) before the next read
             del parsed, tables, data
-    return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons)}
+    return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons),
+            "samples": samples}
 
 
 def _read_chunks(task: FileTask) -> Iterator[tuple[int, bytes, int]]:

@@ -57,6 +57,33 @@ class ModelRegistry:
         with self.fs.open(pointer, "r") as f:
             return validate_version(f.read().strip())
 
+    def resolve(self, ref: str, *, allow_previous: bool = False) -> str:
+        """The version `ref` names: `latest` (what LATEST names), `previous` (with `allow_previous`: the
+        newest published version older than LATEST, what a rollback returns to) or a version id.
+
+        Raises:
+            RegistryError: nothing is published yet, or no published version precedes LATEST.
+            ValueError: `ref` is none of these.
+        """
+        if ref not in ("latest", "previous") or (ref == "previous" and not allow_previous):
+            try:
+                return validate_version(ref)
+            except ValueError:
+                names = "latest, previous" if allow_previous else "latest"
+                raise ValueError(f"model version must be {names} or look like v00001, got {ref!r}") from None
+        latest = self.latest()
+        if latest is None:
+            raise RegistryError(
+                f"model {self.model_name} has no published version under {self.layout.models()} (LATEST is unset); "
+                "run a daily retrain first, or check --config / --set root="
+            )
+        if ref == "latest":
+            return latest
+        older = [v for v in self.versions() if v < latest and self.info(v).status == "published"]
+        if not older:
+            raise RegistryError(f"no published version of model {self.model_name} precedes LATEST ({latest})")
+        return older[-1]
+
     def path(self, version: str) -> str:
         """Protocol-less path of a version directory (use with `self.fs`)."""
         return self.layout.fs(self.layout.version(version))[1]

@@ -28,7 +28,13 @@ import torch
 from torch import nn
 
 from trainer.models.config import ModelConfig
-from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine, OverArch
+from trainer.models.layers import (
+    CrossNetV2,
+    DenseArch,
+    FactorizationMachine,
+    OverArch,
+    dense_linear,
+)
 from trainer.models.reference import REFERENCE_ARCHS, dense_arch
 
 log = logging.getLogger(__name__)
@@ -148,8 +154,7 @@ class CTRModel(nn.Module):
         self.interaction = InteractionArch(num_dense=num_dense, num_fields=tokens, dim=dim)
         self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
         if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
-            self.wide = nn.Linear(num_dense, 1)
-            nn.init.zeros_(self.wide.weight)
+            self.wide = dense_linear(num_dense)
         # optional parallel towers, built last so that the modules above draw the same initial values
         if config.cross_tower:  # DCN-V2 cross network on the field (and bucket) tokens, its own linear head
             x0_dim = tokens * dim
