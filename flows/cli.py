@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import traceback
@@ -44,6 +45,19 @@ class RunFailed(RuntimeError):
     """A daily run (or a backfill) ended in a failed state; the message says where and why."""
 
 
+class _Help(argparse.HelpFormatter):
+    """Wraps prose paragraphs to the terminal; keeps paragraphs with indented lines (examples, tables) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for para in text.split("\n\n"):
+            if any(line.startswith(" ") for line in para.splitlines()):
+                paragraphs.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                paragraphs.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(paragraphs)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with our usage exit code: its own 2 would read as "refused" (`flows.exit_codes`)."""
 
@@ -58,6 +72,8 @@ def _prefect_defaults(root: str | None = None) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     if root and "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
         os.environ["PREFECT_HOME"] = str(Path(root).resolve() / ".prefect")
+    if "PREFECT_API_URL" not in os.environ:
+        logging.getLogger("ctrpipe").info("starting a temporary Prefect server (set PREFECT_API_URL to use yours)")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -86,7 +102,7 @@ def _load(args: argparse.Namespace) -> Any:
 def _command(sub: Any, name: str, summary: str, description: str, examples: list[str]) -> argparse.ArgumentParser:
     epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
     return sub.add_parser(name, help=summary, description=description, epilog=epilog,
-                          formatter_class=argparse.RawDescriptionHelpFormatter, parents=[_common()])
+                          formatter_class=_Help, parents=[_common()])
 
 
 def _common() -> argparse.ArgumentParser:
@@ -99,11 +115,12 @@ def _common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="ctrpipe", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="ctrpipe", formatter_class=_Help,
         description="Daily CTR model retraining: ingest raw ad logs, build vocabularies, train, evaluate, "
                     "publish the model when it is not worse.  Dates are " + DATE_HELP + ".",
         epilog="first steps:\n  ctrpipe demo                       3 synthetic days end to end in ./demo-data\n"
                "  ctrpipe models list --recipe demo  the versions the demo published\n"
+               "  cp infra/prod.example.yaml prod.yaml; ctrpipe run --date 2026-03-01 --config prod.yaml\n"
                "  ctrpipe COMMAND --help             what a command does, with examples\n\n"
                + help_text() + "\n\n" + ENVIRONMENT_HELP,
     )
@@ -175,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "ctrpipe models rollback previous --config prod.yaml"])
     p.add_argument("action", choices=["list", "show", "rollback"], help="list | show VERSION | rollback VERSION")
     p.add_argument("version", nargs="?", metavar="VERSION",
-                   help="v00003, latest, or (rollback) previous: the published version before LATEST")
+                   help="v00003, latest, or previous (the published version before LATEST)")
     _add_config_args(p)
 
     p = _command(sub, "deploy", "register the daily / on-demand / backfill deployments on a Prefect server",
@@ -368,9 +385,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.action == "list":
         versions = reg.versions()
         if not versions:
-            print(f"no versions of model {cfg.model_name} under {cfg.layout().models()}; the registry is looked "
-                  "for under the config's root: point elsewhere with --config FILE, --set root=DIR or --recipe demo "
-                  "(./demo-data)", file=sys.stderr)
+            print(f"no versions of model {cfg.model_name} under {cfg.layout().models()} (the config's root); "
+                  "point elsewhere with --config FILE, --set root=DIR, or --recipe demo for ./demo-data",
+                  file=sys.stderr)
             return ExitCode.OK
         latest = reg.latest()
         for v in versions:
@@ -381,8 +398,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                   f"auc={'-' if auc is None else f'{auc:.4f}'}  {info.reason}")
         return ExitCode.OK
     if not args.version:
-        what = "VERSION (v00003, latest" + (" or previous)" if args.action == "rollback" else ")")
-        raise ValueError(f"models {args.action} needs a {what}; see `ctrpipe models list`")
+        raise ValueError(f"models {args.action} needs a VERSION (v00003, latest or previous); see `ctrpipe models list`")
     if args.action == "show":
         version = reg.resolve(args.version)
         info = reg.info(version)
@@ -391,7 +407,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                           "lineage": reg.read_json(version, "lineage.json")}, indent=2, default=str))
         return ExitCode.OK
     before = reg.latest()
-    version = reg.resolve(args.version, allow_previous=True)
+    version = reg.resolve(args.version)
     reg.rollback(version)
     print(f"LATEST -> {version}" + ("" if before in (None, version) else f" (was {before})"))
     return ExitCode.OK

@@ -122,7 +122,10 @@ def ingest_date(
         )
     inputs = find_inputs(url, input.storage_options)
     if not inputs:
-        raise FileNotFoundError(f"no input for {date} at {url}")
+        raise FileNotFoundError(
+            f"no input for {date} at {url}: check input.url ({input.url!r}; empty means <root>/raw/day_{{date}}.tsv.gz) "
+            "and that the day's logs have arrived"
+        )
 
     fs, events_final = layout.fs(layout.events(date))
     _, quarantine_final = layout.fs(layout.quarantine(date))

@@ -57,20 +57,19 @@ class ModelRegistry:
         with self.fs.open(pointer, "r") as f:
             return validate_version(f.read().strip())
 
-    def resolve(self, ref: str, *, allow_previous: bool = False) -> str:
-        """The version `ref` names: `latest` (what LATEST names), `previous` (with `allow_previous`: the
-        newest published version older than LATEST, what a rollback returns to) or a version id.
+    def resolve(self, ref: str) -> str:
+        """The version `ref` names: `latest` (what LATEST names), `previous` (the newest published version
+        older than LATEST: what a rollback returns to) or a version id.
 
         Raises:
             RegistryError: nothing is published yet, or no published version precedes LATEST.
             ValueError: `ref` is none of these.
         """
-        if ref not in ("latest", "previous") or (ref == "previous" and not allow_previous):
+        if ref not in ("latest", "previous"):
             try:
                 return validate_version(ref)
             except ValueError:
-                names = "latest, previous" if allow_previous else "latest"
-                raise ValueError(f"model version must be {names} or look like v00001, got {ref!r}") from None
+                raise ValueError(f"model version must be latest, previous or look like v00001, got {ref!r}") from None
         latest = self.latest()
         if latest is None:
             raise RegistryError(
