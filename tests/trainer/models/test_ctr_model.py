@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -152,3 +153,13 @@ def test_fm_term_adds_the_pairwise_interactions_of_the_factor_dims() -> None:
     v = emb[:, :, 1:]  # e[0] is the wide term's key weight
     pairs = sum((v[:, i] * v[:, j]).sum(-1) for i in range(3) for j in range(i + 1, 3))
     torch.testing.assert_close(model(dense, emb), backbone(dense, emb) + pairs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["attention", "lr", "dnn", "deepfm", "dcn_v2"])
+def test_a_log_without_dense_fields_builds_without_warnings(arch: str) -> None:
+    """Avazu has no dense fields: building and running the model warns about nothing a user could act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = CTRModel(ModelConfig(arch=arch), num_dense=0, num_fields=3, dim=4)
+        logits = model(torch.zeros(2, 0), torch.randn(2, 3, 4))
+    assert logits.shape == (2,)
