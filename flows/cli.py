@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "Register three deployments on the Prefect server at PREFECT_API_URL: `daily` (cron, UTC: the day "
                  "before the scheduled time), `on-demand` (a date) and `backfill` (a range).  Creates the process "
                  "work pool if missing; a worker then runs them.",
-                 ["PREFECT_API_URL=http://127.0.0.1:4200/api ctrpipe deploy --config prod.yaml"])
+                 ["ctrpipe deploy --config prod.yaml      # with PREFECT_API_URL=http://127.0.0.1:4200/api set",
+                  "ctrpipe deploy --config prod.yaml --pool ctr-k8s --cron '30 1 * * *'"])
     p.add_argument("--pool", default="ctr-process", help="work pool (created as a process pool if missing; default: %(default)s)")
     p.add_argument("--cron", default="0 2 * * *", help="schedule of the daily deployment, UTC (default: %(default)s)")
     p.add_argument("--source", default=None, metavar="DIR", help="code folder the worker runs from (default: this checkout)")

@@ -30,7 +30,7 @@ def evaluate_log(
     schema = check_format(fmt, key=format_key)
     layout = cfg.layout()
     reg = ModelRegistry(layout)
-    version = reg.resolve(model)
+    version = reg.info(reg.resolve(model)).version  # info: an unknown version fails naming it
     url = reg.url(version)
     meta = read_meta(url, cfg.storage_options)
     if list(meta.fields) != list(schema.categorical):

@@ -111,7 +111,8 @@ class ModelRegistry:
     def info(self, version: str) -> VersionInfo:
         path = self.path(version)
         if (manifest := fsio.read_manifest(self.fs, path)) is None:
-            raise RegistryError(f"model {self.model_name} has no committed version {version} at {path}")
+            raise RegistryError(f"model {self.model_name} has no committed version {version} at {path} "
+                                "(`ctrpipe models list` shows the versions)")
         path = fsio.data_dir(path, manifest)
         status = fsio.read_json(self.fs, f"{path}/status.json")
         metrics = fsio.read_json(self.fs, f"{path}/metrics.json") if self.fs.exists(f"{path}/metrics.json") else {}
