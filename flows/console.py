@@ -7,7 +7,9 @@ leave the root alone and propagate to it).  It shows:
   too) and the `ctrpipe` logger's INFO lines;
 - other libraries' warnings and errors, one line each, without tracebacks;
 - not Prefect's own run-engine lines (flow/task run started, finished, failed: the CLI reports the
-  outcome itself), Prefect and Dask INFO lines, nor the comm-closed errors of a cluster shutting down.
+  outcome itself), Prefect and Dask INFO lines, the comm-closed errors of a cluster shutting down, nor
+  Dask's copy of a task's exception (`_REPEATS`; `pipeline.cluster.QuietWorkers` does the same in the
+  worker processes of a local cluster).
 
 `--verbose` (or `CTRPIPE_LOG_LEVEL=info|debug`) shows everything at that level, with tracebacks.
 Prefect's API handler is untouched: the Prefect UI keeps the whole log either way.
@@ -25,11 +27,15 @@ SHOW = {"ctrpipe_console": True}
 LOG_LEVEL_ENV = "CTRPIPE_LOG_LEVEL"
 """Level of the libraries' loggers (warning by default; info is `--verbose`)."""
 LEVELS = ("debug", "info", "warning", "error")
+_HTTP_LOGGERS = ("httpx", "httpcore")
 _ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 _CLOSED_COMM = frozenset({"CommClosedError", "StreamClosedError"})
 """Errors of a Dask comm closed under a running call: the noise of a cluster shutting down."""
-_SHUTDOWN_NOISE = ("Worker process still alive after",)
-"""distributed.nanny messages of a clean shutdown on a busy machine (it kills the worker: nothing to do)."""
+_REPEATS = {
+    "distributed.nanny": "Worker process still alive after",  # a clean shutdown on a busy machine: it kills the worker
+    "distributed.worker": "Compute Failed",  # a task's exception, which the stage raises and the CLI reports
+}
+"""Library lines that say nothing the user can act on or is not told anyway (logger -> message start)."""
 
 
 def level_from(verbose: bool, environ: Any = os.environ) -> int:
@@ -59,7 +65,8 @@ def visible(record: logging.LogRecord, *, verbose: bool) -> bool:
         return False
     if record.name.startswith("prefect") and record.levelno < logging.WARNING:
         return False
-    return not (record.name == "distributed.nanny" and str(record.msg).startswith(_SHUTDOWN_NOISE))
+    start = _REPEATS.get(record.name)
+    return not (start and str(record.msg).startswith(start))
 
 
 class ConsoleFormatter(logging.Formatter):
@@ -113,6 +120,8 @@ def configure(*, verbose: bool = False, environ: Any = os.environ) -> int:
     root.addHandler(ConsoleHandler(verbose=is_verbose(level)))
     root.setLevel(level)
     logging.getLogger("ctrpipe").setLevel(min(level, logging.INFO))
+    for name in _HTTP_LOGGERS:  # one line per API request to Prefect: only for debug
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
     environ.setdefault("DASK_LOGGING__DISTRIBUTED", logging.getLevelName(level).lower())
     if "distributed" in sys.modules:  # imported already: its level was read from the environment then
         logging.getLogger("distributed").setLevel(level)

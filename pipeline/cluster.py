@@ -18,6 +18,8 @@ MAX_LOCAL_WORKERS = 4
 PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 """glibc settings of LocalCluster worker processes (see `worker_environ`)."""
+COMPUTE_FAILED = "Compute Failed"
+"""How distributed's worker log line about a task's exception starts (the client raises that exception)."""
 
 
 def local_worker_count(config: DaskConfig) -> int:
@@ -42,21 +44,25 @@ def worker_environ() -> dict[str, str]:
     return {**env, **WORKER_MALLOC}
 
 
-class QuietClose(WorkerPlugin):
-    """Drops the connection errors a worker process logs while it closes with our LocalCluster.
+class QuietWorkers(WorkerPlugin):
+    """Drops two kinds of ERROR lines the worker processes of our LocalCluster print to the terminal.
 
-    A heartbeat in flight when the scheduler goes away fails with CommClosedError, and the worker
-    logs it as an ERROR with a traceback (a race inside distributed) although nothing is wrong: the
-    cluster is being shut down on purpose.  Errors while the worker runs are left alone.
+    - Connection errors while the worker closes: a heartbeat in flight when the scheduler goes away
+      fails with CommClosedError and is logged with a traceback (a race inside distributed), although
+      the cluster is being shut down on purpose.  Connection errors of a running worker are kept.
+    - "Compute Failed" reports: the task's exception reaches the stage, which raises it (with the
+      remote traceback), so the worker's copy only repeats it.
     """
 
-    name = "ctrpipe-quiet-close"
+    name = "ctrpipe-quiet-workers"
 
     def setup(self, worker: Any) -> None:
         closing = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
 
         def keep(record: logging.LogRecord) -> bool:
             exc = record.exc_info[1] if record.exc_info else None
+            if str(record.msg).startswith(COMPUTE_FAILED):
+                return False
             return not (worker.status in closing and isinstance(exc, OSError))
 
         for name in ("distributed.worker", "distributed.core"):
@@ -100,7 +106,7 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
     try:
         with Client(cluster) as client:
             if config.processes:
-                client.register_plugin(QuietClose())
+                client.register_plugin(QuietWorkers())
             yield client
     finally:
         cluster.close()

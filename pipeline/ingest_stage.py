@@ -340,8 +340,8 @@ def check_quality(
     files = ", ".join(r["file"] for r in per_file)
     if manifest["rows_read"] == 0:
         raise IngestError(
-            f"no rows for {date}: {files} {'is' if len(per_file) == 1 else 'are'} empty (no line"
-            f"{' after the header' if schema.has_header else ''}); check that the day's logs were written "
+            f"no rows for {date}: {files} {'is' if len(per_file) == 1 else 'are'} empty"
+            f"{' (or holds the header only)' if schema.has_header else ''}; check that the day's logs were written "
             "completely, and input.url",
             kind="no_rows",
         )

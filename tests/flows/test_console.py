@@ -36,6 +36,7 @@ class CommClosedError(OSError):
          False),
         (_record("distributed.nanny", logging.WARNING, msg="Worker exceeded 95% memory budget"), True),
         (_record("distributed.worker", logging.ERROR, exc=CommClosedError("closed")), False),
+        (_record("distributed.worker", logging.ERROR, msg="Compute Failed\nKey: ingest_file-1"), False),
         (_record("ctrpipe", msg="2026-01-01 already completed"), True),
         (_record("storage.warm", logging.WARNING, msg="discarding shard"), True),
     ],
@@ -84,7 +85,7 @@ def test_a_bad_level_names_the_variable():
 def test_configure_installs_one_handler_and_tells_dask_workers_the_level():
     root = logging.getLogger()
     saved = (list(root.handlers), root.level, logging.getLogger("ctrpipe").level,
-             logging.getLogger("distributed").level)
+             logging.getLogger("distributed").level, logging.getLogger("httpx").level)
     env: dict[str, str] = {}
     try:
         console.configure(verbose=False, environ=env)
@@ -92,8 +93,11 @@ def test_configure_installs_one_handler_and_tells_dask_workers_the_level():
         assert sum(isinstance(h, console.ConsoleHandler) for h in root.handlers) == 1
         assert root.level == logging.WARNING and logging.getLogger("ctrpipe").level == logging.INFO
         assert env == {"DASK_LOGGING__DISTRIBUTED": "warning"}
+        console.configure(verbose=True, environ={})
+        assert root.level == logging.INFO and logging.getLogger("httpx").level == logging.WARNING  # no request log
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
         logging.getLogger("ctrpipe").setLevel(saved[2])
         logging.getLogger("distributed").setLevel(saved[3])
+        logging.getLogger("httpx").setLevel(saved[4])

@@ -12,7 +12,7 @@ import pytest
 from distributed.comm.core import CommClosedError
 from distributed.core import Status
 
-from pipeline.cluster import PRE_SPAWN_ENVIRON, QuietClose, dask_client, worker_environ
+from pipeline.cluster import PRE_SPAWN_ENVIRON, QuietWorkers, dask_client, worker_environ
 from pipeline.config import DaskConfig
 
 
@@ -49,11 +49,11 @@ def test_an_unreachable_scheduler_is_named_by_its_key(free_port):
         pass
 
 
-def test_a_closing_worker_drops_its_connection_errors_and_a_running_one_keeps_them():
+def test_workers_drop_connection_errors_while_closing_and_compute_failed_reports():
     worker = SimpleNamespace(status=Status.running)
     logger = logging.getLogger("distributed.worker")
     before = list(logger.filters)
-    QuietClose().setup(worker)
+    QuietWorkers().setup(worker)
     try:
         def record(exc: BaseException | None) -> logging.LogRecord:
             info = (type(exc), exc, None) if exc else None
@@ -63,5 +63,7 @@ def test_a_closing_worker_drops_its_connection_errors_and_a_running_one_keeps_th
         worker.status = Status.closing
         assert not logger.filter(record(CommClosedError("closed")))
         assert logger.filter(record(ValueError("bug"))) and logger.filter(record(None))
+        failed = logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "Compute Failed\nKey: x", (), None)
+        assert not logger.filter(failed)  # the stage raises the task's exception itself
     finally:
         logger.filters[:] = before
