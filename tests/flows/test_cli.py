@@ -211,6 +211,20 @@ def test_a_completed_date_prints_its_table_and_says_so(demo_run):
 
 
 @pytest.mark.slow
+def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how_to_resume(demo_run):
+    _, _, env, sets, _ = demo_run
+    out = ctrpipe("backfill", "--start", DEMO_DAYS[0], "--end", "2026-01-04", *sets, env=env)
+    skipped = re.findall(r"backfill: (\S+) already completed \(published (v\d+)\); skipped$", out.stderr, re.MULTILINE)
+    assert skipped == [(d, f"v0000{i + 1}") for i, d in enumerate(DEMO_DAYS)], out.stderr
+    assert out.returncode == ExitCode.FAILED and "Traceback" not in out.stderr
+    error = out.stderr[out.stderr.index("ctrpipe backfill: error: "):]
+    assert error.startswith("ctrpipe backfill: error: backfill 2026-01-01..2026-01-04 stopped at 2026-01-04 in ingest: "
+                            "FileNotFoundError: no input for 2026-01-04")  # fmt: skip
+    assert "skipped (done before): 2026-01-01..2026-01-03" in error and "it resumes at 2026-01-04" in error
+    assert len(error.splitlines()) <= 4 and len(out.stdout.splitlines()) == 5  # the table of the 3 completed dates
+
+
+@pytest.mark.slow
 def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run):
     _, root, env, sets, _ = demo_run
     out = ctrpipe("run", "--date", "2026-01-04", *sets, env=env)
