@@ -12,7 +12,12 @@ import pytest
 from distributed.comm.core import CommClosedError
 from distributed.core import Status
 
-from pipeline.cluster import PRE_SPAWN_ENVIRON, QuietWorkers, dask_client, worker_environ
+from pipeline.cluster import (
+    PRE_SPAWN_ENVIRON,
+    QuietWorkers,
+    dask_client,
+    worker_environ,
+)
 from pipeline.config import DaskConfig
 
 
