@@ -25,6 +25,7 @@ from pipeline.config import (
     InputConfig,
     VocabConfig,
 )
+from pipeline.schema import LogSchema, get_schema, yaml_error_text
 from storage.embedding.config import StoreConfig
 from storage.io import codec
 from storage.io.codec import ConfigError
@@ -33,7 +34,7 @@ from storage.io.registry import RegistryConfig
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 
-__all__ = ["ConfigError", "RunConfig", "from_dict", "load_config", "with_overrides"]
+__all__ = ["ConfigError", "RunConfig", "check_format", "from_dict", "load_config", "with_overrides"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,13 +97,19 @@ def load_config(
     *,
     base: RunConfig | None = None,
 ) -> RunConfig:
-    """`base` (default: built-in defaults), then a YAML file, then `section.key=value` overrides (parsed as YAML)."""
+    """`base` (default: built-in defaults), then a YAML file, then `section.key=value` overrides (parsed as YAML).
+
+    Everything is checked here, before anything starts: every key and value, and the schema file
+    behind `input.format` (`check_format`).
+    """
     data: dict[str, Any] = base.to_dict() if base is not None else {}
     if path:
         try:
             loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: {yaml_error_text(exc)}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         _merge(data, loaded)
@@ -111,7 +118,21 @@ def load_config(
         if not sep or not key:
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
         _set_path(data, key.strip().split("."), yaml.safe_load(raw) if raw != "" else "")
-    return from_dict(data)
+    cfg = from_dict(data)
+    check_format(cfg.input.format, key="input.format")
+    return cfg
+
+
+def check_format(fmt: str, *, key: str) -> LogSchema:
+    """The schema `fmt` names, read now (a schema file's typo fails here, before any cluster starts).
+
+    Raises:
+        ConfigError: naming `key`, when the schema file is missing, not YAML or not a valid schema.
+    """
+    try:
+        return get_schema(fmt)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:

@@ -14,8 +14,8 @@ start their runs inside `model_tags(cfg)`.
 
 from __future__ import annotations
 
-import contextvars
 import datetime as _dt
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
@@ -27,6 +27,7 @@ from prefect.runtime import flow_run
 from prefect.states import Failed
 
 from flows.config import RunConfig, from_dict, with_overrides
+from flows.console import SHOW
 from flows.day import DATA_STAGES, Stage, run_day
 from flows.history import HISTORY_DAYS
 from flows.locks import model_slot
@@ -69,8 +70,9 @@ def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> 
         stage.fn, name=stage.name, retries=stage.retries, retry_delay_seconds=[2, 10][: stage.retries] or 0,
         retry_condition_fn=_transient, cache_policy=NO_CACHE,
     )
+    t0 = time.perf_counter()
     result = run(cfg, state, **kw)
-    get_run_logger().info("%s", result.summary())
+    get_run_logger().info("%s (%.1fs)", result.summary(), time.perf_counter() - t0, extra=SHOW)
     return result
 
 
@@ -228,6 +230,9 @@ def backfill(
                 bar.update(i)
                 if date not in pending:
                     report["skipped"].append(date)
+                    done = read_record(layout, date)
+                    log.info("backfill: %s already completed (%s %s); skipped", date, done.status if done else "",
+                             (done.model_version if done else "") or "", extra=SHOW)
                     continue
                 if date in ahead:
                     ahead[date].result()
@@ -241,13 +246,16 @@ def backfill(
                     report["completed"].append(date)
                 else:
                     report["not_run"] = days[i + 1 :]
+                    where = f" in {record.failed_stage}" if record and record.failed_stage else ""
                     raise BackfillError(
-                        f"backfill {start}..{end} stopped at {date}: {(record and record.reason) or state.message}. "
-                        f"Completed: {report['completed'] or 'none'}; skipped (already done): "
-                        f"{report['skipped'] or 'none'}; refused: {report['refused'] or 'none'}; "
-                        f"not run: {report['not_run'] or 'none'}. Fix the cause and rerun the same backfill to resume."
+                        f"backfill {start}..{end} stopped at {date}{where}: "
+                        f"{(record and record.reason) or state.message}\n"
+                        f"  completed: {_dates(report['completed'])}; skipped (done before): "
+                        f"{_dates(report['skipped'])}; refused: {_dates(report['refused'])}; "
+                        f"not run: {_dates(report['not_run'])}\n"
+                        f"  fix the cause and rerun the same backfill: it resumes at {date}"
                     )
-                log.info("backfill: %s %s", date, status)
+                log.info("backfill: %s %s", date, status, extra=SHOW)
             bar.update(len(days))
     finally:
         if close_ahead is not None:
@@ -255,10 +263,21 @@ def backfill(
     return report
 
 
+def _dates(days: list[str]) -> str:
+    """`2026-01-01..2026-01-03` for a run of dates, a list otherwise, `none` when empty."""
+    if not days:
+        return "none"
+    if len(days) > 2 and days == dates.date_range(days[0], days[-1]):
+        return f"{days[0]}..{days[-1]}"
+    return ", ".join(days)
+
+
 def _ingest_ahead(cfg: RunConfig, days: list[str], width: int) -> tuple[dict[str, Future], Any]:
     """Ingest `days` in background threads, `width` at a time; returns per-date futures and a close function.
 
-    Errors are swallowed here: the date's own daily run meets the same error, in order, and reports it.
+    A plain call, not a Prefect task: a date whose input is missing or bad must not be reported before
+    the dates before it have trained.  Errors are swallowed here; the date's own daily run meets the
+    same error when its turn comes, and reports it (its ingest finds committed work already done).
     Each daily run waits for its date's future first, so two ingests of one date never overlap.
     """
     from pipeline.cluster import dask_client
@@ -272,10 +291,9 @@ def _ingest_ahead(cfg: RunConfig, days: list[str], width: int) -> tuple[dict[str
 
     def quiet(date: str) -> None:
         try:
-            prefect_runner(ingest, cfg, DayState(date=date, layout=layout), client=client)
+            ingest.fn(cfg, DayState(date=date, layout=layout), client=client)
         except Exception:  # reported by the date's own run
             return
 
-    # copy_context: the tasks run as part of this backfill's flow run
-    futures = {d: pool.submit(contextvars.copy_context().run, quiet, d) for d in days}
+    futures = {d: pool.submit(quiet, d) for d in days}
     return futures, stack.close

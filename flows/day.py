@@ -105,13 +105,16 @@ def run_day(
     layout = cfg.layout()
     validate_date(date)
     if not force and (done := read_record(layout, date)) is not None and done.completed:
-        log.info("%s already completed (%s); nothing to do (use force to redo it)", date, done.status)
+        log.info("%s already completed (%s %s); nothing to do (--force or force=true redoes it)", date, done.status,
+                 done.model_version or "")
         return DayRun(done, ran=False)
     state = DayState(date=date, layout=layout, force=force)
     seconds: dict[str, float] = {}
+    current = ""
 
     def step(stage: Stage, **kw: Any) -> None:
-        nonlocal state
+        nonlocal state, current
+        current = stage.name
         t0 = time.perf_counter()
         result = runner(stage, cfg, state, **kw)
         seconds[stage.name] = round(time.perf_counter() - t0, 3)
@@ -129,7 +132,7 @@ def run_day(
             for stage in MODEL_STAGES:
                 step(stage)
     except Exception as exc:
-        write_record(layout, DayRecord(date=date, completed=False, status="failed",
+        write_record(layout, DayRecord(date=date, completed=False, status="failed", failed_stage=current,
                                        reason=f"{type(exc).__name__}: {exc}", seconds=seconds))
         raise
     return _finish(layout, day_record(state, seconds))

@@ -17,6 +17,7 @@ see infra/); `infra/prefect.yaml` describes the same deployments for
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,8 @@ def ensure_process_pool(name: str) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
-    with get_client(sync_client=True) as client:
-        try:
-            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
-        except ObjectAlreadyExists:
-            pass
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
+        client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
 def deployment_names(model_name: str) -> dict[str, str]:
@@ -71,7 +69,9 @@ def deploy_all(
     ensure_limit(model)
     daily = flow.from_source(source=str(source), entrypoint=DAILY_ENTRY)
     backfill = flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)
-    common = {"work_pool_name": pool, "build": False, "push": False, "print_next_steps": False}
+    # ignore_warnings: Prefect's advice to `.serve` instead of a process pool, printed per deployment (`serve` exists)
+    common = {"work_pool_name": pool, "build": False, "push": False, "print_next_steps": False,
+              "ignore_warnings": True}
     tags = ["ctr-pipeline", f"model:{model}"]
     ids = {
         names["daily"]: daily.deploy(

@@ -2,48 +2,60 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from flows.config import RunConfig
+from flows.config import RunConfig, check_format
 
 
 def evaluate_log(
-    cfg: RunConfig, model: str, input_url: str, fmt: str, *, predictions_url: str | None = None
+    cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_key: str = "input.format",
+    predictions_url: str | None = None,
 ) -> dict[str, Any]:
     """Parse `input_url`, encode it with the model's own vocabulary, and return AUC/logloss/rows.
 
-    With `predictions_url`, also write every scored row's `line` (1-based line number in the input
-    file), `label` and `score` there as one Parquet file: what the online scorer's answers are
-    compared with (`tests/flows/serving/test_parity.py`).
+    Args:
+        model: `latest`, `previous` or a version id.
+        fmt: `criteo`, `avazu` or a schema file; `format_key` is the option or key it came from (for messages).
+        predictions_url: also write every scored row's `line` (1-based line number in the input file),
+            `label` and `score` there as one Parquet file: what the online scorer's answers are compared
+            with (`tests/flows/serving/test_parity.py`).
     """
+    import pyarrow as pa
+
+    from pipeline import bad_rows
     from pipeline.encode import encode_frame
     from pipeline.parse import ORDER_FILE_SHIFT, read_log_file
-    from pipeline.schema import get_schema
     from pipeline.vocab_stage import load_admitted
     from storage.io.registry import ModelRegistry
     from trainer.evaluate import evaluate_model, load_model, score
     from trainer.model_dir import read_meta
 
+    schema = check_format(fmt, key=format_key)
     layout = cfg.layout()
     reg = ModelRegistry(layout)
-    version = reg.latest() if model == "latest" else model
-    if version is None:
-        raise FileNotFoundError(f"no published model {cfg.model_name} under {layout.models()}; run a daily retrain first")
+    version = reg.info(reg.resolve(model)).version  # info: an unknown version fails naming it
     url = reg.url(version)
     meta = read_meta(url, cfg.storage_options)
-    schema = get_schema(fmt)
     if list(meta.fields) != list(schema.categorical):
         raise ValueError(
-            f"model {version} was trained on fields {list(meta.fields)} but --format {fmt} has {list(schema.categorical)}"
+            f"model {version} was trained on fields {list(meta.fields)} but {format_key} {fmt} has "
+            f"{list(schema.categorical)}; pass the format of the model's logs with --format"
         )
     events, quarantine = read_log_file(input_url, fmt, storage_options=cfg.input.storage_options)
     if len(events) == 0:
-        raise ValueError(f"{input_url}: no valid rows to score ({len(quarantine)} quarantined)")
+        if len(quarantine) == 0:
+            raise ValueError(f"{input_url}: the file is empty: nothing to score")
+        counts: Counter = Counter()
+        samples: dict[str, dict] = {}
+        bad_rows.tally(pa.Table.from_pandas(quarantine, preserve_index=False), counts, samples)
+        reasons = "; ".join(bad_rows.describe_reasons(counts, samples))
+        todo = bad_rows.advice(counts, samples, share=1.0, schema=schema, format_key=format_key, fmt=fmt)
+        raise ValueError(f"{input_url}: no valid rows to score, all {len(quarantine)} quarantined: {reasons}\n  {todo}")
     features = encode_frame(events, schema, load_admitted(layout, meta.vocab_date))
     loaded = load_model(url, cfg.storage_options)
     metrics = evaluate_model(loaded, features, storage_options=cfg.storage_options)
     if predictions_url:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         from storage.io import fsio

@@ -23,6 +23,8 @@ class DayRecord:
     """`published`, `refused` (the gate said no; `LATEST` unchanged), `check_failed` (a data check
     stopped the day before training) or `failed` (a stage raised)."""
     reason: str
+    failed_stage: str = ""
+    """The stage that raised, when `status` is `failed` (empty if it failed before any stage)."""
     auc: float | None = None
     logloss: float | None = None
     published_auc: float | None = None

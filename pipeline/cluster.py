@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, WorkerPlugin
+from distributed.core import Status
 
 from pipeline.config import DaskConfig
 
@@ -15,6 +18,8 @@ MAX_LOCAL_WORKERS = 4
 PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 """glibc settings of LocalCluster worker processes (see `worker_environ`)."""
+COMPUTE_FAILED = "Compute Failed"
+"""How distributed's worker log line about a task's exception starts (the client raises that exception)."""
 
 
 def local_worker_count(config: DaskConfig) -> int:
@@ -39,6 +44,31 @@ def worker_environ() -> dict[str, str]:
     return {**env, **WORKER_MALLOC}
 
 
+class QuietWorkers(WorkerPlugin):
+    """Drops two kinds of ERROR lines the worker processes of our LocalCluster print to the terminal.
+
+    - Connection errors while the worker closes: a heartbeat in flight when the scheduler goes away
+      fails with CommClosedError and is logged with a traceback (a race inside distributed), although
+      the cluster is being shut down on purpose.  Connection errors of a running worker are kept.
+    - "Compute Failed" reports: the task's exception reaches the stage, which raises it (with the
+      remote traceback), so the worker's copy only repeats it.
+    """
+
+    name = "ctrpipe-quiet-workers"
+
+    def setup(self, worker: Any) -> None:
+        closing = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
+
+        def keep(record: logging.LogRecord) -> bool:
+            exc = record.exc_info[1] if record.exc_info else None
+            if str(record.msg).startswith(COMPUTE_FAILED):
+                return False
+            return not (worker.status in closing and isinstance(exc, OSError))
+
+        for name in ("distributed.worker", "distributed.core"):
+            logging.getLogger(name).addFilter(keep)
+
+
 @contextmanager
 def dask_client(config: DaskConfig) -> Iterator[Client]:
     """Yield a client; start (and afterwards close) a LocalCluster when `config.address` is empty.
@@ -47,7 +77,14 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
     configure: the malloc thresholds apply only to the workers of a LocalCluster started here).
     """
     if config.address:
-        with Client(config.address) as client:
+        try:
+            client = Client(config.address)
+        except OSError as exc:  # the scheduler is down or unreachable (Dask's own message names no key)
+            raise OSError(
+                f"cannot reach the Dask scheduler at dask.address={config.address!r} ({exc}); start it, or set "
+                "dask.address to empty to run a local cluster"
+            ) from exc
+        with client:
             yield client
         return
     env = worker_environ()
@@ -68,6 +105,8 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
         _restore_environ(saved)
     try:
         with Client(cluster) as client:
+            if config.processes:
+                client.register_plugin(QuietWorkers())
             yield client
     finally:
         cluster.close()

@@ -6,9 +6,14 @@ assembles them from YAML and names the offending key on any error.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 FORMATS = ("criteo", "avazu")
+_SCHEDULER_ADDRESS = re.compile(r"^((tcp|tls|ws|wss|ucx)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}/?$|^inproc://\S+$")
+"""A Dask scheduler address: [protocol://]host:port (what `distributed.Client` connects to)."""
+_SIZE = re.compile(r"^\d+(\.\d+)?\s*([kMGTP]i?B|[kKMGTP]|B)?$", re.IGNORECASE)
+"""A byte size as `dask.utils.parse_bytes` reads it: 4GiB, 512MB, 2 GB, 1000 (bytes)."""
 SCHEMA_FILE_SUFFIXES = (".yaml", ".yml")
 
 
@@ -79,9 +84,17 @@ class DaskConfig:
     processes: bool = True
     """LocalCluster with worker processes (True) or threads in this process (False)."""
     memory_limit: str = "4GiB"
-    """Per-worker memory limit of the LocalCluster."""
+    """Per-worker memory limit of the LocalCluster: a size such as 4GiB or 512MB, or `auto` (the
+    machine's memory shared out among the workers)."""
 
     def __post_init__(self) -> None:
+        if self.address and not _SCHEDULER_ADDRESS.match(self.address):
+            raise ValueError(
+                f"dask.address must be a scheduler address such as tcp://10.0.0.5:8786 (or empty to start a local "
+                f"cluster), got {self.address!r}"
+            )
+        if self.memory_limit != "auto" and not _SIZE.match(self.memory_limit.strip()):
+            raise ValueError(f"dask.memory_limit must be a size such as 4GiB or 512MB, or auto, got {self.memory_limit!r}")
         if self.n_workers < 0:
             raise ValueError(f"dask.n_workers must be >= 0, got {self.n_workers}")
         if self.threads_per_worker < 1:

@@ -41,10 +41,11 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from distributed import Client
+from distributed import Client, as_completed
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import infer_compression
 
+from pipeline import bad_rows
 from pipeline.config import IngestConfig, InputConfig
 from pipeline.day_stats import add_stats, empty_stats
 from pipeline.ingest_error import IngestError
@@ -64,6 +65,7 @@ from storage.io.fsio import (
     staging_dir,
 )
 from storage.io.layout import Layout
+from storage.io.progress import Bar
 from storage.io.version import code_version
 
 _GLOB_CHARS = "*?["
@@ -154,15 +156,10 @@ def ingest_date(
             "overlap_io": ingest.overlap_io,
         }
         tasks = plan_tasks(inputs, base, block_size=ingest.block_size, client=client)
-        futures = client.map(ingest_file, tasks, pure=False)
-        try:
-            per_task = client.gather(futures)
-        except BaseException:
-            client.cancel(futures)
-            raise
+        per_task = _run_tasks(client, tasks, f"ingest {date}: files")
         per_file = _per_file(per_task, schema)
         manifest = summarize(date, schema, inputs, per_file)
-        check_quality(manifest, per_file, ingest.max_bad_fraction)
+        check_quality(manifest, per_file, ingest.max_bad_fraction, schema=schema, fmt=input.format)
         if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
             # another model's run on this root committed the same input meanwhile: the first commit wins,
             # so runs that started on its events keep reading them
@@ -182,6 +179,7 @@ def ingest_date(
             "rows_quarantined": manifest["rows_quarantined"],
             "parts": manifest.pop("quarantine_parts"),
             "reasons": manifest["reasons"],
+            "samples": manifest.pop("samples"),
             "run_id": run_id,
             "events_run_id": run_id,
             "code_version": manifest["code_version"],
@@ -206,6 +204,22 @@ def _committed(fs: Any, events_final: str, quarantine_final: str, inputs: list[d
     if quarantine_done is None or quarantine_done.get("events_run_id") != done.get("run_id"):
         return None
     return done
+
+
+def _run_tasks(client: Client, tasks: list[FileTask], label: str) -> list[dict]:
+    """The tasks' results in task order; a progress bar counts the files (or byte ranges) done."""
+    futures = client.map(ingest_file, tasks, pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
+    results: list[dict] = [{}] * len(futures)
+    try:
+        with Bar(label, total=len(futures)) as bar:
+            for future in as_completed(futures):
+                results[index[future.key]] = future.result()
+                bar.advance()
+    except BaseException:
+        client.cancel(futures)
+        raise
+    return results
 
 
 def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[FileTask]:
@@ -275,7 +289,7 @@ def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
     out: dict[str, dict] = {}
     for r in per_task:
         acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter(),
-                                         "stats": empty_stats(schema)})  # fmt: skip
+                                         "stats": empty_stats(schema), "samples": {}})  # fmt: skip
         for k, v in r.items():
             if isinstance(v, int):
                 acc[k] = acc.get(k, 0) + v
@@ -283,6 +297,7 @@ def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
         acc["quarantine_parts"] += r["quarantine_parts"]
         acc["reasons"].update(r["reasons"])
         acc["stats"] = add_stats(acc["stats"], r["stats"])
+        bad_rows.merge_samples(acc["samples"], r.get("samples", {}))
     return [{**v, "reasons": dict(v["reasons"])} for v in out.values()]
 
 
@@ -320,10 +335,12 @@ def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[d
     reasons: Counter = Counter()
     stats = empty_stats(schema)
     counted = ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates", "rows_padded")
+    samples: dict[str, dict] = {}
     for r in per_file:
         totals.update({k: r.get(k, 0) for k in counted})
         reasons.update(r["reasons"])
         stats = add_stats(stats, r["stats"])
+        bad_rows.merge_samples(samples, r.get("samples", {}))
     return {
         "date": date,
         "format": schema.name,
@@ -332,41 +349,53 @@ def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[d
         "parts": sorted((p for r in per_file for p in r["parts"]), key=lambda p: p["name"]),
         "quarantine_parts": sorted((p for r in per_file for p in r["quarantine_parts"]), key=lambda p: p["name"]),
         "reasons": dict(reasons.most_common()),
+        "samples": samples,
         "inputs": inputs,
         "slow_chunks": int(sum(r.get("slow_chunks", 0) for r in per_file)),
     }
 
 
-def check_quality(manifest: dict[str, Any], per_file: list[dict], max_bad_fraction: float) -> None:
+def check_quality(
+    manifest: dict[str, Any], per_file: list[dict], max_bad_fraction: float, *, schema: LogSchema, fmt: str
+) -> None:
     """Raise IngestError when the date has no valid rows or too many bad ones.
 
-    The bad share is quarantined / rows of the date (rows of other dates are
-    not the date's concern).
+    The bad share is quarantined / rows of the date (rows of other dates are not the date's concern).
+    The message names the top reasons with a sample line each and the likely fix (`pipeline.bad_rows`);
+    `fmt` is `input.format` as configured.
     """
     date = manifest["date"]
     of_date = manifest["rows_read"] - manifest["rows_other_dates"]
     files = ", ".join(r["file"] for r in per_file)
+    if manifest["rows_read"] == 0:
+        raise IngestError(
+            f"no rows for {date}: {files} {'is' if len(per_file) == 1 else 'are'} empty"
+            f"{' (or holds the header only)' if schema.has_header else ''}; check that the day's logs were written "
+            "completely, and input.url",
+            kind="no_rows",
+        )
     if manifest["rows_written"] == 0 and manifest["rows_quarantined"] == 0:
         raise IngestError(
-            f"no rows of {date} in {files} ({manifest['rows_other_dates']} rows of other dates); "
+            f"no rows of {date} in {files}: all {manifest['rows_other_dates']} rows are of other dates; "
             "check input.url and the date",
             kind="no_rows",
         )
     bad = manifest["rows_quarantined"]
     if of_date and bad / of_date > max_bad_fraction:
-        worst = sorted(per_file, key=lambda r: r.get("rows_quarantined", 0), reverse=True)[:3]
-        worst_text = "; ".join(
-            f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
-            for r in worst
-            if r.get("rows_quarantined", 0)
-        )
-        top = ", ".join(f"{reason} x{n}" for reason, n in list(manifest["reasons"].items())[:3])
-        raise IngestError(
-            f"ingest of {date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
-            f"ingest.max_bad_fraction={max_bad_fraction}; worst files: {worst_text}; top reasons: {top}. "
-            "Nothing was committed: fix the inputs or raise ingest.max_bad_fraction",
-            kind="too_many_bad_rows",
-        )
+        lines = [f"ingest of {date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
+                 f"ingest.max_bad_fraction={max_bad_fraction}; nothing was committed"]
+        lines += [f"  {line}" for line in bad_rows.describe_reasons(manifest["reasons"], manifest["samples"])]
+        if len(per_file) > 1:
+            worst = sorted(per_file, key=lambda r: r.get("rows_quarantined", 0), reverse=True)[:3]
+            lines.append("  worst files: " + "; ".join(
+                f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
+                for r in worst if r.get("rows_quarantined", 0)
+            ))  # fmt: skip
+        lines.append("  " + bad_rows.advice(
+            manifest["reasons"], manifest["samples"], share=bad / of_date, schema=schema, format_key="input.format",
+            fmt=fmt, tolerance=f"raise ingest.max_bad_fraction (now {max_bad_fraction})",
+        ))  # fmt: skip
+        raise IngestError("\n".join(lines), kind="too_many_bad_rows")
 
 
 def _jsonable(value: Any) -> Any:

@@ -28,9 +28,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
+from pipeline import bad_rows
 from pipeline.day_stats import add_stats, chunk_stats, empty_stats
 from pipeline.ingest_error import IngestError
-from pipeline.parse import parse_table, reason_category
+from pipeline.parse import parse_table
 from pipeline.readers import DECOMPRESS_ERRORS, READ_SIZE, line_chunks, open_input
 from pipeline.schema import LogSchema
 from storage.io.fsio import join
@@ -83,6 +84,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
     schema = task.schema
     counts = Counter()
     reasons: Counter = Counter()
+    samples: dict[str, dict] = {}
     parts, quarantine_parts = [], []
     stats = empty_stats(schema)
     first_line = task.first_line
@@ -100,7 +102,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             if parsed.quarantine.num_rows:
                 tables.append((join(task.quarantine_dir, name), parsed.quarantine))
                 quarantine_parts.append({"name": name, "rows": parsed.quarantine.num_rows})
-                reasons.update(reason_category(r) for r in parsed.quarantine.column("reason").to_pylist())
+                bad_rows.tally(parsed.quarantine, reasons, samples)
             writer.write(tables)
             counts["rows_read"] += parsed.rows_read
             counts["rows_written"] += parsed.events.num_rows
@@ -112,7 +114,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             # the writer holds what it still needs: free the rest (the raw chunk too) before the next read
             del parsed, tables, data
     return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons),
-            "stats": stats}
+            "stats": stats, "samples": samples}
 
 
 def _read_chunks(task: FileTask) -> Iterator[tuple[int, bytes, int]]:

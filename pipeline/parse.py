@@ -37,6 +37,8 @@ QUARANTINE_SCHEMA = pa.schema(
     [("file", pa.string()), ("line", pa.int64()), ("raw", pa.string()), ("reason", pa.string())]
 )
 _NUMBER_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"  # "260.0": an integer written as a float
+SEPARATORS = ("\t", ",", ";", "|")
+"""Separators tried on a line that does not split into the schema's columns, to name the likely mistake."""
 _DAY_SECONDS = 86_400
 _CSV_BLOCK = 1 << 20
 """Bytes per block of pyarrow's CSV reader on the fast path (see `_fast_columns`)."""
@@ -246,7 +248,8 @@ def parse_table(
             want = f"{ncols}" if schema.required_fields == ncols else f"{schema.required_fields}..{ncols}"
             reasons.append(f"wrong field count: {counts[i]} fields, expected {want}")
         elif bad_ts[i]:
-            reasons.append(f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}")
+            reasons.append(f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}, "
+                           f"expected format {schema.timestamp_format!r}")
         elif bad_label[i]:
             allowed = " or ".join((*schema.label_positive, *schema.label_negative))
             reasons.append(f"bad label: {schema.label}={text_of(schema.label)!r}, expected {allowed}")
@@ -372,8 +375,16 @@ def _is_header(first: str, schema: LogSchema, file: str) -> bool:
     label_pos = schema.columns.index(schema.label)
     labels = (*schema.label_positive, *schema.label_negative)
     if schema.has_header and (len(fields) <= label_pos or fields[label_pos] not in labels):
+        for sep in SEPARATORS:
+            if sep != schema.separator and tuple(first.split(sep)) == schema.columns:
+                raise ValueError(
+                    f"{file}: line 1 is the header of the {schema.name} columns split on {sep!r}, but the format's "
+                    f"separator is {schema.separator!r}: set separator: {sep!r} in the schema file (or check "
+                    "input.format)"
+                )
+        shown = fields if len(fields) <= 8 else [*fields[:8], "..."]
         raise ValueError(
-            f"{file}: line 1 looks like a header but its columns {fields} are not the {schema.name} "
+            f"{file}: line 1 looks like a header but its {len(fields)} field(s) {shown} are not the {schema.name} "
             f"columns {list(schema.columns)}; check input.format or the file"
         )
     return False

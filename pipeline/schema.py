@@ -9,6 +9,7 @@ format means adding one schema here, or writing a YAML schema file
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -183,8 +184,16 @@ def load_schema_file(url: str) -> LogSchema:
     except FileNotFoundError:
         raise FileNotFoundError(f"schema file {url} does not exist") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"schema file {url}: not valid YAML: {exc}") from exc
+        raise ValueError(f"schema file {url}: {yaml_error_text(exc)}") from exc
     return schema_from_dict(spec, default_name=url.rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0], where=url)
+
+
+def yaml_error_text(exc: Exception) -> str:
+    """A YAML parse error on one line: `not valid YAML at line 2, column 1: <problem>` (PyYAML's spans several)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"not valid YAML{where}: {problem}"
 
 
 _SCHEMA_KEYS = {"name", "separator", "header", "columns", "label", "timestamp", "integer", "float", "categorical",
@@ -195,9 +204,11 @@ def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "s
     """A `LogSchema` from the mapping of a YAML schema file (see `load_schema_file`)."""
     if not isinstance(spec, dict):
         raise ValueError(f"{where}: a schema file must be a mapping, got {type(spec).__name__}")
-    unknown = set(spec) - _SCHEMA_KEYS
+    unknown = sorted(set(spec) - _SCHEMA_KEYS)
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known keys: {sorted(_SCHEMA_KEYS)}")
+        close = difflib.get_close_matches(str(unknown[0]), sorted(_SCHEMA_KEYS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}{hint}; known keys: {', '.join(sorted(_SCHEMA_KEYS))}")
 
     def names(key: str) -> tuple[str, ...]:
         value = spec.get(key) or []

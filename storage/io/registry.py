@@ -95,6 +95,32 @@ class ModelRegistry:
         with self.fs.open(pointer, "r") as f:
             return validate_version(f.read().strip())
 
+    def resolve(self, ref: str) -> str:
+        """The version `ref` names: `latest` (what LATEST names), `previous` (the newest published version
+        older than LATEST: what a rollback returns to) or a version id.
+
+        Raises:
+            RegistryError: nothing is published yet, or no published version precedes LATEST.
+            ValueError: `ref` is none of these.
+        """
+        if ref not in ("latest", "previous"):
+            try:
+                return validate_version(ref)
+            except ValueError:
+                raise ValueError(f"model version must be latest, previous or look like v00001, got {ref!r}") from None
+        latest = self.latest()
+        if latest is None:
+            raise RegistryError(
+                f"model {self.model_name} has no published version under {self.layout.models()} (LATEST is unset); "
+                "run a daily retrain first, or check --config / --set root="
+            )
+        if ref == "latest":
+            return latest
+        older = [v for v in self.versions() if v < latest and self.info(v).status == "published"]
+        if not older:
+            raise RegistryError(f"no published version of model {self.model_name} precedes LATEST ({latest})")
+        return older[-1]
+
     def path(self, version: str) -> str:
         """Protocol-less path of a version directory (use with `self.fs`)."""
         return self.layout.fs(self.layout.version(version))[1]
@@ -123,7 +149,8 @@ class ModelRegistry:
     def info(self, version: str) -> VersionInfo:
         path = self.path(version)
         if (manifest := fsio.read_manifest(self.fs, path)) is None:
-            raise RegistryError(f"model {self.model_name} has no committed version {version} at {path}")
+            raise RegistryError(f"model {self.model_name} has no committed version {version} at {path} "
+                                "(`ctrpipe models list` shows the versions)")
         path = fsio.data_dir(path, manifest)
         status = fsio.read_json(self.fs, f"{path}/status.json")
         metrics = fsio.read_json(self.fs, f"{path}/metrics.json") if self.fs.exists(f"{path}/metrics.json") else {}

@@ -58,6 +58,34 @@ def test_bad_yaml_file_names_the_file(tmp_path):
     f.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_config(f)
+    f.write_text("optim:\n  k_steps: [1, 2\nmodel: {}\n")
+    with pytest.raises(ConfigError, match=r"^config file \S*bad\.yaml: not valid YAML at line \d+, column \d+: [^\n]+$"):
+        load_config(f)
+
+
+@pytest.mark.parametrize(
+    ("schema_text", "message"),
+    [
+        ("seperator: ','\ncolumns: [a, b]\nlabel: a\ncategorical: [b]\n",
+         r"input\.format: \S*shop\.yaml: unknown key 'seperator' \(did you mean 'separator'\?\)"),
+        ("columns: [a, b\nlabel: a\n", r"input\.format: schema file \S*shop\.yaml: not valid YAML at line 2, column \d+"),
+        (None, r"input\.format: schema file \S*shop\.yaml does not exist"),
+    ],
+)
+def test_schema_file_mistakes_fail_at_load_naming_input_format(tmp_path, schema_text, message):
+    path = tmp_path / "shop.yaml"
+    if schema_text is not None:
+        path.write_text(schema_text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(None, [f"input.format={path}"])
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_the_shipped_production_example_loads():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "infra" / "prod.example.yaml")
+    assert cfg.root.startswith("s3://") and "{yyyymmdd}" in cfg.input.url and cfg.dask.address.startswith("tcp://")
 
 
 def test_unknown_recipe():

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from flows.config import with_overrides
-from flows.daily import backfill, daily_retrain
+from flows.daily import _ingest_ahead, backfill, daily_retrain
 from flows.recipes import demo
 from flows.record import read_record
 from pipeline.generate import generate_days
@@ -143,10 +144,27 @@ def test_a_degraded_model_is_refused_and_latest_stays(three_days):
     assert reg.info(record.model_version).status == "refused"
 
 
-def test_backfill_skips_completed_dates_and_reports(three_days):
+def test_backfill_skips_completed_dates_and_reports(three_days, caplog):
     _, cfg, _ = three_days
-    report = backfill(DAYS[0], DAYS[2], config=cfg.to_dict())
+    with caplog.at_level(logging.INFO, logger="prefect.flow_runs"):  # the suite keeps Prefect at WARNING
+        report = backfill(DAYS[0], DAYS[2], config=cfg.to_dict())
     assert report["skipped"] == DAYS and report["completed"] == []
+    skipped = [r.getMessage() for r in caplog.records if getattr(r, "ctrpipe_console", False)]
+    assert skipped == [f"backfill: {d} already completed (published v0000{i + 1}); skipped" for i, d in enumerate(DAYS)]
+
+
+def test_ingest_ahead_of_a_date_without_input_reports_nothing_and_commits_the_others(tmp_path, caplog):
+    root = tmp_path / "root"
+    generate_days(str(root / "raw"), 1, 500, seed=1, start_date="2026-01-02")
+    with caplog.at_level(logging.INFO):
+        futures, close = _ingest_ahead(_config(root), ["2026-01-02", "2026-01-03"], 2)
+        try:
+            assert [f.result() for f in futures.values()] == [None, None]
+        finally:
+            close()
+    assert (root / "events" / "date=2026-01-02" / "_SUCCESS.json").exists()
+    assert not (root / "events" / "date=2026-01-03").exists()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # its turn reports it
 
 
 def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):

@@ -60,6 +60,7 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
                    client_env)
         assert out.returncode == 0, out.stderr + out.stdout
         assert "deployed ctr-daily" in out.stdout and "deployed ctr-on-demand" in out.stdout
+        assert "process work pool" not in out.stdout + out.stderr  # Prefect's advice to `.serve` instead: not ours
 
         procs.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process",
                                "--type", "process"], client_env)

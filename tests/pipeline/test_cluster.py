@@ -1,12 +1,23 @@
-"""The LocalCluster the data stages run on: worker malloc settings, and none for an external scheduler."""
+"""The LocalCluster the data stages run on: worker malloc settings (none for an external scheduler), a
+scheduler address that names its key when unreachable, and a quiet shutdown."""
 
 from __future__ import annotations
 
+import logging
 import os
+from types import SimpleNamespace
 
 import dask
+import pytest
+from distributed.comm.core import CommClosedError
+from distributed.core import Status
 
-from pipeline.cluster import PRE_SPAWN_ENVIRON, dask_client, worker_environ
+from pipeline.cluster import (
+    PRE_SPAWN_ENVIRON,
+    QuietWorkers,
+    dask_client,
+    worker_environ,
+)
 from pipeline.config import DaskConfig
 
 
@@ -34,3 +45,30 @@ def test_a_local_cluster_spawns_its_workers_with_them_and_leaves_this_process_al
     }
     assert list(seen.values()) == [want]
     assert malloc_environ() == before
+
+
+def test_an_unreachable_scheduler_is_named_by_its_key(free_port):
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), pytest.raises(
+        OSError, match=rf"cannot reach the Dask scheduler at dask.address='tcp://127.0.0.1:{free_port}'.*empty"
+    ), dask_client(DaskConfig(address=f"tcp://127.0.0.1:{free_port}")):
+        pass
+
+
+def test_workers_drop_connection_errors_while_closing_and_compute_failed_reports():
+    worker = SimpleNamespace(status=Status.running)
+    logger = logging.getLogger("distributed.worker")
+    before = list(logger.filters)
+    QuietWorkers().setup(worker)
+    try:
+        def record(exc: BaseException | None) -> logging.LogRecord:
+            info = (type(exc), exc, None) if exc else None
+            return logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "heartbeat failed", (), info)
+
+        assert logger.filter(record(CommClosedError("closed")))  # a running worker: a real problem
+        worker.status = Status.closing
+        assert not logger.filter(record(CommClosedError("closed")))
+        assert logger.filter(record(ValueError("bug"))) and logger.filter(record(None))
+        failed = logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "Compute Failed\nKey: x", (), None)
+        assert not logger.filter(failed)  # the stage raises the task's exception itself
+    finally:
+        logger.filters[:] = before

@@ -4,6 +4,7 @@ reruns skipped, byte-range planning of large plain files and one commit for the 
 import bz2
 import gzip
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -61,9 +62,14 @@ def test_too_many_bad_rows_fails_naming_the_file_and_commits_nothing(raw_root, c
     lines = gzip.decompress(raw.read_bytes()).splitlines(keepends=True)
     lines[10:60] = [b"not\ta\trow\n"] * 50
     raw.write_bytes(gzip.compress(b"".join(lines)))
-    with pytest.raises(IngestError, match=r"day_2026-01-02\.tsv\.gz.*wrong field count") as info:
+    with pytest.raises(IngestError) as info:
         ingest_date(DAYS[1], layout=Layout(str(raw_root)), input=InputConfig(), ingest=SMALL_PARTS, client=client)
     assert info.value.kind == "too_many_bad_rows"
+    lines_of_message = str(info.value).splitlines()
+    assert len(lines_of_message) <= 4 and "50 of 4000 rows (1.25%)" in lines_of_message[0]
+    assert re.search(r"wrong field count x50, e\.g\. \S*day_2026-01-02\.tsv\.gz line 11: 3 fields, expected 14\.\.40",
+                     str(info.value))  # the counts found and expected, and where
+    assert "raise ingest.max_bad_fraction (now 0.01)" in lines_of_message[-1]  # a few bad rows: accepting them is an option
     assert siblings(raw_root, "events") == [] and siblings(raw_root, "quarantine") == []
     loose = IngestConfig(rows_per_partition=1500, max_bad_fraction=0.05)
     r = ingest_date(DAYS[1], layout=Layout(str(raw_root)), input=InputConfig(), ingest=loose, client=client)
@@ -73,8 +79,73 @@ def test_too_many_bad_rows_fails_naming_the_file_and_commits_nothing(raw_root, c
 
 
 def test_missing_input_names_the_date_and_url(raw_root, client):
-    with pytest.raises(FileNotFoundError, match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz"):
+    with pytest.raises(FileNotFoundError, match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz: check input\.url"):
         ingest_date("2027-01-01", layout=Layout(str(raw_root)), input=InputConfig(), ingest=SMALL_PARTS, client=client)
+
+
+SHOP = "ts,clicked,site\n" + "".join(f"2026-02-01 10:00:{i % 60:02d},{i % 2},s{i % 7}\n" for i in range(300))
+
+
+def _shop_schema(tmp_path, text: str):
+    path = tmp_path / "shop.yaml"
+    path.write_text("header: true\ncolumns: [ts, clicked, site]\nlabel: clicked\ncategorical: [site]\n" + text)
+    return str(path)
+
+
+def _ingest_shop(tmp_path, client, schema_text: str, data: str = SHOP):
+    (tmp_path / "shop.csv").write_text(data)
+    inp = InputConfig(url=str(tmp_path / "shop.csv"), format=_shop_schema(tmp_path, schema_text))
+    return ingest_date("2026-02-01", layout=Layout(str(tmp_path / "root")), input=inp, ingest=IngestConfig(),
+                       client=client)
+
+
+def test_a_csv_schema_without_its_separator_says_the_separator_is_the_likely_cause(tmp_path, client):
+    with pytest.raises(ValueError, match=r"shop\.csv: line 1 is the header of the shop columns split on ',', but the "
+                                         r"format's separator is '\\t': set separator: ','"):
+        _ingest_shop(tmp_path, client, "timestamp: {column: ts, format: '%Y-%m-%d %H:%M:%S'}\n")
+
+
+def test_a_timestamp_format_mistake_shows_a_sample_value_and_the_format_not_the_bad_fraction(tmp_path, client):
+    with pytest.raises(IngestError) as info:
+        _ingest_shop(tmp_path, client, "separator: ','\ntimestamp: {column: ts, format: '%d/%m/%Y %H:%M'}\n")
+    text = str(info.value)
+    assert "bad timestamp x300, e.g. " in text and "shop.csv line 2: ts='2026-02-01 10:00:00', expected format " \
+        "'%d/%m/%Y %H:%M'" in text
+    assert "fix timestamp.format in the schema file" in text and "max_bad_fraction (now" not in text
+
+
+def test_an_empty_file_says_the_file_is_empty(tmp_path, client):
+    with pytest.raises(IngestError, match=r"no rows for 2026-02-01: \S*shop\.csv is empty") as info:
+        _ingest_shop(tmp_path, client, "separator: ','\ntimestamp: {column: ts, format: '%Y-%m-%d %H:%M:%S'}\n", data="")
+    assert info.value.kind == "no_rows"
+
+
+def test_ingest_advances_a_progress_bar_once_per_file(raw_root, client, monkeypatch):
+    bars = []
+
+    class Recording:
+        def __init__(self, description, total=None):
+            self.description, self.total, self.done = description, total, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def advance(self, n=1):
+            self.done += n
+
+    monkeypatch.setattr("pipeline.ingest_stage.Bar", Recording)
+    split = raw_root / "split"
+    split.mkdir()
+    lines = gzip.decompress((raw_root / "raw" / f"day_{DAYS[0]}.tsv.gz").read_bytes()).splitlines(keepends=True)
+    for i, name in enumerate(("a", "b", "c")):
+        (split / f"20260101-{name}.tsv").write_bytes(b"".join(lines[i * 1000 : (i + 1) * 1000]))
+    inp = InputConfig(url=str(split / "{yyyymmdd}-*.tsv"))
+    ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=inp, ingest=SMALL_PARTS, client=client)
+    assert [(b.description, b.total, b.done) for b in bars] == [(f"ingest {DAYS[0]}: files", 3, 3)]
 
 
 def test_leftover_staging_dirs_of_crashed_runs_are_removed(raw_root, client):

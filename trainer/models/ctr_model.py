@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from trainer.models.config import ModelConfig
-from trainer.models.layers import OverArch
+from trainer.models.layers import OverArch, dense_linear
 from trainer.models.reference import REFERENCE_ARCHS, dense_arch
 
 __all__ = ["BIAS_SCALE", "CTRModel", "InteractionArch", "SequenceAttention"]
@@ -141,8 +141,7 @@ class CTRModel(nn.Module):
         self.interaction = InteractionArch(num_dense=num_dense, num_fields=tokens, dim=dim)
         self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
         if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
-            self.wide = nn.Linear(num_dense, 1)
-            nn.init.zeros_(self.wide.weight)
+            self.wide = dense_linear(num_dense)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):

@@ -6,8 +6,29 @@ fields, D embedding width, K dense buckets.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
+
+
+def dense_linear(num_dense: int) -> nn.Linear:
+    """`nn.Linear(num_dense, 1)` with zero weights: the first-order term of the dense features.
+
+    A log without dense fields (Avazu) has `num_dense == 0`; torch then warns that initializing the
+    empty weight is a no-op, which it is.  The initial values, and the random draws, are those of
+    `nn.Linear` either way.
+
+    Example::
+
+        wide = dense_linear(13)
+        logit = wide(torch.randn(5, 13))  # (5, 13) -> (5, 1)
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+        linear = nn.Linear(num_dense, 1)
+        nn.init.zeros_(linear.weight)
+    return linear
 
 
 class OverArch(nn.Module):

@@ -27,7 +27,13 @@ import torch
 from torch import nn
 
 from trainer.models.config import ModelConfig
-from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine, OverArch
+from trainer.models.layers import (
+    CrossNetV2,
+    DenseArch,
+    FactorizationMachine,
+    OverArch,
+    dense_linear,
+)
 
 
 def dense_arch(config: ModelConfig, *, num_dense: int, dim: int) -> DenseArch:
@@ -51,8 +57,7 @@ class LRArch(nn.Module):
     def __init__(self, config: ModelConfig, *, num_dense: int, num_fields: int, dim: int) -> None:
         super().__init__()
         self.dense_arch = dense_arch(config, num_dense=num_dense, dim=1)
-        self.linear = nn.Linear(num_dense, 1)  # dense weights + the global bias
-        nn.init.zeros_(self.linear.weight)
+        self.linear = dense_linear(num_dense)  # dense weights + the global bias
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         w = emb[:, :, 0].sum(dim=1)  # (B, F) -> (B,)
@@ -103,8 +108,7 @@ class DeepFMArch(nn.Module):
         if dim < 2:
             raise ValueError(f"model.arch='deepfm' needs store.embedding_dim >= 2 (weight + factors), got {dim}")
         self.dense_arch = dense_arch(config, num_dense=num_dense, dim=dim)
-        self.linear = nn.Linear(num_dense, 1)
-        nn.init.zeros_(self.linear.weight)
+        self.linear = dense_linear(num_dense)
         self.fm = FactorizationMachine()
         in_dim = num_dense + (num_fields + self.dense_arch.num_tokens) * (dim - 1)
         self.over = OverArch(in_dim=in_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)

@@ -138,3 +138,20 @@ def test_registry_config_refuses_an_empty_rollback_window():
 
     with pytest.raises(ValueError, match="keep_versions"):
         RegistryConfig(keep_versions=0)
+def test_latest_and_previous_name_the_published_versions(tmp_path):
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    with pytest.raises(RegistryError, match=r"no published version under \S+ \(LATEST is unset\); run a daily retrain"):
+        reg.resolve("latest")
+    cand = _candidate(tmp_path)
+    v1 = reg.add_version(cand, metrics={}, lineage={}, status="candidate")
+    reg.publish(v1)
+    with pytest.raises(RegistryError, match="no published version of model ctr precedes LATEST"):
+        reg.resolve("previous")
+    reg.add_version(cand, metrics={}, lineage={}, status="refused", reason="worse")
+    v3 = reg.add_version(cand, metrics={}, lineage={}, status="candidate")
+    reg.publish(v3)
+    assert (reg.resolve("latest"), reg.resolve("previous"), reg.resolve("v00002")) == (v3, v1, "v00002")
+    reg.rollback(reg.resolve("previous"))
+    assert reg.resolve("latest") == v1
+    with pytest.raises(ValueError, match="must be latest, previous or look like v00001, got 'newest'"):
+        reg.resolve("newest")

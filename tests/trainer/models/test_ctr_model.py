@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -99,3 +101,13 @@ def test_scaled_bias_shifts_the_logit_and_a_state_dict_without_it_does_not_fit(a
     other = {k: v for k, v in model.state_dict().items() if k != "bias"}
     with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "bias"'):
         model.load_state_dict(other, strict=True)
+
+
+@pytest.mark.parametrize("arch", ["attention", "lr", "dnn", "deepfm", "dcn_v2"])
+def test_a_log_without_dense_fields_builds_without_warnings(arch: str) -> None:
+    """Avazu has no dense fields: building and running the model warns about nothing a user could act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = CTRModel(ModelConfig(arch=arch), num_dense=0, num_fields=3, dim=4)
+        logits = model(torch.zeros(2, 0), torch.randn(2, 3, 4))
+    assert logits.shape == (2,)
