@@ -490,7 +490,7 @@ def _add_serving_parsers(sub: Any) -> None:
                  "atomically; a bundle that fails is refused and the old one keeps serving.",
                  ["ctrpipe score-server --recipe demo --set root=./demo-data",
                   "ctrpipe score-server --bundle ./bundle --port 8080",
-                  "SCORER_TOKEN=... ctrpipe score-server --config prod.yaml --host 0.0.0.0 --auth-token-env SCORER_TOKEN"])
+                  "ctrpipe score-server --config prod.yaml --host 0.0.0.0 --auth-token-env SCORER_TOKEN   # token in $SCORER_TOKEN"])
     p.add_argument("--model", default="latest", metavar="VERSION",
                    help="latest (follow bundles/<model>/LATEST) or a version (pinned)")
     p.add_argument("--bundle", default=None, metavar="URL", help="serve this bundle directory (pinned; no root needed)")

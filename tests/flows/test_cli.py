@@ -229,7 +229,7 @@ def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run)
     out = ctrpipe("run", "--date", "2026-01-04", *sets, env=env)
     missing = root / "raw" / "day_2026-01-04.tsv.gz"
     assert_short_error(out, f"ctrpipe run: error: 2026-01-04 failed in ingest: no input for 2026-01-04 at {missing}: "
-                            "check input.url", "--verbose")  # fmt: skip
+                            "no file matches the input URL; check input.url", "--verbose")  # fmt: skip
     assert out.stdout == "" and len(lines_of(out)) <= 3  # before: 119+ lines, two tracebacks, the error 4 times
 
 

@@ -79,7 +79,7 @@ def test_too_many_bad_rows_fails_naming_the_file_and_commits_nothing(raw_root, c
 
 
 def test_missing_input_names_the_date_and_url(raw_root, client):
-    with pytest.raises(FileNotFoundError, match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz: check input\.url"):
+    with pytest.raises(FileNotFoundError, match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz: no file matches the input URL; check input\.url"):
         ingest_date("2027-01-01", layout=Layout(str(raw_root)), input=InputConfig(), ingest=SMALL_PARTS, client=client)
 
 

@@ -26,10 +26,10 @@ def _trained(config: ModelConfig) -> CTRModel:
 
 
 CONFIGS = [ModelConfig(num_heads=2, mlp_dims=(32, 16)), ModelConfig(arch="deepfm", mlp_dims=(16,)),
-           ModelConfig(num_heads=2, mlp_dims=(16,), cross_tower=True, fm=True, dense_buckets=0)]
+           ModelConfig(arch="dcn_v2", mlp_dims=(16,), cross_layers=2, dense_buckets=0)]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["attention", "deepfm", "towers"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["attention", "deepfm", "dcn_v2"])
 def test_the_pt2_program_gives_the_trained_models_outputs_for_any_batch(config):
     model = _trained(config)
     net = export.load_program(export.program_bytes(export.export_program(model)))
