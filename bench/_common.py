@@ -202,8 +202,10 @@ def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, 
     built = {s: c(**{k: v for k, v in kw.items() if k in names[s]}) for s, c in sections.items()}
     fs, path = fsio.get_fs(str(features))
     rows = int((fsio.read_manifest(fs, path) or {})["rows_train"])
-    built["optim"] = derive(built["optim"], rows=rows, world_size=built["trainer"].world_size).optim
+    recipe = derive(built["optim"], model, rows=rows, world_size=built["trainer"].world_size)
+    built["optim"] = recipe.optim
     return TrainSpec(
         features_url=str(features), output_url=str(output), init_model_url=None, local_dir=str(local_dir),
-        model_name="ctr", storage_options=None, store=store, model=model, run_tag=run_tag, vocab_date=None, **built,
+        model_name="ctr", storage_options=None, store=store, model=recipe.model, run_tag=run_tag, vocab_date=None,
+        **built,
     )

@@ -23,7 +23,7 @@ from pipeline.parse import read_log_file
 DATA = Path(os.environ.get("CTR_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 REAL = {"criteo": ("criteo/train_head_10k.tsv", "criteo"), "avazu": ("avazu/avazu_14102100.csv", "avazu")}
 REAL_DAYS = (4_000, 4_000, 2_000)
-"""Rows of the two training days and of the later day, in file order."""
+"""Rows of the two training days and of the later day (at most: the Avazu sample has 9,999), in file order."""
 REAL_START = {"criteo": "2026-01-01", "avazu": "2014-10-21"}
 SYNTHETIC_START = "2026-01-01"
 
@@ -60,14 +60,14 @@ def _dates(start: str, n: int) -> list[str]:
     return [str(np.datetime64(start) + np.timedelta64(i, "D")) for i in range(n)]
 
 
-def real_days(name: str, out: Path) -> DayFiles:
-    """Write the shared sample `name` (criteo or avazu) as two training days and a later day under `out`.
+def real_days(name: str, out: Path, *, data: Path = DATA) -> DayFiles:
+    """Write the shared sample `name` (criteo or avazu) under `data` as two training days and a later day under `out`.
 
     Raises:
-        FileNotFoundError: the shared sample is not at `DATA` (set CTR_SHARED_DATA).
+        FileNotFoundError: the shared sample is not there (set CTR_SHARED_DATA to the shared data folder).
     """
     rel, fmt = REAL[name]
-    source = DATA / rel
+    source = data / rel
     if not source.exists():
         raise FileNotFoundError(f"{source}: the shared {name} sample is missing (set CTR_SHARED_DATA to its folder)")
     lines = source.read_text().splitlines(keepends=True)

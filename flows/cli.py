@@ -1,7 +1,7 @@
 """`ctrpipe`: the command line of ctr-pipeline.
 
     ctrpipe demo [--root DIR] [--days N]
-    ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D]
+    ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D] [--interactions N]
     ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force]
     ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
     ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu] [--config FILE] [--set ...]
@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-day", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-date", default=DEMO_START)
+    p.add_argument("--interactions", type=int, default=0,
+                   help="plant N pairwise field interactions and one three-way term in the click model")
 
     p = sub.add_parser("run", help="one daily retrain through the Prefect flow")
     p.add_argument("--date", required=True)
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from pipeline.generate import generate_days
 
-    for day in generate_days(args.out, args.days, args.rows_per_day, seed=args.seed, start_date=args.start_date):
+    for day in generate_days(args.out, args.days, args.rows_per_day, seed=args.seed, start_date=args.start_date,
+                             interactions=args.interactions):
         print(f"{day.date}  {day.rows:>9} rows  click rate {day.click_rate:.3f}  {day.path}")
     return 0
 

@@ -142,12 +142,12 @@ def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
     of the same work resumes from its checkpoints)."""
     layout, published, warmed = state.layout, state.published, state.need("warm")
     encoded = state.need("encode")
-    recipe = derive(cfg.optim, rows=encoded.rows_train, world_size=cfg.trainer.world_size)
+    recipe = derive(cfg.optim, cfg.model, rows=encoded.rows_train, world_size=cfg.trainer.world_size)
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
         features_url=encoded.url, output_url=layout.run_model(state.date),
         init_model_url=published.url if dense_ok and published else None, local_dir=layout.local_dir,
-        model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=cfg.model,
+        model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=recipe.model,
         optim=recipe.optim, het=cfg.het, trainer=cfg.trainer, run_tag="", vocab_date=state.date,
         features_id=encoded.run_id,
         checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,

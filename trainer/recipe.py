@@ -1,10 +1,10 @@
-"""The training values a day's size decides: `derive(optim, rows=..., world_size=...) -> Recipe`.
+"""The training values a day's size decides: `derive(optim, model, rows=..., world_size=...) -> Recipe`.
 
 A production day (10^8 rows) is 10^4-10^5 steps at batch 1024 and needs none of this: one pass, the
 base learning rates, no extra regularisation, 100 warm-up steps.  A small day (a local run, the first
 day of a new model, a small traffic segment) at those values is a handful of steps, and the dense
-network barely leaves its initialisation.  So every `auto` field of `OptimConfig` is derived here,
-in this order, from the rows per rank n = rows // world_size:
+network barely leaves its initialisation.  So every `auto` field of `OptimConfig` (and the model's
+dropout) is derived here, in this order, from the rows per rank n = rows // world_size:
 
 - batch_size: the largest power of two in [MIN_BATCH, MAX_BATCH] with which MAX_EPOCHS passes over
   n rows reach MIN_STEPS steps (MIN_BATCH when none does);
@@ -14,9 +14,10 @@ in this order, from the rows per rank n = rows // world_size:
   travel as far in a few hundred steps as in 10^4;
 - sparse_lr: BASE_SPARSE_LR / sqrt(epochs): a row met in every pass takes as large a step in
   total as in one pass;
-- embedding_l2: L2_PER_EXTRA_EPOCH per pass after the first, on the rows a batch touches (the
-  regularisation that stops the extra passes from memorising the day; the cosine decay of
-  `optim.lr_decay` does the rest);
+- embedding_l2 and model.dropout: L2_PER_EXTRA_EPOCH and DROPOUT_PER_EXTRA_EPOCH per pass after
+  the first (L2 on the rows a batch touches, dropout in the MLP and attention): the regularisation
+  that stops the extra passes from memorising the day (the cosine decay of `optim.lr_decay` does
+  the rest);
 - warmup_steps: a tenth of the day's steps, at most WARMUP_CAP.
 
 An explicit value in the config always wins, and the fields after it are derived from it (a set
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import AUTO, OptimConfig
+from trainer.models.config import ModelConfig
 
 MIN_STEPS = 300
 """Optimizer steps a day should reach (through a smaller batch, then more passes)."""
@@ -47,66 +49,73 @@ LR_REF_STEPS = 10_000
 """A day of at least this many steps trains the dense network at BASE_LR."""
 BASE_SPARSE_LR = 2e-2
 L2_PER_EXTRA_EPOCH = 0.05
+DROPOUT_PER_EXTRA_EPOCH = 0.15
 WARMUP_CAP = 100
 WARMUP_SHARE = 0.1
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """The resolved `optim` section of a day, and what was derived from what."""
+    """The resolved `optim` section (and model dropout) of a day, and what was derived from what."""
 
     optim: OptimConfig
     """Every field a number: what the ranks train with."""
+    model: ModelConfig
+    """The model config with its dropout resolved."""
     rows: int
     world_size: int
     steps: int
     """Optimizer steps of the day (per rank)."""
     why: dict[str, str]
-    """`optim.<field>` -> why it has its value, for every field that may be `auto`."""
+    """`optim.<field>` / `model.dropout` -> why it has its value, for every field that may be `auto`."""
     derived: tuple[str, ...]
-    """The `optim.<field>` keys that were `auto` (the others were set in the config)."""
+    """The keys that were `auto` (the others were set in the config)."""
+
+    def value(self, key: str) -> Any:
+        """The resolved value of `optim.<field>` or `model.dropout`."""
+        section, name = key.split(".", 1)
+        return getattr(self.optim if section == "optim" else self.model, name)
 
     def record(self) -> dict[str, Any]:
         """The values and reasons, as model.json and metrics.json keep them."""
         return {
             "rows": self.rows, "world_size": self.world_size, "steps": self.steps,
-            "values": {k: getattr(self.optim, k.removeprefix("optim.")) for k in self.why},
+            "values": {k: self.value(k) for k in self.why},
             "derived": list(self.derived), "why": dict(self.why),
         }
 
     def summary(self) -> str:
         """One line: the values for the day's size, `*` marking the derived ones."""
-        values = " ".join(
-            f"{k.removeprefix('optim.')}={getattr(self.optim, k.removeprefix('optim.')):g}{'*' if k in self.derived else ''}"
-            for k in self.why
-        )
+        values = " ".join(f"{k.split('.', 1)[1]}={self.value(k):g}{'*' if k in self.derived else ''}" for k in self.why)
         return f"recipe for {self.rows:,} rows on {self.world_size} rank(s), {self.steps} steps: {values} (* derived)"
 
 
-def derive(optim: OptimConfig, *, rows: int, world_size: int) -> Recipe:
-    """Resolve every `auto` field of `optim` for a day of `rows` train rows over `world_size` ranks.
+def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int) -> Recipe:
+    """Resolve every `auto` field of `optim` and `model` for a day of `rows` train rows over `world_size` ranks.
 
     Raises:
         ValueError: rows < 1 or world_size < 1.
 
     Example::
 
-        derive(OptimConfig(), rows=3_600, world_size=1).optim.epochs       # 3 (14 steps a pass)
-        derive(OptimConfig(), rows=10**8, world_size=8).optim.batch_size   # 1024, 1 epoch, lr 1e-3
+        derive(OptimConfig(), ModelConfig(), rows=3_600, world_size=1).optim.epochs      # 3 (15 steps a pass)
+        derive(OptimConfig(), ModelConfig(), rows=10**8, world_size=8).optim.batch_size  # 1024, 1 epoch, lr 1e-3
     """
     if rows < 1 or world_size < 1:
         raise ValueError(f"derive needs rows >= 1 and world_size >= 1, got rows={rows}, world_size={world_size}")
     n = max(1, rows // world_size)  # a rank's share (trainer.data.rank_share drops the remainder)
     why: dict[str, str] = {}
     values: dict[str, Any] = {}
+    derived: list[str] = []
 
-    def pick(name: str, value: Any, reason: str) -> Any:
-        given = getattr(optim, name)
+    def pick(name: str, value: Any, reason: str, section: str = "optim") -> Any:
+        given = getattr(optim if section == "optim" else model, name)
         if given == AUTO:
             value = float(f"{value:.3g}") if isinstance(value, float) else value  # 0.00685, not 0.006851892...
-            values[name], why[f"optim.{name}"] = value, reason
+            values[f"{section}.{name}"], why[f"{section}.{name}"] = value, reason
+            derived.append(f"{section}.{name}")
             return value
-        why[f"optim.{name}"] = "set in the config"
+        why[f"{section}.{name}"] = "set in the config"
         return given
 
     def per_pass(batch: int) -> int:
@@ -125,10 +134,13 @@ def derive(optim: OptimConfig, *, rows: int, world_size: int) -> Recipe:
          f"{steps} steps: {BASE_LR:g} * sqrt({LR_REF_STEPS} / steps) within [{BASE_LR:g}, {MAX_LR:g}]")
     pick("sparse_lr", BASE_SPARSE_LR / math.sqrt(epochs), f"{epochs} passes: {BASE_SPARSE_LR:g} / sqrt(epochs)")
     pick("embedding_l2", L2_PER_EXTRA_EPOCH * (epochs - 1), f"{epochs} passes: {L2_PER_EXTRA_EPOCH:g} per pass after the first")
+    pick("dropout", DROPOUT_PER_EXTRA_EPOCH * (epochs - 1),
+         f"{epochs} passes: {DROPOUT_PER_EXTRA_EPOCH:g} per pass after the first", section="model")
     warmup = pick("warmup_steps", min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
                   f"{steps} steps: a tenth of them, at most {WARMUP_CAP}")
     if warmup > steps:  # an explicit warm-up longer than the day would never reach the learning rate
-        values["warmup_steps"], why["optim.warmup_steps"] = steps, f"set in the config ({warmup}), cut to the day's {steps} steps"
-    resolved = dataclasses.replace(optim, **values)
-    derived = tuple(k for k in why if getattr(optim, k.removeprefix("optim.")) == AUTO)
-    return Recipe(resolved, rows, world_size, steps, why, derived)
+        values["optim.warmup_steps"] = steps
+        why["optim.warmup_steps"] = f"set in the config ({warmup}), cut to the day's {steps} steps"
+    of = {s: {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(s + ".")} for s in ("optim", "model")}
+    return Recipe(dataclasses.replace(optim, **of["optim"]), dataclasses.replace(model, **of["model"]), rows,
+                  world_size, steps, why, tuple(derived))

@@ -37,10 +37,10 @@ def make_spec(
     trainer, optim, het = split_configs(**{**DAY_SIZED, **kw})
     fs, path = fsio.get_fs(str(features))
     manifest = fsio.read_manifest(fs, path) or {}
-    optim = derive(optim, rows=int(manifest["rows_train"]), world_size=trainer.world_size).optim
+    recipe = derive(optim, model, rows=int(manifest["rows_train"]), world_size=trainer.world_size)
     return TrainSpec(
         features_url=str(features), output_url=str(output), init_model_url=str(init) if init else None,
-        local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=model, optim=optim,
+        local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=recipe.model, optim=recipe.optim,
         het=het, trainer=trainer, run_tag=run_tag, vocab_date=vocab_date,
         checkpoint_url=f"{output}.checkpoint" if trainer.checkpoint_every else None,
     )

@@ -39,7 +39,7 @@ from trainer.train import NonFiniteLossError, train_step
 def test_non_finite_loss_raises_naming_the_step_before_any_update() -> None:
     ctx = init_distributed(cpu_trainer_config())
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=1, num_fields=2, dim=2)
+    model = CTRModel(ModelConfig(dropout=0.0, num_heads=1, mlp_dims=(4,)), num_dense=1, num_fields=2, dim=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     store = MemoryStore(2)
     opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.1)
