@@ -185,10 +185,13 @@ def report(name: str, rows: Sequence[dict[str, Any]], *, params: dict[str, Any],
 
 def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, *, store: Any, model: Any,
                run_tag: str, **kw: Any) -> Any:
-    """A one-node train spec for a bench run: `kw` are `trainer.*`, `optim.*` and `het.*` keys by name."""
+    """A one-node train spec for a bench run: `kw` are `trainer.*`, `optim.*` and `het.*` keys by name; the
+    `optim` values left `auto` are derived for the features' train rows (`trainer.recipe`), as a daily run does."""
     import dataclasses
 
+    from storage.io import fsio
     from trainer.config import HetConfig, OptimConfig, TrainerConfig
+    from trainer.recipe import derive
     from trainer.spec import TrainSpec
 
     sections = {"optim": OptimConfig, "het": HetConfig, "trainer": TrainerConfig}
@@ -197,7 +200,12 @@ def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, 
     if unknown:
         raise ValueError(f"unknown training keys {sorted(unknown)}")
     built = {s: c(**{k: v for k, v in kw.items() if k in names[s]}) for s, c in sections.items()}
+    fs, path = fsio.get_fs(str(features))
+    rows = int((fsio.read_manifest(fs, path) or {})["rows_train"])
+    recipe = derive(built["optim"], model, rows=rows, world_size=built["trainer"].world_size)
+    built["optim"] = recipe.optim
     return TrainSpec(
         features_url=str(features), output_url=str(output), init_model_url=None, local_dir=str(local_dir),
-        model_name="ctr", storage_options=None, store=store, model=model, run_tag=run_tag, vocab_date=None, **built,
+        model_name="ctr", storage_options=None, store=store, model=recipe.model, run_tag=run_tag, vocab_date=None,
+        **built,
     )

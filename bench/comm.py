@@ -215,7 +215,7 @@ def bench_k(ks: list[int], steps: int, batch: int, netns: bool) -> list[dict[str
     try:
         features = write_synthetic_features(tmp / "features", 4 * batch * steps, eval_rows=20_000)
         for k in ks:
-            meta = train_two_nodes(tmp, features, k, {"batch_size": batch, "lr": 1e-3, "sparse_lr": 1e-2}, netns)
+            meta = train_two_nodes(tmp, features, k, {"batch_size": batch, "epochs": 1, "lr": 1e-3, "sparse_lr": 1e-2}, netns)
             st = meta["train"]
             auc = evaluate_model(str(tmp / "runs" / f"k{k}" / "model"), str(features))["auc"]
             per = 1000 / max(1, st["steps"])

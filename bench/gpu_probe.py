@@ -75,7 +75,7 @@ class Rank:
         torch.use_deterministic_algorithms(deterministic)
         self.ctx = init_distributed(TrainerConfig(device=device, backend="auto", nproc_per_node=1))
         torch.manual_seed(0)
-        self.model = CTRModel(ModelConfig(), num_dense=DENSE, num_fields=FIELDS, dim=DIM).to(self.ctx.device)
+        self.model = CTRModel(ModelConfig(dropout=0.0), num_dense=DENSE, num_fields=FIELDS, dim=DIM).to(self.ctx.device)
         self.opt = KStepAdam(self.model.named_parameters(), self.ctx, k=10, lr=1e-3)
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TMPDIR"))
         self.store = open_shard(os.path.join(self.dir, "shard"),

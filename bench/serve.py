@@ -74,7 +74,7 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
     extra = rng.integers(1 << 57, 1 << 62, max(keys - admitted.size, 0), dtype=np.int64)
     row_keys = np.unique(np.concatenate([admitted, extra]))[:keys]
     rows = export.SparseRows(row_keys, rng.normal(0, 0.05, (row_keys.size, dim)).astype(np.float32))
-    cfg = ModelConfig(num_heads=2, mlp_dims=(64, 32))
+    cfg = ModelConfig(num_heads=2, mlp_dims=(64, 32), dropout=0.0)
     torch.manual_seed(seed)
     net = CTRModel(cfg, num_dense=13, num_fields=26, dim=dim).eval()
     meta = ModelMeta(model_name="ctr", model_config=cfg, dim=dim, init_std=0.05, num_dense=13, num_fields=26,

@@ -67,7 +67,7 @@ from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
-MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64))
+MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64), dropout=0.0)
 LR, SPARSE_LR = 1e-3, 1e-2
 
 

@@ -1,7 +1,7 @@
 """`ctrpipe`: the command line of ctr-pipeline (`ctrpipe --help`, `ctrpipe COMMAND --help`).
 
     ctrpipe demo [--root DIR] [--days N]
-    ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D]
+    ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D] [--interactions N]
     ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force] [--allow-older]
     ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
     ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu|SCHEMA.yaml] [--predictions URL]
@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--start-date", default=DEMO_START, metavar="D",
                    help=f"first day, {DATE_HELP} (default: %(default)s)")
+    p.add_argument("--interactions", type=int, default=0, metavar="N",
+                   help="plant N pairwise field interactions and one three-way term in the click model "
+                        "(default: %(default)s, the additive model)")
 
     p = _command(sub, "run", "retrain on one day through the Prefect flow",
                  "Retrain on one day of logs: ingest, vocab, encode, warm, train, evaluate, publish.  The model "
@@ -297,7 +300,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     _at_least_one(days=args.days, rows_per_day=args.rows_per_day)
     validate_date(args.start_date)
-    for day in generate_days(args.out, args.days, args.rows_per_day, seed=args.seed, start_date=args.start_date):
+    for day in generate_days(args.out, args.days, args.rows_per_day, seed=args.seed, start_date=args.start_date,
+                             interactions=args.interactions):
         print(f"{day.date}  {day.rows:>9} rows  click rate {day.click_rate:.3f}  {day.path}", flush=True)
     return ExitCode.OK
 

@@ -1,25 +1,41 @@
-"""`ctrpipe evaluate`: score a registry model on any raw log file."""
+"""`ctrpipe evaluate`: score a registry model on a raw log file, encoded with the model's own vocabulary."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from flows.config import RunConfig, check_format
 
 
-def evaluate_log(
-    cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_key: str = "input.format",
-    predictions_url: str | None = None,
-) -> dict[str, Any]:
-    """Parse `input_url`, encode it with the model's own vocabulary, and return AUC/logloss/rows.
+@dataclass(frozen=True)
+class EncodedLog:
+    """A raw log file encoded with a registry model's own vocabulary."""
+
+    version: str
+    url: str
+    """The model's files."""
+    features: pd.DataFrame
+    lines: np.ndarray
+    """The 1-based line number in the input file of each row of `features`."""
+    rows_quarantined: int
+
+
+def encode_log(cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_key: str = "input.format") -> EncodedLog:
+    """Parse `input_url` and encode it with the vocabulary model `model` was trained with.
 
     Args:
         model: `latest`, `previous` or a version id.
         fmt: `criteo`, `avazu` or a schema file; `format_key` is the option or key it came from (for messages).
-        predictions_url: also write every scored row's `line` (1-based line number in the input file),
-            `label` and `score` there as one Parquet file: what the online scorer's answers are compared
-            with (`tests/flows/serving/test_parity.py`).
+
+    Raises:
+        FileNotFoundError: no published model.
+        ValueError: the model was trained on other fields than `fmt` has, or the file has no valid rows
+            (the message says why the rows were quarantined and what to check).
     """
     import pyarrow as pa
 
@@ -28,7 +44,6 @@ def evaluate_log(
     from pipeline.parse import ORDER_FILE_SHIFT, read_log_file
     from pipeline.vocab_stage import load_admitted
     from storage.io.registry import ModelRegistry
-    from trainer.evaluate import evaluate_model, load_model, score
     from trainer.model_dir import read_meta
 
     schema = check_format(fmt, key=format_key)
@@ -53,15 +68,34 @@ def evaluate_log(
         todo = bad_rows.advice(counts, samples, share=1.0, schema=schema, format_key=format_key, fmt=fmt)
         raise ValueError(f"{input_url}: no valid rows to score, all {len(quarantine)} quarantined: {reasons}\n  {todo}")
     features = encode_frame(events, schema, load_admitted(layout, meta.vocab_date))
-    loaded = load_model(url, cfg.storage_options)
-    metrics = evaluate_model(loaded, features, storage_options=cfg.storage_options)
+    lines = events["order"].to_numpy() & ((1 << ORDER_FILE_SHIFT) - 1)
+    return EncodedLog(version, url, features, lines, int(len(quarantine)))
+
+
+def evaluate_log(
+    cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_key: str = "input.format",
+    predictions_url: str | None = None,
+) -> dict[str, Any]:
+    """AUC/logloss/rows of model `model` on `input_url` (see `encode_log`).
+
+    Args:
+        predictions_url: also write every scored row's `line` (1-based line number in the input file),
+            `label` and `score` there as one Parquet file: what the online scorer's answers are compared
+            with (`tests/flows/serving/test_parity.py`).
+    """
+    from trainer.evaluate import evaluate_model, load_model, score
+
+    log = encode_log(cfg, model, input_url, fmt, format_key=format_key)
+    loaded = load_model(log.url, cfg.storage_options)
+    metrics = evaluate_model(loaded, log.features, storage_options=cfg.storage_options)
     if predictions_url:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         from storage.io import fsio
 
-        lines = events["order"].to_numpy() & ((1 << ORDER_FILE_SHIFT) - 1)
-        table = pa.table({"line": lines, "label": features["label"].to_numpy(), "score": score(loaded, features)})
+        table = pa.table({"line": log.lines, "label": log.features["label"].to_numpy(),
+                          "score": score(loaded, log.features)})  # fmt: skip
         fs, path = fsio.get_fs(predictions_url, cfg.storage_options)
         with fs.open(path, "wb") as f:
             pq.write_table(table, f)
@@ -69,6 +103,15 @@ def evaluate_log(
         "auc": metrics["auc"],
         "logloss": metrics["logloss"],
         "rows": metrics["rows"],
-        "rows_quarantined": int(len(quarantine)),
-        "model": version,
+        "rows_quarantined": log.rows_quarantined,
+        "model": log.version,
     }
+
+
+def score_log(cfg: RunConfig, model: str, input_url: str, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, click probabilities) of the valid rows of `input_url`, in file order, scored as `evaluate_log` does."""
+    from trainer.evaluate import load_model, score
+
+    log = encode_log(cfg, model, input_url, fmt)
+    probs = score(load_model(log.url, cfg.storage_options), log.features)
+    return log.features["label"].to_numpy(np.float64), probs

@@ -42,7 +42,8 @@ class DayRecord:
     latest_version: str | None = None
     parent_version: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
-    """The train stage's scalar results (steps, examples, losses, rates, warm start)."""
+    """The train stage's results (steps, examples, losses, rates, warm start) and `recipe`: the optim values
+    and dropout derived for the day's size and why (`trainer.recipe.Recipe.record`)."""
     warm: dict[str, Any] = field(default_factory=dict)
     """The warm stage's scalar results."""
     seconds: dict[str, float] = field(default_factory=dict)

@@ -45,6 +45,7 @@ from trainer.group_metrics import GroupAUC
 from trainer.launch import TrainResult, run_training
 from trainer.metrics import EvalMetrics
 from trainer.model_dir import SPARSE, warm_start
+from trainer.recipe import Recipe, derive
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world
 
@@ -158,9 +159,11 @@ class TrainOutcome:
     says whether its weights were used."""
     warm_start: str
     run_tag: str
+    recipe: Recipe
+    """The optim values for the day's size (`trainer.recipe`)."""
 
     def summary(self) -> str:
-        return f"{self.result.summary()}; {self.warm_start}"
+        return f"{self.result.summary()}; {self.warm_start}; {self.recipe.summary()}"
 
     def record(self) -> dict[str, Any]:
         r = self.result
@@ -168,35 +171,38 @@ class TrainOutcome:
                 "examples_per_s": r.examples_per_s, "world_size": r.world_size, "wall_s": r.wall_s,
                 "backend": r.stats.get("backend"), "device": r.stats.get("device"),
                 "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
-                "run_tag": self.run_tag}
+                "run_tag": self.run_tag, "recipe": self.recipe.record()}
 
 
-def train_spec(cfg: RunConfig, state: DayState) -> TrainSpec:
-    """The day's train spec: the features, the warm plan, the model to start from, and a run tag naming
-    the trained result (so a rerun of the same work resumes from its checkpoints)."""
+def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
+    """The day's train spec: the features, the warm plan, the model to start from, the optim values for
+    the day's train rows (`trainer.recipe.derive`), and a run tag naming the trained result (so a rerun
+    of the same work resumes from its checkpoints)."""
     layout, published, warmed = state.layout, state.published, state.need("warm")
     encoded = state.need("encode")
+    world = resolve_world(cfg.trainer)
+    recipe = derive(cfg.optim, cfg.model, rows=encoded.rows_train, world_size=world.world_size)
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
         features_url=encoded.url, output_url=layout.run_model(state.date),
         init_model_url=published.url if dense_ok and published else None, local_dir=layout.local_dir,
-        model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=cfg.model,
-        optim=cfg.optim, het=cfg.het, trainer=resolve_world(cfg.trainer), run_tag="", vocab_date=state.date,
+        model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=recipe.model,
+        optim=recipe.optim, het=cfg.het, trainer=world, run_tag="", vocab_date=state.date,
         features_id=encoded.run_id,
         checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,
-        warm=warmed.plan,
+        warm=warmed.plan, recipe=recipe.record(),
     )
     parent = published.version if published else "none"
-    return replace(spec, run_tag=f"{state.date}:{parent}:{spec.identity()}")
+    return replace(spec, run_tag=f"{state.date}:{parent}:{spec.identity()}"), recipe
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
     """Launch torchrun on the day's train rows, warm-starting from the published model."""
-    spec = train_spec(cfg, state)
+    spec, recipe = train_spec(cfg, state)
     result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
                           spec_copy_url=state.layout.run_train_spec(state.date))
     parent = state.published.version if state.published else None
-    return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag)
+    return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag, recipe)
 
 
 # ---- evaluate ---------------------------------------------------------------------------------

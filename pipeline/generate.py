@@ -11,7 +11,11 @@ the properties the pipeline and the model care about:
 - missing values at per-field rates, integers with heavy tails;
 - clicks drawn from a known logistic model (per-value weights of several
   fields, dense effects, one pairwise interaction), click rate ~0.25, so a
-  good learner beats AUC 0.5 by a margin and `with_truth` gives the ceiling.
+  good learner beats AUC 0.5 by a margin and `with_truth` gives the ceiling;
+- with `interactions=N`, N planted pairwise field interactions (FM-style: the
+  dot product of two values' latent vectors) and one three-way term on top:
+  what a logistic regression on one-hot values cannot learn and a model of
+  feature interactions can (`planted_interactions` says which fields).
 
 Everything is vectorised numpy and deterministic for a seed; a value's weight
 and its text depend only on (seed, field, value id), never on the day or row.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +64,14 @@ DENSE_EFFECTS = {0: 0.21, 4: -0.15, 6: 0.18, 10: 0.15}
 INTERACTION = (5, 16, 0.48)
 INTERCEPT = -1.3
 # With these the true probabilities reach AUC ~0.79 at a click rate ~0.24.
+INTERACTION_FIELDS = (0, 1, 4, 5, 6, 7, 10, 12, 13, 14, 16, 17, 18, 21, 22, 24)
+"""The fields `interactions` pairs: those of at most ~14k values, whose pairs a day of data can show."""
+LATENT_DIM = 4
+"""Width of the values' latent vectors in the planted interactions."""
+PAIR_SCALE = 0.4
+"""Logit weight of one planted pair: PAIR_SCALE * <v_a, v_b>, the dot product of unit variance."""
+TRIPLE_SCALE = 0.6
+"""Logit weight of the three-way term: TRIPLE_SCALE * sum_k v_ak v_bk v_ck (unit variance)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,27 +85,32 @@ class GeneratedDay:
 def generate_days(
     out: str,
     days: int,
-    rows_per_day: int,
+    rows_per_day: int | tuple[int, ...],
     *,
     seed: int = 0,
     start_date: str = "2026-01-01",
     with_truth: bool = False,
+    interactions: int = 0,
     storage_options: dict | None = None,
 ) -> list[GeneratedDay]:
-    """Write `days` files `<out>/day_YYYY-MM-DD.tsv.gz` of `rows_per_day` rows each.
+    """Write `days` files `<out>/day_YYYY-MM-DD.tsv.gz` of `rows_per_day` rows each (or, given one
+    count per day, of that day's count).
 
     With `with_truth`, `day_D.truth.npy` beside each file holds every row's true
-    click probability (float32), the ceiling any model can reach.
+    click probability (float32), the ceiling any model can reach.  `interactions`:
+    see `generate_day`.
     """
-    if days < 1 or rows_per_day < 1:
-        raise ValueError(f"days and rows_per_day must be >= 1, got days={days}, rows_per_day={rows_per_day}")
+    counts = (rows_per_day,) * days if isinstance(rows_per_day, int) else tuple(rows_per_day)
+    if days < 1 or len(counts) != days or min(counts) < 1:
+        raise ValueError(f"days and rows_per_day must be >= 1 (one count, or one per day), got days={days}, "
+                         f"rows_per_day={rows_per_day}")
     first = _dt.date.fromisoformat(validate_date(start_date))
     fs, base = get_fs(out, storage_options)
     fs.makedirs(base, exist_ok=True)
     result = []
-    for d in range(days):
+    for d, rows in enumerate(counts):
         date = (first + _dt.timedelta(days=d)).isoformat()
-        table, prob = generate_day(d, rows_per_day, seed=seed)
+        table, prob = generate_day(d, rows, seed=seed, interactions=interactions)
         path = join(out, f"day_{date}.tsv.gz")
         with fs.open(join(base, f"day_{date}.tsv.gz"), "wb") as raw, gzip.GzipFile(
             fileobj=raw, mode="wb", compresslevel=1, mtime=0
@@ -103,12 +121,17 @@ def generate_days(
             with fs.open(join(base, f"day_{date}.truth.npy"), "wb") as f:
                 np.save(f, prob)
         labels = table.column("label").to_numpy()
-        result.append(GeneratedDay(date=date, path=path, rows=rows_per_day, click_rate=float(labels.mean())))
+        result.append(GeneratedDay(date=date, path=path, rows=rows, click_rate=float(labels.mean())))
     return result
 
 
-def generate_day(day_index: int, rows: int, *, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
-    """One day's rows as an Arrow table (label, I1..I13, C1..C26) and the true click probabilities."""
+def generate_day(day_index: int, rows: int, *, seed: int = 0, interactions: int = 0) -> tuple[pa.Table, np.ndarray]:
+    """One day's rows as an Arrow table (label, I1..I13, C1..C26) and the true click probabilities.
+
+    `interactions` = N > 0 adds the N pairwise terms and the three-way term of
+    `planted_interactions(seed, N)` to the click model; N = 0 writes the same rows as before they existed.
+    """
+    pairs, triple = planted_interactions(seed, interactions)
     rng = np.random.default_rng([seed, day_index])
     ids = np.empty((N_CATEGORICAL, rows), dtype=np.int64)
     missing = np.empty((N_CATEGORICAL, rows), dtype=bool)
@@ -132,6 +155,13 @@ def generate_day(day_index: int, rows: int, *, seed: int = 0) -> tuple[pa.Table,
     a, b, scale = INTERACTION
     pair = ids[a] * 1_000_003 + ids[b]
     logit += np.where(missing[a] | missing[b], 0.0, scale * _normal(seed, 100 + a, pair))
+    latent = {j: _latent(seed, j, ids[j]) for j in {*(f for p in pairs for f in p), *(triple or ())}}  # (rows, K)
+    for a, b in pairs:
+        logit += np.where(missing[a] | missing[b], 0.0, PAIR_SCALE * np.einsum("rk,rk->r", latent[a], latent[b]))
+    if triple:
+        a, b, c = triple
+        term = np.einsum("rk,rk,rk->r", latent[a], latent[b], latent[c]) * LATENT_DIM**0.25  # unit variance
+        logit += np.where(missing[a] | missing[b] | missing[c], 0.0, TRIPLE_SCALE * term)
     prob = (1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
     label = (rng.random(rows) < prob).astype(np.int8)
 
@@ -141,6 +171,24 @@ def generate_day(day_index: int, rows: int, *, seed: int = 0) -> tuple[pa.Table,
     for j in range(N_CATEGORICAL):
         columns[f"C{j + 1}"] = _value_text(seed, j, ids[j], missing[j])
     return pa.table(columns), prob
+
+
+def planted_interactions(seed: int, n: int) -> tuple[tuple[tuple[int, int], ...], tuple[int, int, int] | None]:
+    """The `n` field pairs (0-based categorical indexes) and the three fields of the three-way term that
+    `generate_day(..., interactions=n)` plants for `seed`: drawn from `INTERACTION_FIELDS` by the seed alone.
+
+    Raises:
+        ValueError: n < 0, or more pairs than `INTERACTION_FIELDS` has.
+    """
+    candidates = list(itertools.combinations(INTERACTION_FIELDS, 2))
+    if not 0 <= n <= len(candidates):
+        raise ValueError(f"interactions must be in [0, {len(candidates)}], got {n}")
+    if n == 0:
+        return (), None
+    rng = np.random.default_rng([seed, 0x1A7E])
+    pairs = tuple(candidates[i] for i in sorted(rng.choice(len(candidates), n, replace=False)))
+    a, b, c = sorted(int(f) for f in rng.choice(INTERACTION_FIELDS, 3, replace=False))
+    return pairs, (a, b, c)
 
 
 def value_ids(ranks: np.ndarray, cardinality: int, day_index: int) -> np.ndarray:
@@ -178,6 +226,13 @@ def _normal(seed: int, field: int, ids: np.ndarray) -> np.ndarray:
     """A standard normal weight per id, fixed by (seed, field, id) (Box-Muller on two hashes)."""
     u1, u2 = _uniform(seed, 2 * field, ids), _uniform(seed, 2 * field + 1, ids)
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def _latent(seed: int, field: int, ids: np.ndarray) -> np.ndarray:
+    """(len(ids), LATENT_DIM) latent vectors fixed by (seed, field, id); entries N(0, 1/sqrt(K)), so the dot
+    product of two independent vectors has unit variance."""
+    cols = [_normal(seed, 1000 + field * LATENT_DIM + k, ids) for k in range(LATENT_DIM)]
+    return np.stack(cols, axis=1) * LATENT_DIM**-0.25
 
 
 def _value_text(seed: int, field: int, ids: np.ndarray, missing: np.ndarray) -> pa.Array:

@@ -19,6 +19,8 @@ LR_DECAYS = ("none", "linear", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+AUTO = "auto"
+"""The value of a field derived from the data when training starts."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,23 +112,29 @@ class TrainerConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimConfig:
-    """The `optim` section: the optimisation itself; every field changes the trained result."""
+    """The `optim` section: the optimisation itself; every field changes the trained result.
 
-    batch_size: int = 1024
-    """Examples per step per rank."""
-    epochs: int = 1
+    The fields marked `auto` depend on the amount of data: `trainer.recipe.derive` sets them from the
+    day's train rows and the world size when the day's training starts (an explicit number is kept).
+    """
+
+    batch_size: str | int = AUTO
+    """Examples per step per rank; `auto`: 1024, smaller (down to 256) on a day too small for enough steps."""
+    epochs: str | int = AUTO
+    """Passes over the day's rows; `auto`: 1, more (up to 3) on a day of too few steps."""
     seed: int = 0
-    lr: float = 1e-3
-    """Adam learning rate of the dense parameters."""
-    sparse_lr: float = 2e-2
-    """Adam learning rate of the embedding rows."""
+    lr: str | float = AUTO
+    """Adam learning rate of the dense parameters; `auto`: 1e-3, higher (up to 1e-2) for a day of few steps."""
+    sparse_lr: str | float = AUTO
+    """Adam learning rate of the embedding rows; `auto`: 2e-2, lower when the day takes several passes."""
     weight_decay: float = 0.0
-    embedding_l2: float = 0.0
+    embedding_l2: str | float = AUTO
     """L2 on the embedding rows a batch touches: adds embedding_l2 * row / B to the gradient of every
-    pulled row occurrence (the gradient of (embedding_l2 / 2) * mean_b sum_f ||e_bf||^2)."""
-    warmup_steps: int = 100
-    """Linear learning-rate warm-up from 0 over this many steps (dense and sparse lr), at most a tenth
-    of the run's steps (0 = none)."""
+    pulled row occurrence (the gradient of (embedding_l2 / 2) * mean_b sum_f ||e_bf||^2); `auto`: 0 for
+    one pass, more for each further pass over the same rows."""
+    warmup_steps: str | int = AUTO
+    """Linear learning-rate warm-up from 0 over this many steps (dense and sparse lr; 0 = none), never
+    longer than the day; `auto`: a tenth of the day's steps, at most 100."""
     lr_decay: str = "cosine"
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
     min_lr_ratio: float = 0.1
@@ -134,17 +142,53 @@ class OptimConfig:
     """Dense parameters and both Adam moments are averaged across ranks every k steps (1 = synchronous)."""
 
     def __post_init__(self) -> None:
-        for name in ("k_steps", "batch_size", "epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"optim.{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.sparse_lr <= 0:
-            raise ValueError(f"optim.lr and optim.sparse_lr must be > 0, got {self.lr} and {self.sparse_lr}")
-        if self.weight_decay < 0 or self.embedding_l2 < 0 or self.warmup_steps < 0:
-            raise ValueError("optim.weight_decay, optim.embedding_l2 and optim.warmup_steps must be >= 0")
+        for name in DERIVED_INTS:
+            _set_number(self, name, int)
+        for name in DERIVED_FLOATS:
+            _set_number(self, name, float)
+        if self.k_steps < 1:
+            raise ValueError(f"optim.k_steps must be >= 1, got {self.k_steps}")
+        for name in ("batch_size", "epochs"):
+            if _is_number(v := getattr(self, name)) and v < 1:
+                raise ValueError(f"optim.{name} must be >= 1 or {AUTO!r}, got {v}")
+        for name in ("lr", "sparse_lr"):
+            if _is_number(v := getattr(self, name)) and v <= 0:
+                raise ValueError(f"optim.{name} must be > 0 or {AUTO!r}, got {v}")
+        for name in ("weight_decay", "embedding_l2", "warmup_steps"):
+            if _is_number(v := getattr(self, name)) and v < 0:
+                raise ValueError(f"optim.{name} must be >= 0, got {v}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.lr_decay not in LR_DECAYS:
             raise ValueError(f"optim.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
+
+    def unresolved(self) -> list[str]:
+        """The `optim.*` keys still `auto` (a spec the trainer runs has none: `trainer.recipe.derive`)."""
+        return [f"optim.{n}" for n in (*DERIVED_INTS, *DERIVED_FLOATS) if getattr(self, n) == AUTO]
+
+
+DERIVED_INTS = ("batch_size", "epochs", "warmup_steps")
+DERIVED_FLOATS = ("lr", "sparse_lr", "embedding_l2")
+"""The `optim` fields that may be `auto` (`trainer.recipe`)."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _set_number(cfg: OptimConfig, name: str, kind: type) -> None:
+    """`auto`, or the field as a number of `kind` (the YAML/CLI loader hands numbers over as text)."""
+    value = getattr(cfg, name)
+    if value == AUTO:
+        return
+    try:
+        if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+            raise ValueError
+        number = kind(value)
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"optim.{name} must be {AUTO!r} or {what}, got {value!r}") from None
+    object.__setattr__(cfg, name, number)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

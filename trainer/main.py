@@ -167,7 +167,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             fields=schema.fields, dense_columns=schema.dense_columns, key_columns=schema.key_columns,
             bag_columns=schema.bag_columns, vocab_date=spec.vocab_date, run_tag=spec.run_tag,
             features_url=spec.features_url, init_model_url=spec.init_model_url, optim=spec.optim, het=spec.het,
-            trainer=spec.trainer, train=train_stats,
+            trainer=spec.trainer, train=train_stats, recipe=spec.recipe,
         )
         model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
         model_dir.write_tensors(

@@ -69,6 +69,8 @@ class ModelMeta:
     trainer: TrainerConfig
     train: dict[str, Any] = field(default_factory=dict)
     """Train statistics (steps, examples, losses, rates, communication, store counters)."""
+    recipe: dict[str, Any] = field(default_factory=dict)
+    """The `optim` values derived for the day's size and why (`trainer.recipe.Recipe.record`)."""
 
     @property
     def arch(self) -> str:

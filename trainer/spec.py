@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class TrainSpec:
     """Directory of this run's checkpoints (shared by every node); None = no checkpoints."""
     warm: WarmPlan | None = None
     """What a rank needs to warm its own shard when the flow did not (`storage.warm.ensure_warm`)."""
+    recipe: dict[str, Any] = field(default_factory=dict)
+    """How `optim` was derived for the day's size (`trainer.recipe.Recipe.record`), for model.json; not
+    part of `identity()`, which hashes the values themselves."""
 
     def identity(self) -> str:
         """A short hash of everything that changes the trained model (and nothing that does not)."""

@@ -182,6 +182,9 @@ class Trainer:
 
     def __init__(self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore) -> None:
         cfg, het = spec.optim, spec.het
+        if unresolved := cfg.unresolved():
+            raise ValueError(f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
+                             "trainer.recipe.derive before training (flows.stages.train_spec does)")
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store

@@ -44,6 +44,12 @@ def test_a_day_runs_every_stage_in_order_and_publishes_without_prefect(tmp_path)
     assert list(record.seconds) == [s.name for s in STAGES]  # each stage ran once, in order
     assert record == read_record(cfg.layout(), DATE)  # what was written is what was returned
     assert ModelRegistry(cfg.layout()).latest() == "v00001"
+    # the optim values were derived for the day's 2,700 train rows; model.json and metrics.json say so
+    recipe, meta = record.train["recipe"], read_meta(cfg.layout().run_model(DATE))
+    assert meta.recipe == recipe and recipe["rows"] == record.rows_train
+    assert recipe["values"]["optim.epochs"] == meta.optim.epochs > 1 and "optim.epochs" in recipe["derived"]
+    assert recipe["values"]["optim.batch_size"] == 128 and "optim.batch_size" not in recipe["derived"]  # set
+    assert record.train["steps"] == recipe["steps"]
     again = run_day(cfg, DATE)
     assert not again.ran and again.record == record  # a completed date is not run again
 

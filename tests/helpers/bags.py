@@ -49,5 +49,5 @@ def reference_emb(table: nn.Parameter, keys: torch.Tensor, lists: list[list[int]
 def bag_model(mode: str, arch: str = "attention") -> CTRModel:
     """A seeded small model over 2 dense features and the 3 fields, pooling bags with `mode`."""
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, num_heads=2, mlp_dims=(8,), dense_buckets=0, bag_pooling=mode)
+    cfg = ModelConfig(dropout=0.0, arch=arch, num_heads=2, mlp_dims=(8,), dense_buckets=0, bag_pooling=mode)
     return CTRModel(cfg, num_dense=2, num_fields=3, dim=D)

@@ -27,7 +27,7 @@ from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
 CRITEO = get_schema("criteo")
-TINY = ModelConfig(num_heads=1, mlp_dims=(8,), dense_buckets=4)
+TINY = ModelConfig(num_heads=1, mlp_dims=(8,), dense_buckets=4, dropout=0.0)
 DIM = 4
 
 

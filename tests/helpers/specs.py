@@ -7,12 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from storage.embedding.config import StoreConfig
+from storage.io import fsio
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
+from trainer.recipe import derive
 from trainer.spec import TrainSpec
 
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
 _HET = {"staleness_bound", "cache_rows"}
+DAY_SIZED = {"batch_size": 1024, "epochs": 1, "lr": 1e-3, "sparse_lr": 2e-2, "embedding_l2": 0.0}
+"""The optim values `trainer.recipe.derive` gives a production day: a test spec uses them unless the test
+sets them, so its steps do not grow with the recipe's small-day values; the warm-up stays derived."""
 
 
 def split_configs(**kw: Any) -> tuple[TrainerConfig, OptimConfig, HetConfig]:
@@ -27,11 +32,15 @@ def make_spec(
     features: str | Path, output: str | Path, local_dir: str | Path, *, store: StoreConfig, model: ModelConfig,
     run_tag: str, init: str | Path | None = None, vocab_date: str | None = "2024-01-01", **kw: Any,
 ) -> TrainSpec:
-    """A spec over `features` committing to `output`; `kw` are trainer/optim/het keys (checkpoints beside `output`)."""
-    trainer, optim, het = split_configs(**kw)
+    """A spec over `features` committing to `output`; `kw` are trainer/optim/het keys (checkpoints beside `output`),
+    with `DAY_SIZED` optim values unless given and the rest derived for the features' train rows."""
+    trainer, optim, het = split_configs(**{**DAY_SIZED, **kw})
+    fs, path = fsio.get_fs(str(features))
+    manifest = fsio.read_manifest(fs, path) or {}
+    recipe = derive(optim, model, rows=int(manifest["rows_train"]), world_size=trainer.world_size)
     return TrainSpec(
         features_url=str(features), output_url=str(output), init_model_url=str(init) if init else None,
-        local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=model, optim=optim,
+        local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=recipe.model, optim=recipe.optim,
         het=het, trainer=trainer, run_tag=run_tag, vocab_date=vocab_date,
         checkpoint_url=f"{output}.checkpoint" if trainer.checkpoint_every else None,
     )

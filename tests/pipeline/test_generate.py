@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.generate import generate_days
+from pipeline.generate import INTERACTION_FIELDS, generate_day, generate_days, planted_interactions
 from pipeline.keys import feature_keys
 from pipeline.parse import read_log_file
 from pipeline.schema import CRITEO
@@ -70,3 +70,37 @@ def test_each_day_brings_new_values_while_most_lookups_hit_old_ones(two_days):
     new_rows = ~day2["C3"].isin(set(day1["C3"].dropna())) & day2["C3"].notna()
     assert day2.loc[new_rows, "C3"].nunique() > 100  # new values appear
     assert new_rows.mean() < 0.5  # but the head persists
+
+
+def test_planted_interactions_are_fixed_by_the_seed() -> None:
+    pairs, triple = planted_interactions(3, 8)
+    assert (pairs, triple) == planted_interactions(3, 8) and len(set(pairs)) == 8
+    assert all(a < b and {a, b} <= set(INTERACTION_FIELDS) for a, b in pairs) and len(set(triple)) == 3
+    assert planted_interactions(4, 8) != (pairs, triple)
+    assert planted_interactions(3, 0) == ((), None)
+    with pytest.raises(ValueError, match=r"interactions must be in \[0, 120\], got 121"):
+        planted_interactions(3, 121)
+
+
+def test_interactions_are_deterministic_per_seed_and_raise_the_ceiling(tmp_path):
+    plain_table, plain = generate_day(0, 20_000, seed=7)
+    again_table, again = generate_day(0, 20_000, seed=7, interactions=0)
+    assert plain_table.equals(again_table) and np.array_equal(plain, again)  # N = 0: the model without them
+    table, prob = generate_day(0, 20_000, seed=7, interactions=8)
+    same_table, same = generate_day(0, 20_000, seed=7, interactions=8)
+    assert table.equals(same_table) and np.array_equal(prob, same)
+    assert table.drop_columns(["label"]).equals(plain_table.drop_columns(["label"]))  # only the clicks change
+    ceiling = exact_auc(table.column("label").to_numpy(), prob)
+    assert ceiling > exact_auc(plain_table.column("label").to_numpy(), plain) + 0.02
+    a = generate_days(str(tmp_path / "a"), 1, 500, seed=1, interactions=4)[0]
+    b = generate_days(str(tmp_path / "b"), 1, 500, seed=1, interactions=4)[0]
+    c = generate_days(str(tmp_path / "c"), 1, 500, seed=1)[0]
+    assert Path(a.path).read_bytes() == Path(b.path).read_bytes() != Path(c.path).read_bytes()
+
+
+def test_days_of_different_sizes(tmp_path) -> None:
+    days = generate_days(str(tmp_path), 2, (300, 200), seed=1)
+    assert [d.rows for d in days] == [300, 200]
+    assert [len(read_log_file(d.path, "criteo")[0]) for d in days] == [300, 200]
+    with pytest.raises(ValueError, match="one count, or one per day"):
+        generate_days(str(tmp_path), 2, (10,))

@@ -29,7 +29,7 @@ from trainer.evaluate import (
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
-CFG = ModelConfig(num_heads=1, mlp_dims=(4,))
+CFG = ModelConfig(num_heads=1, mlp_dims=(4,), dropout=0.0)
 DIM = 2
 
 

@@ -25,8 +25,8 @@ def _trained(config: ModelConfig) -> CTRModel:
     return model.eval()
 
 
-CONFIGS = [ModelConfig(num_heads=2, mlp_dims=(32, 16)), ModelConfig(arch="deepfm", mlp_dims=(16,)),
-           ModelConfig(arch="dcn_v2", mlp_dims=(16,), cross_layers=2, dense_buckets=0)]
+CONFIGS = [ModelConfig(num_heads=2, mlp_dims=(32, 16), dropout=0.0), ModelConfig(arch="deepfm", mlp_dims=(16,), dropout=0.0),
+           ModelConfig(arch="dcn_v2", mlp_dims=(16,), cross_layers=2, dense_buckets=0, dropout=0.0)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=["attention", "deepfm", "dcn_v2"])

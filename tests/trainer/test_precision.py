@@ -35,7 +35,7 @@ def test_auto_is_bf16_on_cuda_and_fp32_on_cpu() -> None:
 def _run(precision: Precision | None, steps: int = 6):
     ctx = init_distributed(cpu_trainer_config())
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(8,)), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(8,), dropout=0.0), num_dense=3, num_fields=4, dim=4)
     opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01)
     store = MemoryStore(4, init_std=0.1)
     sparse = ShardedEmbedding(store, ctx, lr=0.05)

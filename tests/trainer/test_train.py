@@ -40,7 +40,7 @@ from trainer.train import NonFiniteLossError, train_step
 def test_non_finite_loss_raises_naming_the_step_before_any_update() -> None:
     ctx = init_distributed(cpu_trainer_config())
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=1, num_fields=2, dim=2)
+    model = CTRModel(ModelConfig(dropout=0.0, num_heads=1, mlp_dims=(4,)), num_dense=1, num_fields=2, dim=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     store = MemoryStore(2)
     opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.1)
@@ -190,7 +190,7 @@ def test_two_ranks_with_bags_train_what_one_rank_trains_on_the_concatenated_batc
 
 def _step_parts(ctx, seed: int = 0):
     torch.manual_seed(seed)
-    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(8,)), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(8,), dropout=0.0), num_dense=3, num_fields=4, dim=4)
     opt = KStepAdam(model.named_parameters(), ctx, k=2, lr=0.01)
     sparse = ShardedEmbedding(MemoryStore(4, init_std=0.1), ctx, lr=0.05)
     g = torch.Generator().manual_seed(seed + ctx.rank)

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.config import AUTO
+
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 BAG_POOLINGS = ("mean", "sum", "none")
 
@@ -20,8 +22,9 @@ class ModelConfig:
     attention_layers: int = 1
     mlp_dims: tuple[int, ...] = (256, 128)
     """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
-    dropout: float = 0.0
-    """Dropout after each hidden MLP layer (and in attention)."""
+    dropout: str | float = AUTO
+    """Dropout after each hidden MLP layer (and in attention); `auto`: 0 for one pass over the day, more
+    for each further pass (`trainer.recipe`)."""
     dense_buckets: int = 16
     """Bucketise each log1p dense feature into this many buckets with a learned token each (0 = off,
     else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0.  The raw
@@ -58,8 +61,19 @@ class ModelConfig:
             raise ValueError("model.num_heads must be >= 1 and model.attention_layers >= 0")
         if not self.mlp_dims or any(d < 1 for d in self.mlp_dims):
             raise ValueError(f"model.mlp_dims must be positive widths, got {self.mlp_dims}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.dropout != AUTO:
+            try:
+                if isinstance(self.dropout, bool):
+                    raise ValueError
+                object.__setattr__(self, "dropout", float(self.dropout))  # YAML/CLI text -> a number
+            except (TypeError, ValueError):
+                raise ValueError(f"model.dropout must be {AUTO!r} or a number in [0, 1), got {self.dropout!r}") from None
+            if not 0.0 <= self.dropout < 1.0:
+                raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    def unresolved(self) -> list[str]:
+        """The `model.*` keys still `auto` (`trainer.recipe.derive` resolves them for the day)."""
+        return ["model.dropout"] if self.dropout == AUTO else []
 
 
 SHAPE_FREE = ("dropout", "bag_pooling")

@@ -115,7 +115,7 @@ class CTRModel(nn.Module):
 
     Example::
 
-        model = CTRModel(ModelConfig(mlp_dims=(16,)), num_dense=13, num_fields=26, dim=8)
+        model = CTRModel(ModelConfig(mlp_dims=(16,), dropout=0.0), num_dense=13, num_fields=26, dim=8)
         logits = model(torch.randn(32, 13), torch.randn(32, 26, 8))  # (32,)
         probs = torch.sigmoid(logits)
     """
@@ -126,6 +126,9 @@ class CTRModel(nn.Module):
             raise ValueError(
                 f"CTRModel needs num_dense >= 0, num_fields >= 1, dim >= 1; got {num_dense}, {num_fields}, {dim}"
             )
+        if unresolved := config.unresolved():
+            raise ValueError(f"{', '.join(unresolved)} is 'auto': derive the day's value with trainer.recipe.derive "
+                             "(or set a number) before building the model")
         self.config = config
         self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
         self.bias = nn.Parameter(torch.zeros(()))  # logit offset, scaled by BIAS_SCALE

@@ -50,9 +50,8 @@ class OverArch(nn.Module):
         layers: list[nn.Module] = []
         width = in_dim
         for hidden in mlp_dims:
-            layers += [nn.Linear(width, hidden), nn.ReLU()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
+            # Dropout(0) is the identity: kept, so the parameter names do not depend on the (per-day) dropout
+            layers += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(dropout)]
             width = hidden
         layers.append(nn.Linear(width, 1))
         self.mlp = nn.Sequential(*layers)

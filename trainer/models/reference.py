@@ -74,7 +74,7 @@ class DNNArch(nn.Module):
 
     Example::
 
-        dnn = DNNArch(ModelConfig(arch="dnn", mlp_dims=(8,)), num_dense=2, num_fields=3, dim=4)
+        dnn = DNNArch(ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0), num_dense=2, num_fields=3, dim=4)
         logits = dnn(torch.randn(5, 2), torch.randn(5, 3, 4))  # (5, 2 + 3*4) -> (5,)
     """
 
@@ -99,7 +99,7 @@ class DeepFMArch(nn.Module):
 
     Example::
 
-        fm = DeepFMArch(ModelConfig(arch="deepfm", mlp_dims=(8,)), num_dense=2, num_fields=3, dim=5)
+        fm = DeepFMArch(ModelConfig(arch="deepfm", mlp_dims=(8,), dropout=0.0), num_dense=2, num_fields=3, dim=5)
         logits = fm(torch.randn(5, 2), torch.randn(5, 3, 5))  # (5,)
     """
 
@@ -131,7 +131,7 @@ class DCNv2Arch(nn.Module):
 
     Example::
 
-        dcn = DCNv2Arch(ModelConfig(arch="dcn_v2", mlp_dims=(8,)), num_dense=2, num_fields=3, dim=4)
+        dcn = DCNv2Arch(ModelConfig(arch="dcn_v2", mlp_dims=(8,), dropout=0.0), num_dense=2, num_fields=3, dim=4)
         logits = dcn(torch.randn(5, 2), torch.randn(5, 3, 4))  # x0 (5, 14) -> (5,)
     """
 
@@ -143,9 +143,7 @@ class DCNv2Arch(nn.Module):
         deep: list[nn.Module] = []
         width = in_dim
         for hidden in config.mlp_dims:
-            deep += [nn.Linear(width, hidden), nn.ReLU()]
-            if config.dropout > 0:
-                deep.append(nn.Dropout(config.dropout))
+            deep += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(config.dropout)]  # names free of the dropout
             width = hidden
         self.deep = nn.Sequential(*deep)
         self.head = nn.Linear(in_dim + width, 1)

@@ -49,14 +49,15 @@ def lr_at(
 
 
 def set_step_lrs(opt: Any, sparse: Any, cfg: OptimConfig, *, step: int, total_steps: int) -> None:
-    """Set the dense (KStepAdam) and sparse (ShardedEmbedding) learning rates of `step` from `cfg`.
+    """Set the dense (KStepAdam) and sparse (ShardedEmbedding) learning rates of `step` from `cfg`
+    (resolved: `trainer.recipe.derive` sized its warm-up to the day).
 
-    The warm-up lasts `optim.warmup_steps`, but at most a tenth of `total_steps`.  Does nothing when
-    the config asks for neither warm-up nor decay.
+    The warm-up lasts `optim.warmup_steps`, at most `total_steps`.  Does nothing when the config asks
+    for neither warm-up nor decay.
     """
     if not cfg.warmup_steps and cfg.lr_decay == "none":
         return
-    warmup = min(cfg.warmup_steps, total_steps // 10)  # a short run (a small day) is not all warm-up
+    warmup = min(cfg.warmup_steps, total_steps)
     kw = {"total_steps": total_steps, "warmup_steps": warmup, "decay": cfg.lr_decay, "min_ratio": cfg.min_lr_ratio}
     lr = lr_at(step, base_lr=cfg.lr, **kw)
     for group in opt.adam.param_groups:

@@ -57,14 +57,14 @@ def test_interaction_and_over_arch() -> None:
     with torch.no_grad():  # relu(x0 + 2*x1) * 3 + 1
         lin.mlp[0].weight.copy_(torch.tensor([[1.0, 2.0]]))
         lin.mlp[0].bias.zero_()
-        lin.mlp[2].weight.fill_(3.0)
-        lin.mlp[2].bias.fill_(1.0)
+        lin.mlp[3].weight.fill_(3.0)
+        lin.mlp[3].bias.fill_(1.0)
     torch.testing.assert_close(lin(torch.tensor([[1.0, 1.0], [-5.0, 1.0]])), torch.tensor([10.0, 1.0]))
 
 
 def test_ctr_model_shapes_and_seeded_values() -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8, 4), wide=False, dense_buckets=0), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8, 4), wide=False, dense_buckets=0), num_dense=3, num_fields=4, dim=4)
     torch.manual_seed(1)
     dense, emb = torch.rand(2, 3), torch.randn(2, 4, 4)
     logits = model(dense, emb)
@@ -80,10 +80,10 @@ def test_ctr_model_shapes_and_seeded_values() -> None:
 
 
 def test_ctr_model_rejects_wrong_shapes() -> None:
-    model = CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2)
+    model = CTRModel(ModelConfig(dropout=0.0, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2)
     with pytest.raises(ValueError, match=r"expects dense \(B, 2\) and emb \(B, 3, 2\)"):
         model(torch.randn(4, 2), torch.randn(4, 2, 2))
-    assert CTRModel(ModelConfig(num_heads=1, mlp_dims=(4,)), num_dense=0, num_fields=1, dim=2)(
+    assert CTRModel(ModelConfig(dropout=0.0, num_heads=1, mlp_dims=(4,)), num_dense=0, num_fields=1, dim=2)(
         torch.zeros(3, 0), torch.randn(3, 1, 2)
     ).shape == (3,)
 
@@ -91,7 +91,7 @@ def test_ctr_model_rejects_wrong_shapes() -> None:
 @pytest.mark.parametrize("arch", ["attention", "lr", "dnn"])
 def test_scaled_bias_shifts_the_logit_and_a_state_dict_without_it_does_not_fit(arch: str) -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(arch=arch, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2).eval()
+    model = CTRModel(ModelConfig(dropout=0.0, arch=arch, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2).eval()
     dense, emb = torch.rand(4, 2), torch.randn(4, 3, 2)
     before = model(dense, emb)
     with torch.no_grad():
@@ -108,6 +108,23 @@ def test_a_log_without_dense_fields_builds_without_warnings(arch: str) -> None:
     """Avazu has no dense fields: building and running the model warns about nothing a user could act on."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model = CTRModel(ModelConfig(arch=arch), num_dense=0, num_fields=3, dim=4)
+        model = CTRModel(ModelConfig(arch=arch, dropout=0.0), num_dense=0, num_fields=3, dim=4)
         logits = model(torch.zeros(2, 0), torch.randn(2, 3, 4))
     assert logits.shape == (2,)
+
+
+@pytest.mark.parametrize("arch", ["attention", "dnn", "deepfm", "dcn_v2"])
+def test_a_model_trained_with_dropout_loads_into_one_without(arch: str) -> None:
+    # the recipe derives dropout per day (several passes: > 0, one pass: 0); the warm start must still fit
+    torch.manual_seed(0)
+    with_dropout = CTRModel(ModelConfig(arch=arch, mlp_dims=(8, 4), dropout=0.3), num_dense=2, num_fields=3, dim=4)
+    without = CTRModel(ModelConfig(arch=arch, mlp_dims=(8, 4), dropout=0.0), num_dense=2, num_fields=3, dim=4)
+    without.load_state_dict(with_dropout.state_dict(), strict=True)
+    dense, emb = torch.rand(5, 2), torch.randn(5, 3, 4)
+    with_dropout.eval()
+    torch.testing.assert_close(without(dense, emb), with_dropout(dense, emb))  # the same function in eval mode
+
+
+def test_a_model_with_dropout_auto_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"model.dropout is 'auto'"):
+        CTRModel(ModelConfig(), num_dense=2, num_fields=3, dim=4)

@@ -52,6 +52,6 @@ def test_low_rank_cross_net_v2_factorises_w() -> None:
     with pytest.raises(ValueError, match="cross_rank must be >= 0"):
         CrossNetV2(in_dim=6, num_layers=1, rank=-1)
     with pytest.raises(ValueError, match="model.cross_layers and model.cross_rank >= 0"):
-        ModelConfig(cross_rank=-1)
-    dcn = DCNv2Arch(ModelConfig(arch="dcn_v2", mlp_dims=(4,), dense_buckets=0, cross_rank=2), num_dense=1, num_fields=2, dim=3)
+        ModelConfig(dropout=0.0, cross_rank=-1)
+    dcn = DCNv2Arch(ModelConfig(dropout=0.0, arch="dcn_v2", mlp_dims=(4,), dense_buckets=0, cross_rank=2), num_dense=1, num_fields=2, dim=3)
     assert dcn.cross.layers[0][0].weight.shape == (2, 1 + 2 * 3)  # V^T: r x d, d = n + F*D

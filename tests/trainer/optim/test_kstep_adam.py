@@ -24,7 +24,7 @@ B, N_DENSE, N_FIELDS, DIM, STEPS = 8, 3, 4, 4, 3
 
 def _model() -> CTRModel:
     torch.manual_seed(0)
-    return CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,)), num_dense=N_DENSE, num_fields=N_FIELDS, dim=DIM)
+    return CTRModel(ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8,)), num_dense=N_DENSE, num_fields=N_FIELDS, dim=DIM)
 
 
 def _batch(rank: int, step: int) -> Batch:

@@ -47,8 +47,8 @@ def test_set_step_lrs_sets_dense_and_sparse() -> None:
     assert opt.adam.param_groups[0]["lr"] == pytest.approx(5e-4) and sparse.lr == pytest.approx(5e-3)
     set_step_lrs(opt, sparse, cfg, step=12, total_steps=22)
     assert opt.adam.param_groups[0]["lr"] == pytest.approx(5e-4) and sparse.lr == pytest.approx(5e-3)
-    # the warm-up is capped at a tenth of the run: 100 steps asked, 2 of 22 done
-    set_step_lrs(opt, sparse, dataclasses.replace(cfg, warmup_steps=100), step=1, total_steps=22)
+    # a warm-up never outlasts the run: 100 steps asked, all 22 are warm-up (the recipe sizes it to the day)
+    set_step_lrs(opt, sparse, dataclasses.replace(cfg, warmup_steps=100), step=11, total_steps=22)
     assert sparse.lr == pytest.approx(5e-3)
     untouched = SimpleNamespace(lr=0.123)
     set_step_lrs(opt, untouched, OptimConfig(warmup_steps=0, lr_decay="none"), step=1, total_steps=4)

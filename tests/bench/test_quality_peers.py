@@ -1,4 +1,4 @@
-"""bench.quality --tune: blocked K-fold cross-validation over the train part only."""
+"""bench.quality_peers: the logistic regression's C is chosen by blocked K-fold CV over the train rows only."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.quality import cv_folds
+from bench.quality_peers import cv_folds
 
 
 def test_cv_folds_validate_every_row_once_in_contiguous_blocks() -> None:

@@ -1,0 +1,114 @@
+"""The peers `bench.quality` compares the product with, fit on the rows the product was given.
+
+- sklearn-lr: scikit-learn LogisticRegression on hashed one-hot `field=value` features (FeatureHasher,
+  2^20) plus the log1p dense values; C chosen by blocked K-fold cross-validation over the train rows
+  only (`cv_folds`, log loss), then refit on all of them;
+- deepctr-deepfm: DeepCTR-Torch's DeepFM with its default arguments (embedding_dim 4, dnn (256, 128),
+  l2_reg_embedding 1e-5, Adam 1e-3, 1 epoch), batch 256; categorical values label-encoded on the train
+  rows (unseen -> 0), dense values log1p then min-max scaled on the train rows.
+
+Each returns the click probabilities of the later rows, so the caller can pair them with the
+product's predictions on the same rows (`bench.quality_stats`).  Benchmark-only dependencies:
+`make bench-peers`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.schema import LogSchema
+from trainer.metrics import logloss
+
+LR_CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+"""The inverse L2 strengths the logistic regression chooses from."""
+CV_FOLDS = 5
+
+
+def cv_folds(train: pd.DataFrame, folds: int = CV_FOLDS) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
+    """Blocked K-fold over `train` in row order: fold i validates on the i-th of `folds` contiguous blocks
+    and trains on the other blocks (kept in row order).
+
+    Raises:
+        ValueError: fewer than 2 folds, or fewer rows than folds.
+    """
+    if folds < 2 or len(train) < folds:
+        raise ValueError(f"cv_folds needs folds >= 2 and at least `folds` rows, got {folds} folds of {len(train)} rows")
+    edges = np.linspace(0, len(train), folds + 1).astype(int)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        rest = pd.concat([train.iloc[:lo], train.iloc[hi:]], ignore_index=True)
+        out.append((rest, train.iloc[lo:hi].reset_index(drop=True)))
+    return out
+
+
+def _dense_log(events: pd.DataFrame, schema: LogSchema) -> np.ndarray:
+    cols = [np.log1p(np.maximum(events[c].to_numpy(np.float64, na_value=0.0), 0.0)) for c in schema.dense]
+    return np.stack(cols, axis=1) if cols else np.zeros((len(events), 0))
+
+
+def _categorical_text(events: pd.DataFrame, column: str) -> pd.Series:
+    return events[column].astype(object).where(events[column].notna(), "<na>").astype(str)
+
+
+def _hashed(events: pd.DataFrame, schema: LogSchema):
+    import scipy.sparse as sp
+    from sklearn.feature_extraction import FeatureHasher
+
+    text = {c: _categorical_text(events, c) for c in schema.categorical}
+    tokens = [[f"{c}={v}" for c, v in zip(schema.categorical, row, strict=True)] for row in zip(*text.values(), strict=True)]
+    cat = FeatureHasher(n_features=2**20, input_type="string", alternate_sign=False).transform(tokens)
+    return sp.hstack([cat, sp.csr_matrix(_dense_log(events, schema))]).tocsr()
+
+
+def _lr(C: float):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=C, max_iter=2000, solver="liblinear")
+
+
+def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, folds: int = CV_FOLDS) -> tuple[np.ndarray, dict]:
+    """Hashed one-hot logistic regression; returns (probabilities of `later`, {"C": chosen C}).
+
+    liblinear is deterministic, so one fit serves every seed.
+    """
+    scores = dict.fromkeys(LR_CS, 0.0)
+    for tr, va in cv_folds(train, folds):
+        Xa, Xb, ya = _hashed(tr, schema), _hashed(va, schema), tr["label"].to_numpy()
+        for C in LR_CS:
+            scores[C] += logloss(va["label"].to_numpy(), _lr(C).fit(Xa, ya).predict_proba(Xb)[:, 1])
+    C = min(scores, key=scores.__getitem__)
+    clf = _lr(C).fit(_hashed(train, schema), train["label"].to_numpy())
+    return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C}
+
+
+def _deepctr_inputs(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema):
+    from deepctr_torch.inputs import DenseFeat, SparseFeat
+
+    xa, xb, columns = {}, {}, []
+    for c in schema.categorical:
+        a, b = _categorical_text(train, c), _categorical_text(later, c)
+        vocab = {v: i + 1 for i, v in enumerate(pd.unique(a))}  # 0 = unseen in train
+        xa[c] = a.map(vocab).to_numpy(np.int64)
+        xb[c] = b.map(vocab).fillna(0).to_numpy(np.int64)
+        columns.append(SparseFeat(c, vocabulary_size=len(vocab) + 1))
+    da, db = _dense_log(train, schema), _dense_log(later, schema)
+    if da.size:
+        lo, span = da.min(axis=0), np.where(np.ptp(da, axis=0) > 0, np.ptp(da, axis=0), 1.0)
+        for i, c in enumerate(schema.dense):
+            xa[c], xb[c] = (da[:, i] - lo[i]) / span[i], (db[:, i] - lo[i]) / span[i]
+            columns.append(DenseFeat(c, 1))
+    return columns, xa, xb
+
+
+def deepctr_deepfm(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int) -> tuple[np.ndarray, dict]:
+    """DeepCTR-Torch DeepFM with its defaults (1 epoch); returns (probabilities of `later`, {})."""
+    from deepctr_torch.models import DeepFM
+
+    columns, xa, xb = _deepctr_inputs(train, later, schema)
+    torch.manual_seed(seed)
+    model = DeepFM(columns, columns, task="binary", seed=seed, device="cpu")
+    model.compile("adam", "binary_crossentropy")
+    model.fit(xa, train["label"].to_numpy(np.float32), batch_size=256, epochs=1, verbose=0, shuffle=True)
+    return model.predict(xb, batch_size=4096).ravel().astype(np.float64), {}

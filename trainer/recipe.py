@@ -1,0 +1,146 @@
+"""The training values a day's size decides: `derive(optim, model, rows=..., world_size=...) -> Recipe`.
+
+A production day (10^8 rows) is 10^4-10^5 steps at batch 1024 and needs none of this: one pass, the
+base learning rates, no extra regularisation, 100 warm-up steps.  A small day (a local run, the first
+day of a new model, a small traffic segment) at those values is a handful of steps, and the dense
+network barely leaves its initialisation.  So every `auto` field of `OptimConfig` (and the model's
+dropout) is derived here, in this order, from the rows per rank n = rows // world_size:
+
+- batch_size: the largest power of two in [MIN_BATCH, MAX_BATCH] with which MAX_EPOCHS passes over
+  n rows reach MIN_STEPS steps (MIN_BATCH when none does);
+- epochs: the passes that reach MIN_STEPS, at most MAX_EPOCHS (more passes over the same rows
+  overfit the rows' embeddings faster than they train the network);
+- lr: BASE_LR * sqrt(LR_REF_STEPS / steps), within [BASE_LR, MAX_LR]: the dense network must
+  travel as far in a few hundred steps as in 10^4;
+- sparse_lr: BASE_SPARSE_LR / sqrt(epochs): a row met in every pass takes as large a step in
+  total as in one pass;
+- embedding_l2 and model.dropout: L2_PER_EXTRA_EPOCH and DROPOUT_PER_EXTRA_EPOCH per pass after
+  the first (L2 on the rows a batch touches, dropout in the MLP and attention): the regularisation
+  that stops the extra passes from memorising the day (the cosine decay of `optim.lr_decay` does
+  the rest);
+- warmup_steps: a tenth of the day's steps, at most WARMUP_CAP.
+
+An explicit value in the config always wins, and the fields after it are derived from it (a set
+batch size decides the epochs that reach MIN_STEPS); an explicit warm-up is only cut to the day's
+steps.  The flow derives the recipe once, where it builds the day's train spec (`flows.stages`),
+because the run identity hashes the values actually trained with and every node's ranks read
+that one spec; the ranks refuse a spec with a field still `auto`.  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.config import AUTO, OptimConfig
+from trainer.models.config import ModelConfig
+
+MIN_STEPS = 300
+"""Optimizer steps a day should reach (through a smaller batch, then more passes)."""
+MIN_BATCH = 256
+MAX_BATCH = 1024
+"""The bounds of the derived batch size; MAX_BATCH is a production day's batch."""
+MAX_EPOCHS = 3
+BASE_LR = 1e-3
+MAX_LR = 1e-2
+LR_REF_STEPS = 10_000
+"""A day of at least this many steps trains the dense network at BASE_LR."""
+BASE_SPARSE_LR = 2e-2
+L2_PER_EXTRA_EPOCH = 0.05
+DROPOUT_PER_EXTRA_EPOCH = 0.15
+WARMUP_CAP = 100
+WARMUP_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The resolved `optim` section (and model dropout) of a day, and what was derived from what."""
+
+    optim: OptimConfig
+    """Every field a number: what the ranks train with."""
+    model: ModelConfig
+    """The model config with its dropout resolved."""
+    rows: int
+    world_size: int
+    steps: int
+    """Optimizer steps of the day (per rank)."""
+    why: dict[str, str]
+    """`optim.<field>` / `model.dropout` -> why it has its value, for every field that may be `auto`."""
+    derived: tuple[str, ...]
+    """The keys that were `auto` (the others were set in the config)."""
+
+    def value(self, key: str) -> Any:
+        """The resolved value of `optim.<field>` or `model.dropout`."""
+        section, name = key.split(".", 1)
+        return getattr(self.optim if section == "optim" else self.model, name)
+
+    def record(self) -> dict[str, Any]:
+        """The values and reasons, as model.json and metrics.json keep them."""
+        return {
+            "rows": self.rows, "world_size": self.world_size, "steps": self.steps,
+            "values": {k: self.value(k) for k in self.why},
+            "derived": list(self.derived), "why": dict(self.why),
+        }
+
+    def summary(self) -> str:
+        """One line: the values for the day's size, `*` marking the derived ones."""
+        values = " ".join(f"{k.split('.', 1)[1]}={self.value(k):g}{'*' if k in self.derived else ''}" for k in self.why)
+        return f"recipe for {self.rows:,} rows on {self.world_size} rank(s), {self.steps} steps: {values} (* derived)"
+
+
+def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int) -> Recipe:
+    """Resolve every `auto` field of `optim` and `model` for a day of `rows` train rows over `world_size` ranks.
+
+    Raises:
+        ValueError: rows < 1 or world_size < 1.
+
+    Example::
+
+        derive(OptimConfig(), ModelConfig(), rows=3_600, world_size=1).optim.epochs      # 3 (15 steps a pass)
+        derive(OptimConfig(), ModelConfig(), rows=10**8, world_size=8).optim.batch_size  # 1024, 1 epoch, lr 1e-3
+    """
+    if rows < 1 or world_size < 1:
+        raise ValueError(f"derive needs rows >= 1 and world_size >= 1, got rows={rows}, world_size={world_size}")
+    n = max(1, rows // world_size)  # a rank's share (trainer.data.rank_share drops the remainder)
+    why: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    derived: list[str] = []
+
+    def pick(name: str, value: Any, reason: str, section: str = "optim") -> Any:
+        given = getattr(optim if section == "optim" else model, name)
+        if given == AUTO:
+            value = float(f"{value:.3g}") if isinstance(value, float) else value  # 0.00685, not 0.006851892...
+            values[f"{section}.{name}"], why[f"{section}.{name}"] = value, reason
+            derived.append(f"{section}.{name}")
+            return value
+        why[f"{section}.{name}"] = "set in the config"
+        return given
+
+    def per_pass(batch: int) -> int:
+        return -(-n // batch)
+
+    batch = MIN_BATCH
+    while batch < MAX_BATCH and per_pass(batch * 2) * MAX_EPOCHS >= MIN_STEPS:
+        batch *= 2
+    batch = pick("batch_size", batch, f"{n:,} rows/rank: the largest batch in [{MIN_BATCH}, {MAX_BATCH}] whose "
+                 f"{MAX_EPOCHS} passes reach {MIN_STEPS} steps (or the smallest)")
+    one_pass = per_pass(batch)
+    epochs = pick("epochs", min(MAX_EPOCHS, max(1, -(-MIN_STEPS // one_pass))),
+                  f"{one_pass} steps a pass: the passes reaching {MIN_STEPS} steps, at most {MAX_EPOCHS}")
+    steps = one_pass * epochs
+    pick("lr", min(MAX_LR, max(BASE_LR, BASE_LR * math.sqrt(LR_REF_STEPS / steps))),
+         f"{steps} steps: {BASE_LR:g} * sqrt({LR_REF_STEPS} / steps) within [{BASE_LR:g}, {MAX_LR:g}]")
+    pick("sparse_lr", BASE_SPARSE_LR / math.sqrt(epochs), f"{epochs} passes: {BASE_SPARSE_LR:g} / sqrt(epochs)")
+    pick("embedding_l2", L2_PER_EXTRA_EPOCH * (epochs - 1), f"{epochs} passes: {L2_PER_EXTRA_EPOCH:g} per pass after the first")
+    pick("dropout", DROPOUT_PER_EXTRA_EPOCH * (epochs - 1),
+         f"{epochs} passes: {DROPOUT_PER_EXTRA_EPOCH:g} per pass after the first", section="model")
+    warmup = pick("warmup_steps", min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
+                  f"{steps} steps: a tenth of them, at most {WARMUP_CAP}")
+    if warmup > steps:  # an explicit warm-up longer than the day would never reach the learning rate
+        values["optim.warmup_steps"] = steps
+        why["optim.warmup_steps"] = f"set in the config ({warmup}), cut to the day's {steps} steps"
+    of = {s: {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(s + ".")} for s in ("optim", "model")}
+    return Recipe(dataclasses.replace(optim, **of["optim"]), dataclasses.replace(model, **of["model"]), rows,
+                  world_size, steps, why, tuple(derived))
