@@ -183,7 +183,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
     for node in (0, 1):
         spec = train_spec(
             features, out, tmp / "local" / f"k{k}", store=StoreConfig(embedding_dim=16, host_budget_mb=256),
-            model=ModelConfig(num_heads=2, mlp_dims=(128, 64)), run_tag=f"k{k}", backend="gloo", device="cpu",
+            model=ModelConfig(num_heads=2, mlp_dims=(128, 64), dropout=0.0), run_tag=f"k{k}", backend="gloo", device="cpu",
             nproc_per_node=2, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, k_steps=k, timeout_s=1800,
             log_every=10_000, checkpoint_every=0, intra_group_size=2, **steps_cfg,
         )

@@ -11,12 +11,13 @@ from flows.stages import WarmResult, train_spec
 from flows.state import DayState
 from pipeline.encode import EncodeResult
 from storage.warm import WarmPlan
+from trainer.world import resolve_world
 
 DATE = "2026-01-05"
 
 
 def _state(cfg: RunConfig, rows_train: int) -> DayState:
-    plan = WarmPlan(date=DATE, world_size=cfg.trainer.world_size, published_version=None, snapshot_url=None,
+    plan = WarmPlan(date=DATE, world_size=resolve_world(cfg.trainer).world_size, published_version=None, snapshot_url=None,
                     snapshot_tag=None, evict_url=None, working_set_url=None)
     encoded = EncodeResult(date=DATE, rows_train=rows_train, rows_eval=400, skipped=False, run_id="r1", url="/f")
     return DayState(date=DATE, layout=cfg.layout(), encode=encoded, warm=WarmResult(plan, "flow", "cold"))

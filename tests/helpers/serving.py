@@ -120,7 +120,8 @@ def day_config(root: Path, input_url: str, **overrides: Any) -> Any:
 
     return with_overrides(demo(str(root)), {
         "input.url": input_url, "dask.processes": False, "dask.n_workers": 2, "optim.batch_size": 128,
-        "publish.max_auc_drop": 1.0, **overrides,
+        "publish.max_auc_drop": 1.0, "publish.min_auc": 0.0, "publish.max_logloss_increase": 1.0,
+        "publish.calibration_range": [0.0, 100.0], **overrides,
     })
 
 

@@ -12,6 +12,7 @@ from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 from trainer.recipe import derive
 from trainer.spec import TrainSpec
+from trainer.world import resolve_world
 
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
 _HET = {"staleness_bound", "cache_rows"}
@@ -35,9 +36,11 @@ def make_spec(
     """A spec over `features` committing to `output`; `kw` are trainer/optim/het keys (checkpoints beside `output`),
     with `DAY_SIZED` optim values unless given and the rest derived for the features' train rows."""
     trainer, optim, het = split_configs(**{**DAY_SIZED, **kw})
+    trainer = resolve_world(trainer)
     fs, path = fsio.get_fs(str(features))
     manifest = fsio.read_manifest(fs, path) or {}
-    recipe = derive(optim, model, rows=int(manifest["rows_train"]), world_size=trainer.world_size)
+    # features that are not there (a test of a failing job) have no rows: derive as for the smallest day
+    recipe = derive(optim, model, rows=int(manifest.get("rows_train", 1)), world_size=trainer.world_size)
     return TrainSpec(
         features_url=str(features), output_url=str(output), init_model_url=str(init) if init else None,
         local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=recipe.model, optim=recipe.optim,

@@ -66,7 +66,7 @@ def write_features(root: Path, *, train_rows: int = 4001, eval_rows: int = 1000)
 
 
 STORE = StoreConfig(embedding_dim=8, init_std=0.01, host_budget_mb=16)
-MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(16,))
+MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(16,), dropout=0.0)
 
 
 BASE = {

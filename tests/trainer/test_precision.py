@@ -73,7 +73,7 @@ def test_a_bf16_day_on_cpu_trains_within_0_01_auc_of_fp32(tmp_path: Path, shared
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision / "model"
         spec = make_spec(features, out, tmp_path / precision / "local", store=StoreConfig(embedding_dim=8, init_std=0.01),
-                         model=ModelConfig(num_heads=2, mlp_dims=(32, 16)), run_tag=precision, device="cpu",
+                         model=ModelConfig(num_heads=2, mlp_dims=(32, 16), dropout=0.0), run_tag=precision, device="cpu",
                          precision=precision, batch_size=256, epochs=1, lr=2e-3, checkpoint_every=0, log_every=1000)
         run(spec)
         auc[precision] = evaluate_model(str(out), str(features))["auc"]
