@@ -1,8 +1,9 @@
 """The Prefect flows: `daily_retrain` (one date) and `backfill` (a date range).
 
 `daily_retrain` is `flows.day.run_day` with each stage run as a Prefect task (retried only where a
-retry can succeed: transient I/O) and warm -> publish inside the model's Prefect concurrency slot
-(`flows.locks`), so two runs never train or publish the same model at once.  It returns the day's
+retry can succeed: transient I/O) and warm -> publish inside the model's slot, so two runs never
+train or publish the same model at once: the node's kernel lock (`flows.slot`), behind the Prefect
+server's concurrency slot with a renewed lease when the flow talks to a server (`flows.prefect_slot`).  It returns the day's
 record; a refused publish ends the flow in a `Failed` state named `PublishRefused` (not green,
 visible in the UI) whose data is the record.
 """
@@ -24,9 +25,10 @@ from prefect.states import Failed
 from flows.config import RunConfig, from_dict, with_overrides
 from flows.day import DATA_STAGES, Stage, run_day
 from flows.history import HISTORY_DAYS
-from flows.locks import model_slot
+from flows.prefect_slot import server_configured, server_slot
 from flows.recipes import default
 from flows.record import DayRecord, is_completed, read_record
+from flows.slot import Taken, node_slot
 from flows.state import DayState
 from storage.io import dates
 from storage.io.progress import Bar
@@ -61,8 +63,12 @@ def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> 
     return result
 
 
-def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
-    return model_slot(cfg.model_name, cfg.publish.lock_timeout_s)
+def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
+    """The model's slot for a flow run: the server's and the node's against a Prefect server, else the node's;
+    waiting runs log through the run's logger."""
+    run_id = str(flow_run.id) if flow_run.id else None
+    slot = server_slot if server_configured() else node_slot
+    return slot(cfg.layout(), cfg.publish.lock_timeout_s, log=get_run_logger(), flow_run=run_id)
 
 
 def _config(config: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -13,6 +13,7 @@ see infra/); `infra/prefect.yaml` describes the same deployments for
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,8 @@ def ensure_process_pool(name: str) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
-    with get_client(sync_client=True) as client:
-        try:
-            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
-        except ObjectAlreadyExists:
-            pass
+    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+        client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
 def deploy_all(
@@ -48,9 +46,10 @@ def deploy_all(
     from prefect import flow
     from prefect.schedules import Cron
 
-    from flows.locks import ensure_limit
+    from flows.config import from_dict
+    from flows.prefect_slot import ensure_limit
 
-    ensure_limit(config.get("model_name", "ctr"))
+    ensure_limit(from_dict(config).layout())
     daily = flow.from_source(source=str(source), entrypoint=DAILY_ENTRY)
     backfill = flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)
     common = {"work_pool_name": pool, "build": False, "push": False, "print_next_steps": False}
@@ -79,10 +78,12 @@ def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str
     from prefect import serve
     from prefect.schedules import Cron
 
+    from flows.config import from_dict
     from flows.daily import backfill, daily_retrain
-    from flows.locks import ensure_limit
+    from flows.prefect_slot import ensure_limit, server_configured
 
-    ensure_limit(config.get("model_name", "ctr"))
+    if server_configured():
+        ensure_limit(from_dict(config).layout())
     serve(
         daily_retrain.to_deployment(name="daily", schedules=[Cron(cron, timezone=timezone)],
                                     parameters={"config": config}),

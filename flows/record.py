@@ -44,6 +44,8 @@ class DayRecord:
     """The warm stage's scalar results."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall seconds per stage."""
+    slot_wait_s: float = 0.0
+    """Seconds the run waited for the model's train/publish slot (another run of the model held it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)

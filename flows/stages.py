@@ -11,6 +11,9 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
     evaluate candidate and published model on the day    (trainer.evaluate)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
+
+Train and publish are idempotent: the candidate and the registry version carry the run tag
+(date, parent version, train identity), and a rerun finds what a killed run committed under it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from storage.warm import WarmPlan, warm_plan_shards
 from trainer.evaluate import evaluate_model, load_model
 from trainer.launch import TrainResult, run_training
 from trainer.metrics import EvalMetrics
-from trainer.model_dir import SPARSE, warm_start
+from trainer.model_dir import SPARSE, read_meta, warm_start
 from trainer.spec import TrainSpec
 
 EVICTED_FILE = "evicted.parquet"
@@ -153,12 +156,30 @@ def train_spec(cfg: RunConfig, state: DayState) -> TrainSpec:
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
-    """Launch torchrun on the day's train rows, warm-starting from the published model."""
+    """Launch torchrun on the day's train rows, warm-starting from the published model.
+
+    A candidate already committed under the same run tag (a run of the same work, stopped after
+    training) is the result: it is not trained again (unless `force`).
+    """
     spec = train_spec(cfg, state)
-    result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
-                          spec_copy_url=state.layout.run_train_spec(state.date))
+    result = None if state.force else committed_candidate(spec)
+    if result is None:
+        result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
+                              spec_copy_url=state.layout.run_train_spec(state.date))
     parent = state.published.version if state.published else None
     return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag)
+
+
+def committed_candidate(spec: TrainSpec) -> TrainResult | None:
+    """The train result of the model committed at `spec.output_url` when its run tag is `spec.run_tag`, else None."""
+    fs, path = fsio.get_fs(spec.output_url, spec.storage_options)
+    manifest = fsio.read_manifest(fs, path)
+    if manifest is None or manifest.get("run_tag") != spec.run_tag:
+        return None
+    meta = read_meta(spec.output_url, spec.storage_options)
+    s = meta.train
+    return TrainResult(spec.output_url, int(s["steps"]), int(s["examples"]), float(s["final_loss"]),
+                       float(s["mean_loss"]), float(s["examples_per_s"]), int(s["world_size"]), 0.0, s, meta)
 
 
 # ---- evaluate ---------------------------------------------------------------------------------
@@ -223,8 +244,13 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
 
 
 def publish(cfg: RunConfig, state: DayState) -> PublishResult:
-    """Register the candidate as a version; move `LATEST` only when the gate passes."""
-    ev = state.need("evaluation")
+    """Register the candidate as a version; move `LATEST` only when the gate passes.
+
+    A version already registered for the candidate's run tag (a run stopped after registering it) is
+    the version: it is reused, and published if the gate passes, so a rerun never adds a second one
+    (unless `force`).
+    """
+    ev, trained = state.need("evaluation"), state.need("train")
     decision = gate(ev.new, ev.published, cfg.publish)
     metrics = {
         "date": state.date, "auc": ev.new.auc, "logloss": ev.new.logloss, "rows": ev.new.rows,
@@ -232,10 +258,12 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         "published_auc_same_rows": ev.published.auc if ev.published else None,
     }
     registry = ModelRegistry(state.layout)
-    version = registry.add_version(
-        state.need("train").result.model_url, metrics=metrics, lineage=lineage(cfg, state),
-        status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
-    )
+    version = None if state.force else registry.find(trained.run_tag)
+    if version is None:
+        version = registry.add_version(
+            trained.result.model_url, metrics=metrics, lineage=lineage(cfg, state), run_tag=trained.run_tag,
+            status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
+        )
     if decision.publish:
         registry.publish(version)
     latest = version if decision.publish else (state.published.version if state.published else None)

@@ -9,7 +9,9 @@
                                                 model/ (the candidate) and model.checkpoint/
     <root>/models/<model>/vNNNNN/               registry versions
     <root>/models/<model>/LATEST                the published version
+    <root>/models/<model>/slot-holder.json      who holds the model's train/publish slot (Prefect server mode)
     <local_dir>/<model>/shard-RRRRR-of-WWWWW/   the SSD tier of rank R (node-local)
+    <local_dir>/<model>/slot.lock               the node's train/publish slot (a kernel file lock; its holder)
     <local_dir>/runs/D/                         the launcher's scratch (train spec) on this node
 
 A stage asks the layout for its directories and never formats `date=...` itself, so a change of
@@ -62,6 +64,12 @@ def date_of(folder_name: str) -> str | None:
     return m.group(1) if m else None
 
 
+def root_digest(root: str) -> str:
+    """12 hex digits naming a storage root (a local one by its absolute path), for names kept outside it."""
+    key = str(fsio.local_path(root).resolve()) if fsio.is_local(root) else root.rstrip("/")
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def default_local_dir(root: str) -> str:
     """Node-local folder of the SSD tier when none is configured.
 
@@ -70,8 +78,7 @@ def default_local_dir(root: str) -> str:
     """
     if fsio.is_local(root):
         return str(fsio.local_path(root).resolve() / "_local")
-    digest = hashlib.sha256(root.encode()).hexdigest()[:12]
-    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ctr-pipeline" / digest)
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ctr-pipeline" / root_digest(root))
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,14 @@ class NodeLayout:
     def work_dir(self, date: str) -> str:
         """The launcher's scratch folder for the day on this node (the spec file torchrun reads)."""
         return str(Path(self.local_dir) / "runs" / validate_date(date))
+
+    def slot_lock(self) -> str:
+        """The file whose kernel lock is the model's train/publish slot on this node (`flows.slot`).
+
+        Beside the shards it guards: runs that would share them wait for each other, and the default
+        node-local folder is per root, so runs on unrelated roots never do.
+        """
+        return str(Path(self.local_dir) / self.model_name / "slot.lock")
 
 
 @dataclass(frozen=True)
@@ -194,6 +209,10 @@ class Layout:
 
     def latest_pointer(self) -> str:
         return fsio.join(self.models(), "LATEST")
+
+    def slot_holder(self) -> str:
+        """Who holds the model's Prefect train/publish slot (host, pid, flow run, since): read by waiting runs."""
+        return fsio.join(self.models(), "slot-holder.json")
 
     # ---- this node -------------------------------------------------------------------------------
     @property

@@ -84,3 +84,23 @@ def test_uncommitted_candidate_is_not_registered(tmp_path):
     with pytest.raises(RegistryError, match="not committed"):
         reg.add_version(str(tmp_path / "half"), metrics={}, lineage={}, status="candidate")
     assert reg.versions() == []
+
+
+def test_a_version_is_found_by_the_run_tag_it_was_registered_for(tmp_path):
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    cand = _candidate(tmp_path)
+    assert reg.find("2026-01-01:none:abc") is None
+    v1 = reg.add_version(cand, metrics={}, lineage={}, status="candidate", run_tag="2026-01-01:none:abc")
+    v2 = reg.add_version(cand, metrics={}, lineage={}, status="refused", run_tag="2026-01-02:v00001:def")
+    reg.add_version(cand, metrics={}, lineage={}, status="candidate")  # no tag: never found
+    assert reg.find("2026-01-01:none:abc") == v1 and reg.find("2026-01-02:v00001:def") == v2
+    assert reg.find("2026-01-03:v00001:def") is None
+
+
+def test_publishing_a_version_twice_is_the_same_as_once(tmp_path):
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    v1 = reg.add_version(_candidate(tmp_path), metrics={}, lineage={}, status="candidate")
+    reg.publish(v1)
+    reg.publish(v1)  # a rerun of a publish stopped after LATEST moved
+    assert reg.latest() == v1 and reg.info(v1).status == "published" and reg.versions() == [v1]
+    assert sorted(p.name for p in (tmp_path / "root" / "models" / "ctr").iterdir()) == ["LATEST", v1]
