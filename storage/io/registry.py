@@ -117,7 +117,7 @@ class ModelRegistry:
 
         `run_tag` (the trained result's name) goes into the version's manifest, for `find`.
         """
-        cand_fs, cand_path = fsio.get_fs(candidate_url)
+        cand_fs, cand_path = fsio.get_fs(candidate_url, self.layout.storage_options)
         if (cand_manifest := fsio.read_manifest(cand_fs, cand_path)) is None:
             raise RegistryError(f"candidate model {candidate_url} is not committed (no _SUCCESS.json)")
         cand_data = fsio.data_dir(cand_path, cand_manifest)

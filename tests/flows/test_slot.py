@@ -42,9 +42,9 @@ def test_a_waiting_run_logs_whom_it_waits_for_and_its_timeout_names_the_holder(t
     layout = Layout(str(tmp_path / "root"), "ctr")
     with processes() as procs:
         holder = hold_slot(procs, "node", layout.root, tmp_path / "holder.log")
-        with caplog.at_level(logging.INFO, logger="test-slot"), pytest.raises(ModelBusyError) as err:
-            with node_slot(layout, 3.5, log=log, report_every_s=1.0):
-                pytest.fail("took a slot another process holds")
+        with caplog.at_level(logging.INFO, logger="test-slot"), pytest.raises(ModelBusyError) as err, \
+                node_slot(layout, 3.5, log=log, report_every_s=1.0):
+            pytest.fail("took a slot another process holds")
     who = f"pid {holder.pid} on host {socket.gethostname()}"
     waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
     assert 3 <= len(waits) <= 5 and all(who in w and " since 20" in w for w in waits), waits  # once per period

@@ -10,6 +10,7 @@ import pytest
 from storage.io import fsio
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry, RegistryError
+from tests.helpers.procs import AWS_ENV, moto_s3
 from trainer import model_dir
 
 
@@ -104,3 +105,21 @@ def test_publishing_a_version_twice_is_the_same_as_once(tmp_path):
     reg.publish(v1)  # a rerun of a publish stopped after LATEST moved
     assert reg.latest() == v1 and reg.info(v1).status == "published" and reg.versions() == [v1]
     assert sorted(p.name for p in (tmp_path / "root" / "models" / "ctr").iterdir()) == ["LATEST", v1]
+
+
+def test_a_candidate_on_an_object_store_is_read_with_the_roots_storage_options(tmp_path, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("moto") is None:
+        pytest.skip("needs moto: pip install 'moto[server]>=5'")
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    with moto_s3(tmp_path) as options:  # a custom endpoint: only the storage options know it
+        layout = Layout("s3://ctr/root", "ctr", options)
+        fs, final = layout.fs(layout.run_model("2026-01-01"))
+        with fsio.staged(fs, final) as stage:
+            fs.pipe(f"{stage}/{model_dir.MODEL_JSON}", b'{"run_tag": "t"}')
+            fsio.commit_dir(fs, stage, final, {"run_tag": "t"})
+        reg = ModelRegistry(layout)
+        v1 = reg.add_version(layout.run_model("2026-01-01"), metrics={}, lineage={}, status="candidate")
+        assert reg.read_json(v1, model_dir.MODEL_JSON) == {"run_tag": "t"}
