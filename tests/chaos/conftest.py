@@ -21,11 +21,11 @@ from tests.helpers.chaos import (
     Reference,
     VariantReport,
     Workspace,
-    env_for,
     reference,
     table,
     workspace,
 )
+from tests.helpers.kill import env_for
 from tests.helpers.procs import BIN, REPO
 
 SEED = int(os.environ.get("CHAOS_SEED") or secrets.randbelow(1_000_000))

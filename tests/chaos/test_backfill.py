@@ -9,12 +9,12 @@ from flows.config import load_config
 from storage.io.dates import date_range
 from tests.helpers.chaos import (
     VARIANT_TRIALS,
-    env_for,
     kill_and_rerun,
     kill_time,
     reference,
     workspace,
 )
+from tests.helpers.kill import env_for
 
 pytestmark = pytest.mark.chaos
 

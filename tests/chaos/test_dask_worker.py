@@ -14,7 +14,8 @@ import pytest
 from distributed import Client
 
 from flows.config import load_config
-from tests.helpers.chaos import DATE, VariantReport, rerun_problems, run, slot_wait
+from tests.helpers.chaos import DATE, VariantReport, rerun_problems, slot_wait
+from tests.helpers.kill import run
 from tests.helpers.procs import free_port, processes, start, wait_port
 from tests.helpers.root_state import content
 

@@ -12,8 +12,8 @@ from tests.helpers.chaos import (
     kill_and_rerun,
     kill_time,
     reference,
-    window,
 )
+from tests.helpers.kill import window
 
 pytestmark = pytest.mark.chaos
 

@@ -11,16 +11,15 @@ stopped at the end, even on failure.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers.chaos import write_days
+from tests.helpers.procs import PrefectServer, processes, start
 
 pytestmark = pytest.mark.slow
 
@@ -28,58 +27,8 @@ BIN = Path(sys.executable).parent
 DAYS = ["2026-04-01", "2026-04-02", "2026-04-03"]
 
 
-class Procs:
-    """Background processes, each in its own session, all stopped at the end."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in reversed(self.procs):
-            for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):  # a worker ignores the first SIGTERM
-                if p.poll() is not None:
-                    break
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    continue
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"prefect server at {url} not healthy after {timeout}s")
-
-
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _write_days(shared_data: Path, raw: Path) -> None:
-    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)
-    raw.mkdir(parents=True, exist_ok=True)
-    n = len(lines) // 3
-    for i, d in enumerate(DAYS):
-        (raw / f"day_{d}.tsv").write_bytes(b"".join(lines[i * n : (i + 1) * n]))
 
 
 def _record(root: Path, date: str) -> dict | None:
@@ -89,7 +38,7 @@ def _record(root: Path, date: str) -> dict | None:
 
 def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
     root, raw = tmp_path / "root", tmp_path / "raw"
-    _write_days(shared_data, raw)
+    write_days(shared_data / "criteo" / "train_head_10k.tsv", raw, DAYS, bad_lines=b"")
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(yaml.safe_dump({
         "root": str(root),
@@ -101,23 +50,17 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         "optim": {"batch_size": 256, "k_steps": 5},
         "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50},
     }))
-    api = f"http://127.0.0.1:{free_port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "INFO"}
-    env.pop("PREFECT_API_URL", None)
-    procs = Procs(tmp_path)
-    try:
-        server = procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                        "--port", str(free_port)], env)
-        _wait_healthy(api, server)
-        client_env = {**env, "PREFECT_API_URL": api}
+    with processes() as procs:
+        server = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
+        server.start()
+        client_env = {**server.env, "PREFECT_LOGGING_LEVEL": "INFO"}
 
         out = _run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg_file)], client_env)
         assert out.returncode == 0, out.stderr + out.stdout
         assert "deployed daily" in out.stdout and "deployed on-demand" in out.stdout
 
-        procs.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process",
-                               "--type", "process"], client_env)
+        start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
+              tmp_path / "worker.log", env=client_env)
 
         run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/on-demand", "--param",
                     f"date={DAYS[0]}", "--watch", "--watch-timeout", "420"], client_env, timeout=480)
@@ -149,6 +92,4 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         assert versions == ["v00001", "v00002", "v00003"]
         lineage = json.loads((root / "models" / "ctr" / "v00003" / "lineage.json").read_text())
         assert lineage["parent_version"] == "v00002"
-    finally:
-        procs.stop_all()
-    assert all(p.poll() is not None for p in procs.procs)
+    assert all(p.poll() is not None for p in procs)
