@@ -3,9 +3,9 @@
 `daily_retrain` is `flows.day.run_day` with each stage run as a Prefect task (retried only where a
 retry can succeed: transient I/O) and warm -> publish inside the model's slot, so two runs never
 train or publish the same model at once: the node's kernel lock (`flows.slot`), behind the Prefect
-server's concurrency slot with a renewed lease when the flow talks to a server (`flows.prefect_slot`).  It returns the day's
-record; a refused publish ends the flow in a `Failed` state named `PublishRefused` (not green,
-visible in the UI) whose data is the record.
+server's concurrency slot with a renewed lease when the flow talks to a server
+(`flows.prefect_slot`).  It returns the day's record; a refused publish ends the flow in a `Failed`
+state named `PublishRefused` (not green, visible in the UI) whose data is the record.
 """
 
 from __future__ import annotations
