@@ -1,15 +1,16 @@
 """The Prefect flows: `daily_retrain` (one date) and `backfill` (a date range).
 
 `daily_retrain` is `flows.day.run_day` with each stage run as a Prefect task (retried only where a
-retry can succeed: transient I/O) and warm -> publish inside the model's Prefect concurrency slot
-(`flows.locks`), so two runs never train or publish the same model at once.  It returns the day's
-record.  A refused publish ends the flow in a `Failed` state named `PublishRefused`, a day stopped by a
-data check in one named `DataCheckFailed` (not green, visible in the UI, alerted on: `flows.alerts`);
-the state's data is the record and its message names the model, the date and the reason.  A run that
-raises fails with `DailyRunError` naming the same.  The model's automations match flow runs by the tag
-`model:<name>`, which a run must carry from its creation (Prefect reads a run's tags once, for its
-first event): the model's deployments carry it, and `ctrpipe run`, `ctrpipe demo` and `backfill`
-start their runs inside `model_tags(cfg)`.
+retry can succeed: transient I/O) and warm -> publish inside the model's slot, so two runs never
+train or publish the same model at once: the node's kernel lock (`flows.slot`), behind the Prefect
+server's concurrency slot with a renewed lease when the flow talks to a server
+(`flows.prefect_slot`).  It returns the day's record.  A refused publish ends the flow in a `Failed`
+state named `PublishRefused`, a day stopped by a data check in one named `DataCheckFailed` (not green,
+visible in the UI, alerted on: `flows.alerts`); the state's data is the record and its message names
+the model, the date and the reason.  A run that raises fails with `DailyRunError` naming the same.
+The model's automations match flow runs by the tag `model:<name>`, which a run must carry from its
+creation (Prefect reads a run's tags once, for its first event): the model's deployments carry it, and
+`ctrpipe run`, `ctrpipe demo` and `backfill` start their runs inside `model_tags(cfg)`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from flows.config import RunConfig, from_dict, with_overrides
 from flows.console import SHOW
 from flows.day import DATA_STAGES, Stage, run_day
 from flows.history import HISTORY_DAYS
-from flows.locks import model_slot
+from flows.prefect_slot import server_configured, server_slot
 from flows.recipes import default
 from flows.record import DayRecord, is_completed, read_record
+from flows.slot import Taken, node_slot
 from flows.state import DayState
 from storage.io import dates
 from storage.io.progress import Bar
@@ -76,8 +78,12 @@ def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> 
     return result
 
 
-def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
-    return model_slot(cfg.model_name, cfg.publish.lock_timeout_s)
+def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
+    """The model's slot for a flow run: the server's and the node's against a Prefect server, else the node's;
+    waiting runs log through the run's logger."""
+    run_id = str(flow_run.id) if flow_run.id else None
+    slot = server_slot if server_configured() else node_slot
+    return slot(cfg.layout(), cfg.publish.lock_timeout_s, log=get_run_logger(), flow_run=run_id)
 
 
 def _config(config: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -9,10 +9,13 @@ A failed data check stops the day before the slot: its record says `check_failed
 so the day runs again once the input is fixed or the check's action is changed).
 
 A date whose record says `completed` is not run again unless `force`; every data stage also skips
-itself when its committed output is already there, so a rerun after a crash resumes at the first
-stage that had not committed.  The runner decides how a stage is called: `call` calls it once and
-logs its summary (tests, benchmarks, scripts); `flows.daily` runs each as a Prefect task with its
-retry policy.  The slot decides how two runs of one model are kept apart (`flows.locks`).
+itself when its committed output is already there, and train and publish reuse the candidate and
+the registry version an interrupted run of the same work committed, so a rerun after a kill
+resumes at the first stage that had not committed and ends with the uninterrupted run's result.
+The runner decides how a stage is called: `call` calls it once and logs its summary (tests,
+benchmarks, scripts); `flows.daily` runs each as a Prefect task with its retry policy.  The slot
+keeps two runs of one model apart: the node's kernel lock by default (`flows.slot`), the Prefect
+server's slot in front of it when the flow talks to a server (`flows.prefect_slot`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -28,9 +31,10 @@ from flows import stages
 from flows.config import RunConfig
 from flows.history import HISTORY_DAYS, write_history_png
 from flows.record import DayRecord, read_record, recent_records, write_record
+from flows.slot import Taken, node_slot
 from flows.state import DayState, read_published
 from pipeline.cluster import dask_client
-from storage.io.dates import validate_date
+from storage.io.dates import shift_date, validate_date
 from storage.io.layout import Layout
 
 log = logging.getLogger("ctrpipe")
@@ -80,11 +84,12 @@ def call(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any:
     return result
 
 
-Slot = Callable[[RunConfig], AbstractContextManager[Any]]
+Slot = Callable[[RunConfig], AbstractContextManager[Taken]]
 
 
-def no_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
-    return nullcontext()
+def local_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
+    """The model's slot on this node (`flows.slot`), waiting runs logging to the `ctrpipe` logger."""
+    return node_slot(cfg.layout(), cfg.publish.lock_timeout_s, log=log)
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class DayRun:
 
 
 def run_day(
-    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = no_slot
+    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = local_slot
 ) -> DayRun:
     """Run every stage of `date` in order and write its record; see the module docstring.
 
@@ -111,6 +116,7 @@ def run_day(
     state = DayState(date=date, layout=layout, force=force)
     seconds: dict[str, float] = {}
     current = ""
+    waited = 0.0
 
     def step(stage: Stage, **kw: Any) -> None:
         nonlocal state, current
@@ -127,20 +133,23 @@ def run_day(
         step(CHECK_STAGE)
         if state.need("checks").report.failed:
             return _finish(layout, check_failed_record(state, seconds))
-        with slot(cfg):
-            state = replace(state, published=read_published(layout))
+        with slot(cfg) as taken:
+            waited = round(taken.waited_s, 3)
+            state = replace(state, published=read_published(layout, date=None if force else date))
             for stage in MODEL_STAGES:
                 step(stage)
     except Exception as exc:
         write_record(layout, DayRecord(date=date, completed=False, status="failed", failed_stage=current,
-                                       reason=f"{type(exc).__name__}: {exc}", seconds=seconds))
+                                       reason=f"{type(exc).__name__}: {exc}", seconds=seconds, slot_wait_s=waited))
         raise
-    return _finish(layout, day_record(state, seconds))
+    return _finish(layout, day_record(state, seconds, waited))
 
 
 def _finish(layout: Layout, record: DayRecord) -> DayRun:
+    # the chart first: a run killed between the two is not completed, and its rerun draws it again
+    history = [*recent_records(layout, shift_date(record.date, -1), HISTORY_DAYS - 1), record]
+    write_history_png(layout, record.date, history)
     write_record(layout, record)
-    write_history_png(layout, record.date, recent_records(layout, record.date, HISTORY_DAYS))
     return DayRun(record, ran=True)
 
 
@@ -161,7 +170,7 @@ def check_failed_record(state: DayState, seconds: dict[str, float]) -> DayRecord
                      reason=state.need("checks").report.reason(), seconds=seconds, **_data_fields(state))
 
 
-def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
+def day_record(state: DayState, seconds: dict[str, float], slot_wait_s: float = 0.0) -> DayRecord:
     """The record of a run whose stages all finished."""
     warmed, trained, ev, pub = state.need("warm"), state.need("train"), state.need("evaluation"), state.need("publish")
     return DayRecord(
@@ -171,5 +180,5 @@ def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
         next_day_auc=ev.next_day.auc if ev.next_day else None,
         published=pub.published, model_version=pub.version, latest_version=pub.latest,
         parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(), seconds=seconds,
-        gate=pub.checks, **_data_fields(state),
+        gate=pub.checks, slot_wait_s=slot_wait_s, **_data_fields(state),
     )

@@ -58,6 +58,8 @@ class DayRecord:
     """The day's checked series (`flows.data_checks.data_stats`): what later days compare with."""
     gate: list[dict[str, Any]] = field(default_factory=list)
     """The publish gate's checks: {name, passed, value, threshold, detail} (`flows.gate`)."""
+    slot_wait_s: float = 0.0
+    """Seconds the run waited for the model's train/publish slot (another run of the model held it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)

@@ -13,6 +13,9 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     evaluate candidate and published model on the day    (trainer.evaluate)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
+
+Train and publish are idempotent: the candidate and the registry version carry the run tag
+(date, parent version, train identity), and a rerun finds what a killed run committed under it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from trainer.evaluate import evaluate_model, load_model
 from trainer.group_metrics import GroupAUC
 from trainer.launch import TrainResult, run_training
 from trainer.metrics import EvalMetrics
-from trainer.model_dir import SPARSE, warm_start
+from trainer.model_dir import SPARSE, read_meta, warm_start
 from trainer.recipe import Recipe, derive
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world
@@ -197,12 +200,30 @@ def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
-    """Launch torchrun on the day's train rows, warm-starting from the published model."""
+    """Launch torchrun on the day's train rows, warm-starting from the published model.
+
+    A candidate already committed under the same run tag (a run of the same work, stopped after
+    training) is the result: it is not trained again (unless `force`).
+    """
     spec, recipe = train_spec(cfg, state)
-    result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
-                          spec_copy_url=state.layout.run_train_spec(state.date))
+    result = None if state.force else committed_candidate(spec)
+    if result is None:
+        result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
+                              spec_copy_url=state.layout.run_train_spec(state.date))
     parent = state.published.version if state.published else None
     return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag, recipe)
+
+
+def committed_candidate(spec: TrainSpec) -> TrainResult | None:
+    """The train result of the model committed at `spec.output_url` when its run tag is `spec.run_tag`, else None."""
+    fs, path = fsio.get_fs(spec.output_url, spec.storage_options)
+    manifest = fsio.read_manifest(fs, path)
+    if manifest is None or manifest.get("run_tag") != spec.run_tag:
+        return None
+    meta = read_meta(spec.output_url, spec.storage_options)
+    s = meta.train
+    return TrainResult(spec.output_url, int(s["steps"]), int(s["examples"]), float(s["final_loss"]),
+                       float(s["mean_loss"]), float(s["examples_per_s"]), int(s["world_size"]), 0.0, s, meta)
 
 
 # ---- evaluate ---------------------------------------------------------------------------------
@@ -287,8 +308,13 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
 
 
 def publish(cfg: RunConfig, state: DayState) -> PublishResult:
-    """Register the candidate as a version; move `LATEST` only when the gate passes."""
-    ev, published = state.need("evaluation"), state.published
+    """Register the candidate as a version; move `LATEST` only when the gate passes.
+
+    A version already registered for the candidate's run tag (a run stopped after registering it) is
+    the version: it is reused, and published if the gate passes, so a rerun never adds a second one
+    (unless `force`).
+    """
+    ev, published, trained = state.need("evaluation"), state.published, state.need("train")
     new = Scores(ev.new, ev.new_groups, trained_through=state.date)
     before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
         if ev.published and published else None
@@ -303,10 +329,12 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         "gate": decision.values(),
     }
     registry = ModelRegistry(state.layout)
-    version = registry.add_version(
-        state.need("train").result.model_url, metrics=metrics, lineage=lineage(cfg, state),
-        status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
-    )
+    version = None if state.force else registry.find(trained.run_tag)
+    if version is None:
+        version = registry.add_version(
+            trained.result.model_url, metrics=metrics, lineage=lineage(cfg, state), run_tag=trained.run_tag,
+            status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
+        )
     bundles = None
     if decision.publish:  # bundles first: a version that cannot be served is not published
         bundles = write_bundles(state.layout, version, state.published.version if state.published else None)
