@@ -139,9 +139,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     validate_date(args.date)  # fail before Prefect starts
     cfg = _load(args)
     _prefect_defaults()
-    from flows.daily import daily_retrain, record_of
+    from flows.daily import call_daily_retrain, record_of
 
-    state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
+    state = call_daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
     record = record_of(state, cfg.layout(), args.date)
     if record:
         print(format_table([record]))
@@ -188,11 +188,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
 
-    from flows.daily import daily_retrain, record_of
+    from flows.daily import call_daily_retrain, record_of
 
     records = []
     for date in date_range(DEMO_START, end):
-        state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
+        state = call_daily_retrain(date, config=cfg.to_dict(), return_state=True)
         record = record_of(state, cfg.layout(), date)
         if record:
             records.append(record)

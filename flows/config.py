@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from flows.evaluation import EvaluateConfig
 from flows.gate import PublishConfig
 from pipeline.config import (
     DaskConfig,
@@ -49,6 +50,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     het: HetConfig = field(default_factory=HetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
 
     def __post_init__(self) -> None:

@@ -5,12 +5,18 @@ retry can succeed: transient I/O) and warm -> publish inside the model's Prefect
 (`flows.locks`), so two runs never train or publish the same model at once.  It returns the day's
 record; a refused publish ends the flow in a `Failed` state named `PublishRefused` (not green,
 visible in the UI) whose data is the record.
+
+Callers in this process (the CLI, `backfill`) call it through `call_daily_retrain`, which notes the
+moment of the call, so the day's record counts Prefect's start (creating the flow run, and the
+ephemeral API server for the first flow of a process) in its wall time.  A run a worker started
+from a deployment is timed from the flow's body on.
 """
 
 from __future__ import annotations
 
 import contextvars
 import datetime as _dt
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
@@ -30,6 +36,9 @@ from flows.record import DayRecord, is_completed, read_record
 from flows.state import DayState
 from storage.io import dates
 from storage.io.progress import Bar
+
+_CALLED_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("daily_retrain_called_at", default=None)
+"""`time.perf_counter()` when `call_daily_retrain` called the flow (None: called otherwise)."""
 
 
 class BackfillError(RuntimeError):
@@ -105,10 +114,11 @@ def daily_retrain(
         force: redo the date even if it completed, and recompute its committed stages.
         overrides: dotted keys, e.g. {"optim.k_steps": 20}.
     """
+    called_at = _CALLED_AT.get()
     date = resolve_date(date, _scheduled_time())
     cfg = _config(config, overrides)
     with tags(f"date:{date}", f"model:{cfg.model_name}"):
-        day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot)
+        day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
     record = day.record
     if day.ran:
         _artifact(cfg, record)
@@ -116,6 +126,15 @@ def daily_retrain(
         return Failed(name="PublishRefused", message=f"model {record.model_version} for {date} refused: "
                       f"{record.reason}", data=record.to_dict())
     return record.to_dict()
+
+
+def call_daily_retrain(date: str | None = None, **kw: Any) -> Any:
+    """`daily_retrain(date, **kw)`, its record's wall time counted from this call (Prefect's start included)."""
+    token = _CALLED_AT.set(time.perf_counter())
+    try:
+        return daily_retrain(date, **kw)
+    finally:
+        _CALLED_AT.reset(token)
 
 
 def _artifact(cfg: RunConfig, r: DayRecord) -> None:
@@ -132,6 +151,7 @@ def _artifact(cfg: RunConfig, r: DayRecord) -> None:
         ("next-day AUC of the published model (today's train rows)", f4(r.next_day_auc)),
         ("outcome", f"{r.status}: {r.reason}"),
         ("model version", f"{r.model_version} (LATEST = {r.latest_version})"),
+        ("wall time (of which training)", f"{r.wall_s:.1f} s ({r.seconds.get('train', 0.0):.1f} s)"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     chart = cfg.layout().run_history(r.date)
@@ -189,7 +209,7 @@ def backfill(
                     continue
                 if date in ahead:
                     ahead[date].result()
-                state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
+                state = call_daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
                 record = record_of(state, layout, date)
                 status = record.status if record else "failed"
                 if status == "refused":

@@ -4,6 +4,10 @@
     [model slot]  read LATEST once -> warm -> train -> evaluate -> publish
     -> runs/date=D/metrics.json (the day's record) and history.png
 
+The record's `seconds` hold each stage's wall time and the run's own overheads (`OVERHEADS`: the
+flow's start, the Dask cluster's start and stop, the wait for the model's slot, the chart), each
+timed where it happens, so that they add up to its `wall_s`.
+
 A date whose record says `completed` is not run again unless `force`; every data stage also skips
 itself when its committed output is already there, so a rerun after a crash resumes at the first
 stage that had not committed.  The runner decides how a stage is called: `call` calls it once and
@@ -15,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -26,7 +30,7 @@ from flows.history import HISTORY_DAYS, write_history_png
 from flows.record import DayRecord, read_record, recent_records, write_record
 from flows.state import DayState, read_published
 from pipeline.cluster import dask_client
-from storage.io.dates import validate_date
+from storage.io.dates import shift_date, validate_date
 
 log = logging.getLogger("ctrpipe")
 
@@ -60,6 +64,8 @@ MODEL_STAGES = (
     Stage("publish", stages.publish, retries=0),
 )
 STAGES = DATA_STAGES + MODEL_STAGES
+OVERHEADS = ("prefect_start", "dask_start", "dask_stop", "slot_wait", "slot_release", "history")
+"""The parts of a day's wall time that belong to no stage; `prefect_start` only when a flow called `run_day`."""
 
 
 class Runner(Protocol):
@@ -81,6 +87,31 @@ def no_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
     return nullcontext()
 
 
+class DayClock:
+    """Wall seconds of one run by part, and in all since `called_at` (`time.perf_counter()`; default: now).
+
+    A `called_at` before now (the moment a flow was called) counts the time until the clock
+    starts as `prefect_start`.
+    """
+
+    def __init__(self, called_at: float | None = None) -> None:
+        now = time.perf_counter()
+        self.started = now if called_at is None else called_at
+        self.seconds: dict[str, float] = {} if called_at is None else {"prefect_start": round(now - called_at, 3)}
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time the block as `name` (also when it raises: a failed stage's time is part of the wall)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+
+    def wall(self) -> float:
+        return round(time.perf_counter() - self.started, 3)
+
+
 @dataclass(frozen=True)
 class DayRun:
     record: DayRecord
@@ -89,47 +120,62 @@ class DayRun:
 
 
 def run_day(
-    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = no_slot
+    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = no_slot,
+    called_at: float | None = None,
 ) -> DayRun:
     """Run every stage of `date` in order and write its record; see the module docstring.
+
+    Args:
+        called_at: `time.perf_counter()` when the caller's flow was called (`flows.daily`): the wall
+            time starts there, and the time until this function starts is `seconds.prefect_start`.
 
     Raises:
         whatever a stage raised, after writing a `failed` record naming it.
     """
+    clock = DayClock(called_at)
     layout = cfg.layout()
     validate_date(date)
     if not force and (done := read_record(layout, date)) is not None and done.completed:
         log.info("%s already completed (%s); nothing to do (use force to redo it)", date, done.status)
         return DayRun(done, ran=False)
     state = DayState(date=date, layout=layout, force=force)
-    seconds: dict[str, float] = {}
 
     def step(stage: Stage, **kw: Any) -> None:
         nonlocal state
-        t0 = time.perf_counter()
-        result = runner(stage, cfg, state, **kw)
-        seconds[stage.name] = round(time.perf_counter() - t0, 3)
+        with clock.part(stage.name):
+            result = runner(stage, cfg, state, **kw)
         state = state.with_result(stage.result_field, result)
 
     try:
-        with dask_client(cfg.dask) as client:
+        with ExitStack() as cluster:
+            with clock.part("dask_start"):
+                client = cluster.enter_context(dask_client(cfg.dask))
             for stage in DATA_STAGES:
                 step(stage, client=client)
-        with slot(cfg):
+            with clock.part("dask_stop"):
+                cluster.close()
+        with ExitStack() as held:
+            with clock.part("slot_wait"):
+                held.enter_context(slot(cfg))
             state = replace(state, published=read_published(layout))
             for stage in MODEL_STAGES:
                 step(stage)
+            with clock.part("slot_release"):
+                held.close()
     except Exception as exc:
         write_record(layout, DayRecord(date=date, completed=False, status="failed",
-                                       reason=f"{type(exc).__name__}: {exc}", seconds=seconds))
+                                       reason=f"{type(exc).__name__}: {exc}", seconds=clock.seconds,
+                                       wall_s=clock.wall()))
         raise
-    record = day_record(state, seconds)
+    record = day_record(state, clock.seconds, clock.wall())
+    with clock.part("history"):  # before the record: a run killed between the two is not completed
+        write_history_png(layout, date, [*recent_records(layout, shift_date(date, -1), HISTORY_DAYS - 1), record])
+    record = replace(record, seconds=dict(clock.seconds), wall_s=clock.wall())
     write_record(layout, record)
-    write_history_png(layout, date, recent_records(layout, date, HISTORY_DAYS))
     return DayRun(record, ran=True)
 
 
-def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
+def day_record(state: DayState, seconds: dict[str, float], wall_s: float) -> DayRecord:
     """The record of a run whose stages all finished."""
     ing, voc, enc = state.need("ingest"), state.need("vocab"), state.need("encode")
     warmed, trained, ev, pub = state.need("warm"), state.need("train"), state.need("evaluation"), state.need("publish")
@@ -141,5 +187,6 @@ def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
         rows_read=ing.rows_read, rows_ingested=ing.rows_written, rows_quarantined=ing.rows_quarantined,
         vocab_size=voc.admitted, rows_train=enc.rows_train, rows_eval=enc.rows_eval,
         published=pub.published, model_version=pub.version, latest_version=pub.latest,
-        parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(), seconds=seconds,
+        parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(),
+        evaluate=ev.record(), seconds=dict(seconds), wall_s=wall_s,
     )

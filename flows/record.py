@@ -42,8 +42,13 @@ class DayRecord:
     """The train stage's scalar results (steps, examples, losses, rates, warm start)."""
     warm: dict[str, Any] = field(default_factory=dict)
     """The warm stage's scalar results."""
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    """The evaluate stage's scalar results: rows scored, rows/s, the next-day sample and the AUC's interval."""
     seconds: dict[str, float] = field(default_factory=dict)
-    """Wall seconds per stage."""
+    """Wall seconds of each stage and of the run's overheads (`flows.day.OVERHEADS`), in the order they ran."""
+    wall_s: float = 0.0
+    """Wall seconds of the run from the flow's call (or `run_day`'s start) to the record: the parts of
+    `seconds` add up to it."""
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)

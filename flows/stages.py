@@ -9,7 +9,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     encode   events + vocab -> features/                 (pipeline.encode, on Dask)
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
-    evaluate candidate and published model on the day    (trainer.evaluate)
+    evaluate candidate and published model on the day    (flows.evaluation, trainer.eval_pass)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 from distributed import Client
 
 from flows.config import RunConfig
+from flows.evaluation import Evaluation, evaluate_day
 from flows.gate import gate
 from flows.security import redacted
 from flows.state import DayState
@@ -31,9 +32,7 @@ from storage.io import fsio
 from storage.io.registry import ModelRegistry
 from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
-from trainer.evaluate import evaluate_model, load_model
 from trainer.launch import TrainResult, run_training
-from trainer.metrics import EvalMetrics
 from trainer.model_dir import SPARSE, warm_start
 from trainer.spec import TrainSpec
 
@@ -162,32 +161,11 @@ def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
 
 
 # ---- evaluate ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Evaluation:
-    new: EvalMetrics
-    """The candidate on the day's eval rows."""
-    published: EvalMetrics | None
-    """The published model on the same rows (None before the first publish)."""
-    next_day: EvalMetrics | None
-    """The published model on the day's train rows, which it never saw: what production saw."""
-    published_version: str | None
-
-    def summary(self) -> str:
-        pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
-        return f"evaluate: AUC {self.new.auc:.4f} logloss {self.new.logloss:.4f} on {self.new.rows} rows{pub}"
-
-
 def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
-    """AUC/logloss of the day's candidate and of the published model (loaded once) on the same eval rows."""
-    so, features = cfg.storage_options, state.need("encode").url
-    eval_rows = fsio.join(features, "eval")
-    new = EvalMetrics.of(evaluate_model(state.need("train").result.model_url, eval_rows, so))
-    published = next_day = None
-    if state.published:
-        loaded = load_model(state.published.url, so)
-        published = EvalMetrics.of(evaluate_model(loaded, eval_rows, so))
-        next_day = EvalMetrics.of(evaluate_model(loaded, fsio.join(features, "train"), so))
-    return Evaluation(new, published, next_day, state.published.version if state.published else None)
+    """The candidate and the published model on the day's eval rows, the published one's next-day AUC."""
+    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.need("encode").url,
+                        candidate_url=state.need("train").result.model_url, published=state.published,
+                        storage_options=cfg.storage_options)
 
 
 # ---- publish ----------------------------------------------------------------------------------

@@ -53,13 +53,13 @@ class FrozenEmbeddings:
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of `keys` (N,) as float32 (N, D); unknown keys get `init_rows`."""
         k = np.array(keys.detach().cpu().numpy(), dtype=np.int64)
-        out = init_rows(torch.from_numpy(k), self.dim, self.init_std)  # (N, D)
         if self.keys.size == 0:
-            return out
+            return init_rows(torch.from_numpy(k), self.dim, self.init_std)
         pos = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
-        found = self.keys[pos] == k
-        if found.any():
-            out[torch.from_numpy(np.flatnonzero(found))] = self.emb[torch.from_numpy(pos[found])]
+        out = self.emb.index_select(0, torch.from_numpy(pos))  # (N, D); rows of unknown keys replaced below
+        missing = np.flatnonzero(self.keys[pos] != k)
+        if missing.size:  # initial rows only where needed: they cost more than the gather
+            out[torch.from_numpy(missing)] = init_rows(torch.from_numpy(k[missing]), self.dim, self.init_std)
         return out
 
 
@@ -99,7 +99,7 @@ def load_model(model_url: str, storage_options: dict | None = None) -> LoadedMod
     return LoadedModel(model=model, embeddings=emb_table, schema=schema, meta=meta)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192) -> np.ndarray:
     """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*`, `bag_*` as in the model's schema).
 

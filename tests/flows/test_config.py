@@ -44,6 +44,7 @@ def test_yaml_merges_into_a_recipe(tmp_path):
         ("model_name=../etc", "model_name"),
         ("store.local_dir=s3://bucket/ssd", "store.local_dir"),
         ("trainer.nnodes=2", "trainer.rdzv_endpoint"),
+        ("evaluate.next_day_rows=-5", "evaluate.next_day_rows"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(override, names):
