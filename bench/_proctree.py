@@ -23,10 +23,10 @@ def kind_of(cmdline: str, *, is_root: bool) -> str:
     """The kind of a process of a daily run, from its command line."""
     if is_root:
         return "driver"
+    if "torch.distributed.run" in cmdline or "torchrun" in cmdline:  # before ranks: its argv names trainer.main
+        return "torchrun agent"
     if "trainer.main" in cmdline:
         return "rank"
-    if "torch.distributed.run" in cmdline or "torchrun" in cmdline:
-        return "torchrun agent"
     if "prefect" in cmdline and ("server" in cmdline or "uvicorn" in cmdline):
         return "prefect server"
     if "multiprocessing" in cmdline and ("spawn_main" in cmdline or "forkserver" in cmdline):

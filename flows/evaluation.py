@@ -37,8 +37,9 @@ class EvaluateConfig:
     seed: int = 0
     """Seed of the next-day sample, drawn with the date (numpy `default_rng([seed, YYYYMMDD])`): a
     rerun of a day scores the same rows, each day other ones."""
-    batch_size: int = 8192
-    """Rows per forward pass."""
+    batch_size: int = 2048
+    """Rows per forward pass.  On CPU a few thousand score the most rows per CPU second: with larger
+    batches the attention's activations leave the caches (an accelerator wants far more)."""
     threads: int = 0
     """Scoring threads, one torch thread each; 0 = one per core this process may use."""
 

@@ -101,7 +101,7 @@ def evaluate_together(
     models: Sequence[LoadedModel],
     frames: Iterable[pd.DataFrame],
     *,
-    batch_size: int = 8192,
+    batch_size: int = 2048,
     threads: int = 0,
     bins: int = 10,
 ) -> list[StreamingMetrics]:
