@@ -161,10 +161,11 @@ def summarise(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) 
     if 1_000_000 in shares:
         goals.append(("training share of the day at 1M rows (days 2..)", f"{shares[1_000_000]:.1%}",
                       shares[1_000_000] >= GOAL_TRAIN_SHARE))
-    worst = [(r["part"], r["exponent"]) for r in parts_rows if r.get("exponent") is not None]
+    stages = {s.name for s in STAGES}  # the goal is about stages; the overheads do not grow with rows
+    worst = [(r["part"], r["exponent"]) for r in parts_rows if r["part"] in stages and r.get("exponent") is not None]
     if worst:
         part, e = max(worst, key=lambda x: x[1])
-        goals.append((f"largest growth exponent ({part})", f"{e:.2f}", e <= GOAL_EXPONENT))
+        goals.append((f"largest growth exponent of a stage ({part})", f"{e:.2f}", e <= GOAL_EXPONENT))
     vs = {n: walls[n] / refs[n]["total_s"] for n in refs}
     for n, v in vs.items():
         goals.append((f"our day / bare-minimum reference at {n:,} rows", f"{v:.2f}x", v <= GOAL_VS_REFERENCE))
