@@ -148,7 +148,7 @@ def _artifact(cfg: RunConfig, r: DayRecord) -> None:
         ("train / eval rows", f"{r.rows_train} / {r.rows_eval}"),
         ("AUC / logloss", f"{f4(r.auc)} / {f4(r.logloss)}"),
         ("published model AUC on the same eval rows", f4(r.published_auc)),
-        ("next-day AUC of the published model (today's train rows)", f4(r.next_day_auc)),
+        ("next-day AUC of the published model (a sample of today's train rows)", _next_day(r)),
         ("outcome", f"{r.status}: {r.reason}"),
         ("model version", f"{r.model_version} (LATEST = {r.latest_version})"),
         ("wall time (of which training)", f"{r.wall_s:.1f} s ({r.seconds.get('train', 0.0):.1f} s)"),
@@ -163,6 +163,14 @@ def _artifact(cfg: RunConfig, r: DayRecord) -> None:
         ),
         description=f"Daily retrain {r.date}: {r.status}",
     )
+
+
+def _next_day(r: DayRecord) -> str:
+    nd = r.evaluate.get("next_day")
+    if not nd:
+        return "none"
+    lo, hi = nd["auc_ci95"]
+    return f"{nd['auc']:.4f} [{lo:.4f}, {hi:.4f}] on {nd['rows']} of {nd['of_rows']} rows"
 
 
 def record_of(state: Any, layout: Any, date: str) -> DayRecord | None:
