@@ -10,7 +10,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     checks   the day's statistics vs the window's        (flows.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
-    evaluate candidate and published model on the day    (trainer.evaluate)
+    evaluate candidate and published model on the day    (flows.evaluation, trainer.eval_pass)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
 
@@ -29,6 +29,7 @@ from flows.check_config import overridden
 from flows.checks_chart import write_checks_png
 from flows.config import RunConfig
 from flows.data_checks import CheckReport, data_stats, run_checks
+from flows.evaluation import Evaluation, evaluate_day
 from flows.gate import Scores, gate
 from flows.record import recent_records
 from flows.security import redacted
@@ -43,10 +44,7 @@ from storage.io.dates import shift_date
 from storage.io.registry import ModelRegistry
 from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
-from trainer.evaluate import evaluate_model, load_model
-from trainer.group_metrics import GroupAUC
 from trainer.launch import TrainResult, run_training
-from trainer.metrics import EvalMetrics
 from trainer.model_dir import SPARSE, read_meta, warm_start
 from trainer.recipe import Recipe, derive
 from trainer.spec import TrainSpec
@@ -227,44 +225,14 @@ def committed_candidate(spec: TrainSpec) -> TrainResult | None:
 
 
 # ---- evaluate ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Evaluation:
-    new: EvalMetrics
-    """The candidate on the day's eval rows."""
-    published: EvalMetrics | None
-    """The published model on the same rows (None before the first publish)."""
-    next_day: EvalMetrics | None
-    """The published model on the day's train rows, which it never saw: what production saw."""
-    published_version: str | None
-    new_groups: dict[str, GroupAUC] = field(default_factory=dict)
-    """Per field of `publish.group_fields()`: the candidate's AUC of each value (slices, GAUC)."""
-    published_groups: dict[str, GroupAUC] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
-        return f"evaluate: AUC {self.new.auc:.4f} logloss {self.new.logloss:.4f} on {self.new.rows} rows{pub}"
-
-
 def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
-    """AUC/logloss of the day's candidate and of the published model (loaded once) on the same eval rows."""
-    so, features = cfg.storage_options, state.need("encode").url
-    eval_rows = fsio.join(features, "eval")
+    """The candidate and the published model (loaded once) on the day's eval rows, the published one's
+    next-day AUC, and the per-value AUCs of the gate's slice and GAUC fields (`flows.evaluation`)."""
     fields = get_schema(cfg.input.format).categorical
-    columns = {f"k_{fields.index(name)}": name for name in cfg.publish.group_fields()}
-
-    def run(model: Any) -> tuple[EvalMetrics, dict[str, GroupAUC]]:
-        out = evaluate_model(model, eval_rows, so, groups=tuple(columns))
-        return EvalMetrics.of(out), {columns[c]: g for c, g in out.get("groups", {}).items()}
-
-    new, new_groups = run(state.need("train").result.model_url)
-    published = next_day = None
-    published_groups: dict[str, GroupAUC] = {}
-    if state.published:
-        loaded = load_model(state.published.url, so)
-        published, published_groups = run(loaded)
-        next_day = EvalMetrics.of(evaluate_model(loaded, fsio.join(features, "train"), so))
-    return Evaluation(new, published, next_day, state.published.version if state.published else None,
-                      new_groups, published_groups)
+    groups = {f"k_{fields.index(name)}": name for name in cfg.publish.group_fields()}
+    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.need("encode").url,
+                        candidate_url=state.need("train").result.model_url, published=state.published,
+                        storage_options=cfg.storage_options, groups=groups)
 
 
 # ---- publish ----------------------------------------------------------------------------------

@@ -55,8 +55,8 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         assert "deployed ctr-daily" in out.stdout and "deployed ctr-on-demand" in out.stdout
         assert "process work pool" not in out.stdout + out.stderr  # Prefect's advice to `.serve` instead: not ours
 
-        start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
-              tmp_path / "worker.log", env=client_env)
+        procs.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process",
+                               "--type", "process"], client_env)
 
         run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
                     f"date={DAYS[0]}", "--watch", "--watch-timeout", "420"], client_env, timeout=480)
@@ -88,4 +88,6 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         assert versions == ["v00001", "v00002", "v00003"]
         lineage = json.loads((root / "models" / "ctr" / "v00003" / "lineage.json").read_text())
         assert lineage["parent_version"] == "v00002"
-    assert all(p.poll() is not None for p in procs)
+    finally:
+        procs.stop_all()
+    assert all(p.poll() is not None for p in procs.procs)
