@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 # The exact CPU torch of the dev machines and CI; a GPU host installs over its own torch (README).
 CONSTRAINTS := constraints-cpu.txt
 
-.PHONY: demo test test-fast install install-test bench bench-peers wheelhouse gpu-check clean
+.PHONY: demo test test-fast chaos install install-test bench bench-peers wheelhouse gpu-check clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: install-test
 test-fast: install-test
 	$(PY) -m pytest -q -m "not slow and not distributed"
 
+# Kill whole runs at random moments and check every rerun (tests/chaos; long: about 40 minutes on 2 cores).
+# CHAOS_SEED=<n> replays a run, CHAOS_TRIALS=<n> sets the single-day trials (default 20).
+chaos: install-test
+	$(PY) -m pytest -q -s -m chaos tests/chaos
+
 bench: install-test
 	$(PY) -m bench
 
@@ -53,4 +58,4 @@ gpu-check:
 	bash infra/gpu-check.sh
 
 clean:
-	rm -rf demo-data .pytest_cache
+	rm -rf demo-data .pytest_cache .chaos

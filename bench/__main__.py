@@ -9,8 +9,11 @@ Each benchmark is also a command of its own with full-size defaults:
     python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
     python -m bench.het     [--procs 2,4] [--bounds ...] HET cache: sparse bytes/step, hit rate, AUC per staleness bound
     python -m bench.quality [--quick]                    AUC/logloss vs sklearn LR and DeepCTR DeepFM; ceiling
+    python -m bench.day     [--rows N ...] [--days 3]    the day through `ctrpipe backfill`: per stage, vs a bare script
+    python -m bench.capacity                             a terabyte day on paper, from bench/results/*.json
 
-Results: a table on stdout and bench/results/<name>.json.  Peers (scikit-learn, DeepCTR-Torch,
+Results: a table on stdout and bench/results/<name>.json (bench.day is not in the quick run: it takes
+minutes even at its smallest).  Peers (scikit-learn, DeepCTR-Torch,
 TorchRec) come from `make bench-peers`; a benchmark says so when one is missing.
 """
 

@@ -136,15 +136,17 @@ def _per_field_indices(keys: np.ndarray) -> tuple[np.ndarray, list[int]]:
     return idx, sizes
 
 
-def run_plain(features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int) -> dict[str, Any]:
-    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam."""
+def run_plain(
+    features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int, config: ModelConfig = MODEL
+) -> dict[str, Any]:
+    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel (`config`) + Adam."""
     labels, dense, keys = _load_arrays(features)
     idx, sizes = _per_field_indices(keys)
     torch.manual_seed(0)
     bags = torch.nn.ModuleList(torch.nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in sizes)
     for b in bags:
         torch.nn.init.normal_(b.weight, std=0.01)
-    model = CTRModel(MODEL, num_dense=13, num_fields=26, dim=dim)
+    model = CTRModel(config, num_dense=13, num_fields=26, dim=dim)
     opt_s = torch.optim.SparseAdam(list(bags.parameters()), lr=sparse_lr)
     opt_d = torch.optim.Adam(model.parameters(), lr=lr)
     L, D, I = torch.from_numpy(labels), torch.from_numpy(dense), torch.from_numpy(idx)

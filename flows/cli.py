@@ -327,10 +327,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         cfg = with_overrides(cfg, {"publish.allow_older": True})
     _prefect_defaults()
-    from flows.daily import daily_retrain, model_tags, record_of
+    from flows.daily import call_daily_retrain, model_tags, record_of
 
     with model_tags(cfg):
-        state = daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
+        state = call_daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
     record = record_of(state, cfg.layout(), args.date)
     if state.is_completed() or (record and record.status in ("refused", "check_failed")):
         print(format_table([record]))
@@ -379,12 +379,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
 
-    from flows.daily import daily_retrain, model_tags, record_of
+    from flows.daily import call_daily_retrain, model_tags, record_of
 
     records = []
     for date in date_range(DEMO_START, end):
         with model_tags(cfg):
-            state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
+            state = call_daily_retrain(date, config=cfg.to_dict(), return_state=True)
         record = record_of(state, cfg.layout(), date)
         if not state.is_completed() and not (record and record.status in ("refused", "check_failed")):
             raise _failure(state, date, record)

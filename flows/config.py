@@ -17,6 +17,7 @@ import yaml
 
 from flows.alerts import AlertsConfig
 from flows.check_config import ChecksConfig
+from flows.evaluation import EvaluateConfig
 from flows.gate import PublishConfig
 from pipeline.config import (
     DaskConfig,
@@ -56,6 +57,7 @@ class RunConfig:
     het: HetConfig = field(default_factory=HetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)

@@ -1,19 +1,26 @@
 """The Prefect flows: `daily_retrain` (one date) and `backfill` (a date range).
 
 `daily_retrain` is `flows.day.run_day` with each stage run as a Prefect task (retried only where a
-retry can succeed: transient I/O) and warm -> publish inside the model's Prefect concurrency slot
-(`flows.locks`), so two runs never train or publish the same model at once.  It returns the day's
-record.  A refused publish ends the flow in a `Failed` state named `PublishRefused`, a day stopped by a
-data check in one named `DataCheckFailed` (not green, visible in the UI, alerted on: `flows.alerts`);
-the state's data is the record and its message names the model, the date and the reason.  A run that
-raises fails with `DailyRunError` naming the same.  The model's automations match flow runs by the tag
-`model:<name>`, which a run must carry from its creation (Prefect reads a run's tags once, for its
-first event): the model's deployments carry it, and `ctrpipe run`, `ctrpipe demo` and `backfill`
-start their runs inside `model_tags(cfg)`.
+retry can succeed: transient I/O) and warm -> publish inside the model's slot, so two runs never
+train or publish the same model at once: the node's kernel lock (`flows.slot`), behind the Prefect
+server's concurrency slot with a renewed lease when the flow talks to a server
+(`flows.prefect_slot`).  It returns the day's record.  A refused publish ends the flow in a `Failed`
+state named `PublishRefused`, a day stopped by a data check in one named `DataCheckFailed` (not green,
+visible in the UI, alerted on: `flows.alerts`); the state's data is the record and its message names
+the model, the date and the reason.  A run that raises fails with `DailyRunError` naming the same.
+The model's automations match flow runs by the tag `model:<name>`, which a run must carry from its
+creation (Prefect reads a run's tags once, for its first event): the model's deployments carry it, and
+`ctrpipe run`, `ctrpipe demo` and `backfill` start their runs inside `model_tags(cfg)`.
+
+Callers in this process (the CLI, `backfill`) call it through `call_daily_retrain`, which notes the
+moment of the call, so the day's record counts Prefect's start (creating the flow run, and the
+ephemeral API server for the first flow of a process) in its wall time.  A run a worker started
+from a deployment is timed from the flow's body on.
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime as _dt
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,12 +37,16 @@ from flows.config import RunConfig, from_dict, with_overrides
 from flows.console import SHOW
 from flows.day import DATA_STAGES, Stage, run_day
 from flows.history import HISTORY_DAYS
-from flows.locks import model_slot
+from flows.prefect_slot import server_configured, server_slot
 from flows.recipes import default
 from flows.record import DayRecord, is_completed, read_record
+from flows.slot import Taken, node_slot
 from flows.state import DayState
 from storage.io import dates
 from storage.io.progress import Bar
+
+_CALLED_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("daily_retrain_called_at", default=None)
+"""`time.perf_counter()` when `call_daily_retrain` called the flow (None: called otherwise)."""
 
 
 class BackfillError(RuntimeError):
@@ -76,8 +87,12 @@ def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> 
     return result
 
 
-def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
-    return model_slot(cfg.model_name, cfg.publish.lock_timeout_s)
+def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
+    """The model's slot for a flow run: the server's and the node's against a Prefect server, else the node's;
+    waiting runs log through the run's logger."""
+    run_id = str(flow_run.id) if flow_run.id else None
+    slot = server_slot if server_configured() else node_slot
+    return slot(cfg.layout(), cfg.publish.lock_timeout_s, log=get_run_logger(), flow_run=run_id)
 
 
 def _config(config: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -120,11 +135,12 @@ def daily_retrain(
         force: redo the date even if it completed, and recompute its committed stages.
         overrides: dotted keys, e.g. {"optim.k_steps": 20}.
     """
+    called_at = _CALLED_AT.get()
     date = resolve_date(date, _scheduled_time())
     cfg = _config(config, overrides)
     with tags(f"date:{date}", f"model:{cfg.model_name}"):
         try:
-            day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot)
+            day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
         except Exception as exc:
             raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}") from exc
     record = day.record
@@ -142,6 +158,15 @@ def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
     return tags(f"model:{cfg.model_name}")
 
 
+def call_daily_retrain(date: str | None = None, **kw: Any) -> Any:
+    """`daily_retrain(date, **kw)`, its record's wall time counted from this call (Prefect's start included)."""
+    token = _CALLED_AT.set(time.perf_counter())
+    try:
+        return daily_retrain(date, **kw)
+    finally:
+        _CALLED_AT.reset(token)
+
+
 def _artifact(cfg: RunConfig, r: DayRecord) -> None:
     """A markdown table of the stage results and the 30-day AUC/logloss chart, shown in the Prefect UI."""
     def f4(v: float | None) -> str:
@@ -153,9 +178,10 @@ def _artifact(cfg: RunConfig, r: DayRecord) -> None:
         ("train / eval rows", f"{r.rows_train} / {r.rows_eval}"),
         ("AUC / logloss", f"{f4(r.auc)} / {f4(r.logloss)}"),
         ("published model AUC on the same eval rows", f4(r.published_auc)),
-        ("next-day AUC of the published model (today's train rows)", f4(r.next_day_auc)),
+        ("next-day AUC of the published model (a sample of today's train rows)", _next_day(r)),
         ("outcome", f"{r.status}: {r.reason}"),
         ("model version", f"{r.model_version} (LATEST = {r.latest_version})"),
+        ("wall time (of which training)", f"{r.wall_s:.1f} s ({r.seconds.get('train', 0.0):.1f} s)"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     layout = cfg.layout()
@@ -187,6 +213,14 @@ def checks_markdown(r: DayRecord) -> str:
         lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
                   f"| {c['detail']} |" for c in r.gate]
     return "\n".join(lines)
+
+
+def _next_day(r: DayRecord) -> str:
+    nd = r.evaluate.get("next_day")
+    if not nd:
+        return "none"
+    lo, hi = nd["auc_ci95"]
+    return f"{nd['auc']:.4f} [{lo:.4f}, {hi:.4f}] on {nd['rows']} of {nd['of_rows']} rows"
 
 
 def record_of(state: Any, layout: Any, date: str) -> DayRecord | None:
@@ -237,7 +271,7 @@ def backfill(
                 if date in ahead:
                     ahead[date].result()
                 with model_tags(cfg):
-                    state = daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
+                    state = call_daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
                 record = record_of(state, layout, date)
                 status = record.status if record else "failed"
                 if status == "refused":

@@ -8,19 +8,26 @@
 A failed data check stops the day before the slot: its record says `check_failed` (not completed,
 so the day runs again once the input is fixed or the check's action is changed).
 
+The record's `seconds` hold each stage's wall time and the run's own overheads (`OVERHEADS`: the
+flow's start, the Dask cluster's start and stop, the wait for the model's slot, the chart), each
+timed where it happens, so that they add up to its `wall_s`.
+
 A date whose record says `completed` is not run again unless `force`; every data stage also skips
-itself when its committed output is already there, so a rerun after a crash resumes at the first
-stage that had not committed.  The runner decides how a stage is called: `call` calls it once and
-logs its summary (tests, benchmarks, scripts); `flows.daily` runs each as a Prefect task with its
-retry policy.  The slot decides how two runs of one model are kept apart (`flows.locks`).
+itself when its committed output is already there, and train and publish reuse the candidate and
+the registry version an interrupted run of the same work committed, so a rerun after a kill
+resumes at the first stage that had not committed and ends with the uninterrupted run's result.
+The runner decides how a stage is called: `call` calls it once and logs its summary (tests,
+benchmarks, scripts); `flows.daily` runs each as a Prefect task with its retry policy.  The slot
+keeps two runs of one model apart: the node's kernel lock by default (`flows.slot`), the Prefect
+server's slot in front of it when the flow talks to a server (`flows.prefect_slot`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -28,9 +35,10 @@ from flows import stages
 from flows.config import RunConfig
 from flows.history import HISTORY_DAYS, write_history_png
 from flows.record import DayRecord, read_record, recent_records, write_record
+from flows.slot import Taken, node_slot
 from flows.state import DayState, read_published
 from pipeline.cluster import dask_client
-from storage.io.dates import validate_date
+from storage.io.dates import shift_date, validate_date
 from storage.io.layout import Layout
 
 log = logging.getLogger("ctrpipe")
@@ -66,6 +74,8 @@ MODEL_STAGES = (
     Stage("publish", stages.publish, retries=0),
 )
 STAGES = (*DATA_STAGES, CHECK_STAGE, *MODEL_STAGES)
+OVERHEADS = ("prefect_start", "dask_start", "dask_stop", "slot_wait", "slot_release", "history")
+"""The parts of a day's wall time that belong to no stage; `prefect_start` only when a flow called `run_day`."""
 
 
 class Runner(Protocol):
@@ -80,11 +90,37 @@ def call(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any:
     return result
 
 
-Slot = Callable[[RunConfig], AbstractContextManager[Any]]
+Slot = Callable[[RunConfig], AbstractContextManager[Taken]]
 
 
-def no_slot(cfg: RunConfig) -> AbstractContextManager[Any]:
-    return nullcontext()
+def local_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
+    """The model's slot on this node (`flows.slot`), waiting runs logging to the `ctrpipe` logger."""
+    return node_slot(cfg.layout(), cfg.publish.lock_timeout_s, log=log)
+
+
+class DayClock:
+    """Wall seconds of one run by part, and in all since `called_at` (`time.perf_counter()`; default: now).
+
+    A `called_at` before now (the moment a flow was called) counts the time until the clock
+    starts as `prefect_start`.
+    """
+
+    def __init__(self, called_at: float | None = None) -> None:
+        now = time.perf_counter()
+        self.started = now if called_at is None else called_at
+        self.seconds: dict[str, float] = {} if called_at is None else {"prefect_start": round(now - called_at, 3)}
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time the block as `name` (also when it raises: a failed stage's time is part of the wall)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+
+    def wall(self) -> float:
+        return round(time.perf_counter() - self.started, 3)
 
 
 @dataclass(frozen=True)
@@ -95,13 +131,19 @@ class DayRun:
 
 
 def run_day(
-    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = no_slot
+    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = local_slot,
+    called_at: float | None = None,
 ) -> DayRun:
     """Run every stage of `date` in order and write its record; see the module docstring.
+
+    Args:
+        called_at: `time.perf_counter()` when the caller's flow was called (`flows.daily`): the wall
+            time starts there, and the time until this function starts is `seconds.prefect_start`.
 
     Raises:
         whatever a stage raised, after writing a `failed` record naming it.
     """
+    clock = DayClock(called_at)
     layout = cfg.layout()
     validate_date(date)
     if not force and (done := read_record(layout, date)) is not None and done.completed:
@@ -109,38 +151,50 @@ def run_day(
                  done.model_version or "")
         return DayRun(done, ran=False)
     state = DayState(date=date, layout=layout, force=force)
-    seconds: dict[str, float] = {}
     current = ""
+    waited = 0.0
 
     def step(stage: Stage, **kw: Any) -> None:
         nonlocal state, current
         current = stage.name
-        t0 = time.perf_counter()
-        result = runner(stage, cfg, state, **kw)
-        seconds[stage.name] = round(time.perf_counter() - t0, 3)
+        with clock.part(stage.name):
+            result = runner(stage, cfg, state, **kw)
         state = state.with_result(stage.result_field, result)
 
     try:
-        with dask_client(cfg.dask) as client:
+        with ExitStack() as cluster:
+            with clock.part("dask_start"):
+                client = cluster.enter_context(dask_client(cfg.dask))
             for stage in DATA_STAGES:
                 step(stage, client=client)
+            with clock.part("dask_stop"):
+                cluster.close()
         step(CHECK_STAGE)
         if state.need("checks").report.failed:
-            return _finish(layout, check_failed_record(state, seconds))
-        with slot(cfg):
-            state = replace(state, published=read_published(layout))
+            return _finish(layout, check_failed_record(state, clock.seconds, clock.wall()), clock)
+        with ExitStack() as held:
+            with clock.part("slot_wait"):
+                taken = held.enter_context(slot(cfg))
+            waited = round(taken.waited_s, 3)
+            state = replace(state, published=read_published(layout, date=None if force else date))
             for stage in MODEL_STAGES:
                 step(stage)
+            with clock.part("slot_release"):
+                held.close()
     except Exception as exc:
         write_record(layout, DayRecord(date=date, completed=False, status="failed", failed_stage=current,
-                                       reason=f"{type(exc).__name__}: {exc}", seconds=seconds))
+                                       reason=f"{type(exc).__name__}: {exc}", seconds=clock.seconds,
+                                       wall_s=clock.wall(), slot_wait_s=waited))
         raise
-    return _finish(layout, day_record(state, seconds))
+    return _finish(layout, day_record(state, clock.seconds, clock.wall(), waited), clock)
 
 
-def _finish(layout: Layout, record: DayRecord) -> DayRun:
+def _finish(layout: Layout, record: DayRecord, clock: DayClock) -> DayRun:
+    with clock.part("history"):  # before the record: a run killed between the two is not completed
+        history = [*recent_records(layout, shift_date(record.date, -1), HISTORY_DAYS - 1), record]
+        write_history_png(layout, record.date, history)
+    record = replace(record, seconds=dict(clock.seconds), wall_s=clock.wall())
     write_record(layout, record)
-    write_history_png(layout, record.date, recent_records(layout, record.date, HISTORY_DAYS))
     return DayRun(record, ran=True)
 
 
@@ -155,13 +209,14 @@ def _data_fields(state: DayState) -> dict[str, Any]:
     }
 
 
-def check_failed_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
+def check_failed_record(state: DayState, seconds: dict[str, float], wall_s: float) -> DayRecord:
     """The record of a day a data check stopped before training."""
     return DayRecord(date=state.date, completed=False, status="check_failed",
-                     reason=state.need("checks").report.reason(), seconds=seconds, **_data_fields(state))
+                     reason=state.need("checks").report.reason(), seconds=dict(seconds), wall_s=wall_s,
+                     **_data_fields(state))
 
 
-def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
+def day_record(state: DayState, seconds: dict[str, float], wall_s: float, slot_wait_s: float = 0.0) -> DayRecord:
     """The record of a run whose stages all finished."""
     warmed, trained, ev, pub = state.need("warm"), state.need("train"), state.need("evaluation"), state.need("publish")
     return DayRecord(
@@ -170,6 +225,7 @@ def day_record(state: DayState, seconds: dict[str, float]) -> DayRecord:
         published_auc=ev.published.auc if ev.published else None,
         next_day_auc=ev.next_day.auc if ev.next_day else None,
         published=pub.published, model_version=pub.version, latest_version=pub.latest,
-        parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(), seconds=seconds,
-        gate=pub.checks, **_data_fields(state),
+        parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(),
+        evaluate=ev.record(), seconds=dict(seconds), wall_s=wall_s,
+        gate=pub.checks, slot_wait_s=slot_wait_s, **_data_fields(state),
     )

@@ -61,12 +61,13 @@ def deploy_all(
     from prefect.schedules import Cron
 
     from flows.alerts import AlertsConfig, upsert_automations
-    from flows.locks import ensure_limit
+    from flows.config import from_dict
+    from flows.prefect_slot import ensure_limit
     from storage.io import codec
 
     model = config.get("model_name", "ctr")
     names = deployment_names(model)
-    ensure_limit(model)
+    ensure_limit(from_dict(config).layout())
     daily = flow.from_source(source=str(source), entrypoint=DAILY_ENTRY)
     backfill = flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)
     # ignore_warnings: Prefect's advice to `.serve` instead of a process pool, printed per deployment (`serve` exists)
@@ -102,12 +103,14 @@ def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str
     from prefect import serve
     from prefect.schedules import Cron
 
+    from flows.config import from_dict
     from flows.daily import backfill, daily_retrain
-    from flows.locks import ensure_limit
+    from flows.prefect_slot import ensure_limit, server_configured
 
     model = config.get("model_name", "ctr")
     names = deployment_names(model)
-    ensure_limit(model)
+    if server_configured():
+        ensure_limit(from_dict(config).layout())
     tags = ["ctr-pipeline", f"model:{model}"]
     serve(
         daily_retrain.to_deployment(name=names["daily"], schedules=[Cron(cron, timezone=timezone)],

@@ -1,4 +1,4 @@
-"""The last 30 days at a glance: AUC and logloss by day, as a PNG beside the metrics."""
+"""The last 30 days at a glance: AUC, logloss and wall time by day, as a PNG beside the metrics."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ HISTORY_DAYS = 30
 
 
 def plot_history(records: list[DayRecord]) -> bytes:
-    """PNG bytes of AUC and logloss by date (published days as dots, refused as crosses)."""
+    """PNG bytes of AUC and logloss by date (published days as dots, refused as crosses), and of each
+    day's wall time with its training part."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
-    fig, (ax_auc, ax_loss) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    fig, (ax_auc, ax_loss, ax_wall) = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
     dates = [r.date for r in records]
     for ax, key, label in ((ax_auc, "auc", "AUC"), (ax_loss, "logloss", "logloss")):
         values = [getattr(r, key) for r in records]
@@ -29,8 +30,15 @@ def plot_history(records: list[DayRecord]) -> bytes:
                 ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=status, zorder=3)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+    wall = [r.wall_s / 60 for r in records]
+    ax_wall.bar(dates, wall, color="tab:gray", label="wall")
+    ax_wall.bar(dates, [min(r.seconds.get("train", 0.0) / 60, w) for r, w in zip(records, wall, strict=True)],
+                color="tab:blue", label="train")
+    ax_wall.set_ylabel("minutes")
+    ax_wall.grid(alpha=0.3)
+    ax_wall.legend(loc="upper left", fontsize=8)
     ax_auc.legend(loc="lower right", fontsize=8)
-    ax_loss.tick_params(axis="x", rotation=45, labelsize=7)
+    ax_wall.tick_params(axis="x", rotation=45, labelsize=7)
     fig.suptitle(f"daily retrain: last {len(records)} day(s)")
     return figure_png(fig, dpi=90)
 

@@ -46,8 +46,13 @@ class DayRecord:
     and dropout derived for the day's size and why (`trainer.recipe.Recipe.record`)."""
     warm: dict[str, Any] = field(default_factory=dict)
     """The warm stage's scalar results."""
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    """The evaluate stage's scalar results: rows scored, rows/s, the next-day sample and the AUC's interval."""
     seconds: dict[str, float] = field(default_factory=dict)
-    """Wall seconds per stage."""
+    """Wall seconds of each stage and of the run's overheads (`flows.day.OVERHEADS`), in the order they ran."""
+    wall_s: float = 0.0
+    """Wall seconds of the run from the flow's call (or `run_day`'s start) to the record: the parts of
+    `seconds` add up to it."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     """The data checks: {name, status (pass, warn, fail), value, threshold, detail} (`flows.data_checks`)."""
     checks_note: str = ""
@@ -58,6 +63,8 @@ class DayRecord:
     """The day's checked series (`flows.data_checks.data_stats`): what later days compare with."""
     gate: list[dict[str, Any]] = field(default_factory=list)
     """The publish gate's checks: {name, passed, value, threshold, detail} (`flows.gate`)."""
+    slot_wait_s: float = 0.0
+    """Seconds the run waited for the model's train/publish slot (another run of the model held it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)

@@ -10,9 +10,12 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     checks   the day's statistics vs the window's        (flows.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/date=D/model               (trainer.launch: torchrun)
-    evaluate candidate and published model on the day    (trainer.evaluate)
+    evaluate candidate and published model on the day    (flows.evaluation, trainer.eval_pass)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
+
+Train and publish are idempotent: the candidate and the registry version carry the run tag
+(date, parent version, train identity), and a rerun finds what a killed run committed under it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from flows.check_config import overridden
 from flows.checks_chart import write_checks_png
 from flows.config import RunConfig
 from flows.data_checks import CheckReport, data_stats, run_checks
+from flows.evaluation import Evaluation, evaluate_day
 from flows.gate import Scores, gate
 from flows.record import recent_records
 from flows.security import redacted
@@ -40,11 +44,8 @@ from storage.io.dates import shift_date
 from storage.io.registry import ModelRegistry
 from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
-from trainer.evaluate import evaluate_model, load_model
-from trainer.group_metrics import GroupAUC
 from trainer.launch import TrainResult, run_training
-from trainer.metrics import EvalMetrics
-from trainer.model_dir import SPARSE, warm_start
+from trainer.model_dir import SPARSE, read_meta, warm_start
 from trainer.recipe import Recipe, derive
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world
@@ -197,53 +198,41 @@ def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
-    """Launch torchrun on the day's train rows, warm-starting from the published model."""
+    """Launch torchrun on the day's train rows, warm-starting from the published model.
+
+    A candidate already committed under the same run tag (a run of the same work, stopped after
+    training) is the result: it is not trained again (unless `force`).
+    """
     spec, recipe = train_spec(cfg, state)
-    result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
-                          spec_copy_url=state.layout.run_train_spec(state.date))
+    result = None if state.force else committed_candidate(spec)
+    if result is None:
+        result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
+                              spec_copy_url=state.layout.run_train_spec(state.date))
     parent = state.published.version if state.published else None
     return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag, recipe)
 
 
+def committed_candidate(spec: TrainSpec) -> TrainResult | None:
+    """The train result of the model committed at `spec.output_url` when its run tag is `spec.run_tag`, else None."""
+    fs, path = fsio.get_fs(spec.output_url, spec.storage_options)
+    manifest = fsio.read_manifest(fs, path)
+    if manifest is None or manifest.get("run_tag") != spec.run_tag:
+        return None
+    meta = read_meta(spec.output_url, spec.storage_options)
+    s = meta.train
+    return TrainResult(spec.output_url, int(s["steps"]), int(s["examples"]), float(s["final_loss"]),
+                       float(s["mean_loss"]), float(s["examples_per_s"]), int(s["world_size"]), 0.0, s, meta)
+
+
 # ---- evaluate ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Evaluation:
-    new: EvalMetrics
-    """The candidate on the day's eval rows."""
-    published: EvalMetrics | None
-    """The published model on the same rows (None before the first publish)."""
-    next_day: EvalMetrics | None
-    """The published model on the day's train rows, which it never saw: what production saw."""
-    published_version: str | None
-    new_groups: dict[str, GroupAUC] = field(default_factory=dict)
-    """Per field of `publish.group_fields()`: the candidate's AUC of each value (slices, GAUC)."""
-    published_groups: dict[str, GroupAUC] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
-        return f"evaluate: AUC {self.new.auc:.4f} logloss {self.new.logloss:.4f} on {self.new.rows} rows{pub}"
-
-
 def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
-    """AUC/logloss of the day's candidate and of the published model (loaded once) on the same eval rows."""
-    so, features = cfg.storage_options, state.need("encode").url
-    eval_rows = fsio.join(features, "eval")
+    """The candidate and the published model (loaded once) on the day's eval rows, the published one's
+    next-day AUC, and the per-value AUCs of the gate's slice and GAUC fields (`flows.evaluation`)."""
     fields = get_schema(cfg.input.format).categorical
-    columns = {f"k_{fields.index(name)}": name for name in cfg.publish.group_fields()}
-
-    def run(model: Any) -> tuple[EvalMetrics, dict[str, GroupAUC]]:
-        out = evaluate_model(model, eval_rows, so, groups=tuple(columns))
-        return EvalMetrics.of(out), {columns[c]: g for c, g in out.get("groups", {}).items()}
-
-    new, new_groups = run(state.need("train").result.model_url)
-    published = next_day = None
-    published_groups: dict[str, GroupAUC] = {}
-    if state.published:
-        loaded = load_model(state.published.url, so)
-        published, published_groups = run(loaded)
-        next_day = EvalMetrics.of(evaluate_model(loaded, fsio.join(features, "train"), so))
-    return Evaluation(new, published, next_day, state.published.version if state.published else None,
-                      new_groups, published_groups)
+    groups = {f"k_{fields.index(name)}": name for name in cfg.publish.group_fields()}
+    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.need("encode").url,
+                        candidate_url=state.need("train").result.model_url, published=state.published,
+                        storage_options=cfg.storage_options, groups=groups)
 
 
 # ---- publish ----------------------------------------------------------------------------------
@@ -287,8 +276,13 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
 
 
 def publish(cfg: RunConfig, state: DayState) -> PublishResult:
-    """Register the candidate as a version; move `LATEST` only when the gate passes."""
-    ev, published = state.need("evaluation"), state.published
+    """Register the candidate as a version; move `LATEST` only when the gate passes.
+
+    A version already registered for the candidate's run tag (a run stopped after registering it) is
+    the version: it is reused, and published if the gate passes, so a rerun never adds a second one
+    (unless `force`).
+    """
+    ev, published, trained = state.need("evaluation"), state.published, state.need("train")
     new = Scores(ev.new, ev.new_groups, trained_through=state.date)
     before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
         if ev.published and published else None
@@ -303,10 +297,12 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         "gate": decision.values(),
     }
     registry = ModelRegistry(state.layout)
-    version = registry.add_version(
-        state.need("train").result.model_url, metrics=metrics, lineage=lineage(cfg, state),
-        status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
-    )
+    version = None if state.force else registry.find(trained.run_tag)
+    if version is None:
+        version = registry.add_version(
+            trained.result.model_url, metrics=metrics, lineage=lineage(cfg, state), run_tag=trained.run_tag,
+            status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
+        )
     bundles = None
     if decision.publish:  # bundles first: a version that cannot be served is not published
         bundles = write_bundles(state.layout, version, state.published.version if state.published else None)

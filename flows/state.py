@@ -39,10 +39,20 @@ class Published:
     meta: ModelMeta
 
 
-def read_published(layout: Layout) -> Published | None:
-    """The model `LATEST` names, with its model.json, or None before the first publish."""
+def read_published(layout: Layout, *, date: str | None = None) -> Published | None:
+    """The model `LATEST` names, with its model.json, or None before the first publish.
+
+    With `date`: the model published before `date`'s run.  When `LATEST` names a version trained on
+    `date` itself, a run of that date published it and was stopped before it recorded the day; its
+    rerun must start from the same parent as that run did, so that it gets the same run tag and
+    finds its candidate and its version again (`flows.stages.train`, `flows.stages.publish`).
+    """
     registry = ModelRegistry(layout)
     version = registry.latest()
+    if version is not None and date is not None:
+        lineage = registry.read_json(version, "lineage.json")
+        if lineage["date"] == date:
+            version = lineage["parent_version"]
     if version is None:
         return None
     url = registry.url(version)
@@ -58,7 +68,7 @@ class DayState:
     force: bool = False
     """Recompute committed stages (`--force`)."""
     published: Published | None = None
-    """Read once, inside the model's slot (before warm)."""
+    """Read once, inside the model's slot (before warm): the model published before this date's run."""
     ingest: IngestResult | None = None
     vocab: VocabResult | None = None
     encode: EncodeResult | None = None

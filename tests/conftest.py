@@ -27,6 +27,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The chaos suite (tests/chaos, `make chaos`, long) runs only when a `-m` expression names it."""
+    if "chaos" in (config.getoption("markexpr") or ""):
+        return
+    chaos = [item for item in items if item.get_closest_marker("chaos")]
+    if chaos:
+        config.hook.pytest_deselected(items=chaos)
+        items[:] = [item for item in items if not item.get_closest_marker("chaos")]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_RUN_TMP, ignore_errors=True)
 

@@ -128,6 +128,7 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev)
 
 
+@torch.inference_mode()
 def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192) -> np.ndarray:
     """Click probabilities (N,) float64 of feature rows (columns `d_*`, `k_*`, `bag_*` as in the model's schema).
 

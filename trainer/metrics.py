@@ -157,6 +157,29 @@ class StreamingAUC:
         wins = (self.pos * neg_below).sum(dtype=np.float64) + 0.5 * (self.pos * self.neg).sum(dtype=np.float64)
         return float(wins / (float(P) * float(N)))
 
+    def standard_error(self) -> float:
+        """DeLong's standard error of `result()`, from the same per-score counts.
+
+        Each positive's placement is the share of negatives it outranks (ties 1/2), each negative's
+        the share of positives that outrank it; var = var(positive placements) / P + var(negative
+        placements) / N (DeLong, DeLong & Clarke-Pearson 1988).  Rows with one score share one
+        placement, so the counts suffice and nothing is kept per row.
+
+        Raises:
+            ValueError: fewer than 2 positives or 2 negatives (no variance to estimate).
+        """
+        P, N = int(self.pos.sum()), int(self.neg.sum())
+        if P < 2 or N < 2:
+            raise ValueError(f"the AUC's standard error needs 2 positives and 2 negatives, got {P} and {N}")
+        a = self.result()
+        neg_below = np.cumsum(self.neg) - self.neg
+        pos_above = P - np.cumsum(self.pos)
+        v10 = (neg_below + 0.5 * self.neg) / N  # placement of a positive at each distinct score
+        v01 = (pos_above + 0.5 * self.pos) / P  # placement of a negative at each distinct score
+        s10 = (self.pos * (v10 - a) ** 2).sum() / (P - 1)
+        s01 = (self.neg * (v01 - a) ** 2).sum() / (N - 1)
+        return float(np.sqrt(s10 / P + s01 / N))
+
 
 def reliability_table(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> list[dict[str, float]]:
     """Calibration by equal-width probability bins: count, mean prediction and click rate per bin.

@@ -11,7 +11,7 @@ so a crash at any point leaves the previous committed state readable:
   `<final>/_SUCCESS.json` naming that prefix (`"data": "v-<token>"`) is the
   commit, and the previous prefix is deleted after it (no copy of the data);
 - a single small file (a pointer such as `LATEST`) is written beside its
-  target and renamed over it.
+  target and renamed over it (on an object store: one PUT).
 
 Readers trust a directory only when its `_SUCCESS.json` exists, and find its
 files at `data_dir(final, manifest)` (or `data_url(url)`): `final` itself on a
@@ -248,11 +248,16 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
 
 
 def write_text_atomic(fs: fsspec.AbstractFileSystem, path: str, text: str) -> None:
-    """Replace the file at `path` so readers see the old or the new text, never a partial one."""
+    """Replace the file at `path` so readers see the old or the new text, never a partial one.
+
+    Locally a temporary file renamed over it; on an object store one PUT, which replaces an object
+    atomically (a temporary object and a move would leave the temporary behind when killed between).
+    """
+    if not isinstance(fs, LocalFileSystem):
+        with fs.open(path, "w") as f:
+            f.write(text)
+        return
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
     with fs.open(tmp, "w") as f:
         f.write(text)
-    if isinstance(fs, LocalFileSystem):
-        os.replace(tmp, path)  # atomic on POSIX
-    else:
-        fs.mv(tmp, path)
+    os.replace(tmp, path)  # atomic on POSIX

@@ -13,7 +13,9 @@
     <root>/bundles/<model>/vNNNNN/              the serving bundle of a published version (flows.serving)
     <root>/bundles/<model>/deltas/vNNNNN-from-vMMMMM/  its rows changed since vMMMMM (a delta bundle)
     <root>/bundles/<model>/LATEST               the version whose bundle servers load (moved after the bundle commit)
+    <root>/models/<model>/slot-holder.json      who holds the model's train/publish slot (Prefect server mode)
     <local_dir>/<model>/shard-RRRRR-of-WWWWW/   the SSD tier of rank R (node-local)
+    <local_dir>/<model>/slot.lock               the node's train/publish slot (a kernel file lock; its holder)
     <local_dir>/runs/D/                         the launcher's scratch (train spec) on this node
     <local_dir>/<model>/serving/vNNNNN/         a bundle's rows copied for `score-server --mmap` on this node
 
@@ -79,6 +81,12 @@ def delta_versions(folder_name: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
+def root_digest(root: str) -> str:
+    """12 hex digits naming a storage root (a local one by its absolute path), for names kept outside it."""
+    key = str(fsio.local_path(root).resolve()) if fsio.is_local(root) else root.rstrip("/")
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def default_local_dir(root: str) -> str:
     """Node-local folder of the SSD tier when none is configured.
 
@@ -87,8 +95,7 @@ def default_local_dir(root: str) -> str:
     """
     if fsio.is_local(root):
         return str(fsio.local_path(root).resolve() / "_local")
-    digest = hashlib.sha256(root.encode()).hexdigest()[:12]
-    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ctr-pipeline" / digest)
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ctr-pipeline" / root_digest(root))
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,14 @@ class NodeLayout:
     def serving_cache(self, version: str) -> str:
         """Where `score-server --mmap` copies a remote bundle's rows (memory maps need local files)."""
         return str(Path(self.local_dir) / self.model_name / "serving" / validate_version(version))
+
+    def slot_lock(self) -> str:
+        """The file whose kernel lock is the model's train/publish slot on this node (`flows.slot`).
+
+        Beside the shards it guards: runs that would share them wait for each other, and the default
+        node-local folder is per root, so runs on unrelated roots never do.
+        """
+        return str(Path(self.local_dir) / self.model_name / "slot.lock")
 
 
 @dataclass(frozen=True)
@@ -248,6 +263,10 @@ class Layout:
     def bundle_latest(self) -> str:
         """The version servers load; moved only once its bundle is committed."""
         return fsio.join(self.bundles(), "LATEST")
+
+    def slot_holder(self) -> str:
+        """Who holds the model's Prefect train/publish slot (host, pid, flow run, since): read by waiting runs."""
+        return fsio.join(self.models(), "slot-holder.json")
 
     # ---- this node -------------------------------------------------------------------------------
     @property

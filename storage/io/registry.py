@@ -13,7 +13,8 @@ On an object store a version's files sit under its data prefix
 
 Every candidate that reached the publish gate becomes a version, published or
 refused, so a refusal can be inspected later; only `publish()` moves `LATEST`.
-Version ids are `v<NNNNN>` in creation order.
+Version ids are `v<NNNNN>` in creation order.  A version's manifest names the run
+tag it was trained as (`find`), so a rerun never registers the same result twice.
 
 Retention (`prune`, `RegistryConfig`): the newest `keep_versions` published versions are the
 rollback window; refused ones are kept `keep_refused_days` for inspection.  A version's serving
@@ -24,6 +25,7 @@ stays, so a server holding that base can still follow the chain to `LATEST`.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,9 +245,13 @@ class ModelRegistry:
         lineage: dict[str, Any],
         status: str,
         reason: str = "",
+        run_tag: str | None = None,
     ) -> str:
-        """Copy a committed candidate model directory into a new version (committed atomically)."""
-        cand_fs, cand_path = fsio.get_fs(candidate_url)
+        """Copy a committed candidate model directory into a new version (committed atomically).
+
+        `run_tag` (the trained result's name) goes into the version's manifest, for `find`.
+        """
+        cand_fs, cand_path = fsio.get_fs(candidate_url, self.layout.storage_options)
         if (cand_manifest := fsio.read_manifest(cand_fs, cand_path)) is None:
             raise RegistryError(f"candidate model {candidate_url} is not committed (no _SUCCESS.json)")
         cand_data = fsio.data_dir(cand_path, cand_manifest)
@@ -267,8 +273,17 @@ class ModelRegistry:
             fsio.write_json(
                 self.fs, f"{staging}/status.json", {"status": status, "reason": reason, "created": created}
             )
-            fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created})
+            fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created, "run_tag": run_tag})
         return version
+
+    def find(self, run_tag: str) -> str | None:
+        """The newest version registered for `run_tag`, or None: a rerun of a run stopped after it
+        registered its version reuses that version instead of adding a second one."""
+        for version in reversed(self.versions()):
+            manifest = fsio.read_manifest(self.fs, self.path(version))
+            if manifest is not None and manifest.get("run_tag") == run_tag:
+                return version
+        return None
 
     def publish(self, version: str) -> None:
         """Point `LATEST` at `version` atomically and mark the version published."""
@@ -279,7 +294,7 @@ class ModelRegistry:
         status = fsio.read_json(self.fs, f"{path}/status.json")
         status["status"] = "published"
         status["reason"] = ""
-        fsio.write_json(self.fs, f"{path}/status.json", status)
+        fsio.write_text_atomic(self.fs, f"{path}/status.json", json.dumps(status, indent=2, sort_keys=True))
         fsio.write_text_atomic(self.fs, self.layout.fs(self.layout.latest_pointer())[1], version + "\n")
 
     def rollback(self, version: str) -> None:

@@ -46,6 +46,7 @@ def test_yaml_merges_into_a_recipe(tmp_path):
         ("store.local_dir=s3://bucket/ssd", "store.local_dir"),
         ("trainer.nnodes=2", "trainer.rdzv_endpoint"),
         ("registry.keep_versions=0", "registry.keep_versions"),
+        ("evaluate.next_day_rows=-5", "evaluate.next_day_rows"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(override, names):

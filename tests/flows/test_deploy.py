@@ -24,6 +24,7 @@ from tests.helpers.prefect_server import (
     server_env,
     start_server,
 )
+from tests.helpers.chaos import write_days
 
 pytestmark = pytest.mark.slow
 
@@ -34,14 +35,6 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float = 600) -> subproces
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _write_days(shared_data: Path, raw: Path) -> None:
-    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)
-    raw.mkdir(parents=True, exist_ok=True)
-    n = len(lines) // 3
-    for i, d in enumerate(DAYS):
-        (raw / f"day_{d}.tsv").write_bytes(b"".join(lines[i * n : (i + 1) * n]))
-
-
 def _record(root: Path, date: str) -> dict | None:
     p = root / "runs" / "ctr" / f"date={date}" / "metrics.json"
     return json.loads(p.read_text()) if p.exists() else None
@@ -49,7 +42,7 @@ def _record(root: Path, date: str) -> dict | None:
 
 def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
     root, raw = tmp_path / "root", tmp_path / "raw"
-    _write_days(shared_data, raw)
+    write_days(shared_data / "criteo" / "train_head_10k.tsv", raw, DAYS, bad_lines=b"")
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(yaml.safe_dump(criteo_config(root, raw)))
     procs = Procs(tmp_path)

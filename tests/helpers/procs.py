@@ -1,4 +1,4 @@
-"""Starting and always stopping real server processes (dask scheduler/workers, moto_server) in tests."""
+"""Starting and always stopping real server processes (dask scheduler/workers, moto_server, prefect server) in tests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,3 +81,49 @@ def moto_s3(log_dir: Path, bucket: str = "ctr") -> Iterator[dict]:
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 """Credentials moto accepts (any values); set them before starting a client of `moto_s3`."""
+
+
+PREFECT_SERVER_ENV = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # leases survive a restart of the server (flows.prefect_slot)
+    "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
+}
+
+
+class PrefectServer:
+    """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME; stop it and start it again on its port.
+
+    `env` is the environment of its clients (PREFECT_API_URL set).
+    """
+
+    def __init__(self, procs: list[subprocess.Popen], log_dir: Path, home: Path, port: int | None = None) -> None:
+        self.procs, self.log_dir, self.port = procs, log_dir, port or free_port()
+        self.api = f"http://127.0.0.1:{self.port}/api"
+        base = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        self.server_env = {**base, **PREFECT_SERVER_ENV, "PREFECT_HOME": str(home)}
+        self.env = {**self.server_env, "PREFECT_API_URL": self.api}
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 120) -> None:
+        self.starts += 1
+        self.proc = start(self.procs, [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                                       str(self.port)], self.log_dir / f"prefect-server-{self.starts}.log",
+                          env=self.server_env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited with {self.proc.returncode}; see {self.log_dir}")
+            try:
+                with urllib.request.urlopen(f"{self.api}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"prefect server at {self.api} not healthy after {timeout}s")
+
+    def kill(self) -> None:
+        """SIGKILL the server and everything it started (as a crashed or preempted host would)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)

@@ -12,11 +12,8 @@ import torch
 from torch import nn
 
 from storage.embedding.row_init import init_rows
-from storage.embedding.snapshot import write_snapshot
-from storage.io import fsio
 from tests.helpers.bags import D, V, bag_model, random_bag_batch, reference_emb
-from trainer import model_dir
-from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from tests.helpers.model_dirs import DIM, make_model_dir
 from trainer.data import FeatureSchema
 from trainer.evaluate import (
     FrozenEmbeddings,
@@ -26,34 +23,6 @@ from trainer.evaluate import (
     load_model,
     score,
 )
-from trainer.models.config import ModelConfig
-from trainer.models.ctr_model import CTRModel
-
-CFG = ModelConfig(num_heads=1, mlp_dims=(4,), dropout=0.0)
-DIM = 2
-
-
-def make_model_dir(root: Path) -> tuple[Path, CTRModel, dict[int, torch.Tensor]]:
-    torch.manual_seed(3)
-    model = CTRModel(CFG, num_dense=1, num_fields=2, dim=DIM)
-    fs, staging = fsio.get_fs(str(root / "m.staging-x"))
-    fs.makedirs(staging + "/sparse")
-    rows = {}
-    for rank, keys in enumerate(([10, 12], [11, 13])):
-        k = torch.tensor(keys)
-        emb = torch.randn(len(keys), DIM)
-        rows |= {int(a): e for a, e in zip(k, emb, strict=True)}
-        z = torch.zeros_like(emb)
-        write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, emb, z, z, torch.ones(len(keys), dtype=torch.int64))
-    model_dir.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
-    meta = model_dir.ModelMeta(
-        model_name="ctr", model_config=CFG, dim=DIM, init_std=0.5, num_dense=1, num_fields=2, fields=("a", "b"),
-        dense_columns=("d_0",), key_columns=("k_0", "k_1"), vocab_date=None, run_tag="t", features_url="",
-        init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig(),
-    )
-    model_dir.write_meta(fs, staging, meta)
-    fsio.commit_dir(fs, staging, str(root / "m"), {"ok": True})
-    return root / "m", model, rows
 
 
 def test_load_model_and_score_match_the_model(tmp_path: Path) -> None:

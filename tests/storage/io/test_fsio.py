@@ -234,3 +234,12 @@ def test_uncommitted_staging_is_removed_and_committed_output_kept(tmp_path):
     fsio.remove_stale_staging(fs, final)
     assert fs.cat(f"{final}/a") == b"1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_small_file_is_replaced_whole_and_leaves_no_temporary_behind(fs_root):
+    fs, root = fs_root
+    path = f"{root}/LATEST"
+    fsio.write_text_atomic(fs, path, "v00001\n")
+    fsio.write_text_atomic(fs, path, "v00002\n")
+    assert fs.cat(path) == b"v00002\n"
+    assert listing(fs, root) == ["LATEST"]  # on an object store one PUT: no temporary object to leave behind

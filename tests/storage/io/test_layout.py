@@ -3,7 +3,7 @@
 import pytest
 
 from storage.io import dates
-from storage.io.layout import Layout, NodeLayout, date_of, validate_version
+from storage.io.layout import Layout, NodeLayout, date_of, root_digest, validate_version
 
 
 @pytest.mark.parametrize("bad", ["2026-13-01", "../2026-01-01", "20260101", "2026-01-01/.."])
@@ -30,6 +30,7 @@ def test_every_path_of_a_day_and_a_model_comes_from_the_layout():
     assert layout.run_checks_chart("2026-01-05").endswith("runs/m1/date=2026-01-05/checks.png")
     assert layout.version("v00003") == "s3://bucket/ctr/models/m1/v00003"
     assert layout.latest_pointer() == "s3://bucket/ctr/models/m1/LATEST"
+    assert layout.slot_holder() == "s3://bucket/ctr/models/m1/slot-holder.json"
     assert date_of("s3://bucket/ctr/vocab/date=2026-01-05") == "2026-01-05" and date_of("vocab/x") is None
 
 
@@ -68,3 +69,17 @@ def test_bundle_paths_come_from_the_layout_and_delta_names_parse_back():
     with pytest.raises(ValueError, match="model version"):
         layout.bundle_delta("v00004", "../v1")
     assert Layout("/r", "m1", local_dir="/l").node.serving_cache("v00002") == "/l/m1/serving/v00002"
+
+
+def test_the_slot_lock_sits_beside_the_shards_it_guards(tmp_path):
+    layout = Layout(str(tmp_path / "root"), "m1")
+    assert layout.node.slot_lock() == f"{layout.local_dir}/m1/slot.lock"
+    # per root by default, so runs on unrelated roots never wait for each other
+    assert Layout(str(tmp_path / "a"), "m1").node.slot_lock() != Layout(str(tmp_path / "b"), "m1").node.slot_lock()
+    assert Layout(str(tmp_path / "a"), "m1").node.slot_lock() != Layout(str(tmp_path / "a"), "m2").node.slot_lock()
+
+
+def test_a_root_digest_names_a_local_root_by_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert root_digest("./root") == root_digest(str(tmp_path / "root")) == root_digest(f"{tmp_path}/root/")
+    assert root_digest("s3://b/x") == root_digest("s3://b/x/") != root_digest("s3://b/y")

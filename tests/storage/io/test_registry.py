@@ -10,6 +10,7 @@ import pytest
 from storage.io import fsio
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry, RegistryError
+from tests.helpers.procs import AWS_ENV, moto_s3
 from trainer import model_dir
 
 
@@ -155,3 +156,41 @@ def test_latest_and_previous_name_the_published_versions(tmp_path):
     assert reg.resolve("latest") == v1
     with pytest.raises(ValueError, match="must be latest, previous or look like v00001, got 'newest'"):
         reg.resolve("newest")
+
+
+def test_a_version_is_found_by_the_run_tag_it_was_registered_for(tmp_path):
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    cand = _candidate(tmp_path)
+    assert reg.find("2026-01-01:none:abc") is None
+    v1 = reg.add_version(cand, metrics={}, lineage={}, status="candidate", run_tag="2026-01-01:none:abc")
+    v2 = reg.add_version(cand, metrics={}, lineage={}, status="refused", run_tag="2026-01-02:v00001:def")
+    reg.add_version(cand, metrics={}, lineage={}, status="candidate")  # no tag: never found
+    assert reg.find("2026-01-01:none:abc") == v1 and reg.find("2026-01-02:v00001:def") == v2
+    assert reg.find("2026-01-03:v00001:def") is None
+
+
+def test_publishing_a_version_twice_is_the_same_as_once(tmp_path):
+    reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
+    v1 = reg.add_version(_candidate(tmp_path), metrics={}, lineage={}, status="candidate")
+    reg.publish(v1)
+    reg.publish(v1)  # a rerun of a publish stopped after LATEST moved
+    assert reg.latest() == v1 and reg.info(v1).status == "published" and reg.versions() == [v1]
+    assert sorted(p.name for p in (tmp_path / "root" / "models" / "ctr").iterdir()) == ["LATEST", v1]
+
+
+def test_a_candidate_on_an_object_store_is_read_with_the_roots_storage_options(tmp_path, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("moto") is None:
+        pytest.skip("needs moto: pip install 'moto[server]>=5'")
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    with moto_s3(tmp_path) as options:  # a custom endpoint: only the storage options know it
+        layout = Layout("s3://ctr/root", "ctr", options)
+        fs, final = layout.fs(layout.run_model("2026-01-01"))
+        with fsio.staged(fs, final) as stage:
+            fs.pipe(f"{stage}/{model_dir.MODEL_JSON}", b'{"run_tag": "t"}')
+            fsio.commit_dir(fs, stage, final, {"run_tag": "t"})
+        reg = ModelRegistry(layout)
+        v1 = reg.add_version(layout.run_model("2026-01-01"), metrics={}, lineage={}, status="candidate")
+        assert reg.read_json(v1, model_dir.MODEL_JSON) == {"run_tag": "t"}
