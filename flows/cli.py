@@ -308,7 +308,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _failure(state: Any, date: str, record: Any) -> RunFailed:
     """The error of a failed daily run: the stage and its exception (chained, for --verbose)."""
+    from flows.daily import DailyRunError
+
     cause = state.result(raise_on_failure=False)
+    if isinstance(cause, DailyRunError) and (cause.__cause__ or cause.error):
+        cause = cause.__cause__ or cause.error  # the stage's own error: this message names the date
     where = f" in {record.failed_stage}" if record and record.failed_stage else ""
     text = describe(cause) if isinstance(cause, BaseException) else (state.message or state.name)
     error = RunFailed(f"{date} failed{where}: {text}")

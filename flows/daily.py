@@ -54,7 +54,21 @@ class BackfillError(RuntimeError):
 
 
 class DailyRunError(RuntimeError):
-    """A stage of a daily run raised; the message names the model, the date and the stage's error."""
+    """A stage of a daily run raised; the message names the model, the date and the stage's error.
+
+    The stage's exception is also `error` (an argument, so it survives the pickling of Prefect's
+    result store, which drops `__cause__`): the CLI reports it, having named the date itself.
+    """
+
+    def __init__(self, message: str, error: BaseException | None = None) -> None:
+        super().__init__(message, error)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.args[1] if len(self.args) > 1 else None
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 GUARD_STATES = {"refused": "PublishRefused", "check_failed": "DataCheckFailed"}
@@ -142,7 +156,7 @@ def daily_retrain(
         try:
             day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
         except Exception as exc:
-            raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}") from exc
+            raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}", exc) from exc
     record = day.record
     if day.ran:
         _artifact(cfg, record)

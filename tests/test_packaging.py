@@ -23,6 +23,10 @@ LOWER = "2.4"
 RUNTIME = ("flows", "pipeline", "trainer", "storage")
 ALIASES = {"dist": "torch.distributed", "F": "torch.nn.functional", "nn": "torch.nn"}
 REVIEWED = frozenset({
+    # serving export and evaluate: torch.export (export/load/save/Dim/ExportedProgram) is in 2.4; torch.onnx.export
+    # with dynamo=True needs 2.5, and only the optional `onnx` extra reaches it (trainer/export.py says so)
+    "torch.export", "torch.export.Dim", "torch.export.ExportedProgram", "torch.export.export", "torch.export.load",
+    "torch.export.save", "torch.get_num_threads", "torch.inference_mode", "torch.onnx.export", "torch.rand",
     "torch.Tensor", "torch.amp.GradScaler", "torch.arange", "torch.are_deterministic_algorithms_enabled",
     "torch.argsort", "torch.autocast", "torch.bfloat16", "torch.bincount", "torch.bitwise_right_shift",
     "torch.bool", "torch.bucketize", "torch.cat", "torch.cuda.Event", "torch.cuda.Stream",

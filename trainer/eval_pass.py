@@ -166,6 +166,10 @@ class Scored:
         return self.metrics.result()
 
     @property
+    def rows(self) -> int:
+        return self.metrics.rows
+
+    @property
     def auc(self) -> StreamingAUC:
         """The exact AUC accumulator (`.standard_error()`)."""
         return self.metrics.auc

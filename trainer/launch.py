@@ -38,6 +38,7 @@ from typing import Any
 
 from storage.io import fsio
 from storage.io.progress import Bar
+from trainer.lifetime import die_with_parent
 from trainer import model_dir
 from trainer.config import TrainerConfig
 from trainer.model_dir import ModelMeta
@@ -157,7 +158,7 @@ def _run_streaming(
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     proc = subprocess.Popen(
         cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=die_with_parent(),  # a killed flow takes its job with it
     )
 
     def pump() -> None:

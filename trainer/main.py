@@ -34,6 +34,7 @@ from storage.warm import ensure_warm, load_working_set
 from trainer import checkpoint, model_dir
 from trainer.config import TrainerConfig
 from trainer.distributed.context import DistContext, init_distributed
+from trainer.lifetime import exit_when_orphaned
 from trainer.malloc import tune_malloc
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="train spec JSON written by trainer.launch")
     args = parser.parse_args(argv)
     _setup_logging()
+    exit_when_orphaned()  # a torchrun agent SIGKILLed with its launcher must not leave this rank training
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     spec = TrainSpec.read(args.spec)
     log.info("malloc settings (mallopt param, bytes): %s", tune_malloc() or "glibc defaults")

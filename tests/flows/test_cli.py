@@ -268,9 +268,10 @@ def test_models_list_show_latest_and_rollback_previous(demo_run):
     info = json.loads(ctrpipe("models", "show", "latest", *sets, env=env).stdout)
     assert info["version"] == "v00003" and info["lineage"]["date"] == DEMO_DAYS[2]
     out = ctrpipe("models", "rollback", "previous", *sets, env=env)
-    assert out.returncode == 0 and out.stdout.strip() == "LATEST -> v00002 (was v00003)", out.stdout + out.stderr
+    assert out.returncode == 0 and out.stdout.splitlines() == ["LATEST -> v00002 (was v00003)",
+                                                               "servers -> v00002 (bundles/ctr/LATEST)"], out.stdout
     out = ctrpipe("models", "rollback", "v00003", *sets, env=env)
-    assert out.stdout.strip() == "LATEST -> v00003 (was v00002)"
+    assert out.stdout.splitlines()[0] == "LATEST -> v00003 (was v00002)"
     assert json.loads(ctrpipe("models", "show", "latest", *sets, env=env).stdout)["version"] == "v00003"
 
 

@@ -51,7 +51,7 @@ def _rerun(cfg, root: Path, expected) -> None:
 
 
 def _forget_the_record(root: Path) -> None:
-    (root / "runs" / f"date={DAYS[1]}" / "metrics.json").unlink()
+    (root / "runs" / "ctr" / f"date={DAYS[1]}" / "metrics.json").unlink()
 
 
 def test_killed_after_latest_moved_the_rerun_starts_from_the_same_parent(two_days):

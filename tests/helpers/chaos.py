@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from tests.helpers.kill import STAGES, Run, run, run_and_kill, stage_at_kill
+from tests.helpers.kill import OUTLIVE_S, STAGES, Run, run, run_and_kill, stage_at_kill
 
 DATE = "2026-04-01"
 """The date of the one-day trials (the whole Criteo sample)."""
@@ -32,7 +32,7 @@ class VariantReport:
     matching: int = 0
     longest_wait_s: float = 0.0
     outlived: int = 0
-    """Trials whose kill of the process group left part of the run alive (the torchrun job)."""
+    """Trials whose kill of the process group left part of the run alive after `OUTLIVE_S` (a failure)."""
 
     def add(self, stage: str, matched: bool, waited_s: float, survivors: tuple[str, ...] = ()) -> None:
         self.trials += 1
@@ -176,6 +176,8 @@ def kill_and_rerun(
     stage = stage_at_kill(killed, dates)
     rerun = run(args, ws.env, ws.base / f"{name}-rerun.log", timeout=3 * ref.run.seconds + 120)
     problems = rerun_problems(ref, rerun, layout, dates)
+    if killed.survivors:  # the job must end with its run (trainer.lifetime), not train on beside the rerun
+        problems = [*problems, f"outlived the kill by {OUTLIVE_S:g}s: {', '.join(killed.survivors)}"]
     reports.setdefault(variant, VariantReport()).add(stage, not problems, slot_wait(layout, dates), killed.survivors)
     when = f"{kill_at}s after {after!r}" if after else f"at {kill_at}s"
     print(f"\n{variant}, trial {trial}: killed {when} ({stage}; outlived: {killed.survivors or 'nothing'}), "

@@ -85,15 +85,21 @@ def run_and_kill(args: list[str], env: dict[str, str], log: Path, *, after_s: fl
         return Run(None, time.monotonic() - t0, log, started, kill_tree(proc))
 
 
+OUTLIVE_S = 15.0
+"""How long the rest of a killed run's tree may take to stop on its own before it counts as outliving it."""
+
+
 def kill_tree(proc: subprocess.Popen) -> tuple[str, ...]:
-    """SIGKILL `proc`'s process group, then whatever of its process tree outlived it; returns what did."""
+    """SIGKILL `proc`'s process group, then whatever of its process tree outlived it by OUTLIVE_S; returns
+    what did."""
     try:
         tree = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         tree = []
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    time.sleep(0.2)
+    # the job outside the group stops by itself (trainer.lifetime): give it OUTLIVE_S before it counts
+    psutil.wait_procs(tree, timeout=OUTLIVE_S)
     alive = [p for p in tree if _alive(p)]
     names = tuple(_command(p) for p in alive)
     for p in alive:

@@ -1,0 +1,67 @@
+"""A training job ends with the process that started it.
+
+torchrun and its ranks run in sessions of their own (the launcher kills the whole job by its group on
+a timeout), so a SIGKILL of the `ctrpipe` process group, an OOM kill or a lost node's supervisor would
+leave them training: writing checkpoints and perhaps committing a candidate while the rerun trains the
+same day.  Two guards, both Linux-only (elsewhere they do nothing):
+
+- `die_with_parent` (a `preexec_fn` for torchrun): the kernel sends torchrun SIGTERM when the thread
+  that started it dies; torchrun's handler then stops its ranks (SIGTERM, then SIGKILL).
+- `exit_when_orphaned` (in each rank): a daemon thread that ends the rank once its parent (the torchrun
+  agent) is gone, for a torchrun that was itself SIGKILLed and could not stop its ranks.
+
+Every commit of the job is atomic, so a job stopped at any point leaves the last committed state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when the thread that created it exits."""
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `subprocess.Popen(preexec_fn=...)` that makes the child get `sig` when this process dies.
+
+    Returns None where prctl is not available (not Linux).  The libc function is looked up here, in
+    the parent, so the child only calls it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the parent died before the call: the kernel will not tell us
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def exit_when_orphaned(*, poll_s: float = 1.0, code: int = 1) -> threading.Thread:
+    """Start a daemon thread that exits this process (`os._exit(code)`) once its parent process is gone.
+
+    A parent that dies reparents its children (to init or a subreaper), so a changed `os.getppid()` is
+    the sign.  Started by each rank right away, it checks every `poll_s` seconds.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        stop = threading.Event()
+        while not stop.wait(poll_s):
+            if os.getppid() != parent:
+                print(f"rank {os.environ.get('RANK', '?')}: the torchrun agent (pid {parent}) is gone; exiting",
+                      file=sys.stderr, flush=True)
+                os._exit(code)
+
+    thread = threading.Thread(target=watch, name="exit-when-orphaned", daemon=True)
+    thread.start()
+    return thread
