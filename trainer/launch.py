@@ -38,9 +38,9 @@ from typing import Any
 
 from storage.io import fsio
 from storage.io.progress import Bar
-from trainer.lifetime import die_with_parent
 from trainer import model_dir
 from trainer.config import TrainerConfig
+from trainer.lifetime import die_with_parent
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.chaos import write_days
 from tests.helpers.prefect_server import (
     BIN,
     Procs,
@@ -24,7 +25,6 @@ from tests.helpers.prefect_server import (
     server_env,
     start_server,
 )
-from tests.helpers.chaos import write_days
 
 pytestmark = pytest.mark.slow
 

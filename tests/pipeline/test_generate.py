@@ -6,7 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.generate import INTERACTION_FIELDS, generate_day, generate_days, planted_interactions
+from pipeline.generate import (
+    INTERACTION_FIELDS,
+    generate_day,
+    generate_days,
+    planted_interactions,
+)
 from pipeline.keys import feature_keys
 from pipeline.parse import read_log_file
 from pipeline.schema import CRITEO
