@@ -23,7 +23,8 @@ from tests.helpers.procs import BIN, REPO
 
 CTRPIPE = str(BIN / "ctrpipe")
 STAGES = ("ingest", "vocab", "encode", "warm", "train", "evaluate", "publish")
-_LOGGED = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+\s*\| (?:Flow|Task) run '[^']*' - (.*)$")
+_LOGGED = re.compile(r"^(\d\d:\d\d:\d\d(?:\.\d{3})?) (?:[A-Z]+ [\w.]+: )?(.*)$")
+"""A line `ctrpipe` logged with CTRPIPE_LOG_LEVEL=info (`flows.console`): `HH:MM:SS LEVEL logger: message`."""
 _SUMMARY = re.compile(r"^(ingest|vocab|encode) (\d{4}-\d\d-\d\d):|^(warm|train|evaluate|publish):")
 
 
@@ -47,7 +48,9 @@ class Run:
 def env_for(prefect_home: Path, **extra: str) -> dict[str, str]:
     """The environment of a user's shell: one PREFECT_HOME for every run on the machine, no Prefect server."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    # CTRPIPE_LOG_LEVEL=info: Prefect's own lines too ("Beginning flow run"), which tell startup from the stages
     return {**env, "PREFECT_HOME": str(prefect_home), "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
+            "CTRPIPE_LOG_LEVEL": "info",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
 
 
