@@ -26,7 +26,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _deployment_run(env: dict, log: Path) -> str:
-    out = subprocess.run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/on-demand", "--param",
+    out = subprocess.run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
                           f"date={DATE}"], env=env, capture_output=True, text=True, timeout=120)
     log.write_text(out.stdout + out.stderr)
     m = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
@@ -57,7 +57,7 @@ def test_a_server_restart_mid_run_needs_no_cleanup(single_day, reports):
     with processes() as procs:
         server = PrefectServer(procs, ws.base, ws.base / "prefect-server-home")
         server.start()
-        out = subprocess.run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg)],
+        out = subprocess.run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg), "--no-alerts"],
                              env=server.env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
