@@ -45,6 +45,20 @@ def test_models_scored_together_get_the_metrics_each_gets_alone(tmp_path: Path, 
     assert together[0].result()["auc"] != together[1].result()["auc"]  # two models, two results
 
 
+def test_the_gates_per_value_aucs_scored_together_equal_those_of_each_model_alone(tmp_path: Path, day: Path) -> None:
+    models = [load_model(str(make_model_dir(tmp_path, name, seed=seed)[0])) for name, seed in (("a", 3), ("b", 4))]
+    together = evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)), threads=2,
+                                 batch_size=16, groups=("k_0",))
+    for m, got in zip(models, together, strict=True):
+        alone = evaluate_model(m, str(day / "eval"), groups=("k_0",))["groups"]["k_0"]
+        g = got.groups["k_0"]
+        assert len(g.values) > 1 and np.isfinite(g.auc).any()  # several values, some with both classes
+        np.testing.assert_array_equal(g.values, alone.values)
+        np.testing.assert_array_equal(g.rows, alone.rows)
+        np.testing.assert_allclose(g.auc, alone.auc, atol=1e-9, equal_nan=True)
+    assert evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)))[0].groups == {}
+
+
 def test_feature_columns_are_the_label_and_each_models_columns_once(tmp_path: Path) -> None:
     models = [load_model(str(make_model_dir(tmp_path, name)[0])) for name in ("a", "b")]
     assert feature_columns(models) == ["label", "d_0", "k_0", "k_1"]
