@@ -236,10 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Run once per node before that node's torchrun (infra/slurm/train.sbatch and infra/k8s/train-job.yaml do).  "
         "torchrun's c10d rendezvous numbers nodes by the sorted order of their --local_addr strings, so pass each "
         "node's address here and to torchrun: the node's ranks follow from it.",
-        ["ctrpipe warm-node --spec s3://ctr/runs/date=2026-03-01/train-spec.json --out /tmp/spec.json "
+        ["ctrpipe warm-node --spec s3://ctr/runs/ctr/date=2026-03-01/train-spec.json --out /tmp/spec.json "
          "--nnodes 2 --my-addr 10.0.0.5 --all-addrs 10.0.0.5,10.0.0.6"],
     )
-    p.add_argument("--spec", required=True, help="train spec JSON (runs/date=D/train-spec.json): a path or fsspec URL")
+    p.add_argument("--spec", required=True, help="train spec JSON (runs/<model>/date=D/train-spec.json): a path or fsspec URL")
     p.add_argument("--out", required=True, help="local path to copy the spec to (what trainer.main reads)")
     p.add_argument("--nnodes", type=int, required=True, help="nodes in the job; must equal the spec's trainer.nnodes")
     p.add_argument("--nproc-per-node", type=int, default=0, help="check against the spec (0: take the spec's)")

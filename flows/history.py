@@ -55,7 +55,7 @@ def figure_png(fig: Any, *, dpi: int) -> bytes:
 
 
 def write_history_png(layout: Layout, date: str, records: list[DayRecord]) -> str:
-    """Write `runs/date=D/history.png`; returns its URL."""
+    """Write `runs/<model>/date=D/history.png`; returns its URL."""
     fs, path = layout.fs(layout.run_history(date))
     with fs.open(path, "wb") as f:
         f.write(plot_history(records))

@@ -1,7 +1,7 @@
 """`ctrpipe warm-node`: prepare one node of a multi-node training job before its torchrun.
 
 The flow's warm stage warms only the shards of the node it runs on, and writes the train spec to
-`runs/date=D/train-spec.json`.  A node that joins a multi-node job needs a local copy of that spec
+`runs/<model>/date=D/train-spec.json`.  A node that joins a multi-node job needs a local copy of that spec
 and its shards warm before its ranks start (each rank would otherwise warm its own shard at
 start-up: `storage.warm.ensure_warm`).  The Slurm script and the Kubernetes Job run this on every
 node, then torchrun.

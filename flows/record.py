@@ -1,4 +1,4 @@
-"""The day's record, `runs/date=D/metrics.json`: what one daily run did, read by the CLI, the
+"""The day's record, `runs/<model>/date=D/metrics.json`: what one daily run did, read by the CLI, the
 backfill, the history chart and the next run (a completed date is not run again)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ STATUSES = ("published", "refused", "check_failed", "failed")
 
 @dataclass(frozen=True, kw_only=True)
 class DayRecord:
-    """`runs/date=D/metrics.json`."""
+    """`runs/<model>/date=D/metrics.json`."""
 
     date: str
     completed: bool

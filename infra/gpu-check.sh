@@ -73,7 +73,7 @@ cli_day() {  # DEVICE BACKEND
         --set "trainer.backend=$2" --set trainer.checkpoint_every=0 --set trainer.log_every=25 \
         > "$OUT/cli-$1.log" 2>&1
     echo "ctrpipe run on $1: rc=$?"
-    "$VPY" - "$WORK/root-$1/runs/date=$DATE" <<'PY'
+    "$VPY" - "$WORK/root-$1/runs/ctr/date=$DATE" <<'PY'
 import json, sys
 try:
     m = json.load(open(f"{sys.argv[1]}/metrics.json")); t = json.load(open(f"{sys.argv[1]}/model/model.json"))["train"]
@@ -90,7 +90,7 @@ if (( $(left) > 100 )); then
     (( $(left) > 60 )) && cli_day cpu gloo
 fi
 
-SPEC="$WORK/root-cuda/runs/date=$DATE/train-spec.json"
+SPEC="$WORK/root-cuda/runs/ctr/date=$DATE/train-spec.json"
 if [[ -f "$SPEC" ]] && (( $(left) > 40 )); then
     say "5. trainer variants from $SPEC"
     "$VPY" - "$SPEC" "$WORK" > "$OUT/variants.log" 2>&1 <<'PY'

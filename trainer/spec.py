@@ -28,7 +28,7 @@ class TrainSpec:
     features_url: str
     """The day's committed features directory (holding `train/` and `_SUCCESS.json`)."""
     output_url: str
-    """The model directory to commit (e.g. `<root>/runs/date=D/model`)."""
+    """The model directory to commit (e.g. `<root>/runs/<model>/date=D/model`)."""
     init_model_url: str | None
     """A previous model directory to warm-start the dense parameters and Adam state from, or None."""
     local_dir: str
