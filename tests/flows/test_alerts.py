@@ -26,14 +26,8 @@ from flows.alerts import (
     failed_run_automation,
     missing_run_automation,
 )
-from tests.helpers.prefect_server import (
-    BIN,
-    Procs,
-    criteo_config,
-    server_env,
-    start_server,
-    webhook_receiver,
-)
+from tests.helpers.prefect_server import criteo_config, webhook_receiver
+from tests.helpers.procs import BIN, PrefectServer, processes
 
 DATE = "2026-04-01"
 
@@ -90,46 +84,44 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
     (raw / f"day_{DATE}.tsv").write_bytes(b"".join(lines[:3333]))
     a = _config(tmp_path / "a.yaml", root, raw, "alpha")
     b = _config(tmp_path / "b.yaml", root, raw, "beta", vocab={"min_count": 3}, model={"mlp_dims": [16]})
-    procs = Procs(tmp_path)
-    with webhook_receiver() as hook:
-        try:
-            env = {**start_server(procs, server_env(tmp_path), free_port), "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
-            for cfg in (a, b, a):  # the second model, then a redeploy of the first
-                out = _ctrpipe(["deploy", "--config", str(cfg)], env)
-                assert out.returncode == 0, out.stderr + out.stdout
-            server = _api(env, LIST)
-            assert server["deployments"] == {
-                "alpha-daily": ["0 2 * * *"], "alpha-on-demand": [], "alpha-backfill": [],
-                "beta-daily": ["0 2 * * *"], "beta-on-demand": [], "beta-backfill": [],
-            }  # fmt: skip
-            assert server["automations"] == sorted(
-                [failed_run_automation(m) for m in ("alpha", "beta")] + [missing_run_automation(m) for m in ("alpha", "beta")]
-            )  # fmt: skip
+    with webhook_receiver() as hook, processes() as procs:
+        prefect = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
+        prefect.start()
+        env = {**prefect.env, "PREFECT_LOGGING_LEVEL": "INFO", "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
+        for cfg in (a, b, a):  # the second model, then a redeploy of the first
+            out = _ctrpipe(["deploy", "--config", str(cfg)], env)
+            assert out.returncode == 0, out.stderr + out.stdout
+        server = _api(env, LIST)
+        assert server["deployments"] == {
+            "alpha-daily": ["0 2 * * *"], "alpha-on-demand": [], "alpha-backfill": [],
+            "beta-daily": ["0 2 * * *"], "beta-on-demand": [], "beta-backfill": [],
+        }  # fmt: skip
+        assert server["automations"] == sorted(
+            [failed_run_automation(m) for m in ("alpha", "beta")] + [missing_run_automation(m) for m in ("alpha", "beta")]
+        )  # fmt: skip
 
-            # both models run the same date on the same input: events are ingested once
-            assert _ctrpipe(["run", "--date", DATE, "--config", str(a)], env).returncode == 0
-            events = json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
-            out = _ctrpipe(["run", "--date", DATE, "--config", str(b)], env)
-            assert out.returncode == 0, out.stderr
-            assert json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())["run_id"] == events["run_id"]
-            for model in ("alpha", "beta"):
-                record = json.loads((root / "runs" / model / f"date={DATE}" / "metrics.json").read_text())
-                assert record["status"] == "published" and record["model_version"] == "v00001", record
-                assert (root / "models" / model / "LATEST").read_text().strip() == "v00001"
-            assert len(list((root / "vocab").iterdir())) == 2  # the vocab configs differ: one each
-            time.sleep(5)
-            assert hook.bodies == []  # success is silent
+        # both models run the same date on the same input: events are ingested once
+        assert _ctrpipe(["run", "--date", DATE, "--config", str(a)], env).returncode == 0
+        events = json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
+        out = _ctrpipe(["run", "--date", DATE, "--config", str(b)], env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())["run_id"] == events["run_id"]
+        for model in ("alpha", "beta"):
+            record = json.loads((root / "runs" / model / f"date={DATE}" / "metrics.json").read_text())
+            assert record["status"] == "published" and record["model_version"] == "v00001", record
+            assert (root / "models" / model / "LATEST").read_text().strip() == "v00001"
+        assert len(list((root / "vocab").iterdir())) == 2  # the vocab configs differ: one each
+        time.sleep(5)
+        assert hook.bodies == []  # success is silent
 
-            # a refused run and a failed run: one notification each
-            refused = _ctrpipe(["run", "--date", DATE, "--force", "--config", str(a), "--set", "publish.min_auc=0.99"], env)
-            assert refused.returncode == 2, refused.stderr
-            failed = _ctrpipe(["run", "--date", "2026-04-09", "--config", str(a)], env)
-            assert failed.returncode == 1, failed.stderr
-            got = hook.wait_for(2, timeout=90)
-            time.sleep(5)
-            assert len(hook.bodies) == 2, hook.bodies
-        finally:
-            procs.stop_all()
+        # a refused run and a failed run: one notification each
+        refused = _ctrpipe(["run", "--date", DATE, "--force", "--config", str(a), "--set", "publish.min_auc=0.99"], env)
+        assert refused.returncode == 2, refused.stderr
+        failed = _ctrpipe(["run", "--date", "2026-04-09", "--config", str(a)], env)
+        assert failed.returncode == 1, failed.stderr
+        got = hook.wait_for(2, timeout=90)
+        time.sleep(5)
+        assert len(hook.bodies) == 2, hook.bodies
     texts = sorted(b["body"] for b in got)
     assert all("model alpha" in t for t in texts), texts
     refusal = next(t for t in texts if "PublishRefused" in t)

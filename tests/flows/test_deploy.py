@@ -18,13 +18,8 @@ import pytest
 import yaml
 
 from tests.helpers.chaos import write_days
-from tests.helpers.prefect_server import (
-    BIN,
-    Procs,
-    criteo_config,
-    server_env,
-    start_server,
-)
+from tests.helpers.prefect_server import criteo_config
+from tests.helpers.procs import BIN, PrefectServer, processes, start
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +40,10 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
     write_days(shared_data / "criteo" / "train_head_10k.tsv", raw, DAYS, bad_lines=b"")
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(yaml.safe_dump(criteo_config(root, raw)))
-    procs = Procs(tmp_path)
-    try:
-        client_env = start_server(procs, server_env(tmp_path), free_port)
+    with processes() as procs:
+        server = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
+        server.start()
+        client_env = {**server.env, "PREFECT_LOGGING_LEVEL": "INFO"}
 
         out = _run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg_file), "--no-alerts"],
                    client_env)
@@ -55,8 +51,8 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         assert "deployed ctr-daily" in out.stdout and "deployed ctr-on-demand" in out.stdout
         assert "process work pool" not in out.stdout + out.stderr  # Prefect's advice to `.serve` instead: not ours
 
-        procs.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process",
-                               "--type", "process"], client_env)
+        start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
+              tmp_path / "worker.log", env=client_env)
 
         run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
                     f"date={DAYS[0]}", "--watch", "--watch-timeout", "420"], client_env, timeout=480)
@@ -88,6 +84,4 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         assert versions == ["v00001", "v00002", "v00003"]
         lineage = json.loads((root / "models" / "ctr" / "v00003" / "lineage.json").read_text())
         assert lineage["parent_version"] == "v00002"
-    finally:
-        procs.stop_all()
-    assert all(p.poll() is not None for p in procs.procs)
+    assert all(p.poll() is not None for p in procs)

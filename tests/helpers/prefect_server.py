@@ -1,83 +1,15 @@
-"""A real `prefect server start` on 127.0.0.1 and a real HTTP webhook receiver, for orchestration tests.
-
-Every process is started in its own session and stopped at the end, even on failure.
-"""
+"""For the tests against a real Prefect server (`tests.helpers.procs.PrefectServer` starts it): the run
+config of days cut from the Criteo sample, and a real HTTP webhook receiver on 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-BIN = Path(sys.executable).parent
-
-
-class Procs:
-    """Background processes, each in its own session, all stopped at the end."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in reversed(self.procs):
-            for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):  # a worker ignores the first SIGTERM
-                if p.poll() is not None:
-                    break
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    continue
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"prefect server at {url} not healthy after {timeout}s")
-
-
-def server_env(tmp_path: Path) -> dict[str, str]:
-    """The environment of the server and its clients: their own PREFECT_HOME, no analytics."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "INFO"}  # fmt: skip
-    env.pop("PREFECT_API_URL", None)
-    return env
-
-
-def start_server(procs: Procs, env: dict[str, str], port: int) -> dict[str, str]:
-    """Start `prefect server start` on 127.0.0.1:`port`; returns the clients' environment (PREFECT_API_URL)."""
-    api = f"http://127.0.0.1:{port}/api"
-    server = procs.start("server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                    "--port", str(port)], env)  # fmt: skip
-    wait_healthy(api, server)
-    return {**env, "PREFECT_API_URL": api}
 
 
 def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
