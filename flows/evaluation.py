@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from storage.io import fsio
@@ -22,6 +22,7 @@ from trainer.metrics import EvalMetrics
 if TYPE_CHECKING:
     from flows.state import Published
     from trainer.group_metrics import GroupAUC
+    from trainer.paired import Difference
 
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile."""
@@ -94,6 +95,9 @@ class Evaluation:
     new_groups: dict[str, GroupAUC] = field(default_factory=dict)
     """Per field of `publish.group_fields()`: the candidate's AUC of each value (slices, GAUC)."""
     published_groups: dict[str, GroupAUC] = field(default_factory=dict)
+    versus: Difference | None = None
+    """The candidate minus the published model, row by row on the same eval rows, with the standard
+    errors of the differences (the gate's noise level)."""
 
     def summary(self) -> str:
         pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
@@ -110,7 +114,13 @@ class Evaluation:
     def record(self) -> dict[str, Any]:
         """The stage's scalar results for metrics.json: its rate beside the trainer's examples/s."""
         return {"rows_scored": self.rows_scored, "rows_per_s": self.rows_per_s, "seconds": self.seconds,
-                "threads": self.threads, "next_day": self.next_day.record() if self.next_day else None}
+                "threads": self.threads, "next_day": self.next_day.record() if self.next_day else None,
+                "versus_published": _finite(asdict(self.versus)) if self.versus else None}
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """NaN (an undefined standard error) as None: metrics.json stays strict JSON."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
 
 
 def evaluate_day(
@@ -143,7 +153,8 @@ def evaluate_day(
         models.append(load_model(published.url, storage_options))
     eval_rows = read_split(fsio.join(features_url, "eval"), feature_columns(models), storage_options)
     groups = groups or {}
-    on_eval = evaluate_together(models, eval_rows, batch_size=cfg.batch_size, threads=threads, groups=tuple(groups))
+    on_eval = evaluate_together(models, eval_rows, batch_size=cfg.batch_size, threads=threads, groups=tuple(groups),
+                                paired=len(models) > 1)
     by_field = [{groups[c]: g for c, g in scored.groups.items()} for scored in on_eval]
     new = EvalMetrics.of(on_eval[0].result())
     scored = new.rows * len(models)
@@ -158,5 +169,6 @@ def evaluate_day(
     except ValueError:  # a sample with a single positive or negative: AUC defined, its spread not
         se = float("nan")
     next_day = NextDay(EvalMetrics.of(seen.result()), se, sample.of_rows, cfg.seed)
+    versus = on_eval[1].versus_first
     return Evaluation(new, EvalMetrics.of(on_eval[1].result()), next_day, published.version,
-                      scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1])
+                      scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1], versus)

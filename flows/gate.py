@@ -12,6 +12,12 @@ when all pass, and the reason of a refusal names every check that refused.
     dates        not trained on a date older than the one LATEST was trained through (unless allow_older)
     auc_drop     AUC not below the published model's by more than publish.max_auc_drop
     logloss      logloss not above the published model's by more than publish.max_logloss_increase
+
+The last two compare two numbers measured on the same eval rows.  On a small day's few hundred rows
+they differ by 0.02 by chance, which would keep a small model from ever improving; given the paired
+standard errors of the differences (`trainer.paired`), a difference also has to exceed
+publish.noise_sds of them to refuse.  At production eval sizes the standard errors are far below the
+thresholds and change nothing.
     slices       no slice (value of a publish.slice_fields field) with >= min_slice_rows rows dropping
                  more than publish.max_slice_auc_drop
     gauc         with publish.gauc_field: GAUC not below the published model's by more than max_gauc_drop
@@ -25,6 +31,7 @@ from typing import Any
 
 from trainer.group_metrics import GroupAUC
 from trainer.metrics import EvalMetrics
+from trainer.paired import Difference
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,9 +63,13 @@ class PublishConfig:
     """Refuse when the GAUC is below the published model's by more than this."""
     allow_older: bool = False
     """Publish a model trained on a date older than the one LATEST was trained through (`--allow-older`)."""
+    noise_sds: float = 2.0
+    """The auc_drop and logloss checks refuse only a difference that also exceeds this many standard
+    errors of it (paired, on the same eval rows): on a few hundred eval rows two equally good models
+    differ by more than the thresholds by chance.  0 = the thresholds alone."""
 
     def __post_init__(self) -> None:
-        for name in ("max_auc_drop", "max_logloss_increase", "max_slice_auc_drop", "max_gauc_drop"):
+        for name in ("max_auc_drop", "max_logloss_increase", "max_slice_auc_drop", "max_gauc_drop", "noise_sds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"publish.{name} must be >= 0, got {getattr(self, name)}")
         if self.min_eval_rows < 1:
@@ -113,8 +124,12 @@ class GateDecision:
         return [c.to_dict() for c in self.checks]
 
 
-def gate(new: Scores, published: Scores | None, cfg: PublishConfig) -> GateDecision:
-    """Decide whether the candidate may replace the published model; the reason is recorded either way."""
+def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: Difference | None = None) -> GateDecision:
+    """Decide whether the candidate may replace the published model; the reason is recorded either way.
+
+    `versus`: the candidate minus the published model row by row on the same eval rows
+    (`flows.evaluation.Evaluation.versus`); without it the thresholds alone decide.
+    """
     m = new.metrics
     auc, loss = m.auc, m.logloss
     if not (math.isfinite(auc) and math.isfinite(loss)):
@@ -131,13 +146,16 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig) -> GateDecis
         checks.append(_dates(new, published, cfg))
         p = published.metrics
         drop, rise = p.auc - auc, loss - p.logloss
+        auc_noise = _noise(cfg, versus.auc_se if versus else None)
+        loss_noise = _noise(cfg, versus.logloss_se if versus else None)
         checks += [
-            _check("auc_drop", drop <= cfg.max_auc_drop, drop, cfg.max_auc_drop,
+            _check("auc_drop", drop <= max(cfg.max_auc_drop, auc_noise), drop, max(cfg.max_auc_drop, auc_noise),
                       f"AUC {auc:.4f} is {drop:.4f} below the published model's {p.auc:.4f} on the same rows "
-                      f"(publish.max_auc_drop={cfg.max_auc_drop})"),
-            _check("logloss", rise <= cfg.max_logloss_increase, rise, cfg.max_logloss_increase,
+                      f"(publish.max_auc_drop={cfg.max_auc_drop}{_noise_text(cfg, auc_noise)})"),
+            _check("logloss", rise <= max(cfg.max_logloss_increase, loss_noise), rise,
+                      max(cfg.max_logloss_increase, loss_noise),
                       f"logloss {loss:.4f} is {rise:.4f} above the published model's {p.logloss:.4f} "
-                      f"(publish.max_logloss_increase={cfg.max_logloss_increase})"),
+                      f"(publish.max_logloss_increase={cfg.max_logloss_increase}{_noise_text(cfg, loss_noise)})"),
         ]  # fmt: skip
         checks += [_slices(name, new, published, cfg) for name in cfg.slice_fields]
         if cfg.gauc_field:
@@ -148,6 +166,15 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig) -> GateDecis
     if published is None:
         return GateDecision(True, "first model", tuple(checks))
     return GateDecision(True, f"AUC {auc:.4f} vs published {published.metrics.auc:.4f}", tuple(checks))
+
+
+def _noise(cfg: PublishConfig, se: float | None) -> float:
+    """publish.noise_sds standard errors of a difference (0 when unknown or undefined)."""
+    return cfg.noise_sds * se if se is not None and math.isfinite(se) else 0.0
+
+
+def _noise_text(cfg: PublishConfig, noise: float) -> str:
+    return f", {cfg.noise_sds:g} standard errors of the difference on these rows = {noise:.4f}" if noise else ""
 
 
 def _check(name: str, passed: bool, value: Any, threshold: Any, why: str) -> GateCheck:

@@ -28,6 +28,7 @@ from trainer.data import list_parts
 from trainer.evaluate import LoadedModel, score
 from trainer.group_metrics import GroupAUC, group_auc
 from trainer.metrics import StreamingAUC, StreamingMetrics
+from trainer.paired import Difference, PairedDifference
 
 
 def core_count() -> int:
@@ -106,6 +107,7 @@ def evaluate_together(
     threads: int = 0,
     bins: int = 10,
     groups: Sequence[str] = (),
+    paired: bool = False,
 ) -> list[Scored]:
     """The metrics of each of `models` on the same rows, every frame read once for all of them.
 
@@ -116,14 +118,18 @@ def evaluate_together(
             into row slices so that every thread has a job even for one model.
         groups: key columns (each frame must hold them) to compute every value's AUC of
             (`trainer.group_metrics.GroupAUC`: slices and GAUC for the publish gate); kept in memory.
+        paired: also compare the first model with each other one row by row (`trainer.paired`): the
+            standard errors of their AUC and logloss differences, which the publish gate needs.
 
     Returns:
-        one `Scored` per model (`.result()`, `.auc.standard_error()`, `.groups`).
+        one `Scored` per model (`.result()`, `.auc.standard_error()`, `.groups`, and with `paired`
+        `.versus_first` on every model after the first).
     """
     threads = threads or core_count()
     metrics = [StreamingMetrics(bins=bins) for _ in models]
     kept: list[list[np.ndarray]] = [[] for _ in models]
     kept_groups: list[pd.DataFrame] = []
+    pairs = [PairedDifference() for _ in models[1:]] if paired else []
     slices = -(-threads // max(1, len(models)))  # per model and frame
     saved = torch.get_num_threads()
     torch.set_num_threads(1)  # the pool's threads are the parallelism: no intra-op threads on top
@@ -137,21 +143,26 @@ def evaluate_together(
                     for m in models
                 ]
                 labels = frame["label"].to_numpy(np.float64)
+                scores = []
                 for acc, keep, parts in zip(metrics, kept, jobs, strict=True):
                     probs = np.concatenate([j.result() for j in parts]) if parts else labels[:0]
                     acc.update(labels, probs)
+                    scores.append(probs)
                     if groups:
                         keep.append(probs)
+                for pair, probs in zip(pairs, scores[1:]):  # no pairs without `paired`
+                    pair.update(labels, scores[0], probs)
                 if groups:
                     kept_groups.append(frame[["label", *groups]])
     finally:
         torch.set_num_threads(saved)
+    versus = [None] + [p.result() if p.rows else None for p in pairs] if paired else [None] * len(models)
     if not groups or not kept_groups:
-        return [Scored(m, {}) for m in metrics]
+        return [Scored(m, {}, v) for m, v in zip(metrics, versus, strict=True)]
     cols = pd.concat(kept_groups, ignore_index=True)
     y = cols["label"].to_numpy(np.float64)
-    return [Scored(m, {c: group_auc(y, np.concatenate(p), cols[c].to_numpy()) for c in groups})
-            for m, p in zip(metrics, kept, strict=True)]
+    return [Scored(m, {c: group_auc(y, np.concatenate(p), cols[c].to_numpy()) for c in groups}, v)
+            for m, p, v in zip(metrics, kept, versus, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,8 @@ class Scored:
     metrics: StreamingMetrics
     groups: dict[str, GroupAUC]
     """Per requested key column: the AUC of each of its values."""
+    versus_first: Difference | None = None
+    """With `paired`: the first model minus this one on the same rows (None for the first model)."""
 
     def result(self) -> dict:
         return self.metrics.result()

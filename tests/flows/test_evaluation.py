@@ -40,6 +40,7 @@ def test_before_the_first_publish_only_the_candidate_is_scored_on_every_eval_row
     assert ev.new.rows == alone["rows"] == 250 and ev.new.auc == pytest.approx(alone["auc"], abs=1e-9)
     assert ev.published is None and ev.next_day is None and ev.rows_scored == 250
     assert ev.record()["next_day"] is None and ev.record()["rows_per_s"] > 0
+    assert ev.versus is None and ev.record()["versus_published"] is None
 
 
 def test_both_models_are_compared_on_every_eval_row_and_the_next_day_on_a_sample(day: dict) -> None:
@@ -58,6 +59,11 @@ def test_both_models_are_compared_on_every_eval_row_and_the_next_day_on_a_sample
     assert rec["next_day"] == {"auc": nd.auc, "auc_se": nd.auc_se, "auc_ci95": [lo, hi], "rows": 500,
                                "of_rows": 2000, "seed": 0}
     assert "next-day" in ev.summary() and "rows/s" in ev.summary()
+    # the gate's noise level: the candidate minus the published model, row by row on the same rows
+    v = ev.versus
+    assert v.rows == 250 and v.auc == pytest.approx(ev.new.auc - ev.published.auc, abs=1e-9)
+    assert v.logloss == pytest.approx(ev.new.logloss - ev.published.logloss, abs=1e-9)
+    assert rec["versus_published"]["auc_se"] == v.auc_se > 0
 
 
 def test_the_next_day_sample_is_the_same_for_a_rerun_and_another_for_another_day(day: dict) -> None:

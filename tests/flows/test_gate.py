@@ -9,6 +9,7 @@ import pytest
 from flows.gate import PublishConfig, Scores, gate
 from trainer.group_metrics import group_auc
 from trainer.metrics import EvalMetrics
+from trainer.paired import Difference
 
 CFG = PublishConfig(max_auc_drop=0.01, min_eval_rows=100)
 
@@ -120,3 +121,30 @@ def test_bad_publish_values_name_the_key():
         PublishConfig(calibration_range=(1.1, 1.25))
     with pytest.raises(ValueError, match="publish.min_auc"):
         PublishConfig(min_auc=1.5)
+
+
+def test_a_drop_within_the_noise_of_a_small_eval_set_publishes_and_records_the_threshold_used():
+    noisy = Difference(rows=400, logloss=0.016, logloss_se=0.012, auc=-0.02, auc_se=0.015, sampled_rows=400)
+    new, old = s(0.68, loss=0.516, rows=400), s(0.70, date="2026-01-01", loss=0.50, rows=400)
+    assert not gate(new, old, CFG).publish  # the thresholds alone refuse it
+    d = gate(new, old, CFG, versus=noisy)
+    assert d.publish, d.reason
+    checks = {c["name"]: c for c in d.values()}
+    assert checks["auc_drop"]["threshold"] == pytest.approx(0.03)  # 2 x 0.015 > publish.max_auc_drop
+    assert checks["logloss"]["threshold"] == pytest.approx(0.024)
+
+
+def test_a_drop_beyond_the_noise_is_refused_naming_the_noise_level():
+    sure = Difference(rows=10**6, logloss=0.0, logloss_se=0.0005, auc=-0.02, auc_se=0.0008, sampled_rows=10**6)
+    d = gate(s(0.68), s(0.70, date="2026-01-01"), CFG, versus=sure)
+    assert not d.publish and "max_auc_drop=0.01" in d.reason
+    wide = Difference(rows=400, logloss=0.0, logloss_se=0.001, auc=-0.05, auc_se=0.02, sampled_rows=400)
+    d = gate(s(0.65), s(0.70, date="2026-01-01"), CFG, versus=wide)
+    assert not d.publish and "2 standard errors of the difference on these rows = 0.0400" in d.reason
+
+
+def test_noise_sds_zero_keeps_the_thresholds_alone():
+    noisy = Difference(rows=400, logloss=0.0, logloss_se=0.012, auc=-0.02, auc_se=0.015, sampled_rows=400)
+    assert not gate(s(0.68), s(0.70, date="2026-01-01"), PublishConfig(noise_sds=0.0), versus=noisy).publish
+    with pytest.raises(ValueError, match="publish.noise_sds"):
+        PublishConfig(noise_sds=-1.0)

@@ -91,3 +91,18 @@ def test_a_sample_of_zero_or_more_rows_than_the_split_is_every_row(day: Path) ->
         assert sample.rows == sample.of_rows == 1000
     with pytest.raises(ValueError, match="rows must be >= 0"):
         sample_rows(str(day / "train"), ["row"], -1, seed=1)
+
+
+def test_paired_scoring_gives_the_first_model_minus_each_other_one_with_its_standard_errors(
+        tmp_path: Path, day: Path) -> None:
+    models = [load_model(str(make_model_dir(tmp_path, name, seed=seed)[0])) for name, seed in (("a", 3), ("b", 4))]
+    first, second = evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)), threads=2,
+                                      batch_size=16, paired=True)
+    assert first.versus_first is None
+    d = second.versus_first
+    assert d.rows == d.sampled_rows == 161
+    assert d.logloss == pytest.approx(first.result()["logloss"] - second.result()["logloss"], abs=1e-9)
+    assert d.auc == pytest.approx(first.result()["auc"] - second.result()["auc"], abs=1e-9)
+    assert d.auc_se > 0 and d.logloss_se > 0
+    unpaired = evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)))
+    assert [s.versus_first for s in unpaired] == [None, None]
