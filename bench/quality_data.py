@@ -55,6 +55,14 @@ class DayFiles:
     def later_events(self) -> pd.DataFrame:
         return read_log_file(self.later, self.fmt)[0]
 
+    def train_split_events(self, eval_fraction: float) -> pd.DataFrame:
+        """The rows the product trains on: each training day without the last `eval_fraction` of its rows,
+        which the product holds out for its publish gate (`pipeline.encode`'s time-order split)."""
+        from pipeline.encode import eval_size
+
+        days = [read_log_file(self.path(d), self.fmt)[0] for d in self.train_dates]
+        return pd.concat([e.iloc[:len(e) - eval_size(len(e), eval_fraction)] for e in days], ignore_index=True)
+
 
 def _dates(start: str, n: int) -> list[str]:
     return [str(np.datetime64(start) + np.timedelta64(i, "D")) for i in range(n)]

@@ -25,6 +25,15 @@ def test_real_samples_split_in_file_order_into_dated_days(name, shared_data, tmp
         assert days == [[d] for d in (*files.train_dates, files.later_date)]
 
 
+def test_the_train_split_is_each_day_without_the_tenth_the_product_holds_out(shared_data, tmp_path) -> None:
+    files = real_days("criteo", tmp_path, data=shared_data)
+    split = files.train_split_events(0.1)
+    days = [read_log_file(files.path(d), files.fmt)[0] for d in files.train_dates]
+    assert len(split) == 3_600 + 3_600
+    head = pd.concat([d.iloc[:3_600] for d in days], ignore_index=True)
+    np.testing.assert_array_equal(split["label"].to_numpy(), head["label"].to_numpy())
+
+
 def test_synthetic_days_hold_a_fifth_for_the_later_day_with_its_truth(tmp_path) -> None:
     files = synthetic_days(2_000, tmp_path, interactions=2)
     assert files.name == "synthetic-2k" and len(files.truth) == 400 == len(files.later_events())

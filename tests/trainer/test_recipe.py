@@ -78,6 +78,13 @@ def test_explicit_values_are_kept_and_the_rest_follow_from_them(rows: int) -> No
     assert everything.model.dropout == 0.25
 
 
+@pytest.mark.parametrize("epochs", [2, 3, 10, 50])
+def test_the_derived_dropout_of_any_number_of_passes_is_a_valid_one(epochs: int) -> None:
+    r = derive(OptimConfig(epochs=epochs), ModelConfig(), rows=3_600, world_size=1)
+    assert 0 < r.model.dropout <= recipe.MAX_DROPOUT < 1  # 10 passes once asked for dropout 1.35
+    assert r.model.dropout == min(recipe.MAX_DROPOUT, recipe.DROPOUT_PER_EXTRA_EPOCH * (epochs - 1))
+
+
 def test_an_explicit_warm_up_longer_than_the_day_is_cut_to_the_day() -> None:
     r = derive(OptimConfig(warmup_steps=10_000, batch_size=256, epochs=1), ModelConfig(), rows=2_560, world_size=1)
     assert r.optim.warmup_steps == r.steps == 10 and "cut to the day's 10 steps" in r.why["optim.warmup_steps"]
