@@ -10,17 +10,17 @@ when all pass, and the reason of a refusal names every check that refused.
     min_auc      an absolute floor, for the first model too
     calibration  mean prediction / click rate within publish.calibration_range
     dates        not trained on a date older than the one LATEST was trained through (unless allow_older)
-    auc_drop     AUC not below the published model's by more than publish.max_auc_drop
-    logloss      logloss not above the published model's by more than publish.max_logloss_increase
-
-The last two compare two numbers measured on the same eval rows.  On a small day's few hundred rows
-they differ by 0.02 by chance, which would keep a small model from ever improving; given the paired
-standard errors of the differences (`trainer.paired`), a difference also has to exceed
-publish.noise_sds of them to refuse.  At production eval sizes the standard errors are far below the
-thresholds and change nothing.
+    auc_drop     AUC not below the published model's by more than publish.max_auc_drop (and the noise)
+    logloss      logloss not above the published model's by more than publish.max_logloss_increase (and the noise)
     slices       no slice (value of a publish.slice_fields field) with >= min_slice_rows rows dropping
                  more than publish.max_slice_auc_drop
     gauc         with publish.gauc_field: GAUC not below the published model's by more than max_gauc_drop
+
+auc_drop and logloss compare two numbers measured on the same eval rows.  On a small day's few
+hundred rows they differ by 0.02 by chance, which would keep a small model from ever improving;
+given the paired standard errors of the differences (`trainer.paired`), a difference also has to
+exceed publish.noise_sds of them to refuse.  At production eval sizes the standard errors are far
+below the thresholds and change nothing.
 """
 
 from __future__ import annotations

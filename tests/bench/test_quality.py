@@ -12,8 +12,8 @@ from trainer.metrics import auc
 pytestmark = pytest.mark.slow
 
 FLOOR = 0.725
-"""Well above what the defaults gave before they were derived from the day's size (0.7165 on these rows:
-5 steps a day); the derived recipe gives ~0.73-0.74 over seeds (bench.quality)."""
+"""Well above what the defaults gave before they were derived from the day's size (0.704 on these rows:
+5 steps a day); the derived recipe gives 0.730-0.732 over seeds 0-2 (bench.quality, docs/benchmarks.md)."""
 
 
 def test_the_default_config_on_two_small_real_days_beats_the_floor_on_later_rows(shared_data, tmp_path) -> None:
