@@ -2,7 +2,8 @@
 
 - sklearn-lr: scikit-learn LogisticRegression on hashed one-hot `field=value` features (FeatureHasher,
   2^20) plus the log1p dense values; C chosen by blocked K-fold cross-validation over the train rows
-  only (`cv_folds`, log loss), then refit on all of them;
+  only (`cv_folds`, log loss; over the last CV_ROWS of them on a larger day, where 30 fits of every
+  row take hours on 2 cores), then refit on all of them;
 - deepctr-deepfm: DeepCTR-Torch's DeepFM with its default arguments (embedding_dim 4, dnn (256, 128),
   l2_reg_embedding 1e-5, Adam 1e-3, 1 epoch), batch 256; categorical values label-encoded on the train
   rows (unseen -> 0), dense values log1p then min-max scaled on the train rows.
@@ -24,6 +25,8 @@ from trainer.metrics import logloss
 LR_CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 """The inverse L2 strengths the logistic regression chooses from."""
 CV_FOLDS = 5
+CV_ROWS = 100_000
+"""Train rows the C is chosen on (the most recent ones); the refit uses every train row."""
 
 
 def cv_folds(train: pd.DataFrame, folds: int = CV_FOLDS) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
@@ -68,19 +71,21 @@ def _lr(C: float):
     return LogisticRegression(C=C, max_iter=2000, solver="liblinear")
 
 
-def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, folds: int = CV_FOLDS) -> tuple[np.ndarray, dict]:
-    """Hashed one-hot logistic regression; returns (probabilities of `later`, {"C": chosen C}).
+def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, folds: int = CV_FOLDS,
+               cv_rows: int = CV_ROWS) -> tuple[np.ndarray, dict]:
+    """Hashed one-hot logistic regression; returns (probabilities of `later`, {"C": chosen C, "cv_rows": n}).
 
     liblinear is deterministic, so one fit serves every seed.
     """
     scores = dict.fromkeys(LR_CS, 0.0)
-    for tr, va in cv_folds(train, folds):
+    tail = train.iloc[-cv_rows:].reset_index(drop=True) if len(train) > cv_rows else train
+    for tr, va in cv_folds(tail, folds):
         Xa, Xb, ya = _hashed(tr, schema), _hashed(va, schema), tr["label"].to_numpy()
         for C in LR_CS:
             scores[C] += logloss(va["label"].to_numpy(), _lr(C).fit(Xa, ya).predict_proba(Xb)[:, 1])
     C = min(scores, key=scores.__getitem__)
     clf = _lr(C).fit(_hashed(train, schema), train["label"].to_numpy())
-    return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C}
+    return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C, "cv_rows": len(tail)}
 
 
 def _deepctr_inputs(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema):
