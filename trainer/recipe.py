@@ -6,10 +6,13 @@ day of a new model, a small traffic segment) at those values is a handful of ste
 network barely leaves its initialisation.  So every `auto` field of `OptimConfig` (and the model's
 dropout) is derived here, in this order, from the rows per rank n = rows // world_size:
 
-- batch_size: the largest power of two in [MIN_BATCH, MAX_BATCH] with which MAX_EPOCHS passes over
-  n rows reach MIN_STEPS steps (MIN_BATCH when none does);
-- epochs: the passes that reach MIN_STEPS, at most MAX_EPOCHS (more passes over the same rows
-  overfit the rows' embeddings faster than they train the network);
+- batch_size: the largest power of two in [MIN_BATCH, MAX_BATCH] with which one pass over n rows
+  is at least BATCH_STEPS steps (MIN_BATCH when none is);
+- epochs: 1 when that pass is at least MIN_STEPS steps, else the passes that reach MIN_STEPS, at
+  most MAX_EPOCHS.  More passes over the same rows overfit them: on the demo's synthetic days one
+  pass of 71 steps beat two and three, and on synthetic days of 36,000 rows one pass of 141 steps
+  beat three (0.748 vs 0.737 on the later day), while on the shared samples' 3,600-row days three
+  passes of 15 steps beat one (Avazu 0.705 vs 0.687; docs/benchmarks.md);
 - lr: BASE_LR * sqrt(LR_REF_STEPS / steps), within [BASE_LR, MAX_LR]: the dense network must
   travel as far in a few hundred steps as in 10^4;
 - sparse_lr: BASE_SPARSE_LR / sqrt(epochs): a row met in every pass takes as large a step in
@@ -38,8 +41,10 @@ from typing import Any
 from trainer.config import AUTO, OptimConfig
 from trainer.models.config import ModelConfig
 
-MIN_STEPS = 300
-"""Optimizer steps a day should reach (through a smaller batch, then more passes)."""
+BATCH_STEPS = 300
+"""Steps one pass should have: the batch shrinks (down to MIN_BATCH) until it does."""
+MIN_STEPS = 50
+"""Optimizer steps a day must reach: a day whose one pass has fewer takes more passes."""
 MIN_BATCH = 256
 MAX_BATCH = 1024
 """The bounds of the derived batch size; MAX_BATCH is a production day's batch."""
@@ -125,10 +130,10 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
         return -(-n // batch)
 
     batch = MIN_BATCH
-    while batch < MAX_BATCH and per_pass(batch * 2) * MAX_EPOCHS >= MIN_STEPS:
+    while batch < MAX_BATCH and per_pass(batch * 2) >= BATCH_STEPS:
         batch *= 2
     batch = pick("batch_size", batch, f"{n:,} rows/rank: the largest batch in [{MIN_BATCH}, {MAX_BATCH}] whose "
-                 f"{MAX_EPOCHS} passes reach {MIN_STEPS} steps (or the smallest)")
+                 f"pass is {BATCH_STEPS} steps (or the smallest)")
     one_pass = per_pass(batch)
     epochs = pick("epochs", min(MAX_EPOCHS, max(1, -(-MIN_STEPS // one_pass))),
                   f"{one_pass} steps a pass: the passes reaching {MIN_STEPS} steps, at most {MAX_EPOCHS}")
