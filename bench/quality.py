@@ -113,7 +113,6 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
             p, info = sklearn_lr(files.train_split_events(RunConfig().encode.eval_fraction), later, _schema(files.fmt))
             key = "sklearn-lr (train split)"
             models[key], seconds[key], raw[key] = [p], time.perf_counter() - t0, info
-        if not synthetic:
             t0 = time.perf_counter()
             models["deepctr-deepfm"] = [deepctr_deepfm(train, later, _schema(files.fmt), seed=s)[0] for s in seeds]
             seconds["deepctr-deepfm"] = (time.perf_counter() - t0) / len(seeds)
