@@ -27,6 +27,19 @@ def local_worker_count(config: DaskConfig) -> int:
     return config.n_workers or max(1, min(os.cpu_count() or 1, MAX_LOCAL_WORKERS))
 
 
+def local_memory_limit(config: DaskConfig) -> str | int:
+    """The per-worker memory limit a LocalCluster is started with: `config.memory_limit`, or 0 (none)
+    for a cluster of threads.
+
+    Dask measures a worker's memory as its process's resident size.  A worker thread shares its
+    process with this run (Prefect, the trainer of earlier days, a test session): once that process
+    passes 80% of the limit, Dask pauses the worker, the only one of a one-worker cluster, and the
+    stage waits forever on tasks nobody runs.  Worker processes measure only themselves, so there
+    the limit holds (and a nanny restarts a worker past 95%).
+    """
+    return config.memory_limit if config.processes else 0
+
+
 def worker_environ() -> dict[str, str]:
     """Dask's pre-spawn environment of worker processes with `WORKER_MALLOC` applied.
 
@@ -98,7 +111,7 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
                 n_workers=local_worker_count(config),
                 threads_per_worker=config.threads_per_worker,
                 processes=config.processes,
-                memory_limit=config.memory_limit,
+                memory_limit=local_memory_limit(config),
                 dashboard_address=":0",  # any free port: never clash with another run on the machine
             )
     finally:

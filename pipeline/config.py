@@ -85,7 +85,8 @@ class DaskConfig:
     """LocalCluster with worker processes (True) or threads in this process (False)."""
     memory_limit: str = "4GiB"
     """Per-worker memory limit of the LocalCluster: a size such as 4GiB or 512MB, or `auto` (the
-    machine's memory shared out among the workers)."""
+    machine's memory shared out among the workers).  Applies to worker processes only: threads
+    would be measured by this whole process (`pipeline.cluster.local_memory_limit`)."""
 
     def __post_init__(self) -> None:
         if self.address and not _SCHEDULER_ADDRESS.match(self.address):
