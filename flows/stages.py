@@ -29,6 +29,7 @@ from flows.check_config import overridden
 from flows.checks_chart import write_checks_png
 from flows.config import RunConfig
 from flows.data_checks import CheckReport, data_stats, run_checks
+from flows.day_recipe import day_recipe
 from flows.evaluation import Evaluation, evaluate_day
 from flows.gate import Scores, gate
 from flows.record import recent_records
@@ -46,7 +47,7 @@ from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
 from trainer.launch import TrainResult, run_training
 from trainer.model_dir import SPARSE, read_meta, warm_start
-from trainer.recipe import Recipe, derive
+from trainer.recipe import Recipe
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world
 
@@ -177,12 +178,13 @@ class TrainOutcome:
 
 def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
     """The day's train spec: the features, the warm plan, the model to start from, the optim values for
-    the day's train rows (`trainer.recipe.derive`), and a run tag naming the trained result (so a rerun
+    the day's train rows (`flows.day_recipe`), and a run tag naming the trained result (so a rerun
     of the same work resumes from its checkpoints)."""
     layout, published, warmed = state.layout, state.published, state.need("warm")
     encoded = state.need("encode")
     world = resolve_world(cfg.trainer)
-    recipe = derive(cfg.optim, cfg.model, rows=encoded.rows_train, world_size=world.world_size)
+    recipe = day_recipe(cfg, rows=encoded.rows_train, features_url=encoded.url, published=published,
+                        world_size=world.world_size)
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
         features_url=encoded.url, output_url=layout.run_model(state.date),

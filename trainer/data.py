@@ -294,6 +294,15 @@ class RankReader:
                         rg_off += n
             offset += rows
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole share at once as (labels, dense, keys), without bags: for a small day's recipe search
+        (`trainer.sparse_lr_search`), not for training."""
+        parts = list(self._chunks())
+        if not parts:
+            raise ValueError(f"no rows in {self.files} for this share")
+        rows = _Rows.concat(parts)
+        return rows.labels, rows.dense, rows.keys
+
     def iter_batches(self, start_batch: int = 0) -> Iterator[Batch]:
         """One pass over the share: `steps_per_epoch` batches, from batch `start_batch` (a resumed run).
 

@@ -16,7 +16,9 @@ dropout) is derived here, in this order, from the rows per rank n = rows // worl
 - lr: BASE_LR * sqrt(LR_REF_STEPS / steps), within [BASE_LR, MAX_LR]: the dense network must
   travel as far in a few hundred steps as in 10^4;
 - sparse_lr: BASE_SPARSE_LR / sqrt(epochs): a row met in every pass takes as large a step in
-  total as in one pass;
+  total as in one pass.  A day of at most 50,000 train rows then has it replaced by the best of a
+  few multiples, cross-validated on its rows (`trainer.sparse_lr_search`, `flows.day_recipe`):
+  the value that suits one dataset hurts another (docs/benchmarks.md);
 - embedding_l2 and model.dropout: L2_PER_EXTRA_EPOCH and DROPOUT_PER_EXTRA_EPOCH per pass after
   the first (L2 on the rows a batch touches, dropout in the MLP and attention, at most MAX_DROPOUT):
   the regularisation that stops the extra passes from memorising the day (the cosine decay of
@@ -79,18 +81,34 @@ class Recipe:
     """`optim.<field>` / `model.dropout` -> why it has its value, for every field that may be `auto`."""
     derived: tuple[str, ...]
     """The keys that were `auto` (the others were set in the config)."""
+    searched: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Derived keys a search replaced (`with_value`) -> the factor over the rule's value, which a day warm-
+    started from this model reuses (`flows.day_recipe`)."""
 
     def value(self, key: str) -> Any:
         """The resolved value of `optim.<field>` or `model.dropout`."""
         section, name = key.split(".", 1)
         return getattr(self.optim if section == "optim" else self.model, name)
 
+    def with_value(self, key: str, value: Any, reason: str) -> Recipe:
+        """The recipe with the derived `optim.<field>` `key` replaced (a search's choice, `flows.day_recipe`).
+
+        Raises:
+            ValueError: `key` was set in the config (an explicit value always wins) or is not an optim field.
+        """
+        section, name = key.split(".", 1)
+        if section != "optim" or key not in self.derived:
+            raise ValueError(f"only a derived optim value can be replaced, not {key} ({self.why.get(key, 'unknown')})")
+        factor = float(f"{value / self.value(key):.3g}")
+        return dataclasses.replace(self, optim=dataclasses.replace(self.optim, **{name: value}),
+                                   why={**self.why, key: reason}, searched={**self.searched, key: factor})
+
     def record(self) -> dict[str, Any]:
         """The values and reasons, as model.json and metrics.json keep them."""
         return {
             "rows": self.rows, "world_size": self.world_size, "steps": self.steps,
             "values": {k: self.value(k) for k in self.why},
-            "derived": list(self.derived), "why": dict(self.why),
+            "derived": list(self.derived), "why": dict(self.why), "searched": dict(self.searched),
         }
 
     def summary(self) -> str:

@@ -1,45 +1,68 @@
-"""flows.stages.train_spec: the day's optim values are derived from its train rows, and the run identity
-hashes the values trained with."""
+"""flows.stages.train_spec: the day's optim values are derived from its train rows (a small day's sparse_lr
+chosen on them), and the run identity hashes the values trained with."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from flows.config import RunConfig, with_overrides
 from flows.stages import WarmResult, train_spec
 from flows.state import DayState
 from pipeline.encode import EncodeResult
 from storage.warm import WarmPlan
+from tests.helpers.model_dirs import committed_feature_day
 from trainer.world import resolve_world
 
 DATE = "2026-01-05"
 
 
-def _state(cfg: RunConfig, rows_train: int) -> DayState:
+@pytest.fixture()
+def features(tmp_path: Path) -> str:
+    """A committed features directory of 3,600 train rows (the search reads them)."""
+    return committed_feature_day(tmp_path / "features", train_rows=3_600)
+
+
+def _state(cfg: RunConfig, rows_train: int, features: str) -> DayState:
     plan = WarmPlan(date=DATE, world_size=resolve_world(cfg.trainer).world_size, published_version=None, snapshot_url=None,
                     snapshot_tag=None, evict_url=None, working_set_url=None)
-    encoded = EncodeResult(date=DATE, rows_train=rows_train, rows_eval=400, skipped=False, run_id="r1", url="/f")
+    encoded = EncodeResult(date=DATE, rows_train=rows_train, rows_eval=400, skipped=False, run_id="r1", url=features)
     return DayState(date=DATE, layout=cfg.layout(), encode=encoded, warm=WarmResult(plan, "flow", "cold"))
 
 
-def test_the_spec_holds_the_values_derived_for_the_days_rows(tmp_path: Path) -> None:
+def test_the_spec_holds_the_values_derived_for_the_days_rows(tmp_path: Path, features: str) -> None:
     cfg = RunConfig(root=str(tmp_path))
-    spec, recipe = train_spec(cfg, _state(cfg, 3_600))
+    spec, recipe = train_spec(cfg, _state(cfg, 3_600, features))
     assert spec.optim.unresolved() == [] and spec.model.unresolved() == []
     assert spec.optim == recipe.optim and spec.model == recipe.model and spec.recipe == recipe.record()
     assert spec.optim.epochs > 1 and spec.model.dropout > 0  # a small day takes several regularised passes
-    big, _ = train_spec(cfg, _state(cfg, 10**8))
+    big, _ = train_spec(cfg, _state(cfg, 10**8, "/not-read"))
     assert (big.optim.epochs, big.optim.batch_size, big.model.dropout) == (1, 1024, 0.0)
 
 
-def test_the_run_identity_hashes_the_resolved_values_not_auto(tmp_path: Path) -> None:
+def test_the_run_identity_hashes_the_resolved_values_not_auto(tmp_path: Path, features: str) -> None:
     cfg = RunConfig(root=str(tmp_path))
-    derived, recipe = train_spec(cfg, _state(cfg, 3_600))
-    values = {k: v for k, v in recipe.record()["values"].items()}
+    derived, recipe = train_spec(cfg, _state(cfg, 3_600, features))
+    values = dict(recipe.record()["values"])
     explicit = with_overrides(cfg, values)  # the same numbers, set by hand
-    same, again = train_spec(explicit, _state(explicit, 3_600))
+    same, again = train_spec(explicit, _state(explicit, 3_600, features))
     assert again.derived == () and same.identity() == derived.identity() and same.run_tag == derived.run_tag
-    other, _ = train_spec(cfg, _state(cfg, 36_000))  # another day size: other values, another identity
+    other, _ = train_spec(cfg, _state(cfg, 360_000, "/not-read"))  # another day size: other values, another identity
     assert other.identity() != derived.identity()
     assert dataclasses.replace(derived, recipe={}).identity() == derived.identity()  # the reasons are not hashed
+
+
+def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kept(tmp_path: Path, features: str) -> None:
+    cfg = RunConfig(root=str(tmp_path))
+    _, recipe = train_spec(cfg, _state(cfg, 3_600, features))
+    why = recipe.why["optim.sparse_lr"]
+    assert "5-fold validation" in why and "3,600 train rows" in why, why
+    candidates = [float(c.split(":")[0]) for c in why.split("(", 1)[1].rstrip(")").split(", ")]
+    assert recipe.optim.sparse_lr in candidates and len(candidates) == 4
+    assert "optim.sparse_lr" in recipe.derived
+    _, kept = train_spec(with_overrides(cfg, {"optim.sparse_lr": 0.03}), _state(cfg, 3_600, features))
+    assert kept.optim.sparse_lr == 0.03 and kept.why["optim.sparse_lr"] == "set in the config"
+    _, large = train_spec(cfg, _state(cfg, 10**6, "/not-read"))  # over MAX_ROWS: the rule's value, nothing read
+    assert large.why["optim.sparse_lr"].endswith("/ sqrt(epochs)")

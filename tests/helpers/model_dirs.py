@@ -6,6 +6,7 @@ trained (in two rank parts), every other key gets its initial row.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,10 @@ def write_feature_day(day: Path, *, train_parts: tuple[int, ...], eval_parts: tu
                 "label": (rng.random(n) < 0.2 + 0.6 * d).astype(np.float32), "d_0": d,
                 "k_0": rng.choice([*KEYS, 99], n), "k_1": rng.choice(KEYS, n), "row": np.arange(n) + 1000 * i,
             }).to_parquet(day / split / f"part-{i:05d}.parquet", index=False)
+
+
+def committed_feature_day(day: Path, *, train_rows: int, seed: int = 0) -> str:
+    """A committed features directory (`write_feature_day` in two train parts + its manifest), as a url."""
+    write_feature_day(day, train_parts=(train_rows // 2, train_rows - train_rows // 2), eval_parts=(400,), seed=seed)
+    (day / "_SUCCESS.json").write_text(json.dumps({"dense_columns": ["d_0"], "key_columns": ["k_0", "k_1"]}))
+    return str(day)

@@ -79,6 +79,16 @@ def test_ranks_read_disjoint_balanced_ordered_rows(tmp_path: Path, world: int) -
     assert len(np.unique(allrows)) == len(allrows) == (51 // world) * world
 
 
+def test_the_whole_share_at_once_equals_its_batches_in_order(tmp_path: Path) -> None:
+    root = write_features(tmp_path, [13, 0, 30, 8])
+    reader = RankReader(split_dir(str(root), "train"), read_schema(str(root)), rank=1, world_size=2, batch_size=4)
+    labels, dense, keys = reader.arrays()
+    batches = list(reader.iter_batches())
+    np.testing.assert_array_equal(labels, np.concatenate([b.labels.numpy() for b in batches]))
+    np.testing.assert_array_equal(keys, np.concatenate([b.keys.numpy() for b in batches]))
+    assert labels[0] == 25 and dense.shape == (25, 2) and reader.position == 0  # rank 1's rows; nothing consumed
+
+
 @pytest.mark.parametrize("depth", [0, 2])
 def test_the_stream_counts_its_position_over_epochs_and_a_restart_continues_there(tmp_path: Path, depth: int) -> None:
     root = write_features(tmp_path, [13, 0, 30, 8])

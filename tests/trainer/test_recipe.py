@@ -115,3 +115,13 @@ def test_auto_and_numbers_in_the_config() -> None:
         OptimConfig(epochs="three")
     with pytest.raises(ValueError, match=r"optim.batch_size must be >= 1 or 'auto', got 0"):
         OptimConfig(batch_size=0)
+
+
+def test_a_search_may_replace_a_derived_value_but_never_a_set_one() -> None:
+    r = derive(OptimConfig(), ModelConfig(), rows=3_600, world_size=1)
+    searched = r.with_value("optim.sparse_lr", 0.023, "chosen by a search")
+    assert searched.optim.sparse_lr == 0.023 and searched.record()["why"]["optim.sparse_lr"] == "chosen by a search"
+    assert searched.optim.lr == r.optim.lr and "optim.sparse_lr" in searched.derived
+    given = derive(OptimConfig(sparse_lr=0.03), ModelConfig(), rows=3_600, world_size=1)
+    with pytest.raises(ValueError, match=r"only a derived optim value.*optim.sparse_lr \(set in the config\)"):
+        given.with_value("optim.sparse_lr", 0.023, "chosen by a search")
