@@ -52,7 +52,7 @@ def test_a_local_cluster_spawns_its_workers_with_them_and_leaves_this_process_al
 
 def test_a_cluster_of_threads_keeps_running_tasks_when_this_process_is_past_the_memory_limit():
     # A thread worker is measured by the whole process: with the limit applied it pauses and a
-    # gather waits forever (seen once in a full test session, the pytest process past 3.2 GiB).
+    # gather waits forever (the probable cause of a vocab-stage hang seen once in a full test session).
     held = np.ones((256 << 20) // 8)  # this process alone is now far past 64 MiB
     with dask_client(DaskConfig(n_workers=1, processes=False, memory_limit="64MiB")) as client:
         time.sleep(1.0)  # ten of Dask's memory checks (monitor-interval 100ms) before the first task
