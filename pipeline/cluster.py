@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import dask
-from distributed import Client, LocalCluster, WorkerPlugin
+from distributed import Client, Future, LocalCluster, WorkerPlugin, wait
 from distributed.core import Status
 
 from pipeline.config import DaskConfig
@@ -18,8 +18,62 @@ MAX_LOCAL_WORKERS = 4
 PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 """glibc settings of LocalCluster worker processes (see `worker_environ`)."""
+STALL_KEY = "ctrpipe.stall-timeout-s"
+"""Dask config key `dask_client` sets from `dask.stall_timeout_s` for `finished` and `gather` to read."""
 COMPUTE_FAILED = "Compute Failed"
 """How distributed's worker log line about a task's exception starts (the client raises that exception)."""
+
+
+class StageStalled(TimeoutError):
+    """No task of a stage finished within `dask.stall_timeout_s`: the run fails instead of waiting forever."""
+
+
+def finished(client: Client, futures: Sequence[Future], *, what: str) -> Iterator[Future]:
+    """Yield `futures` as they finish (done or failed), in any order.
+
+    Raises:
+        StageStalled: none finished for `dask.stall_timeout_s` seconds (`STALL_KEY`); the futures are
+            cancelled and the message gives the workers' states (a worker paused for memory runs no task).
+    """
+    stall = float(dask.config.get(STALL_KEY, default=DaskConfig().stall_timeout_s))
+    pending = list(futures)
+    while pending:
+        try:
+            done, rest = wait(pending, timeout=stall, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            client.cancel(pending)
+            raise StageStalled(
+                f"{what}: no Dask task finished in {stall:g} s, {len(pending)} of {len(futures)} still pending; "
+                f"workers: {_worker_states(client)}. A paused worker is over 80% of dask.memory_limit (raise it, "
+                "or run fewer threads per worker); set dask.stall_timeout_s to wait longer for slow tasks"
+            ) from None
+        yield from done
+        pending = list(rest)
+
+
+def gather(client: Client, futures: Sequence[Future], *, what: str) -> list[Any]:
+    """The futures' results in their order, like `client.gather`, but failing with `StageStalled` instead of
+    waiting forever (`finished`); the first failed task's exception is raised."""
+    for future in finished(client, futures, what=what):
+        if future.status == "error":
+            try:
+                future.result()  # raises the task's exception with its remote traceback
+            finally:
+                client.cancel([f for f in futures if f is not future])
+    return client.gather(list(futures))
+
+
+def _worker_states(client: Client) -> str:
+    try:
+        workers = client.scheduler_info().get("workers", {})
+    except Exception as exc:  # the scheduler itself is gone: say so
+        return f"unknown ({type(exc).__name__}: {exc})"
+    if not workers:
+        return "none"
+    counts: dict[str, int] = {}
+    for w in workers.values():
+        counts[str(w.get("status", "unknown"))] = counts.get(str(w.get("status", "unknown")), 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
 
 def local_worker_count(config: DaskConfig) -> int:
@@ -97,7 +151,7 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
                 f"cannot reach the Dask scheduler at dask.address={config.address!r} ({exc}); start it, or set "
                 "dask.address to empty to run a local cluster"
             ) from exc
-        with client:
+        with client, dask.config.set({STALL_KEY: config.stall_timeout_s}):
             yield client
         return
     env = worker_environ()
@@ -117,7 +171,7 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
     finally:
         _restore_environ(saved)
     try:
-        with Client(cluster) as client:
+        with Client(cluster) as client, dask.config.set({STALL_KEY: config.stall_timeout_s}):
             if config.processes:
                 client.register_plugin(QuietWorkers())
             yield client

@@ -88,6 +88,10 @@ class DaskConfig:
     machine's memory shared out among the workers).  Applies to worker processes only: threads
     would be measured by this whole process (`pipeline.cluster.local_memory_limit`)."""
 
+    stall_timeout_s: float = 7200.0
+    """A data stage fails (`pipeline.cluster.StageStalled`) when none of its Dask tasks finishes for this
+    long, instead of waiting forever on a paused or lost worker; above the longest single task."""
+
     def __post_init__(self) -> None:
         if self.address and not _SCHEDULER_ADDRESS.match(self.address):
             raise ValueError(
@@ -100,6 +104,8 @@ class DaskConfig:
             raise ValueError(f"dask.n_workers must be >= 0, got {self.n_workers}")
         if self.threads_per_worker < 1:
             raise ValueError(f"dask.threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        if not self.stall_timeout_s > 0:
+            raise ValueError(f"dask.stall_timeout_s must be > 0 seconds, got {self.stall_timeout_s}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

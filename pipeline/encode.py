@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from distributed import Client
 
 from pipeline import row_copies
+from pipeline.cluster import gather
 from pipeline.config import EncodeConfig
 from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
@@ -229,17 +230,18 @@ def encode_date(
         rules = [("head", k) for k in positional_split(part_rows, rows_train)]
         holds_eval = [k < n for k, n in zip((r[1] for r in rules), part_rows, strict=True)]
     else:
-        per_part = client.gather(client.map(_ts_counts, paths, fs=fs, pure=False))
+        per_part = gather(client, client.map(_ts_counts, paths, fs=fs, pure=False), what=f"encode {date}: timestamps")
         t, k = ts_threshold(pd.concat(per_part), rows_train)
-        orders = np.sort(np.concatenate(client.gather(client.map(_orders_at, paths, fs=fs, ts=t, pure=False))))
+        orders = np.sort(np.concatenate(gather(client, client.map(_orders_at, paths, fs=fs, ts=t, pure=False),
+                                               what=f"encode {date}: the split's rows")))
         rules = [("threshold", t, int(orders[k - 1]) if k else -1)] * len(paths)
         holds_eval = [bool(len(c)) and int(c.index.max()) >= t for c in per_part]
 
     # the eval rows' hashes first, so the encode tasks can say which of them are copies of train rows
     eval_at = [i for i, h in enumerate(holds_eval) if h]
-    eval_hashes = dict(zip(eval_at, client.gather(client.map(
+    eval_hashes = dict(zip(eval_at, gather(client, client.map(
         _eval_hashes, [paths[i] for i in eval_at], [rules[i] for i in eval_at], fs=fs, schema=schema, pure=False
-    )), strict=True))  # fmt: skip
+    ), what=f"encode {date}: eval row hashes"), strict=True))  # fmt: skip
     all_eval = np.unique(np.concatenate([np.empty(0, np.uint64), *eval_hashes.values()]))
     bits = row_copies.sample_bits(events["rows_written"])
     admitted = client.scatter(load_admitted(layout, date), broadcast=True)
@@ -252,7 +254,7 @@ def encode_date(
                           sample_bits=bits, pure=False)
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
         ]  # fmt: skip
-        done_parts = client.gather(futures)
+        done_parts = gather(client, futures, what=f"encode {date}: parts")
         n_train = sum(p["train"] for p in done_parts)
         n_eval = sum(p["eval"] for p in done_parts)
         if (n_train, n_eval) != (rows_train, rows_eval):  # the split rules must hit the planned sizes
@@ -310,8 +312,8 @@ def _drop_eval_copies(client: Client, parts: list[dict], eval_hashes: dict[int, 
         drop = np.isin(hashes, copies)
         if drop.any():
             jobs.append((parts[i]["name"], drop))
-    done = client.gather([client.submit(_drop_rows, join(stage, "eval", name), drop, fs=fs, pure=False)
-                          for name, drop in jobs])  # fmt: skip
+    done = gather(client, [client.submit(_drop_rows, join(stage, "eval", name), drop, fs=fs, pure=False)
+                           for name, drop in jobs], what="encode: dropping eval copies of train rows")  # fmt: skip
     return {name: n for (name, _), n in zip(jobs, done, strict=True)}
 
 

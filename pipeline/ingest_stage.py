@@ -41,11 +41,12 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from distributed import Client, as_completed
+from distributed import Client
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import infer_compression
 
 from pipeline import bad_rows
+from pipeline.cluster import finished, gather
 from pipeline.config import IngestConfig, InputConfig
 from pipeline.day_stats import add_stats, empty_stats
 from pipeline.ingest_error import IngestError
@@ -213,7 +214,7 @@ def _run_tasks(client: Client, tasks: list[FileTask], label: str) -> list[dict]:
     results: list[dict] = [{}] * len(futures)
     try:
         with Bar(label, total=len(futures)) as bar:
-            for future in as_completed(futures):
+            for future in finished(client, futures, what=label):
                 results[index[future.key]] = future.result()
                 bar.advance()
     except BaseException:
@@ -239,9 +240,9 @@ def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, cli
             size = inputs[i]["size"]
             bounds = [max(s - 1, 0) for s in starts] + [size]
             ranges += [(inputs[i]["url"], a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        counts = iter(client.gather(client.map(
+        counts = iter(gather(client, client.map(
             count_newlines, ranges, storage_options=base["input_options"], pure=False
-        )))  # fmt: skip
+        ), what="ingest: finding line starts"))  # fmt: skip
         for i, starts in splits:
             before = 0
             for b, start in enumerate(starts):

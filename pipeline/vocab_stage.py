@@ -39,6 +39,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from distributed import Client
 
+from pipeline.cluster import gather
 from pipeline.config import VocabConfig
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab_admission import admission_thresholds
@@ -156,8 +157,8 @@ def build_vocab(
             fs.makedirs(join(stage, sub), exist_ok=True)
         outs = [scratch(stage, "counts", i) for i in range(len(events["parts"]))]
         inputs = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
-        distinct = client.gather(client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi,
-                                            pure=False))  # fmt: skip
+        distinct = gather(client, client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi,
+                                             pure=False), what=f"vocab {date}: counting keys")  # fmt: skip
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
             sum(distinct) + sum(m["day_keys"] for m in window.values()) + (prev["vocab_rows"] if prev else 0)
@@ -179,8 +180,8 @@ def build_vocab(
         )
         results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
         t2 = time.perf_counter()
-        n_evicted = client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, fs=fs, pure=False,
-                                  buckets=[b for b, r in enumerate(results) if r.evicted_rows]).result()  # fmt: skip
+        n_evicted = gather(client, [client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, fs=fs, pure=False,
+                                  buckets=[b for b, r in enumerate(results) if r.evicted_rows])], what=f"vocab {date}: evicted keys")[0]  # fmt: skip
         fs.rm(join(stage, SCRATCH), recursive=True)
 
         totals = sum((r.totals for r in results), FieldTotals.zeros(len(fields)))
@@ -226,15 +227,15 @@ def _write_report(fs: fsspec.AbstractFileSystem, stage: str, date: str, stats: l
 def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, cap: int) -> list[BucketResult]:
     """Run the bucket tasks (and, with a cap, the cut search and the finishing tasks); per-bucket results."""
     buckets = range(plan.buckets)
-    results = client.gather(client.map(merge_bucket, buckets, plan=plan, fs=fs, pure=False))
+    results = gather(client, client.map(merge_bucket, buckets, plan=plan, fs=fs, pure=False), what="vocab: merging buckets")
     if not plan.capped:
         return results
     search = CapSearch(cap=cap, admitted=sum(r.admitted for r in results), buckets=plan.buckets)
     while not search.done:
-        search.absorb(client.gather(client.map(cap_round, buckets, plan=plan, fs=fs, query=search.query(),
-                                               shift=search.shift, pure=False)))  # fmt: skip
+        search.absorb(gather(client, client.map(cap_round, buckets, plan=plan, fs=fs, query=search.query(),
+                                                shift=search.shift, pure=False), what="vocab: the cap's cut"))  # fmt: skip
     cuts = [{f: (c.bits, c.take[b]) for f, c in search.cuts.items()} for b in buckets]
-    return client.gather(client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False))
+    return gather(client, client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False), what="vocab: finishing buckets")
 
 
 def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str, window_days: int) -> dict[str, dict]:

@@ -11,14 +11,17 @@ from types import SimpleNamespace
 import dask
 import numpy as np
 import pytest
-from distributed import wait
+from distributed import Client, Event, LocalCluster, wait
 from distributed.comm.core import CommClosedError
 from distributed.core import Status
 
 from pipeline.cluster import (
     PRE_SPAWN_ENVIRON,
+    STALL_KEY,
     QuietWorkers,
+    StageStalled,
     dask_client,
+    gather,
     worker_environ,
 )
 from pipeline.config import DaskConfig
@@ -60,6 +63,44 @@ def test_a_cluster_of_threads_keeps_running_tasks_when_this_process_is_past_the_
         wait(futures, timeout=30)  # raises TimeoutError where the worker paused
         assert client.gather(futures) == [1, 2, 3, 4]
     assert held[0] == 1.0
+
+
+def _wait_for(name: str) -> int:
+    Event(name).wait()
+    return 1
+
+
+def test_a_stage_whose_tasks_stop_finishing_fails_saying_so_instead_of_waiting_forever():
+    with dask_client(DaskConfig(n_workers=1, processes=False, stall_timeout_s=1.5)) as client:
+        assert dask.config.get(STALL_KEY) == 1.5
+        assert gather(client, client.map(lambda x: x * 2, range(5), pure=False), what="t") == [0, 2, 4, 6, 8]
+        futures = [client.submit(_wait_for, "never-set", pure=False), client.submit(lambda: 3, pure=False)]  # one thread
+        with pytest.raises(StageStalled, match=r"vocab D: no Dask task finished in 1.5 s, 2 of 2 still pending; "
+                                               r"workers: 1 running.*dask.stall_timeout_s"):
+            gather(client, futures, what="vocab D")
+        Event("never-set", client=client).set()
+
+
+def test_a_worker_paused_for_memory_is_named_in_the_stall():
+    # memory_limit applied to a thread worker (what dask_client no longer does): it pauses at once
+    held = np.ones((256 << 20) // 8)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="64MiB",
+                      dashboard_address=":0") as cluster, Client(cluster) as client, \
+            dask.config.set({STALL_KEY: 2.0}):  # fmt: skip
+        time.sleep(1.0)
+        with pytest.raises(StageStalled, match=r"workers: 1 paused\. A paused worker is over 80% of dask.memory_limit"):
+            gather(client, client.map(lambda x: x, range(3), pure=False), what="encode D")
+    assert held[0] == 1.0
+
+
+def test_a_failed_task_raises_its_own_error():
+    def boom(x: int) -> int:
+        if x == 2:
+            raise ValueError("part 2 is bad")
+        return x
+
+    with dask_client(DaskConfig(n_workers=1, processes=False)) as client, pytest.raises(ValueError, match="part 2"):
+        gather(client, client.map(boom, range(4), pure=False), what="t")
 
 
 def test_an_unreachable_scheduler_is_named_by_its_key(free_port):

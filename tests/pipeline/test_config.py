@@ -27,6 +27,7 @@ def test_input_format_is_a_built_in_name_or_a_yaml_schema_file():
         (lambda: DaskConfig(memory_limit="lots"), r"dask.memory_limit must be a size such as 4GiB .*got 'lots'"),
         (lambda: DaskConfig(address="nonsense"), r"dask.address must be a scheduler address such as tcp://.*'nonsense'"),
         (lambda: DaskConfig(address="tcp://host"), r"dask.address must be a scheduler address"),
+        (lambda: DaskConfig(stall_timeout_s=0), r"dask.stall_timeout_s must be > 0 seconds, got 0"),
         (lambda: VocabConfig(ttl_days=0), r"vocab.ttl_days must be >= 1, got 0"),
         (lambda: VocabConfig(decay=0.0), r"vocab.decay must be in \(0, 1\], got 0.0"),
         (lambda: VocabConfig(min_count_per_field={"C3": 0}), r"vocab.min_count_per_field\['C3'\] must be an int >= 1"),
