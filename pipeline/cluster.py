@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -42,10 +43,12 @@ def finished(client: Client, futures: Sequence[Future], *, what: str) -> Iterato
             done, rest = wait(pending, timeout=stall, return_when="FIRST_COMPLETED")
         except TimeoutError:
             client.cancel(pending)
+            states = _worker_states(client)
+            paused = (" A paused worker is over 80% of dask.memory_limit: raise it, or run fewer threads per worker."
+                      if "paused" in states else "")  # fmt: skip
             raise StageStalled(
                 f"{what}: no Dask task finished in {stall:g} s, {len(pending)} of {len(futures)} still pending; "
-                f"workers: {_worker_states(client)}. A paused worker is over 80% of dask.memory_limit (raise it, "
-                "or run fewer threads per worker); set dask.stall_timeout_s to wait longer for slow tasks"
+                f"workers: {states}.{paused} Set dask.stall_timeout_s to wait longer for slow tasks"
             ) from None
         yield from done
         pending = list(rest)
@@ -68,12 +71,8 @@ def _worker_states(client: Client) -> str:
         workers = client.scheduler_info().get("workers", {})
     except Exception as exc:  # the scheduler itself is gone: say so
         return f"unknown ({type(exc).__name__}: {exc})"
-    if not workers:
-        return "none"
-    counts: dict[str, int] = {}
-    for w in workers.values():
-        counts[str(w.get("status", "unknown"))] = counts.get(str(w.get("status", "unknown")), 0) + 1
-    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    counts = Counter(str(w.get("status", "unknown")) for w in workers.values())
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
 
 
 def local_worker_count(config: DaskConfig) -> int:
