@@ -29,6 +29,7 @@ import pandas as pd
 from bench.quality_data import dataset_days
 from bench.quality_peers import _categorical_text, _hashed
 from pipeline.encode import eval_size
+from pipeline.parse import read_log_file
 from pipeline.schema import get_schema
 from trainer.metrics import auc
 
@@ -49,8 +50,10 @@ class Ladder:
     """The same without the last EVAL_FRACTION of each day."""
     labels: np.ndarray
     later_labels: np.ndarray
-    one_vocab: tuple  # (train matrix, later matrix)
+    one_vocab: tuple
+    """(train rows, later rows) as hashed sparse matrices, values admitted over both days."""
     per_day: tuple
+    """The same with each day's rows encoded by the vocabulary of the days up to it."""
 
 
 def _vocab(frame: pd.DataFrame, fields: tuple[str, ...]) -> dict[str, set]:
@@ -68,8 +71,6 @@ def _apply(frame: pd.DataFrame, vocab: dict[str, set]) -> pd.DataFrame:
 def build(name: str, work: Path) -> Ladder:
     files = dataset_days(name, work, interactions=8)
     schema = get_schema(files.fmt)
-    from pipeline.parse import read_log_file
-
     frames = [read_log_file(files.path(d), files.fmt)[0] for d in files.train_dates]
     train, later = pd.concat(frames, ignore_index=True), files.later_events()
     starts = np.cumsum([0, *(len(f) for f in frames)])
