@@ -10,9 +10,11 @@ So a day of at most MAX_ROWS train rows whose `sparse_lr` is `auto` gets it chos
 logistic regression on the day's keys and dense columns, trained as the embedding rows are (per-key
 Adam, the recipe's batch, passes, warm-up, decay and embedding L2), is cross-validated over
 `FOLDS` contiguous blocks of the train rows for each of `FACTORS` times the derived value, and the
-candidate with the lowest mean held-out logloss wins (ties go to the derived value).  It is a proxy
-(the MLP's rows are not trained), chosen because it costs well under a second on such a day where
-a training of the real model per candidate and fold costs a torchrun each.  Pure NumPy, no I/O.
+candidate with the lowest mean held-out logloss wins (ties go to the derived value).  The dense
+weights train at the dense `optim.lr` and the bias starts at the click rate, as the model's own bias
+reaches it within the warm-up.  It is a proxy, a linear model where the product also trains a deep
+part, chosen because it costs well under a second on such a day where a training of the real
+model per candidate and fold costs a torchrun each.  Pure NumPy, no I/O.
 """
 
 from __future__ import annotations
@@ -65,8 +67,7 @@ def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *,
     n = len(labels)
     if n < folds or folds < 2:
         raise ValueError(f"choose_sparse_lr needs at least {max(2, folds)} rows and 2 folds, got {n} rows, {folds} folds")
-    index, values, width = _design(dense, keys)
-    n_ids = width - (dense.shape[1] if dense.ndim == 2 else 0) - 1
+    index, values, n_ids, width = _design(dense, keys)
     bounds = np.linspace(0, n, folds + 1).astype(np.int64)
     base = float(optim.sparse_lr)
     logloss: dict[float, float] = {}
@@ -75,7 +76,7 @@ def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *,
         losses = []
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             fit = np.r_[0:lo, hi:n]
-            w = _train(index[fit], values[fit], labels[fit], width, optim=optim, lr=lr, n_keys=keys.shape[1],
+            w = _train(index[fit], values[fit], labels[fit], width, optim=optim, lr=lr, n_fields=keys.shape[1],
                        n_ids=n_ids)
             losses.append(_logloss(labels[lo:hi], _logits(w, index[lo:hi], values[lo:hi])))
         logloss[lr] = float(np.mean(losses))
@@ -86,9 +87,10 @@ def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *,
     return SparseLrChoice(best, logloss, n, folds)
 
 
-def _design(dense: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every row as (index, value) pairs: its F keys (ids below `n_ids`, value 1), its D dense columns
-    standardised, and a bias (ids n_ids .. n_ids + D); the number of distinct keys is `index[:, :F].max() + 1`."""
+def _design(dense: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Every row as (index, value) pairs: its F keys (ids below n_ids, the number of distinct keys; value
+    1), its D dense columns standardised, and a bias (ids n_ids .. n_ids + D).  Returns
+    (index, values, n_ids, width = n_ids + D + 1)."""
     n = keys.shape[0]
     _, inverse = np.unique(keys, return_inverse=True)
     ids = inverse.reshape(n, -1)
@@ -97,7 +99,7 @@ def _design(dense: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray
     x = (dense - dense.mean(0)) / (dense.std(0) + 1e-6) if d else np.zeros((n, 0))
     index = np.concatenate([ids, np.broadcast_to(n_ids + np.arange(d + 1), (n, d + 1))], axis=1)
     values = np.concatenate([np.ones(ids.shape), x, np.ones((n, 1))], axis=1)
-    return index.astype(np.int64), values.astype(np.float64), n_ids + d + 1
+    return index.astype(np.int64), values.astype(np.float64), n_ids, n_ids + d + 1
 
 
 def _logits(w: np.ndarray, index: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -109,7 +111,7 @@ def _logloss(y: np.ndarray, z: np.ndarray) -> float:
 
 
 def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, optim: OptimConfig, lr: float,
-           n_keys: int, n_ids: int) -> np.ndarray:
+           n_fields: int, n_ids: int) -> np.ndarray:
     """Weights after the recipe's passes over the rows in order: per-key Adam at `lr` on the key weights (as
     `storage.embedding.rows.sparse_adam`), Adam at the dense `optim.lr` on the dense and bias weights (ids >= n_ids)."""
     b1, b2 = ADAM_BETAS
@@ -131,7 +133,7 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
             inv = inv.reshape(idx.shape)
             g = np.bincount(inv.ravel(), weights=(r[:, None] * val).ravel(), minlength=len(touched)) / len(r)
             if l2:  # the embedding L2 of `trainer.optim.schedule.embedding_l2_grad`, on the keys only
-                uses = np.bincount(inv[:, :n_keys].ravel(), minlength=len(touched))
+                uses = np.bincount(inv[:, :n_fields].ravel(), minlength=len(touched))
                 g += l2 * w[touched] * uses / len(r)
             clock[touched] += 1
             m[touched] = b1 * m[touched] + (1 - b1) * g

@@ -48,9 +48,9 @@ def test_frequent_strong_keys_get_a_larger_step_than_rare_weak_ones():
 
 def test_the_weights_fit_the_training_rows():
     labels, dense, keys = _day(2_000, keys_per_field=10, signal=1.0)
-    index, values, width = _design(dense, keys)
+    index, values, n_ids, width = _design(dense, keys)
     optim = _recipe(2_000)
-    w = _train(index, values, labels, width, optim=optim, lr=0.05, n_keys=keys.shape[1], n_ids=width - 3)
+    w = _train(index, values, labels, width, optim=optim, lr=0.05, n_fields=keys.shape[1], n_ids=n_ids)
     z = _logits(w, index, values)
     trained = np.mean(np.logaddexp(0, z) - labels * z)
     p = labels.mean()
