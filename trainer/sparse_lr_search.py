@@ -120,12 +120,12 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
     w[-1] = np.log(rate_y / (1 - rate_y))  # the bias starts at the click rate: the keys need not carry it
     n, batch, l2 = len(y), int(optim.batch_size), float(optim.embedding_l2)
     total = int(optim.epochs) * -(-n // batch)
+    kw = {"total_steps": total, "warmup_steps": min(int(optim.warmup_steps), total), "decay": optim.lr_decay,
+          "min_ratio": optim.min_lr_ratio}
     step = 0
     for _ in range(int(optim.epochs)):
         for lo in range(0, n, batch):
             step += 1
-            kw = {"total_steps": total, "warmup_steps": min(int(optim.warmup_steps), total), "decay": optim.lr_decay,
-                  "min_ratio": optim.min_lr_ratio}
             rate_keys, rate_rest = lr_at(step, base_lr=lr, **kw), lr_at(step, base_lr=float(optim.lr), **kw)
             idx, val = index[lo:lo + batch], values[lo:lo + batch]
             r = 1.0 / (1.0 + np.exp(-_logits(w, idx, val))) - y[lo:lo + batch]
