@@ -26,8 +26,10 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(VENV)/bin/ctrpipe demo --root $(CURDIR)/demo-data --days 3
 
+# Two workers, each test file in one of them (its module fixtures built once); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: install-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The edit loop: everything but the end-to-end, crash and multi-process tests (a few minutes on 2 cores).
 test-fast: install-test

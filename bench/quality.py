@@ -15,8 +15,8 @@ of this process, which changes no result.
 
 In the same run, on the same rows: the peers of `bench.quality_peers` (scikit-learn logistic
 regression, C by cross-validation on the training days' rows; DeepCTR-Torch DeepFM with its
-defaults), fit on every row of the training day files (the product holds a tenth of each day out
-for its publish gate, so it trains on fewer).  Real samples run every `--archs`; a synthetic
+defaults), fit on every row of the training day files (the product holds the last tenth of the last
+day out for its publish gate, so it trains on fewer; `sklearn-lr (train split)` fits those).  Real samples run every `--archs`; a synthetic
 dataset runs the default architecture and the logistic regression beside its ceiling (the AUC of
 the true probabilities).  Each model runs with every seed (liblinear has none: one fit); a row
 reports the mean and spread over seeds, and its difference from the default model with the
@@ -69,7 +69,7 @@ def run_product(files: Any, root: Path, *, arch: str, seed: int) -> dict[str, An
 def _day(record: Any) -> dict[str, Any]:
     return {"date": record.date, "status": record.status, "auc": record.auc, "next_day_auc": record.next_day_auc,
             "rows_train": record.rows_train, "recipe": record.train.get("recipe", {}).get("values"),
-            "steps": record.train.get("steps")}
+            "steps": record.train.get("steps"), "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0)}
 
 
 def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], peers: bool, interactions: int) -> tuple[list, dict]:

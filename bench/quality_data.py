@@ -56,12 +56,14 @@ class DayFiles:
         return read_log_file(self.later, self.fmt)[0]
 
     def train_split_events(self, eval_fraction: float) -> pd.DataFrame:
-        """The rows the product trains on: each training day without the last `eval_fraction` of its rows,
-        which the product holds out for its publish gate (`pipeline.encode`'s time-order split)."""
+        """The rows the published model has trained on: every training day's rows but the last day's last
+        `eval_fraction`.  Each day holds its last tenth out for its publish gate (`pipeline.encode`'s
+        time-order split), and the next day trains it (`flows.parent_eval`); the last day's stays out."""
         from pipeline.encode import eval_size
 
         days = [read_log_file(self.path(d), self.fmt)[0] for d in self.train_dates]
-        return pd.concat([e.iloc[:len(e) - eval_size(len(e), eval_fraction)] for e in days], ignore_index=True)
+        last = days[-1]
+        return pd.concat([*days[:-1], last.iloc[:len(last) - eval_size(len(last), eval_fraction)]], ignore_index=True)
 
 
 def _dates(start: str, n: int) -> list[str]:

@@ -10,10 +10,11 @@ step at a time from a batch fit's setting to the product's daily one:
 2. the same rows in time order;
 3. without the last tenth of each day (the product's eval rows for its gate);
 4. day by day: day 1's passes, then day 2's from day 1's weights and Adam state, each with its schedule;
-5. a vocabulary per day (day 1 admits what day 1 saw twice; day 2 what days 1-2 saw twice).
+5. a vocabulary per day (day 1 admits what day 1 saw twice; day 2 what days 1-2 saw twice);
+6. day 1's eval tenth trained first on day 2, once its gate has used it (`flows.parent_eval`).
 
-Row 5 at the sparse lr `trainer.sparse_lr_search` chose is the LR the product could be, trained as
-it trains.  Bench-only (scikit-learn's hasher, scipy): `make bench-peers`.  Seconds per row.
+Row 6 at the sparse lr `trainer.sparse_lr_search` chose is the LR the product could be, trained as
+it trains; row 5 is the product before it trained its parent's eval rows.  Bench-only (scikit-learn's hasher, scipy): `make bench-peers`.  Seconds per row.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ LRS = (0.0115, 0.023, 0.046)
 EVAL_FRACTION = 0.1
 BATCH, PASSES, WARMUP, L2, MIN_RATIO = 256, 3, 4, 0.1, 0.1
 STEPS = ("1 all rows, shuffled, one vocab", "2 in time order", "3 without the eval tenths", "4 day by day",
-         "5 a vocab per day (the product)")
+         "5 a vocab per day", "6 + the parent's eval tenth (the product)")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Ladder:
     """Row indices (into the train frame) of each training day."""
     kept: list[np.ndarray]
     """The same without the last EVAL_FRACTION of each day."""
+    carried: list[np.ndarray]
+    """What the product trains each day: the day before's eval rows (none on day 1), then the day's kept rows."""
     labels: np.ndarray
     later_labels: np.ndarray
     one_vocab: tuple
@@ -76,13 +79,15 @@ def build(name: str, work: Path) -> Ladder:
     starts = np.cumsum([0, *(len(f) for f in frames)])
     days = [np.arange(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)]
     kept = [d[: len(d) - eval_size(len(d), EVAL_FRACTION)] for d in days]
+    held = [d[len(k):] for d, k in zip(days, kept, strict=True)]
+    carried = [kept[0], *(np.concatenate([h, k]) for h, k in zip(held, kept[1:], strict=False))]
     fields = tuple(schema.categorical)
     whole = _vocab(train, fields)
     # day k's rows are encoded with the vocabulary of days 1..k; the later day with the last one
     per_day_train = pd.concat([_apply(f, _vocab(pd.concat(frames[: k + 1]), fields)) for k, f in enumerate(frames)],
                               ignore_index=True)  # fmt: skip
     return Ladder(
-        days, kept, train["label"].to_numpy(float), later["label"].to_numpy(float),
+        days, kept, carried, train["label"].to_numpy(float), later["label"].to_numpy(float),
         (_hashed(_apply(train, whole), schema), _hashed(_apply(later, whole), schema)),
         (_hashed(per_day_train, schema), _hashed(_apply(later, whole), schema)),
     )
@@ -122,7 +127,7 @@ def ladder_rows(name: str, lad: Ladder) -> list[dict]:
     every, kept = np.concatenate(lad.days), np.concatenate(lad.kept)
     plans = [  # (matrices, segments, shuffle) of each step
         (lad.one_vocab, [every], True), (lad.one_vocab, [every], False), (lad.one_vocab, [kept], False),
-        (lad.one_vocab, lad.kept, False), (lad.per_day, lad.kept, False),
+        (lad.one_vocab, lad.kept, False), (lad.per_day, lad.kept, False), (lad.per_day, lad.carried, False),
     ]
     rows = []
     for step, ((x, x_later), segments, shuffle) in zip(STEPS, plans, strict=True):

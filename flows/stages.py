@@ -9,7 +9,8 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     encode   events + vocab -> features/                 (pipeline.encode, on Dask)
     checks   the day's statistics vs the window's        (flows.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
-    train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
+    train    features (after the parent's eval rows)       (flows.parent_eval, trainer.launch: torchrun)
+             -> runs/<model>/date=D/model
     evaluate candidate and published model on the day    (flows.evaluation, trainer.eval_pass)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
@@ -32,6 +33,7 @@ from flows.data_checks import CheckReport, data_stats, run_checks
 from flows.day_recipe import day_recipe
 from flows.evaluation import Evaluation, evaluate_day
 from flows.gate import Scores, gate
+from flows.parent_eval import ParentEval, parent_eval
 from flows.record import recent_records
 from flows.security import redacted
 from flows.serving.export import point_servers_at, write_bundles
@@ -163,9 +165,12 @@ class TrainOutcome:
     run_tag: str
     recipe: Recipe
     """The optim values for the day's size (`trainer.recipe`)."""
+    parent_eval: ParentEval
+    """The eval rows of the parent's day trained before the day's own, or why none (`flows.parent_eval`)."""
 
     def summary(self) -> str:
-        return f"{self.result.summary()}; {self.warm_start}; {self.recipe.summary()}"
+        carried = self.parent_eval.summary() if self.parent_version else ""  # nothing to say before a first model
+        return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}"
 
     def record(self) -> dict[str, Any]:
         r = self.result
@@ -173,17 +178,28 @@ class TrainOutcome:
                 "examples_per_s": r.examples_per_s, "world_size": r.world_size, "wall_s": r.wall_s,
                 "backend": r.stats.get("backend"), "device": r.stats.get("device"),
                 "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
-                "run_tag": self.run_tag, "recipe": self.recipe.record()}
+                "run_tag": self.run_tag, "recipe": self.recipe.record(), "parent_eval": self.parent_eval.record()}
 
 
-def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
-    """The day's train spec: the features, the warm plan, the model to start from, the optim values for
-    the day's train rows (`flows.day_recipe`), and a run tag naming the trained result (so a rerun
-    of the same work resumes from its checkpoints)."""
+@dataclass(frozen=True)
+class TrainPlan:
+    """What the train stage runs (`spec`) and the two decisions behind it, for its record."""
+
+    spec: TrainSpec
+    recipe: Recipe
+    parent_eval: ParentEval
+
+
+def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
+    """The day's train spec: the features (after the parent's eval rows, `flows.parent_eval`), the warm
+    plan, the model to start from, the optim values for the rows it trains (`flows.day_recipe`), and
+    a run tag naming the trained result (so a rerun of the same work resumes from its checkpoints)."""
     layout, published, warmed = state.layout, state.published, state.need("warm")
     encoded = state.need("encode")
     world = resolve_world(cfg.trainer)
-    recipe = day_recipe(cfg, rows=encoded.rows_train, features_url=encoded.url, published=published,
+    carry = parent_eval(enabled=cfg.optim.train_parent_eval, date=state.date, features_url=encoded.url,
+                        published=published, evicted_url=warmed.plan.evict_url, storage_options=cfg.storage_options)
+    recipe = day_recipe(cfg, rows=encoded.rows_train + carry.rows, features_url=encoded.url, published=published,
                         world_size=world.world_size)
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
@@ -193,10 +209,10 @@ def train_spec(cfg: RunConfig, state: DayState) -> tuple[TrainSpec, Recipe]:
         optim=recipe.optim, het=cfg.het, trainer=world, run_tag="", vocab_date=state.date,
         features_id=encoded.run_id,
         checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,
-        warm=warmed.plan, recipe=recipe.record(),
+        warm=warmed.plan, carried=carry.carried, recipe=recipe.record(),
     )
     parent = published.version if published else "none"
-    return replace(spec, run_tag=f"{state.date}:{parent}:{spec.identity()}"), recipe
+    return TrainPlan(replace(spec, run_tag=f"{state.date}:{parent}:{spec.identity()}"), recipe, carry)
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
@@ -205,13 +221,14 @@ def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
     A candidate already committed under the same run tag (a run of the same work, stopped after
     training) is the result: it is not trained again (unless `force`).
     """
-    spec, recipe = train_spec(cfg, state)
+    plan = train_plan(cfg, state)
+    spec = plan.spec
     result = None if state.force else committed_candidate(spec)
     if result is None:
         result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
                               spec_copy_url=state.layout.run_train_spec(state.date))
     parent = state.published.version if state.published else None
-    return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag, recipe)
+    return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag, plan.recipe, plan.parent_eval)
 
 
 def committed_candidate(spec: TrainSpec) -> TrainResult | None:

@@ -4,7 +4,8 @@ key = j << 56 | h, where h is xxhash64 of the value's UTF-8 text masked to 56
 bits.  h = 0 is the field's out-of-vocabulary key and h = 1 its missing-value
 key; real hashes 0 and 1 are moved to 2 and 3.  No central id assignment is
 needed, so every machine and every day agrees on a value's key (see
-docs/ARCHITECTURE.md, "Feature keys").  The trainer imports this module.
+docs/ARCHITECTURE.md, "Feature keys").  The layout's constants (and `to_oov`, which a rank uses) live
+in `storage.key_layout`, so that a rank does not import this package.
 """
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ import numpy as np
 import pandas as pd
 import xxhash
 
-FIELD_SHIFT = 56
-HASH_MASK = (1 << FIELD_SHIFT) - 1
-MAX_FIELDS = 128
-OOV_HASH = 0
-MISSING_HASH = 1
+from storage.key_layout import FIELD_SHIFT, HASH_MASK, MAX_FIELDS, MISSING_HASH, OOV_HASH
 
 
 def _check_field(field_index: int) -> int:
@@ -81,3 +78,4 @@ def feature_keys(field_index: int, values) -> np.ndarray:
     present = codes >= 0
     out[present] = keys[codes[present]]
     return out
+

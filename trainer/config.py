@@ -140,6 +140,9 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     k_steps: int = 10
     """Dense parameters and both Adam moments are averaged across ranks every k steps (1 = synchronous)."""
+    train_parent_eval: bool = True
+    """Train first on the eval rows of the model the day starts from: its gate has used them, and they are
+    its day's latest rows (`flows.parent_eval`); false trains on the day's own train rows only."""
 
     def __post_init__(self) -> None:
         for name in DERIVED_INTS:

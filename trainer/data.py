@@ -10,6 +10,10 @@ decodes the next batches into a bounded queue while the current step runs.  It
 does not pull embedding rows ahead: rows pulled before the previous step's
 push would be stale, and pulls are collectives that belong to the main thread.
 
+A reader may take several split directories in turn (`Source`): the day's training rows follow the
+eval rows of the model the day starts from (`flows.parent_eval`), which that model's gate has used.
+Their keys evicted since are read as the field's OOV key, as today's encoding gives them.
+
 Multi-valued fields: when the features manifest lists `bag_columns`, each
 `bag_j` (list<int64>) is read as flat keys + offsets (`trainer.bags.Jagged`,
 straight from the Arrow list buffers) and reaches the step as `Batch.bags`,
@@ -20,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ import torch
 
 from storage.io import fsio
 from storage.io.read_ahead import read_ahead
+from storage.key_layout import to_oov
 from trainer.bags import FieldBags, Jagged
 from trainer.stateful import require_keys
 
@@ -190,6 +195,15 @@ def table_to_bags(table: pa.Table, schema: FeatureSchema) -> tuple[Jagged, ...]:
     return tuple(Jagged.from_arrow(table.column(c)) for c in schema.bag_columns)
 
 
+@dataclass(frozen=True)
+class Source:
+    """A split directory a reader takes rows from, and the keys to read as their field's OOV key."""
+
+    url: str
+    evicted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """Sorted int64: keys the vocabulary has evicted since these rows were encoded (`storage.key_layout.to_oov`)."""
+
+
 def _tensor(a: np.ndarray) -> torch.Tensor:
     # Arrow hands out read-only buffers; torch tensors must own writable memory
     return torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous else np.array(a, order="C"))
@@ -215,6 +229,12 @@ class _Rows:
         bags = tuple(Jagged.concat([p.bags[i] for p in parts]) for i in range(len(parts[0].bags)))
         return cls(labels, dense, keys, bags)
 
+    def to_oov(self, evicted: np.ndarray) -> _Rows:
+        if evicted.size == 0:
+            return self
+        bags = tuple(Jagged(to_oov(b.values, evicted), b.offsets) for b in self.bags)
+        return _Rows(self.labels, self.dense, to_oov(self.keys, evicted), bags)
+
     def slice(self, lo: int, hi: int) -> _Rows:
         return _Rows(self.labels[lo:hi], self.dense[lo:hi], self.keys[lo:hi], tuple(b.slice(lo, hi) for b in self.bags))
 
@@ -228,11 +248,13 @@ class _Rows:
 class RankReader:
     """Reads this rank's share of a split in order, as batches of `batch_size` (the last may be smaller).
 
+    `url` is one split directory, or several `Source`s read one after the other as one sequence of rows.
+
     Stateful: `position` counts the batches handed to training over every epoch (`stream`), so a
     checkpoint written after a step resumes at the next batch, however far a reader thread ran ahead.
 
     Args:
-        url: the split directory (`features/date=D/train`).
+        url: the split directory (`features/date=D/train`), or the `Source`s to read in turn.
         schema: the column layout.
         rank, world_size: this rank's place; all ranks get the same number of rows.
         batch_size: examples per batch.
@@ -248,7 +270,7 @@ class RankReader:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[Source],
         schema: FeatureSchema,
         *,
         rank: int,
@@ -258,8 +280,13 @@ class RankReader:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.fs, _ = fsio.get_fs(url, storage_options)
-        self.files = list_parts(url, storage_options)
+        self.sources = [Source(url)] if isinstance(url, str) else list(url)
+        if not self.sources:
+            raise ValueError("a reader needs at least one split directory")
+        self.fs, _ = fsio.get_fs(self.sources[0].url, storage_options)
+        placed = [(path, s) for s in self.sources for path in list_parts(s.url, storage_options)]
+        self.files = [path for path, _ in placed]
+        self._evicted = [s.evicted for _, s in placed]
         self.schema, self.batch_size = schema, batch_size
         self.columns = ["label", *schema.dense_columns, *schema.key_columns, *schema.bag_columns]
         self.file_rows: list[int] = []
@@ -278,7 +305,7 @@ class RankReader:
         """The share's rows in order from its `skip_rows`-th, one Parquet row group slice at a time."""
         lo, hi = self.share.start + skip_rows, self.share.stop
         offset = 0
-        for path, rows in zip(self.files, self.file_rows, strict=True):
+        for path, rows, evicted in zip(self.files, self.file_rows, self._evicted, strict=True):
             if offset >= hi:
                 break
             if offset + rows > lo:
@@ -290,7 +317,8 @@ class RankReader:
                         a, b = max(lo, rg_off), min(hi, rg_off + n)
                         if a < b:
                             table = pf.read_row_group(i, columns=self.columns).slice(a - rg_off, b - a)
-                            yield _Rows(*table_to_arrays(table, self.schema), table_to_bags(table, self.schema))
+                            decoded = _Rows(*table_to_arrays(table, self.schema), table_to_bags(table, self.schema))
+                            yield decoded.to_oov(evicted)
                         rg_off += n
             offset += rows
 

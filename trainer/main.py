@@ -139,6 +139,7 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             "epochs": spec.optim.epochs,
             "examples": examples,
             "dropped_rows": stats.dropped_rows,
+            "carried": {"date": spec.carried.date, "rows": spec.carried.rows} if spec.carried else None,
             "final_loss": float(np.mean([r["final_loss"] for r in everyone])),
             "mean_loss": sum(r["loss_sum"] for r in everyone) / max(1, steps * ctx.world_size),
             "train_s": train_s,
@@ -206,8 +207,10 @@ def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any
 def run(spec: TrainSpec) -> None:
     """Train one rank of `spec` inside an initialised torchrun environment."""
     so = spec.storage_options  # committed directories -> their files (an object store's data prefix)
+    carried = spec.carried and dataclasses.replace(spec.carried, features_url=fsio.data_url(spec.carried.features_url, so))
     spec = dataclasses.replace(spec, features_url=fsio.data_url(spec.features_url, so),
-                               init_model_url=spec.init_model_url and fsio.data_url(spec.init_model_url, so))
+                               init_model_url=spec.init_model_url and fsio.data_url(spec.init_model_url, so),
+                               carried=carried)
     ctx = init_distributed(spec.trainer)
     store: EmbeddingStore | None = None
     try:

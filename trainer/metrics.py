@@ -7,10 +7,16 @@ from typing import Any
 
 import numpy as np
 
-_EPS = 1e-7
+PROB_EPS = 1e-7
+"""Probabilities are clipped to [PROB_EPS, 1 - PROB_EPS] before a log (log loss of 0 or 1 predictions)."""
 
 
-def _as_binary_labels(labels: np.ndarray) -> np.ndarray:
+def as_binary_labels(labels: np.ndarray) -> np.ndarray:
+    """`labels` as a flat float64 array of 0s and 1s.
+
+    Raises:
+        ValueError: a label is neither 0 nor 1.
+    """
     y = np.asarray(labels, dtype=np.float64).ravel()
     if y.size and not np.isin(y, (0.0, 1.0)).all():
         raise ValueError("labels must be 0 or 1")
@@ -39,7 +45,7 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     Raises:
         ValueError: labels not 0/1, lengths differ, or only one class present (AUC undefined).
     """
-    y = _as_binary_labels(labels)
+    y = as_binary_labels(labels)
     s = np.asarray(scores, dtype=np.float64).ravel()
     if y.shape != s.shape:
         raise ValueError(f"labels ({y.size}) and scores ({s.size}) differ in length")
@@ -54,8 +60,8 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def logloss(labels: np.ndarray, probs: np.ndarray) -> float:
     """Mean binary cross-entropy of probabilities (clipped to [1e-7, 1 - 1e-7])."""
-    y = _as_binary_labels(labels)
-    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), _EPS, 1 - _EPS)
+    y = as_binary_labels(labels)
+    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), PROB_EPS, 1 - PROB_EPS)
     if y.shape != p.shape:
         raise ValueError(f"labels ({y.size}) and probs ({p.size}) differ in length")
     if y.size == 0:
@@ -65,7 +71,7 @@ def logloss(labels: np.ndarray, probs: np.ndarray) -> float:
 
 def calibration(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
     """Mean prediction, click rate and their ratio (1.0 = calibrated; nan when there are no clicks)."""
-    y = _as_binary_labels(labels)
+    y = as_binary_labels(labels)
     p = np.asarray(probs, dtype=np.float64).ravel()
     if y.size == 0:
         raise ValueError("calibration of an empty set")
@@ -111,7 +117,7 @@ class StreamingAUC:
 
     def update(self, labels: np.ndarray, scores: np.ndarray) -> StreamingAUC:
         """Add a batch of 0/1 labels and their scores; returns self."""
-        y = _as_binary_labels(labels)
+        y = as_binary_labels(labels)
         s = np.asarray(scores, dtype=np.float64).ravel()
         if y.shape != s.shape:
             raise ValueError(f"labels ({y.size}) and scores ({s.size}) differ in length")
@@ -193,7 +199,7 @@ def reliability_table(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> 
         # [{'lo': 0.0, 'hi': 0.5, 'count': 1, 'mean_prediction': 0.05, 'click_rate': 0.0},
         #  {'lo': 0.5, 'hi': 1.0, 'count': 2, 'mean_prediction': 0.945, 'click_rate': 1.0}]
     """
-    y = _as_binary_labels(labels)
+    y = as_binary_labels(labels)
     p = np.asarray(probs, dtype=np.float64).ravel()
     if y.shape != p.shape:
         raise ValueError(f"labels ({y.size}) and probs ({p.size}) differ in length")
@@ -281,7 +287,7 @@ class StreamingMetrics:
         self.ysum = np.zeros(bins)
 
     def update(self, labels: np.ndarray, probs: np.ndarray) -> StreamingMetrics:
-        y = _as_binary_labels(labels)
+        y = as_binary_labels(labels)
         p = np.asarray(probs, dtype=np.float64).ravel()
         if y.size == 0:
             return self
@@ -326,7 +332,7 @@ def slice_metrics(
 
     AUC is NaN for a slice with one class; slices under `min_rows` rows are skipped.
     """
-    y = _as_binary_labels(labels)
+    y = as_binary_labels(labels)
     p = np.asarray(probs, dtype=np.float64).ravel()
     g = np.asarray(groups).ravel()
     values, counts = np.unique(g, return_counts=True)

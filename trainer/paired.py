@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.metrics import _EPS, _as_binary_labels, average_ranks
+from trainer.metrics import PROB_EPS, as_binary_labels, average_ranks
 
 MAX_ROWS = 1 << 20
 """Rows kept for the AUC difference's standard error (3 float64 columns: 24 MiB)."""
@@ -70,7 +70,7 @@ class PairedDifference:
 
     def update(self, labels: np.ndarray, first: np.ndarray, second: np.ndarray) -> PairedDifference:
         """Add a batch: 0/1 labels and each model's probabilities of the same rows; returns self."""
-        y = _as_binary_labels(labels)
+        y = as_binary_labels(labels)
         a = np.asarray(first, dtype=np.float64).ravel()
         b = np.asarray(second, dtype=np.float64).ravel()
         if not y.shape == a.shape == b.shape:
@@ -105,7 +105,7 @@ class PairedDifference:
 
 
 def _row_loss(y: np.ndarray, p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, _EPS, 1 - _EPS)
+    p = np.clip(p, PROB_EPS, 1 - PROB_EPS)
     return -(y * np.log(p) + (1 - y) * np.log1p(-p))
 
 
@@ -116,7 +116,7 @@ def paired_auc_difference(labels: np.ndarray, first: np.ndarray, second: np.ndar
     negative placements give the AUC as their mean; the variance of the difference is
     var(V10_a - V10_b) / P + var(V01_a - V01_b) / N.  (NaN, NaN) without 2 positives and 2 negatives.
     """
-    y = _as_binary_labels(labels)
+    y = as_binary_labels(labels)
     pos = y == 1
     P, N = int(pos.sum()), int((~pos).sum())
     if P < 2 or N < 2:

@@ -22,6 +22,21 @@ from trainer.models.config import ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True)
+class CarriedRows:
+    """Rows a day trains on before its own: the eval split of the features its start model was gated on
+    (`flows.parent_eval`)."""
+
+    features_url: str
+    """That day's committed features (their files), holding `eval/`."""
+    features_id: str
+    """Their manifest's run id: part of `TrainSpec.identity()`."""
+    date: str
+    rows: int
+    evicted_url: str | None
+    """This day's vocabulary's evicted keys: read as the field's OOV key in these rows."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainSpec:
     """What one training run needs."""
 
@@ -51,6 +66,8 @@ class TrainSpec:
     """Directory of this run's checkpoints (shared by every node); None = no checkpoints."""
     warm: WarmPlan | None = None
     """What a rank needs to warm its own shard when the flow did not (`storage.warm.ensure_warm`)."""
+    carried: CarriedRows | None = None
+    """Rows trained before the day's own in every epoch (the parent's eval rows), or None."""
     recipe: dict[str, Any] = field(default_factory=dict)
     """How `optim` was derived for the day's size (`trainer.recipe.Recipe.record`), for model.json; not
     part of `identity()`, which hashes the values themselves."""
@@ -67,6 +84,8 @@ class TrainSpec:
             "features": self.features_id or self.features_url,
             "init_model_url": self.init_model_url,
         }
+        if self.carried is not None:  # absent otherwise, so the tags of runs without carried rows are unchanged
+            parts["carried"] = self.carried.features_id or self.carried.features_url
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
     def to_dict(self) -> dict[str, Any]:

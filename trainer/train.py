@@ -27,14 +27,23 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from storage.embedding.base import EmbeddingStore
+from storage.warm import read_keys
 from trainer import checkpoint, model_dir
 from trainer.bags import cells_l2_grad, expand_cells, pool_rows
-from trainer.data import Batch, RankReader, prefetch_depth, read_schema, split_dir
+from trainer.data import (
+    Batch,
+    RankReader,
+    Source,
+    prefetch_depth,
+    read_schema,
+    split_dir,
+)
 from trainer.distributed.collectives import broadcast_tensors
 from trainer.distributed.context import DistContext
 from trainer.distributed.sharded_embedding import ShardedEmbedding
@@ -184,13 +193,13 @@ class Trainer:
         cfg, het = spec.optim, spec.het
         if unresolved := cfg.unresolved():
             raise ValueError(f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
-                             "trainer.recipe.derive before training (flows.stages.train_spec does)")
+                             "trainer.recipe.derive before training (flows.stages.train_plan does)")
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
         self.schema = read_schema(spec.features_url, spec.storage_options).for_pooling(spec.model.bag_pooling)
         self.reader = RankReader(
-            split_dir(spec.features_url, "train"), self.schema, rank=ctx.rank, world_size=ctx.world_size,
+            self.sources(), self.schema, rank=ctx.rank, world_size=ctx.world_size,
             batch_size=cfg.batch_size, storage_options=spec.storage_options,
         )
         if self.reader.share.rows == 0:
@@ -220,6 +229,23 @@ class Trainer:
         self.progress = Progress(ctx.device)
         self.start_step = self.resume() if spec.checkpoint_url else 0
 
+    def sources(self) -> list[Source]:
+        """The day's train rows, after the carried rows of the start model's day when the spec has them.
+
+        Raises:
+            ValueError: the carried rows have other columns than the day's.
+        """
+        so, carried = self.spec.storage_options, self.spec.carried
+        train = Source(split_dir(self.spec.features_url, "train"))
+        if carried is None:
+            return [train]
+        theirs = read_schema(carried.features_url, so, split="eval").for_pooling(self.spec.model.bag_pooling)
+        if theirs != self.schema:
+            raise ValueError(f"carried rows of {carried.date} ({carried.features_url}) have columns {theirs}, "
+                             f"the day's have {self.schema}: train without them (optim.train_parent_eval=false)")
+        evicted = np.sort(read_keys(carried.evicted_url, so))
+        return [Source(split_dir(carried.features_url, "eval"), evicted), train]
+
     def load_warm_start(self, model_url: str) -> None:
         """Dense parameters and Adam moments from a previous model directory.
 
@@ -248,6 +274,7 @@ class Trainer:
         cfg = self.spec.optim
         return {
             "features_url": self.spec.features_url, "run_tag": self.spec.run_tag, "world_size": self.ctx.world_size,
+            "carried": self.spec.carried.features_url if self.spec.carried else None,
             "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed, "k_steps": cfg.k_steps,
             "staleness_bound": self.spec.het.staleness_bound, "rows_per_rank": self.reader.share.rows,
             "precision": self.precision.name,
@@ -330,7 +357,9 @@ class Trainer:
         epoch, b = divmod(step - 1, per_epoch)
         lo = self.reader.share.start + b * B
         hi = min(lo + B, self.reader.share.stop)
-        return f"epoch {epoch}, batch {b} of this rank = train rows [{lo}, {hi}) of {self.spec.features_url}"
+        c = self.spec.carried
+        rows = f"the {c.rows} eval rows of {c.features_url}, then the train rows of " if c else "train rows of "
+        return f"epoch {epoch}, batch {b} of this rank = rows [{lo}, {hi}) of {rows}{self.spec.features_url}"
 
     def _bind(self) -> None:
         if self.spec.trainer.bind_io_threads:

@@ -25,12 +25,12 @@ def test_real_samples_split_in_file_order_into_dated_days(name, shared_data, tmp
         assert days == [[d] for d in (*files.train_dates, files.later_date)]
 
 
-def test_the_train_split_is_each_day_without_the_tenth_the_product_holds_out(shared_data, tmp_path) -> None:
+def test_the_train_split_is_every_row_but_the_last_days_held_out_tenth(shared_data, tmp_path) -> None:
     files = real_days("criteo", tmp_path, data=shared_data)
     split = files.train_split_events(0.1)
     days = [read_log_file(files.path(d), files.fmt)[0] for d in files.train_dates]
-    assert len(split) == 3_600 + 3_600
-    head = pd.concat([d.iloc[:3_600] for d in days], ignore_index=True)
+    assert len(split) == 4_000 + 3_600  # day 1's held-out tenth is trained by day 2 (flows.parent_eval)
+    head = pd.concat([days[0], days[1].iloc[:3_600]], ignore_index=True)
     np.testing.assert_array_equal(split["label"].to_numpy(), head["label"].to_numpy())
 
 

@@ -24,6 +24,7 @@ from flows.record import read_record
 from pipeline.generate import generate_days
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry
+from trainer.model_dir import read_meta
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +118,20 @@ def test_day_two_warm_starts_from_day_one(three_days):
     day1 = pq.read_table(root / "models/ctr/v00001/sparse").to_pandas().set_index("key")["clock"]
     common = day1.index.intersection(clocks.index)
     assert (clocks.loc[common] >= day1.loc[common]).all() and (clocks.loc[common] > day1.loc[common]).any()
+
+
+def test_each_day_trains_the_eval_rows_of_the_day_before_it_first(three_days):
+    root, cfg, _ = three_days
+    first = read_record(cfg.layout(), DAYS[0])
+    assert first.train["parent_eval"] == {"date": None, "rows": 0, "reason": "no published model"}
+    for before, day in zip(DAYS, DAYS[1:], strict=False):
+        prior, record = read_record(cfg.layout(), before), read_record(cfg.layout(), day)
+        assert record.train["parent_eval"]["date"] == before and record.train["parent_eval"]["rows"] == prior.rows_eval
+        meta = read_meta(cfg.layout().run_model(day))
+        assert meta.train["carried"] == {"date": before, "rows": prior.rows_eval}
+        rows, world = record.rows_train + prior.rows_eval, meta.train["world_size"]
+        assert meta.recipe["rows"] == rows  # the recipe was sized to every row trained
+        assert meta.train["examples"] == meta.optim.epochs * (rows // world * world)
 
 
 def test_rerun_of_a_completed_date_changes_nothing(three_days):

@@ -63,8 +63,13 @@ def write_feature_day(day: Path, *, train_parts: tuple[int, ...], eval_parts: tu
             }).to_parquet(day / split / f"part-{i:05d}.parquet", index=False)
 
 
-def committed_feature_day(day: Path, *, train_rows: int, seed: int = 0) -> str:
-    """A committed features directory (`write_feature_day` in two train parts + its manifest), as a url."""
-    write_feature_day(day, train_parts=(train_rows // 2, train_rows - train_rows // 2), eval_parts=(400,), seed=seed)
-    (day / "_SUCCESS.json").write_text(json.dumps({"dense_columns": ["d_0"], "key_columns": ["k_0", "k_1"]}))
+def committed_feature_day(day: Path, *, train_rows: int, seed: int = 0, date: str = "2026-01-04",
+                          eval_rows: int = 400) -> str:
+    """A committed features directory of `date` (`write_feature_day` in two train parts and one eval part
+    + its manifest), as a url."""
+    write_feature_day(day, train_parts=(train_rows // 2, train_rows - train_rows // 2), eval_parts=(eval_rows,),
+                      seed=seed)
+    manifest = {"date": date, "dense_columns": ["d_0"], "key_columns": ["k_0", "k_1"], "run_id": f"{date}-{seed}",
+                "eval_part_rows": [{"name": "part-00000", "rows": eval_rows}]}
+    (day / "_SUCCESS.json").write_text(json.dumps(manifest))
     return str(day)

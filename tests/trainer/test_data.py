@@ -19,6 +19,7 @@ from trainer.data import (
     FeatureSchema,
     Prefetcher,
     RankReader,
+    Source,
     prefetch_depth,
     rank_share,
     read_schema,
@@ -87,6 +88,30 @@ def test_the_whole_share_at_once_equals_its_batches_in_order(tmp_path: Path) -> 
     np.testing.assert_array_equal(labels, np.concatenate([b.labels.numpy() for b in batches]))
     np.testing.assert_array_equal(keys, np.concatenate([b.keys.numpy() for b in batches]))
     assert labels[0] == 25 and dense.shape == (25, 2) and reader.position == 0  # rank 1's rows; nothing consumed
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sources_are_read_in_turn_as_one_sequence_and_only_their_own_evictions_apply(tmp_path: Path, world: int) -> None:
+    carried, train = write_features(tmp_path / "carried", [5, 9]), write_features(tmp_path / "train", [13, 8])
+    evicted = np.array([100, 300, 301, 302])  # row 1's first key and all of row 3's, in the carried rows only
+    sources = [Source(split_dir(str(carried), "train"), evicted), Source(split_dir(str(train), "train"))]
+    schema = read_schema(str(train))
+    got = []
+    for r in range(world):
+        reader = RankReader(sources, schema, rank=r, world_size=world, batch_size=4)
+        labels, _, keys = reader.arrays()
+        batches = list(reader.iter_batches())
+        np.testing.assert_array_equal(keys, np.concatenate([b.keys.numpy() for b in batches]))
+        got.append((labels, keys))
+    labels, keys = (np.concatenate([g[i] for g in got]) for i in (0, 1))
+    n = 35 // world * world
+    np.testing.assert_array_equal(labels, np.r_[np.arange(14), np.arange(21)][:n])  # carried first, then the day's
+    want = (np.r_[np.arange(14), np.arange(21)][:, None] * 100 + np.arange(3))[:n]
+    want[1, 0] = 0  # evicted: the field's OOV key (field 0 here)
+    want[3, :] = 0
+    np.testing.assert_array_equal(keys, want)  # the day's row 1 keeps key 100: its encoding is already today's
+    with pytest.raises(ValueError, match="at least one"):
+        RankReader([], schema, rank=0, world_size=1, batch_size=4)
 
 
 @pytest.mark.parametrize("depth", [0, 2])
