@@ -3,7 +3,7 @@
 A day's last `encode.eval_fraction` of rows is held out from its training for its gate
 (`flows.gate`).  Once that model is published the gate has used them, and they are its day's latest
 rows, the closest to what the next model will serve.  So the next day trains on them first, in every
-epoch (`optim.train_parent_eval`), read through that day's vocabulary's evictions
+epoch (`optim.train_parent_eval`), with the keys today's vocabulary evicted read as OOV
 (`trainer.data.Source`).  Today's own eval rows stay out of training, so today's gate still scores
 rows no model it compares has trained on.
 

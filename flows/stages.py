@@ -9,8 +9,8 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     encode   events + vocab -> features/                 (pipeline.encode, on Dask)
     checks   the day's statistics vs the window's        (flows.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
-    train    features (after the parent's eval rows)       (flows.parent_eval, trainer.launch: torchrun)
-             -> runs/<model>/date=D/model
+    train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
+             after the parent's eval rows                (flows.parent_eval)
     evaluate candidate and published model on the day    (flows.evaluation, trainer.eval_pass)
     publish  gate -> registry version, LATEST            (flows.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)

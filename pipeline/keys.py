@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 import xxhash
 
-from storage.key_layout import FIELD_SHIFT, HASH_MASK, MAX_FIELDS, MISSING_HASH, OOV_HASH
+from storage.key_layout import (
+    FIELD_SHIFT,
+    HASH_MASK,
+    MAX_FIELDS,
+    MISSING_HASH,
+    OOV_HASH,
+)
 
 
 def _check_field(field_index: int) -> int:
@@ -78,4 +84,3 @@ def feature_keys(field_index: int, values) -> np.ndarray:
     present = codes >= 0
     out[present] = keys[codes[present]]
     return out
-

@@ -12,7 +12,7 @@ push would be stale, and pulls are collectives that belong to the main thread.
 
 A reader may take several split directories in turn (`Source`): the day's training rows follow the
 eval rows of the model the day starts from (`flows.parent_eval`), which that model's gate has used.
-Their keys evicted since are read as the field's OOV key, as today's encoding gives them.
+Their keys that today's vocabulary evicted are read as the field's OOV key, as today's encoding gives them.
 
 Multi-valued fields: when the features manifest lists `bag_columns`, each
 `bag_j` (list<int64>) is read as flat keys + offsets (`trainer.bags.Jagged`,
@@ -201,7 +201,7 @@ class Source:
 
     url: str
     evicted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    """Sorted int64: keys the vocabulary has evicted since these rows were encoded (`storage.key_layout.to_oov`)."""
+    """Sorted int64 keys to read as OOV: for a parent's eval rows, the day's evicted keys (`storage.key_layout.to_oov`)."""
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
