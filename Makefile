@@ -35,7 +35,7 @@ test: install-test
 test-fast: install-test
 	$(PY) -m pytest -q -m "not slow and not distributed"
 
-# Kill whole runs at random moments and check every rerun (tests/chaos; long: about 40 minutes on 2 cores).
+# Kill whole runs at random moments and check every rerun (tests/chaos; long: about 30 minutes on 2 cores).
 # CHAOS_SEED=<n> replays a run, CHAOS_TRIALS=<n> sets the single-day trials (default 20).
 chaos: install-test
 	$(PY) -m pytest -q -s -m chaos tests/chaos
