@@ -280,11 +280,11 @@ class RankReader:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sources = [Source(url)] if isinstance(url, str) else list(url)
-        if not self.sources:
+        sources = [Source(url)] if isinstance(url, str) else list(url)
+        if not sources:
             raise ValueError("a reader needs at least one split directory")
-        self.fs, _ = fsio.get_fs(self.sources[0].url, storage_options)
-        placed = [(path, s) for s in self.sources for path in list_parts(s.url, storage_options)]
+        self.fs, _ = fsio.get_fs(sources[0].url, storage_options)
+        placed = [(path, s) for s in sources for path in list_parts(s.url, storage_options)]
         self.files = [path for path, _ in placed]
         self._evicted = [s.evicted for _, s in placed]
         self.schema, self.batch_size = schema, batch_size

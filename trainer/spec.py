@@ -75,16 +75,18 @@ class TrainSpec:
     def identity(self) -> str:
         """A short hash of everything that changes the trained model (and nothing that does not)."""
         t = self.trainer
+        optim = codec.encode(self.optim)
+        optim.pop("train_parent_eval")  # it changes the model only through `carried`, hashed below
         parts = {
             "model": codec.encode(self.model),
-            "optim": codec.encode(self.optim),
+            "optim": optim,
             "het": codec.encode(self.het),
             "rows": {"embedding_dim": self.store.embedding_dim, "init_std": self.store.init_std},
             "world": {"nnodes": t.nnodes, "nproc_per_node": t.nproc_per_node, "intra_group_size": t.intra_group_size},
             "features": self.features_id or self.features_url,
             "init_model_url": self.init_model_url,
         }
-        if self.carried is not None:  # absent otherwise, so the tags of runs without carried rows are unchanged
+        if self.carried is not None:  # absent otherwise: a run without carried rows keeps the tag it had before them
             parts["carried"] = self.carried.features_id or self.carried.features_url
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
 

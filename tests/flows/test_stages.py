@@ -94,3 +94,5 @@ def test_a_warm_day_trains_the_parents_eval_rows_first_and_its_identity_names_th
     assert alone.spec.carried is None and alone.recipe.rows == 3_600
     assert alone.parent_eval.reason == "optim.train_parent_eval is false"
     assert dataclasses.replace(plan.spec, carried=None).identity() != plan.spec.identity()  # the carried rows are hashed
+    cold = dataclasses.replace(state, published=None)  # nothing to carry: the option alone changes no identity
+    assert train_plan(cfg, cold).spec.identity() == train_plan(off, cold).spec.identity()

@@ -60,4 +60,3 @@ def test_a_million_values_key_quickly():
     t0 = time.perf_counter()
     feature_keys(0, values)
     assert time.perf_counter() - t0 < 5.0
-
