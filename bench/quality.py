@@ -18,7 +18,8 @@ regression, C by cross-validation on the training days' rows; DeepCTR-Torch Deep
 defaults), fit on every row of the training day files (the product holds the last tenth of the last
 day out for its publish gate, so it trains on fewer; `sklearn-lr (train split)` fits those).  Real samples run every `--archs`; a synthetic
 dataset runs the default architecture and the logistic regression beside its ceiling (the AUC of
-the true probabilities).  Each model runs with every seed (liblinear has none: one fit); a row
+the true probabilities) and `bench.quality_bound`'s fit of a model of the generator's exact form,
+the most the sample's rows give a learner that knows the form.  Each model runs with every seed (liblinear has none: one fit); a row
 reports the mean and spread over seeds, and its difference from the default model with the
 paired-bootstrap sd of that difference over the later rows (`bench.quality_stats`): a difference
 within 2 sd is one the sample cannot decide.
@@ -39,6 +40,7 @@ DATASETS = ("criteo", "avazu", "synthetic-100k", "synthetic-1000k")
 INTERACTIONS = 8
 """Planted pairwise interactions of the synthetic datasets (`ctrpipe generate --interactions`)."""
 OURS = "attention"
+BOUND = "planted-form fit (bound)"
 COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs_default", "vs_sd", "decided",
            "of_ceiling", "s")
 
@@ -116,6 +118,12 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
             t0 = time.perf_counter()
             models["deepctr-deepfm"] = [deepctr_deepfm(train, later, _schema(files.fmt), seed=s)[0] for s in seeds]
             seconds["deepctr-deepfm"] = (time.perf_counter() - t0) / len(seeds)
+    if synthetic:  # the most a model of the generator's exact form gets from these rows
+        from bench.quality_bound import planted_form_fit
+
+        p, info = planted_form_fit(files.train_events(), files.later_events(), seed=files.seed,
+                                   interactions=interactions)
+        models[BOUND], seconds[BOUND], raw[BOUND] = [p], info.pop("s"), info
     ceiling = auc(labels, files.truth) if synthetic else None
     rows = []
     if synthetic:

@@ -40,6 +40,8 @@ class DayFiles:
     later_date: str
     truth: np.ndarray | None = None
     """True click probabilities of the later day's rows (synthetic data only)."""
+    seed: int | None = None
+    """The generator's seed (synthetic data only): with the planted pairs' count it names the click model."""
 
     def path(self, date: str) -> str:
         return self.url.replace("{date}", date)
@@ -103,7 +105,7 @@ def synthetic_days(rows: int, out: Path, *, interactions: int, seed: int = 0) ->
                          interactions=interactions)
     truth = np.load(out / f"day_{days[-1].date}.truth.npy").astype(np.float64)
     return DayFiles(f"synthetic-{rows // 1000}k", "criteo", str(out / "day_{date}.tsv.gz"),
-                    tuple(d.date for d in days[:-1]), days[-1].date, truth)
+                    tuple(d.date for d in days[:-1]), days[-1].date, truth, seed)
 
 
 def dataset_days(name: str, out: Path, *, interactions: int) -> DayFiles:

@@ -135,6 +135,10 @@ class OptimConfig:
     warmup_steps: str | int = AUTO
     """Linear learning-rate warm-up from 0 over this many steps (dense and sparse lr; 0 = none), never
     longer than the day; `auto`: a tenth of the day's steps, at most 100."""
+    cross_lr_scale: str | float = AUTO
+    """The `model.cross` term's learning rate, as a multiple of `lr`; `auto`: 1 on a day of at least
+    `trainer.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
+    since on fewer rows it fits noise (docs/benchmarks.md)."""
     lr_decay: str = "cosine"
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
     min_lr_ratio: float = 0.1
@@ -157,7 +161,7 @@ class OptimConfig:
         for name in ("lr", "sparse_lr"):
             if _is_number(v := getattr(self, name)) and v <= 0:
                 raise ValueError(f"optim.{name} must be > 0 or {AUTO!r}, got {v}")
-        for name in ("weight_decay", "embedding_l2", "warmup_steps"):
+        for name in ("weight_decay", "embedding_l2", "warmup_steps", "cross_lr_scale"):
             if _is_number(v := getattr(self, name)) and v < 0:
                 raise ValueError(f"optim.{name} must be >= 0, got {v}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -171,7 +175,7 @@ class OptimConfig:
 
 
 DERIVED_INTS = ("batch_size", "epochs", "warmup_steps")
-DERIVED_FLOATS = ("lr", "sparse_lr", "embedding_l2")
+DERIVED_FLOATS = ("lr", "sparse_lr", "embedding_l2", "cross_lr_scale")
 """The `optim` fields that may be `auto` (`trainer.recipe`)."""
 
 

@@ -24,7 +24,12 @@ dropout) is derived here, in this order, from the rows per rank n = rows // worl
   the regularisation that stops the extra passes from memorising the day (the cosine decay of
   `optim.lr_decay` does the rest).  On the shared samples' 3,600-row days the MLP overfits first:
   dropout 0.5 at 3 passes took the Criteo later-day AUC from 0.717 to 0.731 (docs/benchmarks.md);
-- warmup_steps: a tenth of the day's steps, at most WARMUP_CAP.
+- warmup_steps: a tenth of the day's steps, at most WARMUP_CAP;
+- cross_lr_scale: 1 on a day of at least CROSS_MIN_ROWS train rows, else 0: the `model.cross` term's
+  crosses need rows to estimate.  Trained on days of 3,600-4,000 rows it cost the later day's AUC
+  0.004-0.027 (the shared samples, synthetic days); from 7,200 rows a day it added 0.005-0.02
+  (docs/benchmarks.md).  At 0 the term stays as it is: zero on a model that never trained it, whose
+  predictions are then those of the model without it.
 
 An explicit value in the config always wins, and the fields after it are derived from it (a set
 batch size decides the epochs that reach MIN_STEPS); an explicit warm-up is only cut to the day's
@@ -63,6 +68,8 @@ MAX_DROPOUT = 0.5
 """Dropout of a day of MAX_EPOCHS passes, and of any more passes set in the config."""
 WARMUP_CAP = 100
 WARMUP_SHARE = 0.1
+CROSS_MIN_ROWS = 10_000
+"""Train rows from which a day trains the `model.cross` term (all ranks together)."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +119,10 @@ class Recipe:
         }
 
     def summary(self) -> str:
-        """One line: the values for the day's size, `*` marking the derived ones."""
+        """One line: the values for the day's size, `*` marking the derived ones (the train stage's line
+        before it names the steps and ranks)."""
         values = " ".join(f"{k.split('.', 1)[1]}={self.value(k):g}{'*' if k in self.derived else ''}" for k in self.why)
-        return f"recipe for {self.rows:,} rows on {self.world_size} rank(s), {self.steps} steps: {values} (* derived)"
+        return f"recipe for {self.rows:,} rows: {values} (* derived)"
 
 
 def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int) -> Recipe:
@@ -164,6 +172,8 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
     pick("dropout", min(MAX_DROPOUT, DROPOUT_PER_EXTRA_EPOCH * (epochs - 1)),
          f"{epochs} passes: {DROPOUT_PER_EXTRA_EPOCH:g} per pass after the first, at most {MAX_DROPOUT:g}",
          section="model")
+    pick("cross_lr_scale", 1.0 if rows >= CROSS_MIN_ROWS else 0.0,
+         f"{rows:,} train rows: 1 from {CROSS_MIN_ROWS:,} rows (enough to estimate crosses), else 0")
     warmup = pick("warmup_steps", min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
                   f"{steps} steps: a tenth of them, at most {WARMUP_CAP}")
     if warmup > steps:  # an explicit warm-up longer than the day would never reach the learning rate

@@ -48,7 +48,7 @@ from trainer.distributed.collectives import broadcast_tensors
 from trainer.distributed.context import DistContext
 from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.distributed.topology import bind_io_threads
-from trainer.models.ctr_model import CTRModel
+from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.optim.schedule import set_step_lrs
 from trainer.precision import Precision, resolve_precision
@@ -215,7 +215,8 @@ class Trainer:
             dim=spec.store.embedding_dim,
         ).to(ctx.device)
         self.opt = KStepAdam(
-            self.model.named_parameters(), ctx, k=cfg.k_steps, lr=cfg.lr, weight_decay=cfg.weight_decay
+            self.model.named_parameters(), ctx, k=cfg.k_steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            lr_scales={CROSS_PREFIX: cfg.cross_lr_scale},
         )
         if spec.init_model_url:
             self.load_warm_start(spec.init_model_url)

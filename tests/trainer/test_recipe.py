@@ -10,7 +10,7 @@ import pytest
 from trainer import recipe
 from trainer.config import AUTO, DERIVED_FLOATS, DERIVED_INTS, OptimConfig
 from trainer.models.config import ModelConfig
-from trainer.recipe import derive
+from trainer.recipe import CROSS_MIN_ROWS, derive
 
 SIZES = [10**3, 2_500, 3_600, 10**4, 18_000, 5 * 10**4, 10**5, 3 * 10**5, 10**6, 10**7, 10**8]
 WORLDS = [1, 2, 8]
@@ -62,20 +62,30 @@ def test_a_small_day_takes_several_passes_at_a_higher_dense_learning_rate() -> N
 
 @pytest.mark.parametrize("rows", SIZES)
 def test_explicit_values_are_kept_and_the_rest_follow_from_them(rows: int) -> None:
-    given = {"batch_size": 64, "epochs": 2, "lr": 0.5, "sparse_lr": 0.25, "embedding_l2": 0.125, "warmup_steps": 7}
+    given = {"batch_size": 64, "epochs": 2, "lr": 0.5, "sparse_lr": 0.25, "embedding_l2": 0.125, "warmup_steps": 7,
+             "cross_lr_scale": 0.5}
     for name, value in given.items():
         r = derive(OptimConfig(**{name: value}), ModelConfig(), rows=rows, world_size=2)
         if name == "warmup_steps":
             assert r.optim.warmup_steps == min(7, r.steps)
         else:
             assert getattr(r.optim, name) == value and r.why[f"optim.{name}"] == "set in the config"
-        assert f"optim.{name}" not in r.derived and len(r.derived) == 6
+        assert f"optim.{name}" not in r.derived and len(r.derived) == 7
     r = derive(OptimConfig(batch_size=64), ModelConfig(), rows=rows, world_size=1)
     assert r.steps == _steps(rows, 1, 64, r.optim.epochs)  # epochs derived from the given batch
     everything = derive(OptimConfig(**given), ModelConfig(dropout=0.25), rows=rows, world_size=1)
     assert everything.derived == () and everything.optim == dataclasses.replace(
         OptimConfig(**given), warmup_steps=min(7, everything.steps))
     assert everything.model.dropout == 0.25
+
+
+@pytest.mark.parametrize("rows", SIZES)
+def test_the_cross_term_trains_only_on_days_with_the_rows_to_estimate_it(rows: int) -> None:
+    for world in (1, 8):  # the rule counts the day's rows, whatever the ranks
+        r = derive(OptimConfig(), ModelConfig(), rows=rows, world_size=world)
+        assert r.optim.cross_lr_scale == (1.0 if rows >= CROSS_MIN_ROWS else 0.0)
+        assert f"{CROSS_MIN_ROWS:,}" in r.why["optim.cross_lr_scale"]
+    assert derive(OptimConfig(cross_lr_scale=0.25), ModelConfig(), rows=rows, world_size=1).optim.cross_lr_scale == 0.25
 
 
 @pytest.mark.parametrize("epochs", [2, 3, 10, 50])

@@ -31,10 +31,14 @@ class ModelConfig:
     log1p values are used as well."""
     dense_bucket_max: float = 12.0
     """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
+    cross: bool = True
+    """`attention` only: add a DCN-V2 cross network's logit on the flattened field and bucket tokens
+    (`trainer.models.layers.CrossTerm`): explicit pairwise crosses of the embeddings, which the MLP only
+    approximates.  Its output layer starts at zero; `optim.cross_lr_scale` decides whether a day trains it."""
     cross_layers: int = 3
-    """Cross layers of `dcn_v2`."""
+    """Cross layers of `dcn_v2` and of the `attention` model's cross term."""
     cross_rank: int = 0
-    """Rank r of every cross layer of `dcn_v2`, W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
+    """Rank r of every cross layer (`dcn_v2`, `model.cross`), W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
     wide: bool = True
     """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
     so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""

@@ -14,7 +14,8 @@ back to the owners.  Only the dense part below is data-parallel.
                           InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
 
 F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
-feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit.  `model.arch` other
+feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit, and `model.cross`
+a DCN-V2 cross network's logit on the flattened tokens (B, F'*D) (`CrossTerm`).  `model.arch` other
 than `attention` swaps the body for a reference architecture of `trainer.models.reference` (lr, dnn,
 deepfm, dcn_v2) with the same signature.
 """
@@ -25,11 +26,14 @@ import torch
 from torch import nn
 
 from trainer.models.config import ModelConfig
-from trainer.models.layers import OverArch, dense_linear
+from trainer.models.layers import CrossTerm, OverArch, dense_linear
 from trainer.models.reference import REFERENCE_ARCHS, dense_arch
 
-__all__ = ["BIAS_SCALE", "CTRModel", "InteractionArch", "SequenceAttention"]
+__all__ = ["BIAS_SCALE", "CROSS_PREFIX", "CTRModel", "InteractionArch", "SequenceAttention"]
 
+CROSS_PREFIX = "cross."
+"""Names of the `model.cross` term's parameters start with this: the trainer steps them at
+`optim.cross_lr_scale` times the dense learning rate."""
 BIAS_SCALE = 20.0
 """The global bias enters the logit as BIAS_SCALE * b.  Adam moves b by about lr per step, so the
 logit offset moves by ~BIAS_SCALE * lr (0.02 at lr 1e-3): it reaches the base rate's logit
@@ -102,8 +106,9 @@ class CTRModel(nn.Module):
     """The dense part of the CTR model; embeddings come from the store.
 
     With `config.arch == "attention"` (the default) the sub-architectures are
-    `dense_arch` (only with dense buckets), `attention`, `interaction`, `over`, and `wide`
-    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term);
+    `dense_arch` (only with dense buckets), `attention`, `interaction`, `over`, `wide`
+    (with `model.wide`: logit += wide_scale * sum_f e_f[0] + <a, dense>, a logistic-regression term)
+    and `cross` (with `model.cross`: logit += CrossTerm(flattened tokens), zero until trained);
     any other arch is held as `net` (see `trainer.models.reference`).  Every arch adds the global
     bias `BIAS_SCALE * bias` to its logit.
 
@@ -145,6 +150,9 @@ class CTRModel(nn.Module):
         self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
         if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
             self.wide = dense_linear(num_dense)
+        if config.cross:  # on a forked RNG: every other draw (initial values, dropout) is as without it
+            with torch.random.fork_rng(devices=[]):
+                self.cross = CrossTerm(in_dim=tokens * dim, num_layers=config.cross_layers, rank=config.cross_rank)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
@@ -159,6 +167,8 @@ class CTRModel(nn.Module):
         fields = self.attention(emb)  # (B, F', D)
         z = self.interaction(dense, fields)  # (B, n + F'*D)
         logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
+        if self.config.cross:
+            logits = logits + self.cross(emb.reshape(emb.shape[0], -1))  # (B, F'*D) -> (B,)
         if self.config.wide:
             w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
             logits = logits + self.wide(dense).squeeze(-1) + w  # (B,)

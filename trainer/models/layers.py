@@ -164,3 +164,33 @@ class CrossNetV2(nn.Module):
         for layer in self.layers:
             x = x0 * layer(x) + x  # (B, d)
         return x
+
+
+class CrossTerm(nn.Module):
+    """A logit from explicit feature crosses: Linear(CrossNetV2(x0)) with the Linear at zero.
+
+    The attention model's second path to pairwise interactions (`model.cross`): a cross layer
+    multiplies x0 elementwise with a linear map of itself, so the products of two fields' embedding
+    dimensions (an FM's pairs) are one layer away, where an MLP must approximate them.  The output
+    layer starts at zero, so the term adds nothing until it is trained, and its parameters can be held
+    still on days too small to estimate crosses (`optim.cross_lr_scale`).
+
+    Args:
+        in_dim: d, the width of x0 (the flattened tokens).
+        num_layers, rank: of the cross network (`model.cross_layers`, `model.cross_rank`).
+
+    Example::
+
+        term = CrossTerm(in_dim=6, num_layers=2)
+        term(torch.randn(4, 6))  # (4, 6) -> (4,), all zeros before training
+    """
+
+    def __init__(self, *, in_dim: int, num_layers: int, rank: int = 0) -> None:
+        super().__init__()
+        self.net = CrossNetV2(in_dim=in_dim, num_layers=num_layers, rank=rank)
+        self.head = nn.Linear(in_dim, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        return self.head(self.net(x0)).squeeze(-1)  # (B, d) -> (B,)

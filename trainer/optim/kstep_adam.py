@@ -19,7 +19,7 @@ the concatenated batch, so the ranks stay identical and no merge is needed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -33,6 +33,16 @@ from trainer.stateful import require_keys
 COUNTERS = ("steps", "merges", "sync_bytes", "sync_seconds")
 
 
+def param_groups(named: list[tuple[str, nn.Parameter]], lr: float, lr_scales: Mapping[str, float]) -> list[dict]:
+    """Adam param groups: one per prefix of `lr_scales` that names a parameter (lr = scale * lr, the scale
+    kept as `lr_scale` for `trainer.optim.schedule.set_step_lrs`), then the rest at `lr`."""
+    groups, rest = [], [p for n, p in named if not any(n.startswith(prefix) for prefix in lr_scales)]
+    for prefix, scale in lr_scales.items():
+        if params := [p for n, p in named if n.startswith(prefix)]:
+            groups.append({"params": params, "lr": lr * scale, "lr_scale": scale})
+    return [{"params": rest, "lr": lr, "lr_scale": 1.0}, *groups]
+
+
 class KStepAdam:
     """Local Adam on the dense parameters plus k-step merging of parameters and moments.
 
@@ -42,6 +52,8 @@ class KStepAdam:
         ctx: the distributed context (its two-phase groups carry the merges).
         k: merge period in steps; 1 = synchronous DP Adam (gradient allreduce).
         lr, weight_decay: Adam hyper-parameters.
+        lr_scales: name prefix -> multiple of `lr` for the parameters whose names start with it
+            (their own Adam param group, `lr_scale` in it; `optim.cross_lr_scale`); others take `lr`.
 
     Example::
 
@@ -61,6 +73,7 @@ class KStepAdam:
         k: int,
         lr: float,
         weight_decay: float = 0.0,
+        lr_scales: Mapping[str, float] | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k (optim.k_steps) must be >= 1, got {k}")
@@ -71,7 +84,8 @@ class KStepAdam:
         # multi-tensor (foreach) Adam: one kernel per op over every parameter instead of a Python loop of
         # ~10 ops per tensor; the same arithmetic (tests/trainer/optim/test_kstep_adam.py checks it)
         self.adam = torch.optim.Adam(
-            self.params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=weight_decay, foreach=True
+            param_groups(named, lr, lr_scales or {}), betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=weight_decay,
+            foreach=True,
         )
         self.steps = 0
         self.merges = 0

@@ -61,7 +61,7 @@ def set_step_lrs(opt: Any, sparse: Any, cfg: OptimConfig, *, step: int, total_st
     kw = {"total_steps": total_steps, "warmup_steps": warmup, "decay": cfg.lr_decay, "min_ratio": cfg.min_lr_ratio}
     lr = lr_at(step, base_lr=cfg.lr, **kw)
     for group in opt.adam.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # `KStepAdam`'s groups: `optim.cross_lr_scale`
     sparse.lr = lr_at(step, base_lr=cfg.sparse_lr, **kw)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import (
     BIAS_SCALE,
+    CROSS_PREFIX,
     CTRModel,
     InteractionArch,
     SequenceAttention,
@@ -76,7 +78,29 @@ def test_ctr_model_shapes_and_seeded_values() -> None:
     assert emb.grad is not None and emb.grad.abs().sum() > 0
     # embeddings are not parameters of the model
     n = sum(p.numel() for p in model.parameters())
-    assert n == (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4) + (4 + 4) + (19 * 8 + 8) + (8 * 4 + 4) + (4 + 1) + 1  # + bias
+    cross = 3 * (16 * 16 + 16) + (16 + 1)  # model.cross: 3 full-rank layers on the 4 x 4 tokens, then its head
+    assert n == (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4) + (4 + 4) + (19 * 8 + 8) + (8 * 4 + 4) + (4 + 1) + cross + 1  # + bias
+
+
+def test_the_cross_term_adds_nothing_until_trained_and_changes_no_other_draw() -> None:
+    config = ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8,))
+    torch.manual_seed(0)
+    with_cross = CTRModel(config, num_dense=3, num_fields=4, dim=4)
+    after = torch.rand(3)  # the global RNG after the build: dropout masks and data draws come from it
+    torch.manual_seed(0)
+    without = CTRModel(dataclasses.replace(config, cross=False), num_dense=3, num_fields=4, dim=4)
+    torch.testing.assert_close(torch.rand(3), after)
+    mine = with_cross.state_dict()
+    assert {k for k in mine if not k.startswith(CROSS_PREFIX)} == set(without.state_dict())
+    assert all(torch.equal(mine[k], v) for k, v in without.state_dict().items())
+    dense, emb = torch.rand(5, 3), torch.randn(5, 4, 4)
+    torch.testing.assert_close(with_cross(dense, emb), without(dense, emb))
+    with torch.no_grad():  # once its head has weights, the crosses reach the logit
+        with_cross.cross.head.weight.fill_(0.1)
+    assert not torch.allclose(with_cross(dense, emb), without(dense, emb))
+    # a model saved before the term existed does not fit: `trainer.model_dir.warm_start` starts its dense part cold
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"cross"):
+        with_cross.load_state_dict(without.state_dict(), strict=True)
 
 
 def test_ctr_model_rejects_wrong_shapes() -> None:

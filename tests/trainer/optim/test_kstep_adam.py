@@ -13,7 +13,7 @@ from trainer.data import Batch
 from trainer.distributed.context import init_distributed
 from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.models.config import ModelConfig
-from trainer.models.ctr_model import CTRModel
+from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.train import train_step
 
@@ -198,3 +198,22 @@ def test_multi_tensor_adam_takes_the_per_tensor_loops_steps() -> None:
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-8, msg=n)
         for m in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(opt.adam.state[p][m], loop.state[q][m], rtol=1e-6, atol=1e-10, msg=f"{n}.{m}")
+
+
+def test_a_prefix_at_scale_zero_is_held_still_and_the_rest_train_at_lr() -> None:
+    ctx = init_distributed(cpu_trainer_config())  # world of one
+    model, scaled = _model(), _model()
+    frozen = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01, lr_scales={CROSS_PREFIX: 0.0})
+    plain = KStepAdam(scaled.named_parameters(), ctx, k=1, lr=0.01, lr_scales={"over.": 0.5})
+    assert [g["lr"] for g in frozen.adam.param_groups] == [0.01, 0.0]
+    assert [g["lr"] for g in plain.adam.param_groups] == [0.01, 0.005]
+    with torch.no_grad():  # a trained head, so the cross network's layers get gradients too
+        model.cross.head.weight.fill_(0.1)
+    start = {n: t.clone() for n, t in model.state_dict().items()}
+    sparse = ShardedEmbedding(MemoryStore(DIM, init_std=0.1), ctx, lr=0.05)
+    for step in range(1, STEPS + 1):
+        train_step(model, sparse, frozen, _batch(0, step), step=step)
+    after = model.state_dict()
+    moved = {n for n in start if not torch.equal(after[n], start[n])}
+    assert moved and not any(n.startswith(CROSS_PREFIX) for n in moved)
+    assert set(frozen.state_tensors()) == set(plain.state_tensors())  # every moment is saved either way
