@@ -8,7 +8,7 @@ Each benchmark is also a command of its own with full-size defaults:
     python -m bench.train   [--rows N] [--procs ...]     examples/s vs a plain PyTorch loop and TorchRec
     python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
     python -m bench.het     [--procs 2,4] [--bounds ...] HET cache: sparse bytes/step, hit rate, AUC per staleness bound
-    python -m bench.quality [--quick]                    AUC/logloss vs sklearn LR and DeepCTR DeepFM; ceiling
+    python -m bench.quality [--datasets ...] [--seeds ...] AUC/logloss vs sklearn LR, DeepFM; ceiling, planted-form bound
     python -m bench.day     [--rows N ...] [--days 3]    the day through `ctrpipe backfill`: per stage, vs a bare script
     python -m bench.capacity                             a terabyte day on paper, from bench/results/*.json
 
@@ -29,7 +29,7 @@ QUICK = [
     ["bench.train", "--rows", "20000"],
     ["bench.comm", "--steps", "100", "--sizes-mb", "1,4"],
     ["bench.het", "--rows", "8000", "--procs", "2", "--bounds", "0,10"],
-    ["bench.quality", "--quick", "--seeds", "0"],
+    ["bench.quality", "--datasets", "criteo", "synthetic-20k", "--archs", "attention", "--seeds", "0"],
 ]
 
 

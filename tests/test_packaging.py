@@ -47,6 +47,7 @@ REVIEWED = frozenset({
     "torch.nn.Sequential", "torch.nn.functional", "torch.nn.functional.binary_cross_entropy_with_logits",
     "torch.nn.init.normal_", "torch.nn.init.zeros_", "torch.no_grad", "torch.nonzero", "torch.ones",
     "torch.optim.Adam", "torch.pow", "torch.preserve_format", "torch.randn", "torch.repeat_interleave",
+    "torch.random.fork_rng",  # the cross term's initial values (trainer.models.ctr_model): in torch since 0.4.1
     "torch.searchsorted", "torch.set_num_threads", "torch.set_rng_state", "torch.sigmoid", "torch.sqrt",
     "torch.stack", "torch.tensor", "torch.unique", "torch.use_deterministic_algorithms", "torch.where",
     "torch.zeros", "torch.zeros_like",
