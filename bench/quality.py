@@ -16,10 +16,11 @@ of this process, which changes no result.
 In the same run, on the same rows: the peers of `bench.quality_peers` (scikit-learn logistic
 regression, C by cross-validation on the training days' rows; DeepCTR-Torch DeepFM with its
 defaults), fit on every row of the training day files (the product holds the last tenth of the last
-day out for its publish gate, so it trains on fewer; `sklearn-lr (train split)` fits those).  Real samples run every `--archs`; a synthetic
-dataset runs the default architecture and the logistic regression beside its ceiling (the AUC of
-the true probabilities) and `bench.quality_bound`'s fit of a model of the generator's exact form,
-the most the sample's rows give a learner that knows the form.  Each model runs with every seed (liblinear has none: one fit); a row
+day out for its publish gate, so it trains on fewer; `sklearn-lr (train split)` fits those).  Real
+samples run every `--archs`; a synthetic dataset runs the default architecture and the logistic
+regression beside its ceiling (the AUC of the true probabilities) and `bench.quality_bound`'s fit of a
+model of the generator's exact form (what the rows give a learner that knows the form; it needs no
+peer).  Each model runs with every seed (liblinear has none: one fit); a row
 reports the mean and spread over seeds, and its difference from the default model with the
 paired-bootstrap sd of that difference over the later rows (`bench.quality_stats`): a difference
 within 2 sd is one the sample cannot decide.

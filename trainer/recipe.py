@@ -27,7 +27,7 @@ dropout) is derived here, in this order, from the rows per rank n = rows // worl
 - warmup_steps: a tenth of the day's steps, at most WARMUP_CAP;
 - cross_lr_scale: 1 on a day of at least CROSS_MIN_ROWS train rows, else 0: the `model.cross` term's
   crosses need rows to estimate.  Trained on days of 3,600-4,000 rows it cost the later day's AUC
-  0.004-0.027 (the shared samples, synthetic days); from 7,200 rows a day it added 0.005-0.02
+  0.004-0.024 (the shared samples, synthetic days); from 7,200 rows a day it added 0.005-0.02
   (docs/benchmarks.md).  At 0 the term stays as it is: zero on a model that never trained it, whose
   predictions are then those of the model without it.
 

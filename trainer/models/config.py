@@ -38,7 +38,8 @@ class ModelConfig:
     cross_layers: int = 3
     """Cross layers of `dcn_v2` and of the `attention` model's cross term."""
     cross_rank: int = 0
-    """Rank r of every cross layer (`dcn_v2`, `model.cross`), W = U V^T (DCN-V2's low-rank form; 0 = full rank d x d)."""
+    """Rank r of every cross layer (`dcn_v2`, `model.cross`), W = U V^T (DCN-V2's low-rank form; 0 = full
+    rank d x d)."""
     wide: bool = True
     """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
     so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""
