@@ -119,7 +119,7 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
             t0 = time.perf_counter()
             models["deepctr-deepfm"] = [deepctr_deepfm(train, later, _schema(files.fmt), seed=s)[0] for s in seeds]
             seconds["deepctr-deepfm"] = (time.perf_counter() - t0) / len(seeds)
-    if synthetic:  # the most a model of the generator's exact form gets from these rows
+    if synthetic:  # what a model of the generator's exact form gets from these rows
         from bench.quality_bound import planted_form_fit
 
         p, info = planted_form_fit(files.train_events(), files.later_events(), seed=files.seed,

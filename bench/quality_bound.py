@@ -1,4 +1,4 @@
-"""The most a learner gets from the synthetic rows when it knows the planted click model's form.
+"""What a learner that knows the planted click model's form gets from the synthetic rows.
 
 The ceiling of `bench.quality` is the AUC of the true probabilities: no model trained on a finite
 sample reaches it, since a rare value's weight or latent vector is seen a few times at most and a
@@ -9,9 +9,9 @@ standardised log1p, one latent vector per value shared by the planted pairs and 
 term), with nothing else to learn, trained with Adam on the same training rows.  Its L2 and
 passes are chosen on the last tenth of the training rows, then it is refit on all of them.
 
-What it does not know is only the values' weights, so its AUC on the later day bounds what a
-general-purpose model can be expected to reach on that many rows; it is a reference of
-`bench.quality`'s synthetic rows, not something `ctrpipe` runs.
+What it does not know is only the values' weights, so its AUC on the later day is a reference for
+what a general-purpose model can be expected to reach on that many rows: not a proof (a better
+estimator of the same form could get more), and not something `ctrpipe` runs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch import nn
 from pipeline import generate
 
 L2S = (1e-3, 1e-2, 1e-1)
-"""L2 on the looked-up rows (per example) tried on the held-out tenth (1e-3 at 1M rows, 1e-1 at 40k)."""
+"""L2 on the looked-up rows (per example) tried on the held-out tenth (chosen: 1e-2 at 100k rows, 1e-3 at 1M)."""
 MAX_EPOCHS = 6
 """Passes tried per L2; one stops at the first pass whose held-out AUC is below the best before it."""
 BATCH = (256, 2048)
@@ -72,9 +72,11 @@ class Encoded:
     label: torch.Tensor
 
 
-def encode(train: pd.DataFrame, later: pd.DataFrame, form: PlantedForm) -> tuple[Encoded, Encoded, dict[int, pd.Index]]:
+def encode(train: pd.DataFrame, later: pd.DataFrame,
+           form: PlantedForm) -> tuple[Encoded, Encoded, dict[int, pd.Index]]:
     """Index every value of the training rows per field (row i + 1 of a table is `vocab[field][i]`; the
-    planted pair's table is `vocab[-1]`, of codes `index_a * 2**20 + index_b`); returns both row sets and `vocab`."""
+    planted pair's table is `vocab[-1]`, of codes `index_a * 2**20 + index_b`); returns both row sets
+    and `vocab`."""
     out: dict[str, dict] = {"train": {}, "later": {}}
     vocab: dict[int, pd.Index] = {}
     for j in form.fields:
@@ -105,7 +107,8 @@ def encode(train: pd.DataFrame, later: pd.DataFrame, form: PlantedForm) -> tuple
 class PlantedFormModel(nn.Module):
     """logit = b + <c, z> + u[pair] + sum_weighted w_f + sum_pairs <V_a, V_b> + alpha * sum_k V_a V_b V_c."""
 
-    def __init__(self, form: PlantedForm, vocab: dict[int, pd.Index], *, latent_dim: int = generate.LATENT_DIM) -> None:
+    def __init__(self, form: PlantedForm, vocab: dict[int, pd.Index], *,
+                 latent_dim: int = generate.LATENT_DIM) -> None:
         super().__init__()
         self.form = form
         sizes = {j: len(v) + 1 for j, v in vocab.items()}
