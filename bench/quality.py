@@ -100,12 +100,13 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
             models.setdefault(arch, []).append(r["probs"])
             raw.setdefault(arch, []).append({"seed": seed, "auc": auc(labels, r["probs"]), "days": r["days"]})
             log.info("%s %s seed %d: later-day AUC %.4f", name, arch, seed, raw[arch][-1]["auc"])
+    if peers or synthetic:  # the day files parsed once, for the peers and the planted-form fit
+        train, later = files.train_events(), files.later_events()
+        if not np.array_equal(later["label"].to_numpy(np.float64), labels):
+            raise RuntimeError(f"{name}: the later rows the references fit differ from the rows the product scored")
     if peers:
         from bench.quality_peers import deepctr_deepfm, sklearn_lr
 
-        train, later = files.train_events(), files.later_events()
-        if not np.array_equal(later["label"].to_numpy(np.float64), labels):
-            raise RuntimeError(f"{name}: the peers' later rows differ from the rows the product scored")
         t0 = time.perf_counter()
         p, info = sklearn_lr(train, later, _schema(files.fmt))
         models["sklearn-lr"], seconds["sklearn-lr"], raw["sklearn-lr"] = [p], time.perf_counter() - t0, info
@@ -122,8 +123,7 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
     if synthetic:  # what a model of the generator's exact form gets from these rows
         from bench.quality_bound import planted_form_fit
 
-        p, info = planted_form_fit(files.train_events(), files.later_events(), seed=files.seed,
-                                   interactions=interactions)
+        p, info = planted_form_fit(train, later, seed=files.seed, interactions=interactions)
         models[BOUND], seconds[BOUND], raw[BOUND] = [p], info.pop("s"), info
     ceiling = auc(labels, files.truth) if synthetic else None
     rows = []
