@@ -5,23 +5,39 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from storage.io import codec, dates, fsio
+from storage.io import codec, dates, fsio, records
 from storage.io.layout import Layout
 
-STATUSES = ("published", "refused", "check_failed", "failed")
+DAY_RECORD = records.RecordFormat("ctr-pipeline-day-record", 1, absent=1)
+"""metrics.json: version 1 (a file written before the `format` field existed is version 1 too)."""
+
+
+class Status(StrEnum):
+    """How a day's run ended (`DayRecord.status`).  A `StrEnum`: metrics.json keeps the plain strings,
+    and a status read back compares equal to its member."""
+
+    PUBLISHED = "published"
+    """The candidate passed the gate and `LATEST` names it."""
+    REFUSED = "refused"
+    """The gate said no; `LATEST` unchanged."""
+    CHECK_FAILED = "check_failed"
+    """A data check stopped the day before training."""
+    FAILED = "failed"
+    """A stage raised."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DayRecord:
-    """`runs/<model>/date=D/metrics.json`."""
+    """`runs/<model>/date=D/metrics.json` (read tolerantly: `storage.io.records`)."""
 
+    format: str = DAY_RECORD.tag
     date: str
     completed: bool
-    status: str
-    """`published`, `refused` (the gate said no; `LATEST` unchanged), `check_failed` (a data check
-    stopped the day before training) or `failed` (a stage raised)."""
+    status: Status
+    """How the run ended (`Status`); read from metrics.json as its string and made a `Status` here."""
     reason: str
     failed_stage: str = ""
     """The stage that raised, when `status` is `failed` (empty if it failed before any stage)."""
@@ -66,12 +82,25 @@ class DayRecord:
     slot_wait_s: float = 0.0
     """Seconds the run waited for the model's train/publish slot (another run of the model held it)."""
 
+    def __post_init__(self) -> None:
+        # metrics.json holds the plain string, which the codec hands over as it is
+        if self.status not in Status.__members__.values():
+            raise ValueError(f"status {self.status!r} is not one of {', '.join(Status)}")
+        object.__setattr__(self, "status", Status(self.status))
+
     def to_dict(self) -> dict[str, Any]:
-        return codec.encode(self)
+        # plain data: the status's string, not the member; the format this code writes
+        return {**codec.encode(self), "status": str(self.status), "format": DAY_RECORD.tag}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DayRecord:
-        return codec.decode(cls, data, prefix="metrics.json: ")
+    def from_dict(cls, data: dict[str, Any], *, where: str = "metrics.json") -> DayRecord:
+        """The record in a metrics.json's content: fields this code does not know are ignored.
+
+        Raises:
+            FormatError: a version this code does not read (the message says what to do).
+            ConfigError: a known field of the wrong type (named).
+        """
+        return records.read_record(cls, data, fmt=DAY_RECORD, where=where)
 
 
 def write_record(layout: Layout, record: DayRecord) -> None:
@@ -82,7 +111,9 @@ def write_record(layout: Layout, record: DayRecord) -> None:
 
 def read_record(layout: Layout, date: str) -> DayRecord | None:
     fs, path = layout.fs(layout.run_record(date))
-    return DayRecord.from_dict(fsio.read_json(fs, path)) if fs.exists(path) else None
+    if not fs.exists(path):
+        return None
+    return DayRecord.from_dict(fsio.read_json(fs, path), where=layout.run_record(date))
 
 
 def is_completed(layout: Layout, date: str) -> bool:

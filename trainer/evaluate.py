@@ -111,7 +111,7 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     """
     model_url = fsio.data_url(model_url, storage_options)  # its files (an object store's data prefix)
     meta = model_dir.read_meta(model_url, storage_options)
-    cfg, dim = meta.model_config, meta.dim
+    cfg, dim = meta.model_cfg(), meta.dim
     model = model_dir.load_network(model_url, meta, storage_options)
     sparse_url = fsio.join(model_url, model_dir.SPARSE)
     _, files = snapshot_files(sparse_url, storage_options)

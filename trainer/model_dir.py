@@ -9,6 +9,12 @@
 Safetensors, JSON and Parquet only: a model directory never holds pickles.  `ModelMeta` is the one
 reader and writer of `model.json`; `warm_start` decides, in one place, whether a run may start from
 a saved model.
+
+model.json outlives the code that wrote it (`read_published` reads it at the start of every day; a
+scorer reads a newer trainer's), so `ModelMeta` is its own record schema, read tolerantly
+(`storage.io.records`): the config sections are kept as plain data, and `model_cfg()` decodes
+`model_config` into today's `ModelConfig` when a network is built, skipping retired keys and giving new
+ones their defaults.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from storage.embedding.config import StoreConfig
-from storage.io import codec, fsio
+from storage.io import codec, fsio, records
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig, reshaping_changes
 from trainer.models.ctr_model import CTRModel
@@ -30,7 +36,9 @@ MODEL_JSON = "model.json"
 DENSE = "dense.safetensors"
 DENSE_OPTIM = "dense_optim.safetensors"
 SPARSE = "sparse"
-MODEL_FORMAT = "ctr-pipeline-model/2"
+MODEL = records.RecordFormat("ctr-pipeline-model", 2, fix="retrain the model (or read it with the release that wrote it)")
+"""model.json: version 2 is what today's code writes and every model on disk holds."""
+MODEL_FORMAT = MODEL.tag
 
 join = fsio.join
 
@@ -41,11 +49,12 @@ def sparse_part_name(rank: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelMeta:
-    """`model.json` of a model directory."""
+    """`model.json` of a model directory (`ModelMeta.of` builds one from the live config sections)."""
 
     format: str = MODEL_FORMAT
     model_name: str
-    model_config: ModelConfig
+    model_config: dict[str, Any]
+    """The `model.*` values trained with, as plain data (`model_cfg()`: as a `ModelConfig`)."""
     dim: int
     """Embedding width."""
     init_std: float
@@ -64,29 +73,46 @@ class ModelMeta:
     features_url: str
     init_model_url: str | None
     """The model this one warm-started from, or None."""
-    optim: OptimConfig
-    het: HetConfig
-    trainer: TrainerConfig
+    optim: dict[str, Any] = field(default_factory=dict)
+    """The `optim.*` values trained with (a record: keys of other code versions are kept as they are)."""
+    het: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
     """Train statistics (steps, examples, losses, rates, communication, store counters)."""
     recipe: dict[str, Any] = field(default_factory=dict)
     """The `optim` values derived for the day's size and why (`trainer.recipe.Recipe.record`)."""
 
+    @classmethod
+    def of(cls, *, model_config: ModelConfig, optim: OptimConfig, het: HetConfig, trainer: TrainerConfig,
+           **fields: Any) -> ModelMeta:
+        """The record of a model trained with these live config sections (stored as plain data)."""
+        return cls(model_config=codec.encode(model_config), optim=codec.encode(optim), het=codec.encode(het),
+                   trainer=codec.encode(trainer), **fields)
+
+    def model_cfg(self) -> ModelConfig:
+        """`model_config` as today's `ModelConfig`: retired keys skipped, keys added since at their defaults.
+
+        Raises:
+            ConfigError: a value today's `ModelConfig` refuses (the message names the key).
+        """
+        return codec.decode(ModelConfig, self.model_config, prefix="model.json: model_config.", unknown="ignore")
+
     @property
     def arch(self) -> str:
-        return self.model_config.arch
+        return self.model_cfg().arch
 
     def to_dict(self) -> dict[str, Any]:
-        return codec.encode(self)
+        return {**codec.encode(self), "format": MODEL.tag}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = MODEL_JSON) -> ModelMeta:
-        """Raises `ConfigError` naming the key when the file is not a model.json of this format."""
-        if data.get("format") != MODEL_FORMAT:
-            raise codec.ConfigError(
-                f"{where} has format {data.get('format')!r}, this code reads {MODEL_FORMAT!r}; retrain the model"
-            )
-        return codec.decode(cls, data, prefix="model.json: ")
+        """The record in a model.json's content, fields this code does not know ignored.
+
+        Raises:
+            FormatError: not a model.json of a version this code reads (the message says what to do).
+            ConfigError: a known field of the wrong type (named).
+        """
+        return records.read_record(cls, data, fmt=MODEL, where=where)
 
 
 def read_meta(model_url: str, storage_options: dict | None = None) -> ModelMeta:
@@ -104,7 +130,7 @@ def read_meta(model_url: str, storage_options: dict | None = None) -> ModelMeta:
 
 def load_network(model_url: str, meta: ModelMeta, storage_options: dict | None = None) -> CTRModel:
     """The dense network of the committed model directory at `model_url` (its files), in eval mode."""
-    model = CTRModel(meta.model_config, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim)
+    model = CTRModel(meta.model_cfg(), num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim)
     model.load_state_dict(read_tensors(fsio.join(model_url, DENSE), storage_options))
     return model.eval()
 
@@ -143,9 +169,10 @@ def warm_start(saved: ModelMeta, model: ModelConfig, store: StoreConfig) -> Warm
 
     A config change that reshapes the network (another arch, MLP widths, dense buckets, ...) or the
     rows (embedding_dim) must not fail every daily run until someone intervenes: the affected part
-    starts cold, and the run's record says so.  Dropout and bag pooling reshape nothing.
+    starts cold, and the run's record says so.  Only the `model` fields declared `Role.SHAPE` that the
+    architecture reads are compared (`reshaping_changes`): dropout and bag pooling reshape nothing.
     """
-    changed = reshaping_changes(codec.encode(saved.model_config), model)
+    changed = reshaping_changes(saved.model_config, model)
     sparse_ok = saved.dim == store.embedding_dim
     if not sparse_ok:
         changed.append("store.embedding_dim")

@@ -16,6 +16,11 @@ Only documented formats (JSON, NumPy `.npy` read with `allow_pickle=False`, torc
 ONNX), so a bundle is read without this package's classes and never unpickled.  `.npy` rather
 than Parquet for the rows: `--mmap` maps `rows/emb.npy` as it lies.  Readers check every file's
 size and sha256 against the manifest before using it (`BundleReader.read`).
+
+A bundle outlives the trainer that wrote it and the scorer that reads it: the manifest's `format`
+(`BUNDLE`) is checked by `storage.io.records` (a newer version is refused naming the versions read;
+fields this code does not know are ignored), and the scorer reads model.json through its own small
+schema (`flows.serving.model.ServingMeta`), so an older scorer loads a newer trainer's bundle.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from storage.io import fsio
+from storage.io import fsio, records
 
-BUNDLE_FORMAT = "ctr-pipeline-bundle/1"
+BUNDLE = records.RecordFormat("ctr-pipeline-bundle", 1, fix="export it again: `ctrpipe export --model VERSION --out URL`")
+"""manifest.json: version 1 is what today's code writes."""
+BUNDLE_FORMAT = BUNDLE.tag
 MANIFEST = "manifest.json"
 MODEL_JSON = "model.json"
 PROGRAM = "dense.pt2"
@@ -85,7 +92,9 @@ def write_bundle(url: str, files: dict[str, bytes], manifest: dict[str, Any], st
     if manifest.get("kind") not in KINDS or "version" not in manifest:
         raise ValueError(f"a bundle manifest needs a version and a kind in {KINDS}, got {manifest.get('kind')!r}")
     fs, final = fsio.get_fs(url, storage_options)
-    entries = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in files.items()}
+    entries: dict[str, dict[str, Any]] = {
+        name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in files.items()
+    }
     full = {**manifest, "format": BUNDLE_FORMAT, "files": dict(sorted(entries.items())),
             "bytes_total": sum(e["bytes"] for e in entries.values())}
     parent = final.rstrip("/").rsplit("/", 1)[0]
@@ -122,9 +131,17 @@ class BundleReader:
             self.manifest: dict[str, Any] = fsio.read_json(self.fs, fsio.join(self.path, MANIFEST))
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {self.url}: unreadable {MANIFEST}: {exc}") from exc
-        if self.manifest.get("format") != BUNDLE_FORMAT:
-            raise BundleError(f"bundle {self.url} has format {self.manifest.get('format')!r}, this code reads "
-                              f"{BUNDLE_FORMAT!r}; export it again")
+        where = fsio.join(self.url, MANIFEST)
+        if not isinstance(self.manifest, dict):
+            raise BundleError(f"{where} is not a JSON object; export the bundle again")
+        try:
+            BUNDLE.version_of(self.manifest, where)
+        except records.FormatError as exc:
+            raise BundleError(str(exc)) from None
+        missing = [k for k in ("version", "kind", "files") if k not in self.manifest]
+        if missing or not isinstance(self.manifest["files"], dict):
+            raise BundleError(f"{where} lacks {', '.join(missing) or 'a files mapping'}: the bundle is corrupt; "
+                              "export it again")
 
     @property
     def version(self) -> str:

@@ -37,9 +37,10 @@ from flows.serving.bundle import (
 from pipeline.feature_spec import FeatureSpec
 from pipeline.schema import get_schema
 from pipeline.vocab_stage import load_admitted
+from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from storage.io.layout import Layout
-from storage.io.registry import ModelRegistry, RegistryError
+from storage.io.registry import Lineage, ModelRegistry, RegistryError
 from trainer import export, model_dir
 from trainer.model_dir import ModelMeta
 
@@ -105,13 +106,13 @@ class VersionExport:
         so = self.layout.storage_options
         self.url = self.registry.url(self.version)
         self.meta: ModelMeta = model_dir.read_meta(self.url, so)
-        self.lineage: dict[str, Any] = self.registry.read_json(self.version, "lineage.json")
+        self.lineage: Lineage = self.registry.lineage(self.version)
         self.info = self.registry.info(self.version)
         self.network = model_dir.load_network(self.url, self.meta, so)
+        cfg = self.meta.model_cfg()
         self.spec = FeatureSpec(schema=get_schema(self._format()), admitted=self._admitted(),
-                                bag_pooling=self.meta.model_config.bag_pooling,
-                                dense_buckets=self.meta.model_config.dense_buckets,
-                                dense_bucket_max=self.meta.model_config.dense_bucket_max)
+                                bag_pooling=cfg.bag_pooling, dense_buckets=cfg.dense_buckets,
+                                dense_bucket_max=cfg.dense_bucket_max)
         if list(self.spec.schema.categorical) != list(self.meta.fields):
             raise ExportError(f"{self.version} was trained on fields {list(self.meta.fields)}, but its input format "
                               f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}")
@@ -119,7 +120,7 @@ class VersionExport:
         self._program: bytes | None = None
 
     def _format(self) -> str:
-        fmt = ((self.lineage.get("config") or {}).get("input") or {}).get("format")
+        fmt = self.lineage.input_format
         if not fmt:
             raise ExportError(f"{self.version}: lineage.json names no input.format; cannot build its feature spec")
         return fmt
@@ -132,11 +133,11 @@ class VersionExport:
         fs, vocab_path = self.layout.fs(self.layout.vocab(date))
         vocab = fsio.read_manifest(fs, vocab_path)
         features_fs, features_path = fsio.get_fs(self.meta.features_url, so)
-        features = fsio.read_manifest(features_fs, features_path)
-        if vocab and features and features.get("vocab_run_id") not in (None, vocab.get("run_id")):
+        features = read_features_manifest(features_fs, features_path)
+        if vocab and features and features.vocab_run_id not in (None, vocab.get("run_id")):
             raise ExportError(
                 f"vocab/date={date} was rebuilt after {self.version} was trained (run {vocab.get('run_id')}, the "
-                f"model used {features.get('vocab_run_id')}): its admitted keys are gone; serve the bundle written "
+                f"model used {features.vocab_run_id}): its admitted keys are gone; serve the bundle written "
                 "when it was published"
             )
         try:
@@ -156,12 +157,12 @@ class VersionExport:
         return {
             "version": self.version, "kind": kind, "model_name": self.layout.model_name, "dtype": dtype,
             "dim": self.meta.dim, "init_std": self.meta.init_std, "exported": now_iso(),
-            "date": self.lineage.get("date"), "dates_trained": self.lineage.get("dates_trained", []),
+            "date": self.lineage.date, "dates_trained": list(self.lineage.dates_trained),
             "metrics": self.info.metrics, "table_rows": len(table), "rows_digest": export.rows_digest(table),
             "network": export.describe_program(self.network),
             "lineage": {"registry_version": self.version, "registry_url": self.url,
-                        "parent_version": self.lineage.get("parent_version"), "run_tag": self.lineage.get("run_tag"),
-                        "code_version": self.lineage.get("code_version")},
+                        "parent_version": self.lineage.parent_version, "run_tag": self.lineage.run_tag,
+                        "code_version": self.lineage.code_version},
             "registry_version_bytes": self.registry.version_bytes(self.version),
         }
 
@@ -197,7 +198,7 @@ class VersionExport:
 
         m = self.meta
         schema = FeatureSchema(dense_columns=m.dense_columns, key_columns=m.key_columns, fields=m.fields,
-                               bag_columns=m.bag_columns).for_pooling(m.model_config.bag_pooling)
+                               bag_columns=m.bag_columns).for_pooling(m.model_cfg().bag_pooling)
         eval_url = fsio.join(m.features_url, "eval")
         result: dict[str, Any] = {}
         for d in ("float32", dtype):

@@ -2,7 +2,8 @@
 
 The server holds a `ServingModel` per version (two while it switches).  It needs only the bundle:
 `torch.export.load` for the network, the `.npy` rows, `feature_spec.json` + `admitted.npy` for
-the feature path, model.json for the columns.  Scoring goes through
+the feature path, model.json for the columns (`ServingMeta`: only what the scorer uses, read
+tolerantly, so an older scorer loads a newer trainer's bundle).  Scoring goes through
 `trainer.evaluate.score_features`, the path evaluation takes, so served and evaluated scores agree.
 """
 
@@ -30,12 +31,44 @@ from flows.serving.bundle import (
 )
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.feature_spec import FeatureSpec, Parsed
+from storage.io import records
 from trainer.data import FeatureSchema
 from trainer.evaluate import score_features
 from trainer.export import load_program
-from trainer.model_dir import ModelMeta
+from trainer.model_dir import MODEL
 
 log = logging.getLogger("ctrpipe.serve")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingMeta:
+    """What the scorer reads of a bundle's model.json (a `trainer.model_dir.ModelMeta` file).
+
+    Its own schema rather than `ModelMeta`: the scorer needs the columns and the rows' width and initial
+    std, not the training configs, and every other field a newer trainer writes is ignored.
+    """
+
+    format: str = MODEL.tag
+    model_name: str = ""
+    dim: int
+    init_std: float
+    """Std of the rows of keys the model never trained (`storage.embedding.row_init`)."""
+    fields: tuple[str, ...]
+    dense_columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    bag_columns: tuple[str, ...] = ()
+    model_config: dict[str, Any] = field(default_factory=dict)
+    """The `model.*` values trained with, as plain data (shown, never decoded here)."""
+    vocab_date: str | None = None
+    run_tag: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str) -> ServingMeta:
+        """Raises `BundleError` when model.json is of a version this code does not read or a field has the wrong type."""
+        try:
+            return records.read_record(cls, data, fmt=MODEL, where=where)
+        except ValueError as exc:  # FormatError, ConfigError: the message names the file and the key
+            raise BundleError(str(exc)) from None
 
 
 @dataclass
@@ -88,13 +121,14 @@ def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> S
     """
     t0 = time.perf_counter()
     last = readers[-1]
-    meta = ModelMeta.from_dict(last.read_json(MODEL_JSON), where=f"{last.url}/{MODEL_JSON}")
+    meta = ServingMeta.from_dict(last.read_json(MODEL_JSON), where=f"{last.url}/{MODEL_JSON}")
     spec = FeatureSpec.from_dict(last.read_json(FEATURE_SPEC), last.read_array(ADMITTED))
     program = last.read(PROGRAM)
     try:
         net = load_program(program)
     except Exception as exc:  # torch.export.load raises many types on a bad file
         raise BundleError(f"bundle {last.url}: {PROGRAM} does not load with torch.export.load: {exc}") from exc
+    table: Any  # a FrozenEmbeddings or an MmapTable
     if mmap_dir is not None:
         if len(readers) != 1:
             raise BundleError("--mmap serves a full bundle; apply a delta chain in memory")

@@ -11,12 +11,15 @@ itself (int64), so a read can check the key and a stale index can never hand one
 key another key's row.  Records are packed `rows_per_unit` to a unit of
 `unit_bytes` (a multiple of `BLOCK`): the unit is what every read and write moves,
 since O_DIRECT needs aligned offsets and lengths.  The layout is written into
-meta.json and checked on open, so a shard is never read with another layout.
+meta.json and checked on open, so a shard is never read with another layout: its format version
+(`SHARD`) is checked strictly (`storage.io.records`: the message names the versions read), while
+fields of meta.json this code does not know are ignored.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +31,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from storage.embedding.compact_index import CompactSlotMap
 from storage.embedding.rows import Rows
+from storage.io import records
 from storage.io.fsio import write_text_atomic
 
-FORMAT = "ctr-ssd-shard/2"
+_WIPE = "wipe the shard (the warm stage restores it from the published model)"
+SHARD = records.RecordFormat("ctr-ssd-shard", 2, fix=_WIPE, newer=f"{_WIPE}, or upgrade ctr-pipeline here")
+"""meta.json: version 2 (rows.bin records with their key); a shard of any other version is refused."""
+FORMAT = SHARD.tag
 BLOCK = 4096
 """I/O alignment: offsets, lengths and buffer addresses are multiples of this."""
 ROWS_FILE = "rows.bin"
@@ -90,11 +97,7 @@ class RecordLayout:
 
     def check(self, meta: dict[str, Any], where: Path) -> None:
         """Raise `ValueError` unless the shard at `where` (its meta.json content `meta`) has this layout."""
-        if meta.get("format") != FORMAT:
-            raise ValueError(
-                f"{where / META_FILE} has format {meta.get('format')!r}, expected {FORMAT!r}; "
-                "wipe the shard (the warm stage restores it)"
-            )
+        SHARD.version_of(meta, str(where / META_FILE))  # FormatError, a ValueError
         if meta.get("dim") != self.dim:
             raise ValueError(
                 f"shard {where} holds rows of dim {meta.get('dim')}, asked for dim {self.dim}; "
@@ -104,7 +107,7 @@ class RecordLayout:
             if meta.get(k) != v:
                 raise ValueError(f"shard {where}: {k}={meta.get(k)!r}, this code writes {v!r}")
 
-    def records_of(self, buf: memoryview | bytes, n_units: int) -> np.ndarray:
+    def records_of(self, buf: memoryview | bytes | mmap.mmap, n_units: int) -> np.ndarray:
         """The records of `n_units` units in `buf`, as a (n_units, rows_per_unit) view."""
         return np.frombuffer(buf, dtype=self.unit, count=n_units)["r"]
 

@@ -16,6 +16,11 @@ refused, so a refusal can be inspected later; only `publish()` moves `LATEST`.
 Version ids are `v<NNNNN>` in creation order.  A version's manifest names the run
 tag it was trained as (`find`), so a rerun never registers the same result twice.
 
+A version's lineage.json, status.json and metrics.json each carry a `format` (`LINEAGE`, `STATUS`,
+`METRICS`; a file from before the field is version 1) and are read tolerantly (`storage.io.records`):
+`read_published` reads the lineage at the start of every day, so a field added or retired by another
+release must not stop it.
+
 Retention (`prune`, `RegistryConfig`): the newest `keep_versions` published versions are the
 rollback window; refused ones are kept `keep_refused_days` for inspection.  A version's serving
 bundles (`Layout.bundle`, `Layout.bundle_delta`) go with it, and the base of a kept version's delta
@@ -29,8 +34,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage.io import fsio
+from storage.io import fsio, records
 from storage.io.layout import VERSION, Layout, delta_versions, validate_version
+
+_FIX = "read it with the release that wrote it"
+LINEAGE = records.RecordFormat("ctr-pipeline-lineage", 1, absent=1, fix=_FIX)
+STATUS = records.RecordFormat("ctr-pipeline-version-status", 1, absent=1, fix=_FIX)
+METRICS = records.RecordFormat("ctr-pipeline-version-metrics", 1, absent=1, fix=_FIX)
 
 
 class RegistryError(RuntimeError):
@@ -45,6 +55,30 @@ class VersionInfo:
     created: str
     reason: str
     metrics: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lineage:
+    """A version's lineage.json: where it came from (`flows.stages.lineage` writes it; other keys are kept
+    in the file and ignored here)."""
+
+    format: str = LINEAGE.tag
+    date: str
+    """The day trained."""
+    dates_trained: tuple[str, ...] = ()
+    parent_version: str | None = None
+    """The version it warm-started from (None: the first)."""
+    run_tag: str | None = None
+    vocab_date: str | None = None
+    code_version: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run config (credentials redacted), as plain data."""
+
+    @property
+    def input_format(self) -> str | None:
+        """The `input.format` the version was trained on (its feature spec's schema)."""
+        section = self.config.get("input")
+        return section.get("format") if isinstance(section, dict) else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,7 +172,8 @@ class ModelRegistry:
 
         A committed directory in its own right (`fsio.data_url`), valid while the version exists.
         """
-        return self.fs.unstrip_protocol(self.data_path(version))
+        url: str = self.fs.unstrip_protocol(self.data_path(version))
+        return url
 
     def versions(self) -> list[str]:
         if not self.fs.exists(self.base):
@@ -154,8 +189,9 @@ class ModelRegistry:
             raise RegistryError(f"model {self.model_name} has no committed version {version} at {path} "
                                 "(`ctrpipe models list` shows the versions)")
         path = fsio.data_dir(path, manifest)
-        status = fsio.read_json(self.fs, f"{path}/status.json")
-        metrics = fsio.read_json(self.fs, f"{path}/metrics.json") if self.fs.exists(f"{path}/metrics.json") else {}
+        status = self._record(f"{path}/status.json", STATUS)
+        metrics = self._record(f"{path}/metrics.json", METRICS) if self.fs.exists(f"{path}/metrics.json") else {}
+        metrics.pop("format", None)
         return VersionInfo(
             version=version,
             status=status.get("status", "candidate"),
@@ -166,6 +202,24 @@ class ModelRegistry:
 
     def read_json(self, version: str, name: str) -> Any:
         return fsio.read_json(self.fs, f"{self.data_path(version)}/{name}")
+
+    def lineage(self, version: str) -> Lineage:
+        """The version's lineage.json.
+
+        Raises:
+            FormatError: a version of lineage.json this code does not read (the message says what to do).
+        """
+        where = self.fs.unstrip_protocol(f"{self.data_path(version)}/lineage.json")
+        return records.read_record(Lineage, self.read_json(version, "lineage.json"), fmt=LINEAGE, where=where)
+
+    def _record(self, path: str, fmt: records.RecordFormat) -> dict[str, Any]:
+        """A JSON object of a version kept as plain data (status.json, metrics.json), its format checked."""
+        data = fsio.read_json(self.fs, path)
+        where = self.fs.unstrip_protocol(path)
+        if not isinstance(data, dict):
+            raise records.FormatError(f"{where} is not a JSON object; it is not a {fmt.name} file")
+        fmt.version_of(data, where)
+        return data
 
     def version_bytes(self, version: str) -> int:
         """Bytes the version's directory holds (its files, on an object store its data prefix too)."""
@@ -268,11 +322,10 @@ class ModelRegistry:
                     while chunk := src.read(8 << 20):
                         dst.write(chunk)
             created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-            fsio.write_json(self.fs, f"{staging}/metrics.json", metrics)
-            fsio.write_json(self.fs, f"{staging}/lineage.json", lineage)
-            fsio.write_json(
-                self.fs, f"{staging}/status.json", {"status": status, "reason": reason, "created": created}
-            )
+            fsio.write_json(self.fs, f"{staging}/metrics.json", {**metrics, "format": METRICS.tag})
+            fsio.write_json(self.fs, f"{staging}/lineage.json", {**lineage, "format": LINEAGE.tag})
+            fsio.write_json(self.fs, f"{staging}/status.json",
+                            {"format": STATUS.tag, "status": status, "reason": reason, "created": created})
             fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created, "run_tag": run_tag})
         return version
 
@@ -291,7 +344,7 @@ class ModelRegistry:
         if (manifest := fsio.read_manifest(self.fs, path)) is None:
             raise RegistryError(f"cannot publish {version}: {path} is not a committed version")
         path = fsio.data_dir(path, manifest)
-        status = fsio.read_json(self.fs, f"{path}/status.json")
+        status = self._record(f"{path}/status.json", STATUS)  # other fields (a newer writer's) are kept
         status["status"] = "published"
         status["reason"] = ""
         fsio.write_text_atomic(self.fs, f"{path}/status.json", json.dumps(status, indent=2, sort_keys=True))

@@ -39,7 +39,7 @@ def make_model_dir(root: Path, name: str = "m", *, seed: int = 3) -> tuple[Path,
         z = torch.zeros_like(emb)
         write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, emb, z, z, torch.ones(len(keys), dtype=torch.int64))
     model_dir.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
-    meta = model_dir.ModelMeta(
+    meta = model_dir.ModelMeta.of(
         model_name="ctr", model_config=CFG, dim=DIM, init_std=0.5, num_dense=1, num_fields=2, fields=("a", "b"),
         dense_columns=("d_0",), key_columns=("k_0", "k_1"), vocab_date=None, run_tag="t", features_url="",
         init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig(),

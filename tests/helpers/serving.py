@@ -41,7 +41,7 @@ def criteo_line(i: int, label: int = 0) -> str:
 def tiny_model(seed: int = 0) -> tuple[ModelMeta, CTRModel]:
     torch.manual_seed(seed)
     network = CTRModel(TINY, num_dense=13, num_fields=26, dim=DIM).eval()
-    meta = ModelMeta(
+    meta = ModelMeta.of(
         model_name="ctr", model_config=TINY, dim=DIM, init_std=0.05, num_dense=13, num_fields=26,
         fields=CRITEO.categorical, dense_columns=tuple(f"d_{i}" for i in range(13)),
         key_columns=tuple(f"k_{j}" for j in range(26)), vocab_date="2026-01-01", run_tag=f"tiny-{seed}",

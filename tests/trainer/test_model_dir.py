@@ -1,15 +1,22 @@
-"""`trainer.model_dir.warm_start`: a config change that reshapes the model starts the affected part cold
-instead of failing every day."""
+"""`trainer.model_dir`: a config change that reshapes the model starts the affected part cold instead of
+failing every day (`warm_start`), and model.json is read by code of other releases (`ModelMeta`)."""
 
+import json
 from dataclasses import replace
+
+import pytest
 
 from flows.config import with_overrides
 from flows.recipes import demo
-from trainer.model_dir import ModelMeta, warm_start
+from storage.io import codec, fsio
+from storage.io.records import FormatError
+from tests.helpers.formats import newer, sample
+from trainer.model_dir import MODEL_FORMAT, ModelMeta, read_meta, warm_start
+from trainer.models.config import ModelConfig
 
 
 def _meta(cfg) -> ModelMeta:
-    return ModelMeta(
+    return ModelMeta.of(
         model_name=cfg.model_name, model_config=cfg.model, dim=cfg.store.embedding_dim, init_std=0.01,
         num_dense=13, num_fields=26, fields=(), dense_columns=(), key_columns=(), vocab_date="2026-01-01",
         run_tag="t", features_url="f", init_model_url=None, optim=cfg.optim, het=cfg.het, trainer=cfg.trainer,
@@ -48,3 +55,51 @@ def test_another_arch_starts_dense_cold_naming_the_key():
     saved = _meta(replace(cfg, model=replace(cfg.model, arch="dnn")))
     ws = warm_start(saved, cfg.model, cfg.store)
     assert not ws.dense and "model.arch" in ws.reason
+
+
+# ---- model.json outlives the code that wrote it --------------------------------------------------
+def test_a_model_json_as_written_today_is_read():
+    meta = ModelMeta.from_dict(sample("model-v2.json"))
+    assert meta.format == "ctr-pipeline-model/2" and meta.dim == 8 and len(meta.key_columns) == 26
+    assert meta.model_cfg().arch == meta.model_config["arch"] == meta.arch
+    assert meta.optim["epochs"] >= 1 and meta.train["steps"] > 0
+
+
+def test_a_model_json_with_retired_keys_and_unknown_fields_is_read_and_still_builds_its_network():
+    data = newer(sample("model-v2.json"), optim="retired_lr", trainer="retired_key", het="gone",
+                 model_config="retired_model_key")
+    meta = ModelMeta.from_dict(data, where="/r/model.json")
+    assert meta.optim["retired_lr"] == "retired value"  # kept as recorded, never decoded
+    assert meta.model_cfg() == ModelMeta.from_dict(sample("model-v2.json")).model_cfg()
+    del data["model_config"]["num_heads"]  # a key added after the model was written: its default
+    assert ModelMeta.from_dict(data).model_cfg().num_heads == ModelConfig().num_heads
+    cfg = demo("/tmp/x")
+    assert warm_start(meta, cfg.model, cfg.store).reason  # a retired model key may have shaped it: start cold
+
+
+def test_a_model_json_of_a_newer_version_is_refused_naming_it():
+    with pytest.raises(FormatError, match=r"/r/model.json has format 'ctr-pipeline-model/3', written by a newer "
+                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2: upgrade"):
+        ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/3"}, where="/r/model.json")
+    with pytest.raises(FormatError, match="ctr-pipeline-model/1', too old .*: retrain the model"):
+        ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/1"})
+
+
+def test_the_writer_round_trips_and_stores_the_sections_as_plain_data():
+    cfg = demo("/tmp/x")
+    meta = _meta(cfg)
+    data = json.loads(json.dumps(meta.to_dict()))
+    assert data["format"] == MODEL_FORMAT and data["optim"] == codec.encode(cfg.optim)
+    back = ModelMeta.from_dict(data)
+    assert back.model_cfg() == cfg.model and json.loads(json.dumps(back.to_dict())) == data
+    assert set(data) >= set(sample("model-v2.json"))  # every field today's readers know is written
+
+
+def test_read_meta_of_a_committed_directory_with_a_retired_trainer_key(tmp_path):
+    """What `read_published` does at the start of every day: one retired `trainer.*` key must not stop it."""
+    fs, path = fsio.get_fs(str(tmp_path / "m"))
+    with fsio.staged(fs, path) as stage:
+        fsio.write_json(fs, f"{stage}/model.json", newer(sample("model-v2.json"), trainer="retired_key"))
+        fsio.commit_dir(fs, stage, path, {"ok": True})
+    meta = read_meta(str(tmp_path / "m"))
+    assert meta.trainer["retired_key"] == "retired value" and meta.dim == 8

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from flows.serving.bundle import (
+    BUNDLE,
     EMB,
     MANIFEST,
     PROGRAM,
@@ -14,6 +15,7 @@ from flows.serving.bundle import (
     BundleReader,
     write_bundle,
 )
+from tests.helpers.formats import newer, sample
 from tests.helpers.serving import write_tiny_bundle
 
 
@@ -49,3 +51,26 @@ def test_a_manifest_without_version_or_kind_is_not_written(tmp_path):
     with pytest.raises(ValueError, match="version and a kind"):
         write_bundle(str(tmp_path / "b"), {}, {"version": "v00001", "kind": "partial"})
     assert not (tmp_path / "b").exists()
+
+
+# ---- a bundle outlives the trainer that wrote it ------------------------------------------------
+def test_todays_manifests_are_of_the_version_read():
+    for name in ("bundle-manifest-v1.json", "bundle-delta-manifest-v1.json"):
+        manifest = sample(name)
+        assert BUNDLE.version_of(manifest, name) == 1 and {"version", "kind", "files"} <= set(manifest)
+
+
+def test_a_newer_trainers_manifest_fields_are_ignored_and_a_newer_version_is_refused(tmp_path):
+    write_tiny_bundle(str(tmp_path / "b"))
+    path = tmp_path / "b" / MANIFEST
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps(newer(manifest, lineage="retired_pointer")))
+    reader = BundleReader(str(tmp_path / "b"))
+    assert reader.version == "v00001" and reader.read_array(EMB).shape == (manifest["rows"], 4)
+    path.write_text(json.dumps({**manifest, "format": "ctr-pipeline-bundle/2"}))
+    with pytest.raises(BundleError, match=r"manifest.json has format 'ctr-pipeline-bundle/2', written by a newer "
+                                          r"ctr-pipeline; this code reads ctr-pipeline-bundle/1: upgrade"):
+        BundleReader(str(tmp_path / "b"))
+    path.write_text(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
+    with pytest.raises(BundleError, match="manifest.json lacks files: the bundle is corrupt"):
+        BundleReader(str(tmp_path / "b"))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from flows.serving.bundle import BundleError, BundleReader
+from flows.serving.bundle import MANIFEST, MODEL_JSON, BundleError, BundleReader
 from flows.serving.export import write_full_bundle
-from flows.serving.model import load_model
+from flows.serving.model import ServingMeta, load_model
 from pipeline.feature_spec import FeatureSpec
+from tests.helpers.formats import newer, sample
 from tests.helpers.serving import (
     CRITEO,
     criteo_line,
@@ -44,3 +48,36 @@ def test_a_network_that_gives_no_probability_fails_the_smoke_score(tmp_path):
                       manifest={"version": "v00002", "dtype": "float32"})
     with pytest.raises(BundleError, match="smoke score gave"):
         load_model([BundleReader(str(tmp_path / "nan"))])
+
+
+# ---- an older scorer loads a newer trainer's bundle ---------------------------------------------
+def _replace_file(bundle, name: str, content: bytes) -> None:
+    """Rewrite one file of a committed bundle and its manifest entry, as a newer exporter would have."""
+    (bundle / name).write_bytes(content)
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    manifest["files"][name] = {"sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
+    (bundle / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_the_serving_meta_of_todays_model_json_is_read():
+    meta = ServingMeta.from_dict(sample("model-v2.json"), where="model.json")
+    assert meta.dim == 8 and len(meta.key_columns) == 26 and meta.init_std > 0 and meta.bag_columns == ()
+
+
+def test_a_bundle_whose_model_json_has_retired_keys_and_new_fields_loads_and_scores(tmp_path):
+    write_tiny_bundle(str(tmp_path / "b"))
+    data = json.loads((tmp_path / "b" / MODEL_JSON).read_text())
+    _replace_file(tmp_path / "b", MODEL_JSON, json.dumps(
+        newer(data, optim="retired_lr", trainer="retired_key", model_config="retired_model_key")).encode())
+    model = load_model([BundleReader(str(tmp_path / "b"))])
+    p = model.score_features(model.parse(lines=[criteo_line(i) for i in range(5)]).features)
+    assert p.shape == (5,) and ((p > 0) & (p < 1)).all()
+
+
+def test_a_bundle_whose_model_json_is_of_a_newer_version_is_refused_naming_it(tmp_path):
+    write_tiny_bundle(str(tmp_path / "b"))
+    data = json.loads((tmp_path / "b" / MODEL_JSON).read_text())
+    _replace_file(tmp_path / "b", MODEL_JSON, json.dumps({**data, "format": "ctr-pipeline-model/3"}).encode())
+    with pytest.raises(BundleError, match=r"model.json has format 'ctr-pipeline-model/3', written by a newer "
+                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2: upgrade"):
+        load_model([BundleReader(str(tmp_path / "b"))])

@@ -20,6 +20,8 @@ from storage.embedding.ssd_format import (
     write_index,
     write_meta,
 )
+from storage.io.records import FormatError
+from tests.helpers.formats import newer, sample
 
 
 @pytest.mark.parametrize(
@@ -73,3 +75,12 @@ def test_meta_and_index_files_round_trip_and_old_indexes_go(tmp_path) -> None:
     again = CompactSlotMap()
     load_index(tmp_path, index_name(3), again)
     assert again.lookup(np.array([8, 13, 5, 6])).tolist() == [0, 1, 2, -1] and again.high_water == 3
+
+
+def test_todays_meta_json_passes_with_fields_it_does_not_know_and_a_newer_version_is_refused(tmp_path) -> None:
+    fmt = RecordLayout.of(8)
+    fmt.check(sample("ssd-meta-v2.json"), tmp_path)
+    fmt.check(newer(sample("ssd-meta-v2.json")), tmp_path)  # a newer writer's extra fields
+    with pytest.raises(FormatError, match=r"meta.json has format 'ctr-ssd-shard/3', written by a newer ctr-pipeline; "
+                                          r"this code reads ctr-ssd-shard/2: wipe the shard"):
+        fmt.check({**sample("ssd-meta-v2.json"), "format": "ctr-ssd-shard/3"}, tmp_path)

@@ -56,3 +56,22 @@ def test_encode_and_decode_are_inverse():
 def test_bad_data_raises_naming_the_dotted_key(data, names):
     with pytest.raises(ConfigError, match=names):
         decode(Outer, data, prefix="spec.")
+
+
+def test_ignore_mode_skips_unknown_keys_at_every_depth_and_keeps_type_checks():
+    data = {"name": "n", "retired": 1, "inner": {"width": 3, "gone": [1], "names": ["a"]}}
+    assert decode(Outer, data, unknown="ignore") == Outer(name="n", inner=Inner(width=3, names=("a",)))
+    with pytest.raises(ConfigError, match=r"unknown config key spec\.retired"):
+        decode(Outer, data, prefix="spec.")  # what a user writes stays strict
+    with pytest.raises(ConfigError, match=r"spec\.inner\.width must be an integer"):
+        decode(Outer, {"inner": {"width": "wide", "gone": 1}}, prefix="spec.", unknown="ignore")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs:
+    size: int
+
+
+def test_a_missing_required_key_is_named():
+    with pytest.raises(ConfigError, match=r"rec: size is missing \(a required key of Needs\)"):
+        decode(Needs, {"other": 1}, prefix="rec: ", unknown="ignore")
