@@ -1,19 +1,23 @@
 """Typed configuration of training, in three sections of the run config.
 
 - `trainer`: how the job runs: processes and nodes, backend and device, timeouts, restarts,
-  checkpoints, the reader thread, logging.  None of it changes the trained model.
+  checkpoints, the reader thread, logging.  Only the world's shape and the precision change the
+  trained model.
 - `optim`: what the optimisation does: batch size, epochs, seed, learning rates and their
   schedule, regularisation, and k (the dense k-step Adam merge interval).
 - `het`: the worker-side cache of remote embedding rows (HET's bounded staleness).
 
-The run identity (`trainer.identity.result_fields`) hashes `optim`, `het`, the model and the
-world's shape, and not the rest of `trainer`: rerunning a killed day with a longer timeout or
-another log interval resumes from that day's checkpoints.
+Every field declares what a change of it does (`storage.io.identity`: `result_field`, `run_field`):
+the run identity (`trainer.spec.TrainSpec.identity`) hashes the `optim` and `het` fields and the
+world's shape and precision, and not the rest of `trainer`: rerunning a killed day with a longer
+timeout or another log interval resumes from that day's checkpoints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from storage.io.identity import result_field, run_field
 
 LR_DECAYS = ("none", "linear", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -28,40 +32,46 @@ class TrainerConfig:
     """The `trainer` section: how the training job runs (nothing here changes the trained result
     except the world's shape, `nnodes` x `nproc_per_node` and `intra_group_size`)."""
 
-    nproc_per_node: str | int = "auto"
+    nproc_per_node: str | int = result_field(
+        "auto", why="the world's shape: the rows each rank reads and the k-step averages")
     """Training processes per node, launched by torchrun.  `auto`: one per visible GPU on a CUDA node,
     one on CPU (`trainer.world.resolve_world`); with NCCL at most the node's GPUs (checked at launch)."""
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str = ""
+    nnodes: int = result_field(1, why="the world's shape")
+    """Nodes of the training job (torchrun `--nnodes`); more than 1 needs `rdzv_endpoint`."""
+    node_rank: int = run_field(0)
+    """This node's rank among the `nnodes` (torchrun `--node_rank`), in [0, nnodes)."""
+    rdzv_endpoint: str = run_field("")
     """host:port of the c10d rendezvous for multi-node runs; empty means `--standalone`."""
-    backend: str = "auto"
+    backend: str = run_field("auto", why="collectives differ in rounding only")
     """`auto` picks NCCL when CUDA is available, else gloo."""
-    device: str = "auto"
-    timeout_s: int = 3600
+    device: str = run_field(
+        "auto", why="devices differ in rounding only; the checkpoint fingerprint checks the resolved precision")
+    """`cuda`, `cpu`, or `auto`: CUDA when a GPU is visible, else the CPU (`trainer.world`)."""
+    timeout_s: int = run_field(3600)
     """The training subprocess is killed after this long."""
-    nccl_env: dict[str, str] = field(default_factory=dict)
+    nccl_env: dict[str, str] = run_field(factory=dict)
     """NCCL settings exported to every rank (e.g. NCCL_NET_GDR_LEVEL, NCCL_IB_HCA, NCCL_SOCKET_IFNAME)."""
-    intra_group_size: int = 0
+    intra_group_size: int = result_field(0, why="the two-phase allreduce's grouping: the order of the sums")
     """Ranks per phase-1 group of the two-phase allreduce.  0 = detect from the topology (ranks on the
     same node and NUMA socket, else the same node); N > 0 = groups of N consecutive ranks (emulates
     N ranks per node on one machine, or overrides a wrong detection); must divide the world size."""
-    prefetch_batches: str | int = "auto"
+    prefetch_batches: str | int = run_field("auto")
     """Batches the background reader thread prepares ahead of the training step (bounded queue); 0 = read
     in the training thread; `auto` = 2 on a CUDA device, 0 on CPU (`trainer.data.prefetch_depth`)."""
-    bind_io_threads: bool = True
+    bind_io_threads: bool = run_field(True)
     """Pin the reader thread to the cores of the rank's NUMA node (no effect on single-node machines)."""
-    log_every: int = 100
+    log_every: int = run_field(100)
     """Steps between progress log lines of rank 0."""
-    checkpoint_every: int = 1000
+    checkpoint_every: int = run_field(1000)
     """Steps between checkpoints (dense + optimizer state + store snapshot + data position), also written at
     the end; a rerun (or a torchrun restart) resumes from the latest one.  0 = no checkpoints."""
-    max_restarts: int = 0
+    max_restarts: int = run_field(0)
     """torchrun `--max-restarts`: times the job's workers are restarted (from the last checkpoint) after a failure."""
-    precision: str = "auto"
+    precision: str = result_field(
+        "auto", neutral="auto", why="autocast changes the numerics; `auto` is what runs had before it was hashed")
     """Arithmetic of the dense network (`trainer.precision`): `fp32`, `bf16` or `fp16` autocast with fp32
     master weights and Adam state (fp16 adds loss scaling); `auto` = bf16 on CUDA, fp32 on CPU."""
-    deterministic: bool = False
+    deterministic: bool = run_field(False, why="the same sums in a fixed order: it changes rounding only")
     """Bitwise-reproducible CUDA runs: deterministic algorithms (sorted segment sums instead of atomic
     `index_add_`), at some speed.  On CPU every run is reproducible either way."""
 
@@ -118,35 +128,46 @@ class OptimConfig:
     day's train rows and the world size when the day's training starts (an explicit number is kept).
     """
 
-    batch_size: str | int = AUTO
+    batch_size: str | int = result_field(AUTO)
     """Examples per step per rank; `auto`: 1024, smaller (down to 256) on a day too small for enough steps."""
-    epochs: str | int = AUTO
+    epochs: str | int = result_field(AUTO)
     """Passes over the day's rows; `auto`: 1, more (up to 3) on a day of too few steps."""
-    seed: int = 0
-    lr: str | float = AUTO
+    seed: int = result_field(0)
+    """Seed of the dense network's initial values and of dropout (`torch.manual_seed`); embedding rows start from
+    a deterministic per-key value (`store.init_std`)."""
+    lr: str | float = result_field(AUTO)
     """Adam learning rate of the dense parameters; `auto`: 1e-3, higher (up to 1e-2) for a day of few steps."""
-    sparse_lr: str | float = AUTO
-    """Adam learning rate of the embedding rows; `auto`: 2e-2, lower when the day takes several passes."""
-    weight_decay: float = 0.0
-    embedding_l2: str | float = AUTO
+    sparse_lr: str | float = result_field(AUTO)
+    """Adam learning rate of the embedding rows; `auto`: 2e-2, lower when the day takes several passes.
+    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), `auto` picks
+    among 0.5x-4x of that value by 5-fold validation of a per-key-Adam logistic regression on its rows
+    (`trainer.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
+    factor (`flows.day_recipe`)."""
+    weight_decay: float = result_field(0.0)
+    """Adam's L2 weight decay on the dense parameters and on the embedding rows a step updates (0 = none)."""
+    embedding_l2: str | float = result_field(AUTO)
     """L2 on the embedding rows a batch touches: adds embedding_l2 * row / B to the gradient of every
     pulled row occurrence (the gradient of (embedding_l2 / 2) * mean_b sum_f ||e_bf||^2); `auto`: 0 for
     one pass, more for each further pass over the same rows."""
-    warmup_steps: str | int = AUTO
+    warmup_steps: str | int = result_field(AUTO)
     """Linear learning-rate warm-up from 0 over this many steps (dense and sparse lr; 0 = none), never
     longer than the day; `auto`: a tenth of the day's steps, at most 100."""
-    cross_lr_scale: str | float = AUTO
+    cross_lr_scale: str | float = result_field(AUTO)
     """The `model.cross` term's learning rate, as a multiple of `lr`; `auto`: 1 on a day of at least
     `trainer.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
     since on fewer rows it fits noise (docs/benchmarks.md)."""
-    lr_decay: str = "cosine"
+    lr_decay: str = result_field("cosine")
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
-    min_lr_ratio: float = 0.1
-    k_steps: int = 10
+    min_lr_ratio: float = result_field(0.1)
+    """Where `lr_decay` ends: the learning rates at the last step are this share of their peak."""
+    k_steps: int = result_field(10)
     """Dense parameters and both Adam moments are averaged across ranks every k steps (1 = synchronous)."""
-    train_parent_eval: bool = True
+    train_parent_eval: bool = run_field(
+        True, why="it changes the model only through TrainSpec.carried, which the identity hashes")
     """Train first on the eval rows of the model the day starts from: its gate has used them, and they are
-    its day's latest rows (`flows.parent_eval`); false trains on the day's own train rows only."""
+    its day's latest rows (`flows.parent_eval`); false trains on the day's own train rows only.
+    Only a published model's rows are carried, only forward in time, with the keys today's vocabulary
+    has evicted read as OOV; the day's own eval rows stay held out for its gate."""
 
     def __post_init__(self) -> None:
         for name in DERIVED_INTS:
@@ -202,12 +223,12 @@ def _set_number(cfg: OptimConfig, name: str, kind: type) -> None:
 class HetConfig:
     """The `het` section: HET's worker-side cache of remote rows with a staleness bound (trainer/distributed)."""
 
-    staleness_bound: int = 0
+    staleness_bound: int = result_field(0)
     """Bounded staleness in row updates (per-row clocks): a cached copy of a remote row is served while
     (owner's updates since the fetch + this rank's updates not yet pushed) <= bound; the rank applies its
     own updates to the copy and pushes their sum when the bound would be crossed, the copy is evicted,
     or it is dirty and bound steps old.  0 = synchronous (no cache)."""
-    cache_rows: int = 1_000_000
+    cache_rows: int = result_field(1_000_000, why="evicting a copy pushes its pending gradients early")
     """Capacity, in rows, of each rank's cache (when staleness_bound > 0); the least frequently used
     copies are evicted (their pending gradients pushed) beyond it."""
 

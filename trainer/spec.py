@@ -1,21 +1,24 @@
 """The train spec: the one JSON file the launcher writes and every rank of `trainer.main` reads.
 
 The flow builds one `TrainSpec` and `trainer.launch.run_training` takes it whole; nothing restates
-its fields.  `identity()` names the trained result: the hash of what changes it (the model, the
-rows' shape, the optimisation, the HET bound, the world's shape and the features it reads), so a
-rerun with another timeout, log interval or checkpoint interval resumes from the same checkpoints.
+its fields.  `identity()` names the trained result: the hash of what changes it (the config fields
+declared `Role.SHAPE` or `Role.RESULT` in their sections, `storage.io.identity`, and the inputs: the
+features, the model started from, the carried rows), so a rerun with another timeout, log interval or
+checkpoint interval resumes from the same checkpoints.  `with_run_tag` names the run: date, parent
+version and identity.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from storage.embedding.config import StoreConfig
 from storage.io import codec
+from storage.io.identity import identity_parts
 from storage.warm import WarmPlan
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
@@ -73,22 +76,35 @@ class TrainSpec:
     part of `identity()`, which hashes the values themselves."""
 
     def identity(self) -> str:
-        """A short hash of everything that changes the trained model (and nothing that does not)."""
-        t = self.trainer
-        optim = codec.encode(self.optim)
-        optim.pop("train_parent_eval")  # it changes the model only through `carried`, hashed below
-        parts = {
-            "model": codec.encode(self.model),
-            "optim": optim,
-            "het": codec.encode(self.het),
-            "rows": {"embedding_dim": self.store.embedding_dim, "init_std": self.store.init_std},
-            "world": {"nnodes": t.nnodes, "nproc_per_node": t.nproc_per_node, "intra_group_size": t.intra_group_size},
+        """A short hash of everything that changes the trained model (and nothing that does not).
+
+        Each section contributes the fields it declares to change the result (`identity_parts`); the
+        section keys `rows` (store) and `world` (trainer) are the names earlier tags were hashed under,
+        kept so that a rerun after an upgrade finds its checkpoints and committed candidate.
+
+        Raises:
+            TypeError: a section's field declares no role.
+        """
+        parts: dict[str, Any] = {
+            "model": identity_parts(self.model),
+            "optim": identity_parts(self.optim),
+            "het": identity_parts(self.het),
+            "rows": identity_parts(self.store),
+            "world": identity_parts(self.trainer),
             "features": self.features_id or self.features_url,
             "init_model_url": self.init_model_url,
         }
         if self.carried is not None:  # absent otherwise: a run without carried rows keeps the tag it had before them
             parts["carried"] = self.carried.features_id or self.carried.features_url
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+    def with_run_tag(self, date: str, parent: str | None) -> TrainSpec:
+        """This spec named for a run on `date` from the published version `parent` (None: from scratch).
+
+        The tag `date:parent:identity` is what a rerun looks for: the checkpoints and the committed
+        candidate of a run with the same tag are its own (`flows.stages.committed_candidate`).
+        """
+        return replace(self, run_tag=f"{date}:{parent or 'none'}:{self.identity()}")
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)

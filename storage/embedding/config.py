@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from storage.io.identity import result_field, run_field, shape_field
+
 POLICIES = ("lfu", "lru")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreConfig:
-    embedding_dim: int = 16
+    embedding_dim: int = shape_field(16)
     """Width of every embedding row."""
-    init_std: float = 0.01
+    init_std: float = result_field(0.01)
     """Std of the deterministic per-key initialisation of a new row."""
-    host_budget_mb: int = 1024
+    host_budget_mb: int = run_field(1024)
     """CPU memory for rows (embedding + Adam state); over it, the coldest rows go to SSD."""
-    device_cache_rows: int = 0
+    device_cache_rows: int = run_field(0)
     """Rows cached on the training device (GPU HBM, or CPU); 0 disables the device cache."""
-    cache_policy: str = "lfu"
+    cache_policy: str = run_field("lfu")
     """Device-cache replacement: `lfu` (HET's choice) or `lru`."""
-    local_dir: str = ""
+    local_dir: str = run_field("")
     """Node-local directory of the SSD tier; must be a local path. Empty: `<root>/_local` for a
     local root, else a folder under the user's cache directory."""
 

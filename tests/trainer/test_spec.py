@@ -1,15 +1,23 @@
-"""The train spec: its JSON round trip, errors that name the key, and an identity of what changes the model."""
+"""The train spec: its JSON round trip, errors that name the key, and an identity of what changes the model,
+read from the roles every config field declares (`storage.io.identity`), with the hashes of earlier tags kept."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from storage.embedding.config import StoreConfig
+from storage.io import codec
+from storage.io.identity import Role, declarations, result_field, unclassified
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
-from trainer.spec import TrainSpec
+from trainer.spec import CarriedRows, TrainSpec
 
 
 def _spec(**kw) -> TrainSpec:
@@ -49,3 +57,139 @@ def test_the_identity_names_what_changes_the_model_and_not_how_the_job_runs() ->
                   _spec(model=ModelConfig(mlp_dims=(32,))), _spec(trainer=TrainerConfig(nproc_per_node=2)),
                   _spec(store=StoreConfig(embedding_dim=16)), _spec(features_id="another-encode-run")):
         assert other.identity() != spec.identity()
+
+
+# ----------------------------------------------------------------------------- declared roles
+
+SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "het": HetConfig, "trainer": TrainerConfig, "store": StoreConfig}
+"""Every config section a trained run reads (the `TrainSpec` fields of config type)."""
+
+OTHER_VALUE: dict[str, Any] = {
+    "model.arch": "dnn", "model.num_heads": 4, "model.attention_layers": 2, "model.mlp_dims": (8,),
+    "model.dropout": 0.1, "model.dense_buckets": 0, "model.dense_bucket_max": 5.0, "model.cross": False,
+    "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
+    "model.bag_pooling": "sum",
+    "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
+    "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
+    "optim.lr_decay": "linear", "optim.min_lr_ratio": 0.0, "optim.k_steps": 1, "optim.train_parent_eval": False,
+    "het.staleness_bound": 2, "het.cache_rows": 10,
+    "trainer.nproc_per_node": 2, "trainer.nnodes": 2, "trainer.node_rank": 1, "trainer.rdzv_endpoint": "h:29500",
+    "trainer.backend": "gloo", "trainer.device": "cpu", "trainer.timeout_s": 5, "trainer.nccl_env": {"A": "B"},
+    "trainer.intra_group_size": 2, "trainer.prefetch_batches": 0, "trainer.bind_io_threads": False,
+    "trainer.log_every": 3, "trainer.checkpoint_every": 0, "trainer.max_restarts": 2, "trainer.precision": "bf16",
+    "trainer.deterministic": True,
+    "store.embedding_dim": 16, "store.init_std": 0.02, "store.host_budget_mb": 8, "store.device_cache_rows": 100,
+    "store.cache_policy": "lru", "store.local_dir": "/tmp/ssd",
+}
+"""A valid value other than `_spec()`'s for every field (a new field needs one here too)."""
+
+
+def test_every_field_of_every_section_declares_its_role() -> None:
+    """A field without a role would be left out of the identity (or silently change every tag): declare it
+    with `shape_field`, `result_field` or `run_field` (storage/io/identity.py)."""
+    missing = {name: unclassified(cls) for name, cls in SECTIONS.items() if unclassified(cls)}
+    assert missing == {}
+
+
+MULTI_NODE = {"nnodes": 2, "rdzv_endpoint": "h:29500"}
+"""Where `node_rank` is compared: a world in which another node rank is valid."""
+
+
+def _pair(key: str) -> tuple[TrainSpec, TrainSpec]:
+    """`_spec()` (on two nodes for `trainer.node_rank`) and the same with `key` set to its `OTHER_VALUE`."""
+    section, name = key.split(".")
+    spec = _spec()
+    if key == "trainer.node_rank":
+        spec = _spec(trainer=dataclasses.replace(spec.trainer, **MULTI_NODE))
+    new = {name: OTHER_VALUE[key]} | (MULTI_NODE if key == "trainer.nnodes" else {})
+    return spec, dataclasses.replace(spec, **{section: dataclasses.replace(getattr(spec, section), **new)})
+
+
+@pytest.mark.parametrize("key", [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)])
+def test_a_field_changes_the_identity_exactly_when_it_declares_so(key: str) -> None:
+    section, name = key.split(".")
+    assert key in OTHER_VALUE, f"give {key} another valid value in OTHER_VALUE"
+    spec, other = _pair(key)
+    hashed = declarations(SECTIONS[section])[name].role is not Role.RUN
+    assert (other.identity() != spec.identity()) == hashed
+
+
+# ----------------------------------------------------------------------------- the hashes of earlier tags
+
+
+def _identity_before_roles(spec: TrainSpec) -> str:
+    """`TrainSpec.identity` as it was before the fields declared roles (verbatim): earlier run tags end with it."""
+    t = spec.trainer
+    optim = codec.encode(spec.optim)
+    optim.pop("train_parent_eval")
+    parts = {
+        "model": codec.encode(spec.model), "optim": optim, "het": codec.encode(spec.het),
+        "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
+        "world": {"nnodes": t.nnodes, "nproc_per_node": t.nproc_per_node, "intra_group_size": t.intra_group_size},
+        "features": spec.features_id or spec.features_url, "init_model_url": spec.init_model_url,
+    }
+    if spec.carried is not None:
+        parts["carried"] = spec.carried.features_id or spec.carried.features_url
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", date="2024-01-01", rows=10,
+                      evicted_url=None)
+FULL = {
+    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4),
+    "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
+                         cross_lr_scale=0.0, seed=3, train_parent_eval=False),
+    "het": HetConfig(staleness_bound=2, cache_rows=1000),
+    "trainer": TrainerConfig(nnodes=2, nproc_per_node=4, intra_group_size=2, rdzv_endpoint="h:1"),
+    "store": StoreConfig(embedding_dim=16, init_std=0.02), "features_id": "enc-1", "init_model_url": "/m/v00003",
+    "carried": CARRIED,
+}
+PINNED = {  # computed by the code before the roles (git HEAD bce5d75), before this change was made
+    "default": (_spec, {}, "eee1caf9f2"),
+    "full": (_spec, FULL, "a6fd8d91da"),
+    "parent eval on": (_spec, FULL | {"optim": dataclasses.replace(FULL["optim"], train_parent_eval=True)}, "a6fd8d91da"),
+    "carried by url": (_spec, {"model": ModelConfig(), "trainer": TrainerConfig(nproc_per_node=1),
+                               "carried": dataclasses.replace(CARRIED, features_id="", evicted_url="/e")}, "c8af5b3610"),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
+    """A rerun after the upgrade must find its checkpoints and its committed candidate under the same tag."""
+    make, kw, pinned = PINNED[name]
+    spec = make(**kw)
+    assert spec.identity() == _identity_before_roles(spec) == pinned
+
+
+@pytest.mark.parametrize("key", [k for k in OTHER_VALUE if k != "trainer.precision"])
+def test_the_identity_is_the_earlier_one_whatever_field_changes(key: str) -> None:
+    for spec in _pair(key):
+        assert spec.identity() == _identity_before_roles(spec)
+
+
+def test_precision_is_hashed_but_its_default_keeps_the_earlier_tags() -> None:
+    spec = _spec()
+    assert spec.trainer.precision == "auto" and spec.identity() == _identity_before_roles(spec) == "eee1caf9f2"
+    ids = {p: _spec(trainer=dataclasses.replace(spec.trainer, precision=p)).identity() for p in ("auto", "fp32", "bf16", "fp16")}
+    assert len(set(ids.values())) == 4 and ids["auto"] == spec.identity()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _GrownOptim(OptimConfig):
+    """`OptimConfig` after a release adds a field that was off before (its neutral value)."""
+
+    label_smoothing: float = result_field(0.0, neutral=0.0)
+
+
+def test_a_field_added_at_its_neutral_value_keeps_the_tags() -> None:
+    spec = _spec()
+    grown = _spec(optim=_GrownOptim(k_steps=5))
+    assert grown.identity() == spec.identity() == "eee1caf9f2"
+    assert _spec(optim=_GrownOptim(k_steps=5, label_smoothing=0.1)).identity() != spec.identity()
+
+
+def test_the_run_tag_is_date_parent_and_identity() -> None:
+    spec = _spec()
+    assert spec.with_run_tag("2024-01-02", "v00003").run_tag == f"2024-01-02:v00003:{spec.identity()}"
+    assert spec.with_run_tag("2024-01-02", None).run_tag == f"2024-01-02:none:{spec.identity()}"
+    assert spec.with_run_tag("2024-01-02", None).identity() == spec.identity()  # the tag itself is not hashed

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from storage.io.identity import result_field, shape_changes, shape_field
 from trainer.config import AUTO
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
@@ -14,39 +14,45 @@ BAG_POOLINGS = ("mean", "sum", "none")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
-    arch: str = "attention"
+    arch: str = shape_field("attention")
     """Architecture: `attention` (embeddings -> multi-head self-attention over fields -> MLP -> sigmoid),
     or a reference: `lr`, `dnn`, `deepfm`, `dcn_v2` (see trainer/models/reference.py)."""
-    num_heads: int = 2
+    num_heads: int = shape_field(2)
     """Attention heads; must divide store.embedding_dim."""
-    attention_layers: int = 1
-    mlp_dims: tuple[int, ...] = (256, 128)
+    attention_layers: int = shape_field(1)
+    """`attention` only: self-attention layers over the field (and dense bucket) tokens; 0 = none."""
+    mlp_dims: tuple[int, ...] = shape_field((256, 128))
     """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
-    dropout: str | float = AUTO
+    dropout: str | float = result_field(AUTO)
     """Dropout after each hidden MLP layer (and in attention); `auto`: 0 for one pass over the day, more
     for each further pass (`trainer.recipe`)."""
-    dense_buckets: int = 16
+    dense_buckets: int = shape_field(16)
     """Bucketise each log1p dense feature into this many buckets with a learned token each (0 = off,
     else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0.  The raw
     log1p values are used as well."""
-    dense_bucket_max: float = 12.0
+    dense_bucket_max: float = shape_field(
+        12.0, why="moves the bucket edges: the saved bucket tokens would mean other values")
     """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
-    cross: bool = True
+    cross: bool = shape_field(True, before=False, why="a model saved before the field has no cross term")
     """`attention` only: add a DCN-V2 cross network's logit on the flattened field and bucket tokens
     (`trainer.models.layers.CrossTerm`): explicit pairwise crosses of the embeddings, which the MLP only
-    approximates.  Its output layer starts at zero; `optim.cross_lr_scale` decides whether a day trains it."""
-    cross_layers: int = 3
+    approximates.  Its output layer starts at zero; `optim.cross_lr_scale` decides whether a day trains it.
+    A model published before the term existed lacks its weights: the first day with it starts its dense
+    part cold (embedding rows kept; the record says `architecture changed: model.cross`); `false` keeps
+    the earlier network and its warm start."""
+    cross_layers: int = shape_field(3)
     """Cross layers of `dcn_v2` and of the `attention` model's cross term."""
-    cross_rank: int = 0
+    cross_rank: int = shape_field(0)
     """Rank r of every cross layer (`dcn_v2`, `model.cross`), W = U V^T (DCN-V2's low-rank form; 0 = full
     rank d x d)."""
-    wide: bool = True
+    wide: bool = shape_field(True)
     """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
     so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""
-    wide_scale: float = 1.0
+    wide_scale: float = shape_field(
+        1.0, why="scales the saved key weights' logit: they were learned for another scale")
     """The wide term uses wide_scale * e_f[0]: the key weights' effective step (sparse_lr * wide_scale)
     and L2 (embedding_l2 / wide_scale^2, in logit units) apart from the deep dimensions'."""
-    bag_pooling: str = "mean"
+    bag_pooling: str = result_field("mean")
     """How a multi-valued field's bag of keys (`bag_j` in features) becomes the field's one embedding row:
     `mean` or `sum` of the bag's rows (an empty bag uses the missing key's row), or `none` to ignore the
     bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
@@ -81,16 +87,41 @@ class ModelConfig:
         return ["model.dropout"] if self.dropout == AUTO else []
 
 
-SHAPE_FREE = ("dropout", "bag_pooling")
-"""ModelConfig fields that change no parameter shape: a change keeps the warm start."""
+ATTENTION_ONLY = ("num_heads", "attention_layers", "cross", "wide", "wide_scale")
+"""The fields only the `attention` architecture reads (the reference archs build none of their modules)."""
+
+
+def unread_fields(config: ModelConfig) -> tuple[str, ...]:
+    """The fields `config`'s architecture does not read (trainer/models/ctr_model.py, reference.py): a
+    saved model that differs only in them has the same parameters.
+
+    Each depends only on fields that are always read when it matters (`arch`, `cross`, `wide`,
+    `dense_buckets`), so two configs that agree on those agree on what is unread.
+    """
+    unread: list[str] = []
+    if config.arch != "attention":
+        unread += ATTENTION_ONLY
+        if config.arch != "dcn_v2":
+            unread += ["cross_layers", "cross_rank"]
+        if config.arch == "lr":
+            unread.append("mlp_dims")
+    else:
+        if not config.cross:
+            unread += ["cross_layers", "cross_rank"]
+        if not config.wide:
+            unread.append("wide_scale")
+    if not config.dense_buckets:  # no bucket tokens: the edges are never used
+        unread.append("dense_bucket_max")
+    return tuple(unread)
 
 
 def reshaping_changes(saved: dict[str, Any] | None, ours: ModelConfig) -> list[str]:
-    """The `model.*` keys whose saved value (a model.json `model_config`) differs from `ours`, ignoring
-    `SHAPE_FREE` fields: a non-empty list means the saved dense weights do not fit `ours`.
+    """The `model.*` keys whose saved value (a model.json `model_config`) differs from `ours`: a non-empty
+    list means the saved dense weights do not fit `ours`.
 
-    A field the saved config lacks (a model from before the field existed) counts as changed.
+    The fields compared are those declared `Role.SHAPE` that `ours` reads (`unread_fields`).  A field
+    the saved config lacks (a model from before it existed) counts as changed unless ours holds the value
+    it declares for then (`cross`: false); a saved key ours does not know counts as changed
+    (`storage.io.identity.shape_changes`).
     """
-    mine = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(ours).items() if k not in SHAPE_FREE}
-    theirs = {k: list(v) if isinstance(v, tuple) else v for k, v in (saved or {}).items() if k not in SHAPE_FREE}
-    return [f"model.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return shape_changes(saved, ours, prefix="model.", unread=unread_fields(ours))
