@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from flows import stages
 from flows.config import RunConfig
 from flows.history import HISTORY_DAYS, write_history_png
-from flows.record import DayRecord, read_record, recent_records, write_record
+from flows.record import DayRecord, Status, read_record, recent_records, write_record
 from flows.slot import Taken, node_slot
 from flows.state import DayState, read_published
 from pipeline.cluster import dask_client
@@ -170,7 +170,7 @@ def run_day(
             with clock.part("dask_stop"):
                 cluster.close()
         step(CHECK_STAGE)
-        if state.need("checks").report.failed:
+        if state.checks.report.failed:
             return _finish(layout, check_failed_record(state, clock.seconds, clock.wall()), clock)
         with ExitStack() as held:
             with clock.part("slot_wait"):
@@ -182,7 +182,7 @@ def run_day(
             with clock.part("slot_release"):
                 held.close()
     except Exception as exc:
-        write_record(layout, DayRecord(date=date, completed=False, status="failed", failed_stage=current,
+        write_record(layout, DayRecord(date=date, completed=False, status=Status.FAILED, failed_stage=current,
                                        reason=f"{type(exc).__name__}: {exc}", seconds=clock.seconds,
                                        wall_s=clock.wall(), slot_wait_s=waited))
         raise
@@ -200,7 +200,7 @@ def _finish(layout: Layout, record: DayRecord, clock: DayClock) -> DayRun:
 
 def _data_fields(state: DayState) -> dict[str, Any]:
     """The record's fields that the data stages and the checks fill in."""
-    ing, voc, enc, chk = state.need("ingest"), state.need("vocab"), state.need("encode"), state.need("checks")
+    ing, voc, enc, chk = state.ingest, state.vocab, state.encode, state.checks
     return {
         "rows_read": ing.rows_read, "rows_ingested": ing.rows_written, "rows_quarantined": ing.rows_quarantined,
         "vocab_size": voc.admitted, "rows_train": enc.rows_train, "rows_eval": enc.rows_eval,
@@ -211,16 +211,16 @@ def _data_fields(state: DayState) -> dict[str, Any]:
 
 def check_failed_record(state: DayState, seconds: dict[str, float], wall_s: float) -> DayRecord:
     """The record of a day a data check stopped before training."""
-    return DayRecord(date=state.date, completed=False, status="check_failed",
-                     reason=state.need("checks").report.reason(), seconds=dict(seconds), wall_s=wall_s,
+    return DayRecord(date=state.date, completed=False, status=Status.CHECK_FAILED,
+                     reason=state.checks.report.reason(), seconds=dict(seconds), wall_s=wall_s,
                      **_data_fields(state))
 
 
 def day_record(state: DayState, seconds: dict[str, float], wall_s: float, slot_wait_s: float = 0.0) -> DayRecord:
     """The record of a run whose stages all finished."""
-    warmed, trained, ev, pub = state.need("warm"), state.need("train"), state.need("evaluation"), state.need("publish")
+    warmed, trained, ev, pub = state.warm, state.train, state.evaluation, state.publish
     return DayRecord(
-        date=state.date, completed=True, status="published" if pub.published else "refused", reason=pub.reason,
+        date=state.date, completed=True, status=Status.PUBLISHED if pub.published else Status.REFUSED, reason=pub.reason,
         auc=ev.new.auc, logloss=ev.new.logloss,
         published_auc=ev.published.auc if ev.published else None,
         next_day_auc=ev.next_day.auc if ev.next_day else None,

@@ -21,7 +21,7 @@ Train and publish are idempotent: the candidate and the registry version carry t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from distributed import Client
@@ -42,6 +42,7 @@ from pipeline.encode import EncodeResult, encode_date
 from pipeline.ingest_stage import IngestResult, ingest_date
 from pipeline.schema import get_schema
 from pipeline.vocab_stage import VocabResult, build_vocab
+from storage.features_manifest import key_column
 from storage.io import fsio
 from storage.io.dates import shift_date
 from storage.io.registry import ModelRegistry
@@ -92,9 +93,9 @@ class ChecksOutcome:
 
 def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
     """The data checks of the day against the completed days of the trailing window (`flows.data_checks`)."""
-    ing, voc, enc = state.need("ingest"), state.need("vocab"), state.need("encode")
+    ing, voc, enc = state.ingest, state.vocab, state.encode
     stats = data_stats(rows_read=ing.rows_read, rows_quarantined=ing.rows_quarantined, rows_padded=ing.rows_padded,
-                       ingest_stats=ing.stats, day_fields=voc.day_fields, duplicate_share=enc.duplicate_share)  # fmt: skip
+                       ingest_stats=ing.stats, day_fields=voc.day_fields, duplicate_share=enc.duplicate_share)
     before = recent_records(state.layout, shift_date(state.date, -1), cfg.checks.window_days)
     window = [(r.date, r.data_stats) for r in before if r.completed and r.data_stats]
     report = run_checks(stats, window, cfg.checks)
@@ -133,7 +134,7 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     rank), so the stage only makes the plan.
     """
     published, world = state.published, resolve_world(cfg.trainer).world_size
-    vocab_files, features = state.need("vocab").url, state.need("encode").url
+    vocab_files, features = state.vocab.url, state.encode.url
     plan = WarmPlan(
         date=state.date, world_size=world, published_version=published.version if published else None,
         snapshot_url=fsio.join(published.url, SPARSE) if published else None,
@@ -173,10 +174,10 @@ class TrainOutcome:
         return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}"
 
     def record(self) -> dict[str, Any]:
-        r = self.result
-        return {"steps": r.steps, "examples": r.examples, "final_loss": r.final_loss, "mean_loss": r.mean_loss,
-                "examples_per_s": r.examples_per_s, "world_size": r.world_size, "wall_s": r.wall_s,
-                "backend": r.stats.get("backend"), "device": r.stats.get("device"),
+        r, t = self.result, self.result.train
+        return {"steps": t.steps, "examples": t.examples, "final_loss": t.final_loss, "mean_loss": t.mean_loss,
+                "examples_per_s": t.examples_per_s, "world_size": t.world_size, "wall_s": r.wall_s,
+                "backend": t.backend, "device": t.device,
                 "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
                 "run_tag": self.run_tag, "recipe": self.recipe.record(), "parent_eval": self.parent_eval.record()}
 
@@ -194,8 +195,8 @@ def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
     """The day's train spec: the features (after the parent's eval rows, `flows.parent_eval`), the warm
     plan, the model to start from, the optim values for the rows it trains (`flows.day_recipe`), and
     a run tag naming the trained result (so a rerun of the same work resumes from its checkpoints)."""
-    layout, published, warmed = state.layout, state.published, state.need("warm")
-    encoded = state.need("encode")
+    layout, published, warmed = state.layout, state.published, state.warm
+    encoded = state.encode
     world = resolve_world(cfg.trainer)
     carry = parent_eval(enabled=cfg.optim.train_parent_eval, date=state.date, features_url=encoded.url,
                         published=published, evicted_url=warmed.plan.evict_url, storage_options=cfg.storage_options)
@@ -211,8 +212,7 @@ def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
         checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,
         warm=warmed.plan, carried=carry.carried, recipe=recipe.record(),
     )
-    parent = published.version if published else "none"
-    return TrainPlan(replace(spec, run_tag=f"{state.date}:{parent}:{spec.identity()}"), recipe, carry)
+    return TrainPlan(spec.with_run_tag(state.date, published.version if published else None), recipe, carry)
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
@@ -228,7 +228,7 @@ def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
         result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
                               spec_copy_url=state.layout.run_train_spec(state.date))
     parent = state.published.version if state.published else None
-    return TrainOutcome(result, parent, state.need("warm").warm_start, spec.run_tag, plan.recipe, plan.parent_eval)
+    return TrainOutcome(result, parent, state.warm.warm_start, spec.run_tag, plan.recipe, plan.parent_eval)
 
 
 def committed_candidate(spec: TrainSpec) -> TrainResult | None:
@@ -237,10 +237,7 @@ def committed_candidate(spec: TrainSpec) -> TrainResult | None:
     manifest = fsio.read_manifest(fs, path)
     if manifest is None or manifest.get("run_tag") != spec.run_tag:
         return None
-    meta = read_meta(spec.output_url, spec.storage_options)
-    s = meta.train
-    return TrainResult(spec.output_url, int(s["steps"]), int(s["examples"]), float(s["final_loss"]),
-                       float(s["mean_loss"]), float(s["examples_per_s"]), int(s["world_size"]), 0.0, s, meta)
+    return TrainResult.committed(spec.output_url, read_meta(spec.output_url, spec.storage_options))
 
 
 # ---- evaluate ---------------------------------------------------------------------------------
@@ -248,9 +245,9 @@ def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
     """The candidate and the published model (loaded once) on the day's eval rows, the published one's
     next-day AUC, and the per-value AUCs of the gate's slice and GAUC fields (`flows.evaluation`)."""
     fields = get_schema(cfg.input.format).categorical
-    groups = {f"k_{fields.index(name)}": name for name in cfg.publish.group_fields()}
-    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.need("encode").url,
-                        candidate_url=state.need("train").result.model_url, published=state.published,
+    groups = {key_column(fields.index(name)): name for name in cfg.publish.group_fields()}
+    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.encode.url,
+                        candidate_url=state.train.result.model_url, published=state.published,
                         storage_options=cfg.storage_options, groups=groups)
 
 
@@ -277,7 +274,7 @@ class PublishResult:
 
 def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
     """Where the version came from: dates, parent, inputs, config (credentials redacted), code."""
-    ingested, trained = state.need("ingest"), state.need("train")
+    ingested, trained = state.ingest, state.train
     return {
         "date": state.date,
         "dates_trained": [state.date],
@@ -287,7 +284,7 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
                    "rows_quarantined": ingested.rows_quarantined},
         "vocab_date": state.date,
         "run_tag": trained.run_tag,
-        "checks": [r.to_dict() for r in state.need("checks").report.results],
+        "checks": [r.to_dict() for r in state.checks.report.results],
         "check_overrides": overridden(cfg.checks),
         "config": redacted(cfg.to_dict()),
         "code_version": code_version(),
@@ -301,7 +298,7 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     the version: it is reused, and published if the gate passes, so a rerun never adds a second one
     (unless `force`).
     """
-    ev, published, trained = state.need("evaluation"), state.published, state.need("train")
+    ev, published, trained = state.evaluation, state.published, state.train
     new = Scores(ev.new, ev.new_groups, trained_through=state.date)
     before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
         if ev.published and published else None

@@ -9,8 +9,9 @@ stages' results.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry
@@ -50,18 +51,28 @@ def read_published(layout: Layout, *, date: str | None = None) -> Published | No
     registry = ModelRegistry(layout)
     version = registry.latest()
     if version is not None and date is not None:
-        lineage = registry.read_json(version, "lineage.json")
-        if lineage["date"] == date:
-            version = lineage["parent_version"]
+        lineage = registry.lineage(version)
+        if lineage.date == date:
+            version = lineage.parent_version
     if version is None:
         return None
     url = registry.url(version)
     return Published(version=version, url=url, meta=read_meta(url, layout.storage_options))
 
 
+RESULTS = ("ingest", "vocab", "encode", "checks", "warm", "train", "evaluation", "publish")
+"""The stage results a `DayState` carries, in run order (`flows.day.Stage.result_field`)."""
+
+
 @dataclass(frozen=True)
 class DayState:
-    """One date's run: the results of the stages done so far (None: not run yet)."""
+    """One date's run: the results of the stages done so far.
+
+    Each result has a typed accessor (`state.encode -> EncodeResult`, ...) that raises a
+    `RuntimeError` naming the stage when it has not run, so a stage called out of order fails
+    with that message rather than an `AttributeError` on None further down.  The runner adds
+    results with `with_result`; tests build a state the same way.
+    """
 
     date: str
     layout: Layout
@@ -69,21 +80,53 @@ class DayState:
     """Recompute committed stages (`--force`)."""
     published: Published | None = None
     """Read once, inside the model's slot (before warm): the model published before this date's run."""
-    ingest: IngestResult | None = None
-    vocab: VocabResult | None = None
-    encode: EncodeResult | None = None
-    checks: ChecksOutcome | None = None
-    warm: WarmResult | None = None
-    train: TrainOutcome | None = None
-    evaluation: Evaluation | None = None
-    publish: PublishResult | None = None
+    results: Mapping[str, Any] = field(default_factory=dict)
+    """Stage name (one of `RESULTS`) -> its result; read through the typed accessors below."""
 
-    def need(self, name: str) -> Any:
-        """The result of stage `name`; raises when a stage is run before the ones it needs."""
-        value = getattr(self, name)
+    def with_result(self, name: str, result: Any) -> DayState:
+        """This state with stage `name`'s result added (the runner calls it after each stage).
+
+        Raises:
+            ValueError: `name` is not one of `RESULTS`.
+        """
+        if name not in RESULTS:
+            raise ValueError(f"no stage result named {name!r}; a DayState carries {', '.join(RESULTS)}")
+        return replace(self, results={**self.results, name: result})
+
+    def _result(self, name: str) -> Any:
+        value = self.results.get(name)
         if value is None:
             raise RuntimeError(f"the {name} stage of {self.date} has not run; run_day runs the stages in order")
         return value
 
-    def with_result(self, name: str, result: Any) -> DayState:
-        return replace(self, **{name: result})
+    @property
+    def ingest(self) -> IngestResult:
+        return cast("IngestResult", self._result("ingest"))
+
+    @property
+    def vocab(self) -> VocabResult:
+        return cast("VocabResult", self._result("vocab"))
+
+    @property
+    def encode(self) -> EncodeResult:
+        return cast("EncodeResult", self._result("encode"))
+
+    @property
+    def checks(self) -> ChecksOutcome:
+        return cast("ChecksOutcome", self._result("checks"))
+
+    @property
+    def warm(self) -> WarmResult:
+        return cast("WarmResult", self._result("warm"))
+
+    @property
+    def train(self) -> TrainOutcome:
+        return cast("TrainOutcome", self._result("train"))
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return cast("Evaluation", self._result("evaluation"))
+
+    @property
+    def publish(self) -> PublishResult:
+        return cast("PublishResult", self._result("publish"))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -49,6 +50,15 @@ from pipeline.config import EncodeConfig
 from pipeline.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab_stage import load_admitted
+from storage.features_manifest import (
+    Duplicates,
+    FeaturesManifest,
+    PartRows,
+    bag_column,
+    dense_column,
+    key_column,
+    read_features_manifest,
+)
 from storage.io.dates import validate_date
 from storage.io.fsio import (
     commit_dir,
@@ -84,17 +94,19 @@ class EncodeResult:
 
 
 def dense_columns(schema: LogSchema) -> list[str]:
-    return [f"d_{i}" for i in range(len(schema.dense))]
+    """`d_<i>` for every dense input i (`storage.features_manifest.dense_column`)."""
+    return [dense_column(i) for i in range(len(schema.dense))]
 
 
 def key_columns(schema: LogSchema) -> list[str]:
-    return [f"k_{j}" for j in range(len(schema.categorical))]
+    """`k_<j>` for every categorical field j (`storage.features_manifest.key_column`)."""
+    return [key_column(j) for j in range(len(schema.categorical))]
 
 
 def bag_columns(schema: LogSchema) -> list[str]:
     """`bag_<j>` for every multi-valued field j (list<int64> keys of all its values)."""
     multi = schema.multi_separator
-    return [f"bag_{j}" for j, name in enumerate(schema.categorical) if name in multi]
+    return [bag_column(j) for j, name in enumerate(schema.categorical) if name in multi]
 
 
 def features_schema(schema: LogSchema) -> pa.Schema:
@@ -113,17 +125,17 @@ def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) 
 
 def encode_rows(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
     """`encode_frame` and the rows' content hashes (`pipeline.row_copies.row_hashes`, from the same keys)."""
-    cols: dict[str, np.ndarray] = {"label": events["label"].to_numpy(np.float32)}
+    cols: dict[str, Any] = {"label": events["label"].to_numpy(np.float32)}  # arrays; a bag column: a list of them
     for i, name in enumerate(schema.dense):
         x = events[name].to_numpy(np.float32, na_value=np.nan)
-        cols[f"d_{i}"] = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
+        cols[dense_column(i)] = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
     multi = schema.multi_separator
     raw: dict[int, np.ndarray] = {}
     for j, name in enumerate(schema.categorical):
         if name in multi:
-            cols[f"k_{j}"], cols[f"bag_{j}"] = _encode_bags(j, events[name], admitted)
+            cols[key_column(j)], cols[bag_column(j)] = _encode_bags(j, events[name], admitted)
             continue
-        cols[f"k_{j}"], raw[j] = _encode_values(j, events[name], admitted)
+        cols[key_column(j)], raw[j] = _encode_values(j, events[name], admitted)
     out = pd.DataFrame({c: cols[c] for c in features_schema(schema).names})
     return out, row_copies.row_hashes(events, schema, raw)
 
@@ -217,15 +229,16 @@ def encode_date(
     if vocab is None:
         raise FileNotFoundError(f"no committed vocabulary for {date} at {layout.vocab(date)}: run build_vocab first")
     _, final = layout.fs(layout.features(date))
-    done = read_manifest(fs, final)
+    done = read_features_manifest(fs, final)
     source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.get("run_id"), "eval_fraction": encode.eval_fraction}
-    if done and not force and all(done.get(k) == v for k, v in source.items()):
-        return _result(done, skipped=True, url=data_dir(layout.features(date), done))
+    if done and not force and done.source == source:
+        return _result(done, skipped=True, url=done.data_dir(layout.features(date)))
 
     paths = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
     part_rows = [p["rows"] for p in events["parts"]]
     rows_eval = eval_size(events["rows_written"], encode.eval_fraction)
     rows_train = events["rows_written"] - rows_eval
+    rules: list[tuple[Any, ...]]  # ("head", k) or ("threshold", t, order)
     if schema.timestamp is None:
         rules = [("head", k) for k in positional_split(part_rows, rows_train)]
         holds_eval = [k < n for k, n in zip((r[1] for r in rules), part_rows, strict=True)]
@@ -241,7 +254,7 @@ def encode_date(
     eval_at = [i for i, h in enumerate(holds_eval) if h]
     eval_hashes = dict(zip(eval_at, gather(client, client.map(
         _eval_hashes, [paths[i] for i in eval_at], [rules[i] for i in eval_at], fs=fs, schema=schema, pure=False
-    ), what=f"encode {date}: eval row hashes"), strict=True))  # fmt: skip
+    ), what=f"encode {date}: eval row hashes"), strict=True))
     all_eval = np.unique(np.concatenate([np.empty(0, np.uint64), *eval_hashes.values()]))
     bits = row_copies.sample_bits(events["rows_written"])
     admitted = client.scatter(load_admitted(layout, date), broadcast=True)
@@ -253,7 +266,7 @@ def encode_date(
             client.submit(_encode_part, path, i, rule, admitted, eval_set, fs=fs, schema=schema, stage=stage,
                           sample_bits=bits, pure=False)
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
-        ]  # fmt: skip
+        ]
         done_parts = gather(client, futures, what=f"encode {date}: parts")
         n_train = sum(p["train"] for p in done_parts)
         n_eval = sum(p["eval"] for p in done_parts)
@@ -268,42 +281,43 @@ def encode_date(
         with fs.open(join(stage, "key_counts.parquet"), "wb") as f:
             pq.write_table(pa.Table.from_pandas(key_counts, preserve_index=False), f)
         sampled = np.concatenate([np.empty(0, np.uint64), *(p["sample"] for p in done_parts)])
-        manifest = {
-            "date": date,
-            "format": schema.name,
-            "rows_train": rows_train,
-            "rows_eval": rows_eval,
-            "eval_copies_dropped": sum(dropped.values()),
-            "duplicates": {"share": round(row_copies.duplicate_share(sampled), 6), "sampled_rows": len(sampled),
-                           "sample_bits": bits},
-            "dense_columns": dense_columns(schema),
-            "key_columns": key_columns(schema),
-            "fields": list(schema.categorical),
-            "dense_fields": list(schema.dense),
-            "vocab_date": date,
-            "bag_columns": bag_columns(schema),
-            "train_parts": [p["name"] for p in done_parts if p["train"]],
-            "eval_parts": [p["name"] for p in done_parts if p["eval"]],
-            "train_part_rows": [{"name": p["name"], "rows": p["train"]} for p in done_parts if p["train"]],
-            "eval_part_rows": [{"name": p["name"], "rows": p["eval"]} for p in done_parts if p["eval"]],
-            "distinct_train_keys": len(key_counts),
-            **source,
-            "run_id": uuid.uuid4().hex,
-            "code_version": code_version(),
-        }
-        commit_dir(fs, stage, final, manifest)
+        manifest = FeaturesManifest(
+            date=date,
+            format=schema.name,
+            rows_train=rows_train,
+            rows_eval=rows_eval,
+            eval_copies_dropped=sum(dropped.values()),
+            duplicates=Duplicates(share=round(row_copies.duplicate_share(sampled), 6), sampled_rows=len(sampled),
+                                  sample_bits=bits),
+            dense_columns=tuple(dense_columns(schema)),
+            key_columns=tuple(key_columns(schema)),
+            fields=tuple(schema.categorical),
+            dense_fields=tuple(schema.dense),
+            vocab_date=date,
+            bag_columns=tuple(bag_columns(schema)),
+            train_parts=tuple(p["name"] for p in done_parts if p["train"]),
+            eval_parts=tuple(p["name"] for p in done_parts if p["eval"]),
+            train_part_rows=tuple(PartRows(p["name"], p["train"]) for p in done_parts if p["train"]),
+            eval_part_rows=tuple(PartRows(p["name"], p["eval"]) for p in done_parts if p["eval"]),
+            distinct_train_keys=len(key_counts),
+            events_run_id=events.get("run_id"),
+            vocab_run_id=vocab.get("run_id"),
+            eval_fraction=encode.eval_fraction,
+            run_id=uuid.uuid4().hex,
+            code_version=code_version(),
+        )
+        commit_dir(fs, stage, final, manifest.to_dict())
     return _result(manifest, skipped=False, url=committed_data_url(layout.features(date), fs, stage))
 
 
-def _result(manifest: dict, *, skipped: bool, url: str) -> EncodeResult:
-    return EncodeResult(date=manifest["date"], rows_train=manifest["rows_train"], rows_eval=manifest["rows_eval"],
-                        skipped=skipped, run_id=manifest["run_id"], url=url,
-                        duplicate_share=manifest["duplicates"]["share"],
-                        eval_copies_dropped=manifest["eval_copies_dropped"])  # fmt: skip
+def _result(manifest: FeaturesManifest, *, skipped: bool, url: str) -> EncodeResult:
+    return EncodeResult(date=str(manifest.date), rows_train=manifest.rows_train, rows_eval=manifest.rows_eval,
+                        skipped=skipped, run_id=manifest.run_id, url=url, duplicate_share=manifest.duplicates.share,
+                        eval_copies_dropped=manifest.eval_copies_dropped)
 
 
 def _drop_eval_copies(client: Client, parts: list[dict], eval_hashes: dict[int, np.ndarray], copies: np.ndarray, *,
-                      fs: fsspec.AbstractFileSystem, stage: str) -> dict[str, int]:  # fmt: skip
+                      fs: fsspec.AbstractFileSystem, stage: str) -> dict[str, int]:
     """Rewrite the eval parts holding copies of train rows without them; part name -> rows dropped."""
     if not len(copies):
         return {}
@@ -313,7 +327,7 @@ def _drop_eval_copies(client: Client, parts: list[dict], eval_hashes: dict[int, 
         if drop.any():
             jobs.append((parts[i]["name"], drop))
     done = gather(client, [client.submit(_drop_rows, join(stage, "eval", name), drop, fs=fs, pure=False)
-                           for name, drop in jobs], what="encode: dropping eval copies of train rows")  # fmt: skip
+                           for name, drop in jobs], what="encode: dropping eval copies of train rows")
     return {name: n for (name, _), n in zip(jobs, done, strict=True)}
 
 
@@ -352,7 +366,7 @@ def _eval_hashes(path: str, rule: tuple, *, fs: fsspec.AbstractFileSystem, schem
 def _encode_part(
     path: str, index: int, rule: tuple, admitted: np.ndarray, eval_set: np.ndarray, *, fs: fsspec.AbstractFileSystem,
     schema: LogSchema, stage: str, sample_bits: int,
-) -> dict:  # fmt: skip
+) -> dict:
     """Dask task: encode one events partition, write its train/eval parts, count its train keys.
 
     Also returns the day's eval hashes its train rows copy (`copies`) and its sample of row hashes.

@@ -23,7 +23,6 @@ which the step pools into field j's row (`trainer.bags`).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from storage.features_manifest import (
+    bag_key_column,
+    column_index,
+    columns_of,
+    read_features_manifest,
+)
 from storage.io import fsio
 from storage.io.read_ahead import read_ahead
 from storage.key_layout import to_oov
@@ -41,11 +46,6 @@ from trainer.bags import FieldBags, Jagged
 from trainer.stateful import require_keys
 
 log = logging.getLogger(__name__)
-
-_DENSE = re.compile(r"^d_(\d+)$")
-_KEY = re.compile(r"^k_(\d+)$")
-_BAG = re.compile(r"^bag_(\d+)$")
-
 
 @dataclass(frozen=True)
 class FeatureSchema:
@@ -58,7 +58,8 @@ class FeatureSchema:
     """`bag_j` list<int64> columns of multi-valued fields; bag_j belongs to key column k_j."""
 
     def __post_init__(self) -> None:
-        orphans = [c for c in self.bag_columns if not _BAG.match(c) or "k_" + c[4:] not in self.key_columns]
+        orphans = [c for c in self.bag_columns
+                   if column_index(c, "bag") is None or bag_key_column(c) not in self.key_columns]
         if orphans:
             raise ValueError(
                 f"bag columns {orphans} have no key column k_j among {list(self.key_columns)}; "
@@ -72,7 +73,7 @@ class FeatureSchema:
     @property
     def bag_fields(self) -> tuple[int, ...]:
         """Position among the key columns (the F axis of `Batch.keys`) of each bag column's field."""
-        return tuple(self.key_columns.index("k_" + c[4:]) for c in self.bag_columns)
+        return tuple(self.key_columns.index(bag_key_column(c)) for c in self.bag_columns)
 
     @property
     def num_dense(self) -> int:
@@ -124,11 +125,6 @@ def rank_share(total_rows: int, rank: int, world_size: int) -> RankShare:
     )
 
 
-def _columns_by_index(names: Iterable[str], pattern: re.Pattern[str]) -> tuple[str, ...]:
-    found = [(int(m.group(1)), n) for n in names if (m := pattern.match(n))]
-    return tuple(n for _, n in sorted(found))
-
-
 def split_dir(features_url: str, split: str) -> str:
     """`<features_url>/<split>` (the features/date=D directory holds `train/` and `eval/`)."""
     return fsio.join(features_url, split)
@@ -150,29 +146,30 @@ def list_parts(url: str, storage_options: dict | None = None) -> list[str]:
 def read_schema(features_url: str, storage_options: dict | None = None, *, split: str = "train") -> FeatureSchema:
     """The column layout of a committed features directory.
 
-    Uses the manifest's `dense_columns`/`key_columns`/`fields`/`bag_columns`; falls back to
-    the `d_<i>` / `k_<i>` / `bag_<i>` columns of the first Parquet file.
+    Uses the manifest's `dense_columns`/`key_columns`/`fields`/`bag_columns`
+    (`storage.features_manifest`); falls back to the `d_<i>` / `k_<i>` / `bag_<i>` columns of the
+    first Parquet file.
 
     Raises:
         FileNotFoundError: the directory is not committed (no `_SUCCESS.json`).
+        storage.io.records.FormatError: its manifest is of a version this code does not read.
     """
     fs, path = fsio.get_fs(features_url, storage_options)
-    manifest = fsio.read_manifest(fs, path)
+    manifest = read_features_manifest(fs, path)
     if manifest is None:
         raise FileNotFoundError(f"{features_url} is not committed (no {fsio.SUCCESS}); run the encode stage first")
-    dense = manifest.get("dense_columns")
-    keys = manifest.get("key_columns")
-    bags = manifest.get("bag_columns") if keys is not None else None
+    dense, keys = manifest.dense_columns, manifest.key_columns
+    bags = manifest.bag_columns if keys is not None else None
     if dense is None or keys is None:
-        first = list_parts(split_dir(fsio.data_dir(features_url, manifest), split), storage_options)[0]
+        first = list_parts(split_dir(manifest.data_dir(features_url), split), storage_options)[0]
         with fs.open(first, "rb") as f:
             names = pq.ParquetFile(f).schema_arrow.names
-        dense = _columns_by_index(names, _DENSE) if dense is None else dense
-        keys = _columns_by_index(names, _KEY) if keys is None else keys
-        bags = _columns_by_index(names, _BAG) if bags is None else bags
+        dense = columns_of(names, "dense") if dense is None else dense
+        keys = columns_of(names, "key") if keys is None else keys
+        bags = columns_of(names, "bag") if bags is None else bags
     if not keys:
         raise ValueError(f"{features_url} has no key columns (k_0..k_F-1)")
-    fields = manifest.get("fields") or list(keys)
+    fields = manifest.fields or keys
     return FeatureSchema(
         dense_columns=tuple(dense), key_columns=tuple(keys), fields=tuple(fields), bag_columns=tuple(bags or ()),
     )

@@ -34,7 +34,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from storage.io import fsio
 from storage.io.progress import Bar
@@ -43,6 +42,7 @@ from trainer.config import TrainerConfig
 from trainer.lifetime import die_with_parent
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
+from trainer.summary import TrainSummary
 from trainer.world import resolve_world
 
 log = logging.getLogger(__name__)
@@ -63,24 +63,37 @@ class TrainingError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What the train stage hands on: the committed model dir and its train stats (from model.json)."""
+    """What the train stage hands on: the committed model directory and what its ranks trained.
+
+    Built in one place, `committed`, from the model's model.json, whether the launcher has just
+    trained it (`run_training`) or the train stage reuses a candidate a stopped run committed
+    (`flows.stages.committed_candidate`).
+    """
 
     model_url: str
-    steps: int
-    examples: int
-    final_loss: float
-    mean_loss: float
-    examples_per_s: float
-    world_size: int
-    wall_s: float
-    stats: dict[str, Any]
+    train: TrainSummary
+    """What the ranks wrote at the end of training (model.json `train`)."""
     meta: ModelMeta
+    wall_s: float = 0.0
+    """Seconds the launcher waited for torchrun (0 for a reused candidate: nothing was trained)."""
     nccl_info: tuple[str, ...] = ()
     """The NCCL_DEBUG=INFO lines naming the transport NCCL chose (NET/IB, GDR, sockets), when NCCL ran."""
 
+    @classmethod
+    def committed(
+        cls, model_url: str, meta: ModelMeta, *, wall_s: float = 0.0, nccl_info: tuple[str, ...] = ()
+    ) -> TrainResult:
+        """The result of the model committed at `model_url` whose model.json is `meta`.
+
+        Raises:
+            ValueError: its `train` section holds a value of the wrong kind (`TrainSummary.from_dict`).
+        """
+        return cls(model_url, TrainSummary.from_dict(meta.train), meta, wall_s, nccl_info)
+
     def summary(self) -> str:
-        return (f"train: {self.steps} steps on {self.world_size} rank(s), {self.examples} examples, "
-                f"{self.examples_per_s:,.0f} examples/s, final loss {self.final_loss:.4f}")
+        t = self.train
+        return (f"train: {t.steps} steps on {t.world_size} rank(s), {t.examples} examples, "
+                f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}")
 
 
 def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe") -> list[str]:
@@ -236,17 +249,4 @@ def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = 
     if code != 0:
         raise TrainingError(f"training failed with exit code {code}", returncode=code, tail=tail)
     meta = model_dir.read_meta(spec.output_url, spec.storage_options)
-    stats = meta.train
-    return TrainResult(
-        model_url=spec.output_url,
-        steps=int(stats.get("steps", 0)),
-        examples=int(stats.get("examples", 0)),
-        final_loss=float(stats.get("final_loss", float("nan"))),
-        mean_loss=float(stats.get("mean_loss", float("nan"))),
-        examples_per_s=float(stats.get("examples_per_s", 0.0)),
-        world_size=int(stats.get("world_size", 0)),
-        wall_s=wall,
-        stats=stats,
-        meta=meta,
-        nccl_info=tuple(nccl),
-    )
+    return TrainResult.committed(spec.output_url, meta, wall_s=wall, nccl_info=tuple(nccl))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import sys
@@ -38,9 +39,15 @@ from trainer.lifetime import exit_when_orphaned
 from trainer.malloc import tune_malloc
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
-from trainer.train import Trainer, TrainStats
+from trainer.summary import TrainSummary
+from trainer.train import StepHook, Trainer, TrainStats
 
 log = logging.getLogger("trainer.main")
+
+HOOKS_ENV = "CTRPIPE_TRAINER_HOOKS"
+"""Step hooks the ranks install (`trainer.train.StepHook`): comma-separated `module:factory` names, each
+factory called with no arguments in every rank, returning a hook or None (none for this rank).  The ranks
+inherit it from the launcher's environment; e.g. the crash tests' fault, `tests.helpers.faults:crash_at_step`."""
 
 
 def _setup_logging() -> None:
@@ -134,42 +141,45 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         examples = sum(r["examples"] for r in everyone)
         train_s = max(r["train_s"] for r in everyone)
         steps = stats.steps
-        train_stats = {
-            "steps": steps,
-            "epochs": spec.optim.epochs,
-            "examples": examples,
-            "dropped_rows": stats.dropped_rows,
-            "carried": {"date": spec.carried.date, "rows": spec.carried.rows} if spec.carried else None,
-            "final_loss": float(np.mean([r["final_loss"] for r in everyone])),
-            "mean_loss": sum(r["loss_sum"] for r in everyone) / max(1, steps * ctx.world_size),
-            "train_s": train_s,
-            "examples_per_s": examples / train_s if train_s > 0 else 0.0,
-            "dense_sync_bytes": sum(r["dense_sync_bytes"] for r in everyone),
-            "dense_sync_s": max(r["dense_sync_s"] for r in everyone),
-            "dense_merges": trainer.opt.merges,
-            "sparse_bytes": sum(r["sparse_bytes"] for r in everyone),
-            "sparse_s": max(r["sparse_s"] for r in everyone),
-            "sparse_rows": sum(r["rows"] for r in everyone),
-            "sparse_bytes_per_step": sum(r["sparse_bytes"] for r in everyone) / max(1, steps),
-            "staleness_bound": spec.het.staleness_bound,
-            "stale_cache": [r["cache"] for r in everyone],
-            **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
-            "resumed_from_step": stats.resumed_from,
-            "prefetch_depth": stats.prefetch_depth,
-            "world_size": ctx.world_size,
-            "backend": ctx.backend,
-            "device": str(ctx.device),
-            "groups": [list(g) for g in ctx.topology.groups],
-            "store_stats": [r["store"] for r in everyone],
-        }
+        sparse_rows = sum(r["rows"] for r in everyone)
+        summary = TrainSummary(
+            steps=steps,
+            epochs=spec.optim.epochs,
+            examples=examples,
+            dropped_rows=stats.dropped_rows,
+            carried={"date": spec.carried.date, "rows": spec.carried.rows} if spec.carried else None,
+            final_loss=float(np.mean([r["final_loss"] for r in everyone])),
+            mean_loss=sum(r["loss_sum"] for r in everyone) / max(1, steps * ctx.world_size),
+            train_s=train_s,
+            examples_per_s=examples / train_s if train_s > 0 else 0.0,
+            world_size=ctx.world_size,
+            backend=ctx.backend,
+            device=str(ctx.device),
+            resumed_from_step=stats.resumed_from,
+            prefetch_depth=stats.prefetch_depth,
+            stats={
+                "dense_sync_bytes": sum(r["dense_sync_bytes"] for r in everyone),
+                "dense_sync_s": max(r["dense_sync_s"] for r in everyone),
+                "dense_merges": trainer.opt.merges,
+                "sparse_bytes": sum(r["sparse_bytes"] for r in everyone),
+                "sparse_s": max(r["sparse_s"] for r in everyone),
+                "sparse_rows": sparse_rows,
+                "sparse_bytes_per_step": sum(r["sparse_bytes"] for r in everyone) / max(1, steps),
+                "staleness_bound": spec.het.staleness_bound,
+                "stale_cache": [r["cache"] for r in everyone],
+                **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
+                "groups": [list(g) for g in ctx.topology.groups],
+                "store_stats": [r["store"] for r in everyone],
+            },
+        )
         schema = trainer.schema
-        meta = ModelMeta(
+        meta = ModelMeta.of(
             model_name=spec.model_name, model_config=spec.model, dim=spec.store.embedding_dim,
             init_std=spec.store.init_std, num_dense=schema.num_dense, num_fields=schema.num_fields,
             fields=schema.fields, dense_columns=schema.dense_columns, key_columns=schema.key_columns,
             bag_columns=schema.bag_columns, vocab_date=spec.vocab_date, run_tag=spec.run_tag,
             features_url=spec.features_url, init_model_url=spec.init_model_url, optim=spec.optim, het=spec.het,
-            trainer=spec.trainer, train=train_stats, recipe=spec.recipe,
+            trainer=spec.trainer, train=summary.to_dict(), recipe=spec.recipe,
         )
         model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
         model_dir.write_tensors(
@@ -180,11 +190,11 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
     if ctx.rank == 0:
         manifest = {
             "run_tag": spec.run_tag, "vocab_date": spec.vocab_date, "world_size": ctx.world_size,
-            "sparse_parts": ctx.world_size, "sparse_rows": train_stats["sparse_rows"],
+            "sparse_parts": ctx.world_size, "sparse_rows": sparse_rows,
             "steps": stats.steps, "code_version": version.code_version(),
         }
         fsio.commit_dir(fs, staging, final, manifest)
-        log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, train_stats["examples"])
+        log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, summary.examples)
         if spec.checkpoint_url:  # the committed model supersedes the run's checkpoints
             checkpoint.remove_checkpoints(spec.checkpoint_url, so)
     # no rank exits before the commit: the launcher of every node reads the committed model.json
@@ -204,6 +214,26 @@ def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any
     }
 
 
+def step_hooks(names: str | None = None) -> list[StepHook]:
+    """The hooks `names` (default: `$CTRPIPE_TRAINER_HOOKS`) asks for, in its order (see `HOOKS_ENV`).
+
+    Raises:
+        ValueError: a name that is not `module:factory`.
+        ImportError, AttributeError: its module or factory does not exist.
+    """
+    names = os.environ.get(HOOKS_ENV, "") if names is None else names
+    hooks: list[StepHook] = []
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        module, _, attr = name.partition(":")
+        if not module or not attr:
+            raise ValueError(f"{HOOKS_ENV}: {name!r} is not module:factory")
+        hook = getattr(importlib.import_module(module), attr)()
+        if hook is not None:
+            log.info("step hook %s", name)
+            hooks.append(hook)
+    return hooks
+
+
 def run(spec: TrainSpec) -> None:
     """Train one rank of `spec` inside an initialised torchrun environment."""
     so = spec.storage_options  # committed directories -> their files (an object store's data prefix)
@@ -216,7 +246,7 @@ def run(spec: TrainSpec) -> None:
     try:
         report_environment(ctx, spec.trainer)
         store = open_store(spec, ctx)
-        trainer = Trainer(spec, ctx=ctx, store=store)
+        trainer = Trainer(spec, ctx=ctx, store=store, step_hooks=step_hooks())
         stats = trainer.train()
         write_model(spec, ctx, store, trainer, stats)
     finally:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,10 +64,22 @@ class NonFiniteLossError(FloatingPointError):
     """The loss of a step was NaN or infinite; nothing of that step was applied."""
 
 
-FAIL_AT_ENV = "CTRPIPE_TRAINER_FAIL_AT"
-"""Fault injection for tests: `RANK:STEP[:MARKER]` makes that rank exit with code 17 right after that
-step (and after its checkpoint, if one is due); with MARKER only while the marker file does not exist
-(the rank creates it first), so the fault happens once and a restart or rerun goes through."""
+@dataclass(frozen=True)
+class StepInfo:
+    """What a step hook is told after each step: the rank, and the step just done (and checkpointed, if due)."""
+
+    rank: int
+    world_size: int
+    step: int
+    """The global step just done (1-based; a resumed run continues after its checkpoint's step)."""
+    total_steps: int
+    checkpointed: bool
+    """A checkpoint of this step was written before the hook is called."""
+
+
+StepHook = Callable[[StepInfo], None]
+"""Called by `Trainer.train` on every rank after each step, once its checkpoint (if one is due) is written:
+the place to observe the loop, or, in the crash tests (tests/helpers/faults.py), to end the rank there."""
 
 
 def train_step(
@@ -187,9 +199,11 @@ class Trainer:
         spec: the run.
         ctx: the distributed context.
         store: this rank's embedding-store shard (already warmed).
+        step_hooks: called in order after each step (`StepHook`); none by default.
     """
 
-    def __init__(self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore) -> None:
+    def __init__(self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore,
+                 step_hooks: Sequence[StepHook] = ()) -> None:
         cfg, het = spec.optim, spec.het
         if unresolved := cfg.unresolved():
             raise ValueError(f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
@@ -197,6 +211,7 @@ class Trainer:
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
+        self.step_hooks = tuple(step_hooks)
         self.schema = read_schema(spec.features_url, spec.storage_options).for_pooling(spec.model.bag_pooling)
         self.reader = RankReader(
             self.sources(), self.schema, rank=ctx.rank, world_size=ctx.world_size,
@@ -271,14 +286,20 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _fingerprint(self) -> dict[str, Any]:
-        """What must match for a checkpoint to belong to this run (same data, world, batches, seed, k)."""
-        cfg = self.spec.optim
+        """What must match for a checkpoint to belong to this run.
+
+        The run tag names the trained result: it ends with `TrainSpec.identity()`, the hash of every field
+        declared to change it (`TrainSpec.with_run_tag`; a tag named by hand, in tests or benchmarks, must
+        name its config the same way).  The rest is what this rank sees of the run: the world and the rows
+        it was split for, the files it reads (their data URLs, which the identity does not hash), and the
+        precision `auto` resolved to on this device.  Older checkpoints carry every one of these keys, so a
+        rerun after an upgrade resumes from them.
+        """
+        spec = self.spec
         return {
-            "features_url": self.spec.features_url, "run_tag": self.spec.run_tag, "world_size": self.ctx.world_size,
-            "carried": self.spec.carried.features_url if self.spec.carried else None,
-            "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed, "k_steps": cfg.k_steps,
-            "staleness_bound": self.spec.het.staleness_bound, "rows_per_rank": self.reader.share.rows,
-            "precision": self.precision.name,
+            "features_url": spec.features_url, "run_tag": spec.run_tag, "world_size": self.ctx.world_size,
+            "carried": spec.carried.features_url if spec.carried else None,
+            "rows_per_rank": self.reader.share.rows, "precision": self.precision.name,
         }
 
     def components(self) -> dict[str, Stateful]:
@@ -381,7 +402,6 @@ class Trainer:
         cfg, run, ctx, stats = self.spec.optim, self.spec.trainer, self.ctx, self.stats
         total_steps = self.reader.steps_per_epoch * cfg.epochs
         ckpt_every = run.checkpoint_every if self.spec.checkpoint_url else 0
-        fail_rank, fail_step = _fault_plan()
         start = self.start_step
         if ctx.rank == 0:
             log.info(
@@ -409,12 +429,13 @@ class Trainer:
                 stats.steps = step
                 if ctx.rank == 0 and (step % run.log_every == 0 or step == total_steps):
                     log.info("step %d/%d loss %.5f", step, total_steps, loss.item())  # host read: the log line
-                if ckpt_every and step % ckpt_every == 0 and step < total_steps:
+                checkpointed = bool(ckpt_every) and step % ckpt_every == 0 and step < total_steps
+                if checkpointed:
                     self.save_checkpoint(step)
-                if step == fail_step and ctx.rank == fail_rank:
-                    log.error("%s: rank %d exits after step %d", FAIL_AT_ENV, ctx.rank, step)
-                    logging.shutdown()
-                    os._exit(17)
+                if self.step_hooks:
+                    info = StepInfo(ctx.rank, ctx.world_size, step, total_steps, checkpointed)
+                    for hook in self.step_hooks:
+                        hook(info)
         self.sparse.flush()  # pending HET gradients reach their owners
         self.opt.merge()  # final merge: identical dense parameters and moments on every rank
         if ckpt_every and stats.steps > start:
@@ -422,17 +443,3 @@ class Trainer:
         stats.examples, stats.train_s = progress.examples, progress.seconds()
         stats.loss_sum, stats.final_loss = float(progress.loss_sum), float(progress.last)
         return stats
-
-
-def _fault_plan() -> tuple[int, int]:
-    """(rank, step) of the injected fault from `CTRPIPE_TRAINER_FAIL_AT`, or (-1, -1)."""
-    spec = os.environ.get(FAIL_AT_ENV, "")
-    if not spec:
-        return -1, -1
-    rank, step, *marker = spec.split(":", 2)
-    if marker:
-        if os.path.exists(marker[0]):
-            return -1, -1
-        if int(rank) == int(os.environ.get("RANK", "0")):
-            open(marker[0], "w").close()  # noqa: SIM115 - an empty marker
-    return int(rank), int(step)
