@@ -92,16 +92,3 @@ def test_the_shipped_production_example_loads():
 def test_unknown_recipe():
     with pytest.raises(ValueError, match="unknown recipe"):
         by_name("nope")
-
-
-def test_the_readme_lists_every_key_with_its_default():
-    """The README's config block is what a user copies: it must parse and equal the defaults."""
-    from pathlib import Path
-
-    import yaml
-
-    from flows.config import RunConfig, from_dict
-
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
-    assert from_dict(yaml.safe_load(block)) == RunConfig()
