@@ -4,10 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-# The exact CPU torch of the dev machines and CI; a GPU host installs over its own torch (README).
+# The exact CPU torch of the dev machines and CI; a GPU host installs over its own torch (docs/user-guide.md).
 CONSTRAINTS := constraints-cpu.txt
 
-.PHONY: demo test test-fast chaos install install-test bench bench-peers wheelhouse gpu-check clean
+.PHONY: demo lint test test-random test-fast chaos install install-test bench bench-peers wheelhouse gpu-check clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +26,23 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(VENV)/bin/ctrpipe demo --root $(CURDIR)/demo-data --days 3
 
-# Two workers, each test file in one of them (its module fixtures built once); TEST_WORKERS=0 runs serially.
+# ruff and mypy, as configured in pyproject.toml (mypy strict on storage/ and trainer/distributed/); seconds.
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# The lint first (a finding fails it), then two workers, each test file in one of them (its module fixtures
+# built once); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
-test: install-test
+test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The same suite in a random order of files and of the tests in each (pytest-randomly, off in every other
+# run: pyproject's addopts say -p no:randomly), to show no test needs another's leftovers.  The seed is on
+# the first lines of the output; RANDOM_SEED=<n> replays that order.
+RANDOM_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+test-random: install-test
+	$(PY) -m pytest -p randomly --randomly-seed=$(RANDOM_SEED) --randomly-dont-reset-seed -n $(TEST_WORKERS) --dist loadfile
 
 # The edit loop: everything but the end-to-end, crash and multi-process tests (a few minutes on 2 cores).
 test-fast: install-test
@@ -49,7 +62,7 @@ bench-peers: install-test
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[bench]' 'fbgemm-gpu-cpu==1.8.0' tensordict 'torchmetrics==1.0.3' pyre-extensions
 	$(PIP) install --quiet --no-deps 'torchrec==1.8.0'
 
-# Wheels of every runtime dependency but torch, for an offline install on a GPU host (README):
+# Wheels of every runtime dependency but torch, for an offline install on a GPU host (docs/user-guide.md):
 #   make wheelhouse DIR=wheels [PYVER=3.12] [PLATFORM=manylinux_2_28_x86_64]
 wheelhouse:
 	@test -n "$(DIR)" || { echo "usage: make wheelhouse DIR=folder [PYVER=3.12] [PLATFORM=tag]"; exit 2; }

@@ -189,6 +189,7 @@ def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, 
     `optim` values left `auto` are derived for the features' train rows (`trainer.recipe`), as a daily run does."""
     import dataclasses
 
+    from storage.features_manifest import read_features_manifest
     from storage.io import fsio
     from trainer.config import HetConfig, OptimConfig, TrainerConfig
     from trainer.recipe import derive
@@ -201,7 +202,9 @@ def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, 
         raise ValueError(f"unknown training keys {sorted(unknown)}")
     built = {s: c(**{k: v for k, v in kw.items() if k in names[s]}) for s, c in sections.items()}
     fs, path = fsio.get_fs(str(features))
-    rows = int((fsio.read_manifest(fs, path) or {})["rows_train"])
+    if (manifest := read_features_manifest(fs, path)) is None:
+        raise FileNotFoundError(f"{features} is not a committed features directory (no {fsio.SUCCESS})")
+    rows = manifest.rows_train
     recipe = derive(built["optim"], model, rows=rows, world_size=built["trainer"].world_size)
     built["optim"] = recipe.optim
     return TrainSpec(

@@ -10,7 +10,7 @@ What `make gpu-check` (infra/gpu-check.sh) runs between the CUDA conformance tes
 - `phases`: mean ms of pull / forward / backward / push / dense Adam (a device sync after each);
 - `throughput`: examples/s of `train_step` fp32 and bf16, host store and device cache, and on CPU;
 - `determinism`: two identical runs, with and without `trainer.deterministic`: bitwise equal, or
-  the largest difference (README "Determinism");
+  the largest difference (docs/user-guide.md "The training step on a GPU, and determinism");
 - `restore_memory`: peak device memory while a device cache restores a snapshot, against its buffer.
 
 Every section also runs with `--device cpu` (a dry run of the probe's code; `tests/bench` does it),

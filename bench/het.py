@@ -43,14 +43,14 @@ def run_one(tmp: Path, features: Path, *, procs: int, bound: int, batch: int, di
         timeout_s=1800, log_every=10_000, checkpoint_every=0, staleness_bound=bound, lr=1e-3, sparse_lr=2e-2,
     )
     res = run_training(spec, work_dir=str(tmp / "work"))
-    st = res.stats
+    t, st = res.train, res.train.stats
     kinds = st.get("sparse_bytes_per_step_by_kind", {})
     return {
-        "procs": procs, "bound": bound, "steps": st["steps"],
+        "procs": procs, "bound": bound, "steps": t.steps,
         "sparse_KB_per_step": st["sparse_bytes_per_step"] / 1024,
         "uncached_KB_per_step": st.get("sparse_bytes_per_step_uncached", 0.0) / 1024,
         **{f"{k}_KB": v / 1024 for k, v in kinds.items()},
-        "steps_per_s": st["steps"] / st["train_s"] if st["train_s"] else 0.0,
+        "steps_per_s": t.steps / t.train_s if t.train_s else 0.0,
         "hit_rate": st.get("stale_cache_hit_rate", 0.0),
         "auc": evaluate_model(str(out), str(features))["auc"],
     }

@@ -120,7 +120,7 @@ def task_peak(rows: int, work: Path, ingest: IngestConfig) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, **worker_environ()}
     done = subprocess.run([sys.executable, "-c", _TASK, str(path), str(out), DATE, str(ingest.rows_per_partition)],
-                          capture_output=True, text=True, check=True, env=env)  # fmt: skip
+                          capture_output=True, text=True, check=True, env=env)
     shutil.rmtree(out, ignore_errors=True)
     path.unlink()
     r = json.loads(done.stdout.strip().splitlines()[-1])
@@ -128,7 +128,7 @@ def task_peak(rows: int, work: Path, ingest: IngestConfig) -> dict:
         raise RuntimeError(f"the task wrote {r['rows']} rows, expected {rows}")
     return {"rows_per_file": rows, "rows_per_partition": ingest.rows_per_partition, "seconds": r["seconds"],
             "base_rss_mib": mib(r["base_rss"]), "peak_rss_mib": mib(r["peak_rss"]),
-            "task_growth_mib": mib(r["peak_rss"] - r["base_rss"])}  # fmt: skip
+            "task_growth_mib": mib(r["peak_rss"] - r["base_rss"])}
 
 
 def write_inputs(directory: Path, rows: int, *, plain: bool) -> tuple[list[Path], Path | None]:
@@ -211,7 +211,7 @@ def compare(rows: int, input_name: str, raw_bytes: int, gz_bytes: int, ref: list
                 f"tasks={runs[0]['tasks']} parts={runs[0]['parts']} slow_chunks={runs[0]['slow_chunks']} "
                 f"import={statistics.median(r['worker_import_s'] for r in runs):.2f}s"),
             **({"per_worker_rss_mib": runs[-1]["per_worker_rss_mib"]} if is_proj else {}),
-        })  # fmt: skip
+        })
     return out
 
 
@@ -230,7 +230,7 @@ def bench_rows(rows: int, work: Path, *, plain: bool, workers: int, block_size: 
         for _ in range(repeat):
             ref.append(run_reference([plain_path], work / "ref"))
             proj.append(run_project(str(data / "plain-{date}.tsv"), work / "root", rows,
-                                    IngestConfig(block_size=block_size), workers))  # fmt: skip
+                                    IngestConfig(block_size=block_size), workers))
         out += compare(rows, "1 x plain", plain_path.stat().st_size, 0, ref, proj)
     return out
 
@@ -257,15 +257,15 @@ def main(argv: list[str] | None = None) -> None:
             print()
         for rows in args.rows or ([] if args.task_rows else [5_000_000]):
             results += bench_rows(rows, work, plain=args.plain, workers=workers, block_size=args.block_size,
-                                  repeat=args.repeat)  # fmt: skip
+                                  repeat=args.repeat)
             print_table(results, ["rows", "input", "run", "seconds", "rows_per_s", "MB_per_s_raw", "cpu_s", "ratio",
-                                  "peak_rss_mib", "detail"])  # fmt: skip
+                                  "peak_rss_mib", "detail"])
             print()
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     path = write_json("ingest", {"workers": workers, "files_per_day": FILES, "repeat": args.repeat, "results": results,
-                                 "task_peaks": tasks})  # fmt: skip
+                                 "task_peaks": tasks})
     print(f"wrote {path}")
 
 

@@ -85,7 +85,7 @@ def build(name: str, work: Path) -> Ladder:
     whole = _vocab(train, fields)
     # day k's rows are encoded with the vocabulary of days 1..k; the later day with the last one
     per_day_train = pd.concat([_apply(f, _vocab(pd.concat(frames[: k + 1]), fields)) for k, f in enumerate(frames)],
-                              ignore_index=True)  # fmt: skip
+                              ignore_index=True)
     return Ladder(
         days, kept, carried, train["label"].to_numpy(float), later["label"].to_numpy(float),
         (_hashed(_apply(train, whole), schema), _hashed(_apply(later, whole), schema)),

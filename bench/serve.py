@@ -77,7 +77,7 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
     cfg = ModelConfig(num_heads=2, mlp_dims=(64, 32), dropout=0.0)
     torch.manual_seed(seed)
     net = CTRModel(cfg, num_dense=13, num_fields=26, dim=dim).eval()
-    meta = ModelMeta(model_name="ctr", model_config=cfg, dim=dim, init_std=0.05, num_dense=13, num_fields=26,
+    meta = ModelMeta.of(model_name="ctr", model_config=cfg, dim=dim, init_std=0.05, num_dense=13, num_fields=26,
                      fields=schema.categorical, dense_columns=tuple(f"d_{i}" for i in range(13)),
                      key_columns=tuple(f"k_{j}" for j in range(26)), vocab_date="2026-01-01", run_tag="bench",
                      features_url="", init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig())

@@ -144,7 +144,7 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
         dense_np = dense.numpy()
         ours, base, take = paired_rates(lambda qs=qs: [host.lookup(q).rows for q in qs],
                                         lambda idxs=idxs: [dense.index_select(0, i) for i in idxs],
-                                        lambda pos=pos: [np.take(dense_np, p, axis=0) for p in pos],
+                                        lambda pos=pos, dense_np=dense_np: [np.take(dense_np, p, axis=0) for p in pos],
                                         items=b * n_batches)
         rows.append({"op": "lookup (emb rows)", "batch": b, "ours_rows_per_s": ours,
                      "index_select_rows_per_s": base, "ratio": ours / base,
@@ -154,8 +154,8 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
         full_np = [t.numpy() for t in full]
         uniq = [np.unique(keys[p]) for p in pos]
         ours, base, take = paired_rates(lambda uniq=uniq: [host.read_rows(k) for k in uniq],
-                                        lambda idxs=idxs: [[t.index_select(0, i) for t in full] for i in idxs],
-                                        lambda pos=pos: [[np.take(a, p, axis=0) for a in full_np] for p in pos],
+                                        lambda idxs=idxs, full=full: [[t.index_select(0, i) for t in full] for i in idxs],
+                                        lambda pos=pos, full_np=full_np: [[np.take(a, p, axis=0) for a in full_np] for p in pos],
                                         items=b * n_batches)
         rows.append({"op": "read_rows (full rows)", "batch": b, "ours_rows_per_s": ours,
                      "index_select_rows_per_s": base, "ratio": ours / base,

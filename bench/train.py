@@ -77,6 +77,7 @@ def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int
     from pipeline.generate import generate_day
     from pipeline.keys import feature_keys
     from pipeline.schema import get_schema
+    from storage.features_manifest import FeaturesManifest
 
     schema = get_schema("criteo")
     table, _ = generate_day(0, rows + eval_rows, seed=seed)
@@ -88,9 +89,9 @@ def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int
         (root / split).mkdir(parents=True)
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), root / split / "part-00000.parquet",
                        row_group_size=16384)
-    manifest = {"rows_train": rows, "rows_eval": eval_rows, "dense_columns": dense_columns(schema),
-                "key_columns": key_columns(schema), "fields": list(schema.categorical)}
-    (root / "_SUCCESS.json").write_text(json.dumps(manifest))
+    manifest = FeaturesManifest(rows_train=rows, rows_eval=eval_rows, dense_columns=tuple(dense_columns(schema)),
+                                key_columns=tuple(key_columns(schema)), fields=tuple(schema.categorical))
+    (root / "_SUCCESS.json").write_text(json.dumps(manifest.to_dict()))
     return root
 
 
@@ -100,8 +101,8 @@ def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, **kw: Any)
                       checkpoint_every=0, **kw)
     res = run_training(spec, work_dir=str(tmp / "work"))
     return {
-        "examples_per_s": res.examples_per_s, "steps": res.steps, "train_s": res.stats["train_s"],
-        "final_loss": res.final_loss, "sparse_MB_per_step": res.stats["sparse_bytes_per_step"] / 2**20,
+        "examples_per_s": res.train.examples_per_s, "steps": res.train.steps, "train_s": res.train.train_s,
+        "final_loss": res.train.final_loss, "sparse_MB_per_step": res.train.stats["sparse_bytes_per_step"] / 2**20,
         "wall_s": res.wall_s,
     }
 

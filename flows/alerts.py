@@ -62,7 +62,7 @@ def webhook_url(cfg: AlertsConfig) -> str | None:
     if cfg.url_secret:
         from prefect.blocks.system import Secret
 
-        return str(Secret.load(cfg.url_secret).get())
+        return str(Secret.load(cfg.url_secret).get())  # type: ignore[union-attr]  # sync: a Secret, not a coroutine
     return None
 
 
@@ -77,10 +77,10 @@ def ensure_block(cfg: AlertsConfig) -> Any:
 
     url = webhook_url(cfg)
     if url:
-        block = CustomWebhookNotificationBlock(
-            name=cfg.block, url="{{webhook_url}}", secrets={"webhook_url": url},
+        block = CustomWebhookNotificationBlock(  # type: ignore[call-arg]  # headers, cookies have defaults
+            name=cfg.block, url="{{webhook_url}}", secrets={"webhook_url": url},  # type: ignore[arg-type]  # coerced to SecretDict
             json_data={"subject": "{{subject}}", "body": "{{body}}"},
-        )  # fmt: skip
+        )
         return block.save(cfg.block, overwrite=True)
     with get_client(sync_client=True) as client:  # a block of any type (Slack, email, ...) made by hand
         for doc in client.read_block_documents():
@@ -97,8 +97,9 @@ def automations(model_name: str, block_id: Any, daily_deployment_id: str, cfg: A
     """The model's two automations (not yet on the server)."""
     from prefect.automations import Automation, EventTrigger, Posture, SendNotification
 
-    tag = {"prefect.resource.id": f"prefect.tag.model:{model_name}", "prefect.resource.role": "tag"}
-    flow = {"prefect.resource.role": "flow", "prefect.resource.name": DAILY_FLOW}
+    tag: dict[str, str | list[str]] = {"prefect.resource.id": f"prefect.tag.model:{model_name}",
+                                       "prefect.resource.role": "tag"}
+    flow: dict[str, str | list[str]] = {"prefect.resource.role": "flow", "prefect.resource.name": DAILY_FLOW}
     failed = Automation(
         name=failed_run_automation(model_name),
         description=f"A {DAILY_FLOW} run of model {model_name} failed, crashed, or was refused by a guard.",
@@ -113,7 +114,7 @@ def automations(model_name: str, block_id: Any, daily_deployment_id: str, cfg: A
             body=(f"model {model_name}: {DAILY_FLOW} run {{{{ flow_run.name }}}} ended "
                   "{{ flow_run.state.name }}: {{ flow_run.state.message }}"),
         )],
-    )  # fmt: skip
+    )
     missing = Automation(
         name=missing_run_automation(model_name),
         description=f"No daily run of model {model_name} completed within {cfg.expect_within:g} h.",
@@ -127,7 +128,7 @@ def automations(model_name: str, block_id: Any, daily_deployment_id: str, cfg: A
             block_document_id=block_id, subject=f"ctr-pipeline: model {model_name}: no daily run",
             body=f"model {model_name}: no run of its daily deployment completed within {cfg.expect_within:g} h",
         )],
-    )  # fmt: skip
+    )
     return [failed, missing]
 
 
@@ -138,6 +139,7 @@ def upsert_automations(model_name: str, daily_deployment_id: str, cfg: AlertsCon
     block_id = ensure_block(cfg)
     out = {}
     for automation in automations(model_name, block_id, daily_deployment_id, cfg):
+        existing: Any  # Automation.read/create are typed `X | Coroutine[X]`; called from sync code they return X
         try:
             existing = Automation.read(name=automation.name)
         except ValueError:

@@ -56,13 +56,21 @@ class ChecksConfig:
     max_oov_increase: float = 0.2
     """oov_rate: rise of one field's share of values the previous vocabulary lacks, absolute (re-hashed ids)."""
     volume: CheckAction = field(default_factory=_fail)
+    """volume: the day's rows read outside [min_volume_ratio, max_volume_ratio] x the window's median."""
     click_rate: CheckAction = field(default_factory=_fail)
+    """click_rate: a click rate of 0 or 1 (always), or a relative change over `max_ctr_change`."""
     padded_rows: CheckAction = field(default_factory=_fail)
+    """padded_rows: over `max_padded_share` of rows with missing trailing fields (always)."""
     missing_rate: CheckAction = field(default_factory=_fail)
+    """missing_rate: a field's missing share up by more than `max_missing_increase`."""
     duplicates: CheckAction = field(default_factory=_fail)
+    """duplicates: over `max_duplicate_share` of rows exact copies of another (always)."""
     quarantined: CheckAction = field(default_factory=_warn)
+    """quarantined: the quarantined share up by more than `max_quarantined_increase`."""
     psi: CheckAction = field(default_factory=_warn)
+    """psi: a dense field's PSI against the window over `max_psi`."""
     oov_rate: CheckAction = field(default_factory=_warn)
+    """oov_rate: a field's share of values the previous vocabulary lacks up by more than `max_oov_increase`."""
     distinct_keys: CheckAction = field(default_factory=_warn)
     """distinct_keys: one field's distinct keys of the day outside the volume ratios of their median."""
 
@@ -75,7 +83,7 @@ class ChecksConfig:
                 f"({self.max_volume_ratio}) >= 1"
             )
         for name in ("max_ctr_change", "max_missing_increase", "max_padded_share", "max_duplicate_share",
-                     "max_quarantined_increase", "max_psi", "max_oov_increase"):  # fmt: skip
+                     "max_quarantined_increase", "max_psi", "max_oov_increase"):
             if getattr(self, name) < 0:
                 raise ValueError(f"checks.{name} must be >= 0, got {getattr(self, name)}")
 

@@ -22,7 +22,7 @@ _COLORS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red"}
 
 
 def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]],
-                report: CheckReport) -> bytes:  # fmt: skip
+                report: CheckReport) -> bytes:
     """PNG bytes: one panel per series, the window's days as a line, the day as a dot coloured by its check."""
     import matplotlib
 
@@ -36,7 +36,7 @@ def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, di
         values = [value(s) for _, s in window] + [value(today)]
         ax.plot(days, values, color="tab:blue", lw=1, marker=".")
         ax.scatter([date], [values[-1]], s=60, zorder=3, color=_COLORS.get(status.get(check, ""), "tab:gray"),
-                   label=status.get(check, "not run"))  # fmt: skip
+                   label=status.get(check, "not run"))
         ax.set_title(title, fontsize=9)
         ax.legend(loc="best", fontsize=7)
         ax.tick_params(axis="x", rotation=45, labelsize=6)
@@ -46,7 +46,7 @@ def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, di
 
 
 def write_checks_png(layout: Layout, date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]],
-                     report: CheckReport) -> str:  # fmt: skip
+                     report: CheckReport) -> str:
     """Write `checks.png` of the day's run; returns its URL."""
     fs, path = layout.fs(layout.run_checks_chart(date))
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

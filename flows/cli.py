@@ -82,7 +82,7 @@ def _prefect_defaults(root: str | None = None) -> None:
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
-                   help="YAML file of config sections over the recipe (README 'Configuration'; "
+                   help="YAML file of config sections over the recipe (docs/config-reference.md lists every key; "
                         "infra/prod.example.yaml is a commented example)")
     p.add_argument("--recipe", default="default", metavar="NAME",
                    help="base configuration: default (production sizes) or demo (a tiny model, ./demo-data); "
@@ -332,11 +332,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = with_overrides(cfg, {"publish.allow_older": True})
     _prefect_defaults()
     from flows.daily import call_daily_retrain, model_tags, record_of
+    from flows.record import Status
 
     with model_tags(cfg):
         state = call_daily_retrain(args.date, config=cfg.to_dict(), force=args.force, return_state=True)
     record = record_of(state, cfg.layout(), args.date)
-    if state.is_completed() or (record and record.status in ("refused", "check_failed")):
+    if state.is_completed() or (record and record.status in (Status.REFUSED, Status.CHECK_FAILED)):
         print(format_table([record]))
         return ExitCode.OK if state.is_completed() else ExitCode.REFUSED
     raise _failure(state, args.date, record)
@@ -384,13 +385,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
 
     from flows.daily import call_daily_retrain, model_tags, record_of
+    from flows.record import Status
 
     records = []
     for date in date_range(DEMO_START, end):
         with model_tags(cfg):
             state = call_daily_retrain(date, config=cfg.to_dict(), return_state=True)
         record = record_of(state, cfg.layout(), date)
-        if not state.is_completed() and not (record and record.status in ("refused", "check_failed")):
+        if not state.is_completed() and not (record and record.status in (Status.REFUSED, Status.CHECK_FAILED)):
             raise _failure(state, date, record)
         records.append(record)
         print(format_table([record]), flush=True)
@@ -602,17 +604,20 @@ _COMMANDS = {
 
 def format_table(records: list[Any]) -> str:
     """The per-day summary users read (`DayRecord`s): rows, vocabulary, metrics, publish outcome."""
+    from flows.record import Status
+
+    shown = {Status.PUBLISHED: "yes", Status.REFUSED: "REFUSED", Status.CHECK_FAILED: "STOPPED"}
     head = ("date", "ingested", "quarant.", "vocab", "train", "eval", "AUC", "logloss", "published", "version")
     rows = [head] + [(
         r.date, str(r.rows_ingested), str(r.rows_quarantined), str(r.vocab_size), str(r.rows_train),
         str(r.rows_eval), "-" if r.auc is None else f"{r.auc:.4f}", "-" if r.logloss is None else f"{r.logloss:.4f}",
-        {"published": "yes", "refused": "REFUSED", "check_failed": "STOPPED"}.get(r.status, r.status), str(r.model_version or "-"),
-    ) for r in records]  # fmt: skip
+        shown.get(r.status, r.status), str(r.model_version or "-"),
+    ) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = "\n".join(lines)
-    refused = [f"  {r.date}: {r.status}: {r.reason}" for r in records if r.status in ("refused", "check_failed", "failed")]
+    refused = [f"  {r.date}: {r.status}: {r.reason}" for r in records if r.status != Status.PUBLISHED]
     return out + ("\n" + "\n".join(refused) if refused else "")
 
 

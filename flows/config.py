@@ -47,20 +47,37 @@ class RunConfig:
     model_name: str = "ctr"
     """Name of the model in the registry (`<root>/models/<model_name>/`)."""
     input: InputConfig = field(default_factory=InputConfig)
+    """Where the day's raw logs are and their format (the ingest stage reads them)."""
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    """How ingest parses the raw logs into date-partitioned Parquet, and how many malformed rows a day may have."""
     dask: DaskConfig = field(default_factory=DaskConfig)
+    """The Dask cluster of the data stages (ingest, vocab, encode): an existing scheduler, or a LocalCluster's size."""
     vocab: VocabConfig = field(default_factory=VocabConfig)
+    """Which categorical values get their own key: counts over a window of days, admission, eviction."""
     encode: EncodeConfig = field(default_factory=EncodeConfig)
+    """How the encode stage splits the day into train and eval rows."""
     store: StoreConfig = field(default_factory=StoreConfig)
+    """The tiered embedding store: row width, initialisation, host budget, device cache, SSD tier."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The network: architecture and its sizes; every key changes the trained model."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimisation itself (batch, passes, learning rates, regularisation, k-step merge); every key
+    changes the trained model."""
     het: HetConfig = field(default_factory=HetConfig)
+    """HET's worker-side cache of remote embedding rows with a staleness bound; every key changes the trained model."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """How the training job runs (processes, nodes, backend, device, timeouts, checkpoints); none of it
+    changes the trained model except the world's shape and `trainer.precision`."""
     checks: ChecksConfig = field(default_factory=ChecksConfig)
+    """The data checks between encode and training: thresholds, and one action per check (`checks.<name>.action`)."""
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """How the evaluate stage samples and scores."""
     publish: PublishConfig = field(default_factory=PublishConfig)
+    """The publish gate: what it refuses, and how long a run waits for the model's slot."""
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    """Where `ctrpipe deploy`'s alert automations send, and when a missing daily run alerts."""
     registry: RegistryConfig = field(default_factory=RegistryConfig)
+    """Retention of the model registry: how many versions are kept."""
 
     def __post_init__(self) -> None:
         if not self.root:

@@ -39,7 +39,7 @@ from flows.day import DATA_STAGES, Stage, run_day
 from flows.history import HISTORY_DAYS
 from flows.prefect_slot import server_configured, server_slot
 from flows.recipes import default
-from flows.record import DayRecord, is_completed, read_record
+from flows.record import DayRecord, Status, is_completed, read_record
 from flows.slot import Taken, node_slot
 from flows.state import DayState
 from storage.io import dates
@@ -71,7 +71,7 @@ class DailyRunError(RuntimeError):
         return str(self.args[0])
 
 
-GUARD_STATES = {"refused": "PublishRefused", "check_failed": "DataCheckFailed"}
+GUARD_STATES = {Status.REFUSED: "PublishRefused", Status.CHECK_FAILED: "DataCheckFailed"}
 """The `Failed` states a run stopped by the publish gate or a data check ends in, by record status."""
 
 
@@ -92,9 +92,9 @@ def _transient(task_: Any, task_run: Any, state: Any) -> bool:
 def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any:
     """Run `stage` as a Prefect task with its retry policy and log its one-line summary."""
     run = task(
-        stage.fn, name=stage.name, retries=stage.retries, retry_delay_seconds=[2, 10][: stage.retries] or 0,
+        name=stage.name, retries=stage.retries, retry_delay_seconds=[2.0, 10.0][: stage.retries] or 0,
         retry_condition_fn=_transient, cache_policy=NO_CACHE,
-    )
+    )(stage.fn)
     t0 = time.perf_counter()
     result = run(cfg, state, **kw)
     get_run_logger().info("%s (%.1fs)", result.summary(), time.perf_counter() - t0, extra=SHOW)
@@ -145,7 +145,7 @@ def daily_retrain(
 
     Args:
         date: YYYY-MM-DD; empty means the day before the run's scheduled start (the `daily` deployment).
-        config: config sections (see README); missing keys take their defaults.
+        config: config sections (see docs/config-reference.md); missing keys take their defaults.
         force: redo the date even if it completed, and recompute its committed stages.
         overrides: dotted keys, e.g. {"optim.k_steps": 20}.
     """
@@ -161,7 +161,7 @@ def daily_retrain(
     if day.ran:
         _artifact(cfg, record)
     if record.status in GUARD_STATES:
-        what = f"version {record.model_version} refused" if record.status == "refused" else "stopped before training"
+        what = f"version {record.model_version} refused" if record.status == Status.REFUSED else "stopped before training"
         return Failed(name=GUARD_STATES[record.status], message=f"model {cfg.model_name}, {date}: {what}: "
                       f"{record.reason}", data=record.to_dict())
     return record.to_dict()
@@ -287,8 +287,8 @@ def backfill(
                 with model_tags(cfg):
                     state = call_daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
                 record = record_of(state, layout, date)
-                status = record.status if record else "failed"
-                if status == "refused":
+                status = record.status if record else Status.FAILED
+                if status == Status.REFUSED:
                     report["refused"].append(date)
                 elif state.is_completed():
                     report["completed"].append(date)

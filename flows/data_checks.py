@@ -28,7 +28,7 @@ _PSI_FLOOR = 1e-4
 def data_stats(
     *, rows_read: int, rows_quarantined: int, rows_padded: int, ingest_stats: dict[str, Any],
     day_fields: Sequence[dict], duplicate_share: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The day's checked series (JSON data) from the ingest manifest's counts, the vocabulary's
     `day_fields` and encode's duplicate share."""
     rows = ingest_stats["rows"]
@@ -90,17 +90,17 @@ def run_checks(today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]
     ctr = today["click_rate"]
     if ctr in (0.0, 1.0):
         found["click_rate"] = (True, ctr, [0.0, 1.0], f"click rate is {ctr:g}: every label is {int(ctr)}, "
-                               "AUC is undefined")  # fmt: skip
+                               "AUC is undefined")
     if relative:
         found["volume"] = _volume(today, past, cfg)
         found.setdefault("click_rate", _ctr_change(ctr, past, cfg))
         found["missing_rate"] = _worst_rise(today["missing"], [p["missing"] for p in past], cfg.max_missing_increase,
-                                            "missing share")  # fmt: skip
+                                            "missing share")
         found["quarantined"] = _rise(today["quarantined_share"], [p["quarantined_share"] for p in past],
-                                     cfg.max_quarantined_increase, "quarantined share")  # fmt: skip
+                                     cfg.max_quarantined_increase, "quarantined share")
         found["psi"] = _psi_check(today["dense_hist"], [p["dense_hist"] for p in past], cfg.max_psi)
         found["oov_rate"] = _worst_rise(today["oov"], [p["oov"] for p in past], cfg.max_oov_increase,
-                                        "share of values new to the previous vocabulary")  # fmt: skip
+                                        "share of values new to the previous vocabulary")
         found["distinct_keys"] = _distinct(today["distinct"], [p["distinct"] for p in past], cfg)
     results = []
     for name in CHECKS:
@@ -113,7 +113,7 @@ def run_checks(today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]
     notes = []
     if not relative:
         notes.append(f"only the absolute checks ran: {len(past)} completed day(s) in the {cfg.window_days} days "
-                     f"before, the others need {MIN_WINDOW}")  # fmt: skip
+                     f"before, the others need {MIN_WINDOW}")
     if off:
         notes.append(f"off: {', '.join(off)}")
     return CheckReport(tuple(results), tuple(d for d, _ in window), "; ".join(notes))
@@ -141,14 +141,14 @@ def _volume(today: dict, past: list[dict], cfg: ChecksConfig) -> tuple[bool, flo
     ratio = today["rows_read"] / median if median else math.inf
     bounds = [cfg.min_volume_ratio, cfg.max_volume_ratio]
     return (not bounds[0] <= ratio <= bounds[1], ratio, bounds,
-            f"{today['rows_read']} rows read, {ratio:.2f}x the window's median {median:g} (allowed {bounds[0]}x..{bounds[1]}x)")  # fmt: skip
+            f"{today['rows_read']} rows read, {ratio:.2f}x the window's median {median:g} (allowed {bounds[0]}x..{bounds[1]}x)")
 
 
 def _ctr_change(ctr: float, past: list[dict], cfg: ChecksConfig) -> tuple[bool, float, float, str]:
     median = statistics.median(p["click_rate"] for p in past)
     change = abs(ctr - median) / median if median else math.inf
     return (change > cfg.max_ctr_change, change, cfg.max_ctr_change,
-            f"click rate {ctr:.4f} vs the window's median {median:.4f}: {change:.0%} change (limit {cfg.max_ctr_change:.0%})")  # fmt: skip
+            f"click rate {ctr:.4f} vs the window's median {median:.4f}: {change:.0%} change (limit {cfg.max_ctr_change:.0%})")
 
 
 def _rise(value: float, past: list[float], limit: float, what: str) -> tuple[bool, float, float, str]:
@@ -158,7 +158,7 @@ def _rise(value: float, past: list[float], limit: float, what: str) -> tuple[boo
 
 
 def _worst_rise(today: dict[str, float], past: list[dict[str, float]], limit: float,
-                what: str) -> tuple[bool, float, float, str]:  # fmt: skip
+                what: str) -> tuple[bool, float, float, str]:
     rises = {k: v - statistics.median(p.get(k, v) for p in past) for k, v in today.items()}
     if not rises:
         return False, 0.0, limit, "no fields"

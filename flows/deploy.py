@@ -68,10 +68,11 @@ def deploy_all(
     model = config.get("model_name", "ctr")
     names = deployment_names(model)
     ensure_limit(from_dict(config).layout())
-    daily = flow.from_source(source=str(source), entrypoint=DAILY_ENTRY)
-    backfill = flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)
+    # Prefect's sync/async methods are typed `X | Coroutine[X]`; called from sync code they return X.
+    daily: Any = flow.from_source(source=str(source), entrypoint=DAILY_ENTRY)
+    backfill: Any = flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)
     # ignore_warnings: Prefect's advice to `.serve` instead of a process pool, printed per deployment (`serve` exists)
-    common = {"work_pool_name": pool, "build": False, "push": False, "print_next_steps": False,
+    common: dict[str, Any] = {"work_pool_name": pool, "build": False, "push": False, "print_next_steps": False,
               "ignore_warnings": True}
     tags = ["ctr-pipeline", f"model:{model}"]
     ids = {
@@ -112,9 +113,11 @@ def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str
     if server_configured():
         ensure_limit(from_dict(config).layout())
     tags = ["ctr-pipeline", f"model:{model}"]
-    serve(
+    # to_deployment is typed `X | Coroutine[X]` (Prefect's sync/async methods); called from sync code it returns X
+    deployments: list[Any] = [
         daily_retrain.to_deployment(name=names["daily"], schedules=[Cron(cron, timezone=timezone)],
                                     parameters={"config": config}, tags=tags),
         daily_retrain.to_deployment(name=names["on-demand"], parameters={"config": config}, tags=tags),
         backfill.to_deployment(name=names["backfill"], parameters={"config": config}, tags=tags),
-    )
+    ]
+    serve(*deployments)

@@ -67,6 +67,8 @@ def encode_log(cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_k
         reasons = "; ".join(bad_rows.describe_reasons(counts, samples))
         todo = bad_rows.advice(counts, samples, share=1.0, schema=schema, format_key=format_key, fmt=fmt)
         raise ValueError(f"{input_url}: no valid rows to score, all {len(quarantine)} quarantined: {reasons}\n  {todo}")
+    if meta.vocab_date is None:
+        raise ValueError(f"model {version} records no vocab_date: its admitted keys are unknown")
     features = encode_frame(events, schema, load_admitted(layout, meta.vocab_date))
     lines = events["order"].to_numpy() & ((1 << ORDER_FILE_SHIFT) - 1)
     return EncodedLog(version, url, features, lines, int(len(quarantine)))
@@ -95,7 +97,7 @@ def evaluate_log(
         from storage.io import fsio
 
         table = pa.table({"line": log.lines, "label": log.features["label"].to_numpy(),
-                          "score": score(loaded, log.features)})  # fmt: skip
+                          "score": score(loaded, log.features)})
         fs, path = fsio.get_fs(predictions_url, cfg.storage_options)
         with fs.open(path, "wb") as f:
             pq.write_table(table, f)

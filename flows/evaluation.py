@@ -35,7 +35,8 @@ class EvaluateConfig:
     next_day_rows: int = 100_000
     """Rows of the day's train split, drawn without replacement, on which the published model's
     next-day AUC is computed; 0 = all of them.  At AUC 0.77 and a 25% click rate 100,000 rows give a
-    95% interval of about +-0.004; the interval is recorded with the AUC (metrics.json `evaluate`)."""
+    95% interval of about +-0.004; the interval is recorded with the AUC (metrics.json `evaluate`).
+    The gate's comparison of the two models always uses every eval row."""
     seed: int = 0
     """Seed of the next-day sample, drawn with the date (numpy `default_rng([seed, YYYYMMDD])`): a
     rerun of a day scores the same rows, each day other ones."""

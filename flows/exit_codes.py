@@ -1,4 +1,4 @@
-"""The exit codes of `ctrpipe`, in one place: the CLI returns them, `ctrpipe --help` and the README list them.
+"""The exit codes of `ctrpipe`, in one place: the CLI returns them, `ctrpipe --help` and docs/user-guide.md list them.
 
 Scripts and schedulers branch on these, so a code keeps its meaning once released; new outcomes get
 new numbers (3..63 are free for them).  A command line argparse cannot understand exits with USAGE

@@ -141,7 +141,7 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: D
         _check("min_auc", auc >= cfg.min_auc, auc, cfg.min_auc,
                   f"AUC {auc:.4f} is below publish.min_auc={cfg.min_auc}"),
         _calibration(m, cfg),
-    ]  # fmt: skip
+    ]
     if published is not None:
         checks.append(_dates(new, published, cfg))
         p = published.metrics
@@ -156,7 +156,7 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: D
                       max(cfg.max_logloss_increase, loss_noise),
                       f"logloss {loss:.4f} is {rise:.4f} above the published model's {p.logloss:.4f} "
                       f"(publish.max_logloss_increase={cfg.max_logloss_increase}{_noise_text(cfg, loss_noise)})"),
-        ]  # fmt: skip
+        ]
         checks += [_slices(name, new, published, cfg) for name in cfg.slice_fields]
         if cfg.gauc_field:
             checks.append(_gauc(new, published, cfg))
@@ -187,7 +187,7 @@ def _calibration(m: EvalMetrics, cfg: PublishConfig) -> GateCheck:
     ok = math.isfinite(m.calibration) and low <= m.calibration <= high
     return _check("calibration", ok, m.calibration, list(cfg.calibration_range),
                      f"calibration (mean prediction {m.mean_prediction:.4f} / click rate {m.click_rate:.4f}) is "
-                     f"{m.calibration:.3f}, outside publish.calibration_range=[{low}, {high}]")  # fmt: skip
+                     f"{m.calibration:.3f}, outside publish.calibration_range=[{low}, {high}]")
 
 
 def _dates(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
@@ -195,20 +195,20 @@ def _dates(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
     older = latest is not None and date is not None and date < latest
     return _check("dates", not older or cfg.allow_older, date, latest,
                      f"older than LATEST (trained through {latest}); pass --allow-older (publish.allow_older) "
-                     "to publish it anyway")  # fmt: skip
+                     "to publish it anyway")
 
 
 def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
     mine, theirs = new.groups[name].slices(cfg.min_slice_rows), published.groups[name].slices(cfg.min_slice_rows)
     drops = {v: theirs[v][1] - a for v, (_, a) in mine.items()
-             if v in theirs and math.isfinite(a) and math.isfinite(theirs[v][1])}  # fmt: skip
+             if v in theirs and math.isfinite(a) and math.isfinite(theirs[v][1])}
     worst = max(drops, key=lambda v: drops[v], default=None)
     value = drops[worst] if worst is not None else 0.0
     over = sorted((v for v, d in drops.items() if d > cfg.max_slice_auc_drop), key=lambda v: -drops[v])
     detail = (f"{len(over)} slice(s) of {name} with >= {cfg.min_slice_rows} rows lost more than "
               f"publish.max_slice_auc_drop={cfg.max_slice_auc_drop} AUC (worst: key {worst}, -{value:.4f}, "
               f"{mine[worst][0] if worst is not None else 0} rows)" if over else
-              f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop {value:.4f}")  # fmt: skip
+              f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop {value:.4f}")
     return GateCheck(f"slices:{name}", not over, value, cfg.max_slice_auc_drop, detail)
 
 
@@ -217,4 +217,4 @@ def _gauc(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
     drop = theirs - mine if math.isfinite(mine) and math.isfinite(theirs) else 0.0
     return _check("gauc", drop <= cfg.max_gauc_drop, mine, cfg.max_gauc_drop,
                      f"GAUC over {cfg.gauc_field} {mine:.4f} is {drop:.4f} below the published model's {theirs:.4f} "
-                     f"(publish.max_gauc_drop={cfg.max_gauc_drop})")  # fmt: skip
+                     f"(publish.max_gauc_drop={cfg.max_gauc_drop})")

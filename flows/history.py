@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from flows.record import DayRecord
+from flows.record import DayRecord, Status
 from storage.io.layout import Layout
 
 HISTORY_DAYS = 30
@@ -24,7 +24,7 @@ def plot_history(records: list[DayRecord]) -> bytes:
     for ax, key, label in ((ax_auc, "auc", "AUC"), (ax_loss, "logloss", "logloss")):
         values = [getattr(r, key) for r in records]
         ax.plot(dates, [v if v is not None else float("nan") for v in values], color="tab:blue", lw=1)
-        for status, marker, color in (("published", "o", "tab:green"), ("refused", "x", "tab:red")):
+        for status, marker, color in ((Status.PUBLISHED, "o", "tab:green"), (Status.REFUSED, "x", "tab:red")):
             pts = [(d, v) for d, v, r in zip(dates, values, records, strict=True) if r.status == status and v is not None]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=status, zorder=3)

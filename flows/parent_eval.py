@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.state import Published
+from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from trainer.data import read_schema
 from trainer.spec import CarriedRows
@@ -58,17 +59,17 @@ def parent_eval(
         return ParentEval(None, "no published model")
     url = published.meta.features_url
     fs, path = fsio.get_fs(url, storage_options)
-    manifest = fsio.read_manifest(fs, path)
+    manifest = read_features_manifest(fs, path)
     if manifest is None:
         return ParentEval(None, f"the features {published.version} trained on are gone ({url})")
-    theirs = str(manifest.get("date", ""))
+    theirs = manifest.date or ""
     if not theirs or theirs >= date:
         return ParentEval(None, f"{published.version} trained on {theirs or 'an unknown day'}, not before {date}")
-    rows = sum(int(p["rows"]) for p in manifest.get("eval_part_rows", []))
+    rows = sum(p.rows for p in manifest.eval_part_rows)
     if rows == 0:
         return ParentEval(None, f"the features of {theirs} hold no eval rows")
     if read_schema(url, storage_options) != read_schema(features_url, storage_options):
         return ParentEval(None, f"the features of {theirs} have other columns than {date}'s")
-    carried = CarriedRows(features_url=url, features_id=str(manifest.get("run_id", "")), date=theirs, rows=rows,
+    carried = CarriedRows(features_url=url, features_id=manifest.run_id, date=theirs, rows=rows,
                           evicted_url=evicted_url)
     return ParentEval(carried, f"{published.version}'s eval rows, used by its gate")

@@ -45,7 +45,7 @@ def finished(client: Client, futures: Sequence[Future], *, what: str) -> Iterato
             client.cancel(pending)
             states = _worker_states(client)
             paused = (" A paused worker is over 80% of dask.memory_limit: raise it, or run fewer threads per worker."
-                      if "paused" in states else "")  # fmt: skip
+                      if "paused" in states else "")
             raise StageStalled(
                 f"{what}: no Dask task finished in {stall:g} s, {len(pending)} of {len(futures)} still pending; "
                 f"workers: {states}.{paused} Set dask.stall_timeout_s to wait longer for slow tasks"

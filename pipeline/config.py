@@ -81,6 +81,7 @@ class DaskConfig:
     n_workers: int = 0
     """LocalCluster workers; 0 means one per core (capped at 4)."""
     threads_per_worker: int = 1
+    """Threads per LocalCluster worker (each runs one task at a time per thread)."""
     processes: bool = True
     """LocalCluster with worker processes (True) or threads in this process (False)."""
     memory_limit: str = "4GiB"

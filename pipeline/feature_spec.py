@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.encode import encode_frame
+from pipeline.encode import bag_columns, encode_frame
 from pipeline.keys import FIELD_SHIFT, MISSING_HASH, OOV_HASH
 from pipeline.parse import ORDER_FILE_SHIFT, parse_chunk
 from pipeline.schema import LogSchema
@@ -161,7 +161,7 @@ class FeatureSpec:
             "dense_transform": "log1p(max(x, 0)), missing -> 0",
             "dense_buckets": self.dense_buckets,
             "dense_bucket_max": self.dense_bucket_max,
-            "bag_columns": [f"bag_{j}" for j, c in enumerate(s.categorical) if c in s.multi_separator],
+            "bag_columns": bag_columns(s),
             "bag_pooling": self.bag_pooling,
         }
 
@@ -178,7 +178,7 @@ class FeatureSpec:
             raise ValueError(f"feature spec names {data['admitted_keys']} admitted keys, {len(admitted)} were given")
         raw = dict(data["schema"])
         fields = {f.name: f for f in dataclasses.fields(LogSchema)}
-        schema = LogSchema(**{
+        schema = LogSchema(**{  # type: ignore[arg-type]  # JSON values: LogSchema checks them
             k: (tuple(tuple(p) for p in v) if k == "multi_valued" else tuple(v) if isinstance(v, list) else v)
             for k, v in raw.items() if k in fields
         })

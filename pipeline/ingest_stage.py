@@ -196,7 +196,7 @@ def ingest_date(
 
 
 def _committed(fs: Any, events_final: str, quarantine_final: str, inputs: list[dict],
-               schema: LogSchema) -> dict[str, Any] | None:  # fmt: skip
+               schema: LogSchema) -> dict[str, Any] | None:
     """The committed events manifest of the date when it was ingested from `inputs` in this format, else None."""
     done = read_manifest(fs, events_final)
     if not done or done.get("inputs") != inputs or done.get("format") != schema.name:
@@ -242,7 +242,7 @@ def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, cli
             ranges += [(inputs[i]["url"], a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         counts = iter(gather(client, client.map(
             count_newlines, ranges, storage_options=base["input_options"], pure=False
-        ), what="ingest: finding line starts"))  # fmt: skip
+        ), what="ingest: finding line starts"))
         for i, starts in splits:
             before = 0
             for b, start in enumerate(starts):
@@ -251,7 +251,7 @@ def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, cli
                 tasks.append(
                     FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
                              first_line=first, **base)
-                )  # fmt: skip
+                )
                 before += next(counts)
     return sorted(tasks, key=lambda t: (t.file_index, t.block_index))
 
@@ -290,7 +290,7 @@ def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
     out: dict[str, dict] = {}
     for r in per_task:
         acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter(),
-                                         "stats": empty_stats(schema), "samples": {}})  # fmt: skip
+                                         "stats": empty_stats(schema), "samples": {}})
         for k, v in r.items():
             if isinstance(v, int):
                 acc[k] = acc.get(k, 0) + v
@@ -332,7 +332,7 @@ def read_quarantine(layout: Layout, date: str) -> pd.DataFrame:
 
 def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[dict]) -> dict[str, Any]:
     """The events manifest (without run ids) from the per-file task results."""
-    totals = Counter()
+    totals: Counter[str] = Counter()
     reasons: Counter = Counter()
     stats = empty_stats(schema)
     counted = ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates", "rows_padded")
@@ -391,11 +391,11 @@ def check_quality(
             lines.append("  worst files: " + "; ".join(
                 f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
                 for r in worst if r.get("rows_quarantined", 0)
-            ))  # fmt: skip
+            ))
         lines.append("  " + bad_rows.advice(
             manifest["reasons"], manifest["samples"], share=bad / of_date, schema=schema, format_key="input.format",
             fmt=fmt, tolerance=f"raise ingest.max_bad_fraction (now {max_bad_fraction})",
-        ))  # fmt: skip
+        ))
         raise IngestError("\n".join(lines), kind="too_many_bad_rows")
 
 

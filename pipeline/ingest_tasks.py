@@ -17,7 +17,7 @@ writer), whatever its file's size.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
@@ -82,7 +82,7 @@ def count_newlines(item: tuple[str, int, int], *, storage_options: dict | None =
 def ingest_file(task: FileTask) -> dict[str, Any]:
     """Dask task: stream one file (or byte range) chunk by chunk, write its parts, return its counts."""
     schema = task.schema
-    counts = Counter()
+    counts: Counter[str] = Counter()
     reasons: Counter = Counter()
     samples: dict[str, dict] = {}
     parts, quarantine_parts = [], []
@@ -117,7 +117,7 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             "stats": stats, "samples": samples}
 
 
-def _read_chunks(task: FileTask) -> Iterator[tuple[int, bytes, int]]:
+def _read_chunks(task: FileTask) -> Generator[tuple[int, bytes, int], None, None]:
     """(chunk index, bytes of up to rows_per_partition whole lines, line count) of the task's file or range.
 
     With `overlap_io` the next chunk is read in a background thread while the caller parses this one

@@ -10,6 +10,8 @@ in `storage.key_layout`, so that a rank does not import this package.
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 import pandas as pd
 import xxhash
@@ -39,6 +41,10 @@ def missing_key(field_index: int) -> int:
     return _check_field(field_index) << FIELD_SHIFT | MISSING_HASH
 
 
+@overload
+def field_of(keys: int) -> int: ...
+@overload
+def field_of(keys: np.ndarray) -> np.ndarray: ...
 def field_of(keys: np.ndarray | int) -> np.ndarray | int:
     """The field index encoded in the top bits of `keys`."""
     if isinstance(keys, int):

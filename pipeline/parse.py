@@ -232,7 +232,7 @@ def parse_table(
     bad_rows = np.flatnonzero(~good & ~other_date)
     ncols = len(schema.columns)
     reasons = []
-    for i in bad_rows:  # the rare path: one Python step per rejected line
+    for i in bad_rows.tolist():  # the rare path: one Python step per rejected line
         def text_of(name: str, i: int = i) -> str:
             c = schema.columns.index(name)
             if typed:  # the typed reader keeps no text: split the raw line
@@ -248,7 +248,7 @@ def parse_table(
             want = f"{ncols}" if schema.required_fields == ncols else f"{schema.required_fields}..{ncols}"
             reasons.append(f"wrong field count: {counts[i]} fields, expected {want}")
         elif bad_ts[i]:
-            reasons.append(f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}, "
+            reasons.append(f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}, "  # type: ignore[arg-type]  # bad_ts: it has one
                            f"expected format {schema.timestamp_format!r}")
         elif bad_label[i]:
             allowed = " or ".join((*schema.label_positive, *schema.label_negative))
@@ -307,7 +307,7 @@ def _fast_columns(data: bytes, end: int, schema: LogSchema, *, typed: bool) -> p
                 null_values=[""], strings_can_be_null=True,
                 check_utf8=True,
             ),
-        )  # fmt: skip
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
         return None
     if table.num_rows != data.count(b"\n", 0, end) + 1:

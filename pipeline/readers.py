@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import fsspec
 import numpy as np
@@ -28,7 +28,7 @@ from isal.isal_zlib import IsalError
 
 READ_SIZE = 8 << 20
 """Bytes read from an input per step; a task holds at most this plus one chunk of lines being filled."""
-DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (EOFError, IsalError, OSError, ValueError)
+DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (EOFError, IsalError, OSError, ValueError)  # type: ignore[assignment]  # isal stubs: IsalError an instance
 """What a truncated or corrupt compressed input raises while it is read (zlib/lzma/gzip errors
 are OSError or ValueError subclasses, ISA-L's IsalError is neither)."""
 
@@ -40,7 +40,7 @@ def open_input(url: str, storage_options: dict | None = None) -> Iterator[Binary
     with ExitStack() as stack:
         if compression == "gzip":
             raw = stack.enter_context(fsspec.open(url, "rb", **(storage_options or {})))
-            yield stack.enter_context(igzip.IGzipFile(fileobj=raw, mode="rb"))
+            yield cast(BinaryIO, stack.enter_context(igzip.IGzipFile(fileobj=raw, mode="rb")))
         else:
             yield stack.enter_context(fsspec.open(url, "rb", compression=compression, **(storage_options or {})))
 

@@ -22,7 +22,7 @@ _AVAZU_COLUMNS = (
     "id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category",
     "app_id", "app_domain", "app_category", "device_id", "device_ip", "device_model",
     "device_type", "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -197,7 +197,7 @@ def yaml_error_text(exc: Exception) -> str:
 
 
 _SCHEMA_KEYS = {"name", "separator", "header", "columns", "label", "timestamp", "integer", "float", "categorical",
-                "multi_valued", "min_fields"}  # fmt: skip
+                "multi_valued", "min_fields"}
 
 
 def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "schema") -> LogSchema:
@@ -222,7 +222,8 @@ def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "s
     sep = str(spec.get("separator", "\t"))
     sep = {"\\t": "\t", "tab": "\t"}.get(sep, sep)  # YAML '\t' in single quotes stays two characters
     label = spec.get("label")
-    positive, negative = ("1",), ("0",)
+    positive: tuple[str, ...] = ("1",)
+    negative: tuple[str, ...] = ("0",)
     if isinstance(label, dict):
         positive = tuple(str(v) for v in label.get("positive", positive))
         negative = tuple(str(v) for v in label.get("negative", negative))

@@ -43,7 +43,7 @@ def admission_thresholds(config: VocabConfig, fields: Sequence[str]) -> np.ndarr
 
 
 def admit(*, date: int, keys: np.ndarray, count: np.ndarray, score: np.ndarray, first: np.ndarray, last: np.ndarray,
-          was: np.ndarray, thresholds: np.ndarray, ttl_days: int) -> Columns:  # fmt: skip
+          was: np.ndarray, thresholds: np.ndarray, ttl_days: int) -> Columns:
     """Every key's state before the cap: admitted by score, or kept while within the TTL.
 
     Returns:
@@ -53,7 +53,7 @@ def admit(*, date: int, keys: np.ndarray, count: np.ndarray, score: np.ndarray, 
     by_count = score >= (thresholds - 1e-9)[field]  # decayed sums are floats
     expired = was & (last < date - ttl_days) & ~by_count  # unseen for more than ttl_days
     return {"key": keys, "field": field, "count": count, "score": score, "first_seen": first, "last_seen": last,
-            "was_admitted": was, "admitted": by_count | (was & ~expired)}  # fmt: skip
+            "was_admitted": was, "admitted": by_count | (was & ~expired)}
 
 
 def split_vocab(merged: Columns, admitted: np.ndarray) -> tuple[Columns, Columns]:
@@ -70,7 +70,7 @@ def split_vocab(merged: Columns, admitted: np.ndarray) -> tuple[Columns, Columns
     keep = (count > 0) | admitted
     vocab = {"field": merged["field"][keep], "key": merged["key"][keep], "count": count[keep],
              "score": merged["score"][keep], "first_seen": merged["first_seen"][keep],
-             "last_seen": merged["last_seen"][keep], "admitted": admitted[keep]}  # fmt: skip
+             "last_seen": merged["last_seen"][keep], "admitted": admitted[keep]}
     gone = {"field": merged["field"][evicted], "key": merged["key"][evicted], "last_seen": merged["last_seen"][evicted]}
     return vocab, gone
 
@@ -79,8 +79,8 @@ def previous_state(previous: pa.Table | None) -> Columns:
     """key, count, first, last (day numbers), admitted of a stored vocabulary table (None: empty)."""
     if previous is None:
         return {"key": np.empty(0, np.int64), "count": np.empty(0, np.int64), "first": np.empty(0, np.int64),
-                "last": np.empty(0, np.int64), "admitted": np.empty(0, bool)}  # fmt: skip
+                "last": np.empty(0, np.int64), "admitted": np.empty(0, bool)}
     return {"key": previous.column("key").to_numpy().astype(np.int64, copy=False),
             "count": previous.column("count").to_numpy().astype(np.int64, copy=False),
             "first": day_numbers(previous.column("first_seen")), "last": day_numbers(previous.column("last_seen")),
-            "admitted": previous.column("admitted").to_numpy().astype(bool, copy=False)}  # fmt: skip
+            "admitted": previous.column("admitted").to_numpy().astype(bool, copy=False)}

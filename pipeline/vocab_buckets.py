@@ -13,6 +13,8 @@ buckets are even; and because a bucket is a range,
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 
 from pipeline.keys import HASH_MASK
@@ -29,6 +31,10 @@ def hx_of(keys: np.ndarray) -> np.ndarray:
     return (np.asarray(keys, dtype=np.int64) & HASH_MASK).astype(np.uint64) >> np.uint64(HX_SHIFT)
 
 
+@overload
+def bucket_of_hx(hx: int, buckets: int) -> int: ...
+@overload
+def bucket_of_hx(hx: np.ndarray, buckets: int) -> np.ndarray: ...
 def bucket_of_hx(hx: np.ndarray | int, buckets: int) -> np.ndarray | int:
     """The bucket of `hx` values among `buckets` (monotone in hx)."""
     if isinstance(hx, int):

@@ -47,7 +47,7 @@ COUNT_ROW_GROUP = 1 << 16
 VOCAB_SCHEMA = pa.schema([("field", pa.int16(), False), ("key", pa.int64(), False), ("count", pa.int64(), False),
                           ("score", pa.float64(), False), ("first_seen", pa.dictionary(pa.int32(), pa.string()), False),
                           ("last_seen", pa.dictionary(pa.int32(), pa.string()), False),
-                          ("admitted", pa.bool_(), False)])  # fmt: skip
+                          ("admitted", pa.bool_(), False)])
 """A vocabulary part as written (readers see the dates as plain strings: no Arrow schema is stored).
 Columns are required (never null): Parquet then stores no definition levels for them."""
 VOCAB_DICTIONARY = ["field", "count", "score", "first_seen", "last_seen", "admitted"]
@@ -61,7 +61,7 @@ COUNTS_SCHEMA = pa.schema([("field", pa.int16(), False), ("key", pa.int64(), Fal
 SCRATCH_COUNTS_SCHEMA = pa.schema([("hx", pa.uint32(), False), ("key", pa.int64(), False), ("count", pa.int64(), False)])
 MERGED_SCHEMA = pa.schema([("key", pa.int64()), ("field", pa.int16()), ("count", pa.int64()), ("score", pa.float64()),
                            ("first_seen", pa.int64()), ("last_seen", pa.int64()), ("was_admitted", pa.bool_()),
-                           ("admitted", pa.bool_()), ("today", pa.int64())])  # fmt: skip
+                           ("admitted", pa.bool_()), ("today", pa.int64())])
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,7 @@ def write_scratch_counts(fs: fsspec.AbstractFileSystem, path: str, keys: np.ndar
     hx = hx_of(keys)
     order = np.argsort(hx, kind="stable")
     table = pa.table({"hx": hx[order].astype(np.uint32), "key": keys[order], "count": counts[order]},
-                     schema=SCRATCH_COUNTS_SCHEMA)  # fmt: skip
+                     schema=SCRATCH_COUNTS_SCHEMA)
     _write(fs, path, table, row_group_size=COUNT_ROW_GROUP, use_dictionary=["count"], write_statistics=["hx"])
 
 
@@ -151,7 +151,7 @@ def write_evicted(fs: fsspec.AbstractFileSystem, path: str, gone: Columns) -> in
     if not len(gone["key"]):
         return 0
     evicted = pa.table({"field": gone["field"], "key": gone["key"], "last_seen": day_strings(gone["last_seen"])},
-                       schema=EVICTED_SCHEMA)  # fmt: skip
+                       schema=EVICTED_SCHEMA)
     with fs.open(path, "wb") as f, pq.ParquetWriter(f, EVICTED_SCHEMA) as w:
         fields = gone["field"]
         starts = np.flatnonzero(np.r_[True, fields[1:] != fields[:-1]])
@@ -161,7 +161,7 @@ def write_evicted(fs: fsspec.AbstractFileSystem, path: str, gone: Columns) -> in
 
 
 def read_bucket(fs: fsspec.AbstractFileSystem, source: Bucketed, bucket: int, buckets: int,
-                columns: list[str] | None) -> pa.Table:  # fmt: skip
+                columns: list[str] | None) -> pa.Table:
     """The rows of `bucket` (of `buckets`) from `source`, whatever its own bucket count; sorted by key.
 
     Date columns come back dictionary-encoded (`pipeline.vocab_dates.day_numbers` reads them).
@@ -181,7 +181,7 @@ def read_previous(fs: fsspec.AbstractFileSystem, source: Bucketed | None, bucket
     if source is None:
         return previous_state(None)
     return previous_state(read_bucket(fs, source, bucket, buckets, ["key", "count", "first_seen", "last_seen",
-                                                                    "admitted"]))  # fmt: skip
+                                                                    "admitted"]))
 
 
 def read_previous_indexed(
@@ -201,7 +201,7 @@ def read_previous_indexed(
         last = np.searchsorted(days, last_days)[last].astype(np.int32)
     return {"key": t.column("key").to_numpy().astype(np.int64, copy=False),
             "count": t.column("count").to_numpy().astype(np.int64, copy=False), "first": first, "last": last,
-            "admitted": t.column("admitted").to_numpy(zero_copy_only=False).astype(bool, copy=False)}, days  # fmt: skip
+            "admitted": t.column("admitted").to_numpy(zero_copy_only=False).astype(bool, copy=False)}, days
 
 
 def read_part(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None) -> pa.Table:

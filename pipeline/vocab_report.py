@@ -45,7 +45,7 @@ class FieldTotals:
 def field_totals(
     *, field: np.ndarray, count: np.ndarray, admitted: np.ndarray, evicted: np.ndarray, today: np.ndarray,
     was_admitted: np.ndarray, n_fields: int,
-) -> FieldTotals:  # fmt: skip
+) -> FieldTotals:
     """Report sums of a set of keys (a bucket or the whole table) for fields 0..n_fields-1.
 
     Args:
@@ -61,7 +61,7 @@ def field_totals(
                        covered=count_by_field(today_field, admitted[on], n_fields, weights),
                        present=count_by_field(today_field, None, n_fields, weights),
                        known=count_by_field(today_field, was_admitted[on], n_fields, weights),
-                       distinct=count_by_field(today_field, None, n_fields))  # fmt: skip
+                       distinct=count_by_field(today_field, None, n_fields))
 
 
 def count_by_field(
@@ -96,7 +96,7 @@ def stats_from_totals(
             missing = round(1.0 - pres, 6)
         out.append({"field": name, "seen": int(totals.seen[j]), "admitted": int(totals.admitted[j]),
                     "evicted": int(totals.evicted[j]), "coverage": round(cov, 6),
-                    "oov_rate": round(pres - cov, 6), "missing_rate": missing})  # fmt: skip
+                    "oov_rate": round(pres - cov, 6), "missing_rate": missing})
     return out
 
 
@@ -115,7 +115,7 @@ def day_field_stats(
         present, known = int(totals.present[j]), int(totals.known[j])
         base = max(present, 1) if name in multi_valued else rows
         out.append({"field": name, "day_keys": int(totals.distinct[j]),
-                    "oov_rate_previous": round((present - known) / base, 6)})  # fmt: skip
+                    "oov_rate_previous": round((present - known) / base, 6)})
     return out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import fsspec
 import numpy as np
@@ -153,12 +154,12 @@ def build_vocab(
     with staged(fs, final) as stage:
         t0 = time.perf_counter()
         for sub in (f"{SCRATCH}/counts", f"{SCRATCH}/merged", f"{SCRATCH}/evicted", "day_counts.parquet",
-                    "vocab.parquet"):  # fmt: skip
+                    "vocab.parquet"):
             fs.makedirs(join(stage, sub), exist_ok=True)
         outs = [scratch(stage, "counts", i) for i in range(len(events["parts"]))]
         inputs = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
         distinct = gather(client, client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi,
-                                             pure=False), what=f"vocab {date}: counting keys")  # fmt: skip
+                                             pure=False), what=f"vocab {date}: counting keys")
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
             sum(distinct) + sum(m["day_keys"] for m in window.values()) + (prev["vocab_rows"] if prev else 0)
@@ -169,8 +170,9 @@ def build_vocab(
             buckets=buckets,
             count_parts=tuple(outs),
             window=() if delta else tuple((day_number(d), _day_counts(layout, d, m)) for d, m in window.items()),
-            previous=_vocab_parts(layout, prev_date, prev) if prev else None,
-            dropped=_day_counts(layout, dropped, read_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,
+            previous=_vocab_parts(layout, prev_date, prev) if prev_date and prev else None,
+            # `dropped` is committed: _delta_plan read its manifest
+            dropped=_day_counts(layout, dropped, read_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,  # type: ignore[arg-type]
             delta=delta,
             thresholds=tuple(thresholds.tolist()),
             ttl_days=vocab.ttl_days,
@@ -181,10 +183,11 @@ def build_vocab(
         results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
         t2 = time.perf_counter()
         n_evicted = gather(client, [client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, fs=fs, pure=False,
-                                  buckets=[b for b, r in enumerate(results) if r.evicted_rows])], what=f"vocab {date}: evicted keys")[0]  # fmt: skip
+                                  buckets=[b for b, r in enumerate(results) if r.evicted_rows])], what=f"vocab {date}: evicted keys")[0]
         fs.rm(join(stage, SCRATCH), recursive=True)
 
-        totals = sum((r.totals for r in results), FieldTotals.zeros(len(fields)))
+        # every bucket has its totals once merged (and capped)
+        totals = sum((cast(FieldTotals, r.totals) for r in results), FieldTotals.zeros(len(fields)))
         stats = stats_from_totals(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
         window_dates = sorted([*window, date])
         _write_report(fs, stage, date, stats, window_dates=window_dates, config=vocab)
@@ -216,7 +219,7 @@ def build_vocab(
 
 
 def _write_report(fs: fsspec.AbstractFileSystem, stage: str, date: str, stats: list[dict], *,
-                  window_dates: list[str], config: VocabConfig) -> None:  # fmt: skip
+                  window_dates: list[str], config: VocabConfig) -> None:
     """report.parquet (per-field stats, for `load_report`) and report.md (for the flow to publish)."""
     with fs.open(join(stage, "report.parquet"), "wb") as f:
         pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
@@ -233,7 +236,7 @@ def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, ca
     search = CapSearch(cap=cap, admitted=sum(r.admitted for r in results), buckets=plan.buckets)
     while not search.done:
         search.absorb(gather(client, client.map(cap_round, buckets, plan=plan, fs=fs, query=search.query(),
-                                                shift=search.shift, pure=False), what="vocab: the cap's cut"))  # fmt: skip
+                                                shift=search.shift, pure=False), what="vocab: the cap's cut"))
     cuts = [{f: (c.bits, c.take[b]) for f, c in search.cuts.items()} for b in buckets]
     return gather(client, client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False), what="vocab: finishing buckets")
 
@@ -251,7 +254,7 @@ def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str, 
 def _delta_plan(
     date: str, vocab: VocabConfig, window: dict[str, dict], prev_date: str | None, prev: dict | None, *,
     fs: fsspec.AbstractFileSystem, layout: Layout,
-) -> tuple[bool, str | None]:  # fmt: skip
+) -> tuple[bool, str | None]:
     """(whether the delta merge gives the exact window, the date that left the window or None).
 
     It does when decay is 1, the previous vocabulary is of D - 1, and its window

@@ -114,22 +114,22 @@ def merge_bucket(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem)
     if plan.delta and not plan.capped:
         prev, days = read_previous_indexed(fs, plan.previous, bucket, plan.buckets)
         out = delta_vocab(date=plan.date, previous=prev, days=days, today=(keys, counts), dropped=dropped,
-                          thresholds=thresholds, ttl_days=plan.ttl_days, n_fields=plan.n_fields)  # fmt: skip
+                          thresholds=thresholds, ttl_days=plan.ttl_days, n_fields=plan.n_fields)
         write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), out.vocab, days=out.days)
         return BucketResult(admitted=out.totals.admitted, totals=out.totals, vocab_rows=len(out.vocab["key"]),
                             day_keys=len(keys),
-                            evicted_rows=write_evicted(fs, scratch(plan.stage, "evicted", bucket), out.evicted))  # fmt: skip
+                            evicted_rows=write_evicted(fs, scratch(plan.stage, "evicted", bucket), out.evicted))
     prev = read_previous(fs, plan.previous, bucket, plan.buckets)
     if plan.delta:
         merged = delta_combine(date=plan.date, previous=prev, today=(keys, counts), dropped=dropped,
-                               thresholds=thresholds, ttl_days=plan.ttl_days)  # fmt: skip
+                               thresholds=thresholds, ttl_days=plan.ttl_days)
     else:
-        days = [(plan.date, keys, counts)]
+        window = [(plan.date, keys, counts)]
         for day, source in plan.window:
             t = read_bucket(fs, source, bucket, plan.buckets, ["key", "count"])
-            days.append((day, t.column("key").to_numpy(), t.column("count").to_numpy()))
-        merged = combine(date=plan.date, window=window_table(days, end=plan.date, decay=plan.decay), previous=prev,
-                         thresholds=thresholds, ttl_days=plan.ttl_days)  # fmt: skip
+            window.append((day, t.column("key").to_numpy(), t.column("count").to_numpy()))
+        merged = combine(date=plan.date, window=window_table(window, end=plan.date, decay=plan.decay), previous=prev,
+                         thresholds=thresholds, ttl_days=plan.ttl_days)
     today = np.zeros(len(merged["key"]), np.int64)
     today[np.searchsorted(merged["key"], keys)] = counts
     admitted = np.bincount(merged["field"][merged["admitted"]], minlength=plan.n_fields)[: plan.n_fields]
@@ -140,15 +140,15 @@ def merge_bucket(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem)
 
 
 def cap_round(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem, query: dict[int, tuple[int, int]],
-              shift: int) -> dict[int, Histogram]:  # fmt: skip
+              shift: int) -> dict[int, Histogram]:
     """Dask task: this bucket's histograms for one `CapSearch` round."""
     t = read_part(fs, scratch(plan.stage, "merged", bucket), ["field", "score", "admitted"])
     return cap_histograms(field=t.column("field").to_numpy(), bits=score_bits(t.column("score").to_numpy()),
-                          admitted=t.column("admitted").to_numpy(zero_copy_only=False), query=query, shift=shift)  # fmt: skip
+                          admitted=t.column("admitted").to_numpy(zero_copy_only=False), query=query, shift=shift)
 
 
 def finish_bucket(bucket: int, cuts: dict[int, tuple[int, int]], *, plan: MergePlan,
-                  fs: fsspec.AbstractFileSystem) -> BucketResult:  # fmt: skip
+                  fs: fsspec.AbstractFileSystem) -> BucketResult:
     """Dask task: apply the cap's cut to this bucket's merged rows and write its parts."""
     t = read_part(fs, scratch(plan.stage, "merged", bucket), None)
     merged = {name: t.column(name).to_numpy() for name in t.column_names}
@@ -158,13 +158,13 @@ def finish_bucket(bucket: int, cuts: dict[int, tuple[int, int]], *, plan: MergeP
 
 
 def _finish(fs: fsspec.AbstractFileSystem, plan: MergePlan, bucket: int, merged: Columns, today: np.ndarray, admitted: np.ndarray,
-            day_keys: int) -> BucketResult:  # fmt: skip
+            day_keys: int) -> BucketResult:
     vocab, gone = split_vocab(merged, admitted)
     write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), vocab)
     evicted_rows = write_evicted(fs, scratch(plan.stage, "evicted", bucket), gone)
     totals = field_totals(field=merged["field"], count=merged["count"], admitted=admitted,
                           evicted=merged["was_admitted"] & ~admitted, today=today,
-                          was_admitted=merged["was_admitted"], n_fields=plan.n_fields)  # fmt: skip
+                          was_admitted=merged["was_admitted"], n_fields=plan.n_fields)
     pre_cap = np.bincount(merged["field"][merged["admitted"]], minlength=plan.n_fields)[: plan.n_fields]
     return BucketResult(admitted=pre_cap, totals=totals, vocab_rows=len(vocab["key"]), day_keys=day_keys,
                         evicted_rows=evicted_rows)

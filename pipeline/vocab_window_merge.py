@@ -33,7 +33,7 @@ def window_table(days: Iterable[tuple[int, np.ndarray, np.ndarray]], *, end: int
     chunks = [c for c in chunks if len(c[1])]
     if not chunks:
         return {"key": np.empty(0, np.int64), "count": np.empty(0, np.int64), "score": np.empty(0, np.float64),
-                "first": np.empty(0, np.int64), "last": np.empty(0, np.int64)}  # fmt: skip
+                "first": np.empty(0, np.int64), "last": np.empty(0, np.int64)}
     keys = np.concatenate([k for _, k, _ in chunks])
     counts = np.concatenate([c for _, _, c in chunks])
     day = np.concatenate([np.full(len(k), d, np.int64) for d, k, _ in chunks])
@@ -47,7 +47,7 @@ def window_table(days: Iterable[tuple[int, np.ndarray, np.ndarray]], *, end: int
         weighted = np.concatenate([c.astype(np.float64) * decay ** (end - d) for d, _, c in chunks])
         score = pd.Series(weighted).groupby(keys, sort=True).sum().to_numpy(np.float64)
     return {"key": k[starts], "count": total, "score": score, "first": np.minimum.reduceat(day[order], starts),
-            "last": np.maximum.reduceat(day[order], starts)}  # fmt: skip
+            "last": np.maximum.reduceat(day[order], starts)}
 
 
 def combine(*, date: int, window: Columns, previous: Columns, thresholds: np.ndarray, ttl_days: int) -> Columns:
@@ -79,7 +79,7 @@ def combine(*, date: int, window: Columns, previous: Columns, thresholds: np.nda
     was = np.zeros(len(keys), bool)
     was[ip] = previous["admitted"]
     return admit(date=date, keys=keys, count=count, score=score, first=first, last=last, was=was,
-                 thresholds=thresholds, ttl_days=ttl_days)  # fmt: skip
+                 thresholds=thresholds, ttl_days=ttl_days)
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:

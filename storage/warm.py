@@ -97,7 +97,7 @@ def mark_warm(shard_dir: str | Path, token: str) -> None:
     tmp.replace(Path(shard_dir) / TOKEN)
 
 
-def read_keys(url: str | None, storage_options: dict | None = None) -> np.ndarray:
+def read_keys(url: str | None, storage_options: dict[str, Any] | None = None) -> np.ndarray:
     """The `key` column of a Parquet file (empty when `url` is None or absent)."""
     import pyarrow.parquet as pq
 
@@ -107,7 +107,8 @@ def read_keys(url: str | None, storage_options: dict | None = None) -> np.ndarra
     if not fs.exists(path):
         return np.empty(0, dtype=np.int64)
     with fs.open(path, "rb") as f:
-        return pq.read_table(f, columns=["key"]).column("key").to_numpy().astype(np.int64, copy=False)
+        keys: np.ndarray = pq.read_table(f, columns=["key"]).column("key").to_numpy().astype(np.int64, copy=False)
+        return keys
 
 
 def _open(shard: str, store: StoreConfig) -> SsdStore:
@@ -133,7 +134,7 @@ def _save_npy_atomic(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def _restore_many(shards: dict[int, SsdStore], url: str, world: int, storage_options: dict | None) -> None:
+def _restore_many(shards: dict[int, SsdStore], url: str, world: int, storage_options: dict[str, Any] | None) -> None:
     """Wipe `shards` (rank -> store) and fill each with the rows of `url` it owns, in one pass over `url`."""
     d = snapshot_dim(url, storage_options)
     dims = {s.dim for s in shards.values()}
@@ -164,7 +165,7 @@ def warm_shards(
     snapshot_tag: str | None,
     evict_keys: np.ndarray,
     working_set: np.ndarray,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Prepare the SSD shards of `ranks` for a training run (see the module docstring).
 
@@ -256,7 +257,7 @@ def warm_shards(
 
 
 def warm_plan_shards(plan: WarmPlan, node: NodeLayout, ranks: list[int], store: StoreConfig,
-                     storage_options: dict | None = None) -> dict[str, Any]:
+                     storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """`warm_shards` for `plan` on `ranks` of this node, then mark each shard warm for the plan."""
     report = warm_shards(
         node=node, world_size=plan.world_size, ranks=ranks, store=store, snapshot_url=plan.snapshot_url,
@@ -269,7 +270,7 @@ def warm_plan_shards(plan: WarmPlan, node: NodeLayout, ranks: list[int], store: 
 
 
 def ensure_warm(plan: WarmPlan | None, node: NodeLayout, *, rank: int, store: StoreConfig,
-                storage_options: dict | None = None) -> dict[str, Any] | None:
+                storage_options: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Warm this rank's shard unless its token says it already holds `plan` (None: nothing to do).
 
     The flow's warm stage warms the shards of the node it runs on; on any other node of a

@@ -139,6 +139,7 @@ def expand_cells(keys: torch.Tensor, bags: Sequence[FieldBags] = ()) -> Cells:
     counts = torch.ones(B, F, dtype=torch.int64)
     from_bag = torch.zeros(B, F, dtype=torch.bool)  # the cell's keys come from its bag
     start = torch.zeros(B, F, dtype=torch.int64)  # where they start in `source`
+    seen: set[int]
     sources, base, seen = [flat], B * F, set()
     for fb in bags:
         if not 0 <= fb.field < F or fb.field in seen or fb.offsets.numel() != B + 1:

@@ -150,7 +150,7 @@ def evaluate_together(
                     scores.append(probs)
                     if groups:
                         keep.append(probs)
-                for pair, probs in zip(pairs, scores[1:]):  # no pairs without `paired`
+                for pair, probs in zip(pairs, scores[1:], strict=False):  # no pairs without `paired`
                     pair.update(labels, scores[0], probs)
                 if groups:
                     kept_groups.append(frame[["label", *groups]])

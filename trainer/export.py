@@ -103,6 +103,7 @@ def onnx_bytes(model: CTRModel) -> bytes:
             model, (dense, emb), input_names=["dense", "emb"], output_names=["logits"],
             dynamic_shapes=({0: batch}, {0: batch}), dynamo=True, verbose=False,
         )
+    assert program is not None  # dynamo=True returns the ONNXProgram
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "dense.onnx"
         program.save(str(path))
@@ -190,8 +191,8 @@ def apply_delta(base: SparseRows, rows: SparseRows, evicted: np.ndarray) -> Spar
 def rows_digest(rows: SparseRows) -> str:
     """sha256 of a table's content (dtype, shape, keys, vectors): equal digests, bit-identical tables."""
     h = hashlib.sha256(f"{rows.emb.dtype.str}:{rows.emb.shape}".encode())
-    h.update(np.ascontiguousarray(rows.keys, dtype="<i8"))  # the buffers themselves: no copy of a large table
-    h.update(np.ascontiguousarray(rows.emb))
+    h.update(np.ascontiguousarray(rows.keys, dtype="<i8").data)  # the buffers themselves: no copy of a large table
+    h.update(np.ascontiguousarray(rows.emb).data)
     return h.hexdigest()
 
 

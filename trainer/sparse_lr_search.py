@@ -20,6 +20,7 @@ model per candidate and fold costs a torchrun each.  Pure NumPy, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
     w[-1] = np.log(rate_y / (1 - rate_y))  # the bias starts at the click rate: the keys need not carry it
     n, batch, l2 = len(y), int(optim.batch_size), float(optim.embedding_l2)
     total = int(optim.epochs) * -(-n // batch)
-    kw = {"total_steps": total, "warmup_steps": min(int(optim.warmup_steps), total), "decay": optim.lr_decay,
+    kw: dict[str, Any] = {"total_steps": total, "warmup_steps": min(int(optim.warmup_steps), total), "decay": optim.lr_decay,
           "min_ratio": optim.min_lr_ratio}
     step = 0
     for _ in range(int(optim.epochs)):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -58,8 +58,10 @@ from storage.embedding.rows import (
 
 __all__ = ["ADAM_BETAS", "ADAM_EPS", "EmbeddingStore", "Lookup", "owner_of"]
 
+_Keys = TypeVar("_Keys", torch.Tensor, np.ndarray)
 
-def owner_of(keys: torch.Tensor | np.ndarray, world_size: int) -> torch.Tensor | np.ndarray:
+
+def owner_of(keys: _Keys, world_size: int) -> _Keys:
     """Rank that owns each key: `key % world_size` (keys are non-negative; their low 56 bits are a hash)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -148,13 +150,13 @@ class EmbeddingStore(abc.ABC):
 
     # ---- persistence ----------------------------------------------------------------------------
     @abc.abstractmethod
-    def snapshot(self, url: str, storage_options: dict | None = None) -> int:
+    def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
         """Write every row to a Parquet file at `url` atomically; returns the number of rows."""
         raise NotImplementedError
 
     @abc.abstractmethod
     def restore(
-        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
+        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict[str, Any] | None = None
     ) -> int:
         """Replace the content with the rows at `url` (only those owned by `owner=(rank, world)`); returns rows kept."""
         raise NotImplementedError

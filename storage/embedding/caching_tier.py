@@ -214,7 +214,7 @@ class CachingTier(EmbeddingStore):
                 found, rows = self._read_below(mkeys)
             want = found if mode == "read" else np.ones(miss.size, dtype=bool)
             want_idx = np.flatnonzero(want)
-            mcounts = np.ones(miss.size, dtype=np.int64) if np.isscalar(counts) else counts[miss]
+            mcounts = counts[miss] if isinstance(counts, np.ndarray) else np.ones(miss.size, dtype=np.int64)
             take = want_idx[self._admit_plan(mcounts[want_idx], slots[slots >= 0])]
             if take.size:
                 new = c.add(mkeys[take])
@@ -228,7 +228,7 @@ class CachingTier(EmbeddingStore):
             found_out = found[rest]
             rows_out = rows.select(np.flatnonzero(rest)) if rows is not None else None
         res = slots >= 0
-        c.touch(slots[res], counts if np.isscalar(counts) else counts[res])
+        c.touch(slots[res], counts[res] if isinstance(counts, np.ndarray) else counts)
         return slots, outside, found_out, rows_out
 
     # -- tier-to-tier interface ----------------------------------------------------------
@@ -241,6 +241,7 @@ class CachingTier(EmbeddingStore):
         found[outside] = found_out
         if outside.size == 0:
             return found, self._buf.gather(slots)
+        assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
         rows = Rows.empty(keys.size, self.dim, self.device)
         rows.put(res, self._buf.gather(slots[res]))
         rows.put(outside, rows_out)
@@ -287,6 +288,7 @@ class CachingTier(EmbeddingStore):
                 self._counters["hits"] += c.touch_accesses(slots)
             return Lookup(handle_keys, self._buf.gather_emb(slots), plan)
         plan = None
+        counts: np.ndarray | int
         if distinct:  # already np.unique's output: no sort, and `slots` need no second hashing
             uniq, inverse, counts = k, None, 1
             slots, outside, found_out, rows_out = self._resolve(uniq, counts, "read", slots=slots)
@@ -296,6 +298,7 @@ class CachingTier(EmbeddingStore):
             slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
         if outside.size == 0:  # all resident: one gather straight into the caller's order
             return Lookup(handle_keys, self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)]), plan)
+        assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
         out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
         res = np.flatnonzero(slots >= 0)
         dev = self.device
@@ -339,6 +342,7 @@ class CachingTier(EmbeddingStore):
                 idx = host_to_device(torch.from_numpy(res), self.device)
                 new_res = sparse_adam(self._buf.gather(slots[res]), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
             if outside.size:
+                assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
                 idx = host_to_device(torch.from_numpy(outside), self.device)
                 new_out = sparse_adam(rows_out.to(self.device), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
         except ValueError:
@@ -402,7 +406,8 @@ class CachingTier(EmbeddingStore):
     def _materialised_slots(self) -> np.ndarray:
         c = self._cache
         live = c.map.live_slots()
-        return live[c.dirty[live] | c.in_below[live]]
+        slots: np.ndarray = live[c.dirty[live] | c.in_below[live]]
+        return slots
 
     def flush(self) -> None:
         """Write every dirty row below (they stay cached, clean), then flush below."""
@@ -418,7 +423,7 @@ class CachingTier(EmbeddingStore):
             c.in_below[dirty] = True
         self.below.flush()
 
-    def snapshot(self, url: str, storage_options: dict | None = None) -> int:
+    def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
         """Flush, then snapshot the tier below (or this tier's rows when it is the bottom)."""
         if self.below is not None:
             self.flush()
@@ -444,7 +449,7 @@ class CachingTier(EmbeddingStore):
             self._buf.reset()
 
     def restore(
-        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
+        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict[str, Any] | None = None
     ) -> int:
         check_snapshot_dim(url, self.dim, storage_options)
         self._clear()

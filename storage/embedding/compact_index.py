@@ -61,10 +61,10 @@ def _read_npy_into(f: BinaryIO, out: np.ndarray) -> None:
     shape, fortran, dtype = read_header(f)
     if fortran or shape != out.shape or dtype != out.dtype:
         raise ValueError(f"index array has shape {shape} dtype {dtype}, expected {out.shape} {out.dtype}")
-    view = memoryview(out).cast("B")
+    view = out.data.cast("B")
     got = 0
     while got < len(view):
-        n = f.readinto(view[got:])
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]  # typing.BinaryIO lacks it; "rb" files have it
         if not n:
             raise ValueError(f"index file is truncated ({got} of {len(view)} bytes of an array)")
         got += n

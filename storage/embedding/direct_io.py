@@ -126,7 +126,7 @@ class UnitFile:
         starts = np.concatenate([[0], breaks]).tolist()
         ends = np.concatenate([breaks, [units.size]]).tolist()
         per_call = max(1, _MAX_RUN_BYTES // self.unit_bytes)
-        out = []
+        out: list[tuple[int, int]] = []
         for s, e in zip(starts, ends, strict=True):
             out.extend((c, min(e, c + per_call)) for c in range(s, e, per_call))
         return out

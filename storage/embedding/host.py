@@ -16,6 +16,8 @@ cost per admitted row stays O(1 / evict_extra) amortised.
 
 from __future__ import annotations
 
+from typing import Any
+
 from storage.embedding.base import EmbeddingStore
 from storage.embedding.caching_tier import CachingTier
 from storage.embedding.rows import row_bytes
@@ -83,7 +85,7 @@ class HostStore(CachingTier):
         )
         self.budget_bytes = int(budget_bytes)
 
-    def _own_stats(self) -> dict:
+    def _own_stats(self) -> dict[str, Any]:
         s = super()._own_stats()
         s["budget_bytes"] = self.budget_bytes
         s["bytes_held"] = s["rows"] * host_row_bytes(self.dim)

@@ -121,7 +121,7 @@ class KeyIndex:
 
     def _maybe(self, home: np.ndarray, bit: np.ndarray) -> np.ndarray:
         """False where the filter proves a key absent: no key with that home cell had that bit."""
-        maybe = np.right_shift(self._filter[home], bit)
+        maybe: np.ndarray = np.right_shift(self._filter[home], bit)
         maybe &= 1
         return maybe.view(bool)
 
@@ -188,7 +188,7 @@ class KeyIndex:
         """Value of each key (int64, duplicates allowed), -1 when absent."""
         keys = _as_keys(keys)
         pos = self._find(keys)
-        out = self._vals[pos].astype(np.int64)  # pos -1 reads the last cell; overwritten below
+        out: np.ndarray = self._vals[pos].astype(np.int64)  # pos -1 reads the last cell; overwritten below
         out[pos < 0] = -1
         return out
 

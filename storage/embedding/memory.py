@@ -122,14 +122,14 @@ class MemoryStore(EmbeddingStore):
         for lo in range(0, keys.size, batch_rows):
             yield keys[lo : lo + batch_rows], self._buf.gather(slots[lo : lo + batch_rows])
 
-    def snapshot(self, url: str, storage_options: dict | None = None) -> int:
+    def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
         with SnapshotWriter(url, self.dim, storage_options) as w:
             for keys, rows in self.iter_rows():
                 w.write(keys, rows.emb, rows.m, rows.v, rows.clock)
         return w.rows
 
     def restore(
-        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
+        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict[str, Any] | None = None
     ) -> int:
         check_snapshot_dim(url, self.dim, storage_options)
         self._map.clear()

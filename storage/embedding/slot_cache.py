@@ -35,6 +35,11 @@ class SlotCache:
             0 evicts exactly what the call needs.
     """
 
+    # Per slot, (re)allocated by `_grow`: the packed score, and the write-back flags.
+    _score: np.ndarray
+    dirty: np.ndarray
+    in_below: np.ndarray
+
     def __init__(self, capacity: int | None, policy: str = "lfu", *, evict_extra: float = 0.0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")

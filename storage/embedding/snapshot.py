@@ -14,7 +14,10 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -72,7 +75,7 @@ class SnapshotWriter:
             w.write(keys, emb, m, v, clock)
     """
 
-    def __init__(self, url: str, dim: int, storage_options: dict | None = None) -> None:
+    def __init__(self, url: str, dim: int, storage_options: dict[str, Any] | None = None) -> None:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         self.dim = dim
@@ -141,7 +144,9 @@ class SnapshotWriter:
     def __enter__(self) -> SnapshotWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.commit()
         else:
@@ -155,7 +160,7 @@ def write_snapshot(
     m: torch.Tensor | np.ndarray,
     v: torch.Tensor | np.ndarray,
     clock: torch.Tensor | np.ndarray,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> int:
     """Write rows as one Parquet snapshot at `url`, atomically (temp name, then rename).
 
@@ -177,7 +182,7 @@ def write_snapshot(
     return w.rows
 
 
-def snapshot_files(url: str, storage_options: dict | None = None) -> tuple[object, list[str]]:
+def snapshot_files(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     """(filesystem, sorted Parquet paths) of a snapshot file or a directory of `*.parquet` parts.
 
     Raises:
@@ -203,7 +208,8 @@ def _check_owner(owner: tuple[int, int] | None) -> None:
 def _fsl_to_numpy(col: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    return col.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
+    arr: np.ndarray = col.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
+    return arr
 
 
 def _file_dim(pf: pq.ParquetFile, where: str) -> int:
@@ -214,14 +220,15 @@ def _file_dim(pf: pq.ParquetFile, where: str) -> int:
     t = schema.field("emb").type
     if not pa.types.is_fixed_size_list(t):
         raise ValueError(f"{where}: column emb must be fixed_size_list<float32>, got {t}")
-    return t.list_size
+    size: int = t.list_size
+    return size
 
 
 def iter_snapshot(
     url: str,
     *,
     owner: tuple[int, int] | None = None,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Iterator[SnapshotBatch]:
     """Yield the rows of a snapshot (file or directory of parts) one row group at a time.
 
@@ -246,7 +253,7 @@ def iter_snapshot(
 
 
 def _row_groups(
-    url: str, owner: tuple[int, int] | None, storage_options: dict | None, columns: list[str]
+    url: str, owner: tuple[int, int] | None, storage_options: dict[str, Any] | None, columns: list[str]
 ) -> Iterator[tuple[int, pa.Table, np.ndarray | None]]:
     """(dim, row group table, owned-rows mask or None) for every row group of every part, in order."""
     _check_owner(owner)
@@ -265,7 +272,7 @@ def _row_groups(
                 yield d, t, (None if owner is None else owner_of(keys, owner[1]) == owner[0])
 
 
-def snapshot_dim(url: str, storage_options: dict | None = None) -> int | None:
+def snapshot_dim(url: str, storage_options: dict[str, Any] | None = None) -> int | None:
     """Row width of a snapshot, or None for a directory without parts."""
     fs, files = snapshot_files(url, storage_options)
     for f in files:
@@ -274,7 +281,7 @@ def snapshot_dim(url: str, storage_options: dict | None = None) -> int | None:
     return None
 
 
-def check_snapshot_dim(url: str, dim: int, storage_options: dict | None = None) -> None:
+def check_snapshot_dim(url: str, dim: int, storage_options: dict[str, Any] | None = None) -> None:
     """Refuse to restore a snapshot of another row width into a store of width `dim`."""
     d = snapshot_dim(url, storage_options)
     if d is not None and d != dim:
@@ -285,7 +292,7 @@ def read_snapshot(
     url: str,
     *,
     owner: tuple[int, int] | None = None,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Read a snapshot (file or directory of parts) into NumPy arrays.
 
@@ -310,7 +317,7 @@ def read_snapshot(
     for group_dim, t, keep in _row_groups(url, owner, storage_options, ["key"]):
         n += t.num_rows if keep is None else int(np.count_nonzero(keep))
         dim = group_dim or 1
-    out = (
+    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
         np.empty(n, dtype=np.int64),
         np.empty((n, dim), dtype=np.float32),
         np.empty((n, dim), dtype=np.float32),

@@ -153,7 +153,7 @@ class SsdStore(EmbeddingStore):
         )
         ssd_format.write_meta(self.path, self._meta)
         if clean:
-            ssd_format.drop_other_indexes(self.path, name)
+            ssd_format.drop_other_indexes(self.path, ssd_format.index_name(gen))  # `name`, the index just written
         self._clean = clean
 
     def _changing(self) -> None:
@@ -241,7 +241,7 @@ class SsdStore(EmbeddingStore):
         buf = self._file.buffer(units.size)
         self._file.read(units, buf)
         arr = self._fmt.records_of(buf, units.size)
-        recs = arr[pos.reshape(-1), slots % self.rows_per_unit]  # fancy indexing copies
+        recs: np.ndarray = arr[pos.reshape(-1), slots % self.rows_per_unit]  # fancy indexing copies
         del arr
         if not np.array_equal(recs["key"], keys):
             bad = np.flatnonzero(recs["key"] != keys)[:5]
@@ -369,7 +369,7 @@ class SsdStore(EmbeddingStore):
             cat = np.concatenate(held)
             yield cat["key"].copy(), rows_of(cat)
 
-    def snapshot(self, url: str, storage_options: dict | None = None) -> int:
+    def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
         with SnapshotWriter(url, self.dim, storage_options) as w:
             for keys, rows in self.iter_rows():
                 w.write(keys, rows.emb, rows.m, rows.v, rows.clock)
@@ -384,7 +384,7 @@ class SsdStore(EmbeddingStore):
         self._save(clean=True)
 
     def restore(
-        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict | None = None
+        self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict[str, Any] | None = None
     ) -> int:
         check_snapshot_dim(url, self.dim, storage_options)
         self.wipe()

@@ -16,6 +16,7 @@ This module is the bookkeeping only (NumPy, no I/O); `SsdStore` reads and writes
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -90,11 +91,11 @@ class UnitLog:
         self.tail_recs = np.zeros(self.rows_per_unit, dtype=self._record)
 
     # -- one append ------------------------------------------------------------------------------
-    def state(self) -> tuple:
+    def state(self) -> tuple[Any, ...]:
         """What `allocate` and `victims` change, for `rollback` when the write that follows fails."""
         return (self.free_units, self._end_unit, self.tail_unit, self._tail_fill, self._recheck)
 
-    def rollback(self, state: tuple) -> None:
+    def rollback(self, state: tuple[Any, ...]) -> None:
         (self.free_units, self._end_unit, self.tail_unit, self._tail_fill, self._recheck) = state
 
     def victims(self, gone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

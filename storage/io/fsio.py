@@ -39,7 +39,7 @@ DATA = "data"
 _DATA_PREFIX = re.compile(r"^v-[0-9a-f]{12}$")
 
 
-def get_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+def get_fs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and the protocol-less path of `url` (a local path or any fsspec URL)."""
     fs, path = url_to_fs(url, **(storage_options or {}))
     return fs, path
@@ -165,7 +165,7 @@ def data_dir(final: str, manifest: Mapping[str, Any]) -> str:
     return join(final, name)
 
 
-def data_url(url: str, storage_options: dict | None = None) -> str:
+def data_url(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """The URL of the files of directory `url`: `data_dir` when it is committed, else `url` itself.
 
     The result of a committed directory is again a committed directory (it holds
@@ -234,7 +234,8 @@ def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any] | 
     target = f"{path.rstrip('/')}/{SUCCESS}"
     if not fs.exists(target):
         return None
-    return read_json(fs, target)
+    manifest: dict[str, Any] = read_json(fs, target)
+    return manifest
 
 
 def write_json(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:

@@ -34,6 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import fsspec
 
@@ -161,7 +162,7 @@ class Layout:
 
     root: str
     model_name: str = "ctr"
-    storage_options: dict | None = None
+    storage_options: dict[str, Any] | None = None
     local_dir: str = ""
     vocab_key: str = ""
     features_key: str = ""

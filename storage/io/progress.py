@@ -51,11 +51,11 @@ class Bar:
         return self
 
     def update(self, completed: float, *, total: float | None = None) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=completed, total=total)
 
     def advance(self, n: float = 1) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, n)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

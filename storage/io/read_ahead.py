@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -22,7 +22,7 @@ class _End:
     error: BaseException | None
 
 
-def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead", lazy: bool = False) -> Iterator[T]:
+def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead", lazy: bool = False) -> Generator[T, None, None]:
     """The items of `items`, produced by a background thread at most `depth` items ahead.
 
     The consumer sees the same items in the same order, then any exception the
@@ -40,7 +40,7 @@ def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead", lazy
     if depth <= 0:
         yield from items
         return
-    buffer: queue.Queue = queue.Queue(maxsize=depth)
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=depth)
     slots = threading.Semaphore(depth) if lazy else None  # items made and not yet taken
     stop = threading.Event()
 

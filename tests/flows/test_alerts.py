@@ -95,10 +95,10 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
         assert server["deployments"] == {
             "alpha-daily": ["0 2 * * *"], "alpha-on-demand": [], "alpha-backfill": [],
             "beta-daily": ["0 2 * * *"], "beta-on-demand": [], "beta-backfill": [],
-        }  # fmt: skip
+        }
         assert server["automations"] == sorted(
             [failed_run_automation(m) for m in ("alpha", "beta")] + [missing_run_automation(m) for m in ("alpha", "beta")]
-        )  # fmt: skip
+        )
 
         # both models run the same date on the same input: events are ingested once
         assert _ctrpipe(["run", "--date", DATE, "--config", str(a)], env).returncode == 0

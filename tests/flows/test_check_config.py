@@ -10,7 +10,7 @@ def test_every_check_has_an_action_and_the_defaults_fail_on_broken_data_and_warn
     assert {n: cfg.action(n) for n in CHECKS} == {
         "volume": "fail", "click_rate": "fail", "padded_rows": "fail", "missing_rate": "fail", "duplicates": "fail",
         "quarantined": "warn", "psi": "warn", "oov_rate": "warn", "distinct_keys": "warn",
-    }  # fmt: skip
+    }
     assert overridden(cfg) == {}
     assert overridden(ChecksConfig(volume=CheckAction(action="off"), psi=CheckAction(action="fail"))) == {
         "volume": "off", "psi": "fail"}

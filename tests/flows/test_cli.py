@@ -1,8 +1,8 @@
 """`ctrpipe` as a user runs it: subprocesses, real Prefect (a temporary server), real files, and what it prints.
 
 The fast tests need no flow run: help texts, usage and config errors (found before Prefect starts),
-an empty registry, a closed pipe.  The slow ones share one demo run (3 small days) and check its
-output, the run-time failure of a missing day, `evaluate` and `models` on its registry.
+an empty registry, a closed pipe.  The slow ones share one demo run (3 small days; each test gets its root as
+the demo left it) and check its output, the run-time failure of a missing day, `evaluate` and `models` on its registry.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.exit_codes import ExitCode, help_text
+from tests.helpers.pristine import Pristine
 
 CTRPIPE = [sys.executable, "-m", "flows.cli"]
 SECRET = "sekret-4f1d9c2b7e-do-not-log"
@@ -152,7 +153,7 @@ def test_an_empty_registry_says_where_it_looked_and_how_to_look_elsewhere(tmp_pa
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     proc = subprocess.Popen([*CTRPIPE, "generate", "--out", str(tmp_path / "raw"), "--days", "3",
                              "--rows-per-day", "500"], env=user_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+                            stderr=subprocess.PIPE)
     proc.stdout.close()  # `| head` that has read enough
     err = proc.stderr.read().decode()
     proc.stderr.close()
@@ -172,14 +173,23 @@ def test_generate_is_deterministic(tmp_path):
 
 # ---- one demo run --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    """`ctrpipe demo` of 3 small days, as a user starts it, with a credential present in the environment."""
+def built_demo_run(tmp_path_factory):
+    """`ctrpipe demo` of 3 small days, as a user starts it, with a credential present in the environment;
+    run once per module."""
     tmp = tmp_path_factory.mktemp("cli")
     env = user_env(tmp, AWS_SECRET_ACCESS_KEY=SECRET)
     root = tmp / "root"
     out = ctrpipe("demo", "--root", str(root), "--days", "3", "--rows-per-day", str(DEMO_ROWS), env=env)
     sets = ["--recipe", "demo", "--set", f"root={root}"]
-    return tmp, root, env, sets, out
+    return Pristine(root), (tmp, root, env, sets, out)
+
+
+@pytest.fixture()
+def demo_run(built_demo_run):
+    """The demo's root as the demo left it: a test may move LATEST (rollback) or record a failed date."""
+    pristine, run = built_demo_run
+    pristine.restore()
+    return run
 
 
 @pytest.mark.slow
@@ -218,7 +228,7 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
     assert out.returncode == ExitCode.FAILED and "Traceback" not in out.stderr
     error = out.stderr[out.stderr.index("ctrpipe backfill: error: "):]
     assert error.startswith("ctrpipe backfill: error: backfill 2026-01-01..2026-01-04 stopped at 2026-01-04 in ingest: "
-                            "FileNotFoundError: no input for 2026-01-04")  # fmt: skip
+                            "FileNotFoundError: no input for 2026-01-04")
     assert "skipped (done before): 2026-01-01..2026-01-03" in error and "it resumes at 2026-01-04" in error
     assert len(error.splitlines()) <= 4 and len(out.stdout.splitlines()) == 5  # the table of the 3 completed dates
 
@@ -229,7 +239,7 @@ def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run)
     out = ctrpipe("run", "--date", "2026-01-04", *sets, env=env)
     missing = root / "raw" / "day_2026-01-04.tsv.gz"
     assert_short_error(out, f"ctrpipe run: error: 2026-01-04 failed in ingest: no input for 2026-01-04 at {missing}: "
-                            "no file matches the input URL; check input.url", "--verbose")  # fmt: skip
+                            "no file matches the input URL; check input.url", "--verbose")
     assert out.stdout == "" and len(lines_of(out)) <= 3  # before: 119+ lines, two tracebacks, the error 4 times
 
 
@@ -257,7 +267,7 @@ def test_evaluate_on_a_file_of_another_format_says_why_no_row_is_valid(demo_run)
     out = ctrpipe("evaluate", "--input", str(bad), *sets, env=env)
     assert_short_error(out, "no valid rows to score, all 2059 quarantined: wrong field count x2059, "
                             f"e.g. {bad} line 1: 5 fields, expected 14..40",
-                       "check input.format ('criteo')", max_lines=2)  # fmt: skip
+                       "check input.format ('criteo')", max_lines=2)
 
 
 @pytest.mark.slow

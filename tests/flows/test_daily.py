@@ -24,6 +24,7 @@ from flows.record import read_record
 from pipeline.generate import generate_days
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry
+from tests.helpers.pristine import Pristine
 from trainer.model_dir import read_meta
 
 pytestmark = pytest.mark.slow
@@ -49,8 +50,8 @@ def _lines(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def three_days(tmp_path_factory):
-    """Three generated days run through the daily flow, day 3 with two malformed lines appended."""
+def built_three_days(tmp_path_factory):
+    """Three generated days run through the daily flow once per module, day 3 with two malformed lines appended."""
     root = tmp_path_factory.mktemp("e2e") / "root"
     generate_days(str(root / "raw"), 3, ROWS, seed=7, start_date=DAYS[0])
     day3 = root / "raw" / f"day_{DAYS[2]}.tsv.gz"
@@ -59,7 +60,15 @@ def three_days(tmp_path_factory):
         f.write(b"7" + b"\t1" * 13 + b"\tabc" * 26 + b"\n")  # label 7
     cfg = _config(root)
     states = [call_daily_retrain(d, config=cfg.to_dict(), return_state=True) for d in DAYS]
-    return root, cfg, states
+    return Pristine(root), (root, cfg, states)
+
+
+@pytest.fixture()
+def three_days(built_three_days):
+    """The three days' root as the flow left it (the refused-model test adds a fourth day to it)."""
+    pristine, days = built_three_days
+    pristine.restore()
+    return days
 
 
 def test_every_day_completes_and_is_published(three_days):
@@ -131,7 +140,7 @@ def test_each_day_trains_the_eval_rows_of_the_day_before_it_first(three_days):
         assert meta.train["carried"] == {"date": before, "rows": prior.rows_eval}
         rows, world = record.rows_train + prior.rows_eval, meta.train["world_size"]
         assert meta.recipe["rows"] == rows  # the recipe was sized to every row trained
-        assert meta.train["examples"] == meta.optim.epochs * (rows // world * world)
+        assert meta.train["examples"] == meta.optim["epochs"] * (rows // world * world)
 
 
 def test_rerun_of_a_completed_date_changes_nothing(three_days):

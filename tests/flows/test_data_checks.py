@@ -42,7 +42,7 @@ def test_a_normal_day_passes_every_check():
     (day(padded=5_000), "padded_rows"),  # rows cut short
     (day(missing_c1=10_000), "missing_rate"),  # a field emptied upstream
     (day(dup=0.9), "duplicates"),  # a replay
-])  # fmt: skip
+])
 def test_a_bad_day_fails_its_named_check(today, check):
     report = run_checks(today, WINDOW, CFG)
     assert status(report, check) == "fail"

@@ -20,6 +20,7 @@ from flows.recipes import demo
 from flows.record import read_record
 from pipeline.generate import generate_days
 from storage.io.registry import ModelRegistry
+from tests.helpers.faults import crash_once
 from trainer.launch import TrainingError
 from trainer.model_dir import read_meta
 
@@ -69,7 +70,7 @@ def test_a_day_runs_every_stage_in_order_and_publishes_without_prefect(first_day
     # the optim values were derived for the day's 2,700 train rows; model.json and metrics.json say so
     recipe, meta = record.train["recipe"], read_meta(cfg.layout().run_model(DATE))
     assert meta.recipe == recipe and recipe["rows"] == record.rows_train
-    assert recipe["values"]["optim.epochs"] == meta.optim.epochs > 1 and "optim.epochs" in recipe["derived"]
+    assert recipe["values"]["optim.epochs"] == meta.optim["epochs"] > 1 and "optim.epochs" in recipe["derived"]
     assert recipe["values"]["optim.batch_size"] == 128 and "optim.batch_size" not in recipe["derived"]  # set
     assert record.train["steps"] == recipe["steps"]
     assert record.evaluate["rows_scored"] == record.rows_eval and record.evaluate["rows_per_s"] > 0
@@ -101,7 +102,7 @@ def test_a_clock_counts_a_part_that_raises_and_the_time_before_it_started():
 
 def test_a_rerun_with_another_timeout_and_dask_size_resumes_from_the_days_checkpoint(tmp_path, monkeypatch):
     cfg = _config(tmp_path, **{"trainer.checkpoint_every": 5, "trainer.timeout_s": 600})
-    monkeypatch.setenv("CTRPIPE_TRAINER_FAIL_AT", f"0:7:{tmp_path / 'died.marker'}")  # rank 0 dies after step 7
+    crash_once(monkeypatch, rank=0, step=7, marker=tmp_path / "died.marker")  # rank 0 dies after step 7
     with pytest.raises(TrainingError, match="exit code"):
         run_day(cfg, DATE)
     failed = read_record(cfg.layout(), DATE)

@@ -21,6 +21,7 @@ from flows.day import run_day
 from flows.recipes import demo
 from flows.record import read_record
 from storage.io.registry import ModelRegistry
+from tests.helpers.pristine import Pristine
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def _cfg(root: Path, raw: Path, **overrides) -> RunConfig:
         "publish.max_auc_drop": 0.05, "publish.min_eval_rows": 50,
         "publish.calibration_range": [0.5, 2.0],  # ~330 eval rows after a dozen steps
         **overrides,
-    })  # fmt: skip
+    })
 
 
 def _write(raw: Path, date: str, lines: list[bytes]) -> None:
@@ -52,7 +53,8 @@ def _emptied(line: bytes, column: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def two_good_days(shared_data, tmp_path_factory):
+def built_two_good_days(shared_data, tmp_path_factory):
+    """The two good days run once per module, and a copy to give each test."""
     base = tmp_path_factory.mktemp("guard")
     raw = base / "raw"
     raw.mkdir()
@@ -63,7 +65,16 @@ def two_good_days(shared_data, tmp_path_factory):
         _write(raw, date, part)
     cfg = _cfg(base / "root", raw)
     records = [run_day(cfg, d).record for d in DAYS[:2]]
-    return base, raw, cfg, thirds[2], records
+    return Pristine(base), (base, raw, cfg, thirds[2], records)
+
+
+@pytest.fixture()
+def two_good_days(built_two_good_days):
+    """The root and raw folder of the two good days as they were built: each test writes its own third day
+    and runs it (publishing it, or forcing an older date), which the next test must not find."""
+    pristine, days = built_two_good_days
+    pristine.restore()
+    return days
 
 
 def test_the_first_real_days_pass_the_absolute_checks_and_say_why_the_others_did_not_run(two_good_days):
@@ -81,7 +92,7 @@ def test_the_first_real_days_pass_the_absolute_checks_and_say_why_the_others_did
     ("one field empty in every row", lambda lines: [_emptied(x, 16) for x in lines], "missing_rate"),  # C3
     ("the file replayed 10 times", lambda lines: lines * 10, "volume"),
     ("every label 0", lambda lines: [b"0" + x[1:] for x in lines], "click_rate"),
-])  # fmt: skip
+])
 def test_a_broken_day_is_stopped_by_a_named_check_and_latest_stays(two_good_days, name, broken, check):
     _, raw, cfg, third, _ = two_good_days
     _write(raw, DAYS[2], broken(third))
@@ -133,7 +144,7 @@ def test_the_real_third_day_passes_every_check_and_an_older_forced_date_is_not_m
     args += [f"--set={k}={v}" for k, v in {"input.url": cfg.input.url, "dask.processes": "false",
              "dask.n_workers": 1, "vocab.min_count": 2, "model.mlp_dims": "[32, 16]", "optim.k_steps": 5,
              "publish.max_auc_drop": 0.05, "publish.min_eval_rows": 50,
-             "publish.calibration_range": "[0.5, 2.0]"}.items()]  # fmt: skip
+             "publish.calibration_range": "[0.5, 2.0]"}.items()]
     assert main(args) == 2
     older = read_record(cfg.layout(), DAYS[0])
     assert older.status == "refused" and older.reason.startswith(f"older than LATEST (trained through {DAYS[2]})")
@@ -145,7 +156,7 @@ def test_a_first_avazu_day_too_small_to_learn_from_is_refused_by_the_auc_floor(s
         "input.url": str(shared_data / "avazu" / "avazu_14102100.csv"), "input.format": "avazu",
         "dask.processes": False, "dask.n_workers": 1, "optim.batch_size": 4096, "publish.min_eval_rows": 50,
         "optim.lr": 1e-6, "optim.sparse_lr": 1e-6, "optim.epochs": 1,  # 3 steps that move nothing: the initial model
-    })  # fmt: skip
+    })
     record = run_day(cfg, "2014-10-21").record
     assert record.train["steps"] <= 3
     assert record.status == "refused" and "publish.min_auc=0.55" in record.reason, (record.auc, record.reason)

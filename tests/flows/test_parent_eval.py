@@ -26,7 +26,7 @@ def today(tmp_path: Path) -> str:
 
 
 def _published(features_url: str) -> Published:
-    meta = ModelMeta(
+    meta = ModelMeta.of(
         model_name="ctr", model_config=ModelConfig(), dim=16, init_std=0.01, num_dense=1, num_fields=2,
         fields=("k_0", "k_1"), dense_columns=("d_0",), key_columns=("k_0", "k_1"), vocab_date="2026-01-04",
         run_tag="t", features_url=features_url, init_model_url=None, optim=OptimConfig(), het=HetConfig(),

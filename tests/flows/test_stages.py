@@ -17,6 +17,8 @@ from storage.warm import WarmPlan
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.model_dir import ModelMeta
+from trainer.recipe import derive
+from trainer.sparse_lr_search import FACTORS
 from trainer.world import resolve_world
 
 DATE = "2026-01-05"
@@ -37,7 +39,8 @@ def _state(cfg: RunConfig, rows_train: int, features: str) -> DayState:
     plan = WarmPlan(date=DATE, world_size=resolve_world(cfg.trainer).world_size, published_version=None, snapshot_url=None,
                     snapshot_tag=None, evict_url=None, working_set_url=None)
     encoded = EncodeResult(date=DATE, rows_train=rows_train, rows_eval=400, skipped=False, run_id="r1", url=features)
-    return DayState(date=DATE, layout=cfg.layout(), encode=encoded, warm=WarmResult(plan, "flow", "cold"))
+    state = DayState(date=DATE, layout=cfg.layout())
+    return state.with_result("encode", encoded).with_result("warm", WarmResult(plan, "flow", "cold"))
 
 
 def test_the_spec_holds_the_values_derived_for_the_days_rows(tmp_path: Path, features: str) -> None:
@@ -67,11 +70,15 @@ def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kep
     _, recipe = _spec(cfg, _state(cfg, 3_600, features))
     why = recipe.why["optim.sparse_lr"]
     assert "5-fold validation" in why and "3,600 train rows" in why, why
-    candidates = [float(c.split(":")[0]) for c in why.split("(", 1)[1].rstrip(")").split(", ")]
-    assert recipe.optim.sparse_lr in candidates and len(candidates) == 4
+    # the search's choice is one of its candidates, FACTORS x the rule's value (`Recipe.searched` keeps the factor)
+    rule = derive(cfg.optim, cfg.model, rows=3_600, world_size=recipe.world_size).optim.sparse_lr
+    factor = recipe.searched["optim.sparse_lr"]
+    assert recipe.optim.sparse_lr in {float(f"{rule * f:.3g}") for f in FACTORS}, (rule, recipe.optim.sparse_lr)
+    assert factor == float(f"{recipe.optim.sparse_lr / rule:.3g}")  # what a warm-started day reuses
     assert "optim.sparse_lr" in recipe.derived
     _, kept = _spec(with_overrides(cfg, {"optim.sparse_lr": 0.03}), _state(cfg, 3_600, features))
     assert kept.optim.sparse_lr == 0.03 and kept.why["optim.sparse_lr"] == "set in the config"
+    assert "optim.sparse_lr" not in kept.searched
     _, large = _spec(cfg, _state(cfg, 10**6, "/not-read"))  # over MAX_ROWS: the rule's value, nothing read
     assert large.why["optim.sparse_lr"].endswith("/ sqrt(epochs)")
 
@@ -79,7 +86,7 @@ def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kep
 def test_a_warm_day_trains_the_parents_eval_rows_first_and_its_identity_names_them(tmp_path: Path, features: str) -> None:
     cfg = RunConfig(root=str(tmp_path))
     parent = committed_feature_day(tmp_path / "parent", train_rows=2_000, eval_rows=300, date="2026-01-04")
-    meta = ModelMeta(
+    meta = ModelMeta.of(
         model_name="ctr", model_config=cfg.model, dim=cfg.store.embedding_dim, init_std=0.01, num_dense=1,
         num_fields=2, fields=("k_0", "k_1"), dense_columns=("d_0",), key_columns=("k_0", "k_1"),
         vocab_date="2026-01-04", run_tag="t", features_url=parent, init_model_url=None, optim=OptimConfig(),

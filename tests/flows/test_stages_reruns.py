@@ -19,6 +19,7 @@ from flows.recipes import demo
 from flows.record import read_record
 from pipeline.generate import generate_days
 from storage.io.registry import ModelRegistry
+from tests.helpers.pristine import Pristine
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +29,24 @@ SAME = ("status", "auc", "logloss", "published_auc", "rows_ingested", "rows_trai
 
 
 @pytest.fixture(scope="module")
-def two_days(tmp_path_factory):
-    """Two days run to the end, and the second day's record."""
+def built_two_days(tmp_path_factory):
+    """Two days run to the end once per module, and the second day's record."""
     root = tmp_path_factory.mktemp("idem") / "root"
     generate_days(str(root / "raw"), 2, 3000, seed=3, start_date=DAYS[0])
     cfg = with_overrides(demo(str(root)), {"input.url": str(root / "raw" / "day_{date}.tsv.gz"),
                                            "dask.processes": False, "dask.n_workers": 1})
     for d in DAYS:
         run_day(cfg, d)
-    return cfg, root, read_record(cfg.layout(), DAYS[1])
+    return Pristine(root), (cfg, root, read_record(cfg.layout(), DAYS[1]))
+
+
+@pytest.fixture()
+def two_days(built_two_days):
+    """The two days' root as they left it: each case rolls it back to a kill and reruns the day, and a case
+    that fails part way must not hand its half-rolled-back root to the next."""
+    pristine, days = built_two_days
+    pristine.restore()
+    return days
 
 
 def _rerun(cfg, root: Path, expected) -> None:

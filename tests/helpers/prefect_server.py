@@ -25,7 +25,7 @@ def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
         "optim": {"batch_size": 256, "k_steps": 5},
         "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50,
                     "calibration_range": [0.5, 2.0]},  # ~330 eval rows after a dozen steps
-    }  # fmt: skip
+    }
     for key, value in sections.items():
         cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
     return cfg

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from storage.embedding.config import StoreConfig
+from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
@@ -38,9 +39,10 @@ def make_spec(
     trainer, optim, het = split_configs(**{**DAY_SIZED, **kw})
     trainer = resolve_world(trainer)
     fs, path = fsio.get_fs(str(features))
-    manifest = fsio.read_manifest(fs, path) or {}
+    manifest = read_features_manifest(fs, path)
     # features that are not there (a test of a failing job) have no rows: derive as for the smallest day
-    recipe = derive(optim, model, rows=int(manifest.get("rows_train", 1)), world_size=trainer.world_size)
+    rows = manifest.rows_train if manifest is not None and manifest.rows_train else 1
+    recipe = derive(optim, model, rows=rows, world_size=trainer.world_size)
     return TrainSpec(
         features_url=str(features), output_url=str(output), init_model_url=str(init) if init else None,
         local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=recipe.model, optim=recipe.optim,

@@ -30,7 +30,7 @@ class StageConfigs:
     @staticmethod
     def from_dict(d: dict) -> StageConfigs:
         return StageConfigs(input=InputConfig(**d["input"]), ingest=IngestConfig(**d["ingest"]),
-                            vocab=VocabConfig(**d["vocab"]))  # fmt: skip
+                            vocab=VocabConfig(**d["vocab"]))
 
 
 class StageResults(NamedTuple):

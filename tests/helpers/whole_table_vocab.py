@@ -70,10 +70,10 @@ def update_vocab(
         window = window.assign(score=window["count"].astype(np.float64))
     w = {"key": window["key"].to_numpy(np.int64), "count": window["count"].to_numpy(np.int64),
          "score": window["score"].to_numpy(np.float64), "first": day_numbers(window["first_date"]),
-         "last": day_numbers(window["last_date"])}  # fmt: skip
+         "last": day_numbers(window["last_date"])}
     stored = None if previous is None else pa.Table.from_pandas(previous, preserve_index=False)
     merged = combine(date=day_number(date), window=w, previous=previous_state(stored), thresholds=thresholds,
-                     ttl_days=config.ttl_days)  # fmt: skip
+                     ttl_days=config.ttl_days)
     admitted = merged["admitted"]
     if config.max_keys_per_field:
         admitted = capped(merged, config.max_keys_per_field)
@@ -87,7 +87,7 @@ def capped(merged: Columns, cap: int) -> np.ndarray:
     search = CapSearch(cap=cap, admitted=np.bincount(field[admitted], minlength=MAX_FIELDS), buckets=1)
     while not search.done:
         search.absorb([cap_histograms(field=field, bits=bits, admitted=admitted, query=search.query(),
-                                      shift=search.shift)])  # fmt: skip
+                                      shift=search.shift)])
     cuts = {f: (c.bits, c.take[0]) for f, c in search.cuts.items()}
     return cap_mask(field=field, bits=bits, admitted=admitted, cuts=cuts)
 
@@ -95,4 +95,4 @@ def capped(merged: Columns, cap: int) -> np.ndarray:
 def dated_frame(columns: Columns) -> pd.DataFrame:
     """`split_vocab` columns as a frame with YYYY-MM-DD dates."""
     return pd.DataFrame({name: day_strings(v) if name in ("first_seen", "last_seen") else v
-                         for name, v in columns.items()})  # fmt: skip
+                         for name, v in columns.items()})

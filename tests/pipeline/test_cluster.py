@@ -33,7 +33,7 @@ def test_local_workers_get_malloc_thresholds_on_top_of_dasks_environment():
     ):
         env = worker_environ()
         assert env == {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-                       "OMP_NUM_THREADS": "1"}  # fmt: skip
+                       "OMP_NUM_THREADS": "1"}
 
 
 def malloc_environ() -> dict[str, str]:
@@ -86,7 +86,7 @@ def test_a_worker_paused_for_memory_is_named_in_the_stall():
     held = np.ones((256 << 20) // 8)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="64MiB",
                       dashboard_address=":0") as cluster, Client(cluster) as client, \
-            dask.config.set({STALL_KEY: 2.0}):  # fmt: skip
+            dask.config.set({STALL_KEY: 2.0}):
         time.sleep(1.0)
         with pytest.raises(StageStalled, match=r"workers: 1 paused\. A paused worker is over 80% of dask.memory_limit: raise it"):
             gather(client, client.map(lambda x: x, range(3), pure=False), what="encode D")

@@ -68,7 +68,7 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result(tmp
         if kills >= 2:
             break
         proc = subprocess.Popen(stage_command(DATES[1], root=str(crashed), configs=CONFIGS), cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline and not list(crashed.glob("*/date=*.staging-*")):
             time.sleep(0.01)  # wait until a stage is writing, then kill at a random moment of its work

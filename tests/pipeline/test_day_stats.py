@@ -31,7 +31,7 @@ def test_chunks_add_up_to_the_whole():
     lines = [_line(i1=str(i), label=str(i % 2)) for i in range(50)]
     whole = chunk_stats(_table(lines), CRITEO)
     parts = add_stats(add_stats(empty_stats(CRITEO), chunk_stats(_table(lines[:20]), CRITEO)),
-                      chunk_stats(_table(lines[20:]), CRITEO))  # fmt: skip
+                      chunk_stats(_table(lines[20:]), CRITEO))
     assert parts == whole
 
 

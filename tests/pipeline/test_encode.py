@@ -98,7 +98,7 @@ def test_avazu_is_split_by_hour_then_order(tmp_path, client):
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
     kw = {"layout": Layout(str(tmp_path / "root")), "client": client}
     ingest_date("2014-10-21", input=InputConfig(url=str(tmp_path / "a.csv"), format="avazu"),
-                ingest=IngestConfig(rows_per_partition=7), **kw)  # fmt: skip
+                ingest=IngestConfig(rows_per_partition=7), **kw)
     build_vocab("2014-10-21", vocab=VocabConfig(), fmt="avazu", **kw)
     r = encode_date("2014-10-21", encode=EncodeConfig(eval_fraction=0.25), fmt="avazu", **kw)
     assert (r.rows_train, r.rows_eval) == (15, 5)
@@ -118,7 +118,7 @@ def test_a_replayed_day_keeps_copies_of_train_rows_out_of_eval(tmp_path, raw_day
     (tmp_path / f"replay_{day}.tsv").write_bytes(lines * 3)
     kw = {"layout": Layout(str(tmp_path / "root")), "client": client}
     ingest_date(day, input=InputConfig(url=str(tmp_path / "replay_{date}.tsv")),
-                ingest=IngestConfig(rows_per_partition=1500), **kw)  # fmt: skip
+                ingest=IngestConfig(rows_per_partition=1500), **kw)
     build_vocab(day, vocab=VocabConfig(min_count=5), fmt="criteo", **kw)
     r = encode_date(day, encode=EncodeConfig(eval_fraction=0.2), fmt="criteo", **kw)
     rows = 3 * 4000
@@ -132,5 +132,5 @@ def test_a_replayed_day_keeps_copies_of_train_rows_out_of_eval(tmp_path, raw_day
 def test_a_day_without_copies_keeps_every_eval_row(vocab_root, client):
     root, date = vocab_root
     r = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.25), fmt="criteo",
-                    client=client, force=True)  # fmt: skip
+                    client=client, force=True)
     assert r.rows_eval == 1000 and r.eval_copies_dropped == 0 and r.duplicate_share < 0.01

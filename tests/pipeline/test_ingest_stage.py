@@ -172,7 +172,7 @@ def test_a_glob_url_reads_several_files_in_name_order(raw_root, client):
 def test_a_criteo_url_without_the_date_is_refused(raw_root, client):
     with pytest.raises(ValueError, match="placeholder"):
         ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=str(raw_root / "raw" / "*.gz")), ingest=SMALL_PARTS,
-                    client=client)  # fmt: skip
+                    client=client)
 
 
 def test_worker_processes_run_the_same_ingest(raw_root):
@@ -206,7 +206,7 @@ def test_rows_cut_short_are_counted_as_padded_not_quarantined(tmp_path, shared_d
     cut = [b"\t".join(line.split(b"\t")[:20]) for line in lines[:300]] + lines[300:]
     (tmp_path / "day_2026-02-01.tsv").write_bytes(b"\n".join(cut) + b"\n")
     r = ingest_date("2026-02-01", layout=Layout(str(tmp_path / "root")), input=InputConfig(url=str(tmp_path / "day_{date}.tsv")),
-                    ingest=IngestConfig(), client=client)  # fmt: skip
+                    ingest=IngestConfig(), client=client)
     assert (r.rows_written, r.rows_quarantined, r.rows_padded) == (1000, 0, 300)
 
 
@@ -221,7 +221,7 @@ def test_a_late_input_is_waited_for(raw_root, client, tmp_path):
     timer.start()
     try:
         r = ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=str(late / "day_{date}.tsv.gz"),
-                        wait_s=4, poll_s=0.5), ingest=SMALL_PARTS, client=client)  # fmt: skip
+                        wait_s=4, poll_s=0.5), ingest=SMALL_PARTS, client=client)
     finally:
         timer.cancel()
     assert r.rows_written == ROWS_PER_DAY
@@ -231,7 +231,7 @@ def test_an_input_that_never_lands_fails_saying_how_long_it_waited_and_for_what(
     (raw_root / "raw" / "_SUCCESS").unlink(missing_ok=True)
     with pytest.raises(FileNotFoundError, match=r"the done marker .*_SUCCESS is not there .* after waiting 1s"):
         ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(wait_s=1, poll_s=0.3, done_file="_SUCCESS"),
-                    ingest=SMALL_PARTS, client=client)  # fmt: skip
+                    ingest=SMALL_PARTS, client=client)
 
 
 def test_real_avazu_sample_is_dated_by_its_hour(tmp_path, shared_data, client):
@@ -256,9 +256,9 @@ def test_a_large_plain_file_is_split_in_byte_ranges_with_true_line_numbers(tmp_p
     inp = InputConfig(url=str(tmp_path / "day_{date}.tsv"))
     kw = {"input": inp, "client": client}
     whole = ingest_date(DAYS[0], layout=Layout(str(tmp_path / "a")), ingest=IngestConfig(rows_per_partition=700,
-                        max_bad_fraction=0.01), **kw)  # fmt: skip
+                        max_bad_fraction=0.01), **kw)
     split = ingest_date(DAYS[0], layout=Layout(str(tmp_path / "b")), ingest=IngestConfig(rows_per_partition=700,
-                        max_bad_fraction=0.01, block_size=50_000), **kw)  # fmt: skip
+                        max_bad_fraction=0.01, block_size=50_000), **kw)
     manifest = json.loads((tmp_path / "b" / "events" / f"date={DAYS[0]}" / "_SUCCESS.json").read_text())
     assert manifest["blocks"] > 10 and (split.rows_written, split.rows_quarantined) == (whole.rows_written, 3)
     ev = [pd.read_parquet(tmp_path / r / "events" / f"date={DAYS[0]}") for r in ("a", "b")]

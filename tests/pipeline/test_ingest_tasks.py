@@ -59,7 +59,7 @@ def test_reading_ahead_and_writing_behind_in_threads_changes_no_output(raw_root,
     pd.testing.assert_frame_equal(q1, q0)
     assert q1["line"].tolist() == [6, 11, 778, 1500, 1501, 1502, 2223, 4000]  # true 1-based line numbers
     assert q1["reason"].tolist()[:3] == ["blank line", "wrong field count: 3 fields, expected 14..40",
-                                         "non-numeric integer field: I1='x1'"]  # fmt: skip
+                                         "non-numeric integer field: I1='x1'"]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -94,7 +94,7 @@ def test_byte_ranges_own_the_lines_that_start_in_them_and_number_them_truly(tmp_
         ingest_file(FileTask(url=str(tmp_path / "day.tsv"), file_index=0, schema=CRITEO, input_options=None, out_fs=fs,
                              events_dir=str(tmp_path / "events"), quarantine_dir=str(tmp_path / "quarantine"),
                              rows_per_partition=300, date=DAYS[0], block_index=b, start=start, end=end,
-                             first_line=line))  # fmt: skip
+                             first_line=line))
         for b, (start, end, line) in enumerate([(0, cut, 1), (cut, None, first_line)])
     ]
     assert first_line == data[:cut].count(b"\n") + 2  # the line cut in two is the first range's

@@ -34,9 +34,9 @@ DATE = "2026-01-01"
 
 
 def run_day(root: str, client: Client, storage_options: dict | None = None, input: InputConfig | None = None
-            ) -> StageResults:  # fmt: skip
+            ) -> StageResults:
     configs = StageConfigs(input=input or InputConfig(), ingest=IngestConfig(rows_per_partition=800),
-                           vocab=VocabConfig(min_count=2))  # fmt: skip
+                           vocab=VocabConfig(min_count=2))
     return run_stages(DATE, layout=Layout(root, storage_options=storage_options), client=client, configs=configs)
 
 
@@ -45,12 +45,12 @@ def test_an_existing_scheduler_address_runs_ingest_vocab_and_encode(tmp_path):
     port = free_port()
     with processes() as procs:
         scheduler = start(procs, [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                  "--dashboard-address", ":0", "--no-show"], tmp_path / "scheduler.log")  # fmt: skip
+                                  "--dashboard-address", ":0", "--no-show"], tmp_path / "scheduler.log")
         wait_port(port, scheduler)
         for w in range(2):
             start(procs, [str(BIN / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--host",
                           "127.0.0.1", "--dashboard-address", ":0", "--memory-limit", "1GiB", "--name", f"w{w}"],
-                  tmp_path / f"worker{w}.log")  # fmt: skip
+                  tmp_path / f"worker{w}.log")
         with dask_client(DaskConfig(address=f"tcp://127.0.0.1:{port}")) as client:
             client.wait_for_workers(2, timeout=60)
             workers = {w["name"] for w in client.scheduler_info()["workers"].values()}

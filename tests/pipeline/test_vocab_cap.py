@@ -14,11 +14,11 @@ from tests.helpers.whole_table_vocab import update_vocab, window_counts
 
 def test_the_per_field_cap_keeps_the_highest_scores_and_evicts_the_rest():
     first = update_vocab(date="2026-01-01", window=window_counts({"2026-01-01": counts(a=5, b=4, c=3)}), previous=None,
-                         config=VocabConfig(min_count=1))  # fmt: skip
+                         config=VocabConfig(min_count=1))
     assert first.vocab["admitted"].all()
     window = window_counts({"2026-01-01": counts(a=5, b=4, c=3), "2026-01-02": counts(c=9)})
     capped = update_vocab(date="2026-01-02", window=window, previous=first.vocab,
-                          config=VocabConfig(min_count=1, max_keys_per_field=2))  # fmt: skip
+                          config=VocabConfig(min_count=1, max_keys_per_field=2))
     admitted = set(capped.vocab.loc[capped.vocab["admitted"], "key"])
     assert admitted == {key("c"), key("a")} and capped.evicted["key"].tolist() == [key("b")]
 
@@ -44,7 +44,7 @@ def test_the_cap_search_over_buckets_keeps_exactly_the_single_table_top_keys(dec
     rounds = 0
     while not search.done:
         search.absorb([cap_histograms(field=field[p], bits=bits[p], admitted=admitted[p], query=search.query(),
-                                      shift=search.shift) for p in parts])  # fmt: skip
+                                      shift=search.shift) for p in parts])
         rounds += 1
     assert rounds <= 5 and set(search.cuts) == {f for f in range(4) if per_field[f] > cap}
     got = np.zeros(len(keys), bool)

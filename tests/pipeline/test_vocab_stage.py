@@ -41,7 +41,7 @@ def write_events(root: Path, date: str, *, seed: int, rows: int = 1200, parts: i
     for p, chunk in enumerate(np.array_split(np.arange(rows), parts)):
         n = len(chunk)
         cols = {"label": pa.array(rng.integers(0, 2, n).astype(np.int8)), "ts": pa.nulls(n, pa.int64()),
-                "order": pa.array(chunk.astype(np.int64))}  # fmt: skip
+                "order": pa.array(chunk.astype(np.int64))}
         for name in CRITEO.dense:
             cols[name] = pa.array(rng.random(n).astype(np.float32))
         for j, name in enumerate(FIELDS):
@@ -53,7 +53,7 @@ def write_events(root: Path, date: str, *, seed: int, rows: int = 1200, parts: i
         names.append({"name": f"part-{p:05d}.parquet", "rows": n})
         pq.write_table(pa.table(cols, schema=schema), out / names[-1]["name"])
     (out / "_SUCCESS.json").write_text(json.dumps({"date": date, "format": "criteo", "rows_written": rows,
-                                                   "parts": names, "run_id": f"events-{date}-{seed}"}))  # fmt: skip
+                                                   "parts": names, "run_id": f"events-{date}-{seed}"}))
 
 
 def committed(root: Path, date: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -69,7 +69,7 @@ def assert_same_as_reference(root: Path, date: str, ref: tuple[pd.DataFrame, pd.
     pd.testing.assert_frame_equal(vocab, want_vocab, check_exact=True, check_dtype=False, obj=f"vocab {date}")
     assert evicted["key"].is_monotonic_increasing
     pd.testing.assert_frame_equal(evicted.reset_index(drop=True), want_evicted.reset_index(drop=True),
-                                  check_exact=True, check_dtype=False, obj=f"evicted {date}")  # fmt: skip
+                                  check_exact=True, check_dtype=False, obj=f"evicted {date}")
     assert manifest["per_field"] == want_stats
     report = load_report(Layout(str(root)), date).drop(columns="date")
     assert report.to_dict("records") == want_stats
@@ -122,7 +122,7 @@ def fresh_root(events_root: Path, tmp_path: Path) -> Path:
 def test_daily_delta_merges_equal_the_reference_including_ties_at_the_cap(events_root, tmp_path, client):
     root = fresh_root(events_root, tmp_path)
     cfg = VocabConfig(window_days=3, min_count=2, ttl_days=2, max_keys_per_field=12, merge_buckets=5,
-                      min_count_per_field={"C7": 4})  # fmt: skip
+                      min_count_per_field={"C7": 4})
     ref = Reference(root)
     modes, evicted, split_ties = [], 0, 0
     for d in DATES:
@@ -167,7 +167,7 @@ def test_decay_gaps_and_changing_bucket_counts_equal_the_reference(events_root, 
     plan = [(DATES[0], 3), (DATES[1], 8), (DATES[3], 1), (DATES[4], 6), (DATES[5], 0), (DATES[6], 7)]
     for d, buckets in plan:
         cfg = VocabConfig(window_days=4, min_count=2, ttl_days=3, decay=0.7, max_keys_per_field=9,
-                          merge_buckets=buckets)  # fmt: skip
+                          merge_buckets=buckets)
         build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         manifest = assert_same_as_reference(root, d, ref.build(d, cfg))
         assert manifest["merge"] == "window" and manifest["buckets"] == (buckets or 1)
@@ -279,4 +279,4 @@ def test_vocab_report_is_written_per_date(tmp_path, raw_days, client):
     assert md.startswith(f"# Vocabulary {date}") and "| C3 |" in md and "max_keys_per_field=50" in md
     with pytest.raises(ValueError, match=r"unknown fields \['C99'\]"):
         build_vocab(date, layout=Layout(str(tmp_path)), vocab=VocabConfig(min_count_per_field={"C99": 2}), fmt="criteo",
-                    client=client, force=True)  # fmt: skip
+                    client=client, force=True)

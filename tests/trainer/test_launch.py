@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from storage.embedding.config import StoreConfig
 from storage.io.layout import NodeLayout
 from tests.helpers.criteo import write_criteo_features
+from tests.helpers.faults import crash_once
 from tests.helpers.specs import make_spec
 from trainer.config import TrainerConfig
 from trainer.evaluate import evaluate_model, load_model, score
@@ -31,6 +32,7 @@ from trainer.launch import (
 )
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
+from trainer.summary import TrainSummary
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -107,7 +109,8 @@ def test_run_training_commits_the_model_directory(trained) -> None:
     assert st["world_size"] == 2 and st["backend"] == "gloo" and st["device"] == "cpu"
     assert st["dense_sync_bytes"] > 0 and st["sparse_bytes"] > 0 and st["examples_per_s"] > 0
     assert st["final_loss"] < st["mean_loss"] < 0.75
-    assert result.steps == 32 and result.examples == 8000 and result.world_size == 2
+    assert result.train.steps == 32 and result.train.examples == 8000 and result.train.world_size == 2
+    assert result.train == TrainSummary.from_dict(st)  # the launcher reads what rank 0 wrote
     # every key of the train set lives in exactly one rank's part, owned by key % world
     for r in range(2):
         keys = pq.read_table(out / "sparse" / f"part-{r:05d}.parquet").column("key").to_numpy()
@@ -194,15 +197,15 @@ def test_a_killed_rank_is_resumed_from_the_last_checkpoint_by_a_rerun(trained, m
     tmp, features, reference = trained
     assert json.loads((Path(reference.model_url) / "model.json").read_text())["train"]["prefetch_depth"] == 0
     out = tmp / "runs" / "killed" / "model"
-    monkeypatch.setenv("CTRPIPE_TRAINER_FAIL_AT", f"1:13:{tmp / 'killed.marker'}")  # rank 1 dies after step 13
+    crash_once(monkeypatch, rank=1, step=13, marker=tmp / "killed.marker")  # rank 1 dies after step 13
     with pytest.raises(TrainingError, match="exit code"):
         train(tmp, features, out, tag="killed", checkpoint_every=5, prefetch_batches=2)
     ckpt = Path(f"{out}.checkpoint")
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-000000010"]  # the older one was pruned
     assert not out.exists()
     rerun = train(tmp, features, out, tag="killed", checkpoint_every=5, prefetch_batches=2)  # marker exists: no fault
-    assert rerun.stats["resumed_from_step"] == 10 and rerun.steps == 32 and rerun.examples == 8000
-    assert rerun.stats["prefetch_depth"] == 2
+    assert rerun.train.resumed_from_step == 10 and rerun.train.steps == 32 and rerun.train.examples == 8000
+    assert rerun.train.prefetch_depth == 2
     assert not ckpt.exists()  # deleted once the model is committed
     _assert_same_model(Path(reference.model_url), out)
 
@@ -210,9 +213,9 @@ def test_a_killed_rank_is_resumed_from_the_last_checkpoint_by_a_rerun(trained, m
 def test_max_restarts_restarts_a_rank_that_died_once(trained, monkeypatch) -> None:
     tmp, features, reference = trained
     out = tmp / "runs" / "restarted" / "model"
-    monkeypatch.setenv("CTRPIPE_TRAINER_FAIL_AT", f"0:22:{tmp / 'restart.marker'}")
+    crash_once(monkeypatch, rank=0, step=22, marker=tmp / "restart.marker")
     result = train(tmp, features, out, tag="restarted", checkpoint_every=8, max_restarts=1, timeout_s=90)
-    assert result.stats["resumed_from_step"] == 16
+    assert result.train.resumed_from_step == 16
     _assert_same_model(Path(reference.model_url), out)
 
 
@@ -269,9 +272,9 @@ def test_two_nodes_of_two_equal_one_node_of_four(tmp_path: Path, shared_data: Pa
     assert isinstance(multi, TrainResult) and isinstance(results[1], TrainResult)
     assert results[1].model_url == multi.model_url  # node 1 returns once node 0 committed
     # 9000 train rows / 4 ranks, batch 250 -> 9 steps; the same groups (2 "nodes" x 2) in both runs
-    assert multi.world_size == single.world_size == 4 and multi.steps == single.steps == 9
-    assert multi.stats["groups"] == single.stats["groups"] == [[0, 1], [2, 3]]
-    assert multi.stats["dense_merges"] == single.stats["dense_merges"] == 3  # steps 4, 8 and the final merge
+    assert multi.train.world_size == single.train.world_size == 4 and multi.train.steps == single.train.steps == 9
+    assert multi.train.stats["groups"] == single.train.stats["groups"] == [[0, 1], [2, 3]]
+    assert multi.train.stats["dense_merges"] == single.train.stats["dense_merges"] == 3  # steps 4, 8 and the final merge
 
     d_single, d_multi = load_file(Path(single.model_url) / "dense.safetensors"), load_file(out / "dense.safetensors")
     assert d_single.keys() == d_multi.keys()
@@ -281,7 +284,7 @@ def test_two_nodes_of_two_equal_one_node_of_four(tmp_path: Path, shared_data: Pa
     k_multi, e_multi = _sparse(out)
     np.testing.assert_array_equal(k_multi, k_single)
     np.testing.assert_allclose(e_multi, e_single, rtol=1e-5, atol=1e-6)
-    assert abs(multi.final_loss - single.final_loss) < 1e-5 and multi.final_loss < 0.7
+    assert abs(multi.train.final_loss - single.train.final_loss) < 1e-5 and multi.train.final_loss < 0.7
 
 
 def test_the_rank_environment_is_the_specs_and_claims_nccl_only_where_it_runs() -> None:

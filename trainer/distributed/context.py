@@ -12,6 +12,7 @@ import datetime as _dt
 import os
 import socket as _socket
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -141,7 +142,7 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
         )
 
     timeout = _dt.timedelta(seconds=timeout_s if timeout_s is not None else cfg.timeout_s)
-    kwargs = {"device_id": device} if backend == "nccl" else {}
+    kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     # torchrun keeps its store across worker restarts (trainer.max_restarts): without a per-attempt prefix
     # a restarted rank can read a dead rank's address left by the previous attempt and fail to connect
     store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))

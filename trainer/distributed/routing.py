@@ -48,7 +48,8 @@ def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     instead of sorting all N; every step routes its keys.  Same result, bit for bit.
     """
     if keys.device.type != "cpu" or keys.dtype != torch.int64:
-        return torch.unique(keys, return_inverse=True)
+        unique_inverse: tuple[torch.Tensor, torch.Tensor] = torch.unique(keys, return_inverse=True)
+        return unique_inverse
     codes, uniq = pd.factorize(keys.numpy(), sort=True)
     return torch.from_numpy(np.asarray(uniq, dtype=np.int64)), torch.from_numpy(codes.astype(np.int64, copy=False))
 

@@ -167,7 +167,8 @@ def gpu_bus_id(device_index: int) -> str | None:
         return None
     props = torch.cuda.get_device_properties(device_index)
     try:
-        return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        # not in the stubs of the torch CI installs; newer builds have them (older ones: AttributeError, below)
+        return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"  # type: ignore[attr-defined]
     except AttributeError:
         return None
 

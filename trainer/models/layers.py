@@ -7,6 +7,7 @@ fields, D embedding width, K dense buckets.
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import torch
 from torch import nn
@@ -83,6 +84,9 @@ class DenseArch(nn.Module):
         arch.bucket_ids(torch.tensor([[0.0, 0.7], [2.9, 9.0]]))  # [[0, 1], [2, 3]]
     """
 
+    boundaries: torch.Tensor  # buffers (register_buffer)
+    offsets: torch.Tensor
+
     def __init__(self, *, num_dense: int, buckets: int, max_value: float, dim: int) -> None:
         super().__init__()
         if buckets and buckets < 3:
@@ -155,7 +159,7 @@ class CrossNetV2(nn.Module):
         else:
             self.layers = nn.ModuleList(nn.Linear(in_dim, in_dim) for _ in range(num_layers))
         for layer in self.layers:  # start near the identity map x_{l+1} ~ x_l (U small when low rank)
-            lin = layer[-1] if rank else layer
+            lin = cast(nn.Linear, layer[-1] if isinstance(layer, nn.Sequential) else layer)  # Sequential: low rank
             nn.init.normal_(lin.weight, std=0.01)
             nn.init.zeros_(lin.bias)
 

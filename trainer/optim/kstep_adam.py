@@ -107,7 +107,7 @@ class KStepAdam:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            self._sync([p.grad for p in self.params])
+            self._sync([p.grad for p in self.params])  # type: ignore[misc]  # every grad was set just above
         if scaler is None:
             self.adam.step()
         else:

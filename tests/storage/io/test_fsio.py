@@ -159,7 +159,7 @@ def test_a_writer_killed_before_the_manifest_put_leaves_the_old_output_and_after
         fsio.remove_stale_staging(fs, final)
         manifest = fsio.read_manifest(fs, final)
         live = [f"{manifest['data']}/{rel}" for rel in fsio.data_files(fs, final, manifest)] if "data" in manifest \
-            else list(fsio.data_files(fs, final, manifest))  # fmt: skip
+            else list(fsio.data_files(fs, final, manifest))
         inner = [f"{manifest['data']}/_SUCCESS.json"] if "data" in manifest else []
         assert listing(fs, final) == sorted(["_SUCCESS.json", *inner, *live]), kill_at
         assert read_back(fs, final) == (want_a if kill_at <= put else want_b)
