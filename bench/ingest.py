@@ -6,14 +6,14 @@
 For each N: writes N synthetic Criteo rows (pipeline.generate) as FILES gzip
 files of one day, then times, on the same files,
 
-- project:   pipeline.ingest_stage.ingest_date on a LocalCluster (one single-threaded
+- project:   pipeline.ingest.stage.ingest_date on a LocalCluster (one single-threaded
              worker process per core): validation, quarantine, row accounting,
              commit included; peak RSS per worker from /proc (VmHWM + sampling);
 - reference: one process, pyarrow.csv.read_csv (multi-threaded, typed columns,
              no validation) + pyarrow.parquet.write_table per file.
 
 Both clocks start with the code imported: the reference after `import pyarrow`,
-the project after its workers imported `pipeline.ingest_tasks` (a one-off per cluster,
+the project after its workers imported `pipeline.ingest.tasks` (a one-off per cluster,
 reported as `worker_import_s`).  `cpu_s` is the CPU time each side used
 (reference: its process; project: the worker processes), which shows the work
 done even when other load on the machine skews the wall clock.  With --repeat K
@@ -25,7 +25,7 @@ ingested with byte-range splitting (ingest.block_size), to show one big file
 spread over the workers.
 
 With --task-rows M (repeatable) it also measures one task alone: one gzip file
-of M rows ingested by `pipeline.ingest_tasks.ingest_file` in a fresh process with a
+of M rows ingested by `pipeline.ingest.tasks.ingest_file` in a fresh process with a
 LocalCluster worker's malloc settings, reporting its peak RSS (VmHWM) and its
 growth over the imported process.  A gzip file cannot be split, so a real day
 (one 46 GB file) is one such task: its peak must not grow with M.
@@ -56,7 +56,7 @@ from bench._common import WorkerMemory, mib, print_table, run_child, write_json
 from pipeline.cluster import dask_client, local_worker_count, worker_environ
 from pipeline.config import DaskConfig, IngestConfig, InputConfig
 from pipeline.generate import generate_day
-from pipeline.ingest_stage import ingest_date
+from pipeline.ingest.stage import ingest_date
 from storage.io.layout import Layout
 
 DATE = "2026-03-01"
@@ -85,7 +85,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": time.process_tim
 _TASK = r"""
 import json, sys, time
 from bench._common import proc_memory
-from pipeline.ingest_tasks import FileTask, ingest_file
+from pipeline.ingest.tasks import FileTask, ingest_file
 from pipeline.schema import CRITEO
 from storage.io.fsio import get_fs
 url, out, date, rows_per_partition = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -162,7 +162,7 @@ def run_project(url: str, root: Path, rows: int, ingest: IngestConfig, workers: 
     with dask_client(config) as client:
         client.wait_for_workers(workers)
         t0 = time.perf_counter()
-        client.run(importlib.import_module, "pipeline.ingest_tasks")
+        client.run(importlib.import_module, "pipeline.ingest.tasks")
         import_s = time.perf_counter() - t0
         cpu0 = client.run(time.process_time)
         with WorkerMemory(client) as mem:

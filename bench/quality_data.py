@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.generate import generate_days
-from pipeline.parse import read_log_file
+from pipeline.ingest.parse import read_log_file
 
 DATA = Path(os.environ.get("CTR_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 REAL = {"criteo": ("criteo/train_head_10k.tsv", "criteo"), "avazu": ("avazu/avazu_14102100.csv", "avazu")}
@@ -59,9 +59,9 @@ class DayFiles:
 
     def train_split_events(self, eval_fraction: float) -> pd.DataFrame:
         """The rows the published model has trained on: every training day's rows but the last day's last
-        `eval_fraction`.  Each day holds its last tenth out for its publish gate (`pipeline.encode`'s
+        `eval_fraction`.  Each day holds its last tenth out for its publish gate (`pipeline.encode.stage`'s
         time-order split), and the next day trains it (`flows.parent_eval`); the last day's stays out."""
-        from pipeline.encode import eval_size
+        from pipeline.encode.stage import eval_size
 
         days = [read_log_file(self.path(d), self.fmt)[0] for d in self.train_dates]
         last = days[-1]

@@ -29,8 +29,8 @@ import pandas as pd
 
 from bench.quality_data import dataset_days
 from bench.quality_peers import _categorical_text, _hashed
-from pipeline.encode import eval_size
-from pipeline.parse import read_log_file
+from pipeline.encode.stage import eval_size
+from pipeline.ingest.parse import read_log_file
 from pipeline.schema import get_schema
 from trainer.metrics import auc
 

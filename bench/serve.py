@@ -55,9 +55,9 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
     import torch
 
     from flows.serving.export import write_full_bundle
-    from pipeline.feature_spec import FeatureSpec
-    from pipeline.keys import feature_keys
-    from pipeline.parse import parse_chunk
+    from pipeline.encode.feature_spec import FeatureSpec
+    from pipeline.encode.keys import feature_keys
+    from pipeline.ingest.parse import parse_chunk
     from pipeline.schema import get_schema
     from trainer import export
     from trainer.config import HetConfig, OptimConfig, TrainerConfig

@@ -296,7 +296,7 @@ def criteo_key_stream(path: str) -> np.ndarray:
     """Keys of C1..C26 of the Criteo sample in access order (row by row, field by field)."""
     import pandas as pd
 
-    from pipeline.keys import feature_keys
+    from pipeline.encode.keys import feature_keys
 
     cols = [f"C{i}" for i in range(1, 27)]
     names = ["label", *[f"I{i}" for i in range(1, 14)], *cols]

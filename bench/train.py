@@ -3,7 +3,7 @@
     python -m bench.train [--rows 100000] [--batch 1024] [--procs 1,2,4] [--repeat 1]
 
 Data: synthetic Criteo-shaped rows (26 categorical + 13 integer fields,
-`pipeline.generate`) encoded into a features directory (`pipeline.encode.encode_frame`).
+`pipeline.generate`) encoded into a features directory (`pipeline.encode.stage.encode_frame`).
 
 Rows measured, all on CPU with one thread per process:
 
@@ -73,9 +73,9 @@ LR, SPARSE_LR = 1e-3, 1e-2
 
 def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int = 0) -> Path:
     """Generate one synthetic Criteo day, admit keys seen twice, encode and commit `root` (train/eval splits)."""
-    from pipeline.encode import dense_columns, encode_frame, key_columns
+    from pipeline.encode.keys import feature_keys
+    from pipeline.encode.stage import dense_columns, encode_frame, key_columns
     from pipeline.generate import generate_day
-    from pipeline.keys import feature_keys
     from pipeline.schema import get_schema
     from storage.features_manifest import FeaturesManifest
 

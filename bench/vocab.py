@@ -50,8 +50,8 @@ from bench._common import WorkerMemory, mib, proc_memory, report, reset_peak_rss
 from pipeline.cluster import dask_client, local_worker_count
 from pipeline.config import DaskConfig, VocabConfig
 from pipeline.schema import CRITEO
-from pipeline.vocab_stage import build_vocab
-from pipeline.vocab_tasks import count_part
+from pipeline.vocab.stage import build_vocab
+from pipeline.vocab.tasks import count_part
 from storage.io.dates import date_range
 from storage.io.fsio import get_fs, read_json
 from storage.io.fsio import write_json as write_manifest

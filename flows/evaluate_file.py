@@ -39,10 +39,10 @@ def encode_log(cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_k
     """
     import pyarrow as pa
 
-    from pipeline import bad_rows
-    from pipeline.encode import encode_frame
-    from pipeline.parse import ORDER_FILE_SHIFT, read_log_file
-    from pipeline.vocab_stage import load_admitted
+    from pipeline.encode.stage import encode_frame
+    from pipeline.ingest import bad_rows
+    from pipeline.ingest.parse import ORDER_FILE_SHIFT, read_log_file
+    from pipeline.vocab.stage import load_admitted
     from storage.io.registry import ModelRegistry
     from trainer.model_dir import read_meta
 

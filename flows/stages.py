@@ -4,9 +4,9 @@ Plain functions, no Prefect: `flows.day.run_day` calls them in order and `flows.
 in a Prefect task with its retry policy.  Each takes the run config and the `DayState` the stages
 before it built, and returns a frozen result whose `summary()` is the one line the run logs.
 
-    ingest   raw logs -> events/, quarantine/             (pipeline.ingest_stage, on Dask)
-    vocab    events -> vocab/                            (pipeline.vocab_stage, on Dask)
-    encode   events + vocab -> features/                 (pipeline.encode, on Dask)
+    ingest   raw logs -> events/, quarantine/             (pipeline.ingest.stage, on Dask)
+    vocab    events -> vocab/                            (pipeline.vocab.stage, on Dask)
+    encode   events + vocab -> features/                 (pipeline.encode.stage, on Dask)
     checks   the day's statistics vs the window's        (flows.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
@@ -38,10 +38,10 @@ from flows.record import recent_records
 from flows.security import redacted
 from flows.serving.export import point_servers_at, write_bundles
 from flows.state import DayState
-from pipeline.encode import EncodeResult, encode_date
-from pipeline.ingest_stage import IngestResult, ingest_date
+from pipeline.encode.stage import EncodeResult, encode_date
+from pipeline.ingest.stage import IngestResult, ingest_date
 from pipeline.schema import get_schema
-from pipeline.vocab_stage import VocabResult, build_vocab
+from pipeline.vocab.stage import VocabResult, build_vocab
 from storage.features_manifest import key_column
 from storage.io import fsio
 from storage.io.dates import shift_date
@@ -55,9 +55,9 @@ from trainer.spec import TrainSpec
 from trainer.world import resolve_world
 
 EVICTED_FILE = "evicted.parquet"
-"""The vocabulary's evicted keys (pipeline.vocab_stage)."""
+"""The vocabulary's evicted keys (pipeline.vocab.stage)."""
 WORKING_SET_FILE = "key_counts.parquet"
-"""The features' train keys, hottest first (pipeline.encode)."""
+"""The features' train keys, hottest first (pipeline.encode.stage)."""
 
 
 # ---- data stages ------------------------------------------------------------------------------

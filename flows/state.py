@@ -25,9 +25,9 @@ if TYPE_CHECKING:  # results of the stages (flows.stages); only their types are 
         TrainOutcome,
         WarmResult,
     )
-    from pipeline.encode import EncodeResult
-    from pipeline.ingest_stage import IngestResult
-    from pipeline.vocab_stage import VocabResult
+    from pipeline.encode.stage import EncodeResult
+    from pipeline.ingest.stage import IngestResult
+    from pipeline.vocab.stage import VocabResult
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A features directory's manifest (`features/<key>/date=D/_SUCCESS.json`) and its column names.
 
-The encode stage (`pipeline.encode`) writes a day's features and commits them with this manifest; the
+The encode stage (`pipeline.encode.stage`) writes a day's features and commits them with this manifest; the
 trainer's ranks (`trainer.data.read_schema`), the train stage's parent-eval rows (`flows.parent_eval`),
 the serving export (`flows.serving.export`) and the benchmarks read it.  They all go through
 `FeaturesManifest` and `read_features_manifest` here, below the packages that write and read it, so a
@@ -86,7 +86,7 @@ FEATURES_FORMAT = RecordFormat(
     fix="run the encode stage again for that date (`--force`)",
     newer="upgrade ctr-pipeline here to read it, or run the encode stage of this version again for that date (`--force`)",
 )
-"""The manifest's format: version 1 is what `pipeline.encode` has always written."""
+"""The manifest's format: version 1 is what `pipeline.encode.stage` has always written."""
 FORMAT_KEY = "manifest_format"
 
 
@@ -100,7 +100,7 @@ class PartRows:
 
 @dataclass(frozen=True)
 class Duplicates:
-    """The day's share of rows that copy another row exactly, from a hash sample (`pipeline.row_copies`)."""
+    """The day's share of rows that copy another row exactly, from a hash sample (`pipeline.encode.row_copies`)."""
 
     share: float = 0.0
     sampled_rows: int = 0

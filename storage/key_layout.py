@@ -2,7 +2,7 @@
 
 key = field << FIELD_SHIFT | h: the field index in the top bits, a 56-bit value hash below, where
 h = OOV_HASH is the field's out-of-vocabulary key and h = MISSING_HASH its missing-value key
-(`pipeline.keys` computes h).  Here so that a rank (`trainer.data`) can read a key without
+(`pipeline.encode.keys` computes h).  Here so that a rank (`trainer.data`) can read a key without
 importing the ingest package.
 """
 

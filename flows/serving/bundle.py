@@ -5,7 +5,7 @@
     model.json           the version's `ModelMeta` (columns, dim, init_std of keys never trained)
     dense.pt2            the dense network (`torch.export.save`; load with `torch.export.load`)
     dense.onnx           the same network as ONNX (only when exported with the `onnx` extra)
-    feature_spec.json    `pipeline.feature_spec.FeatureSpec`: raw line -> training inputs
+    feature_spec.json    `pipeline.encode.feature_spec.FeatureSpec`: raw line -> training inputs
     admitted.npy         int64 ascending: the admitted keys frozen from the model's own vocabulary
     rows/keys.npy        int64 ascending: the keys of the rows (of a delta: the changed rows)
     rows/emb.npy         float32 or float16 (N, D): their vectors, no optimizer state

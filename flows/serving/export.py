@@ -34,9 +34,9 @@ from flows.serving.bundle import (
     npy_bytes,
     write_bundle,
 )
-from pipeline.feature_spec import FeatureSpec
+from pipeline.encode.feature_spec import FeatureSpec
 from pipeline.schema import get_schema
-from pipeline.vocab_stage import load_admitted
+from pipeline.vocab.stage import load_admitted
 from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from storage.io.layout import Layout

@@ -30,7 +30,7 @@ from flows.serving.bundle import (
     BundleReader,
 )
 from flows.serving.tables import MmapTable, chain_table, memory_table
-from pipeline.feature_spec import FeatureSpec, Parsed
+from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
 from trainer.data import FeatureSchema
 from trainer.evaluate import score_features

@@ -1,6 +1,6 @@
 """The embedding-store contract every tier implements.
 
-A store maps int64 feature keys (see `pipeline.keys`) to rows.  A row is the
+A store maps int64 feature keys (see `pipeline.encode.keys`) to rows.  A row is the
 embedding vector plus its sparse-Adam state (first moment `m`, second moment
 `v`) and its clock (the number of updates applied to it), so moving a row
 between tiers or evicting it never loses optimizer state.

@@ -110,7 +110,7 @@ def check_keys(keys: torch.Tensor) -> np.ndarray:
         raise ValueError(f"keys must be 1-D (N,), got shape {tuple(keys.shape)}")
     arr = np.ascontiguousarray(keys.detach().cpu().numpy())
     if arr.size and arr.min() < 0:
-        raise ValueError(f"keys must be non-negative (pipeline.keys), got {int(arr.min())}")
+        raise ValueError(f"keys must be non-negative (pipeline.encode.keys), got {int(arr.min())}")
     return arr
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from bench.quality_data import REAL_DAYS, dataset_days, real_days, synthetic_days
-from pipeline.parse import read_log_file
+from pipeline.ingest.parse import read_log_file
 
 
 @pytest.mark.parametrize("name", ["criteo", "avazu"])

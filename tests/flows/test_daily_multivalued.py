@@ -19,7 +19,7 @@ from flows.config import with_overrides
 from flows.daily import daily_retrain
 from flows.recipes import demo
 from flows.record import read_record
-from pipeline.keys import feature_keys
+from pipeline.encode.keys import feature_keys
 from storage.io.layout import Layout
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from flows.config import RunConfig, with_overrides
 from flows.stages import WarmResult, train_plan
 from flows.state import DayState, Published
-from pipeline.encode import EncodeResult
+from pipeline.encode.stage import EncodeResult
 from storage.warm import WarmPlan
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig

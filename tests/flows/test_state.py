@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.state import RESULTS, DayState
-from pipeline.encode import EncodeResult
+from pipeline.encode.stage import EncodeResult
 from storage.io.layout import Layout
 
 DATE = "2026-01-05"

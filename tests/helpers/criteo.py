@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.encode import dense_columns, encode_frame, key_columns
-from pipeline.keys import feature_keys
-from pipeline.parse import read_log_file
+from pipeline.encode.keys import feature_keys
+from pipeline.encode.stage import dense_columns, encode_frame, key_columns
+from pipeline.ingest.parse import read_log_file
 from pipeline.schema import get_schema
 
 

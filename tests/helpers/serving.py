@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from flows.serving.export import write_full_bundle
-from pipeline.feature_spec import FeatureSpec
-from pipeline.keys import feature_keys
+from pipeline.encode.feature_spec import FeatureSpec
+from pipeline.encode.keys import feature_keys
 from pipeline.schema import get_schema
 from tests.helpers.procs import processes, start
 from trainer import export

@@ -15,9 +15,9 @@ from typing import NamedTuple
 from distributed import Client, LocalCluster
 
 from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
-from pipeline.encode import EncodeResult, encode_date
-from pipeline.ingest_stage import IngestResult, ingest_date
-from pipeline.vocab_stage import VocabResult, build_vocab
+from pipeline.encode.stage import EncodeResult, encode_date
+from pipeline.ingest.stage import IngestResult, ingest_date
+from pipeline.vocab.stage import VocabResult, build_vocab
 from storage.io.layout import Layout
 
 

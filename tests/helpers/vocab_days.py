@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.keys import feature_keys
-from pipeline.vocab_counts import count_keys
+from pipeline.encode.keys import feature_keys
+from pipeline.vocab.counts import count_keys
 
 
 def counts(**key_count: int) -> pd.DataFrame:

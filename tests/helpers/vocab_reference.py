@@ -2,7 +2,7 @@
 
 Kept verbatim as the specification the stage must equal (every committed
 table, count, date, evicted key and report number, including which keys win a
-tie at the per-field cap): `tests/pipeline/test_vocab_stage.py` replays the
+tie at the per-field cap): `tests/pipeline/vocab/test_stage.py` replays the
 stage's rules with `Reference` and compares.  Test code only.
 """
 
@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import VocabConfig
-from pipeline.keys import field_of
+from pipeline.encode.keys import field_of
 from pipeline.schema import CRITEO
-from pipeline.vocab_counts import count_keys
+from pipeline.vocab.counts import count_keys
 from storage.io.dates import shift_date
 
 

@@ -18,17 +18,17 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.config import VocabConfig
-from pipeline.keys import MAX_FIELDS
-from pipeline.vocab_admission import (
+from pipeline.encode.keys import MAX_FIELDS
+from pipeline.vocab.admission import (
     Columns,
     admission_thresholds,
     previous_state,
     split_vocab,
 )
-from pipeline.vocab_cap import CapSearch, cap_histograms, cap_mask, score_bits
-from pipeline.vocab_counts import counts_frame
-from pipeline.vocab_dates import day_number, day_numbers, day_strings
-from pipeline.vocab_window_merge import combine, window_table
+from pipeline.vocab.cap import CapSearch, cap_histograms, cap_mask, score_bits
+from pipeline.vocab.counts import counts_frame
+from pipeline.vocab.dates import day_number, day_numbers, day_strings
+from pipeline.vocab.window_merge import combine, window_table
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from pipeline.config import IngestConfig, VocabConfig
-from pipeline.ingest_stage import read_quarantine
+from pipeline.ingest.stage import read_quarantine
 from storage.io.layout import Layout
 from tests.helpers.procs import REPO
 from tests.helpers.stage_runs import StageConfigs, run_stages, stage_command

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.config import IngestConfig, InputConfig, VocabConfig
 from pipeline.generate import generate_days
-from pipeline.ingest_stage import read_quarantine
+from pipeline.ingest.stage import read_quarantine
 from storage.io import fsio
 from storage.io.layout import Layout
 from tests.helpers.procs import AWS_ENV, moto_s3, processes, start

@@ -6,14 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.encode.keys import feature_keys
 from pipeline.generate import (
     INTERACTION_FIELDS,
     generate_day,
     generate_days,
     planted_interactions,
 )
-from pipeline.keys import feature_keys
-from pipeline.parse import read_log_file
+from pipeline.ingest.parse import read_log_file
 from pipeline.schema import CRITEO
 
 

@@ -13,8 +13,8 @@ from distributed import Client
 from pipeline.cluster import dask_client
 from pipeline.config import DaskConfig, IngestConfig, InputConfig, VocabConfig
 from pipeline.generate import generate_days
-from pipeline.ingest_stage import ingest_date, read_quarantine
-from pipeline.vocab_stage import load_admitted
+from pipeline.ingest.stage import ingest_date, read_quarantine
+from pipeline.vocab.stage import load_admitted
 from storage.io import fsio
 from storage.io.layout import Layout
 from tests.helpers.procs import (

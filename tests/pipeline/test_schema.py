@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
-from pipeline.encode import encode_date
-from pipeline.ingest_stage import ingest_date, read_quarantine
-from pipeline.keys import feature_keys, missing_key
+from pipeline.encode.keys import feature_keys, missing_key
+from pipeline.encode.stage import encode_date
+from pipeline.ingest.stage import ingest_date, read_quarantine
 from pipeline.schema import get_schema
-from pipeline.vocab_stage import build_vocab
+from pipeline.vocab.stage import build_vocab
 from storage.io.layout import Layout
 
 DATE = "2026-01-01"

@@ -37,7 +37,7 @@ FULL = FeaturesManifest(
     code_version="abc",
 )
 
-# what pipeline.encode wrote before the manifest had a version (written by the code of 2026-12-02)
+# what pipeline.encode.stage wrote before the manifest had a version (written by the code of 2026-12-02)
 TODAY = sample("features-manifest-v1.json")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.keys import feature_keys, missing_key, oov_key
+from pipeline.encode.keys import feature_keys, missing_key, oov_key
 from storage.key_layout import FIELD_SHIFT, to_oov
 
 

@@ -64,7 +64,7 @@ class OverArch(nn.Module):
 class DenseArch(nn.Module):
     """Optional bucketisation of the dense features into learned tokens, one per feature.
 
-    The features arrive as d = log1p(max(x, 0)) with missing -> 0 (pipeline.encode),
+    The features arrive as d = log1p(max(x, 0)) with missing -> 0 (pipeline.encode.stage),
     so bucket 0 is "x <= 0 or missing"; buckets 1 .. K-2 split (0, max_value] evenly
     on the log scale and bucket K-1 is everything above.  Each (feature, bucket)
     has its own D-vector, a dense (data-parallel) parameter: n*K*D numbers, tiny.

@@ -12,7 +12,7 @@ import torch
 from flows.serving.bundle import MANIFEST, MODEL_JSON, BundleError, BundleReader
 from flows.serving.export import write_full_bundle
 from flows.serving.model import ServingMeta, load_model
-from pipeline.feature_spec import FeatureSpec
+from pipeline.encode.feature_spec import FeatureSpec
 from tests.helpers.formats import newer, sample
 from tests.helpers.serving import (
     CRITEO,

@@ -1,0 +1,1 @@
+"""Raw logs -> `events/date=D` and `quarantine/date=D`: reading, parsing, the Dask stage, bad-row reports."""

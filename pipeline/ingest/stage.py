@@ -1,0 +1,420 @@
+"""Ingest stage: raw log files of a date -> events/date=D/ and quarantine/date=D/.
+
+Wiring only: resolving the input URL, planning one Dask task per file or byte
+range (`pipeline.ingest.tasks`), the quality check and the commit.  Parsing
+rules live in `pipeline.ingest.parse`.
+
+Large plain files: a file over `ingest.block_size` bytes is cut into byte
+ranges.  Block i owns the lines that *start* in its range [s_i, s_i+1).  A
+first cheap pass counts the newlines of [s_k - 1, s_k+1 - 1) per block k in
+parallel, so block i knows its first line number (2 + the newlines before
+s_i - 1) and quarantine rows and `order` carry true line numbers.
+Compressed files are not seekable and are read whole by one task.
+
+Row accounting (in the manifest): rows_read = rows_written + rows_quarantined
++ rows_other_dates, where rows_read counts every non-header line; rows_padded
+counts the written rows with missing trailing fields, and `stats` the labels,
+missing values and dense-value histograms of the written rows
+(`pipeline.ingest.day_stats`), for the data checks.
+
+A late input is waited for (`input.wait_s`, `pipeline.ingest.input_wait`).  Several
+models on one root share the events of a date: a run that finds them
+committed from the same inputs reuses them, and one that ingested at the same
+time as another keeps the first commit.
+
+One commit for events and quarantine: quarantine/date=D is committed first,
+then events/date=D, whose manifest is the commit point of the pair.  Both
+manifests carry the same `run_id` (events: `run_id` and `quarantine_run_id`,
+quarantine: `run_id` and `events_run_id`).  A crash between the two renames
+leaves a quarantine of a run whose events were never committed; readers
+(`read_quarantine`) refuse such a mismatch and a rerun does not treat the
+date as done, so it rewrites both.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from distributed import Client
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import infer_compression
+
+from pipeline.cluster import finished, gather
+from pipeline.config import IngestConfig, InputConfig
+from pipeline.ingest import bad_rows
+from pipeline.ingest.day_stats import add_stats, empty_stats
+from pipeline.ingest.error import IngestError
+from pipeline.ingest.input_wait import wait_for_input
+from pipeline.ingest.parse import QUARANTINE_SCHEMA
+from pipeline.ingest.tasks import FileTask, count_newlines, ingest_file
+from pipeline.schema import LogSchema, get_schema
+from storage.io.dates import validate_date
+from storage.io.fsio import (
+    commit_dir,
+    committed_data_url,
+    data_dir,
+    get_fs,
+    join,
+    read_manifest,
+    remove_stale_staging,
+    staging_dir,
+)
+from storage.io.layout import Layout
+from storage.io.progress import Bar
+from storage.io.version import code_version
+
+_GLOB_CHARS = "*?["
+_FINGERPRINT_KEYS = ("size", "mtime", "ETag", "etag", "LastModified", "last_modified", "updated", "md5Hash", "checksum")
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """The committed events of a date, in numbers (rows read, written, quarantined, of other dates)."""
+
+    date: str
+    rows_read: int
+    rows_written: int
+    rows_quarantined: int
+    rows_other_dates: int
+    parts: int
+    """Events parts written."""
+    skipped: bool
+    """True when the date was already committed from the same inputs and nothing was done."""
+    inputs: list[dict] = field(default_factory=list)
+    """Fingerprints (url, size, mtime or etag) of the files read."""
+    rows_padded: int = 0
+    """Written rows that had fewer fields than the format's columns (read as missing trailing fields)."""
+    stats: dict = field(default_factory=dict)
+    """Label, missing-value and dense-value counts of the written rows (`pipeline.ingest.day_stats`)."""
+    run_id: str = ""
+    """The committed events' run id."""
+    url: str = ""
+    """The files of the committed `events/date=D` (`storage.io.fsio.data_url`)."""
+
+    def summary(self) -> str:
+        """One line for the run log."""
+        done = " (already committed)" if self.skipped else ""
+        return (f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
+                f"{self.rows_quarantined} quarantined{done}")
+
+
+def ingest_date(
+    date: str,
+    *,
+    layout: Layout,
+    input: InputConfig,
+    ingest: IngestConfig,
+    client: Client,
+    force: bool = False,
+) -> IngestResult:
+    """Ingest the raw logs of `date` into `events/date=D/` and `quarantine/date=D/` (`Layout`).
+
+    Args:
+        date: YYYY-MM-DD.
+        layout: where the outputs go.
+        input: where the raw logs are and their format.
+        ingest: partition size and the bad-row limit.
+        client: Dask client the files are parsed on.
+        force: redo a date already committed from unchanged inputs.
+
+    Raises:
+        FileNotFoundError: no input file for the date.
+        IngestError: a corrupt compressed input, too many bad rows, or no rows of the date.
+    """
+    validate_date(date)
+    schema = get_schema(input.format)
+    url = input_url(input, layout, date)
+    if schema.timestamp is None and input.url and not any(p in input.url for p in ("{date}", "{yyyymmdd}")):
+        raise ValueError(
+            f"input.url {input.url!r} has no {{date}}/{{yyyymmdd}} placeholder and {schema.name} rows carry no "
+            "timestamp, so every date would read the same rows; put the date in the URL"
+        )
+    inputs = wait_for_input(lambda: find_inputs(url, input.storage_options), url=url, date=date, input=input)
+
+    fs, events_final = layout.fs(layout.events(date))
+    _, quarantine_final = layout.fs(layout.quarantine(date))
+    if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
+        return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
+
+    for final in (events_final, quarantine_final):
+        remove_stale_staging(fs, final)
+    events_stage, quarantine_stage = staging_dir(fs, events_final), staging_dir(fs, quarantine_final)
+    try:
+        base = {
+            "schema": schema,
+            "input_options": input.storage_options,
+            "out_fs": fs,
+            "events_dir": events_stage,
+            "quarantine_dir": quarantine_stage,
+            "rows_per_partition": ingest.rows_per_partition,
+            "date": date,
+            "overlap_io": ingest.overlap_io,
+        }
+        tasks = plan_tasks(inputs, base, block_size=ingest.block_size, client=client)
+        per_task = _run_tasks(client, tasks, f"ingest {date}: files")
+        per_file = _per_file(per_task, schema)
+        manifest = summarize(date, schema, inputs, per_file)
+        check_quality(manifest, per_file, ingest.max_bad_fraction, schema=schema, fmt=input.format)
+        if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
+            # another model's run on this root committed the same input meanwhile: the first commit wins,
+            # so runs that started on its events keep reading them
+            for stage in (events_stage, quarantine_stage):
+                fs.rm(stage, recursive=True)
+            return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
+        run_id = uuid.uuid4().hex
+        manifest.update(
+            run_id=run_id,
+            quarantine_run_id=run_id,
+            code_version=code_version(),
+            rows_per_partition=ingest.rows_per_partition,
+            blocks=len(tasks),
+        )
+        quarantine_manifest = {
+            "date": date,
+            "rows_quarantined": manifest["rows_quarantined"],
+            "parts": manifest.pop("quarantine_parts"),
+            "reasons": manifest["reasons"],
+            "samples": manifest.pop("samples"),
+            "run_id": run_id,
+            "events_run_id": run_id,
+            "code_version": manifest["code_version"],
+        }
+        commit_dir(fs, quarantine_stage, quarantine_final, quarantine_manifest)
+        commit_dir(fs, events_stage, events_final, manifest)  # the commit point of the pair
+    except BaseException:
+        for stage in (events_stage, quarantine_stage):
+            if fs.exists(stage):
+                fs.rm(stage, recursive=True)
+        raise
+    return _result(date, manifest, skipped=False, url=committed_data_url(layout.events(date), fs, events_stage))
+
+
+def _committed(fs: Any, events_final: str, quarantine_final: str, inputs: list[dict],
+               schema: LogSchema) -> dict[str, Any] | None:
+    """The committed events manifest of the date when it was ingested from `inputs` in this format, else None."""
+    done = read_manifest(fs, events_final)
+    if not done or done.get("inputs") != inputs or done.get("format") != schema.name:
+        return None
+    quarantine_done = read_manifest(fs, quarantine_final)
+    if quarantine_done is None or quarantine_done.get("events_run_id") != done.get("run_id"):
+        return None
+    return done
+
+
+def _run_tasks(client: Client, tasks: list[FileTask], label: str) -> list[dict]:
+    """The tasks' results in task order; a progress bar counts the files (or byte ranges) done."""
+    futures = client.map(ingest_file, tasks, pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
+    results: list[dict] = [{}] * len(futures)
+    try:
+        with Bar(label, total=len(futures)) as bar:
+            for future in finished(client, futures, what=label):
+                results[index[future.key]] = future.result()
+                bar.advance()
+    except BaseException:
+        client.cancel(futures)
+        raise
+    return results
+
+
+def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, client: Client) -> list[FileTask]:
+    """One task per compressed or small file; large plain files cut into byte ranges (module docstring)."""
+    tasks: list[FileTask] = []
+    splits: list[tuple[int, list[int]]] = []  # (file index, block starts) of the files to split
+    for i, item in enumerate(inputs):
+        size = item.get("size")
+        if infer_compression(item["url"]) is None and isinstance(size, int) and size > block_size:
+            splits.append((i, list(range(0, size, block_size))))
+        else:
+            tasks.append(FileTask(url=item["url"], file_index=i, **base))
+    if splits:
+        # pass 1: newlines of [s_k - 1, s_{k+1} - 1) for every block k (block 0 from byte 0)
+        ranges = []
+        for i, starts in splits:
+            size = inputs[i]["size"]
+            bounds = [max(s - 1, 0) for s in starts] + [size]
+            ranges += [(inputs[i]["url"], a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        counts = iter(gather(client, client.map(
+            count_newlines, ranges, storage_options=base["input_options"], pure=False
+        ), what="ingest: finding line starts"))
+        for i, starts in splits:
+            before = 0
+            for b, start in enumerate(starts):
+                end = starts[b + 1] if b + 1 < len(starts) else None
+                first = 1 if b == 0 else 2 + before
+                tasks.append(
+                    FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
+                             first_line=first, **base)
+                )
+                before += next(counts)
+    return sorted(tasks, key=lambda t: (t.file_index, t.block_index))
+
+
+def input_url(input: InputConfig, layout: Layout, date: str) -> str:
+    """The URL (maybe a glob) of `date`'s raw logs: input.url with placeholders filled (default: the demo's
+    `raw/day_D.tsv.gz` under the root)."""
+    if not input.url:
+        return join(layout.raw(), f"day_{date}.tsv.gz")
+    return input.url.replace("{date}", date).replace("{yyyymmdd}", date.replace("-", ""))
+
+
+def find_inputs(url: str, storage_options: dict | None = None) -> list[dict[str, Any]]:
+    """Fingerprints of the files `url` names (a glob matches several), sorted by path.
+
+    A fingerprint is the file's URL plus size and mtime/etag: what decides
+    whether a committed date is still current.
+    """
+    fs, path = get_fs(url, storage_options)
+    if any(c in path for c in _GLOB_CHARS):
+        paths = sorted(fs.glob(path))
+    else:
+        paths = [path] if fs.exists(path) else []
+    out = []
+    for p in paths:
+        info = fs.info(p)
+        if info.get("type") == "directory":
+            continue
+        name = p if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(p)
+        out.append({"url": name, **{k: _jsonable(info[k]) for k in _FINGERPRINT_KEYS if k in info}})
+    return out
+
+
+def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
+    """Task results (one per file or byte range) summed per file, in task order."""
+    out: dict[str, dict] = {}
+    for r in per_task:
+        acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter(),
+                                         "stats": empty_stats(schema), "samples": {}})
+        for k, v in r.items():
+            if isinstance(v, int):
+                acc[k] = acc.get(k, 0) + v
+        acc["parts"] += r["parts"]
+        acc["quarantine_parts"] += r["quarantine_parts"]
+        acc["reasons"].update(r["reasons"])
+        acc["stats"] = add_stats(acc["stats"], r["stats"])
+        bad_rows.merge_samples(acc["samples"], r.get("samples", {}))
+    return [{**v, "reasons": dict(v["reasons"])} for v in out.values()]
+
+
+def read_quarantine(layout: Layout, date: str) -> pd.DataFrame:
+    """The quarantined rows of `date` (file, line, raw, reason), checked against the committed events run.
+
+    Raises:
+        FileNotFoundError: the date's events are not committed.
+        IngestError(kind="inconsistent"): the committed quarantine belongs to another run than the
+            committed events (an ingest crashed between its two renames); rerun the ingest of the date.
+    """
+    fs, events_dir = layout.fs(layout.events(date))
+    events = read_manifest(fs, events_dir)
+    if events is None:
+        raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
+    _, qdir = layout.fs(layout.quarantine(date))
+    quarantine = read_manifest(fs, qdir)
+    expected = events["quarantine_run_id"]
+    if quarantine is None or quarantine.get("events_run_id") != expected:
+        raise IngestError(
+            f"quarantine of {date} at {layout.quarantine(date)} does not belong to the committed "
+            f"events run {expected}; an ingest stopped between its two commits: rerun the ingest of {date}",
+            kind="inconsistent",
+        )
+    tables = []
+    for p in quarantine["parts"]:
+        with fs.open(join(data_dir(qdir, quarantine), p["name"]), "rb") as f:
+            tables.append(pq.read_table(f, schema=QUARANTINE_SCHEMA))
+    return pa.concat_tables(tables or [QUARANTINE_SCHEMA.empty_table()]).to_pandas()
+
+
+def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[dict]) -> dict[str, Any]:
+    """The events manifest (without run ids) from the per-file task results."""
+    totals: Counter[str] = Counter()
+    reasons: Counter = Counter()
+    stats = empty_stats(schema)
+    counted = ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates", "rows_padded")
+    samples: dict[str, dict] = {}
+    for r in per_file:
+        totals.update({k: r.get(k, 0) for k in counted})
+        reasons.update(r["reasons"])
+        stats = add_stats(stats, r["stats"])
+        bad_rows.merge_samples(samples, r.get("samples", {}))
+    return {
+        "date": date,
+        "format": schema.name,
+        **{k: int(totals[k]) for k in counted},
+        "stats": stats,
+        "parts": sorted((p for r in per_file for p in r["parts"]), key=lambda p: p["name"]),
+        "quarantine_parts": sorted((p for r in per_file for p in r["quarantine_parts"]), key=lambda p: p["name"]),
+        "reasons": dict(reasons.most_common()),
+        "samples": samples,
+        "inputs": inputs,
+        "slow_chunks": int(sum(r.get("slow_chunks", 0) for r in per_file)),
+    }
+
+
+def check_quality(
+    manifest: dict[str, Any], per_file: list[dict], max_bad_fraction: float, *, schema: LogSchema, fmt: str
+) -> None:
+    """Raise IngestError when the date has no valid rows or too many bad ones.
+
+    The bad share is quarantined / rows of the date (rows of other dates are not the date's concern).
+    The message names the top reasons with a sample line each and the likely fix (`pipeline.ingest.bad_rows`);
+    `fmt` is `input.format` as configured.
+    """
+    date = manifest["date"]
+    of_date = manifest["rows_read"] - manifest["rows_other_dates"]
+    files = ", ".join(r["file"] for r in per_file)
+    if manifest["rows_read"] == 0:
+        raise IngestError(
+            f"no rows for {date}: {files} {'is' if len(per_file) == 1 else 'are'} empty"
+            f"{' (or holds the header only)' if schema.has_header else ''}; check that the day's logs were written "
+            "completely, and input.url",
+            kind="no_rows",
+        )
+    if manifest["rows_written"] == 0 and manifest["rows_quarantined"] == 0:
+        raise IngestError(
+            f"no rows of {date} in {files}: all {manifest['rows_other_dates']} rows are of other dates; "
+            "check input.url and the date",
+            kind="no_rows",
+        )
+    bad = manifest["rows_quarantined"]
+    if of_date and bad / of_date > max_bad_fraction:
+        lines = [f"ingest of {date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
+                 f"ingest.max_bad_fraction={max_bad_fraction}; nothing was committed"]
+        lines += [f"  {line}" for line in bad_rows.describe_reasons(manifest["reasons"], manifest["samples"])]
+        if len(per_file) > 1:
+            worst = sorted(per_file, key=lambda r: r.get("rows_quarantined", 0), reverse=True)[:3]
+            lines.append("  worst files: " + "; ".join(
+                f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
+                for r in worst if r.get("rows_quarantined", 0)
+            ))
+        lines.append("  " + bad_rows.advice(
+            manifest["reasons"], manifest["samples"], share=bad / of_date, schema=schema, format_key="input.format",
+            fmt=fmt, tolerance=f"raise ingest.max_bad_fraction (now {max_bad_fraction})",
+        ))
+        raise IngestError("\n".join(lines), kind="too_many_bad_rows")
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, int | float | str) else str(value)
+
+
+def _result(date: str, manifest: dict[str, Any], *, skipped: bool, url: str) -> IngestResult:
+    return IngestResult(
+        date=date,
+        rows_read=manifest["rows_read"],
+        rows_written=manifest["rows_written"],
+        rows_quarantined=manifest["rows_quarantined"],
+        rows_other_dates=manifest["rows_other_dates"],
+        parts=len(manifest["parts"]),
+        skipped=skipped,
+        inputs=manifest["inputs"],
+        rows_padded=manifest["rows_padded"],
+        stats=manifest["stats"],
+        run_id=manifest["run_id"],
+        url=url,
+    )
