@@ -5,7 +5,7 @@
 For each N rows/day: writes `--days` days of synthetic Criteo logs (`pipeline.generate`), runs
 `ctrpipe backfill` over them in a fresh process with the default recipe (the product path:
 Prefect's ephemeral server, ingest running ahead, the model's slot), and reads each day's
-metrics.json: per stage and per overhead (`flows.day.OVERHEADS`) the wall seconds, its share of
+metrics.json: per stage and per overhead (`flows.day.run.OVERHEADS`) the wall seconds, its share of
 the day, and the CPU seconds the whole process tree used meanwhile (`bench._proctree`); per
 process kind (driver, Dask worker, torchrun agent, rank, Prefect server) the peak RSS.  With
 two sizes or more, the growth exponent of each part, ln(t2 / t1) / ln(N2 / N1) between the
@@ -42,8 +42,8 @@ from bench._proctree import KINDS, ProcessTree
 from bench.ingest import run_reference
 from bench.train import RANK_MALLOC_ENV
 from flows.config import RunConfig
-from flows.day import OVERHEADS, STAGES
-from flows.record import DayRecord, read_record
+from flows.day.record import DayRecord, read_record
+from flows.day.run import OVERHEADS, STAGES
 from pipeline.generate import generate_days
 from storage.io.dates import date_range, shift_date
 
@@ -71,7 +71,7 @@ def run_backfill(rows: int, days: int, work: Path) -> dict[str, Any]:
     generate_days(str(raw), days, rows, seed=0, start_date=START)
     env = {**os.environ, "PREFECT_HOME": str(work / f"prefect-{rows}"), "TMPDIR": str(work),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
-    cmd = [sys.executable, "-m", "flows.cli", "backfill", "--start", START, "--end", end,
+    cmd = [sys.executable, "-m", "flows.cli.main", "backfill", "--start", START, "--end", end,
            "--set", f"root={root}", "--set", f"input.url={raw}/day_{{date}}.tsv.gz"]
     log_path = work / f"backfill-{rows}.log"
     t0 = time.time()

@@ -6,10 +6,10 @@
 
 For each dataset (`bench.quality_data`: the shared Criteo and Avazu samples as two training days and
 a later day, or synthetic days with planted interactions), the product is what a user runs:
-`flows.day.run_day` on each training day with the default config (`RunConfig()`: its recipe for
+`flows.day.run.run_day` on each training day with the default config (`RunConfig()`: its recipe for
 the day's size is derived by `trainer.recipe`, as in `ctrpipe run`), training through torchrun,
 then the registry's LATEST scored on the later day file as `ctrpipe evaluate` scores it
-(`flows.evaluate_file.score_log`).  The config names only the root, the day files, the seed
+(`flows.cli.evaluate_file.score_log`).  The config names only the root, the day files, the seed
 (`optim.seed`) and, for this project's reference architectures, `model.arch`; Dask runs in threads
 of this process, which changes no result.
 
@@ -60,8 +60,8 @@ def product_config(files: Any, root: Path, *, arch: str, seed: int) -> Any:
 
 def run_product(files: Any, root: Path, *, arch: str, seed: int) -> dict[str, Any]:
     """Every training day through `run_day`, then LATEST on the later day: labels, probabilities, day records."""
-    from flows.day import run_day
-    from flows.evaluate_file import score_log
+    from flows.cli.evaluate_file import score_log
+    from flows.day.run import run_day
 
     cfg = product_config(files, root, arch=arch, seed=seed)
     records = [run_day(cfg, date).record for date in files.train_dates]
@@ -156,8 +156,8 @@ def warm_start_check(work: Path, *, days: int, rows_per_day: int, interactions: 
     each day scored on that same later day (days differ in difficulty, so only a fixed day shows the
     warm start's trend)."""
     from bench.quality_data import DayFiles
-    from flows.day import run_day
-    from flows.evaluate_file import score_log
+    from flows.cli.evaluate_file import score_log
+    from flows.day.run import run_day
     from pipeline.generate import generate_days
     from trainer.metrics import auc
 

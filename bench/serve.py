@@ -193,7 +193,7 @@ def http_load(port: int, lines: list[str], *, batch: int, clients: int, seconds:
 def start_server(args: list[str], port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(_REPO)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "score-server", *args, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli.main", "score-server", *args, "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=_REPO, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

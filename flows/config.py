@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from flows.alerts import AlertsConfig
-from flows.check_config import ChecksConfig
-from flows.evaluation import EvaluateConfig
-from flows.gate import PublishConfig
+from flows.guards.check_config import ChecksConfig
+from flows.guards.evaluation import EvaluateConfig
+from flows.guards.gate import PublishConfig
+from flows.prefect.alerts import AlertsConfig
 from pipeline.config import (
     DaskConfig,
     EncodeConfig,

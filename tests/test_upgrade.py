@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.day import run_day
-from flows.record import read_record
+from flows.day.record import read_record
+from flows.day.run import run_day
 from storage.io.registry import ModelRegistry
 from tests.conftest import REPO
 from tests.helpers.procs import free_port
@@ -39,7 +39,7 @@ LINES = [criteo_line(i, label=i % 2) for i in range(12)]
 OLD_DAY = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from flows.day import run_day
+    from flows.day.run import run_day
     from flows.serving.bundle import BundleReader
     from flows.serving.model import load_model
     from pipeline.generate import generate_days
@@ -112,7 +112,7 @@ def test_models_list_and_show_read_the_old_and_new_versions(old_root):
         run_day(cfg, DAYS[1])
 
     def ctrpipe(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args, *cli_args(cfg)], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "flows.cli.main", *args, *cli_args(cfg)], capture_output=True,
                               text=True, timeout=300)
 
     listed = ctrpipe("models", "list")

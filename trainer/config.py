@@ -142,7 +142,7 @@ class OptimConfig:
     On a day of at most 50,000 train rows whose rows start from zero (a model's first day), `auto` picks
     among 0.5x-4x of that value by 5-fold validation of a per-key-Adam logistic regression on its rows
     (`trainer.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
-    factor (`flows.day_recipe`)."""
+    factor (`flows.day.day_recipe`)."""
     weight_decay: float = result_field(0.0)
     """Adam's L2 weight decay on the dense parameters and on the embedding rows a step updates (0 = none)."""
     embedding_l2: str | float = result_field(AUTO)
@@ -165,7 +165,7 @@ class OptimConfig:
     train_parent_eval: bool = run_field(
         True, why="it changes the model only through TrainSpec.carried, which the identity hashes")
     """Train first on the eval rows of the model the day starts from: its gate has used them, and they are
-    its day's latest rows (`flows.parent_eval`); false trains on the day's own train rows only.
+    its day's latest rows (`flows.day.parent_eval`); false trains on the day's own train rows only.
     Only a published model's rows are carried, only forward in time, with the keys today's vocabulary
     has evicted read as OOV; the day's own eval rows stay held out for its gate."""
 

@@ -67,7 +67,7 @@ class TrainResult:
 
     Built in one place, `committed`, from the model's model.json, whether the launcher has just
     trained it (`run_training`) or the train stage reuses a candidate a stopped run committed
-    (`flows.stages.committed_candidate`).
+    (`flows.day.stages.committed_candidate`).
     """
 
     model_url: str

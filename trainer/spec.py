@@ -27,7 +27,7 @@ from trainer.models.config import ModelConfig
 @dataclass(frozen=True, kw_only=True)
 class CarriedRows:
     """Rows a day trains on before its own: the eval split of the features its start model was gated on
-    (`flows.parent_eval`)."""
+    (`flows.day.parent_eval`)."""
 
     features_url: str
     """That day's committed features (their files), holding `eval/`."""
@@ -102,7 +102,7 @@ class TrainSpec:
         """This spec named for a run on `date` from the published version `parent` (None: from scratch).
 
         The tag `date:parent:identity` is what a rerun looks for: the checkpoints and the committed
-        candidate of a run with the same tag are its own (`flows.stages.committed_candidate`).
+        candidate of a run with the same tag are its own (`flows.day.stages.committed_candidate`).
         """
         return replace(self, run_tag=f"{date}:{parent or 'none'}:{self.identity()}")
 

@@ -4,7 +4,7 @@ Rank 0 gathers every rank's counters at the end of training (`trainer.main.write
 `TrainSummary` and stores `to_dict()` as model.json's `train` section (`trainer.model_dir.ModelMeta.train`,
 a plain dict so that model.json stays readable by code of any version).  Every reader of that section
 goes through `TrainSummary.from_dict`: the launcher after the job (`trainer.launch.run_training`) and
-the train stage when it reuses a committed candidate (`flows.stages.committed_candidate`), both via
+the train stage when it reuses a committed candidate (`flows.day.stages.committed_candidate`), both via
 `trainer.launch.TrainResult.committed`.
 
 The section is flat JSON: the typed fields below, then the communication and store counters
@@ -33,7 +33,7 @@ class TrainSummary:
     dropped_rows: int = 0
     """Rows of the day no rank trained (the remainder of an even split, `trainer.data.rank_share`)."""
     carried: dict[str, Any] | None = None
-    """The parent's eval rows trained first, `{date, rows}` (`flows.parent_eval`), or None."""
+    """The parent's eval rows trained first, `{date, rows}` (`flows.day.parent_eval`), or None."""
     final_loss: float = math.nan
     """Mean over the ranks of each rank's last step's loss."""
     mean_loss: float = math.nan

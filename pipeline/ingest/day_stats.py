@@ -11,7 +11,7 @@ stored in the events manifest under `stats`:
 
 Why log1p(max(x, 0)): it is what the model sees (`pipeline.encode.stage`), so a shift the bins show is a
 shift of the model's input.  The bins are fixed, the same every day, so histograms of several days
-add up and compare bin by bin (the population stability index, `flows.data_checks`).
+add up and compare bin by bin (the population stability index, `flows.guards.data_checks`).
 """
 
 from __future__ import annotations

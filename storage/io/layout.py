@@ -132,7 +132,7 @@ class NodeLayout:
         return str(Path(self.local_dir) / self.model_name / "serving" / validate_version(version))
 
     def slot_lock(self) -> str:
-        """The file whose kernel lock is the model's train/publish slot on this node (`flows.slot`).
+        """The file whose kernel lock is the model's train/publish slot on this node (`flows.node.slot`).
 
         Beside the shards it guards: runs that would share them wait for each other, and the default
         node-local folder is per root, so runs on unrelated roots never do.

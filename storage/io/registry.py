@@ -59,7 +59,7 @@ class VersionInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class Lineage:
-    """A version's lineage.json: where it came from (`flows.stages.lineage` writes it; other keys are kept
+    """A version's lineage.json: where it came from (`flows.day.stages.lineage` writes it; other keys are kept
     in the file and ignored here)."""
 
     format: str = LINEAGE.tag

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import load_config
-from flows.prefect_slot import DEAD_HOLDER_BOUND_S
+from flows.prefect.slot import DEAD_HOLDER_BOUND_S
 from tests.helpers.chaos import DATE, VariantReport, rerun_problems, slot_wait
 from tests.helpers.procs import PrefectServer, processes, start
 

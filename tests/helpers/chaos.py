@@ -120,7 +120,7 @@ def reference(args: list[str], env: dict[str, str], log: Path, layout, dates: li
 
 def slot_wait(layout, dates: list[str]) -> float:
     """The longest time a run of `dates` waited for the model's slot, from the days' records."""
-    from flows.record import read_record
+    from flows.day.record import read_record
 
     return max((r.slot_wait_s for d in dates if (r := read_record(layout, d))), default=0.0)
 

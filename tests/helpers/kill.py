@@ -24,7 +24,7 @@ from tests.helpers.procs import BIN, REPO
 CTRPIPE = str(BIN / "ctrpipe")
 STAGES = ("ingest", "vocab", "encode", "warm", "train", "evaluate", "publish")
 _LOGGED = re.compile(r"^(\d\d:\d\d:\d\d(?:\.\d{3})?) (?:[A-Z]+ [\w.]+: )?(.*)$")
-"""A line `ctrpipe` logged with CTRPIPE_LOG_LEVEL=info (`flows.console`): `HH:MM:SS LEVEL logger: message`."""
+"""A line `ctrpipe` logged with CTRPIPE_LOG_LEVEL=info (`flows.cli.console`): `HH:MM:SS LEVEL logger: message`."""
 _SUMMARY = re.compile(r"^(ingest|vocab|encode) (\d{4}-\d\d-\d\d):|^(warm|train|evaluate|publish):")
 
 

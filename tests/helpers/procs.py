@@ -85,7 +85,7 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "
 
 PREFECT_SERVER_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # leases survive a restart of the server (flows.prefect_slot)
+    # leases survive a restart of the server (flows.prefect.slot)
     "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
 }
 

@@ -108,7 +108,7 @@ def score_server(args: list[str], port: int, log: Path, *, env: dict | None = No
                  ready_path: str = "/readyz") -> Iterator[subprocess.Popen]:
     """`ctrpipe score-server ARGS --port PORT` in a child process, stopped on exit (even on failure)."""
     with processes() as procs:
-        proc = start(procs, [sys.executable, "-m", "flows.cli", "score-server", *args, "--port", str(port)], log, env)
+        proc = start(procs, [sys.executable, "-m", "flows.cli.main", "score-server", *args, "--port", str(port)], log, env)
         wait_ready(port, proc, path=ready_path)
         yield proc
 

@@ -1,4 +1,4 @@
-"""A model slot held by another process, which a test can then SIGKILL (flows.slot, flows.prefect_slot)."""
+"""A model slot held by another process, which a test can then SIGKILL (flows.node.slot, flows.prefect.slot)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import logging, sys, time
 from storage.io.layout import Layout
 kind, root = sys.argv[1], sys.argv[2]
 if kind == "server":
-    from flows.prefect_slot import server_slot as slot
+    from flows.prefect.slot import server_slot as slot
 else:
-    from flows.slot import node_slot as slot
+    from flows.node.slot import node_slot as slot
 with slot(Layout(root, "ctr"), 60, log=logging.getLogger("holder")):
     print("HELD", flush=True)
     time.sleep(3600)

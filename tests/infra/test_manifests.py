@@ -49,7 +49,7 @@ OUR_FILES = [
     INFRA / "README.md",
 ]
 WORK_POOLS = {"ctr-process": "process", "ctr-k8s": "kubernetes"}
-DEPLOYMENTS = {"ctr-daily", "ctr-on-demand", "ctr-backfill"}  # flows.deploy.deployment_names("ctr")
+DEPLOYMENTS = {"ctr-daily", "ctr-on-demand", "ctr-backfill"}  # flows.prefect.deploy.deployment_names("ctr")
 LOCAL_DIR = "/mnt/ctr-local"  # store.local_dir inside the pods
 
 
@@ -238,7 +238,7 @@ def module_exists(module: str) -> bool:
 
 
 def ctrpipe_subcommands() -> set[str]:
-    from flows.cli import build_parser
+    from flows.cli.parser import build_parser
 
     parser = build_parser()
     for action in parser._actions:  # the subparsers action holds the subcommand names
@@ -531,7 +531,7 @@ def test_train_job() -> None:
     assert opt["--node_rank"] == "$JOB_COMPLETION_INDEX"
     assert "--local_addr" in opt, "c10d orders nodes by address; ctrpipe warm-node needs the same addresses"
     assert argv[-4:-2] == ["-m", "trainer.main"] and argv[-2] == "--spec"
-    assert "-m flows.cli warm-node" in script.split("exec ", 1)[0], "each node warms its shards before torchrun"
+    assert "-m flows.cli.main warm-node" in script.split("exec ", 1)[0], "each node warms its shards before torchrun"
     for res in ("requests", "limits"):
         assert int(container["resources"][res]["nvidia.com/gpu"]) == gpus
     assert any(k.startswith("rdma/") for k in container["resources"]["limits"]), "RDMA device resource"
@@ -553,7 +553,7 @@ def test_scorer_deployment() -> None:
     container = pod["containers"][0]
     assert not check_http_probes(container, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"})
     argv = [*container["command"], *container["args"]]
-    assert argv[:4] == ["python", "-m", "flows.cli", "score-server"]
+    assert argv[:4] == ["python", "-m", "flows.cli.main", "score-server"]
     opt = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
     assert opt["--model"] == "latest" and opt["--host"] == "0.0.0.0", "a pod must listen beyond loopback"
     port = int(opt["--port"])
@@ -650,7 +650,7 @@ def test_sbatch_torchrun_across_nodes() -> None:
     assert '--nnodes "$SLURM_NNODES"' in text and '--node_rank "$SLURM_NODEID"' in text
     assert re.search(r'--nproc_per_node "\$\w+"', text) and "--gpus-per-node" in text
     assert '--local_addr "$ME"' in text and '--my-addr "$ME"' in text, "torchrun and ctrpipe warm-node must agree"
-    assert "-m flows.cli warm-node --spec" in text.split("exec ", 1)[0], "each node warms its shards before torchrun"
+    assert "-m flows.cli.main warm-node --spec" in text.split("exec ", 1)[0], "each node warms its shards before torchrun"
     assert not re.search(r"^\s*export NCCL_", text, flags=re.MULTILINE), "NCCL settings come from the spec"
     before = text.split("exec ", 1)[0]
     env_file = re.search(r'--env-file "([^"]+)"', before)
@@ -746,8 +746,8 @@ def test_checker_work_pool_template_fails() -> None:
 
 def test_checker_prefect_yaml_fails() -> None:
     doc = {"deployments": [
-        {"name": "daily", "entrypoint": "flows/daily.py:no_such_flow", "work_pool": {"name": "ctr-process"}},
-        {"name": "backfill", "entrypoint": "flows/daily.py:backfill", "work_pool": {"name": "gpu"},
+        {"name": "daily", "entrypoint": "flows/prefect/daily.py:no_such_flow", "work_pool": {"name": "ctr-process"}},
+        {"name": "backfill", "entrypoint": "flows/prefect/daily.py:backfill", "work_pool": {"name": "gpu"},
          "parameters": {"start": "2026-01-01", "begin": "x"}},
     ]}
     problems = check_prefect_yaml(doc)

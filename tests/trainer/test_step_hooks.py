@@ -1,6 +1,6 @@
 """The ranks' step hooks (`trainer.main.step_hooks`, `CTRPIPE_TRAINER_HOOKS`) and the crash tests' fault
 (tests/helpers/faults.py: once per marker).  The crash and resume tests (tests/trainer/test_launch.py,
-tests/flows/test_day.py) run the fault in real ranks."""
+tests/flows/day/test_run.py) run the fault in real ranks."""
 
 from __future__ import annotations
 

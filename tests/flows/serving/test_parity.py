@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.day import run_day
+from flows.day.run import run_day
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, day_config, score_server
 from trainer.metrics import auc
@@ -32,7 +32,7 @@ def test_served_scores_equal_evaluate_predictions_line_by_line(shared_data, tmp_
 
     held_out = lines[-HELD_OUT:]  # the day's eval split: its last rows in file order
     (tmp_path / "eval.tsv").write_text("\n".join(held_out) + "\n")
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "evaluate", "--model", "latest", "--input",
+    out = subprocess.run([sys.executable, "-m", "flows.cli.main", "evaluate", "--model", "latest", "--input",
                           str(tmp_path / "eval.tsv"), "--predictions", str(tmp_path / "pred.parquet"), *cli_args(cfg)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from flows.day import run_day
+from flows.day.run import run_day
 from flows.serving.bundle import MANIFEST, PROGRAM, BundleReader
 from flows.serving.tables import chain_table, read_table
 from pipeline.generate import generate_days
@@ -106,7 +106,7 @@ def _check_chain_and_sizes(tmp, cfg, layout):
     assert all(r.manifest["rows"] < r.manifest["table_rows"] for r in chain[1:])  # deltas hold fewer rows
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args, *cli_args(cfg)], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "flows.cli.main", *args, *cli_args(cfg)], capture_output=True,
                               text=True, timeout=300)
 
     out = run("export", "--model", "v00004", "--delta-from", "v00003", "--out", str(tmp / "delta"))

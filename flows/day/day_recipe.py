@@ -1,0 +1,57 @@
+"""The optim values a day trains with: `day_recipe(cfg, rows=..., features_url=..., published=..., world_size=...)`.
+
+`trainer.recipe.derive` sizes them to the day's rows.  A small day's `sparse_lr` then comes from its
+data (`trainer.sparse_lr_search`), and how depends on where the embedding rows start:
+
+- from zero (no published model, or one whose rows cannot be restored): the search cross-validates
+  a logistic regression trained from zero on the day's train rows, which is this day's situation;
+- from the published model: the search would answer for rows starting at zero and asks for too
+  large a step (on the demo's warm-started days it chose 0.04 over 0.02 and cost 0.004-0.007 AUC),
+  so the day keeps the factor over the rule's value that its model's first searched day chose.
+
+Days over `MAX_ROWS` train rows, and a `sparse_lr` set in the config, keep what `derive` gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.config import RunConfig
+from flows.day.state import Published
+from trainer.data import RankReader, read_schema, split_dir
+from trainer.model_dir import warm_start
+from trainer.recipe import Recipe, derive
+from trainer.sparse_lr_search import MAX_ROWS, choose_sparse_lr
+
+KEY = "optim.sparse_lr"
+
+
+def day_recipe(cfg: RunConfig, *, rows: int, features_url: str, published: Published | None, world_size: int) -> Recipe:
+    """The day's recipe (see the module docstring).  Reads the day's train rows only for a small day
+    whose rows start from zero."""
+    recipe = derive(cfg.optim, cfg.model, rows=rows, world_size=world_size)
+    if KEY not in recipe.derived or recipe.rows > MAX_ROWS:
+        return recipe
+    if published is not None and warm_start(published.meta, cfg.model, cfg.store).sparse:
+        return inherited(recipe, published.meta.recipe, published.version)
+    return searched(recipe, features_url, cfg.storage_options)
+
+
+def searched(recipe: Recipe, features_url: str, storage_options: dict[str, Any] | None) -> Recipe:
+    """`recipe` with `sparse_lr` chosen by cross-validation on the day's train rows."""
+    schema = read_schema(features_url, storage_options).for_pooling("none")
+    reader = RankReader(split_dir(features_url, "train"), schema, rank=0, world_size=1,
+                        batch_size=int(recipe.optim.batch_size), storage_options=storage_options)
+    choice = choose_sparse_lr(*reader.arrays(), optim=recipe.optim)
+    return recipe.with_value(KEY, choice.lr, choice.reason())
+
+
+def inherited(recipe: Recipe, parent: dict[str, Any], version: str) -> Recipe:
+    """`recipe` with the searched factor of the published model's recipe (`parent`, its model.json
+    record) applied to the rule's `sparse_lr`; unchanged when that model's value was not searched."""
+    factor = (parent.get("searched") or {}).get(KEY)
+    if factor is None:
+        return recipe
+    value = float(f"{recipe.optim.sparse_lr * factor:.3g}")
+    return recipe.with_value(KEY, value, f"{factor:g} x the rule's {recipe.optim.sparse_lr:g}: the factor searched "
+                                         f"for the rows this day starts from ({version})")

@@ -1,0 +1,329 @@
+"""The stages of a daily run, one function each: `stage(cfg, state) -> result`.
+
+Plain functions, no Prefect: `flows.day.run.run_day` calls them in order and `flows.prefect.daily` wraps each
+in a Prefect task with its retry policy.  Each takes the run config and the `DayState` the stages
+before it built, and returns a frozen result whose `summary()` is the one line the run logs.
+
+    ingest   raw logs -> events/, quarantine/             (pipeline.ingest.stage, on Dask)
+    vocab    events -> vocab/                            (pipeline.vocab.stage, on Dask)
+    encode   events + vocab -> features/                 (pipeline.encode.stage, on Dask)
+    checks   the day's statistics vs the window's        (flows.guards.data_checks)
+    warm     this node's SSD shards <- the published rows (storage.warm)
+    train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
+             after the parent's eval rows                (flows.day.parent_eval)
+    evaluate candidate and published model on the day    (flows.guards.evaluation, trainer.eval_pass)
+    publish  gate -> registry version, LATEST            (flows.guards.gate, storage.io.registry)
+             -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
+
+Train and publish are idempotent: the candidate and the registry version carry the run tag
+(date, parent version, train identity), and a rerun finds what a killed run committed under it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import Client
+
+from flows.config import RunConfig
+from flows.day.day_recipe import day_recipe
+from flows.day.parent_eval import ParentEval, parent_eval
+from flows.day.record import recent_records
+from flows.day.state import DayState
+from flows.guards.check_config import overridden
+from flows.guards.checks_chart import write_checks_png
+from flows.guards.data_checks import CheckReport, data_stats, run_checks
+from flows.guards.evaluation import Evaluation, evaluate_day
+from flows.guards.gate import Scores, gate
+from flows.security import redacted
+from flows.serving.export import point_servers_at, write_bundles
+from pipeline.encode.stage import EncodeResult, encode_date
+from pipeline.ingest.stage import IngestResult, ingest_date
+from pipeline.schema import get_schema
+from pipeline.vocab.stage import VocabResult, build_vocab
+from storage.features_manifest import key_column
+from storage.io import fsio
+from storage.io.dates import shift_date
+from storage.io.registry import ModelRegistry
+from storage.io.version import code_version
+from storage.warm import WarmPlan, warm_plan_shards
+from trainer.launch import TrainResult, run_training
+from trainer.model_dir import SPARSE, read_meta, warm_start
+from trainer.recipe import Recipe
+from trainer.spec import TrainSpec
+from trainer.world import resolve_world
+
+EVICTED_FILE = "evicted.parquet"
+"""The vocabulary's evicted keys (pipeline.vocab.stage)."""
+WORKING_SET_FILE = "key_counts.parquet"
+"""The features' train keys, hottest first (pipeline.encode.stage)."""
+
+
+# ---- data stages ------------------------------------------------------------------------------
+def ingest(cfg: RunConfig, state: DayState, *, client: Client) -> IngestResult:
+    return ingest_date(state.date, layout=state.layout, input=cfg.input, ingest=cfg.ingest, client=client,
+                       force=state.force)
+
+
+def vocab(cfg: RunConfig, state: DayState, *, client: Client) -> VocabResult:
+    return build_vocab(state.date, layout=state.layout, vocab=cfg.vocab, fmt=cfg.input.format, client=client,
+                       force=state.force)
+
+
+def encode(cfg: RunConfig, state: DayState, *, client: Client) -> EncodeResult:
+    return encode_date(state.date, layout=state.layout, encode=cfg.encode, fmt=cfg.input.format, client=client,
+                       force=state.force)
+
+
+# ---- checks -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChecksOutcome:
+    report: CheckReport
+    stats: dict[str, Any]
+    """The day's checked series (kept in its record for the days after it)."""
+    chart_url: str
+
+    def summary(self) -> str:
+        r = self.report
+        bad = "; ".join(f"{c.name} {c.status.upper()}: {c.detail}" for c in (*r.failed, *r.warned))
+        return (f"checks: {len(r.results)} run against {len(r.window)} day(s), {len(r.failed)} failed, "
+                f"{len(r.warned)} warned" + (f"; {bad}" if bad else "") + (f" ({r.note})" if r.note else ""))
+
+
+def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
+    """The data checks of the day against the completed days of the trailing window (`flows.guards.data_checks`)."""
+    ing, voc, enc = state.ingest, state.vocab, state.encode
+    stats = data_stats(rows_read=ing.rows_read, rows_quarantined=ing.rows_quarantined, rows_padded=ing.rows_padded,
+                       ingest_stats=ing.stats, day_fields=voc.day_fields, duplicate_share=enc.duplicate_share)
+    before = recent_records(state.layout, shift_date(state.date, -1), cfg.checks.window_days)
+    window = [(r.date, r.data_stats) for r in before if r.completed and r.data_stats]
+    report = run_checks(stats, window, cfg.checks)
+    return ChecksOutcome(report, stats, write_checks_png(state.layout, state.date, stats, window, report))
+
+
+# ---- warm -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WarmResult:
+    plan: WarmPlan
+    """The plan the train spec carries: ranks on other nodes warm their own shards from it."""
+    warmed_by: str
+    """`flow` (this node's shards, here) or `ranks` (several nodes: each rank warms its own)."""
+    warm_start: str
+    """How the run starts: from the published model, or cold (and why)."""
+    rows: int = 0
+    shards_restored: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        if self.warmed_by == "ranks":
+            return f"warm: left to the ranks of {self.plan.world_size} (several nodes); {self.warm_start}"
+        return (f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored; "
+                f"{self.warm_start}")
+
+    def record(self) -> dict[str, Any]:
+        return {"warmed_by": self.warmed_by, "rows": self.rows, "shards_restored": self.shards_restored,
+                "published_version": self.plan.published_version, "token": self.plan.token,
+                "warm_start": self.warm_start}
+
+
+def warm(cfg: RunConfig, state: DayState) -> WarmResult:
+    """Plan the day's warm once and bring this node's SSD shards to the published model's rows.
+
+    With several nodes the ranks warm their own shards (torchrun decides which node holds which
+    rank), so the stage only makes the plan.
+    """
+    published, world = state.published, resolve_world(cfg.trainer).world_size
+    vocab_files, features = state.vocab.url, state.encode.url
+    plan = WarmPlan(
+        date=state.date, world_size=world, published_version=published.version if published else None,
+        snapshot_url=fsio.join(published.url, SPARSE) if published else None,
+        snapshot_tag=published.meta.run_tag if published else None,
+        evict_url=fsio.join(vocab_files, EVICTED_FILE), working_set_url=fsio.join(features, WORKING_SET_FILE),
+    )
+    how = "cold: no published model"
+    if published:
+        ws = warm_start(published.meta, cfg.model, cfg.store)
+        how = f"from {published.version}" if ws.dense else f"cold dense ({ws.reason})"
+        if not ws.sparse:  # rows of another width cannot be restored: the table starts empty
+            plan = plan.cold()
+            how += "; cold sparse (store.embedding_dim changed)"
+    if cfg.trainer.nnodes > 1:
+        return WarmResult(plan, "ranks", how)
+    report = warm_plan_shards(plan, state.layout.node, list(range(world)), cfg.store, state.layout.storage_options)
+    return WarmResult(plan, "flow", how, rows=report["rows"], seconds=report["seconds"],
+                      shards_restored=sum(r["restored"] for r in report["ranks"]))
+
+
+# ---- train ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainOutcome:
+    result: TrainResult
+    parent_version: str | None
+    """The model published when the run started (None before the first publish); `warm_start`
+    says whether its weights were used."""
+    warm_start: str
+    run_tag: str
+    recipe: Recipe
+    """The optim values for the day's size (`trainer.recipe`)."""
+    parent_eval: ParentEval
+    """The eval rows of the parent's day trained before the day's own, or why none (`flows.day.parent_eval`)."""
+
+    def summary(self) -> str:
+        carried = self.parent_eval.summary() if self.parent_version else ""  # nothing to say before a first model
+        return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}"
+
+    def record(self) -> dict[str, Any]:
+        r, t = self.result, self.result.train
+        return {"steps": t.steps, "examples": t.examples, "final_loss": t.final_loss, "mean_loss": t.mean_loss,
+                "examples_per_s": t.examples_per_s, "world_size": t.world_size, "wall_s": r.wall_s,
+                "backend": t.backend, "device": t.device,
+                "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
+                "run_tag": self.run_tag, "recipe": self.recipe.record(), "parent_eval": self.parent_eval.record()}
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What the train stage runs (`spec`) and the two decisions behind it, for its record."""
+
+    spec: TrainSpec
+    recipe: Recipe
+    parent_eval: ParentEval
+
+
+def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
+    """The day's train spec: the features (after the parent's eval rows, `flows.day.parent_eval`), the warm
+    plan, the model to start from, the optim values for the rows it trains (`flows.day.day_recipe`), and
+    a run tag naming the trained result (so a rerun of the same work resumes from its checkpoints)."""
+    layout, published, warmed = state.layout, state.published, state.warm
+    encoded = state.encode
+    world = resolve_world(cfg.trainer)
+    carry = parent_eval(enabled=cfg.optim.train_parent_eval, date=state.date, features_url=encoded.url,
+                        published=published, evicted_url=warmed.plan.evict_url, storage_options=cfg.storage_options)
+    recipe = day_recipe(cfg, rows=encoded.rows_train + carry.rows, features_url=encoded.url, published=published,
+                        world_size=world.world_size)
+    dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
+    spec = TrainSpec(
+        features_url=encoded.url, output_url=layout.run_model(state.date),
+        init_model_url=published.url if dense_ok and published else None, local_dir=layout.local_dir,
+        model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=recipe.model,
+        optim=recipe.optim, het=cfg.het, trainer=world, run_tag="", vocab_date=state.date,
+        features_id=encoded.run_id,
+        checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,
+        warm=warmed.plan, carried=carry.carried, recipe=recipe.record(),
+    )
+    return TrainPlan(spec.with_run_tag(state.date, published.version if published else None), recipe, carry)
+
+
+def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
+    """Launch torchrun on the day's train rows, warm-starting from the published model.
+
+    A candidate already committed under the same run tag (a run of the same work, stopped after
+    training) is the result: it is not trained again (unless `force`).
+    """
+    plan = train_plan(cfg, state)
+    spec = plan.spec
+    result = None if state.force else committed_candidate(spec)
+    if result is None:
+        result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
+                              spec_copy_url=state.layout.run_train_spec(state.date))
+    parent = state.published.version if state.published else None
+    return TrainOutcome(result, parent, state.warm.warm_start, spec.run_tag, plan.recipe, plan.parent_eval)
+
+
+def committed_candidate(spec: TrainSpec) -> TrainResult | None:
+    """The train result of the model committed at `spec.output_url` when its run tag is `spec.run_tag`, else None."""
+    fs, path = fsio.get_fs(spec.output_url, spec.storage_options)
+    manifest = fsio.read_manifest(fs, path)
+    if manifest is None or manifest.get("run_tag") != spec.run_tag:
+        return None
+    return TrainResult.committed(spec.output_url, read_meta(spec.output_url, spec.storage_options))
+
+
+# ---- evaluate ---------------------------------------------------------------------------------
+def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
+    """The candidate and the published model (loaded once) on the day's eval rows, the published one's
+    next-day AUC, and the per-value AUCs of the gate's slice and GAUC fields (`flows.guards.evaluation`)."""
+    fields = get_schema(cfg.input.format).categorical
+    groups = {key_column(fields.index(name)): name for name in cfg.publish.group_fields()}
+    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.encode.url,
+                        candidate_url=state.train.result.model_url, published=state.published,
+                        storage_options=cfg.storage_options, groups=groups)
+
+
+# ---- publish ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PublishResult:
+    published: bool
+    version: str
+    reason: str
+    latest: str | None
+    """The version `LATEST` names after the stage."""
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """The gate's checks with their values (`flows.guards.gate.GateDecision.values`)."""
+    bundles: dict[str, Any] | None = None
+    """What `flows.serving.export.write_bundles` wrote (bytes of the full bundle and of the delta)."""
+    pruned: str = ""
+    """The retention summary (`ModelRegistry.prune`)."""
+
+    def summary(self) -> str:
+        if self.published:
+            return f"publish: {self.version} is now LATEST ({self.reason}); {self.pruned}"
+        return f"publish: REFUSED {self.version}: {self.reason}; LATEST stays {self.latest or 'unset'}"
+
+
+def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
+    """Where the version came from: dates, parent, inputs, config (credentials redacted), code."""
+    ingested, trained = state.ingest, state.train
+    return {
+        "date": state.date,
+        "dates_trained": [state.date],
+        "parent_version": trained.parent_version,
+        "inputs": ingested.inputs,
+        "ingest": {"rows_read": ingested.rows_read, "rows_written": ingested.rows_written,
+                   "rows_quarantined": ingested.rows_quarantined},
+        "vocab_date": state.date,
+        "run_tag": trained.run_tag,
+        "checks": [r.to_dict() for r in state.checks.report.results],
+        "check_overrides": overridden(cfg.checks),
+        "config": redacted(cfg.to_dict()),
+        "code_version": code_version(),
+    }
+
+
+def publish(cfg: RunConfig, state: DayState) -> PublishResult:
+    """Register the candidate as a version; move `LATEST` only when the gate passes.
+
+    A version already registered for the candidate's run tag (a run stopped after registering it) is
+    the version: it is reused, and published if the gate passes, so a rerun never adds a second one
+    (unless `force`).
+    """
+    ev, published, trained = state.evaluation, state.published, state.train
+    new = Scores(ev.new, ev.new_groups, trained_through=state.date)
+    before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
+        if ev.published and published else None
+    decision = gate(new, before, cfg.publish, versus=ev.versus)
+    metrics = {
+        "date": state.date, "auc": ev.new.auc, "logloss": ev.new.logloss, "rows": ev.new.rows,
+        "mean_prediction": ev.new.mean_prediction, "click_rate": ev.new.click_rate,
+        "calibration": ev.new.calibration,
+        "published_auc_same_rows": ev.published.auc if ev.published else None,
+        "published_logloss_same_rows": ev.published.logloss if ev.published else None,
+        **({"gauc": ev.new_groups[cfg.publish.gauc_field].gauc()} if cfg.publish.gauc_field else {}),
+        "gate": decision.values(),
+    }
+    registry = ModelRegistry(state.layout)
+    version = None if state.force else registry.find(trained.run_tag)
+    if version is None:
+        version = registry.add_version(
+            trained.result.model_url, metrics=metrics, lineage=lineage(cfg, state), run_tag=trained.run_tag,
+            status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
+        )
+    bundles = None
+    if decision.publish:  # bundles first: a version that cannot be served is not published
+        bundles = write_bundles(state.layout, version, state.published.version if state.published else None)
+        registry.publish(version)
+        point_servers_at(state.layout, version)
+    latest = version if decision.publish else (state.published.version if state.published else None)
+    pruned = registry.prune(cfg.registry).summary()
+    return PublishResult(decision.publish, version, decision.reason, latest, decision.values(), bundles, pruned)

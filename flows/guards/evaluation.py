@@ -1,0 +1,175 @@
+"""The day's evaluation: what the gate compares, and what production saw, at a bounded cost.
+
+    candidate + published model on all of the day's eval rows   -> the gate (exact: every row)
+    published model on a seeded sample of the day's train rows  -> next-day AUC with its 95% interval
+
+Both models are loaded once and scored in one pass over the eval rows on every core
+(`trainer.eval_pass`).  Scored on every train row, the next-day AUC made evaluation grow with the
+day as training does; it is a monitoring number, so a sample of bounded size whose interval is
+recorded beside it serves it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from storage.io import fsio
+from trainer.metrics import EvalMetrics
+
+if TYPE_CHECKING:
+    from flows.day.state import Published
+    from trainer.group_metrics import GroupAUC
+    from trainer.paired import Difference
+
+Z95 = 1.959963984540054
+"""The standard normal's 97.5% quantile."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvaluateConfig:
+    """The `evaluate` section: how the evaluate stage samples and scores."""
+
+    next_day_rows: int = 100_000
+    """Rows of the day's train split, drawn without replacement, on which the published model's
+    next-day AUC is computed; 0 = all of them.  At AUC 0.77 and a 25% click rate 100,000 rows give a
+    95% interval of about +-0.004; the interval is recorded with the AUC (metrics.json `evaluate`).
+    The gate's comparison of the two models always uses every eval row."""
+    seed: int = 0
+    """Seed of the next-day sample, drawn with the date (numpy `default_rng([seed, YYYYMMDD])`): a
+    rerun of a day scores the same rows, each day other ones."""
+    batch_size: int = 2048
+    """Rows per forward pass.  On CPU a few thousand score the most rows per CPU second: with larger
+    batches the attention's activations leave the caches (an accelerator wants far more)."""
+    threads: int = 0
+    """Scoring threads, one torch thread each; 0 = one per core this process may use."""
+
+    def __post_init__(self) -> None:
+        if self.next_day_rows < 0:
+            raise ValueError(f"evaluate.next_day_rows must be >= 0 (0 = all train rows), got {self.next_day_rows}")
+        if self.batch_size < 1:
+            raise ValueError(f"evaluate.batch_size must be >= 1, got {self.batch_size}")
+        if self.threads < 0:
+            raise ValueError(f"evaluate.threads must be >= 0 (0 = one per core), got {self.threads}")
+
+
+@dataclass(frozen=True)
+class NextDay:
+    """The published model on a sample of the day's train rows, which it never saw: what production saw."""
+
+    metrics: EvalMetrics
+    auc_se: float
+    """Standard error for the AUC of all `of_rows` rows: DeLong's on the sample, finite-population
+    corrected (0 when the sample is every row)."""
+    of_rows: int
+    seed: int
+
+    @property
+    def auc(self) -> float:
+        return self.metrics.auc
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        half = Z95 * self.auc_se
+        return max(0.0, self.auc - half), min(1.0, self.auc + half)
+
+    def record(self) -> dict[str, Any]:
+        lo, hi = self.ci95
+        return {"auc": self.auc, "auc_se": self.auc_se, "auc_ci95": [lo, hi], "rows": self.metrics.rows,
+                "of_rows": self.of_rows, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    new: EvalMetrics
+    """The candidate on the day's eval rows."""
+    published: EvalMetrics | None
+    """The published model on the same rows (None before the first publish)."""
+    next_day: NextDay | None
+    published_version: str | None
+    rows_scored: int = 0
+    """Rows scored, summed over the models."""
+    seconds: float = 0.0
+    threads: int = 1
+    new_groups: dict[str, GroupAUC] = field(default_factory=dict)
+    """Per field of `publish.group_fields()`: the candidate's AUC of each value (slices, GAUC)."""
+    published_groups: dict[str, GroupAUC] = field(default_factory=dict)
+    versus: Difference | None = None
+    """The candidate minus the published model, row by row on the same eval rows, with the standard
+    errors of the differences (the gate's noise level)."""
+
+    def summary(self) -> str:
+        pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
+        if self.next_day:
+            lo, hi = self.next_day.ci95
+            pub += f", next-day {self.next_day.auc:.4f} [{lo:.4f}, {hi:.4f}] on {self.next_day.metrics.rows} rows"
+        return (f"evaluate: AUC {self.new.auc:.4f} logloss {self.new.logloss:.4f} on {self.new.rows} rows{pub}; "
+                f"{self.rows_per_s:,.0f} rows/s")
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_scored / self.seconds if self.seconds > 0 else 0.0
+
+    def record(self) -> dict[str, Any]:
+        """The stage's scalar results for metrics.json: its rate beside the trainer's examples/s."""
+        return {"rows_scored": self.rows_scored, "rows_per_s": self.rows_per_s, "seconds": self.seconds,
+                "threads": self.threads, "next_day": self.next_day.record() if self.next_day else None,
+                "versus_published": _finite(asdict(self.versus)) if self.versus else None}
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """NaN (an undefined standard error) as None: metrics.json stays strict JSON."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
+
+
+def evaluate_day(
+    cfg: EvaluateConfig, *, date: str, features_url: str, candidate_url: str, published: Published | None,
+    storage_options: dict | None = None, groups: dict[str, str] | None = None,
+) -> Evaluation:
+    """The candidate and the published model on the day's eval rows, and the published model's next-day AUC.
+
+    Args:
+        features_url: the day's committed features (its files: `train/` and `eval/`).
+        candidate_url: the day's trained model directory.
+        published: the model published when the run took the slot (None before the first publish).
+        groups: key column (`k_3`) -> field name (`C4`) of the fields whose per-value AUC the gate
+            checks (`publish.group_fields()`), on the eval rows, for both models.
+    """
+    # here, not at the top: `flows.config` imports this module, and every CLI command loads the config
+    from trainer.eval_pass import (
+        core_count,
+        evaluate_together,
+        feature_columns,
+        read_split,
+        sample_rows,
+    )
+    from trainer.evaluate import load_model
+
+    t0 = time.perf_counter()
+    threads = cfg.threads or core_count()
+    models = [load_model(candidate_url, storage_options)]
+    if published:
+        models.append(load_model(published.url, storage_options))
+    eval_rows = read_split(fsio.join(features_url, "eval"), feature_columns(models), storage_options)
+    groups = groups or {}
+    on_eval = evaluate_together(models, eval_rows, batch_size=cfg.batch_size, threads=threads, groups=tuple(groups),
+                                paired=len(models) > 1)
+    by_field = [{groups[c]: g for c, g in scored.groups.items()} for scored in on_eval]
+    new = EvalMetrics.of(on_eval[0].result())
+    scored = new.rows * len(models)
+    if not published:
+        return Evaluation(new, None, None, None, scored, time.perf_counter() - t0, threads, by_field[0])
+    old = models[1]
+    sample = sample_rows(fsio.join(features_url, "train"), feature_columns([old]), cfg.next_day_rows,
+                         seed=[cfg.seed, int(date.replace("-", ""))], storage_options=storage_options)
+    (seen,) = evaluate_together([old], [sample.frame], batch_size=cfg.batch_size, threads=threads)
+    try:
+        se = seen.auc.standard_error() * math.sqrt(max(0.0, 1.0 - sample.rows / sample.of_rows))
+    except ValueError:  # a sample with a single positive or negative: AUC defined, its spread not
+        se = float("nan")
+    next_day = NextDay(EvalMetrics.of(seen.result()), se, sample.of_rows, cfg.seed)
+    versus = on_eval[1].versus_first
+    return Evaluation(new, EvalMetrics.of(on_eval[1].result()), next_day, published.version,
+                      scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1], versus)

@@ -1,0 +1,162 @@
+"""One run at a time per model: the train -> publish slot, a kernel file lock on the node.
+
+Two runs of one model on one node (a scheduled run and an on-demand one, a backfill and a rerun)
+would share the node's SSD shards and race on `LATEST`.  The slot is an exclusive `flock` on
+`<local_dir>/<model>/slot.lock` (`NodeLayout.slot_lock`).  The kernel drops it when the holding
+process exits, however it exits (SIGKILL, an OOM kill), so a dead run never holds the slot and
+its rerun takes it at once; no database counter can leak.  The lock sits beside the shards it
+guards, and the default node-local folder is per root, so runs on unrelated roots never wait for
+each other.
+
+The holder writes who it is into the lock file (host, pid, flow run, since when).  A waiting run
+reads it and logs "waiting for run R on host H since T" once a minute, and fails after
+`publish.lock_timeout_s` with an error naming the holder.  Against a Prefect server the flow
+takes the cross-machine slot of `flows.prefect.slot` first, then this one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from storage.io.layout import Layout
+
+REPORT_EVERY_S = 60.0
+"""How often a waiting run logs whom it waits for."""
+_FIRST_TRY_S = 1.0
+_POLL_S = 0.2
+
+
+class ModelBusyError(RuntimeError):
+    """Another run of the same model held the train/publish slot for longer than `publish.lock_timeout_s`."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a slot, as waiting runs see it."""
+
+    host: str
+    pid: int
+    since: str
+    """When it took the slot (UTC, ISO 8601)."""
+    flow_run: str | None = None
+    """Its Prefect flow run id (None outside a flow)."""
+
+    @classmethod
+    def me(cls, flow_run: str | None = None) -> Holder:
+        now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        return cls(host=socket.gethostname(), pid=os.getpid(), since=now, flow_run=flow_run)
+
+    def describe(self) -> str:
+        if self.flow_run:
+            return f"run {self.flow_run} on host {self.host} (pid {self.pid}) since {self.since}"
+        return f"run pid {self.pid} on host {self.host} since {self.since}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Holder | None:
+        """The holder a slot file names; None when it names none (free, or being written)."""
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What a run learns when it takes the slot."""
+
+    holder: Holder
+    """This run."""
+    waited_s: float
+    """How long it waited for the slot."""
+
+
+def describe(holder: Holder | None) -> str:
+    return holder.describe() if holder else "a run that has not said who it is"
+
+
+def wait_for_slot(
+    take: Callable[[float], bool],
+    holder: Callable[[], Holder | None],
+    *,
+    what: str,
+    timeout_s: float,
+    log: logging.Logger | logging.LoggerAdapter,
+    report_every_s: float = REPORT_EVERY_S,
+) -> float:
+    """Call `take(budget_s)` until it returns True (it may wait up to `budget_s` itself); returns the seconds waited.
+
+    While the slot is busy, logs whom the run waits for (read with `holder()`) at once and then every
+    `report_every_s`.
+
+    Raises:
+        ModelBusyError: after `timeout_s`, naming the holder.
+    """
+    t0 = time.monotonic()
+    reported: float | None = None
+    budget = min(_FIRST_TRY_S, timeout_s)
+    while not take(budget):
+        now = time.monotonic()
+        if now - t0 >= timeout_s:
+            raise ModelBusyError(
+                f"{what} was held by {describe(holder())} for more than {timeout_s:.0f}s (publish.lock_timeout_s); "
+                "wait for that run to finish, or raise publish.lock_timeout_s"
+            )
+        if reported is None or now - reported >= report_every_s:
+            log.info("%s: waiting for %s", what, describe(holder()))
+            reported = now
+        budget = max(0.0, min(report_every_s - (now - reported), timeout_s - (now - t0)))
+    return time.monotonic() - t0
+
+
+@contextmanager
+def node_slot(
+    layout: Layout,
+    timeout_s: float,
+    *,
+    log: logging.Logger | logging.LoggerAdapter,
+    flow_run: str | None = None,
+    report_every_s: float = REPORT_EVERY_S,
+) -> Iterator[Taken]:
+    """Hold the model's train/publish slot on this node (the module docstring) for the block."""
+    path = Path(layout.node.slot_lock())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the processes the run starts
+
+    def take(budget_s: float) -> bool:
+        deadline = time.monotonic() + budget_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(_POLL_S)
+
+    try:
+        waited = wait_for_slot(
+            take, lambda: Holder.from_json(path.read_text()), what=f"the train/publish slot of model "
+            f"{layout.model_name!r} on this node ({path})", timeout_s=timeout_s, log=log, report_every_s=report_every_s,
+        )
+        me = Holder.me(flow_run)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.to_json().encode(), 0)
+        try:
+            yield Taken(me, waited)
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock

@@ -1,0 +1,347 @@
+"""The Prefect flows: `daily_retrain` (one date) and `backfill` (a date range).
+
+`daily_retrain` is `flows.day.run.run_day` with each stage run as a Prefect task (retried only where a
+retry can succeed: transient I/O) and warm -> publish inside the model's slot, so two runs never
+train or publish the same model at once: the node's kernel lock (`flows.node.slot`), behind the Prefect
+server's concurrency slot with a renewed lease when the flow talks to a server
+(`flows.prefect.slot`).  It returns the day's record.  A refused publish ends the flow in a `Failed`
+state named `PublishRefused`, a day stopped by a data check in one named `DataCheckFailed` (not green,
+visible in the UI, alerted on: `flows.prefect.alerts`); the state's data is the record and its message names
+the model, the date and the reason.  A run that raises fails with `DailyRunError` naming the same.
+The model's automations match flow runs by the tag `model:<name>`, which a run must carry from its
+creation (Prefect reads a run's tags once, for its first event): the model's deployments carry it, and
+`ctrpipe run`, `ctrpipe demo` and `backfill` start their runs inside `model_tags(cfg)`.
+
+Callers in this process (the CLI, `backfill`) call it through `call_daily_retrain`, which notes the
+moment of the call, so the day's record counts Prefect's start (creating the flow run, and the
+ephemeral API server for the first flow of a process) in its wall time.  A run a worker started
+from a deployment is timed from the flow's body on.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as _dt
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any
+
+from prefect import flow, get_run_logger, tags, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.states import Failed
+
+from flows.cli.console import SHOW
+from flows.config import RunConfig, from_dict, with_overrides
+from flows.day.history import HISTORY_DAYS
+from flows.day.record import DayRecord, Status, is_completed, read_record
+from flows.day.run import DATA_STAGES, Stage, run_day
+from flows.day.state import DayState
+from flows.node.slot import Taken, node_slot
+from flows.prefect.slot import server_configured, server_slot
+from flows.recipes import default
+from storage.io import dates
+from storage.io.progress import Bar
+
+_CALLED_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("daily_retrain_called_at", default=None)
+"""`time.perf_counter()` when `call_daily_retrain` called the flow (None: called otherwise)."""
+
+
+class BackfillError(RuntimeError):
+    """A date of a backfill failed; the message lists what completed before it."""
+
+
+class DailyRunError(RuntimeError):
+    """A stage of a daily run raised; the message names the model, the date and the stage's error.
+
+    The stage's exception is also `error` (an argument, so it survives the pickling of Prefect's
+    result store, which drops `__cause__`): the CLI reports it, having named the date itself.
+    """
+
+    def __init__(self, message: str, error: BaseException | None = None) -> None:
+        super().__init__(message, error)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.args[1] if len(self.args) > 1 else None
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+GUARD_STATES = {Status.REFUSED: "PublishRefused", Status.CHECK_FAILED: "DataCheckFailed"}
+"""The `Failed` states a run stopped by the publish gate or a data check ends in, by record status."""
+
+
+def _transient(task_: Any, task_run: Any, state: Any) -> bool:
+    """Retry condition: only I/O-level failures that a second attempt can fix (a flaky object store,
+    a lost Dask worker, a torchrun rendezvous hiccup); data and config errors fail at once."""
+    try:
+        state.result()
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+        return False
+    except (OSError, TimeoutError, ConnectionError):
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any:
+    """Run `stage` as a Prefect task with its retry policy and log its one-line summary."""
+    run = task(
+        name=stage.name, retries=stage.retries, retry_delay_seconds=[2.0, 10.0][: stage.retries] or 0,
+        retry_condition_fn=_transient, cache_policy=NO_CACHE,
+    )(stage.fn)
+    t0 = time.perf_counter()
+    result = run(cfg, state, **kw)
+    get_run_logger().info("%s (%.1fs)", result.summary(), time.perf_counter() - t0, extra=SHOW)
+    return result
+
+
+def prefect_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
+    """The model's slot for a flow run: the server's and the node's against a Prefect server, else the node's;
+    waiting runs log through the run's logger."""
+    run_id = str(flow_run.id) if flow_run.id else None
+    slot = server_slot if server_configured() else node_slot
+    return slot(cfg.layout(), cfg.publish.lock_timeout_s, log=get_run_logger(), flow_run=run_id)
+
+
+def _config(config: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Sections given as a (possibly partial) dict over the defaults, then dotted-key overrides."""
+    cfg = from_dict(config) if config else default()
+    return with_overrides(cfg, overrides) if overrides else cfg
+
+
+def resolve_date(date: str | None, scheduled: Any) -> str:
+    """The date a run processes: the given one, else the day before the run's *scheduled* time.
+
+    A scheduled run that starts late (a busy worker, an outage) still processes the day it was
+    scheduled for, not the day the wall clock says.
+    """
+    if date:
+        return dates.validate_date(date)
+    when = scheduled if scheduled is not None else _dt.datetime.now(_dt.UTC)
+    return (when.date() - _dt.timedelta(days=1)).isoformat()
+
+
+def _scheduled_time() -> Any:
+    try:
+        return flow_run.scheduled_start_time
+    except Exception:  # outside a flow run (direct .fn() call)
+        return None
+
+
+@flow(name="daily-retrain")
+def daily_retrain(
+    date: str | None = None,
+    config: dict[str, Any] | None = None,
+    force: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """Retrain on one day of logs and publish the model if it is not worse than the published one.
+
+    Args:
+        date: YYYY-MM-DD; empty means the day before the run's scheduled start (the `daily` deployment).
+        config: config sections (see docs/config-reference.md); missing keys take their defaults.
+        force: redo the date even if it completed, and recompute its committed stages.
+        overrides: dotted keys, e.g. {"optim.k_steps": 20}.
+    """
+    called_at = _CALLED_AT.get()
+    date = resolve_date(date, _scheduled_time())
+    cfg = _config(config, overrides)
+    with tags(f"date:{date}", f"model:{cfg.model_name}"):
+        try:
+            day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
+        except Exception as exc:
+            raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}", exc) from exc
+    record = day.record
+    if day.ran:
+        _artifact(cfg, record)
+    if record.status in GUARD_STATES:
+        what = f"version {record.model_version} refused" if record.status == Status.REFUSED else "stopped before training"
+        return Failed(name=GUARD_STATES[record.status], message=f"model {cfg.model_name}, {date}: {what}: "
+                      f"{record.reason}", data=record.to_dict())
+    return record.to_dict()
+
+
+def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
+    """Flow runs created inside carry `model:<name>`, which the model's alert automations match."""
+    return tags(f"model:{cfg.model_name}")
+
+
+def call_daily_retrain(date: str | None = None, **kw: Any) -> Any:
+    """`daily_retrain(date, **kw)`, its record's wall time counted from this call (Prefect's start included)."""
+    token = _CALLED_AT.set(time.perf_counter())
+    try:
+        return daily_retrain(date, **kw)
+    finally:
+        _CALLED_AT.reset(token)
+
+
+def _artifact(cfg: RunConfig, r: DayRecord) -> None:
+    """A markdown table of the stage results and the 30-day AUC/logloss chart, shown in the Prefect UI."""
+    def f4(v: float | None) -> str:
+        return "none" if v is None else f"{v:.4f}"
+
+    rows = [
+        ("rows read / ingested / quarantined", f"{r.rows_read} / {r.rows_ingested} / {r.rows_quarantined}"),
+        ("vocabulary (admitted keys)", f"{r.vocab_size}"),
+        ("train / eval rows", f"{r.rows_train} / {r.rows_eval}"),
+        ("AUC / logloss", f"{f4(r.auc)} / {f4(r.logloss)}"),
+        ("published model AUC on the same eval rows", f4(r.published_auc)),
+        ("next-day AUC of the published model (a sample of today's train rows)", _next_day(r)),
+        ("outcome", f"{r.status}: {r.reason}"),
+        ("model version", f"{r.model_version} (LATEST = {r.latest_version})"),
+        ("wall time (of which training)", f"{r.wall_s:.1f} s ({r.seconds.get('train', 0.0):.1f} s)"),
+    ]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    layout = cfg.layout()
+    create_markdown_artifact(
+        key=f"daily-retrain-{cfg.model_name}-{r.date}".lower().replace("_", "-").replace(".", "-"),
+        markdown=(
+            f"# Daily retrain of {cfg.model_name}, {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
+            f"{checks_markdown(r)}\n\n"
+            f"AUC and logloss over the last {HISTORY_DAYS} days: `{layout.run_history(r.date)}`; "
+            f"the checked data series: `{layout.run_checks_chart(r.date)}`\n"
+        ),
+        description=f"Daily retrain of {cfg.model_name}, {r.date}: {r.status}",
+    )
+
+
+def checks_markdown(r: DayRecord) -> str:
+    """The data checks and the publish gate's checks of a record as markdown tables."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    lines = [f"## Data checks ({r.checks_note or f'against {len(r.checks_window)} completed day(s)'})", "",
+             "| check | status | value | threshold | detail |", "|---|---|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {cell(c['value'])} | {cell(c['threshold'])} | {c['detail']} |"
+              for c in r.checks]
+    if r.gate:
+        lines += ["", "## Publish gate", "", "| check | passed | value | threshold | detail |", "|---|---|---|---|---|"]
+        lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
+                  f"| {c['detail']} |" for c in r.gate]
+    return "\n".join(lines)
+
+
+def _next_day(r: DayRecord) -> str:
+    nd = r.evaluate.get("next_day")
+    if not nd:
+        return "none"
+    lo, hi = nd["auc_ci95"]
+    return f"{nd['auc']:.4f} [{lo:.4f}, {hi:.4f}] on {nd['rows']} of {nd['of_rows']} rows"
+
+
+def record_of(state: Any, layout: Any, date: str) -> DayRecord | None:
+    """The record a `daily_retrain` subflow returned (completed or refused), else the one it wrote."""
+    data = state.result(raise_on_failure=False)
+    if isinstance(data, dict) and "completed" in data:
+        return DayRecord.from_dict(data)
+    return read_record(layout, date)  # it failed: its record names the stage's error
+
+
+@flow(name="backfill")
+def backfill(
+    start: str,
+    end: str,
+    config: dict[str, Any] | None = None,
+    force: bool = False,
+    overrides: dict[str, Any] | None = None,
+    ingest_ahead: int = 2,
+) -> dict[str, Any]:
+    """Run the daily flow for each date in order; completed dates are skipped unless `force`.
+
+    Training is sequential (each day warm-starts from the previous model), so a failed date stops
+    the backfill; rerunning it resumes at that date.  Ingest of the later pending dates is independent
+    of training, so it runs ahead, up to `ingest_ahead` dates at once, while earlier dates train (not
+    with `force`).  A refused publish is a completed date: the next day warm-starts from the last
+    published model.
+    """
+    cfg = _config(config, overrides)
+    layout = cfg.layout()
+    log = get_run_logger()
+    days = dates.date_range(start, end)
+    pending = [d for d in days if force or not is_completed(layout, d)]
+    report: dict[str, list[str]] = {"completed": [], "skipped": [], "refused": [], "not_run": []}
+    ahead: dict[str, Future] = {}
+    close_ahead = None
+    if ingest_ahead > 0 and not force and len(pending) > 1:
+        ahead, close_ahead = _ingest_ahead(cfg, pending[1:], ingest_ahead)
+    try:
+        with Bar("backfill dates (skipped and run)", total=len(days)) as bar:
+            for i, date in enumerate(days):
+                bar.update(i)
+                if date not in pending:
+                    report["skipped"].append(date)
+                    done = read_record(layout, date)
+                    log.info("backfill: %s already completed (%s %s); skipped", date, done.status if done else "",
+                             (done.model_version if done else "") or "", extra=SHOW)
+                    continue
+                if date in ahead:
+                    ahead[date].result()
+                with model_tags(cfg):
+                    state = call_daily_retrain(date, config=cfg.to_dict(), force=force, return_state=True)
+                record = record_of(state, layout, date)
+                status = record.status if record else Status.FAILED
+                if status == Status.REFUSED:
+                    report["refused"].append(date)
+                elif state.is_completed():
+                    report["completed"].append(date)
+                else:
+                    report["not_run"] = days[i + 1 :]
+                    where = f" in {record.failed_stage}" if record and record.failed_stage else ""
+                    raise BackfillError(
+                        f"backfill {start}..{end} stopped at {date}{where}: "
+                        f"{(record and record.reason) or state.message}\n"
+                        f"  completed: {_dates(report['completed'])}; skipped (done before): "
+                        f"{_dates(report['skipped'])}; refused: {_dates(report['refused'])}; "
+                        f"not run: {_dates(report['not_run'])}\n"
+                        f"  fix the cause and rerun the same backfill: it resumes at {date}"
+                    )
+                log.info("backfill: %s %s", date, status, extra=SHOW)
+            bar.update(len(days))
+    finally:
+        if close_ahead is not None:
+            close_ahead()
+    return report
+
+
+def _dates(days: list[str]) -> str:
+    """`2026-01-01..2026-01-03` for a run of dates, a list otherwise, `none` when empty."""
+    if not days:
+        return "none"
+    if len(days) > 2 and days == dates.date_range(days[0], days[-1]):
+        return f"{days[0]}..{days[-1]}"
+    return ", ".join(days)
+
+
+def _ingest_ahead(cfg: RunConfig, days: list[str], width: int) -> tuple[dict[str, Future], Any]:
+    """Ingest `days` in background threads, `width` at a time; returns per-date futures and a close function.
+
+    A plain call, not a Prefect task: a date whose input is missing or bad must not be reported before
+    the dates before it have trained.  Errors are swallowed here; the date's own daily run meets the
+    same error when its turn comes, and reports it (its ingest finds committed work already done).
+    Each daily run waits for its date's future first, so two ingests of one date never overlap.
+    """
+    from pipeline.cluster import dask_client
+
+    layout = cfg.layout()
+    ingest = next(s for s in DATA_STAGES if s.name == "ingest")
+    stack = ExitStack()
+    client = stack.enter_context(dask_client(cfg.dask))
+    pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="ingest-ahead")
+    stack.callback(pool.shutdown, wait=True, cancel_futures=True)  # runs before the client closes
+
+    def quiet(date: str) -> None:
+        try:
+            ingest.fn(cfg, DayState(date=date, layout=layout), client=client)
+        except Exception:  # reported by the date's own run
+            return
+
+    futures = {d: pool.submit(quiet, d) for d in days}
+    return futures, stack.close

@@ -1,0 +1,88 @@
+"""The evaluate stage's work: the gate's comparison on every eval row, the next-day AUC on a seeded sample.
+
+The candidate and the published model are scored on all of the day's eval rows (what the gate
+compares); the published model's next-day AUC is computed on `evaluate.next_day_rows` of the day's
+train rows, the same rows when the day is rerun, with a 95% interval that shrinks to the point
+when the sample is every row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.day.state import Published
+from flows.guards.evaluation import EvaluateConfig, evaluate_day
+from tests.helpers.model_dirs import make_model_dir, write_feature_day
+from trainer.evaluate import evaluate_model
+from trainer.model_dir import read_meta
+
+DATE = "2026-01-02"
+
+
+@pytest.fixture()
+def day(tmp_path: Path) -> dict:
+    write_feature_day(tmp_path / "day", train_parts=(700, 600, 700), eval_parts=(150, 100))
+    candidate = str(make_model_dir(tmp_path, "candidate", seed=3)[0])
+    old = str(make_model_dir(tmp_path, "published", seed=4)[0])
+    return {"features_url": str(tmp_path / "day"), "candidate_url": candidate,
+            "published": Published("v00001", old, read_meta(old))}
+
+
+def _evaluate(day: dict, cfg: EvaluateConfig, date: str = DATE, **kw):
+    return evaluate_day(cfg, date=date, **{**day, **kw})
+
+
+def test_before_the_first_publish_only_the_candidate_is_scored_on_every_eval_row(day: dict) -> None:
+    ev = _evaluate(day, EvaluateConfig(), published=None)
+    alone = evaluate_model(day["candidate_url"], day["features_url"] + "/eval")
+    assert ev.new.rows == alone["rows"] == 250 and ev.new.auc == pytest.approx(alone["auc"], abs=1e-9)
+    assert ev.published is None and ev.next_day is None and ev.rows_scored == 250
+    assert ev.record()["next_day"] is None and ev.record()["rows_per_s"] > 0
+    assert ev.versus is None and ev.record()["versus_published"] is None
+
+
+def test_both_models_are_compared_on_every_eval_row_and_the_next_day_on_a_sample(day: dict) -> None:
+    ev = _evaluate(day, EvaluateConfig(next_day_rows=500, threads=2))
+    pub_url = day["published"].url
+    assert ev.new.rows == ev.published.rows == 250  # the gate's comparison: exact, every row
+    assert ev.published.auc == pytest.approx(evaluate_model(pub_url, day["features_url"] + "/eval")["auc"], abs=1e-9)
+    nd = ev.next_day
+    assert nd.metrics.rows == 500 and nd.of_rows == 2000 and nd.seed == 0
+    lo, hi = nd.ci95
+    assert 0 < nd.auc_se < 0.05 and lo < nd.auc < hi
+    everything = evaluate_model(pub_url, day["features_url"] + "/train")["auc"]
+    assert abs(nd.auc - everything) < 4 * nd.auc_se  # the sample estimates the AUC on all the train rows
+    rec = ev.record()
+    assert rec["rows_scored"] == ev.rows_scored == 250 * 2 + 500 and rec["rows_per_s"] > 0
+    assert rec["next_day"] == {"auc": nd.auc, "auc_se": nd.auc_se, "auc_ci95": [lo, hi], "rows": 500,
+                               "of_rows": 2000, "seed": 0}
+    assert "next-day" in ev.summary() and "rows/s" in ev.summary()
+    # the gate's noise level: the candidate minus the published model, row by row on the same rows
+    v = ev.versus
+    assert v.rows == 250 and v.auc == pytest.approx(ev.new.auc - ev.published.auc, abs=1e-9)
+    assert v.logloss == pytest.approx(ev.new.logloss - ev.published.logloss, abs=1e-9)
+    assert rec["versus_published"]["auc_se"] == v.auc_se > 0
+
+
+def test_the_next_day_sample_is_the_same_for_a_rerun_and_another_for_another_day(day: dict) -> None:
+    cfg = EvaluateConfig(next_day_rows=300)
+    first, rerun = _evaluate(day, cfg).next_day, _evaluate(day, cfg).next_day
+    assert rerun.record() == first.record()  # the same rows: the same AUC and interval
+    assert _evaluate(day, cfg, date="2026-01-03").next_day.auc != first.auc
+    assert _evaluate(day, EvaluateConfig(next_day_rows=300, seed=1)).next_day.auc != first.auc
+
+
+def test_a_sample_of_every_train_row_is_the_exact_next_day_auc_with_no_spread(day: dict) -> None:
+    nd = _evaluate(day, EvaluateConfig(next_day_rows=0)).next_day
+    assert nd.metrics.rows == nd.of_rows == 2000 and nd.auc_se == 0.0 and nd.ci95 == (nd.auc, nd.auc)
+    assert nd.auc == pytest.approx(evaluate_model(day["published"].url, day["features_url"] + "/train")["auc"],
+                                   abs=1e-9)
+
+
+@pytest.mark.parametrize(("kw", "key"), [({"next_day_rows": -1}, "next_day_rows"), ({"batch_size": 0}, "batch_size"),
+                                         ({"threads": -2}, "threads")])
+def test_bad_evaluate_settings_name_the_key(kw: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=f"evaluate.{key}"):
+        EvaluateConfig(**kw)

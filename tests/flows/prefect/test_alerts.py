@@ -1,0 +1,131 @@
+"""Alerts and many models on one root and one real Prefect server.
+
+The automations a model gets (unit), then, against `prefect server start` on 127.0.0.1 and a real
+webhook receiver on 127.0.0.1: two models with different configs on one root deploy side by side
+(the second leaves the first's schedule and automations in place; a redeploy duplicates nothing),
+both run the same date and publish their own versions from events ingested once; a successful run
+sends no notification, a refused run and a failed run one each, naming the model, the date and
+the reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.prefect.alerts import (
+    ALERT_STATES,
+    AlertsConfig,
+    automations,
+    failed_run_automation,
+    missing_run_automation,
+)
+from tests.helpers.prefect_server import criteo_config, webhook_receiver
+from tests.helpers.procs import BIN, PrefectServer, processes
+
+DATE = "2026-04-01"
+
+
+def test_a_model_gets_a_failed_run_and_a_missing_run_automation():
+    failed, missing = automations("m1", "00000000-0000-0000-0000-000000000001", "dep-id", AlertsConfig())
+    assert failed.name == failed_run_automation("m1") == "ctr-m1-run-failed"
+    assert failed.trigger.expect == {f"prefect.flow-run.{s}" for s in ALERT_STATES}
+    related = [r.model_dump() for r in failed.trigger.match_related]
+    assert {"prefect.resource.id": "prefect.tag.model:m1", "prefect.resource.role": "tag"} in related
+    assert "m1" in failed.actions[0].body and "flow_run.state.message" in failed.actions[0].body
+    assert missing.name == missing_run_automation("m1") and missing.trigger.posture == "Proactive"
+    assert missing.trigger.within == dt.timedelta(hours=26)
+    assert missing.trigger.match_related.model_dump() == {"prefect.resource.id": "prefect.deployment.dep-id"}
+
+
+def test_alert_settings_are_validated():
+    with pytest.raises(ValueError, match="alerts.expect_within"):
+        AlertsConfig(expect_within=0)
+
+
+# ---- a real server -------------------------------------------------------------------------------
+def _config(path: Path, root: Path, raw: Path, name: str, **sections) -> Path:
+    path.write_text(yaml.safe_dump(criteo_config(root, raw, model_name=name, **sections)))
+    return path
+
+
+def _ctrpipe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "ctrpipe"), *args], env=env, capture_output=True, text=True, timeout=600)
+
+
+def _api(env: dict[str, str], code: str) -> object:
+    """Run `code` against the server in a child (its own client settings) and return what it prints as JSON."""
+    out = subprocess.run([str(BIN / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+LIST = """
+import json
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as c:
+    deps = {d.name: [str(s.schedule.cron) for s in d.schedules] for d in c.read_deployments()}
+    autos = sorted(a.name for a in c.read_automations())
+print(json.dumps({"deployments": deps, "automations": autos}))
+"""
+
+
+@pytest.mark.slow
+def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_data, tmp_path, free_port):
+    raw, root = tmp_path / "raw", tmp_path / "root"
+    raw.mkdir()
+    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)
+    (raw / f"day_{DATE}.tsv").write_bytes(b"".join(lines[:3333]))
+    a = _config(tmp_path / "a.yaml", root, raw, "alpha")
+    b = _config(tmp_path / "b.yaml", root, raw, "beta", vocab={"min_count": 3}, model={"mlp_dims": [16]})
+    with webhook_receiver() as hook, processes() as procs:
+        prefect = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
+        prefect.start()
+        env = {**prefect.env, "PREFECT_LOGGING_LEVEL": "INFO", "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
+        for cfg in (a, b, a):  # the second model, then a redeploy of the first
+            out = _ctrpipe(["deploy", "--config", str(cfg)], env)
+            assert out.returncode == 0, out.stderr + out.stdout
+        server = _api(env, LIST)
+        assert server["deployments"] == {
+            "alpha-daily": ["0 2 * * *"], "alpha-on-demand": [], "alpha-backfill": [],
+            "beta-daily": ["0 2 * * *"], "beta-on-demand": [], "beta-backfill": [],
+        }
+        assert server["automations"] == sorted(
+            [failed_run_automation(m) for m in ("alpha", "beta")] + [missing_run_automation(m) for m in ("alpha", "beta")]
+        )
+
+        # both models run the same date on the same input: events are ingested once
+        assert _ctrpipe(["run", "--date", DATE, "--config", str(a)], env).returncode == 0
+        events = json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
+        out = _ctrpipe(["run", "--date", DATE, "--config", str(b)], env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())["run_id"] == events["run_id"]
+        for model in ("alpha", "beta"):
+            record = json.loads((root / "runs" / model / f"date={DATE}" / "metrics.json").read_text())
+            assert record["status"] == "published" and record["model_version"] == "v00001", record
+            assert (root / "models" / model / "LATEST").read_text().strip() == "v00001"
+        assert len(list((root / "vocab").iterdir())) == 2  # the vocab configs differ: one each
+        time.sleep(5)
+        assert hook.bodies == []  # success is silent
+
+        # a refused run and a failed run: one notification each
+        refused = _ctrpipe(["run", "--date", DATE, "--force", "--config", str(a), "--set", "publish.min_auc=0.99"], env)
+        assert refused.returncode == 2, refused.stderr
+        failed = _ctrpipe(["run", "--date", "2026-04-09", "--config", str(a)], env)
+        assert failed.returncode == 1, failed.stderr
+        got = hook.wait_for(2, timeout=90)
+        time.sleep(5)
+        assert len(hook.bodies) == 2, hook.bodies
+    texts = sorted(b["body"] for b in got)
+    assert all("model alpha" in t for t in texts), texts
+    refusal = next(t for t in texts if "PublishRefused" in t)
+    assert DATE in refusal and "publish.min_auc=0.99" in refusal
+    failure = next(t for t in texts if "PublishRefused" not in t)
+    assert "2026-04-09" in failure and "no input for 2026-04-09" in failure and "Failed" in failure
+    assert (root / "models" / "alpha" / "LATEST").read_text().strip() == "v00001"
