@@ -186,13 +186,13 @@ def report(name: str, rows: Sequence[dict[str, Any]], *, params: dict[str, Any],
 def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, *, store: Any, model: Any,
                run_tag: str, **kw: Any) -> Any:
     """A one-node train spec for a bench run: `kw` are `trainer.*`, `optim.*` and `het.*` keys by name; the
-    `optim` values left `auto` are derived for the features' train rows (`trainer.recipe`), as a daily run does."""
+    `optim` values left `auto` are derived for the features' train rows (`trainer.plan.recipe`), as a daily run does."""
     import dataclasses
 
     from storage.features_manifest import read_features_manifest
     from storage.io import fsio
     from trainer.config import HetConfig, OptimConfig, TrainerConfig
-    from trainer.recipe import derive
+    from trainer.plan.recipe import derive
     from trainer.spec import TrainSpec
 
     sections = {"optim": OptimConfig, "het": HetConfig, "trainer": TrainerConfig}

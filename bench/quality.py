@@ -7,7 +7,7 @@
 For each dataset (`bench.quality_data`: the shared Criteo and Avazu samples as two training days and
 a later day, or synthetic days with planted interactions), the product is what a user runs:
 `flows.day.run.run_day` on each training day with the default config (`RunConfig()`: its recipe for
-the day's size is derived by `trainer.recipe`, as in `ctrpipe run`), training through torchrun,
+the day's size is derived by `trainer.plan.recipe`, as in `ctrpipe run`), training through torchrun,
 then the registry's LATEST scored on the later day file as `ctrpipe evaluate` scores it
 (`flows.cli.evaluate_file.score_log`).  The config names only the root, the day files, the seed
 (`optim.seed`) and, for this project's reference architectures, `model.arch`; Dask runs in threads

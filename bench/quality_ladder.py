@@ -11,9 +11,9 @@ step at a time from a batch fit's setting to the product's daily one:
 3. without the last tenth of each day (the product's eval rows for its gate);
 4. day by day: day 1's passes, then day 2's from day 1's weights and Adam state, each with its schedule;
 5. a vocabulary per day (day 1 admits what day 1 saw twice; day 2 what days 1-2 saw twice);
-6. day 1's eval tenth trained first on day 2, once its gate has used it (`flows.day.parent_eval`).
+6. day 1's eval tenth trained first on day 2, once its gate has used it (`trainer.plan.parent_eval`).
 
-Row 6 at the sparse lr `trainer.sparse_lr_search` chose is the LR the product could be, trained as
+Row 6 at the sparse lr `trainer.plan.sparse_lr_search` chose is the LR the product could be, trained as
 it trains; row 5 is the product before it trained its parent's eval rows.  Bench-only (scikit-learn's hasher, scipy): `make bench-peers`.  Seconds per row.
 """
 

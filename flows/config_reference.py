@@ -166,7 +166,7 @@ def render() -> str:
         "",
         "Every `optim.*`, `het.*` and `model.*` key changes the trained model; `trainer.*` keys (how the job runs) do",
         "not, except the world's shape and `trainer.precision`.  Keys whose default is `auto` are derived from the",
-        "day's train rows when its training starts (`trainer.recipe.derive`); a number in the config always wins.",
+        "day's train rows when its training starts (`trainer.plan.recipe.derive`); a number in the config always wins.",
         "",
         "Each key is documented where it is declared (the class named under each section); this page is generated",
         f"from those docstrings by `{COMMAND}`.",

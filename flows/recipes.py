@@ -18,7 +18,7 @@ def default() -> RunConfig:
 
 def demo(root: str = "./demo-data") -> RunConfig:
     """The embedded default: a tiny model a 2-core machine trains in about a minute per day; its
-    optimisation is derived from each day's size, as for every run (`trainer.recipe`)."""
+    optimisation is derived from each day's size, as for every run (`trainer.plan.recipe`)."""
     return from_dict(
         {
             "root": root,

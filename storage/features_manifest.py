@@ -1,7 +1,7 @@
 """A features directory's manifest (`features/<key>/date=D/_SUCCESS.json`) and its column names.
 
 The encode stage (`pipeline.encode.stage`) writes a day's features and commits them with this manifest; the
-trainer's ranks (`trainer.data.read_schema`), the train stage's parent-eval rows (`flows.day.parent_eval`),
+trainer's ranks (`trainer.data.read_schema`), the train stage's parent-eval rows (`trainer.plan.parent_eval`),
 the serving export (`flows.serving.export`) and the benchmarks read it.  They all go through
 `FeaturesManifest` and `read_features_manifest` here, below the packages that write and read it, so a
 rank (which imports only `trainer` and `storage`) reads it with the same code as the writer.

@@ -124,7 +124,7 @@ class TrainerConfig:
 class OptimConfig:
     """The `optim` section: the optimisation itself; every field changes the trained result.
 
-    The fields marked `auto` depend on the amount of data: `trainer.recipe.derive` sets them from the
+    The fields marked `auto` depend on the amount of data: `trainer.plan.recipe.derive` sets them from the
     day's train rows and the world size when the day's training starts (an explicit number is kept).
     """
 
@@ -141,8 +141,8 @@ class OptimConfig:
     """Adam learning rate of the embedding rows; `auto`: 2e-2, lower when the day takes several passes.
     On a day of at most 50,000 train rows whose rows start from zero (a model's first day), `auto` picks
     among 0.5x-4x of that value by 5-fold validation of a per-key-Adam logistic regression on its rows
-    (`trainer.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
-    factor (`flows.day.day_recipe`)."""
+    (`trainer.plan.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
+    factor (`trainer.plan.day_recipe`)."""
     weight_decay: float = result_field(0.0)
     """Adam's L2 weight decay on the dense parameters and on the embedding rows a step updates (0 = none)."""
     embedding_l2: str | float = result_field(AUTO)
@@ -154,7 +154,7 @@ class OptimConfig:
     longer than the day; `auto`: a tenth of the day's steps, at most 100."""
     cross_lr_scale: str | float = result_field(AUTO)
     """The `model.cross` term's learning rate, as a multiple of `lr`; `auto`: 1 on a day of at least
-    `trainer.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
+    `trainer.plan.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
     since on fewer rows it fits noise (docs/benchmarks.md)."""
     lr_decay: str = result_field("cosine")
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
@@ -165,7 +165,7 @@ class OptimConfig:
     train_parent_eval: bool = run_field(
         True, why="it changes the model only through TrainSpec.carried, which the identity hashes")
     """Train first on the eval rows of the model the day starts from: its gate has used them, and they are
-    its day's latest rows (`flows.day.parent_eval`); false trains on the day's own train rows only.
+    its day's latest rows (`trainer.plan.parent_eval`); false trains on the day's own train rows only.
     Only a published model's rows are carried, only forward in time, with the keys today's vocabulary
     has evicted read as OOV; the day's own eval rows stay held out for its gate."""
 
@@ -191,13 +191,13 @@ class OptimConfig:
             raise ValueError(f"optim.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
 
     def unresolved(self) -> list[str]:
-        """The `optim.*` keys still `auto` (a spec the trainer runs has none: `trainer.recipe.derive`)."""
+        """The `optim.*` keys still `auto` (a spec the trainer runs has none: `trainer.plan.recipe.derive`)."""
         return [f"optim.{n}" for n in (*DERIVED_INTS, *DERIVED_FLOATS) if getattr(self, n) == AUTO]
 
 
 DERIVED_INTS = ("batch_size", "epochs", "warmup_steps")
 DERIVED_FLOATS = ("lr", "sparse_lr", "embedding_l2", "cross_lr_scale")
-"""The `optim` fields that may be `auto` (`trainer.recipe`)."""
+"""The `optim` fields that may be `auto` (`trainer.plan.recipe`)."""
 
 
 def _is_number(value: object) -> bool:

@@ -11,7 +11,7 @@ does not pull embedding rows ahead: rows pulled before the previous step's
 push would be stale, and pulls are collectives that belong to the main thread.
 
 A reader may take several split directories in turn (`Source`): the day's training rows follow the
-eval rows of the model the day starts from (`flows.day.parent_eval`), which that model's gate has used.
+eval rows of the model the day starts from (`trainer.plan.parent_eval`), which that model's gate has used.
 Their keys that today's vocabulary evicted are read as the field's OOV key, as today's encoding gives them.
 
 Multi-valued fields: when the features manifest lists `bag_columns`, each
@@ -321,7 +321,7 @@ class RankReader:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The whole share at once as (labels, dense, keys), without bags: for a small day's recipe search
-        (`trainer.sparse_lr_search`), not for training."""
+        (`trainer.plan.sparse_lr_search`), not for training."""
         parts = list(self._chunks())
         if not parts:
             raise ValueError(f"no rows in {self.files} for this share")

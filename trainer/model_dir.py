@@ -80,7 +80,7 @@ class ModelMeta:
     train: dict[str, Any] = field(default_factory=dict)
     """Train statistics (steps, examples, losses, rates, communication, store counters)."""
     recipe: dict[str, Any] = field(default_factory=dict)
-    """The `optim` values derived for the day's size and why (`trainer.recipe.Recipe.record`)."""
+    """The `optim` values derived for the day's size and why (`trainer.plan.recipe.Recipe.record`)."""
 
     @classmethod
     def of(cls, *, model_config: ModelConfig, optim: OptimConfig, het: HetConfig, trainer: TrainerConfig,

@@ -27,7 +27,7 @@ from trainer.models.config import ModelConfig
 @dataclass(frozen=True, kw_only=True)
 class CarriedRows:
     """Rows a day trains on before its own: the eval split of the features its start model was gated on
-    (`flows.day.parent_eval`)."""
+    (`trainer.plan.parent_eval`)."""
 
     features_url: str
     """That day's committed features (their files), holding `eval/`."""
@@ -72,7 +72,7 @@ class TrainSpec:
     carried: CarriedRows | None = None
     """Rows trained before the day's own in every epoch (the parent's eval rows), or None."""
     recipe: dict[str, Any] = field(default_factory=dict)
-    """How `optim` was derived for the day's size (`trainer.recipe.Recipe.record`), for model.json; not
+    """How `optim` was derived for the day's size (`trainer.plan.recipe.Recipe.record`), for model.json; not
     part of `identity()`, which hashes the values themselves."""
 
     def identity(self) -> str:

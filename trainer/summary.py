@@ -33,7 +33,7 @@ class TrainSummary:
     dropped_rows: int = 0
     """Rows of the day no rank trained (the remainder of an even split, `trainer.data.rank_share`)."""
     carried: dict[str, Any] | None = None
-    """The parent's eval rows trained first, `{date, rows}` (`flows.day.parent_eval`), or None."""
+    """The parent's eval rows trained first, `{date, rows}` (`trainer.plan.parent_eval`), or None."""
     final_loss: float = math.nan
     """Mean over the ranks of each rank's last step's loss."""
     mean_loss: float = math.nan

@@ -207,7 +207,7 @@ class Trainer:
         cfg, het = spec.optim, spec.het
         if unresolved := cfg.unresolved():
             raise ValueError(f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
-                             "trainer.recipe.derive before training (flows.day.stages.train_plan does)")
+                             "trainer.plan.recipe.derive before training (flows.day.stages.train_plan does)")
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store

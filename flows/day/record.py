@@ -59,7 +59,7 @@ class DayRecord:
     parent_version: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
     """The train stage's results (steps, examples, losses, rates, warm start) and `recipe`: the optim values
-    and dropout derived for the day's size and why (`trainer.recipe.Recipe.record`)."""
+    and dropout derived for the day's size and why (`trainer.plan.recipe.Recipe.record`)."""
     warm: dict[str, Any] = field(default_factory=dict)
     """The warm stage's scalar results."""
     evaluate: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     checks   the day's statistics vs the window's        (flows.guards.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
-             after the parent's eval rows                (flows.day.parent_eval)
+             after the parent's eval rows                (trainer.plan.parent_eval)
     evaluate candidate and published model on the day    (flows.guards.evaluation, trainer.eval_pass)
     publish  gate -> registry version, LATEST            (flows.guards.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
@@ -27,8 +27,6 @@ from typing import Any
 from distributed import Client
 
 from flows.config import RunConfig
-from flows.day.day_recipe import day_recipe
-from flows.day.parent_eval import ParentEval, parent_eval
 from flows.day.record import recent_records
 from flows.day.state import DayState
 from flows.guards.check_config import overridden
@@ -50,7 +48,9 @@ from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
 from trainer.launch import TrainResult, run_training
 from trainer.model_dir import SPARSE, read_meta, warm_start
-from trainer.recipe import Recipe
+from trainer.plan.day_recipe import day_recipe
+from trainer.plan.parent_eval import ParentEval, parent_eval
+from trainer.plan.recipe import Recipe
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world
 
@@ -165,9 +165,9 @@ class TrainOutcome:
     warm_start: str
     run_tag: str
     recipe: Recipe
-    """The optim values for the day's size (`trainer.recipe`)."""
+    """The optim values for the day's size (`trainer.plan.recipe`)."""
     parent_eval: ParentEval
-    """The eval rows of the parent's day trained before the day's own, or why none (`flows.day.parent_eval`)."""
+    """The eval rows of the parent's day trained before the day's own, or why none (`trainer.plan.parent_eval`)."""
 
     def summary(self) -> str:
         carried = self.parent_eval.summary() if self.parent_version else ""  # nothing to say before a first model
@@ -192,16 +192,16 @@ class TrainPlan:
 
 
 def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
-    """The day's train spec: the features (after the parent's eval rows, `flows.day.parent_eval`), the warm
-    plan, the model to start from, the optim values for the rows it trains (`flows.day.day_recipe`), and
+    """The day's train spec: the features (after the parent's eval rows, `trainer.plan.parent_eval`), the warm
+    plan, the model to start from, the optim values for the rows it trains (`trainer.plan.day_recipe`), and
     a run tag naming the trained result (so a rerun of the same work resumes from its checkpoints)."""
     layout, published, warmed = state.layout, state.published, state.warm
     encoded = state.encode
     world = resolve_world(cfg.trainer)
     carry = parent_eval(enabled=cfg.optim.train_parent_eval, date=state.date, features_url=encoded.url,
                         published=published, evicted_url=warmed.plan.evict_url, storage_options=cfg.storage_options)
-    recipe = day_recipe(cfg, rows=encoded.rows_train + carry.rows, features_url=encoded.url, published=published,
-                        world_size=world.world_size)
+    recipe = day_recipe(cfg.optim, cfg.model, cfg.store, rows=encoded.rows_train + carry.rows, features_url=encoded.url,
+                        published=published, world_size=world.world_size, storage_options=cfg.storage_options)
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
         features_url=encoded.url, output_url=layout.run_model(state.date),

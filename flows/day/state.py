@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry
-from trainer.model_dir import ModelMeta, read_meta
+from trainer.model_dir import read_meta
+from trainer.plan.published import Published
 
 if TYPE_CHECKING:  # results of the stages (flows.day.stages); only their types are needed here
     from flows.day.stages import (
@@ -28,16 +29,6 @@ if TYPE_CHECKING:  # results of the stages (flows.day.stages); only their types 
     from pipeline.encode.stage import EncodeResult
     from pipeline.ingest.stage import IngestResult
     from pipeline.vocab.stage import VocabResult
-
-
-@dataclass(frozen=True)
-class Published:
-    """The published model when the run took the model's slot."""
-
-    version: str
-    url: str
-    """Its files (a committed directory: an object store's data prefix)."""
-    meta: ModelMeta
 
 
 def read_published(layout: Layout, *, date: str | None = None) -> Published | None:

@@ -20,9 +20,9 @@ from storage.io import fsio
 from trainer.metrics import EvalMetrics
 
 if TYPE_CHECKING:
-    from flows.day.state import Published
     from trainer.group_metrics import GroupAUC
     from trainer.paired import Difference
+    from trainer.plan.published import Published
 
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile."""

@@ -23,7 +23,7 @@ def test_the_default_config_on_two_small_real_days_beats_the_floor_on_later_rows
     assert len(run["labels"]) == 2_000 and auc(run["labels"], run["probs"]) > FLOOR
     first = run["days"][0]
     assert first["recipe"]["optim.epochs"] > 1 and first["steps"] >= 40  # a small day is not 4 steps
-    # days under trainer.recipe.CROSS_MIN_ROWS leave the cross term at its zero start, in every published model
+    # days under trainer.plan.recipe.CROSS_MIN_ROWS leave the cross term at its zero start, in every published model
     assert [d["recipe"]["optim.cross_lr_scale"] for d in run["days"]] == [0.0, 0.0]
     heads = [read_tensors(str(p))["cross.head.weight"] for p in sorted((tmp_path / "run").rglob(DENSE))]
     assert len(heads) >= 2 and all(not h.any() for h in heads)

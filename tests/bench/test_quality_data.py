@@ -29,7 +29,7 @@ def test_the_train_split_is_every_row_but_the_last_days_held_out_tenth(shared_da
     files = real_days("criteo", tmp_path, data=shared_data)
     split = files.train_split_events(0.1)
     days = [read_log_file(files.path(d), files.fmt)[0] for d in files.train_dates]
-    assert len(split) == 4_000 + 3_600  # day 1's held-out tenth is trained by day 2 (flows.day.parent_eval)
+    assert len(split) == 4_000 + 3_600  # day 1's held-out tenth is trained by day 2 (trainer.plan.parent_eval)
     head = pd.concat([days[0], days[1].iloc[:3_600]], ignore_index=True)
     np.testing.assert_array_equal(split["label"].to_numpy(), head["label"].to_numpy())
 

@@ -25,7 +25,7 @@ class ModelConfig:
     """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
     dropout: str | float = result_field(AUTO)
     """Dropout after each hidden MLP layer (and in attention); `auto`: 0 for one pass over the day, more
-    for each further pass (`trainer.recipe`)."""
+    for each further pass (`trainer.plan.recipe`)."""
     dense_buckets: int = shape_field(16)
     """Bucketise each log1p dense feature into this many buckets with a learned token each (0 = off,
     else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0.  The raw
@@ -83,7 +83,7 @@ class ModelConfig:
                 raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
     def unresolved(self) -> list[str]:
-        """The `model.*` keys still `auto` (`trainer.recipe.derive` resolves them for the day)."""
+        """The `model.*` keys still `auto` (`trainer.plan.recipe.derive` resolves them for the day)."""
         return ["model.dropout"] if self.dropout == AUTO else []
 
 

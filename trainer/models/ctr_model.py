@@ -132,7 +132,7 @@ class CTRModel(nn.Module):
                 f"CTRModel needs num_dense >= 0, num_fields >= 1, dim >= 1; got {num_dense}, {num_fields}, {dim}"
             )
         if unresolved := config.unresolved():
-            raise ValueError(f"{', '.join(unresolved)} is 'auto': derive the day's value with trainer.recipe.derive "
+            raise ValueError(f"{', '.join(unresolved)} is 'auto': derive the day's value with trainer.plan.recipe.derive "
                              "(or set a number) before building the model")
         self.config = config
         self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim

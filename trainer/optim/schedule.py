@@ -50,7 +50,7 @@ def lr_at(
 
 def set_step_lrs(opt: Any, sparse: Any, cfg: OptimConfig, *, step: int, total_steps: int) -> None:
     """Set the dense (KStepAdam) and sparse (ShardedEmbedding) learning rates of `step` from `cfg`
-    (resolved: `trainer.recipe.derive` sized its warm-up to the day).
+    (resolved: `trainer.plan.recipe.derive` sized its warm-up to the day).
 
     The warm-up lasts `optim.warmup_steps`, at most `total_steps`.  Does nothing when the config asks
     for neither warm-up nor decay.

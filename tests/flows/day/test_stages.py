@@ -11,14 +11,15 @@ import pytest
 
 from flows.config import RunConfig, with_overrides
 from flows.day.stages import WarmResult, train_plan
-from flows.day.state import DayState, Published
+from flows.day.state import DayState
 from pipeline.encode.stage import EncodeResult
 from storage.warm import WarmPlan
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.model_dir import ModelMeta
-from trainer.recipe import derive
-from trainer.sparse_lr_search import FACTORS
+from trainer.plan.published import Published
+from trainer.plan.recipe import derive
+from trainer.plan.sparse_lr_search import FACTORS
 from trainer.world import resolve_world
 
 DATE = "2026-01-05"

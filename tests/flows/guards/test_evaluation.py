@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.day.state import Published
 from flows.guards.evaluation import EvaluateConfig, evaluate_day
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
 from trainer.evaluate import evaluate_model
 from trainer.model_dir import read_meta
+from trainer.plan.published import Published
 
 DATE = "2026-01-02"
 

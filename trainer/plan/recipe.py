@@ -17,7 +17,7 @@ dropout) is derived here, in this order, from the rows per rank n = rows // worl
   travel as far in a few hundred steps as in 10^4;
 - sparse_lr: BASE_SPARSE_LR / sqrt(epochs): a row met in every pass takes as large a step in
   total as in one pass.  A day of at most 50,000 train rows then has it replaced by the best of a
-  few multiples, cross-validated on its rows (`trainer.sparse_lr_search`, `flows.day.day_recipe`):
+  few multiples, cross-validated on its rows (`trainer.plan.sparse_lr_search`, `trainer.plan.day_recipe`):
   the value that suits one dataset hurts another (docs/benchmarks.md);
 - embedding_l2 and model.dropout: L2_PER_EXTRA_EPOCH and DROPOUT_PER_EXTRA_EPOCH per pass after
   the first (L2 on the rows a batch touches, dropout in the MLP and attention, at most MAX_DROPOUT):
@@ -90,7 +90,7 @@ class Recipe:
     """The keys that were `auto` (the others were set in the config)."""
     searched: dict[str, float] = dataclasses.field(default_factory=dict)
     """Derived keys a search replaced (`with_value`) -> the factor over the rule's value, which a day warm-
-    started from this model reuses (`flows.day.day_recipe`)."""
+    started from this model reuses (`trainer.plan.day_recipe`)."""
 
     def value(self, key: str) -> Any:
         """The resolved value of `optim.<field>` or `model.dropout`."""
@@ -98,7 +98,7 @@ class Recipe:
         return getattr(self.optim if section == "optim" else self.model, name)
 
     def with_value(self, key: str, value: Any, reason: str) -> Recipe:
-        """The recipe with the derived `optim.<field>` `key` replaced (a search's choice, `flows.day.day_recipe`).
+        """The recipe with the derived `optim.<field>` `key` replaced (a search's choice, `trainer.plan.day_recipe`).
 
         Raises:
             ValueError: `key` was set in the config (an explicit value always wins) or is not an optim field.

@@ -1,7 +1,7 @@
-"""The optim values a day trains with: `day_recipe(cfg, rows=..., features_url=..., published=..., world_size=...)`.
+"""The optim values a day trains with: `day_recipe(optim, model, store, rows=..., features_url=..., published=...)`.
 
-`trainer.recipe.derive` sizes them to the day's rows.  A small day's `sparse_lr` then comes from its
-data (`trainer.sparse_lr_search`), and how depends on where the embedding rows start:
+`trainer.plan.recipe.derive` sizes them to the day's rows.  A small day's `sparse_lr` then comes from its
+data (`trainer.plan.sparse_lr_search`), and how depends on where the embedding rows start:
 
 - from zero (no published model, or one whose rows cannot be restored): the search cross-validates
   a logistic regression trained from zero on the day's train rows, which is this day's situation;
@@ -16,25 +16,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.config import RunConfig
-from flows.day.state import Published
+from storage.embedding.config import StoreConfig
+from trainer.config import OptimConfig
 from trainer.data import RankReader, read_schema, split_dir
 from trainer.model_dir import warm_start
-from trainer.recipe import Recipe, derive
-from trainer.sparse_lr_search import MAX_ROWS, choose_sparse_lr
+from trainer.models.config import ModelConfig
+from trainer.plan.published import Published
+from trainer.plan.recipe import Recipe, derive
+from trainer.plan.sparse_lr_search import MAX_ROWS, choose_sparse_lr
 
 KEY = "optim.sparse_lr"
 
 
-def day_recipe(cfg: RunConfig, *, rows: int, features_url: str, published: Published | None, world_size: int) -> Recipe:
+def day_recipe(
+    optim: OptimConfig, model: ModelConfig, store: StoreConfig, *, rows: int, features_url: str,
+    published: Published | None, world_size: int, storage_options: dict[str, Any] | None = None,
+) -> Recipe:
     """The day's recipe (see the module docstring).  Reads the day's train rows only for a small day
     whose rows start from zero."""
-    recipe = derive(cfg.optim, cfg.model, rows=rows, world_size=world_size)
+    recipe = derive(optim, model, rows=rows, world_size=world_size)
     if KEY not in recipe.derived or recipe.rows > MAX_ROWS:
         return recipe
-    if published is not None and warm_start(published.meta, cfg.model, cfg.store).sparse:
+    if published is not None and warm_start(published.meta, model, store).sparse:
         return inherited(recipe, published.meta.recipe, published.version)
-    return searched(recipe, features_url, cfg.storage_options)
+    return searched(recipe, features_url, storage_options)
 
 
 def searched(recipe: Recipe, features_url: str, storage_options: dict[str, Any] | None) -> Recipe:

@@ -1,4 +1,4 @@
-"""flows.day.parent_eval: a day trains first on the eval rows of the published model's earlier day, and says
+"""trainer.plan.parent_eval: a day trains first on the eval rows of the published model's earlier day, and says
 why when it cannot (no model, option off, not an earlier day, features gone, no eval rows, other columns)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.day.parent_eval import parent_eval
-from flows.day.state import Published
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.model_dir import ModelMeta
 from trainer.models.config import ModelConfig
+from trainer.plan.parent_eval import parent_eval
+from trainer.plan.published import Published
 
 TODAY = "2026-01-05"
 EVICTED = "/vocab/date=2026-01-05/evicted.parquet"

@@ -1,22 +1,28 @@
-"""flows.day.day_recipe: a small day whose rows start from zero has its sparse_lr searched on its train rows; a
+"""trainer.plan.day_recipe: a small day whose rows start from zero has its sparse_lr searched on its train rows; a
 day warm-started from a searched model keeps that model's factor; large days and set values keep the rule."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flows.config import RunConfig, with_overrides
-from flows.day.day_recipe import day_recipe
-from flows.day.state import Published
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.model_dir import ModelMeta
 from trainer.models.config import ModelConfig
-from trainer.recipe import derive
+from trainer.plan.day_recipe import day_recipe
+from trainer.plan.published import Published
+from trainer.plan.recipe import Recipe, derive
 
 NOT_READ = "/features-that-must-not-be-read"
+
+
+def _day_recipe(cfg: RunConfig, **kw: Any) -> Recipe:
+    """`day_recipe` with the sections of `cfg`, as the train stage calls it."""
+    return day_recipe(cfg.optim, cfg.model, cfg.store, storage_options=cfg.storage_options, **kw)
 
 
 @pytest.fixture()
@@ -39,7 +45,7 @@ def _rule(rows: int) -> float:
 
 
 def test_a_first_small_day_searches_its_rows_and_records_the_factor(tmp_path: Path, features: str) -> None:
-    r = day_recipe(RunConfig(root=str(tmp_path)), rows=3_600, features_url=features, published=None, world_size=1)
+    r = _day_recipe(RunConfig(root=str(tmp_path)), rows=3_600, features_url=features, published=None, world_size=1)
     assert r.why["optim.sparse_lr"].startswith("5-fold validation")
     factor = r.record()["searched"]["optim.sparse_lr"]
     assert factor == pytest.approx(r.optim.sparse_lr / _rule(3_600), rel=1e-2)
@@ -48,28 +54,28 @@ def test_a_first_small_day_searches_its_rows_and_records_the_factor(tmp_path: Pa
 def test_a_day_warm_started_from_a_searched_model_keeps_its_factor_without_reading_rows(tmp_path: Path) -> None:
     cfg = RunConfig(root=str(tmp_path))
     parent = _published(cfg, {"searched": {"optim.sparse_lr": 2.0}})
-    r = day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=parent, world_size=1)
+    r = _day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=parent, world_size=1)
     assert r.optim.sparse_lr == pytest.approx(2 * _rule(3_600), rel=1e-2)
     assert "v00007" in r.why["optim.sparse_lr"] and r.searched == {"optim.sparse_lr": 2.0}  # its own children too
-    unsearched = day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=_published(cfg, {}), world_size=1)
+    unsearched = _day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=_published(cfg, {}), world_size=1)
     assert unsearched.optim.sparse_lr == _rule(3_600) and unsearched.searched == {}
 
 
 def test_rows_that_cannot_be_restored_start_from_zero_so_the_day_searches(tmp_path: Path, features: str) -> None:
     cfg = RunConfig(root=str(tmp_path))
     other_width = _published(cfg, {"searched": {"optim.sparse_lr": 4.0}}, dim=cfg.store.embedding_dim * 2)
-    r = day_recipe(cfg, rows=3_600, features_url=features, published=other_width, world_size=1)
+    r = _day_recipe(cfg, rows=3_600, features_url=features, published=other_width, world_size=1)
     assert r.why["optim.sparse_lr"].startswith("5-fold validation")
 
 
 def test_a_large_day_or_a_set_value_keeps_the_rule_or_the_config(tmp_path: Path) -> None:
     cfg = RunConfig(root=str(tmp_path))
     parent = _published(cfg, {"searched": {"optim.sparse_lr": 2.0}})
-    large = day_recipe(cfg, rows=10**6, features_url=NOT_READ, published=None, world_size=1)
+    large = _day_recipe(cfg, rows=10**6, features_url=NOT_READ, published=None, world_size=1)
     assert large.optim.sparse_lr == _rule(10**6) and large.searched == {}
-    warm_large = day_recipe(cfg, rows=10**6, features_url=NOT_READ, published=parent, world_size=1)
+    warm_large = _day_recipe(cfg, rows=10**6, features_url=NOT_READ, published=parent, world_size=1)
     assert warm_large.optim.sparse_lr == _rule(10**6)
     given = with_overrides(cfg, {"optim.sparse_lr": 0.03})
     for published in (None, parent):
-        r = day_recipe(given, rows=3_600, features_url=NOT_READ, published=published, world_size=1)
+        r = _day_recipe(given, rows=3_600, features_url=NOT_READ, published=published, world_size=1)
         assert r.optim.sparse_lr == 0.03 and r.why["optim.sparse_lr"] == "set in the config"

@@ -1,4 +1,4 @@
-"""trainer.sparse_lr_search: a small day's sparse_lr is the candidate with the lowest cross-validated
+"""trainer.plan.sparse_lr_search: a small day's sparse_lr is the candidate with the lowest cross-validated
 logloss of a per-key-Adam logistic regression, and the search follows the data, not a fixed answer."""
 
 from __future__ import annotations
@@ -8,8 +8,14 @@ import pytest
 
 from trainer.config import OptimConfig
 from trainer.models.config import ModelConfig
-from trainer.recipe import derive
-from trainer.sparse_lr_search import FACTORS, _design, _logits, _train, choose_sparse_lr
+from trainer.plan.recipe import derive
+from trainer.plan.sparse_lr_search import (
+    FACTORS,
+    _design,
+    _logits,
+    _train,
+    choose_sparse_lr,
+)
 
 
 def _day(rows: int, *, keys_per_field: int, signal: float, seed: int = 0) -> tuple[np.ndarray, ...]:

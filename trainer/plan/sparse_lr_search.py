@@ -58,7 +58,7 @@ def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *,
 
     Args:
         labels, dense, keys: the day's train rows in file order: (N,), (N, D) and (N, F) int64 keys.
-        optim: the resolved recipe (`trainer.recipe.derive`): every number the search trains with.
+        optim: the resolved recipe (`trainer.plan.recipe.derive`): every number the search trains with.
 
     Raises:
         ValueError: fewer rows than folds, or an `optim` field still `auto`.

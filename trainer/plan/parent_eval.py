@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flows.day.state import Published
 from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from trainer.data import read_schema
+from trainer.plan.published import Published
 from trainer.spec import CarriedRows
 
 

@@ -1,4 +1,4 @@
-"""trainer.recipe.derive: the optim values a day's size decides, over day sizes from 10^3 to 10^8 rows."""
+"""trainer.plan.recipe.derive: the optim values a day's size decides, over day sizes from 10^3 to 10^8 rows."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from trainer import recipe
 from trainer.config import AUTO, DERIVED_FLOATS, DERIVED_INTS, OptimConfig
 from trainer.models.config import ModelConfig
-from trainer.recipe import CROSS_MIN_ROWS, derive
+from trainer.plan import recipe
+from trainer.plan.recipe import CROSS_MIN_ROWS, derive
 
 SIZES = [10**3, 2_500, 3_600, 10**4, 18_000, 5 * 10**4, 10**5, 3 * 10**5, 10**6, 10**7, 10**8]
 WORLDS = [1, 2, 8]
