@@ -50,10 +50,11 @@ from bench._common import WorkerMemory, mib, proc_memory, report, reset_peak_rss
 from pipeline.cluster import dask_client, local_worker_count
 from pipeline.config import DaskConfig, VocabConfig
 from pipeline.schema import CRITEO
-from pipeline.vocab.stage import build_vocab
+from pipeline.vocab.manifest import VocabManifest, read_vocab_manifest
+from pipeline.vocab.stage import build_vocab, vocab_dir
 from pipeline.vocab.tasks import count_part
 from storage.io.dates import date_range
-from storage.io.fsio import get_fs, read_json
+from storage.io.fsio import get_fs
 from storage.io.fsio import write_json as write_manifest
 from storage.io.layout import Layout
 
@@ -96,8 +97,8 @@ def cpu_seconds() -> float:
 
 def phases(out) -> dict:
     """count / merge seconds from the manifest of a single build ((result, manifest) pairs), else nothing."""
-    if isinstance(out, tuple) and isinstance(out[1], dict) and "seconds" in out[1]:
-        s = out[1]["seconds"]
+    if isinstance(out, tuple) and isinstance(out[1], VocabManifest) and out[1].seconds:
+        s = out[1].seconds
         return {"count_s": s["count"], "merge_s": s["merge"] + s["evicted_and_report"]}
     return {"count_s": None, "merge_s": None}
 
@@ -155,8 +156,10 @@ def main(argv: list[str] | None = None) -> None:
             def build(d: str, **kw):
                 return build_vocab(d, layout=Layout(str(work)), vocab=cfg, fmt="criteo", client=client, **kw)
 
-            def manifest() -> dict:
-                return read_json(fs, f"{Layout(str(work)).vocab(dates[-1])}/_SUCCESS.json")
+            def manifest() -> VocabManifest:
+                m = read_vocab_manifest(fs, vocab_dir(Layout(str(work)), dates[-1]))
+                assert m is not None, f"vocab/date={dates[-1]} is not committed"
+                return m
 
             scratch_dir = work / "scratch-counts"
             scratch_dir.mkdir()
@@ -175,15 +178,15 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.repeat):
                 _, inc = measure("incremental update of the last day", args.rows,
                                  lambda: (build(dates[-1], force=True), manifest()), keys_in_window=last.seen)
-                best["incremental update of the last day"]["merge"] = manifest()["merge"]
+                best["incremental update of the last day"]["merge"] = manifest().merge
                 _, win = measure("window re-merge of the last day", args.rows,
                                  lambda: (build(dates[-1], force=True, incremental=False), manifest()),
                                  keys_in_window=last.seen)
-                best["window re-merge of the last day"]["merge"] = manifest()["merge"]
+                best["window re-merge of the last day"]["merge"] = manifest().merge
                 _, one = measure("count one day only (floor)", args.rows, lambda: count(dates[-1:]), keys_in_window=0,
                                  merge="-")
                 rounds.append({"incremental": inc, "window": win, "count": one})
-            buckets = manifest()["buckets"]
+            buckets = manifest().buckets
             measure(f"count all {window} days (non-incremental)", window * args.rows, lambda: count(dates[-window:]),
                     keys_in_window=0, merge="-")
     finally:

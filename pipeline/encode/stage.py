@@ -49,6 +49,7 @@ from pipeline.config import EncodeConfig
 from pipeline.encode import row_copies
 from pipeline.encode.keys import factorize_keys, missing_key, oov_key
 from pipeline.schema import LogSchema, get_schema
+from pipeline.vocab.manifest import read_vocab_manifest
 from pipeline.vocab.stage import load_admitted
 from storage.features_manifest import (
     Duplicates,
@@ -225,12 +226,12 @@ def encode_date(
     events = read_manifest(fs, events_dir)
     if events is None:
         raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
-    vocab = read_manifest(fs, layout.fs(layout.vocab(date))[1])
+    vocab = read_vocab_manifest(fs, layout.fs(layout.vocab(date))[1])
     if vocab is None:
         raise FileNotFoundError(f"no committed vocabulary for {date} at {layout.vocab(date)}: run build_vocab first")
     _, final = layout.fs(layout.features(date))
     done = read_features_manifest(fs, final)
-    source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.get("run_id"), "eval_fraction": encode.eval_fraction}
+    source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.run_id, "eval_fraction": encode.eval_fraction}
     if done and not force and done.source == source:
         return _result(done, skipped=True, url=done.data_dir(layout.features(date)))
 
@@ -301,7 +302,7 @@ def encode_date(
             eval_part_rows=tuple(PartRows(p["name"], p["eval"]) for p in done_parts if p["eval"]),
             distinct_train_keys=len(key_counts),
             events_run_id=events.get("run_id"),
-            vocab_run_id=vocab.get("run_id"),
+            vocab_run_id=vocab.run_id,
             eval_fraction=encode.eval_fraction,
             run_id=uuid.uuid4().hex,
             code_version=code_version(),

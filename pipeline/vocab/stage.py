@@ -2,7 +2,8 @@
 
 Everything runs on Dask in pieces of bounded size; the driver only plans and
 adds up per-field numbers.  The tasks are in `pipeline.vocab.tasks` and their
-files in `pipeline.vocab.parts`; the pure steps they run are `vocab_counts`,
+files in `pipeline.vocab.parts`; a bucket's rule is `pipeline.vocab.bucket.update_bucket`
+and its manifest `pipeline.vocab.manifest`; the pure steps they run are `vocab_counts`,
 `vocab_window_merge` / `vocab_delta_merge`, `vocab_admission`, `vocab_buckets`,
 `vocab_cap` and `vocab_report`:
 
@@ -43,10 +44,16 @@ from distributed import Client
 from pipeline.cluster import gather
 from pipeline.config import VocabConfig
 from pipeline.schema import LogSchema, get_schema
-from pipeline.vocab.admission import admission_thresholds
+from pipeline.vocab.bucket import BucketRule
 from pipeline.vocab.buckets import auto_buckets
 from pipeline.vocab.cap import CapSearch
 from pipeline.vocab.dates import day_number
+from pipeline.vocab.manifest import (
+    DayFieldStats,
+    FieldStats,
+    VocabManifest,
+    read_vocab_manifest,
+)
 from pipeline.vocab.parts import SCRATCH, Bucketed, scratch
 from pipeline.vocab.report import (
     FieldTotals,
@@ -137,17 +144,17 @@ def build_vocab(
     if events is None:
         raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
     final = vocab_dir(layout, date)
-    done = read_manifest(fs, final)
-    if done and not force and done.get("events_run_id") == events.get("run_id") and done.get("config") == asdict(vocab):
-        return _result(done, skipped=True, url=data_dir(layout.vocab(date), done))
+    done = read_vocab_manifest(fs, final)
+    if done and not force and done.events_run_id == events.get("run_id") and done.config == asdict(vocab):
+        return _result(done, skipped=True, url=done.data_dir(layout.vocab(date)))
 
     fields = list(schema.categorical)
     multi = [name for name, _ in schema.multi_valued]
-    thresholds = admission_thresholds(vocab, fields)  # raises on a min_count_per_field of no field
+    rule = BucketRule.of(vocab, fields)  # raises on a min_count_per_field of no field
     run_id = uuid.uuid4().hex
     window = _committed_window(fs, layout, date, vocab.window_days)  # date -> manifest, without D
     prev_date = latest_vocab_before(fs, layout, date)
-    prev = read_manifest(fs, vocab_dir(layout, prev_date)) if prev_date else None
+    prev = read_vocab_manifest(fs, vocab_dir(layout, prev_date)) if prev_date else None
     delta, dropped = _delta_plan(date, vocab, window, prev_date, prev, fs=fs, layout=layout)
     delta = delta and incremental
 
@@ -162,7 +169,7 @@ def build_vocab(
                                              pure=False), what=f"vocab {date}: counting keys")
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
-            sum(distinct) + sum(m["day_keys"] for m in window.values()) + (prev["vocab_rows"] if prev else 0)
+            sum(distinct) + sum(m.day_keys for m in window.values()) + (prev.vocab_rows if prev else 0)
         )
         plan = MergePlan(
             stage=stage,
@@ -172,13 +179,9 @@ def build_vocab(
             window=() if delta else tuple((day_number(d), _day_counts(layout, d, m)) for d, m in window.items()),
             previous=_vocab_parts(layout, prev_date, prev) if prev_date and prev else None,
             # `dropped` is committed: _delta_plan read its manifest
-            dropped=_day_counts(layout, dropped, read_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,  # type: ignore[arg-type]
+            dropped=_day_counts(layout, dropped, read_vocab_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,  # type: ignore[arg-type]
             delta=delta,
-            thresholds=tuple(thresholds.tolist()),
-            ttl_days=vocab.ttl_days,
-            decay=vocab.decay,
-            capped=bool(vocab.max_keys_per_field),
-            n_fields=len(fields),
+            rule=rule,
         )
         results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
         t2 = time.perf_counter()
@@ -191,30 +194,31 @@ def build_vocab(
         stats = stats_from_totals(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
         window_dates = sorted([*window, date])
         _write_report(fs, stage, date, stats, window_dates=window_dates, config=vocab)
-        manifest = {
-            "date": date,
-            "format": schema.name,
-            "config": asdict(vocab),
-            "window_dates": window_dates,
-            "window_runs": {**{d: m["run_id"] for d, m in window.items()}, date: run_id},
-            "previous_vocab_date": prev_date,
-            "merge": "delta" if delta else "window",
-            "buckets": buckets,
-            "day_rows": events["rows_written"],
-            "day_keys": sum(r.day_keys for r in results),
-            "vocab_rows": sum(r.vocab_rows for r in results),
-            "admitted": int(totals.admitted.sum()),
-            "seen": int(totals.seen.sum()),
-            "evicted": int(n_evicted),
-            "per_field": stats,
-            "day_fields": day_field_stats(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi),
-            "seconds": {"count": round(t1 - t0, 3), "merge": round(t2 - t1, 3),
-                        "evicted_and_report": round(time.perf_counter() - t2, 3)},
-            "events_run_id": events.get("run_id"),
-            "run_id": run_id,
-            "code_version": code_version(),
-        }
-        commit_dir(fs, stage, final, manifest)
+        manifest = VocabManifest(
+            date=date,
+            format=schema.name,
+            config=asdict(vocab),
+            window_dates=tuple(window_dates),
+            window_runs={**{d: m.run_id for d, m in window.items()}, date: run_id},
+            previous_vocab_date=prev_date,
+            merge="delta" if delta else "window",
+            buckets=buckets,
+            day_rows=events["rows_written"],
+            day_keys=sum(r.day_keys for r in results),
+            vocab_rows=sum(r.vocab_rows for r in results),
+            admitted=int(totals.admitted.sum()),
+            seen=int(totals.seen.sum()),
+            evicted=int(n_evicted),
+            per_field=tuple(FieldStats(**s) for s in stats),
+            day_fields=tuple(DayFieldStats(**s) for s in day_field_stats(totals, day_rows=events["rows_written"],
+                                                                         fields=fields, multi_valued=multi)),
+            seconds={"count": round(t1 - t0, 3), "merge": round(t2 - t1, 3),
+                     "evicted_and_report": round(time.perf_counter() - t2, 3)},
+            events_run_id=events.get("run_id"),
+            run_id=run_id,
+            code_version=code_version(),
+        )
+        commit_dir(fs, stage, final, manifest.to_dict())
     return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
 
 
@@ -231,7 +235,7 @@ def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, ca
     """Run the bucket tasks (and, with a cap, the cut search and the finishing tasks); per-bucket results."""
     buckets = range(plan.buckets)
     results = gather(client, client.map(merge_bucket, buckets, plan=plan, fs=fs, pure=False), what="vocab: merging buckets")
-    if not plan.capped:
+    if not plan.rule.cap:
         return results
     search = CapSearch(cap=cap, admitted=sum(r.admitted for r in results), buckets=plan.buckets)
     while not search.done:
@@ -241,18 +245,20 @@ def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, ca
     return gather(client, client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False), what="vocab: finishing buckets")
 
 
-def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str, window_days: int) -> dict[str, dict]:
+def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str,
+                      window_days: int) -> dict[str, VocabManifest]:
     """date -> manifest of the committed vocabularies of the window_days - 1 days before `date`."""
     out = {}
     for back in range(window_days - 1, 0, -1):
         d = shift_date(date, -back)
-        if (m := read_manifest(fs, vocab_dir(layout, d))) is not None:
+        if (m := read_vocab_manifest(fs, vocab_dir(layout, d))) is not None:
             out[d] = m
     return out
 
 
 def _delta_plan(
-    date: str, vocab: VocabConfig, window: dict[str, dict], prev_date: str | None, prev: dict | None, *,
+    date: str, vocab: VocabConfig, window: dict[str, VocabManifest], prev_date: str | None,
+    prev: VocabManifest | None, *,
     fs: fsspec.AbstractFileSystem, layout: Layout,
 ) -> tuple[bool, str | None]:
     """(whether the delta merge gives the exact window, the date that left the window or None).
@@ -263,26 +269,26 @@ def _delta_plan(
     """
     if vocab.decay != 1.0 or prev is None or prev_date != shift_date(date, -1):
         return False, None
-    runs = dict(prev["window_runs"])
+    runs = dict(prev.window_runs)
     dropped = shift_date(date, -vocab.window_days)
     dropped_run = runs.pop(dropped, None)
-    if runs != {d: m["run_id"] for d, m in window.items()}:
+    if runs != {d: m.run_id for d, m in window.items()}:
         return False, None
     if dropped_run is None:
         return True, None
-    kept = read_manifest(fs, vocab_dir(layout, dropped))
-    if kept is None or kept.get("run_id") != dropped_run:
+    kept = read_vocab_manifest(fs, vocab_dir(layout, dropped))
+    if kept is None or kept.run_id != dropped_run:
         return False, None
     return True, dropped
 
 
-def _day_counts(layout: Layout, date: str, manifest: dict) -> Bucketed:
+def _day_counts(layout: Layout, date: str, manifest: VocabManifest) -> Bucketed:
     """The day counts kept by a committed vocabulary."""
-    return Bucketed(join(data_dir(vocab_dir(layout, date), manifest), "day_counts.parquet"), manifest["buckets"])
+    return Bucketed(join(manifest.data_dir(vocab_dir(layout, date)), "day_counts.parquet"), manifest.buckets)
 
 
-def _vocab_parts(layout: Layout, date: str, manifest: dict) -> Bucketed:
-    return Bucketed(join(data_dir(vocab_dir(layout, date), manifest), "vocab.parquet"), manifest["buckets"])
+def _vocab_parts(layout: Layout, date: str, manifest: VocabManifest) -> Bucketed:
+    return Bucketed(join(manifest.data_dir(vocab_dir(layout, date)), "vocab.parquet"), manifest.buckets)
 
 
 def vocab_dir(layout: Layout, date: str) -> str:
@@ -297,7 +303,7 @@ def latest_vocab_before(fs: fsspec.AbstractFileSystem, layout: Layout, date: str
         return None
     dates = [d for entry in fs.ls(base, detail=False) if (d := date_of(entry)) is not None and d < date]
     for d in sorted(dates, reverse=True):
-        if read_manifest(fs, vocab_dir(layout, d)) is not None:
+        if read_vocab_manifest(fs, vocab_dir(layout, d)) is not None:
             return d
     return None
 
@@ -315,9 +321,9 @@ def load_evicted(layout: Layout, date: str) -> np.ndarray:
 
 def _load(layout: Layout, date: str, name: str, columns: list[str] | None) -> pd.DataFrame:
     fs, directory = layout.fs(layout.vocab(date))
-    if (manifest := read_manifest(fs, directory)) is None:
+    if (manifest := read_vocab_manifest(fs, directory)) is None:
         raise FileNotFoundError(f"no committed vocabulary for {date} at {layout.vocab(date)}: run build_vocab first")
-    return _read(fs, join(data_dir(directory, manifest), f"{name}.parquet"), columns)
+    return _read(fs, join(manifest.data_dir(directory), f"{name}.parquet"), columns)
 
 
 def load_report(layout: Layout, date: str) -> pd.DataFrame:
@@ -333,16 +339,16 @@ def _read(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = 
         return pq.read_table(f, columns=columns).to_pandas()
 
 
-def _result(manifest: dict, *, skipped: bool, url: str) -> VocabResult:
+def _result(manifest: VocabManifest, *, skipped: bool, url: str) -> VocabResult:
     return VocabResult(
-        date=manifest["date"],
-        admitted=manifest["admitted"],
-        seen=manifest["seen"],
-        evicted=manifest["evicted"],
-        per_field=manifest["per_field"],
-        day_fields=manifest["day_fields"],
-        previous_vocab_date=manifest["previous_vocab_date"],
+        date=manifest.date,
+        admitted=manifest.admitted,
+        seen=manifest.seen,
+        evicted=manifest.evicted,
+        per_field=[asdict(s) for s in manifest.per_field],
+        day_fields=[asdict(s) for s in manifest.day_fields],
+        previous_vocab_date=manifest.previous_vocab_date,
         skipped=skipped,
-        run_id=manifest["run_id"],
+        run_id=manifest.run_id,
         url=url,
     )

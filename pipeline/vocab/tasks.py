@@ -2,7 +2,8 @@
 
 No task holds more than one events partition or one bucket (of every day in
 the window plus the previous vocabulary); the driver gets back per-field sums
-and cap histograms only.  The files they read and write are `pipeline.vocab.parts`.
+and cap histograms only.  The files they read and write are `pipeline.vocab.parts`;
+the rule a bucket task applies between its reads and writes is `pipeline.vocab.bucket`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.vocab.admission import Columns, split_vocab
+from pipeline.vocab.bucket import (
+    BucketRule,
+    BucketUpdate,
+    MergedRows,
+    finish_rows,
+    merge_rows,
+    pre_cap,
+    update_bucket,
+)
 from pipeline.vocab.cap import Histogram, cap_histograms, cap_mask, score_bits
 from pipeline.vocab.counts import count_keys, sum_counts
-from pipeline.vocab.delta_merge import delta_combine, delta_vocab
 from pipeline.vocab.parts import (
     EVICTED_SCHEMA,
     Bucketed,
@@ -35,8 +43,7 @@ from pipeline.vocab.parts import (
     write_scratch_counts,
     write_vocab_part,
 )
-from pipeline.vocab.report import FieldTotals, field_totals
-from pipeline.vocab.window_merge import combine, window_table
+from pipeline.vocab.report import FieldTotals
 from storage.io.fsio import join
 
 
@@ -59,12 +66,8 @@ class MergePlan:
     """Delta merge: the day counts of the day that left the window (None: no day left it)."""
     delta: bool
     """True: window = previous counts + D - dropped; False: the sum of the window's day counts."""
-    thresholds: tuple[float, ...]
-    ttl_days: int
-    decay: float
-    capped: bool
-    """Whether the cap must be searched (the merged rows go to scratch before the cap)."""
-    n_fields: int
+    rule: BucketRule
+    """The config as a bucket applies it; with a cap, the merged rows go to scratch before it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,44 +102,34 @@ def count_part(
 
 
 def merge_bucket(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem) -> BucketResult:
-    """Dask task: day counts of `bucket`, its window and previous state, admission; writes its parts.
+    """Dask task: read `bucket`'s day counts, window and previous state, `update_bucket`, write its parts.
 
-    Without a cap the bucket is final here; with one, its rows go to
+    Without a cap the bucket is final here; with one, its rows (`merge_rows`) go to
     `_scratch/merged` and `finish_bucket` applies the cut once `CapSearch` found it.
     """
     keys, counts = sum_counts(*_concat(read_count_range(fs, p, bucket, plan.buckets) for p in plan.count_parts))
     write_day_counts(fs, join(plan.stage, "day_counts.parquet", part_name(bucket)), keys, counts)
-    thresholds = np.asarray(plan.thresholds)
     dropped = None
     if plan.delta and plan.dropped is not None:
         d = read_bucket(fs, plan.dropped, bucket, plan.buckets, ["key", "count"])
         dropped = (d.column("key").to_numpy(), d.column("count").to_numpy())
-    if plan.delta and not plan.capped:
-        prev, days = read_previous_indexed(fs, plan.previous, bucket, plan.buckets)
-        out = delta_vocab(date=plan.date, previous=prev, days=days, today=(keys, counts), dropped=dropped,
-                          thresholds=thresholds, ttl_days=plan.ttl_days, n_fields=plan.n_fields)
-        write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), out.vocab, days=out.days)
-        return BucketResult(admitted=out.totals.admitted, totals=out.totals, vocab_rows=len(out.vocab["key"]),
-                            day_keys=len(keys),
-                            evicted_rows=write_evicted(fs, scratch(plan.stage, "evicted", bucket), out.evicted))
-    prev = read_previous(fs, plan.previous, bucket, plan.buckets)
-    if plan.delta:
-        merged = delta_combine(date=plan.date, previous=prev, today=(keys, counts), dropped=dropped,
-                               thresholds=thresholds, ttl_days=plan.ttl_days)
-    else:
-        window = [(plan.date, keys, counts)]
+    window = []
+    if not plan.delta:
         for day, source in plan.window:
             t = read_bucket(fs, source, bucket, plan.buckets, ["key", "count"])
             window.append((day, t.column("key").to_numpy(), t.column("count").to_numpy()))
-        merged = combine(date=plan.date, window=window_table(window, end=plan.date, decay=plan.decay), previous=prev,
-                         thresholds=thresholds, ttl_days=plan.ttl_days)
-    today = np.zeros(len(merged["key"]), np.int64)
-    today[np.searchsorted(merged["key"], keys)] = counts
-    admitted = np.bincount(merged["field"][merged["admitted"]], minlength=plan.n_fields)[: plan.n_fields]
-    if plan.capped:
-        write_merged(fs, scratch(plan.stage, "merged", bucket), merged, today)
-        return BucketResult(admitted=admitted, totals=None, day_keys=len(keys))
-    return _finish(fs, plan, bucket, merged, today, merged["admitted"], len(keys))
+    if plan.delta and not plan.rule.cap:  # delta_vocab keeps the previous part's date dictionary
+        prev, days = read_previous_indexed(fs, plan.previous, bucket, plan.buckets)
+    else:
+        prev, days = read_previous(fs, plan.previous, bucket, plan.buckets), None
+    if plan.rule.cap:
+        merged = merge_rows(date=plan.date, today=(keys, counts), previous=prev, rule=plan.rule, window=window,
+                            dropped=dropped, delta=plan.delta)
+        write_merged(fs, scratch(plan.stage, "merged", bucket), merged.rows, merged.today)
+        return BucketResult(admitted=pre_cap(merged.rows, plan.rule.n_fields), totals=None, day_keys=len(keys))
+    out = update_bucket(date=plan.date, today=(keys, counts), previous=prev, rule=plan.rule, days=days, window=window,
+                        dropped=dropped, delta=plan.delta)
+    return _write_bucket(fs, plan, bucket, out)
 
 
 def cap_round(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem, query: dict[int, tuple[int, int]],
@@ -149,25 +142,22 @@ def cap_round(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem, qu
 
 def finish_bucket(bucket: int, cuts: dict[int, tuple[int, int]], *, plan: MergePlan,
                   fs: fsspec.AbstractFileSystem) -> BucketResult:
-    """Dask task: apply the cap's cut to this bucket's merged rows and write its parts."""
+    """Dask task: apply the cap's cut to this bucket's merged rows (`finish_rows`) and write its parts."""
     t = read_part(fs, scratch(plan.stage, "merged", bucket), None)
-    merged = {name: t.column(name).to_numpy() for name in t.column_names}
-    admitted = cap_mask(field=merged["field"], bits=score_bits(merged["score"]), admitted=merged["admitted"], cuts=cuts)
-    today = merged["today"]
-    return _finish(fs, plan, bucket, merged, today, admitted, int((today > 0).sum()))
+    rows = {name: t.column(name).to_numpy() for name in t.column_names}
+    today = rows.pop("today")
+    admitted = cap_mask(field=rows["field"], bits=score_bits(rows["score"]), admitted=rows["admitted"], cuts=cuts)
+    out = finish_rows(MergedRows(rows=rows, today=today), admitted, n_fields=plan.rule.n_fields,
+                      day_keys=int((today > 0).sum()))
+    return _write_bucket(fs, plan, bucket, out)
 
 
-def _finish(fs: fsspec.AbstractFileSystem, plan: MergePlan, bucket: int, merged: Columns, today: np.ndarray, admitted: np.ndarray,
-            day_keys: int) -> BucketResult:
-    vocab, gone = split_vocab(merged, admitted)
-    write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), vocab)
-    evicted_rows = write_evicted(fs, scratch(plan.stage, "evicted", bucket), gone)
-    totals = field_totals(field=merged["field"], count=merged["count"], admitted=admitted,
-                          evicted=merged["was_admitted"] & ~admitted, today=today,
-                          was_admitted=merged["was_admitted"], n_fields=plan.n_fields)
-    pre_cap = np.bincount(merged["field"][merged["admitted"]], minlength=plan.n_fields)[: plan.n_fields]
-    return BucketResult(admitted=pre_cap, totals=totals, vocab_rows=len(vocab["key"]), day_keys=day_keys,
-                        evicted_rows=evicted_rows)
+def _write_bucket(fs: fsspec.AbstractFileSystem, plan: MergePlan, bucket: int, out: BucketUpdate) -> BucketResult:
+    """The bucket's vocabulary and evicted parts; its numbers for the driver."""
+    write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), out.vocab, days=out.days)
+    evicted_rows = write_evicted(fs, scratch(plan.stage, "evicted", bucket), out.evicted)
+    return BucketResult(admitted=out.admitted, totals=out.totals, vocab_rows=len(out.vocab["key"]),
+                        day_keys=out.day_keys, evicted_rows=evicted_rows)
 
 
 def concat_evicted(out: str, *, stage: str, buckets: Sequence[int], fs: fsspec.AbstractFileSystem) -> int:

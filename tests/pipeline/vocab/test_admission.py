@@ -1,7 +1,7 @@
 """Admission: a key is admitted at min_count, stays admitted within the TTL, and is forgotten otherwise.
 
-The rules run through `tests.helpers.whole_table_vocab` (the stage's per-key
-steps on one whole table).
+The rules run through the stage's `update_bucket` with one bucket holding
+every key (`tests.helpers.vocab_days.update_vocab`).
 """
 
 import pandas as pd
@@ -9,12 +9,11 @@ import pytest
 
 from pipeline.config import VocabConfig
 from pipeline.vocab.counts import count_keys
-from tests.helpers.vocab_days import counts, key
-from tests.helpers.whole_table_vocab import update_vocab, window_counts
+from tests.helpers.vocab_days import counts, key, update_vocab
 
 
 def step(date, window: dict, previous, **config):
-    return update_vocab(date=date, window=window_counts(window), previous=previous, config=VocabConfig(**config))
+    return update_vocab(date=date, days=window, previous=previous, config=VocabConfig(**config))
 
 
 def test_a_key_is_admitted_when_its_windowed_count_reaches_min_count():
@@ -50,9 +49,9 @@ def test_never_admitted_keys_are_forgotten_once_out_of_the_window():
 
 def test_per_field_min_count_overrides_the_global_one():
     frame = pd.DataFrame({"A": ["x", "x", "y"], "B": ["x", "x", "y"]})
-    window = window_counts({"2026-01-01": count_keys(frame, ["A", "B"])})
+    days = {"2026-01-01": count_keys(frame, ["A", "B"])}
     cfg = VocabConfig(min_count=2, min_count_per_field={"B": 3})
-    v = update_vocab(date="2026-01-01", window=window, previous=None, config=cfg, fields=["A", "B"]).vocab
+    v = update_vocab(date="2026-01-01", days=days, previous=None, config=cfg, fields=["A", "B"]).vocab
     assert v.loc[v["admitted"], "key"].tolist() == [key("x")]  # B's x (count 2) stays below 3
     with pytest.raises(ValueError, match="unknown fields"):
-        update_vocab(date="2026-01-01", window=window, previous=None, config=cfg, fields=["A"])
+        update_vocab(date="2026-01-01", days=days, previous=None, config=cfg, fields=["A"])

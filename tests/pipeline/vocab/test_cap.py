@@ -7,17 +7,16 @@ from pipeline.config import VocabConfig
 from pipeline.encode.keys import field_of
 from pipeline.vocab.buckets import bucket_of
 from pipeline.vocab.cap import CapSearch, cap_histograms, cap_mask, score_bits
-from tests.helpers.vocab_days import counts, key
+from tests.helpers.vocab_days import counts, key, update_vocab
 from tests.helpers.vocab_reference import reference_within_cap
-from tests.helpers.whole_table_vocab import update_vocab, window_counts
 
 
 def test_the_per_field_cap_keeps_the_highest_scores_and_evicts_the_rest():
-    first = update_vocab(date="2026-01-01", window=window_counts({"2026-01-01": counts(a=5, b=4, c=3)}), previous=None,
+    first = update_vocab(date="2026-01-01", days={"2026-01-01": counts(a=5, b=4, c=3)}, previous=None,
                          config=VocabConfig(min_count=1))
     assert first.vocab["admitted"].all()
-    window = window_counts({"2026-01-01": counts(a=5, b=4, c=3), "2026-01-02": counts(c=9)})
-    capped = update_vocab(date="2026-01-02", window=window, previous=first.vocab,
+    days = {"2026-01-01": counts(a=5, b=4, c=3), "2026-01-02": counts(c=9)}
+    capped = update_vocab(date="2026-01-02", days=days, previous=first.vocab,
                           config=VocabConfig(min_count=1, max_keys_per_field=2))
     admitted = set(capped.vocab.loc[capped.vocab["admitted"], "key"])
     assert admitted == {key("c"), key("a")} and capped.evicted["key"].tolist() == [key("b")]
