@@ -208,7 +208,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
 
 def bench_k(ks: list[int], steps: int, batch: int, netns: bool) -> list[dict[str, Any]]:
     from bench.train import write_synthetic_features
-    from trainer.evaluate import evaluate_model
+    from trainer.scoring import evaluate_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-comm-k-"))
     rows = []

@@ -3,7 +3,7 @@
     python -m bench.day [--rows 1000000 --rows 5000000] [--days 3] [--no-reference]
 
 For each N rows/day: writes `--days` days of synthetic Criteo logs (`pipeline.generate`), runs
-`ctrpipe backfill` over them in a fresh process with the default recipe (the product path:
+`ctrpipe backfill` over them in a fresh process with the default preset (the product path:
 Prefect's ephemeral server, ingest running ahead, the model's slot), and reads each day's
 metrics.json: per stage and per overhead (`flows.day.run.OVERHEADS`) the wall seconds, its share of
 the day, and the CPU seconds the whole process tree used meanwhile (`bench._proctree`); per

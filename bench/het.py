@@ -29,8 +29,8 @@ import torch
 from bench._common import report, train_spec
 from bench.train import MODEL, write_synthetic_features
 from storage.embedding.config import StoreConfig
-from trainer.evaluate import evaluate_model
 from trainer.launch import run_training
+from trainer.scoring import evaluate_model
 
 
 def run_one(tmp: Path, features: Path, *, procs: int, bound: int, batch: int, dim: int) -> dict[str, Any]:

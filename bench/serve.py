@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         write_registry_version(tmp / "registry-v", made)
         from flows.serving.bundle import BundleReader
         from flows.serving.model import load_model
-        from trainer.evaluate import load_model as load_registry_model
+        from trainer.scoring import load_model as load_registry_model
 
         t0 = time.perf_counter()
         load_registry_model(str(tmp / "registry-v"))

@@ -1,14 +1,15 @@
-"""Whole-run configurations as Python functions (style rule 3).
+"""Presets: named base configurations as Python functions (style rule 3), chosen by `--preset NAME`.
 
-A recipe returns a `RunConfig`; variants are a few lines on top of another
-recipe.  YAML files and `--set` overrides then adjust a recipe's values.
+A preset returns a `RunConfig`; variants are a few lines on top of another
+preset.  YAML files and `--set` overrides then adjust a preset's values.  (A day's
+derived optim values are its recipe, `trainer.plan.recipe`: a different thing.)
 """
 
 from __future__ import annotations
 
 from flows.config import RunConfig, from_dict, with_overrides
 
-RECIPES = ("default", "demo")
+PRESETS = ("default", "demo")
 
 
 def default() -> RunConfig:
@@ -38,5 +39,5 @@ def by_name(name: str, *, root: str | None = None) -> RunConfig:
     elif name == "demo":
         cfg = demo()
     else:
-        raise ValueError(f"unknown recipe {name!r}; choose one of {RECIPES}")
+        raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
     return with_overrides(cfg, {"root": root}) if root else cfg

@@ -93,7 +93,7 @@ class LoadedModel:
     """Where the dense network scores."""
 
 
-def eval_device(device: str | torch.device = "auto") -> torch.device:
+def scoring_device(device: str | torch.device = "auto") -> torch.device:
     """`auto`: the training device when there is one (CUDA), else the CPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -104,7 +104,7 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     """Read a committed model directory (dense from safetensors, sparse from `sparse/part-*.parquet`).
 
     Args:
-        device: where the dense network scores (`eval_device`).
+        device: where the dense network scores (`scoring_device`).
 
     Raises:
         FileNotFoundError: not a committed model directory.
@@ -124,7 +124,7 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
         bag_columns=meta.bag_columns,
     ).for_pooling(cfg.bag_pooling)
     emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=meta.init_std)
-    dev = eval_device(device)
+    dev = scoring_device(device)
     return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev)
 
 

@@ -25,10 +25,10 @@ import torch
 
 from storage.io import fsio
 from trainer.data import list_parts
-from trainer.evaluate import LoadedModel, score
 from trainer.group_metrics import GroupAUC, group_auc
 from trainer.metrics import StreamingAUC, StreamingMetrics
 from trainer.paired import Difference, PairedDifference
+from trainer.scoring import LoadedModel, score
 
 
 def core_count() -> int:
@@ -112,7 +112,7 @@ def evaluate_together(
     """The metrics of each of `models` on the same rows, every frame read once for all of them.
 
     Args:
-        models: loaded models (`trainer.evaluate.load_model`); each frame must hold their columns.
+        models: loaded models (`trainer.scoring.load_model`); each frame must hold their columns.
         frames: feature rows with `label` (e.g. `read_split`), consumed once.
         threads: scoring threads, each with one torch thread; 0 = `core_count()`.  A frame is cut
             into row slices so that every thread has a job even for one model.

@@ -85,7 +85,7 @@ def evaluate_log(
             `label` and `score` there as one Parquet file: what the online scorer's answers are compared
             with (`tests/flows/serving/test_parity.py`).
     """
-    from trainer.evaluate import evaluate_model, load_model, score
+    from trainer.scoring import evaluate_model, load_model, score
 
     log = encode_log(cfg, model, input_url, fmt, format_key=format_key)
     loaded = load_model(log.url, cfg.storage_options)
@@ -112,7 +112,7 @@ def evaluate_log(
 
 def score_log(cfg: RunConfig, model: str, input_url: str, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     """(labels, click probabilities) of the valid rows of `input_url`, in file order, scored as `evaluate_log` does."""
-    from trainer.evaluate import load_model, score
+    from trainer.scoring import load_model, score
 
     log = encode_log(cfg, model, input_url, fmt)
     probs = score(load_model(log.url, cfg.storage_options), log.features)

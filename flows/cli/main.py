@@ -2,8 +2,8 @@
 
     ctrpipe demo [--root DIR] [--days N]
     ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D] [--interactions N]
-    ctrpipe run --date D [--config FILE] [--recipe NAME] [--set KEY=VALUE ...] [--force] [--allow-older]
-    ctrpipe backfill --start D --end D [--config FILE] [--recipe NAME] [--set ...] [--force]
+    ctrpipe run --date D [--config FILE] [--preset NAME] [--set KEY=VALUE ...] [--force] [--allow-older]
+    ctrpipe backfill --start D --end D [--config FILE] [--preset NAME] [--set ...] [--force]
     ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu|SCHEMA.yaml] [--predictions URL]
                      [--config FILE]
     ctrpipe models list|show VERSION|rollback VERSION|prune [--dry-run] [--config FILE] [--set ...]
@@ -53,9 +53,9 @@ def _prefect_defaults(root: str | None = None) -> None:
 
 def _load(args: argparse.Namespace) -> Any:
     from flows.config import load_config
-    from flows.recipes import by_name
+    from flows.presets import by_name
 
-    return load_config(args.config, args.overrides, base=by_name(args.recipe))
+    return load_config(args.config, args.overrides, base=by_name(args.preset))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +176,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.config import load_config, with_overrides
-    from flows.recipes import demo
+    from flows.presets import demo
     from pipeline.generate import generate_days
     from storage.io.dates import date_range, shift_date
 
@@ -206,7 +206,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if len(records) > 1:
         print("\nAll days:\n" + format_table(records))
     print(f"\nOutputs under {root}: events/ quarantine/ vocab/ features/ runs/ models/{cfg.model_name}/\n"
-          f"Next: ctrpipe models list --recipe demo --set root={root}")
+          f"Next: ctrpipe models list --preset demo --set root={root}")
     return ExitCode.OK
 
 
@@ -229,7 +229,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         versions = reg.versions()
         if not versions:
             print(f"no versions of model {cfg.model_name} under {cfg.layout().models()} (the config's root); "
-                  "point elsewhere with --config FILE, --set root=DIR, or --recipe demo for ./demo-data",
+                  "point elsewhere with --config FILE, --set root=DIR, or --preset demo for ./demo-data",
                   file=sys.stderr)
             return ExitCode.OK
         latest = reg.latest()

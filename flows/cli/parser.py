@@ -46,11 +46,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
-                   help="YAML file of config sections over the recipe (docs/config-reference.md lists every key; "
+                   help="YAML file of config sections over the preset (docs/config-reference.md lists every key; "
                         "infra/prod.example.yaml is a commented example)")
-    p.add_argument("--recipe", default="default", metavar="NAME",
-                   help="base configuration: default (production sizes) or demo (a tiny model, ./demo-data); "
-                        "default: %(default)s")
+    p.add_argument("--preset", default="default", metavar="NAME",
+                   help="base configuration (flows/presets.py): default (production sizes) or demo (a tiny model, "
+                        "./demo-data); default: %(default)s")
+    # the earlier spelling of --preset, still accepted, kept out of --help (docs/user-guide.md says so)
+    p.add_argument("--recipe", dest="preset", default=argparse.SUPPRESS, metavar="NAME", help=argparse.SUPPRESS)
     _add_set(p)
 
 
@@ -80,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Daily CTR model retraining: ingest raw ad logs, build vocabularies, train, evaluate, "
                     "publish the model when it is not worse.  Dates are " + DATE_HELP + ".",
         epilog="first steps:\n  ctrpipe demo                       3 synthetic days end to end in ./demo-data\n"
-               "  ctrpipe models list --recipe demo  the versions the demo published\n"
+               "  ctrpipe models list --preset demo  the versions the demo published\n"
                "  cp infra/prod.example.yaml prod.yaml; ctrpipe run --date 2026-03-01 --config prod.yaml\n"
                "  ctrpipe COMMAND --help             what a command does, with examples\n\n"
                + help_text() + "\n\n" + ENVIRONMENT_HELP,
@@ -120,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "Retrain on one day of logs: ingest, vocab, encode, warm, train, evaluate, publish.  The model "
                  "is published when the gate passes; exit code 2 when it refused the model (LATEST unchanged).  "
                  "A completed date is not redone unless --force.  Prints the day's table.",
-                 ["ctrpipe run --date 2026-01-01 --recipe demo", "ctrpipe run --date 2026-03-01 --config prod.yaml",
+                 ["ctrpipe run --date 2026-01-01 --preset demo", "ctrpipe run --date 2026-03-01 --config prod.yaml",
                   "ctrpipe run --date 2026-03-01 --config prod.yaml --set optim.k_steps=20 --force"])
     p.add_argument("--date", required=True, metavar="D", help=f"the day whose logs to train on, {DATE_HELP}")
     p.add_argument("--force", action="store_true", help="redo the date even if it completed, recomputing every stage")
@@ -141,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "evaluate", "score a registry model on a log file; prints JSON",
                  "Score a registry model on one raw log file, encoded with the model's own vocabulary.  "
                  'Prints one JSON line: {"auc", "logloss", "rows", "rows_quarantined", "model"}.',
-                 ["ctrpipe evaluate --input ./demo-data/raw/day_2026-01-03.tsv.gz --recipe demo",
+                 ["ctrpipe evaluate --input ./demo-data/raw/day_2026-01-03.tsv.gz --preset demo",
                   "ctrpipe evaluate --model v00002 --input s3://logs/2026-03-02.csv --format shop.yaml --config prod.yaml"])
     p.add_argument("--model", default="latest", metavar="VERSION",
                    help="latest (the published model, default) or a version such as v00003")
@@ -157,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "date, AUC and bytes; `show` one version's metrics, lineage and bundle sizes as JSON; `rollback` "
                  "moves LATEST (and the servers' bundle pointer) to an earlier published version, atomically; "
                  "`prune` applies the retention of the registry section (also run after each publish).",
-                 ["ctrpipe models list --recipe demo", "ctrpipe models show latest --config prod.yaml",
-                  "ctrpipe models rollback previous --config prod.yaml", "ctrpipe models prune --dry-run --recipe demo"])
+                 ["ctrpipe models list --preset demo", "ctrpipe models show latest --config prod.yaml",
+                  "ctrpipe models rollback previous --config prod.yaml", "ctrpipe models prune --dry-run --preset demo"])
     p.add_argument("action", choices=["list", "show", "rollback", "prune"],
                    help="list | show VERSION | rollback VERSION | prune")
     p.add_argument("version", nargs="?", metavar="VERSION",
@@ -214,9 +216,9 @@ def _add_serving_parsers(sub: Any) -> None:
                  "--onnx), the embedding rows without optimizer state, the feature spec frozen from the model's "
                  "vocabulary and a manifest with checksums.  Publishing writes the bundles of each published "
                  "version already (ROOT/bundles/NAME/); this is for another dtype, ONNX or a delta from any base.",
-                 ["ctrpipe export --model latest --out ./bundle --recipe demo",
+                 ["ctrpipe export --model latest --out ./bundle --preset demo",
                   "ctrpipe export --model v00004 --delta-from v00002 --out s3://b/ctr/d4 --config prod.yaml",
-                  "ctrpipe export --model latest --out ./bundle16 --dtype float16 --recipe demo"])
+                  "ctrpipe export --model latest --out ./bundle16 --dtype float16 --preset demo"])
     p.add_argument("--model", default="latest", metavar="VERSION", help="latest, previous or a version such as v00003")
     p.add_argument("--out", required=True, help="the bundle directory to write: a path or fsspec URL")
     p.add_argument("--delta-from", default=None, metavar="VERSION",
@@ -231,7 +233,7 @@ def _add_serving_parsers(sub: Any) -> None:
                  "/healthz and /readyz.  Follows ROOT/bundles/NAME/LATEST (polled every --reload-every seconds): a "
                  "new version is loaded beside the old one, checked with a smoke score, and switched to "
                  "atomically; a bundle that fails is refused and the old one keeps serving.",
-                 ["ctrpipe score-server --recipe demo --set root=./demo-data",
+                 ["ctrpipe score-server --preset demo --set root=./demo-data",
                   "ctrpipe score-server --bundle ./bundle --port 8080",
                   "ctrpipe score-server --config prod.yaml --host 0.0.0.0 --auth-token-env SCORER_TOKEN   # token in $SCORER_TOKEN"])
     p.add_argument("--model", default="latest", metavar="VERSION",

@@ -11,7 +11,7 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     warm     this node's SSD shards <- the published rows (storage.warm)
     train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
              after the parent's eval rows                (trainer.plan.parent_eval)
-    evaluate candidate and published model on the day    (flows.guards.evaluation, trainer.eval_pass)
+    evaluate candidate and published model on the day    (flows.guards.evaluation, trainer.scoring_pass)
     publish  gate -> registry version, LATEST            (flows.guards.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
 

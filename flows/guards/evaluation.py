@@ -4,7 +4,7 @@
     published model on a seeded sample of the day's train rows  -> next-day AUC with its 95% interval
 
 Both models are loaded once and scored in one pass over the eval rows on every core
-(`trainer.eval_pass`).  Scored on every train row, the next-day AUC made evaluation grow with the
+(`trainer.scoring_pass`).  Scored on every train row, the next-day AUC made evaluation grow with the
 day as training does; it is a monitoring number, so a sample of bounded size whose interval is
 recorded beside it serves it.
 """
@@ -138,14 +138,14 @@ def evaluate_day(
             checks (`publish.group_fields()`), on the eval rows, for both models.
     """
     # here, not at the top: `flows.config` imports this module, and every CLI command loads the config
-    from trainer.eval_pass import (
+    from trainer.scoring import load_model
+    from trainer.scoring_pass import (
         core_count,
         evaluate_together,
         feature_columns,
         read_split,
         sample_rows,
     )
-    from trainer.evaluate import load_model
 
     t0 = time.perf_counter()
     threads = cfg.threads or core_count()

@@ -41,7 +41,7 @@ from flows.day.run import DATA_STAGES, Stage, run_day
 from flows.day.state import DayState
 from flows.node.slot import Taken, node_slot
 from flows.prefect.slot import server_configured, server_slot
-from flows.recipes import default
+from flows.presets import default
 from storage.io import dates
 from storage.io.progress import Bar
 

@@ -36,6 +36,7 @@ from flows.serving.bundle import (
 )
 from pipeline.encode.feature_spec import FeatureSpec
 from pipeline.schema import get_schema
+from pipeline.vocab.manifest import read_vocab_manifest
 from pipeline.vocab.stage import load_admitted
 from storage.features_manifest import read_features_manifest
 from storage.io import fsio
@@ -131,12 +132,12 @@ class VersionExport:
         if date is None:
             raise ExportError(f"{self.version} records no vocab_date: its admitted keys are unknown")
         fs, vocab_path = self.layout.fs(self.layout.vocab(date))
-        vocab = fsio.read_manifest(fs, vocab_path)
+        vocab = read_vocab_manifest(fs, vocab_path)
         features_fs, features_path = fsio.get_fs(self.meta.features_url, so)
         features = read_features_manifest(features_fs, features_path)
-        if vocab and features and features.vocab_run_id not in (None, vocab.get("run_id")):
+        if vocab and features and features.vocab_run_id not in (None, vocab.run_id):
             raise ExportError(
-                f"vocab/date={date} was rebuilt after {self.version} was trained (run {vocab.get('run_id')}, the "
+                f"vocab/date={date} was rebuilt after {self.version} was trained (run {vocab.run_id}, the "
                 f"model used {features.vocab_run_id}): its admitted keys are gone; serve the bundle written "
                 "when it was published"
             )
@@ -194,7 +195,7 @@ class VersionExport:
         if dtype == "float32":
             return None
         from trainer.data import FeatureSchema
-        from trainer.evaluate import FrozenEmbeddings, LoadedModel, evaluate_model
+        from trainer.scoring import FrozenEmbeddings, LoadedModel, evaluate_model
 
         m = self.meta
         schema = FeatureSchema(dense_columns=m.dense_columns, key_columns=m.key_columns, fields=m.fields,

@@ -4,7 +4,7 @@ The server holds a `ServingModel` per version (two while it switches).  It needs
 `torch.export.load` for the network, the `.npy` rows, `feature_spec.json` + `admitted.npy` for
 the feature path, model.json for the columns (`ServingMeta`: only what the scorer uses, read
 tolerantly, so an older scorer loads a newer trainer's bundle).  Scoring goes through
-`trainer.evaluate.score_features`, the path evaluation takes, so served and evaluated scores agree.
+`trainer.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
 from trainer.data import FeatureSchema
-from trainer.evaluate import score_features
 from trainer.export import load_program
 from trainer.model_dir import MODEL
+from trainer.scoring import score_features
 
 log = logging.getLogger("ctrpipe.serve")
 

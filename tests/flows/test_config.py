@@ -3,7 +3,7 @@
 import pytest
 
 from flows.config import ConfigError, load_config
-from flows.recipes import by_name, demo
+from flows.presets import by_name, demo
 
 
 def test_defaults_are_valid_and_documented_keys_exist():
@@ -23,12 +23,12 @@ def test_yaml_then_overrides(tmp_path):
     assert cfg.input.format == "avazu" and cfg.input.url == "s3://b/{yyyymmdd}.csv"
 
 
-def test_yaml_merges_into_a_recipe(tmp_path):
+def test_yaml_merges_into_a_preset(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("optim:\n  k_steps: 7\n")
     cfg = load_config(f, base=demo("/tmp/x"))
     assert cfg.optim.k_steps == 7
-    assert cfg.optim.batch_size == demo("/tmp/x").optim.batch_size  # the rest of the recipe is kept
+    assert cfg.optim.batch_size == demo("/tmp/x").optim.batch_size  # the rest of the preset is kept
 
 
 @pytest.mark.parametrize(
@@ -89,6 +89,6 @@ def test_the_shipped_production_example_loads():
     assert cfg.root.startswith("s3://") and "{yyyymmdd}" in cfg.input.url and cfg.dask.address.startswith("tcp://")
 
 
-def test_unknown_recipe():
-    with pytest.raises(ValueError, match="unknown recipe"):
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset"):
         by_name("nope")

@@ -114,9 +114,9 @@ def score_server(args: list[str], port: int, log: Path, *, env: dict | None = No
 
 
 def day_config(root: Path, input_url: str, **overrides: Any) -> Any:
-    """The demo recipe on `root`, reading `input_url`, with threads for Dask and a lenient gate (every day publishes)."""
+    """The demo preset on `root`, reading `input_url`, with threads for Dask and a lenient gate (every day publishes)."""
     from flows.config import with_overrides
-    from flows.recipes import demo
+    from flows.presets import demo
 
     return with_overrides(demo(str(root)), {
         "input.url": input_url, "dask.processes": False, "dask.n_workers": 2, "optim.batch_size": 128,
@@ -126,6 +126,6 @@ def day_config(root: Path, input_url: str, **overrides: Any) -> Any:
 
 
 def cli_args(cfg: Any) -> list[str]:
-    """`--recipe demo --set ...` that rebuild `cfg` in a `ctrpipe` child process."""
-    return ["--recipe", "demo", "--set", f"root={cfg.root}", "--set", f"input.url={cfg.input.url}",
+    """`--preset demo --set ...` that rebuild `cfg` in a `ctrpipe` child process."""
+    return ["--preset", "demo", "--set", f"root={cfg.root}", "--set", f"input.url={cfg.input.url}",
             "--set", f"input.format={cfg.input.format}"]

@@ -22,7 +22,6 @@ from tests.helpers.criteo import write_criteo_features
 from tests.helpers.faults import crash_once
 from tests.helpers.specs import make_spec
 from trainer.config import TrainerConfig
-from trainer.evaluate import evaluate_model, load_model, score
 from trainer.launch import (
     TrainingError,
     TrainResult,
@@ -32,6 +31,7 @@ from trainer.launch import (
 )
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
+from trainer.scoring import evaluate_model, load_model, score
 from trainer.summary import TrainSummary
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from flows.config import with_overrides
-from flows.recipes import demo
+from flows.presets import demo
 from storage.io import codec, fsio
 from storage.io.records import FormatError
 from tests.helpers.formats import newer, sample

@@ -16,12 +16,12 @@ from tests.helpers.specs import make_spec
 from trainer.data import Batch
 from trainer.distributed.context import init_distributed
 from trainer.distributed.sharded_embedding import ShardedEmbedding
-from trainer.evaluate import evaluate_model
 from trainer.main import run
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.precision import Precision, resolve_precision
+from trainer.scoring import evaluate_model
 from trainer.train import train_step
 
 

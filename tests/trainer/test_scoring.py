@@ -15,13 +15,13 @@ from storage.embedding.row_init import init_rows
 from tests.helpers.bags import D, V, bag_model, random_bag_batch, reference_emb
 from tests.helpers.model_dirs import DIM, make_model_dir
 from trainer.data import FeatureSchema
-from trainer.evaluate import (
+from trainer.scoring import (
     FrozenEmbeddings,
     LoadedModel,
-    eval_device,
     evaluate_model,
     load_model,
     score,
+    scoring_device,
 )
 
 
@@ -115,8 +115,8 @@ def test_evaluation_scores_a_bag_model_with_its_bags_pooled_as_in_training(mode:
 
 
 def test_evaluation_runs_on_the_training_device_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert eval_device("cpu") == torch.device("cpu")
+    assert scoring_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert eval_device() == torch.device("cpu")
+    assert scoring_device() == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert eval_device() == torch.device("cuda")
+    assert scoring_device() == torch.device("cuda")

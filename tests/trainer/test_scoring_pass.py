@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
-from trainer.eval_pass import (
+from trainer.scoring import evaluate_model, load_model
+from trainer.scoring_pass import (
     evaluate_together,
     feature_columns,
     read_split,
     sample_rows,
 )
-from trainer.evaluate import evaluate_model, load_model
 
 
 @pytest.fixture()

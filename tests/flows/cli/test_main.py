@@ -83,6 +83,19 @@ def test_every_command_explains_itself(command, tmp_path):
     assert undocumented_options(out.stdout) == []
 
 
+def test_recipe_is_still_read_as_preset_but_help_names_only_preset(capsys):
+    from flows.cli.parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["run", "--date", "2026-01-01"]).preset == "default"
+    for option in ("--preset", "--recipe"):  # --recipe: the earlier spelling (docs/user-guide.md)
+        assert parser.parse_args(["models", "list", option, "demo"]).preset == "demo"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert "--preset NAME" in shown and "--recipe" not in shown
+
+
 def test_the_top_help_states_the_date_format_exit_codes_and_environment(tmp_path):
     out = ctrpipe("--help", env=user_env(tmp_path))
     assert out.returncode == 0
@@ -147,7 +160,7 @@ def test_an_empty_registry_says_where_it_looked_and_how_to_look_elsewhere(tmp_pa
     out = ctrpipe("models", "list", "--set", f"root={tmp_path / 'root'}", env=user_env(tmp_path), timeout=60)
     assert out.returncode == 0 and out.stdout == ""
     assert f"no versions of model ctr under {tmp_path / 'root' / 'models' / 'ctr'}" in out.stderr
-    assert all(way in out.stderr for way in ("--config FILE", "--set root=DIR", "--recipe demo"))
+    assert all(way in out.stderr for way in ("--config FILE", "--set root=DIR", "--preset demo"))
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
@@ -180,7 +193,7 @@ def built_demo_run(tmp_path_factory):
     env = user_env(tmp, AWS_SECRET_ACCESS_KEY=SECRET)
     root = tmp / "root"
     out = ctrpipe("demo", "--root", str(root), "--days", "3", "--rows-per-day", str(DEMO_ROWS), env=env)
-    sets = ["--recipe", "demo", "--set", f"root={root}"]
+    sets = ["--preset", "demo", "--set", f"root={root}"]
     return Pristine(root), (tmp, root, env, sets, out)
 
 

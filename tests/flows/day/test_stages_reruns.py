@@ -16,7 +16,7 @@ import pytest
 from flows.config import with_overrides
 from flows.day.record import read_record
 from flows.day.run import run_day
-from flows.recipes import demo
+from flows.presets import demo
 from pipeline.generate import generate_days
 from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine

@@ -14,9 +14,9 @@ import pytest
 
 from flows.guards.evaluation import EvaluateConfig, evaluate_day
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
-from trainer.evaluate import evaluate_model
 from trainer.model_dir import read_meta
 from trainer.plan.published import Published
+from trainer.scoring import evaluate_model
 
 DATE = "2026-01-02"
 

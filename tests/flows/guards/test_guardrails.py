@@ -19,7 +19,7 @@ from flows.config import RunConfig, with_overrides
 from flows.day.record import read_record
 from flows.day.run import run_day
 from flows.prefect.daily import daily_retrain
-from flows.recipes import demo
+from flows.presets import demo
 from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine
 
@@ -140,6 +140,7 @@ def test_the_real_third_day_passes_every_check_and_an_older_forced_date_is_not_m
 
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {cfg.root}\n")
+    # --recipe: the earlier spelling of --preset, still accepted
     args = ["run", "--date", DAYS[0], "--force", "--recipe", "demo", "--config", str(config)]
     args += [f"--set={k}={v}" for k, v in {"input.url": cfg.input.url, "dask.processes": "false",
              "dask.n_workers": 1, "vocab.min_count": 2, "model.mlp_dims": "[32, 16]", "optim.k_steps": 5,

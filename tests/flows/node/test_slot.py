@@ -18,7 +18,7 @@ from flows.config import with_overrides
 from flows.day.record import read_record
 from flows.node.slot import Holder, ModelBusyError, node_slot
 from flows.prefect.daily import daily_retrain
-from flows.recipes import demo
+from flows.presets import demo
 from pipeline.generate import generate_days
 from storage.io.layout import Layout
 from tests.helpers.procs import processes

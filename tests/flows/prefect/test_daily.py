@@ -25,7 +25,7 @@ from flows.prefect.daily import (
     call_daily_retrain,
     daily_retrain,
 )
-from flows.recipes import demo
+from flows.presets import demo
 from pipeline.generate import generate_days
 from storage.io.layout import Layout
 from storage.io.registry import ModelRegistry

@@ -18,7 +18,7 @@ import pytest
 from flows.config import with_overrides
 from flows.day.record import read_record
 from flows.prefect.daily import daily_retrain
-from flows.recipes import demo
+from flows.presets import demo
 from pipeline.encode.keys import feature_keys
 from storage.io.layout import Layout
 
