@@ -36,10 +36,11 @@ PREVIOUS_RELEASE = "bce5d75ab3dc0f59f4cb4ef301a0abd148389030"
 DAYS = ("2026-04-01", "2026-04-02")
 LINES = [criteo_line(i, label=i % 2) for i in range(12)]
 
+# Runs the previous release's code, so it names that release's modules (flows.day was a module then).
 OLD_DAY = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from flows.day.run import run_day
+    from flows.day import run_day
     from flows.serving.bundle import BundleReader
     from flows.serving.model import load_model
     from pipeline.generate import generate_days

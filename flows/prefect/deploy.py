@@ -21,7 +21,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DAILY_ENTRY = "flows/prefect/daily.py:daily_retrain"
 BACKFILL_ENTRY = "flows/prefect/daily.py:backfill"
 DEFAULT_POOL = "ctr-process"
