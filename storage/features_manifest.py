@@ -20,15 +20,20 @@ a `storage.io.records.FormatError` naming the file and what to do.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import fsspec
-import fsspec.implementations.local
 
 from storage.io import codec, fsio
-from storage.io.records import FormatError, RecordFormat
+from storage.io.records import (
+    MANIFEST_FORMAT_KEY,
+    FormatError,
+    RecordFormat,
+    read_manifest,
+    read_record,
+)
 
 __all__ = [
     "FEATURES_FORMAT", "FeaturesManifest", "FormatError", "Duplicates", "PartRows", "bag_column", "bag_key_column",
@@ -87,7 +92,7 @@ FEATURES_FORMAT = RecordFormat(
     newer="upgrade ctr-pipeline here to read it, or run the encode stage of this version again for that date (`--force`)",
 )
 """The manifest's format: version 1 is what `pipeline.encode.stage` has always written."""
-FORMAT_KEY = "manifest_format"
+FORMAT_KEY = MANIFEST_FORMAT_KEY
 
 
 @dataclass(frozen=True)
@@ -179,10 +184,7 @@ class FeaturesManifest:
             FormatError: not a JSON object, or a version this code does not read (the message says what to do).
             codec.ConfigError: a known field of the wrong type, or misnamed columns (named in the message).
         """
-        if not isinstance(data, Mapping):
-            raise FormatError(f"{where} is not a JSON object (got {type(data).__name__}); it is not a features manifest")
-        FEATURES_FORMAT.version_of({"format": data.get(FORMAT_KEY)}, where)
-        return codec.decode(cls, {**data, FORMAT_KEY: FEATURES_FORMAT.tag}, prefix=f"{where}: ", unknown="ignore")
+        return read_record(cls, data, fmt=FEATURES_FORMAT, where=where, format_key=FORMAT_KEY)
 
 
 def read_features_manifest(fs: fsspec.AbstractFileSystem, path: str) -> FeaturesManifest | None:
@@ -191,8 +193,4 @@ def read_features_manifest(fs: fsspec.AbstractFileSystem, path: str) -> Features
     Raises:
         FormatError, codec.ConfigError: see `FeaturesManifest.from_dict`.
     """
-    raw = fsio.read_manifest(fs, path)
-    if raw is None:
-        return None
-    local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
-    return FeaturesManifest.from_dict(raw, where=fsio.join(path if local else fs.unstrip_protocol(path), fsio.SUCCESS))
+    return read_manifest(FeaturesManifest, fs, path, fmt=FEATURES_FORMAT)

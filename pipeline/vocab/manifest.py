@@ -15,15 +15,19 @@ refused with a `storage.io.records.FormatError` naming the file and what to do.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
-import fsspec.implementations.local
 
 from storage.io import codec, fsio
-from storage.io.records import FormatError, RecordFormat
+from storage.io.records import (
+    MANIFEST_FORMAT_KEY,
+    FormatError,
+    RecordFormat,
+    read_manifest,
+    read_record,
+)
 
 __all__ = ["VOCAB_FORMAT", "DayFieldStats", "FieldStats", "FormatError", "VocabManifest", "read_vocab_manifest"]
 
@@ -33,7 +37,7 @@ VOCAB_FORMAT = RecordFormat(
     newer="upgrade ctr-pipeline here to read it, or run the vocab stage of this version again for that date (`--force`)",
 )
 """The manifest's format: version 1 is what `pipeline.vocab.stage` has always written."""
-FORMAT_KEY = "manifest_format"
+FORMAT_KEY = MANIFEST_FORMAT_KEY
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,7 @@ class VocabManifest:
             FormatError: not a JSON object, or a version this code does not read (the message says what to do).
             codec.ConfigError: a known field of the wrong type (named in the message).
         """
-        if not isinstance(data, Mapping):
-            raise FormatError(f"{where} is not a JSON object (got {type(data).__name__}); it is not a vocab manifest")
-        VOCAB_FORMAT.version_of({"format": data.get(FORMAT_KEY)}, where)
-        return codec.decode(cls, {**data, FORMAT_KEY: VOCAB_FORMAT.tag}, prefix=f"{where}: ", unknown="ignore")
+        return read_record(cls, data, fmt=VOCAB_FORMAT, where=where, format_key=FORMAT_KEY)
 
 
 def read_vocab_manifest(fs: fsspec.AbstractFileSystem, path: str) -> VocabManifest | None:
@@ -124,8 +125,4 @@ def read_vocab_manifest(fs: fsspec.AbstractFileSystem, path: str) -> VocabManife
     Raises:
         FormatError, codec.ConfigError: see `VocabManifest.from_dict`.
     """
-    raw = fsio.read_manifest(fs, path)
-    if raw is None:
-        return None
-    local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
-    return VocabManifest.from_dict(raw, where=fsio.join(path if local else fs.unstrip_protocol(path), fsio.SUCCESS))
+    return read_manifest(VocabManifest, fs, path, fmt=VOCAB_FORMAT)

@@ -22,7 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from storage.io import codec
+import fsspec
+import fsspec.implementations.local
+
+from storage.io import codec, fsio
 
 C = TypeVar("C")
 
@@ -87,7 +90,11 @@ class RecordFormat:
         return version
 
 
-def read_record(cls: type[C], data: Any, *, fmt: RecordFormat, where: str) -> C:
+MANIFEST_FORMAT_KEY = "manifest_format"
+"""Where a data directory's manifest (`_SUCCESS.json`) names its format: its `format` holds the log format."""
+
+
+def read_record(cls: type[C], data: Any, *, fmt: RecordFormat, where: str, format_key: str = "format") -> C:
     """`cls` (a dataclass) from the content of a persisted file, checked against `fmt` and read tolerantly.
 
     Args:
@@ -95,6 +102,8 @@ def read_record(cls: type[C], data: Any, *, fmt: RecordFormat, where: str) -> C:
         data: the parsed JSON.
         fmt: the record's format.
         where: the file's path or URL, for messages.
+        format_key: the field holding the format (a manifest's `MANIFEST_FORMAT_KEY`: the record read
+            holds the version this code writes there, since it is read into today's schema).
 
     Raises:
         FormatError: not a JSON object, or a version this code does not read.
@@ -102,5 +111,20 @@ def read_record(cls: type[C], data: Any, *, fmt: RecordFormat, where: str) -> C:
     """
     if not isinstance(data, Mapping):
         raise FormatError(f"{where} is not a JSON object (got {type(data).__name__}); it is not a {fmt.name} file")
-    fmt.version_of(data, where)
-    return codec.decode(cls, dict(data), prefix=f"{where}: ", unknown="ignore")
+    fmt.version_of({"format": data.get(format_key)}, where)
+    fields = dict(data) if format_key == "format" else {**data, format_key: fmt.tag}
+    return codec.decode(cls, fields, prefix=f"{where}: ", unknown="ignore")
+
+
+def read_manifest(cls: type[C], fs: Any, path: str, *, fmt: RecordFormat) -> C | None:
+    """The manifest of the committed data directory `path` (on `fs`) as `cls`, or None when it is not committed.
+
+    Raises:
+        FormatError, codec.ConfigError: see `read_record`.
+    """
+    raw = fsio.read_manifest(fs, path)
+    if raw is None:
+        return None
+    local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
+    where = fsio.join(path if local else fs.unstrip_protocol(path), fsio.SUCCESS)
+    return read_record(cls, raw, fmt=fmt, where=where, format_key=MANIFEST_FORMAT_KEY)
