@@ -89,6 +89,7 @@ def test_probes_are_open_model_info_needs_the_token_and_the_token_is_never_logge
     assert call(port, "GET", "/healthz") == (200, {"status": "alive"})
     assert call(port, "GET", "/readyz") == (200, {"status": "ready", "model_version": "v00001"})
     assert call(port, "GET", "/v1/model")[0] == 401
+    assert call(port, "POST", "/v1/score", {"lines": [criteo_line(1)]}, headers=AUTH)[0] == 200  # counted below
     status, info = call(port, "GET", "/v1/model", headers=AUTH)
     assert status == 200 and info["model_version"] == "v00001" and info["auc"] == 0.5
     assert info["dates_trained"] == ["2026-01-01"] and info["rows"] > 0 and info["batching"]["requests"] >= 1
