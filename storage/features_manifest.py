@@ -92,7 +92,6 @@ FEATURES_FORMAT = RecordFormat(
     newer="upgrade ctr-pipeline here to read it, or run the encode stage of this version again for that date (`--force`)",
 )
 """The manifest's format: version 1 is what `pipeline.encode.stage` has always written."""
-FORMAT_KEY = MANIFEST_FORMAT_KEY
 
 
 @dataclass(frozen=True)
@@ -184,7 +183,7 @@ class FeaturesManifest:
             FormatError: not a JSON object, or a version this code does not read (the message says what to do).
             codec.ConfigError: a known field of the wrong type, or misnamed columns (named in the message).
         """
-        return read_record(cls, data, fmt=FEATURES_FORMAT, where=where, format_key=FORMAT_KEY)
+        return read_record(cls, data, fmt=FEATURES_FORMAT, where=where, format_key=MANIFEST_FORMAT_KEY)
 
 
 def read_features_manifest(fs: fsspec.AbstractFileSystem, path: str) -> FeaturesManifest | None:

@@ -37,7 +37,6 @@ VOCAB_FORMAT = RecordFormat(
     newer="upgrade ctr-pipeline here to read it, or run the vocab stage of this version again for that date (`--force`)",
 )
 """The manifest's format: version 1 is what `pipeline.vocab.stage` has always written."""
-FORMAT_KEY = MANIFEST_FORMAT_KEY
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ class VocabManifest:
             FormatError: not a JSON object, or a version this code does not read (the message says what to do).
             codec.ConfigError: a known field of the wrong type (named in the message).
         """
-        return read_record(cls, data, fmt=VOCAB_FORMAT, where=where, format_key=FORMAT_KEY)
+        return read_record(cls, data, fmt=VOCAB_FORMAT, where=where, format_key=MANIFEST_FORMAT_KEY)
 
 
 def read_vocab_manifest(fs: fsspec.AbstractFileSystem, path: str) -> VocabManifest | None:
