@@ -8,7 +8,9 @@ store_scale, store_hitrate, comm_kstep, train, day) and the GPU check's probe wh
 from; an input whose file is absent falls back to the figure docs/benchmarks.md records for the
 same benchmark, or to a stated assumption, and says so.  Then, for each scenario (a Criteo-1TB day;
 the same day over a Baidu-sized key space), the stage budgets of the day and per stage the cores,
-GPUs, DRAM, SSD bytes and IOPS, and network bytes/s it needs, each line naming its inputs.
+GPUs, DRAM, SSD bytes and IOPS, and network bytes/s it needs, each line naming its inputs, side by
+side for three row formats: the fp32 rows with Adam of the releases before compact rows, the
+default (`store.row_dtype`, `optim.sparse_optimizer`), and fp16 rows with row-wise AdaGrad.
 docs/capacity.md explains the model and holds one printout.
 """
 
@@ -23,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import RESULTS
+from storage.embedding.config import StoreConfig
+from storage.embedding.host import host_row_bytes
+from storage.embedding.row_format import RowFormat
+from storage.embedding.ssd_format import RecordLayout
+from trainer.config import OptimConfig
 
 FIELDS, DENSE = 26, 13
 
@@ -56,6 +63,10 @@ BUDGET_SHARES = {"ingest": 0.15, "vocab": 0.05, "encode": 0.10, "train": 0.60, "
 publish and the flow's overheads.  An assumption: training takes most, as it does at 1M rows here."""
 SCALE_OUT_EFFICIENCY = 0.8
 """Assumed share of linear speed-up kept when a data stage spreads over many workers."""
+FORMATS = (RowFormat(16, "adam", "fp32"), StoreConfig(embedding_dim=16).row_format(OptimConfig().sparse_optimizer),
+           RowFormat(16, "rowwise_adagrad", "fp16"))
+"""The columns of every scenario: the rows before compact rows (fp32 + Adam), the default ones, and the smallest
+(fp16 with row-wise AdaGrad, 48-byte records)."""
 
 
 def _load(results: Path, name: str) -> dict[str, Any] | None:
@@ -124,14 +135,16 @@ def load_inputs(results: Path, gpu_probe: Path | None) -> dict[str, Input]:
         out["space_amplification"] = Input(1.55, "x", "docs/benchmarks.md: file 1.5-1.6x the live rows")
         out["gc_rows_per_row"] = Input(0.85, "rows", "docs/benchmarks.md bench.store: 0.85 rows moved per written row")
         out["gc_units_per_row"] = Input(0.1, "units", "docs/benchmarks.md bench.store: 0.1 units read per written row")
-    from storage.embedding.ssd_format import RecordLayout
-
-    layout = RecordLayout.of(16)
-    out["record_bytes"] = Input(layout.record_bytes, "B", "storage.embedding.ssd_format: dim 16 + Adam m, v + clock + key")
-    out["unit_bytes"] = Input(layout.unit_bytes, "B", "storage.embedding.ssd_format: one random read")
+    for fmt in FORMATS:
+        layout = RecordLayout.of(fmt)
+        out[f"record_bytes {fmt.name}"] = Input(layout.record_bytes, "B",
+                                                f"storage.embedding.ssd_format: dim 16, {fmt.name} + clock + key")
+        out[f"host_row_bytes {fmt.name}"] = Input(host_row_bytes(fmt), "B",
+                                                  "storage.embedding.host.host_row_bytes: payload + 64 B bookkeeping")
+    out["unit_bytes"] = Input(RecordLayout.of(FORMATS[0]).unit_bytes, "B", "storage.embedding.ssd_format: one random read")
     scale = _load(results, "store_scale")
     if scale:
-        r = max(scale["rows"], key=lambda r: r["keys"])
+        r = max(scale["rows"], key=lambda r: (r["keys"], r.get("row_format") == FORMATS[1].name))
         out["index_bytes_per_key"] = Input(r["index_bytes_per_key"], "B",
                                            f"bench/results/store_scale.json: {r['keys']:,} keys")
     else:
@@ -200,7 +213,7 @@ def _dense_params(*, bench_model: bool = False) -> int:
     if bench_model:
         from bench.train import MODEL as config
     else:
-        config = ModelConfig()
+        config = ModelConfig(dropout=0.0)  # `auto` until a day derives it; dropout has no parameters
     return sum(p.numel() for p in CTRModel(config, num_dense=DENSE, num_fields=FIELDS, dim=16).parameters())
 
 
@@ -231,8 +244,10 @@ class Line:
     how: str
 
 
-def plan(s: Scenario, i: dict[str, Input], hours: float) -> list[Line]:
-    """The resources of one scenario: each line says how it follows from the inputs."""
+def plan(s: Scenario, i: dict[str, Input], hours: float, fmt: RowFormat) -> list[Line]:
+    """The resources of one scenario with rows of `fmt`: each line says how it follows from the inputs."""
+    record_bytes = i[f"record_bytes {fmt.name}"].value
+    host_bytes = i[f"host_row_bytes {fmt.name}"].value
     deadline = hours * 3600
     budget = {k: v * deadline for k, v in BUDGET_SHARES.items()}
     train_rows, eval_rows = 0.9 * s.rows, 0.1 * s.rows
@@ -265,9 +280,9 @@ def plan(s: Scenario, i: dict[str, Input], hours: float) -> list[Line]:
     ev_cpu = (2 * eval_rows + 100_000) / i["evaluate_rows_per_cpu_s"].value
     add("evaluate", "cores", cores(ev_cpu, budget["evaluate"]), "cores",
         f"(2 models x 0.1 rows + next_day_rows 100,000) / evaluate_rows_per_cpu_s = {ev_cpu:,.0f} CPU-s")
-    ssd_total = s.keys * i["record_bytes"].value * i["space_amplification"].value
+    ssd_total = s.keys * record_bytes * i["space_amplification"].value
     index_total = s.keys * i["index_bytes_per_key"].value
-    host_total = 0.15 * s.keys * i["record_bytes"].value
+    host_total = 0.15 * s.keys * host_bytes
     nodes = add("store", "nodes", max(math.ceil(gpus / NODE["gpus"]), math.ceil(ssd_total / NODE["ssd_bytes"]),
                                       math.ceil((index_total + host_total) / NODE["dram_bytes"])), "nodes",
                 f"max(GPUs / {NODE['gpus']}, SSD bytes / node SSD, DRAM of index + host tier / node DRAM)")
@@ -275,7 +290,7 @@ def plan(s: Scenario, i: dict[str, Input], hours: float) -> list[Line]:
     add("store", "SSD bytes per node", ssd_total / nodes, "B", "keys x record_bytes x space_amplification / nodes")
     add("store", "DRAM per node: key index", index_total / nodes, "B", "keys x index_bytes_per_key / nodes")
     add("store", "DRAM per node: host tier (15% of rows)", host_total / nodes, "B",
-        "0.15 x keys x record_bytes / nodes: the capacity host_hit_rate was measured at")
+        "0.15 x keys x host_row_bytes / nodes: the capacity host_hit_rate was measured at")
     workers = max(line.value for line in lines if line.unit == "cores" and line.stage != "train")
     add("store", "DRAM per node: processes", (i["rank_peak_rss"].value * ranks
                                               + i["worker_peak_rss"].value * workers) / nodes, "B",
@@ -284,15 +299,16 @@ def plan(s: Scenario, i: dict[str, Input], hours: float) -> list[Line]:
     misses = examples_per_s * FIELDS * (1 - i["host_hit_rate"].value) / nodes
     add("store", "SSD random reads per node", misses, "IOPS",
         "examples/s x 26 keys x (1 - host_hit_rate) / nodes: one unit read per row missed")
-    write_bps = misses * i["record_bytes"].value * (1 + i["gc_rows_per_row"].value)
+    write_bps = misses * record_bytes * (1 + i["gc_rows_per_row"].value)
     add("store", "SSD writes per node", write_bps, "B/s",
         "each row read is written back once: misses x record_bytes x (1 + gc_rows_per_row), log appends")
     add("store", "SSD reads of reclamation per node", misses * i["gc_units_per_row"].value, "IOPS",
         "misses x gc_units_per_row")
     add("warm", "a cold node restoring its shards", s.keys / nodes / i["ssd_fill_rows_per_s"].value, "s",
         "keys / nodes / ssd_fill_rows_per_s (a node that trained yesterday keeps its shards: no restore)")
-    add("publish", "sparse snapshot written per day", s.keys * i["record_bytes"].value, "B",
-        "keys x record_bytes (rows, Adam moments, clocks, keys): the whole table, every day")
+    add("publish", "sparse snapshot written per day", s.keys * record_bytes, "B",
+        "keys x record_bytes (weights, optimizer state, clocks, keys; before Parquet's compression): the whole "
+        "table, every day")
     remote = (nodes - 1) / nodes
     sparse = examples_per_s / nodes * i["sparse_bytes_per_example"].value * remote
     add("network", "sparse pull/push per node", sparse, "B/s",
@@ -331,11 +347,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {_fmt(v.value, v.unit)} | {v.source} |")
     print(f"\nDeadline {args.hours:g} h, stage budgets: "
           + ", ".join(f"{k} {v:.0%}" for k, v in BUDGET_SHARES.items()) + f"; scale-out efficiency {SCALE_OUT_EFFICIENCY:.0%}")
+    labels = ["before", "default", "smallest"]
     for s in SCENARIOS:
         print(f"\n### {s.name}: {s.rows / 1e6:,.0f}M rows, {s.text_bytes / 1e9:,.0f} GB of text, {s.keys:.0e} keys\n")
-        print("| stage | what | needs | from |\n|---|---|---|---|")
-        for line in plan(s, inputs, args.hours):
-            print(f"| {line.stage} | {line.what} | {_fmt(line.value, line.unit)} | {line.how} |")
+        heads = " | ".join(f"{f.name} ({lab})" for f, lab in zip(FORMATS, labels, strict=True))
+        print(f"| stage | what | {heads} | from |\n|---|---|{'---|' * len(FORMATS)}---|")
+        for lines in zip(*(plan(s, inputs, args.hours, f) for f in FORMATS), strict=True):
+            a = lines[0]
+            cells = " | ".join(_fmt(x.value, x.unit) for x in lines)
+            print(f"| {a.stage} | {a.what} | {cells} | {a.how} |")
 
 
 if __name__ == "__main__":

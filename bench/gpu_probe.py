@@ -40,7 +40,7 @@ from storage.embedding.config import StoreConfig
 from storage.embedding.snapshot import read_snapshot
 from storage.embedding.tiered import open_shard
 from trainer.bags import expand_cells, pool_rows
-from trainer.config import TrainerConfig
+from trainer.config import OptimConfig, TrainerConfig
 from trainer.data import Batch
 from trainer.distributed.context import init_distributed
 from trainer.distributed.sharded_embedding import ShardedEmbedding
@@ -79,7 +79,8 @@ class Rank:
         self.opt = KStepAdam(self.model.named_parameters(), self.ctx, k=10, lr=1e-3)
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TMPDIR"))
         self.store = open_shard(os.path.join(self.dir, "shard"),
-                                StoreConfig(embedding_dim=DIM, device_cache_rows=device_cache_rows), device=self.ctx.device)
+                                StoreConfig(embedding_dim=DIM, device_cache_rows=device_cache_rows),
+                                optimizer=OptimConfig().sparse_optimizer, device=self.ctx.device)
         self.sparse = ShardedEmbedding(self.store, self.ctx, lr=0.02)
         self.model.train()
 
@@ -240,7 +241,8 @@ def section_determinism(device: str, steps: int = 12) -> dict[str, Any]:
             losses = [float(rank.step(b, i + 1, check_loss=True)) for i, b in enumerate(bs)]
             url = os.path.join(rank.dir, "s.parquet")
             rank.store.snapshot(url)
-            keys, emb, *_ = read_snapshot(url)
+            snap = read_snapshot(url)
+            keys, emb = snap.keys, snap.emb
             order = np.argsort(keys, kind="stable")
             runs.append((losses, [p.detach().cpu().clone() for p in rank.model.parameters()], emb[order]))
             rank.close()

@@ -3,6 +3,7 @@
     python -m bench.quality                                   # criteo avazu synthetic-100k synthetic-1000k
     python -m bench.quality --datasets criteo avazu --archs attention lr --seeds 0 1 2
     python -m bench.quality --warm-start                      # a 7-day backfill vs day 7 alone, on day 8
+    python -m bench.quality --datasets criteo --archs attention --no-peers --row-formats adam/fp32
 
 For each dataset (`bench.quality_data`: the shared Criteo and Avazu samples as two training days and
 a later day, or synthetic days with planted interactions), the product is what a user runs:
@@ -24,6 +25,10 @@ peer).  Each model runs with every seed (liblinear has none: one fit); a row
 reports the mean and spread over seeds, and its difference from the default model with the
 paired-bootstrap sd of that difference over the later rows (`bench.quality_stats`): a difference
 within 2 sd is one the sample cannot decide.
+
+`--row-formats optimizer/row_dtype ...` runs the default architecture again with each other row format
+(`optim.sparse_optimizer`, `store.row_dtype`; e.g. `adam/fp32`, the rows before compact rows), a row
+`attention [adam/fp32]` each, compared with the default like any model.
 
 Benchmark-only dependencies: `make bench-peers`.  Results: bench/results/<--out>.json.
 """
@@ -48,22 +53,26 @@ COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs
 log = logging.getLogger("bench.quality")
 
 
-def product_config(files: Any, root: Path, *, arch: str, seed: int) -> Any:
-    """The run config a user's `ctrpipe backfill` of `files` has, with the seed and the architecture named."""
+def product_config(files: Any, root: Path, *, arch: str, seed: int, row_format: str | None = None) -> Any:
+    """The run config a user's `ctrpipe backfill` of `files` has, with the seed and the architecture named (and
+    the row format, `optimizer/row_dtype`, when one other than the default is asked for)."""
     from flows.config import RunConfig, with_overrides
 
-    return with_overrides(RunConfig(), {
+    sets: dict[str, Any] = {
         "root": str(root), "input.url": files.url, "input.format": files.fmt, "optim.seed": seed, "model.arch": arch,
         "dask.processes": False, "dask.n_workers": 1,  # operational: the same result with any cluster
-    })
+    }
+    if row_format:
+        sets["optim.sparse_optimizer"], sets["store.row_dtype"] = row_format.split("/")
+    return with_overrides(RunConfig(), sets)
 
 
-def run_product(files: Any, root: Path, *, arch: str, seed: int) -> dict[str, Any]:
+def run_product(files: Any, root: Path, *, arch: str, seed: int, row_format: str | None = None) -> dict[str, Any]:
     """Every training day through `run_day`, then LATEST on the later day: labels, probabilities, day records."""
     from flows.cli.evaluate_file import score_log
     from flows.day.run import run_day
 
-    cfg = product_config(files, root, arch=arch, seed=seed)
+    cfg = product_config(files, root, arch=arch, seed=seed, row_format=row_format)
     records = [run_day(cfg, date).record for date in files.train_dates]
     labels, probs = score_log(cfg, "latest", files.later, files.fmt)
     return {"labels": labels, "probs": probs, "days": [_day(r) for r in records]}
@@ -75,7 +84,8 @@ def _day(record: Any) -> dict[str, Any]:
             "steps": record.train.get("steps"), "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0)}
 
 
-def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], peers: bool, interactions: int) -> tuple[list, dict]:
+def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], peers: bool, interactions: int,
+                row_formats: tuple[str, ...] = ()) -> tuple[list, dict]:
     """Every model on one dataset; returns (table rows, raw results)."""
     import time
 
@@ -91,15 +101,18 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
     seconds: dict[str, float] = {}
     raw: dict[str, Any] = {}
     labels = None
-    for arch in [OURS] if synthetic else archs:
+    runs = [(arch, None) for arch in ([OURS] if synthetic else archs)] + [(OURS, f) for f in row_formats]
+    for arch, row_format in runs:
+        model = arch if row_format is None else f"{arch} [{row_format}]"
         for seed in seeds:
             t0 = time.perf_counter()
-            r = run_product(files, work / f"{arch}-{seed}", arch=arch, seed=seed)
-            seconds[arch] = seconds.get(arch, 0.0) + (time.perf_counter() - t0) / len(seeds)
+            folder = work / (f"{arch}-{seed}" if row_format is None else f"{arch}-{row_format.replace('/', '-')}-{seed}")
+            r = run_product(files, folder, arch=arch, seed=seed, row_format=row_format)
+            seconds[model] = seconds.get(model, 0.0) + (time.perf_counter() - t0) / len(seeds)
             labels = r["labels"]
-            models.setdefault(arch, []).append(r["probs"])
-            raw.setdefault(arch, []).append({"seed": seed, "auc": auc(labels, r["probs"]), "days": r["days"]})
-            log.info("%s %s seed %d: later-day AUC %.4f", name, arch, seed, raw[arch][-1]["auc"])
+            models.setdefault(model, []).append(r["probs"])
+            raw.setdefault(model, []).append({"seed": seed, "auc": auc(labels, r["probs"]), "days": r["days"]})
+            log.info("%s %s seed %d: later-day AUC %.4f", name, model, seed, raw[model][-1]["auc"])
     if peers or synthetic:  # the day files parsed once, for the peers and the planted-form fit
         train, later = files.train_events(), files.later_events()
         if not np.array_equal(later["label"].to_numpy(np.float64), labels):
@@ -204,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-start", action="store_true", help="only the warm-start check: a backfill vs its last day alone")
     p.add_argument("--days", type=int, default=7, help="days of the --warm-start backfill")
     p.add_argument("--rows-per-day", type=int, default=20_000, help="rows per day of the --warm-start backfill")
+    p.add_argument("--row-formats", nargs="*", default=[],
+                   help="other row formats to run the default architecture with, optimizer/row_dtype (e.g. adam/fp32)")
     p.add_argument("--out", default="quality")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
     args = p.parse_args(argv)
@@ -223,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, raw = [], {}
         for name in args.datasets:
             r, x = run_dataset(name, work / name, archs=args.archs, seeds=args.seeds, peers=not args.no_peers,
-                               interactions=args.interactions)
+                               interactions=args.interactions, row_formats=tuple(args.row_formats))
             rows += r
             raw[name] = x
             print_table(_table(r, COLUMNS))

@@ -90,9 +90,10 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
 
 
 def write_registry_version(out: Path, made: dict) -> None:
-    """The same model as a registry-format model directory (dense, Adam state, rows with m, v, clock)."""
+    """The same model as a registry-format model directory (dense, Adam state, fp32 rows with Adam's m, v, clock)."""
     import torch
 
+    from storage.embedding.row_format import RowFormat
     from storage.embedding.snapshot import write_snapshot
     from storage.io import fsio
     from trainer import model_dir
@@ -103,8 +104,10 @@ def write_registry_version(out: Path, made: dict) -> None:
         optim = {f"{k}.{m}": torch.zeros_like(v) for k, v in made["net"].state_dict().items() for m in ("exp_avg", "exp_avg_sq")}
         model_dir.write_tensors(f"{stage}/{model_dir.DENSE_OPTIM}", {**optim, "step": torch.tensor(1)})
         rows = made["rows"]
-        write_snapshot(f"{stage}/sparse/part-00000.parquet", rows.keys, rows.emb, np.zeros_like(rows.emb),
-                       np.zeros_like(rows.emb), np.ones(len(rows), np.int64))
+        fmt = RowFormat(rows.emb.shape[1])
+        trained = fmt.fresh(torch.from_numpy(np.ascontiguousarray(rows.emb, np.float32)))
+        trained.clock += 1
+        write_snapshot(f"{stage}/sparse/part-00000.parquet", rows.keys, trained, fmt)
         model_dir.write_meta(fs, stage, made["meta"])
         fsio.commit_dir(fs, stage, path, {"bench": True})
 

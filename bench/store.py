@@ -12,8 +12,14 @@ Parts (``--parts``, default all):
   (same threads) over the same file, timed in turn after a warm-up of random updates.
 - ``hitrate``: device-cache hit rate vs capacity (1/5/15/30% of distinct keys), LFU vs LRU, on the
   Criteo sample's key stream and on a synthetic stream with Criteo-like skew; HET's figure beside it.
-- ``scale``: tables of 10^6 .. --max-keys rows (dim 16 + Adam state) built on SSD and queried through a
-  HostStore, each in a fresh process under a 2 GiB host budget: peak RSS, index bytes, lookup cost per key.
+  Then the LFU hit rate of a host tier at an equal budget in bytes, per row format (the same bytes
+  hold more rows of a smaller format).
+- ``scale``: tables of 10^6 .. --max-keys rows (dim 16) built on SSD and queried through a HostStore, each
+  in a fresh process under a 2 GiB host budget, per row format (`--formats`: the fp32 + Adam rows of before
+  as the baseline, the default fp16 + Adam rows, and fp16 rows with row-wise AdaGrad): bytes per key on SSD and in DRAM, rows per 4 KiB unit,
+  build rate, peak RSS, index bytes, SSD read and update cost per key.
+
+The host, ssd and index parts use the default row format (`StoreConfig().row_dtype`, `OptimConfig().sparse_optimizer`).
 
 Numbers go to bench/results/store_*.json.  Nothing here asserts on time.
 """
@@ -21,6 +27,7 @@ Numbers go to bench/results/store_*.json.  Nothing here asserts on time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import mmap
 import os
@@ -36,9 +43,19 @@ import numpy as np
 import torch
 
 from bench._common import report
+from storage.embedding.config import StoreConfig
+from storage.embedding.row_format import RowFormat
+from trainer.config import OptimConfig
 
 DIM = 16
 HOST_CAP_BYTES = 2 << 30
+DEFAULT = StoreConfig(embedding_dim=DIM).row_format(OptimConfig().sparse_optimizer)
+"""The rows a user's store keeps with the default config."""
+FP32_ADAM = RowFormat(DIM, "adam", "fp32")
+"""The rows of the releases before compact rows: the baseline of the format comparisons."""
+COMPACT = RowFormat(DIM, "rowwise_adagrad", "fp16")
+"""The smallest row a user can choose without losing the per-key adaptive step: 48-byte SSD records."""
+FORMATS = tuple(dict.fromkeys((FP32_ADAM, DEFAULT, COMPACT)))
 
 # -- reporting -----------------------------------------------------------------------------
 
@@ -123,14 +140,13 @@ def bench_index(n_keys: int, batches: list[int]) -> None:
 
 def bench_host(n_rows: int, batches: list[int]) -> None:
     from storage.embedding.host import HostStore, host_row_bytes
-    from storage.embedding.rows import Rows
 
     rng = np.random.default_rng(1)
     keys = np.unique(rng.integers(0, 2**62, int(n_rows * 1.01), dtype=np.int64))[:n_rows]
-    host = HostStore(DIM, budget_bytes=(n_rows + 16) * host_row_bytes(DIM))
+    host = HostStore(DEFAULT, budget_bytes=(n_rows + 16) * host_row_bytes(DEFAULT))
     for lo in range(0, keys.size, 1 << 18):
         k = keys[lo : lo + (1 << 18)]
-        host.write_rows(k, Rows.fresh(torch.randn(k.size, DIM)))
+        host.write_rows(k, DEFAULT.fresh(torch.randn(k.size, DIM)))
     dense = torch.randn(n_rows, DIM)
     rows = []
     for b in batches:
@@ -149,8 +165,8 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
         rows.append({"op": "lookup (emb rows)", "batch": b, "ours_rows_per_s": ours,
                      "index_select_rows_per_s": base, "ratio": ours / base,
                      "np_take_rows_per_s": take, "ratio_vs_np_take": ours / take})
-        # full rows (emb, m, v, clock), what moves between tiers
-        full = [dense, dense.clone(), dense.clone(), torch.zeros(n_rows, dtype=torch.int64)]
+        # full rows (weights, optimizer state, clock), what moves between tiers; the baseline gathers as many bytes
+        full = DEFAULT.fresh(dense).tensors()
         full_np = [t.numpy() for t in full]
         uniq = [np.unique(keys[p]) for p in pos]
         ours, base, take = paired_rates(lambda uniq=uniq: [host.read_rows(k) for k in uniq],
@@ -160,7 +176,8 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
         rows.append({"op": "read_rows (full rows)", "batch": b, "ours_rows_per_s": ours,
                      "index_select_rows_per_s": base, "ratio": ours / base,
                      "np_take_rows_per_s": take, "ratio_vs_np_take": ours / take})
-    report("store_host", rows, params={"rows": n_rows, "dim": DIM, "torch_threads": torch.get_num_threads()},
+    report("store_host", rows, params={"rows": n_rows, "dim": DIM, "row_format": DEFAULT.name,
+                                       "torch_threads": torch.get_num_threads()},
            notes=("HostStore path = key check + hash index + LFU bookkeeping + gather; ~1M rows per point in "
                   "distinct batches, ours, index_select and np.take timed in turn (best of 5); goal: ratio (vs "
                   "torch.index_select) >= 0.5.  np.take on the same dense array, one thread, is the stricter "
@@ -192,19 +209,18 @@ def _raw_random_reads(path: str, n_blocks: int, reads: int, threads: int, block:
 
 
 def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int = 3) -> None:
-    from storage.embedding.rows import Rows
     from storage.embedding.ssd import SsdStore
 
     rng = np.random.default_rng(2)
     shard = workdir / "ssd-bench"
     shutil.rmtree(shard, ignore_errors=True)
-    store = SsdStore(str(shard), DIM, io_threads=threads)
+    store = SsdStore(str(shard), DEFAULT, io_threads=threads)
     keys = np.arange(n_rows, dtype=np.int64) * 7 + 3
     store.reserve(n_rows)
     t0 = time.perf_counter()
     for lo in range(0, n_rows, 1 << 18):
         k = keys[lo : lo + (1 << 18)]
-        store.write_rows(k, Rows.fresh(torch.randn(k.size, DIM)))
+        store.write_rows(k, DEFAULT.fresh(torch.randn(k.size, DIM)))
     t_fill = time.perf_counter() - t0
     store.flush()
     fill_bytes = store.file_bytes
@@ -223,7 +239,7 @@ def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int 
     done = 0
     while done < n_rows:
         for q in batches():
-            store.write_rows(q, Rows.fresh(torch.randn(q.size, DIM)))
+            store.write_rows(q, DEFAULT.fresh(torch.randn(q.size, DIM)))
             done += q.size
     # Time the raw loop, reads and writes in turn on every repeat (best of `repeat` each), each
     # on its own random batches, so every side sees the same load of a shared machine.
@@ -245,7 +261,7 @@ def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int 
             per["read"] = {"rows_per_s": n_q / t, "units_per_s": units / t, "MB_per_s": units * ub / t / 1e6}
         qs = batches()
         n_q, units = sum(q.size for q in qs), units_of(qs)
-        new = [Rows.fresh(torch.randn(q.size, DIM)) for q in qs]
+        new = [DEFAULT.fresh(torch.randn(q.size, DIM)) for q in qs]
         c0 = {k: store.stats()["ssd"].get(k, 0) for k in counters}
         t0 = time.perf_counter()
         for q, r in zip(qs, new, strict=True):
@@ -275,7 +291,7 @@ def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int 
     report(
         "store_ssd",
         rows,
-        params={"rows": n_rows, "dim": DIM, "batch": batch, "batches_per_repeat": n_batches, "repeat": repeat,
+        params={"rows": n_rows, "dim": DIM, "row_format": DEFAULT.name, "batch": batch, "batches_per_repeat": n_batches, "repeat": repeat,
                 "threads": threads, "fill_file_bytes": fill_bytes, "file_bytes": file_bytes,
                 "space_amplification": file_bytes / live_bytes, "record_bytes": rb, "rows_per_unit": rpu,
                 "gc_threshold": getattr(store, "gc_threshold", None)},
@@ -341,6 +357,29 @@ def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
                          "lfu_hit": rates["lfu"]["distinct"], "lru_hit": rates["lru"]["distinct"],
                          "lfu_hit_per_access": rates["lfu"]["access"], "lru_hit_per_access": rates["lru"]["access"],
                          "HET_lfu_hit": 0.97 if pct == 15 else ""})
+    # the same host budget in bytes, per row format: compact rows fit more keys
+    from storage.embedding.host import host_row_bytes
+
+    by_bytes = []
+    for name, stream in streams.items():
+        distinct = np.unique(stream).size
+        for pct in (1, 5, 15):
+            budget = int(distinct * pct / 100) * host_row_bytes(FP32_ADAM)
+            for fmt in FORMATS:
+                cap = max(1, budget // host_row_bytes(fmt))
+                r = simulate_hit_rates(stream, cap, "lfu", batch=batch_rows * fields)
+                by_bytes.append({"stream": name, "budget_%_of_fp32_adam_table": pct, "budget_MB": budget / 2**20,
+                                 "row_format": fmt.name, "host_bytes_per_row": host_row_bytes(fmt),
+                                 "capacity_rows": cap, "capacity_%": 100 * cap / distinct,
+                                 "lfu_hit": r["distinct"], "lfu_hit_per_access": r["access"]})
+    report(
+        "store_hitrate_bytes",
+        by_bytes,
+        params={"batch_keys": batch_rows * fields, "formats": [f.name for f in FORMATS]},
+        notes=("A host tier of a fixed budget in bytes (1/5/15% of the distinct keys' fp32 + Adam rows): rows it "
+               "holds per format (payload + 64 B of bookkeeping each, `storage.embedding.host.host_row_bytes`) "
+               "and the LFU hit rate of the key stream through it (`slot_cache.simulate_hit_rates`)."),
+    )
     report(
         "store_hitrate",
         rows,
@@ -360,20 +399,20 @@ def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
 _SCALE_CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np, torch
-from storage.embedding.host import HostStore
-from storage.embedding.rows import Rows
+from storage.embedding.host import HostStore, host_row_bytes
+from storage.embedding.row_format import RowFormat
 from storage.embedding.ssd import SsdStore
-from storage.embedding.row_init import init_rows
 
 n, dim, shard, budget, queries, qbatch = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                           int(sys.argv[5]), int(sys.argv[6]))
+fmt = RowFormat(dim, sys.argv[7], sys.argv[8])
 def rss():
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
 base_rss = rss()
-ssd = SsdStore(shard, dim)
+ssd = SsdStore(shard, fmt)
 ssd.reserve(n)
 step = 1 << 18  # rows per write: ~100 MB of temporaries, whatever n
 t0 = time.perf_counter()
@@ -381,7 +420,7 @@ t0 = time.perf_counter()
 for lo in range(0, n, step):
     k = (np.arange(lo, min(n, lo + step), dtype=np.int64) * 0x9E3779B1) & ((1 << 62) - 1)
     emb = torch.from_numpy(np.random.default_rng(lo).standard_normal((k.size, dim), dtype=np.float32) * 0.01)
-    ssd.write_rows(k, Rows.fresh(emb))
+    ssd.write_rows(k, fmt.fresh(emb))
     del k, emb
 ssd.flush()
 t_build = time.perf_counter() - t0
@@ -392,10 +431,10 @@ file_bytes = ssd.file_bytes
 t0 = time.perf_counter()
 ssd.close()  # releases the index
 del ssd
-ssd = SsdStore(shard, dim)  # reopen: the persisted index is read back
+ssd = SsdStore(shard, fmt)  # reopen: the persisted index is read back
 t_reopen = time.perf_counter() - t0
 assert len(ssd) == n
-host = HostStore(dim, budget_bytes=budget, below=ssd)
+host = HostStore(fmt, budget_bytes=budget, below=ssd)
 rng = np.random.default_rng(0)
 warm_q = torch.from_numpy((rng.integers(0, n, qbatch) * 0x9E3779B1) & ((1 << 62) - 1))
 host.lookup(warm_q).rows
@@ -423,6 +462,9 @@ t_read = (time.perf_counter() - t0) / np.unique(qk).size
 assert found.all()
 host.close()
 print(json.dumps({
+    "row_format": fmt.name, "record_bytes": ssd.record_bytes, "rows_per_4k_unit": ssd.rows_per_unit,
+    "ssd_bytes_per_key": file_bytes / n, "host_bytes_per_row": host_row_bytes(fmt),
+    "dram_bytes_per_key_on_ssd": index_bytes / n,
     "keys": n, "build_s": t_build, "build_rows_per_s": n / t_build, "file_GB": file_bytes / 1e9,
     "index_MB": index_bytes / 2**20, "index_bytes_per_key": index_bytes / n,
     "index_lookup_ns_per_key": t_idx * 1e9, "index_miss_ns_per_key": t_miss * 1e9,
@@ -433,18 +475,22 @@ print(json.dumps({
 """
 
 
-def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbatch: int) -> None:
+def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbatch: int,
+                formats: list[RowFormat]) -> None:
+    from storage.embedding.ssd_format import RecordLayout
+
     rows = []
-    for n in sizes:
+    for n, fmt in itertools.product(sizes, formats):
         shard = workdir / f"scale-{n}"
         shutil.rmtree(shard, ignore_errors=True)
-        need = n * 4096 // (4096 // (12 * DIM + 16)) * 1.05
+        need = n * 4096 / RecordLayout.of(fmt).rows_per_unit * 1.05
         free = shutil.disk_usage(workdir).free
         if need > free * 0.9:
-            print(f"scale: skipping {n:,} keys: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
+            print(f"scale: skipping {n:,} keys of {fmt.name}: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
             continue
-        print(f"scale: {n:,} keys ...", flush=True)
-        cmd = [sys.executable, "-c", _SCALE_CHILD, str(n), str(DIM), str(shard), str(budget), str(queries), str(qbatch)]
+        print(f"scale: {n:,} keys of {fmt.name} ...", flush=True)
+        cmd = [sys.executable, "-c", _SCALE_CHILD, str(n), str(DIM), str(shard), str(budget), str(queries), str(qbatch),
+               fmt.optimizer, fmt.row_dtype]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
         except subprocess.CalledProcessError as exc:
@@ -453,18 +499,28 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
         finally:
             shutil.rmtree(shard, ignore_errors=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["dram_bytes_per_hot_key"] = r["dram_bytes_per_key_on_ssd"] + r["host_bytes_per_row"]
+        base = next((x for x in rows if x["keys"] == n and x["row_format"] == FP32_ADAM.name), None)
+        if base is not None and fmt != FP32_ADAM:
+            r["ssd_bytes_ratio_vs_fp32_adam"] = r["ssd_bytes_per_key"] / base["ssd_bytes_per_key"]
+            r["build_rate_ratio_vs_fp32_adam"] = r["build_rows_per_s"] / base["build_rows_per_s"]
+            r["ssd_read_ratio_vs_fp32_adam"] = r["ssd_read_us_per_key"] / base["ssd_read_us_per_key"]
+            r["host_update_ratio_vs_fp32_adam"] = r["host_update_us_per_key"] / base["host_update_us_per_key"]
         r["cap_MB"] = budget / 2**20
         r["rss_over_cap_MB"] = r["peak_rss_MB"] - budget / 2**20
         rows.append(r)
     report(
         "store_scale",
         rows,
-        params={"dim": DIM, "host_budget_bytes": budget, "queries": queries, "query_batch": qbatch},
+        params={"dim": DIM, "host_budget_bytes": budget, "queries": queries, "query_batch": qbatch,
+                "formats": [f.name for f in formats]},
         notes=(
-            "Each size in a fresh process: SsdStore built in 256k-row batches, closed and reopened (index "
-            "read back), then HostStore(budget) over it takes sparse-Adam updates of random keys.  Peak RSS = "
-            "Python+torch baseline + index (CompactSlotMap: sorted uint64 key hashes + int32 slots + a "
-            "directory, ~12.5 B/key) + host rows (<= budget); index lookups: 65536 random keys per call."
+            "Each size and row format in a fresh process (the fp32 + Adam baseline first): SsdStore built in "
+            "256k-row batches, closed and reopened (index read back), then HostStore(budget) over it takes "
+            "optimizer updates of random keys.  ssd_bytes_per_key = row file / keys; dram_bytes_per_key_on_ssd = "
+            "the index (CompactSlotMap: sorted uint64 key hashes + int32 slots + a directory, ~12.5 B/key); "
+            "dram_bytes_per_hot_key adds a host row (payload + 64 B bookkeeping).  Peak RSS = Python+torch "
+            "baseline + index + host rows (<= budget); index lookups: 65536 random keys per call."
         ),
     )
 
@@ -478,7 +534,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", default=None, help="directory for SSD files (default: a temp dir under /work or /tmp)")
     ap.add_argument("--threads", type=int, default=4, help="I/O threads for the SSD part")
     ap.add_argument("--criteo", default="/work/shared/data/criteo/train_head_10k.tsv")
+    ap.add_argument("--formats", nargs="+", default=[f.name for f in FORMATS],
+                    help="row formats of the scale part, optimizer/row_dtype (default: fp32 Adam, the default, "
+                         "rowwise_adagrad/fp16)")
     args = ap.parse_args(argv)
+    formats = [RowFormat(DIM, *f.split("/")) for f in args.formats]
     parts = {p for arg in args.parts for p in arg.split(",") if p}
     unknown = parts - {"index", "host", "ssd", "hitrate", "scale"}
     if unknown:
@@ -500,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
             sizes = [n for n in (10**5, 10**6, 10**7, 10**8, 10**9) if n <= max_keys and (n >= 10**6 or q)]
             if max_keys not in sizes:
                 sizes.append(max_keys)
-            bench_scale(sizes, work, HOST_CAP_BYTES, 1 << 18 if q else 1 << 20, 1 << 14)
+            bench_scale(sizes, work, HOST_CAP_BYTES, 1 << 18 if q else 1 << 20, 1 << 14, formats)
 
 
 if __name__ == "__main__":

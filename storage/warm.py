@@ -14,10 +14,13 @@ One module for every side of it:
 `warm_shards`, for each rank:
 
 1. open its SSD shard (`NodeLayout.shard`);
-2. keep it when its tag equals the plan's `snapshot_tag` (the published model's run tag);
-   otherwise wipe it and restore the rows it owns from `snapshot_url` (a model's ``sparse/``
-   directory, written by any world size), or leave it empty when there is no published model.
-   The snapshot is read once for all the ranks that need it, one row group at a time;
+2. keep it when its tag equals the plan's `snapshot_tag` (the published model's run tag) and it
+   holds rows of the day's format; otherwise wipe it and restore the rows it owns from
+   `snapshot_url` (a model's ``sparse/`` directory, written by any world size), or leave it empty
+   when there is no published model.  The snapshot is read once for all the ranks that need it,
+   one row group at a time; rows of another format (a model trained with another sparse optimizer
+   or row dtype, e.g. one written before compact rows) are converted (`RowFormat.convert`) and the
+   report says so (`converted_from`);
 3. drop the vocabulary's evicted keys (and compact when a quarter of the file is holes);
 4. tag the shard with `snapshot_tag`;
 5. write the rank's working set (the day's keys it owns, hottest first, cut to what fits the host
@@ -41,8 +44,8 @@ import torch
 from storage.embedding.base import EmbeddingStore, owner_of
 from storage.embedding.config import StoreConfig
 from storage.embedding.host import rows_for_budget
-from storage.embedding.rows import Rows
-from storage.embedding.snapshot import iter_snapshot, snapshot_dim
+from storage.embedding.row_format import RowFormat
+from storage.embedding.snapshot import iter_snapshot, snapshot_format
 from storage.embedding.ssd import SsdStore
 from storage.io import fsio
 from storage.io.layout import NodeLayout
@@ -63,6 +66,8 @@ class WarmPlan:
 
     date: str
     world_size: int
+    sparse_optimizer: str
+    """The day's `optim.sparse_optimizer`: with `store.row_dtype`, the format the shards must hold."""
     published_version: str | None
     """The registry version whose rows the shards must hold (None: no published model, start empty)."""
     snapshot_url: str | None
@@ -81,7 +86,8 @@ class WarmPlan:
 
     def cold(self) -> WarmPlan:
         """The same plan starting from empty shards (the published rows do not fit this run)."""
-        return WarmPlan(date=self.date, world_size=self.world_size, published_version=None, snapshot_url=None,
+        return WarmPlan(date=self.date, world_size=self.world_size, sparse_optimizer=self.sparse_optimizer,
+                        published_version=None, snapshot_url=None,
                         snapshot_tag=None, evict_url=self.evict_url, working_set_url=self.working_set_url)
 
 
@@ -111,14 +117,14 @@ def read_keys(url: str | None, storage_options: dict[str, Any] | None = None) ->
         return keys
 
 
-def _open(shard: str, store: StoreConfig) -> SsdStore:
+def _open(shard: str, store: StoreConfig, fmt: RowFormat) -> SsdStore:
     try:
-        return SsdStore(shard, store.embedding_dim, init_std=store.init_std)
+        return SsdStore(shard, fmt, init_std=store.init_std)
     except ValueError as exc:
-        # Another dim or an old layout: the shard is a cache of a snapshot, so start it over.
+        # Another dim, row format or layout version: the shard is a cache of a snapshot, so start it over.
         log.warning("discarding shard %s: %s", shard, exc)
         shutil.rmtree(shard)
-        return SsdStore(shard, store.embedding_dim, init_std=store.init_std)
+        return SsdStore(shard, fmt, init_std=store.init_std)
 
 
 def _ordered_unique(keys: np.ndarray) -> np.ndarray:
@@ -134,12 +140,15 @@ def _save_npy_atomic(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def _restore_many(shards: dict[int, SsdStore], url: str, world: int, storage_options: dict[str, Any] | None) -> None:
-    """Wipe `shards` (rank -> store) and fill each with the rows of `url` it owns, in one pass over `url`."""
-    d = snapshot_dim(url, storage_options)
+def _restore_many(
+    shards: dict[int, SsdStore], url: str, world: int, storage_options: dict[str, Any] | None
+) -> RowFormat | None:
+    """Wipe `shards` (rank -> store) and fill each with the rows of `url` it owns, in one pass over `url`,
+    converted to the shards' format; returns the snapshot's format (None for an empty directory)."""
+    src = snapshot_format(url, storage_options)
     dims = {s.dim for s in shards.values()}
-    if d is not None and dims != {d}:
-        raise ValueError(f"snapshot {url} has dim {d}, the shards have dim {sorted(dims)}; fix store.embedding_dim")
+    if src is not None and dims != {src.dim}:
+        raise ValueError(f"snapshot {url} has dim {src.dim}, the shards have dim {sorted(dims)}; fix store.embedding_dim")
     for s in shards.values():
         s.wipe()
     ranks = np.array(sorted(shards), dtype=np.int64)
@@ -151,8 +160,8 @@ def _restore_many(shards: dict[int, SsdStore], url: str, world: int, storage_opt
             rev = keys[::-1]
             uniq, first_rev = np.unique(rev, return_index=True)
             sel = mine[keys.size - 1 - first_rev]  # later rows win
-            rows = Rows.from_numpy(b.emb[sel], b.m[sel], b.v[sel], b.clock[sel])
-            shards[rank].write_rows(uniq, rows)
+            shards[rank].write_rows(uniq, b.select(sel).rows_as(shards[rank].row_format))
+    return src
 
 
 def warm_shards(
@@ -161,6 +170,7 @@ def warm_shards(
     world_size: int,
     ranks: list[int],
     store: StoreConfig,
+    optimizer: str,
     snapshot_url: str | None,
     snapshot_tag: str | None,
     evict_keys: np.ndarray,
@@ -173,7 +183,8 @@ def warm_shards(
         node: this node's folder of the model's shards.
         world_size: ranks in the training job (the owner of key k is `k % world_size`).
         ranks: the ranks whose shards live on this node.
-        store: the store configuration (dim, init std, host budget).
+        store: the store configuration (dim, row dtype, init std, host budget).
+        optimizer: the day's sparse optimizer (`optim.sparse_optimizer`); with `store`, the rows' format.
         snapshot_url: the published model's ``sparse/`` directory (or one file), or None.
         snapshot_tag: the published model's tag; a shard already tagged with it is kept.
         evict_keys: keys the vocabulary dropped (int64, any owner).
@@ -181,10 +192,12 @@ def warm_shards(
         storage_options: fsspec options for `snapshot_url`.
 
     Returns:
-        ``{"world_size", "snapshot_url", "snapshot_tag", "seconds", "rows", "ranks": [per rank:
+        ``{"world_size", "snapshot_url", "snapshot_tag", "row_format", "converted_from", "seconds", "rows",
+        "ranks": [per rank:
         {"rank", "shard_dir", "rows", "restored", "evicted", "working_set_keys",
         "working_set_fits", "seconds"}]}`` where `working_set_fits` is the fraction of
-        the rank's working set that fits the host budget (the file holds that part).
+        the rank's working set that fits the host budget (the file holds that part); `converted_from`
+        names the snapshot's format (`optimizer/row_dtype`) when its rows were converted, else None.
 
     Raises:
         ValueError: bad ranks / world size, or a snapshot of another dim.
@@ -198,19 +211,24 @@ def warm_shards(
     shard_dirs = {r: node.shard(r, world_size) for r in ranks}  # validates
     evict_keys = np.ascontiguousarray(evict_keys, dtype=np.int64).reshape(-1)
     working_set = np.ascontiguousarray(working_set, dtype=np.int64).reshape(-1)
-    capacity = rows_for_budget(store.host_budget_mb << 20, store.embedding_dim)
+    fmt = store.row_format(optimizer)
+    capacity = rows_for_budget(store.host_budget_mb << 20, fmt)
+    converted_from: str | None = None
 
     shards: dict[int, SsdStore] = {}
     reports: dict[int, dict[str, Any]] = {}
     try:
         for r in ranks:
-            shards[r] = _open(shard_dirs[r], store)
+            shards[r] = _open(shard_dirs[r], store, fmt)
             reports[r] = {"rank": r, "shard_dir": shard_dirs[r], "restored": False, "seconds": 0.0}
         stale = {r: s for r, s in shards.items() if snapshot_tag is None or s.tag != snapshot_tag}
         if stale:
             t0 = time.perf_counter()
             if snapshot_url is not None:
-                _restore_many(stale, snapshot_url, world_size, storage_options)
+                src = _restore_many(stale, snapshot_url, world_size, storage_options)
+                if src is not None and src != fmt:
+                    converted_from = src.name
+                    log.info("converted the rows of %s from %s to %s", snapshot_url, src.name, fmt.name)
                 for r in stale:
                     reports[r]["restored"] = True
             else:
@@ -250,6 +268,8 @@ def warm_shards(
         "world_size": world_size,
         "snapshot_url": snapshot_url,
         "snapshot_tag": snapshot_tag,
+        "row_format": fmt.name,
+        "converted_from": converted_from,
         "rows": sum(x["rows"] for x in out),
         "seconds": round(time.perf_counter() - t_start, 4),
         "ranks": out,
@@ -260,7 +280,8 @@ def warm_plan_shards(plan: WarmPlan, node: NodeLayout, ranks: list[int], store: 
                      storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """`warm_shards` for `plan` on `ranks` of this node, then mark each shard warm for the plan."""
     report = warm_shards(
-        node=node, world_size=plan.world_size, ranks=ranks, store=store, snapshot_url=plan.snapshot_url,
+        node=node, world_size=plan.world_size, ranks=ranks, store=store, optimizer=plan.sparse_optimizer,
+        snapshot_url=plan.snapshot_url,
         snapshot_tag=plan.snapshot_tag, evict_keys=read_keys(plan.evict_url, storage_options),
         working_set=read_keys(plan.working_set_url, storage_options), storage_options=storage_options,
     )

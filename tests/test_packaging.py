@@ -33,6 +33,7 @@ REVIEWED = frozenset({
     "torch.cuda.current_stream", "torch.cuda.device", "torch.cuda.device_count", "torch.cuda.get_device_properties",
     "torch.cuda.get_rng_state", "torch.cuda.is_available", "torch.cuda.nccl.version", "torch.cuda.set_device",
     "torch.cuda.set_rng_state", "torch.cuda.stream", "torch.cumsum", "torch.device", "torch.distributed",
+    "torch.dtype", "torch.iinfo", "torch.int16", "torch.int32",  # compact rows (storage.embedding.row_format): basic since 1.x
     "torch.distributed.PrefixStore", "torch.distributed.ProcessGroup", "torch.distributed.ReduceOp.SUM",
     "torch.distributed.all_gather_object", "torch.distributed.all_reduce", "torch.distributed.all_to_all_single",
     "torch.distributed.barrier", "torch.distributed.broadcast", "torch.distributed.broadcast_object_list",

@@ -3,9 +3,10 @@
 The previous release's code (`PREVIOUS_RELEASE`, taken from this repository's history with `git
 archive`) runs one day on a fresh root in its own process: it publishes v00001 and its serving bundle,
 and scores a few lines with that bundle.  This code then runs the next day on the same root (warm start
-from the old model's rows and dense weights, publish v00002), lists and shows the registry's versions
-through `ctrpipe models`, and serves the old bundle with `ctrpipe score-server`: the scores must be the
-ones the old code computed.  Moving `PREVIOUS_RELEASE` forward is part of each release.
+from the old model's rows, fp32 with Adam's moments, converted to the default fp16 rows, and from its dense
+weights; the old SSD shards rebuilt; publish v00002), lists and shows the registry's versions through
+`ctrpipe models`, and serves the old bundle with `ctrpipe score-server`: the scores must be the ones the
+old code computed.  Moving `PREVIOUS_RELEASE` forward is part of each release.
 """
 
 from __future__ import annotations
@@ -22,25 +23,28 @@ import pytest
 
 from flows.day.record import read_record
 from flows.day.run import run_day
+from storage.embedding.snapshot import read_snapshot, snapshot_format
 from storage.io.registry import ModelRegistry
 from tests.conftest import REPO
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, criteo_line, day_config, score_server
-from trainer.model_dir import read_meta
+from trainer.model_dir import SPARSE, read_meta
 
 pytestmark = pytest.mark.slow
 
-PREVIOUS_RELEASE = "bce5d75ab3dc0f59f4cb4ef301a0abd148389030"
-"""The last commit before the on-disk records were versioned (issue 27): the formats users have today."""
+PREVIOUS_RELEASE = "56e72fbd9a05cfe1899514d08b84e8b1898264a7"
+"""The last commit before compact rows (issue 28): fp32 embedding rows with Adam's m and v in every snapshot,
+208-byte SSD records (`ctr-ssd-shard/2`).  (The releases before it, whose records had no format versions,
+are read through the samples of `tests/data/formats`.)"""
 
 DAYS = ("2026-04-01", "2026-04-02")
 LINES = [criteo_line(i, label=i % 2) for i in range(12)]
 
-# Runs the previous release's code, so it names that release's modules (flows.day was a module then).
+# Runs the previous release's code, so it names that release's modules.
 OLD_DAY = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from flows.day import run_day
+    from flows.day.run import run_day
     from flows.serving.bundle import BundleReader
     from flows.serving.model import load_model
     from pipeline.generate import generate_days
@@ -103,6 +107,13 @@ def test_the_next_day_warm_starts_from_the_old_model_and_publishes(old_root):
     assert meta.init_model_url is not None  # the dense network started from the old model's weights
     assert record.warm["published_version"] == "v00001" and record.warm["rows"] > 0  # its rows were warmed
     assert record.warm["warm_start"] == "from v00001", record.warm
+    # the old rows were converted, and the new model's rows are today's default: fp16 weights, Adam's moments kept
+    assert record.warm["converted_from"] == "adam/fp32" and record.warm["row_format"] == "adam/fp16"
+    assert snapshot_format(f"{ModelRegistry(layout).url('v00001')}/{SPARSE}").name == "adam/fp32"
+    new_rows = read_snapshot(f"{ModelRegistry(layout).url('v00002')}/{SPARSE}")
+    assert new_rows.fmt.name == "adam/fp16" and new_rows.keys.size > 0
+    updated = new_rows.clock > 0
+    assert updated.any() and (new_rows.state["v"][updated] > 0).any(), "Adam's second moments carried over"
     assert ModelRegistry(layout).latest() == "v00002"
 
 

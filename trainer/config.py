@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from storage.embedding.sparse_optim import OPTIMIZERS
 from storage.io.identity import result_field, run_field
 
 LR_DECAYS = ("none", "linear", "cosine")
@@ -137,10 +138,17 @@ class OptimConfig:
     a deterministic per-key value (`store.init_std`)."""
     lr: str | float = result_field(AUTO)
     """Adam learning rate of the dense parameters; `auto`: 1e-3, higher (up to 1e-2) for a day of few steps."""
+    sparse_optimizer: str = result_field("adam", neutral="adam")
+    """Update rule of the embedding rows (`storage.embedding.sparse_optim`): `adam` (lazy per-element Adam: two fp32
+    moments per element), `rowwise_adagrad` (fbgemm's row-wise AdaGrad: one fp32 accumulator per row, a quarter of
+    the bytes: 48 B SSD records at dim 16 with fp16 rows) or `sgd` (no state). The rows keep its state on every tier
+    and in snapshots; a model trained with another rule is continued with its state converted
+    (`sparse_optim.convert_state`). `adam` stays the default because row-wise AdaGrad lost 0.007 AUC on the Criteo
+    sample and on the 1M-row synthetic days (docs/benchmarks.md, "bench.quality: row formats")."""
     sparse_lr: str | float = result_field(AUTO)
-    """Adam learning rate of the embedding rows; `auto`: 2e-2, lower when the day takes several passes.
-    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), `auto` picks
-    among 0.5x-4x of that value by 5-fold validation of a per-key-Adam logistic regression on its rows
+    """Learning rate of the embedding rows (for `optim.sparse_optimizer`); `auto`: 2e-2, lower when the day takes several passes.
+    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), with `adam` rows, `auto` picks
+    among 0.5x-4x of that value by 5-fold validation of a per-key logistic regression on its rows
     (`trainer.plan.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
     factor (`trainer.plan.day_recipe`)."""
     weight_decay: float = result_field(0.0)
@@ -174,6 +182,8 @@ class OptimConfig:
             _set_number(self, name, int)
         for name in DERIVED_FLOATS:
             _set_number(self, name, float)
+        if self.sparse_optimizer not in OPTIMIZERS:
+            raise ValueError(f"optim.sparse_optimizer must be one of {sorted(OPTIMIZERS)}, got {self.sparse_optimizer!r}")
         if self.k_steps < 1:
             raise ValueError(f"optim.k_steps must be >= 1, got {self.k_steps}")
         for name in ("batch_size", "epochs"):

@@ -5,7 +5,7 @@ A server needs neither Python classes of this package nor pickles to run a model
 - the dense network is exported with `torch.export` (`export_program`; a `.pt2` file that
   `torch.export.load` reads) with a dynamic batch dimension, and, with the optional `onnx` extra,
   as ONNX (`export_onnx`, run with onnxruntime);
-- the embedding rows keep only key and vector (`read_rows` drops Adam's moments; the clock is kept
+- the embedding rows keep only key and vector (`read_rows` drops the optimizer state; the clock is kept
   in memory to find what changed), as float32 or float16 (`cast_rows`);
 - a delta (`delta_rows`) holds the rows changed since a base version, decided by the per-row
   update clock, plus the keys evicted since; `apply_delta` takes the base's rows to the target's
@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
-from storage.embedding.snapshot import snapshot_files
+from storage.embedding.snapshot import iter_snapshot
 from storage.io import fsio
 from trainer.models.ctr_model import CTRModel
 
@@ -112,19 +111,16 @@ def onnx_bytes(model: CTRModel) -> bytes:
 
 # ---- rows --------------------------------------------------------------------------------------
 def read_rows(sparse_url: str, *, dim: int, storage_options: dict | None = None) -> SparseRows:
-    """Key, vector and clock of every row of a model's `sparse/` parts (any world size), sorted by key.
+    """Key, vector (float32, widened from the stored row dtype) and clock of every row of a model's `sparse/`
+    parts (any world size), sorted by key.
 
-    Adam's moments are not read: serving never needs them.
+    The optimizer state is not kept: serving never needs it.
     """
-    fs, files = snapshot_files(sparse_url, storage_options)
     keys, emb, clock = [np.zeros(0, np.int64)], [np.zeros((0, dim), np.float32)], [np.zeros(0, np.int64)]
-    for f in files:
-        with fs.open(f, "rb") as fh:
-            table = pq.read_table(fh, columns=["key", "emb", "clock"])
-        vectors = table.column("emb").combine_chunks()
-        keys.append(table.column("key").to_numpy())
-        emb.append(vectors.values.to_numpy(zero_copy_only=False).reshape(-1, dim))
-        clock.append(table.column("clock").to_numpy())
+    for b in iter_snapshot(sparse_url, storage_options=storage_options):
+        keys.append(b.keys)
+        emb.append(b.emb)
+        clock.append(b.clock)
     k = np.concatenate(keys)
     order = np.argsort(k, kind="stable")
     return SparseRows(keys=k[order], emb=np.concatenate(emb)[order], clock=np.concatenate(clock)[order])

@@ -89,7 +89,7 @@ def open_store(spec: TrainSpec, ctx: DistContext) -> EmbeddingStore:
     node = NodeLayout(spec.local_dir, spec.model_name)
     ensure_warm(spec.warm, node, rank=ctx.rank, store=spec.store, storage_options=spec.storage_options)
     shard_dir = node.shard(ctx.rank, ctx.world_size)
-    store = open_shard(shard_dir, spec.store, device=ctx.device)
+    store = open_shard(shard_dir, spec.store, optimizer=spec.optim.sparse_optimizer, device=ctx.device)
     if loaded := load_working_set(store, shard_dir):
         log.info("warmed %d working-set rows of %s", loaded, shard_dir)
     return store

@@ -116,7 +116,8 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     sparse_url = fsio.join(model_url, model_dir.SPARSE)
     _, files = snapshot_files(sparse_url, storage_options)
     if files:
-        keys, emb, _m, _v, _clock = read_snapshot(sparse_url, storage_options=storage_options)
+        snap = read_snapshot(sparse_url, storage_options=storage_options)
+        keys, emb = snap.keys, snap.emb
     else:
         keys, emb = np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
     schema = FeatureSchema(

@@ -40,6 +40,7 @@ from pipeline.encode.stage import EncodeResult, encode_date
 from pipeline.ingest.stage import IngestResult, ingest_date
 from pipeline.schema import get_schema
 from pipeline.vocab.stage import VocabResult, build_vocab
+from storage.embedding.snapshot import snapshot_format
 from storage.features_manifest import key_column
 from storage.io import fsio
 from storage.io.dates import shift_date
@@ -114,17 +115,22 @@ class WarmResult:
     rows: int = 0
     shards_restored: int = 0
     seconds: float = 0.0
+    row_format: str = ""
+    """The day's rows, `optimizer/row_dtype` (`storage.embedding.row_format.RowFormat.name`)."""
+    converted_from: str | None = None
+    """The published rows' format when it differs: the warm converts them (`RowFormat.convert`)."""
 
     def summary(self) -> str:
+        conv = f"; rows converted from {self.converted_from} to {self.row_format}" if self.converted_from else ""
         if self.warmed_by == "ranks":
-            return f"warm: left to the ranks of {self.plan.world_size} (several nodes); {self.warm_start}"
+            return f"warm: left to the ranks of {self.plan.world_size} (several nodes); {self.warm_start}{conv}"
         return (f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored; "
-                f"{self.warm_start}")
+                f"{self.warm_start}{conv}")
 
     def record(self) -> dict[str, Any]:
         return {"warmed_by": self.warmed_by, "rows": self.rows, "shards_restored": self.shards_restored,
                 "published_version": self.plan.published_version, "token": self.plan.token,
-                "warm_start": self.warm_start}
+                "warm_start": self.warm_start, "row_format": self.row_format, "converted_from": self.converted_from}
 
 
 def warm(cfg: RunConfig, state: DayState) -> WarmResult:
@@ -136,7 +142,8 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     published, world = state.published, resolve_world(cfg.trainer).world_size
     vocab_files, features = state.vocab.url, state.encode.url
     plan = WarmPlan(
-        date=state.date, world_size=world, published_version=published.version if published else None,
+        date=state.date, world_size=world, sparse_optimizer=cfg.optim.sparse_optimizer,
+        published_version=published.version if published else None,
         snapshot_url=fsio.join(published.url, SPARSE) if published else None,
         snapshot_tag=published.meta.run_tag if published else None,
         evict_url=fsio.join(vocab_files, EVICTED_FILE), working_set_url=fsio.join(features, WORKING_SET_FILE),
@@ -148,11 +155,15 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
         if not ws.sparse:  # rows of another width cannot be restored: the table starts empty
             plan = plan.cold()
             how += "; cold sparse (store.embedding_dim changed)"
+    fmt = cfg.store.row_format(cfg.optim.sparse_optimizer)
+    src = snapshot_format(plan.snapshot_url, state.layout.storage_options) if plan.snapshot_url else None
+    converted_from = src.name if src is not None and src != fmt else None
     if cfg.trainer.nnodes > 1:
-        return WarmResult(plan, "ranks", how)
+        return WarmResult(plan, "ranks", how, row_format=fmt.name, converted_from=converted_from)
     report = warm_plan_shards(plan, state.layout.node, list(range(world)), cfg.store, state.layout.storage_options)
     return WarmResult(plan, "flow", how, rows=report["rows"], seconds=report["seconds"],
-                      shards_restored=sum(r["restored"] for r in report["ranks"]))
+                      shards_restored=sum(r["restored"] for r in report["ranks"]), row_format=fmt.name,
+                      converted_from=converted_from)
 
 
 # ---- train ------------------------------------------------------------------------------------

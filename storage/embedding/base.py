@@ -1,9 +1,10 @@
 """The embedding-store contract every tier implements.
 
 A store maps int64 feature keys (see `pipeline.encode.keys`) to rows.  A row is the
-embedding vector plus its sparse-Adam state (first moment `m`, second moment
-`v`) and its clock (the number of updates applied to it), so moving a row
-between tiers or evicting it never loses optimizer state.
+embedding vector, the state its sparse optimizer keeps (Adam's moments, row-wise
+AdaGrad's accumulator, nothing for SGD) and its clock (the number of updates applied
+to it), all as the store's `row_format` lays them out (`storage.embedding.row_format`),
+so moving a row between tiers or evicting it never loses optimizer state.
 
 Guarantees every tier keeps (checked by `tests/storage/embedding/conformance.py`):
 
@@ -14,24 +15,25 @@ Guarantees every tier keeps (checked by `tests/storage/embedding/conformance.py`
   every tier and every rerun agrees.  `lookup` does not store that row: a row
   exists (counts in `len`, appears in `snapshot`) once `update`, `warm`,
   `write_rows` or `restore` wrote it.
-- `update(target, grads, lr=...)` applies sparse Adam to the rows of `target`
-  (keys, or the `Lookup` of those keys); gradients of duplicate keys are summed
-  first.  Each row's clock counts its own updates and drives its bias
-  correction (lazy Adam).  Given the `Lookup` returned by this store's last
+- `update(target, grads, lr=...)` applies the format's sparse optimizer
+  (`RowFormat.step`) to the rows of `target` (keys, or the `Lookup` of those keys);
+  gradients of duplicate keys are summed first.  Each row's clock counts its own
+  updates (and drives Adam's bias correction).  Given the `Lookup` returned by this store's last
   call, a tier may reuse what the lookup resolved (a caching tier does not hash
   the keys or read the tier below a second time); the result is the same
   either way.
 - Keys are int64 tensors of shape (N,) with non-negative values; gradients are
   float32 (N, dim).  Anything else raises `TypeError` / `ValueError` before any
   row changes.  Non-finite gradients raise `ValueError` before any row changes.
-- `read_rows(keys)` returns full rows (embedding, moments, clock) without
+- `read_rows(keys)` returns full rows (weights, optimizer state, clock) without
   materialising unknown ones (`found=False`, fresh rows); `write_rows`
   upserts full rows as given; `contains` says which keys are held.  Caching
   tiers are built on these, and the HET cache reads row clocks through them.
-- `snapshot(url)` writes every row (embedding, m, v, clock) as one Parquet file
-  (columns key:int64, emb/m/v: fixed-size list<float32>[dim], clock:int64) through fsspec,
-  atomically; `restore(url, owner=(rank, world))` replaces the store's content
-  with the rows of that file whose `owner_of(key, world) == rank`.
+- `snapshot(url)` writes every row as one Parquet file (`storage.embedding.snapshot`:
+  key, weights, one column per state tensor, clock; its metadata names the row format)
+  through fsspec, atomically; `restore(url, owner=(rank, world))` replaces the store's
+  content with the rows of that file whose `owner_of(key, world) == rank`, converted
+  to the store's format when the file holds another (`RowFormat.convert`).
 - `tag` names the run whose state a persistent store holds (None for a store
   with no persistent level, whose `set_tag` does nothing).
 - No per-key Python loops on the hot path: every operation is batched.
@@ -46,17 +48,27 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from storage.embedding.row_format import RowFormat
 from storage.embedding.rows import (
-    ADAM_BETAS,
-    ADAM_EPS,
     Rows,
     check_keys,
     check_update,
-    sparse_adam,
+    host_to_device,
     sum_duplicates,
 )
+from storage.embedding.sparse_optim import ADAM_BETAS, ADAM_EPS
 
-__all__ = ["ADAM_BETAS", "ADAM_EPS", "EmbeddingStore", "Lookup", "owner_of"]
+__all__ = ["ADAM_BETAS", "ADAM_EPS", "EmbeddingStore", "Lookup", "as_row_format", "owner_of"]
+
+
+def as_row_format(dim: int | RowFormat) -> RowFormat:
+    """A store's row format from its first argument: a `RowFormat`, or an int width as shorthand for
+    `RowFormat(dim)` (fp32 weights with Adam: the rows of the releases before compact rows)."""
+    if isinstance(dim, RowFormat):
+        return dim
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"a store takes a RowFormat or an int row width, got {type(dim).__name__}")
+    return RowFormat(dim)
 
 _Keys = TypeVar("_Keys", torch.Tensor, np.ndarray)
 
@@ -85,8 +97,10 @@ class Lookup:
 
 
 class EmbeddingStore(abc.ABC):
-    """A key -> (embedding, m, v, clock) table.  See the module docstring for the contract."""
+    """A key -> (weights, optimizer state, clock) table.  See the module docstring for the contract."""
 
+    row_format: RowFormat
+    """What a row holds and how `update` changes it (`storage.embedding.row_format`)."""
     dim: int
     init_std: float
     """Std of the initial rows of unseen keys (`storage.embedding.row_init.init_rows`)."""
@@ -96,11 +110,13 @@ class EmbeddingStore(abc.ABC):
     # ---- the training interface -----------------------------------------------------------------
     @abc.abstractmethod
     def lookup(self, keys: torch.Tensor) -> Lookup:
-        """The rows of `keys` (int64, shape (N,)) as float32 (N, dim), initialising unseen keys."""
+        """The rows of `keys` (int64, shape (N,)) as float32 (N, dim), initialising unseen keys (an unseen
+        key's row is its `init_rows` row as the store would keep it: rounded to the row dtype)."""
         raise NotImplementedError
 
     def update(self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
-        """Apply one sparse-Adam step to the rows of `target` (keys, or their `Lookup`) with `grads` (N, dim).
+        """Apply one step of the store's sparse optimizer to the rows of `target` (keys, or their `Lookup`)
+        with `grads` (N, dim).
 
         Duplicate keys are summed.  The default reads the full rows, steps them and writes them back.
         """
@@ -110,7 +126,9 @@ class EmbeddingStore(abc.ABC):
             return
         uniq, g = sum_duplicates(k, grads.detach().to(self.device))
         _, rows = self.read_rows(uniq)
-        self.write_rows(uniq, sparse_adam(rows, g, lr=lr, weight_decay=weight_decay))
+        new = self.row_format.step(host_to_device(torch.from_numpy(uniq), self.device), rows, g, lr=lr,
+                                   weight_decay=weight_decay)
+        self.write_rows(uniq, new)
 
     def warm(self, keys: torch.Tensor) -> None:
         """Bring the rows of `keys` into this store's fastest level (a hint; no effect on values).
@@ -122,7 +140,7 @@ class EmbeddingStore(abc.ABC):
         k = np.unique(check_keys(keys))
         missing = k[~self.contains(k)]
         if missing.size:
-            self.write_rows(missing, Rows.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))
+            self.write_rows(missing, self.row_format.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))
 
     @abc.abstractmethod
     def evict(self, keys: torch.Tensor) -> None:

@@ -2,7 +2,7 @@
 
 `HostStore` (CPU memory under a byte budget) and `DeviceCache` (rows on the
 training device) are this tier with different capacities and placement.  It
-keeps full rows (embedding + Adam state) in a `RowBuffer`, inclusive and
+keeps full rows (weights + optimizer state) in a `RowBuffer`, inclusive and
 write-back, so moving rows up and down never loses optimizer state:
 
 - a row read from below is admitted clean (`in_below`); an update makes it dirty;
@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from storage.embedding.base import EmbeddingStore, Lookup
+from storage.embedding.base import EmbeddingStore, Lookup, as_row_format
+from storage.embedding.row_format import RowFormat
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import (
     RowBuffer,
@@ -34,8 +35,6 @@ from storage.embedding.rows import (
     check_keys,
     check_update,
     host_to_device,
-    row_bytes,
-    sparse_adam,
     strictly_increasing,
     sum_duplicates,
 )
@@ -76,7 +75,7 @@ class CachingTier(EmbeddingStore):
     """A bounded write-back cache of full rows over an optional lower tier.  See the module docstring.
 
     Args:
-        dim: row width.
+        dim: the rows' `RowFormat` (an int: its width, fp32 rows with Adam).
         init_std: std of `init_rows`.
         device: where cached rows live.
         capacity: rows held at most (None: unbounded).
@@ -90,7 +89,7 @@ class CachingTier(EmbeddingStore):
 
     def __init__(
         self,
-        dim: int,
+        dim: int | RowFormat,
         *,
         init_std: float,
         device: torch.device | str,
@@ -100,22 +99,23 @@ class CachingTier(EmbeddingStore):
         preallocate: bool = False,
         evict_extra: float = 0.0,
     ) -> None:
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
+        fmt = as_row_format(dim)
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std}")
         if below is not None:
             if not isinstance(below, EmbeddingStore):
                 raise TypeError(f"below must be an EmbeddingStore (a storage tier), got {type(below).__name__}")
-            if below.dim != dim:
-                raise ValueError(f"below has dim {below.dim}, this tier has dim {dim}")
-        self.dim = dim
+            if below.row_format != fmt:
+                raise ValueError(f"below keeps rows {below.row_format}, this tier {fmt}")
+        self.row_format = fmt
+        self.dim = fmt.dim
+        self._row_bytes = fmt.row_bytes()
         self.init_std = init_std
         self.device = torch.device(device)
         self.below = below
         self._cache = SlotCache(capacity, policy, evict_extra=evict_extra)
         self._buf = RowBuffer(
-            dim, self.device, capacity if (preallocate and capacity) else 0, fixed=preallocate, limit=capacity
+            fmt, self.device, capacity if (preallocate and capacity) else 0, fixed=preallocate, limit=capacity
         )
         self._counters = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "evictions"), 0)
         self._generation = 0
@@ -134,10 +134,10 @@ class CachingTier(EmbeddingStore):
     # -- internals ------------------------------------------------------------------
     def _read_below(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
         if self.below is None or keys.size == 0:
-            fresh = Rows.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std))
+            fresh = self.row_format.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std))
             return np.zeros(keys.size, dtype=bool), fresh
         found, rows = self.below.read_rows(keys)
-        self._counters["bytes_read"] += int(found.sum()) * row_bytes(self.dim)
+        self._counters["bytes_read"] += int(found.sum()) * self._row_bytes
         return found, rows
 
     def _write_below(self, keys: np.ndarray, rows: Rows) -> None:
@@ -146,7 +146,7 @@ class CachingTier(EmbeddingStore):
         if self.below is None:
             raise StoreCapacityError("no tier below to write rows to")  # unreachable: unbounded without below
         self.below.write_rows(keys, rows)
-        self._counters["bytes_written"] += keys.size * row_bytes(self.dim)
+        self._counters["bytes_written"] += keys.size * self._row_bytes
 
     def _admit_plan(self, counts: np.ndarray, protect: np.ndarray) -> np.ndarray:
         """Evict for the newcomers with `counts`; returns the admit mask over them."""
@@ -209,7 +209,7 @@ class CachingTier(EmbeddingStore):
                 rows = None
             elif below is not None and below[1] is not None:
                 found, rows = below  # read below by the lookup just before: count the read, do not redo it
-                self._counters["bytes_read"] += int(found.sum()) * row_bytes(self.dim) if self.below is not None else 0
+                self._counters["bytes_read"] += int(found.sum()) * self._row_bytes if self.below is not None else 0
             else:
                 found, rows = self._read_below(mkeys)
             want = found if mode == "read" else np.ones(miss.size, dtype=bool)
@@ -242,7 +242,7 @@ class CachingTier(EmbeddingStore):
         if outside.size == 0:
             return found, self._buf.gather(slots)
         assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
-        rows = Rows.empty(keys.size, self.dim, self.device)
+        rows = self.row_format.empty(keys.size, self.device)
         rows.put(res, self._buf.gather(slots[res]))
         rows.put(outside, rows_out)
         return found, rows
@@ -255,7 +255,7 @@ class CachingTier(EmbeddingStore):
         self._buf.scatter(slots[res], rows.select(res))
         self._cache.dirty[slots[res]] = True
         if self.below is None:
-            self._counters["bytes_written"] += res.size * row_bytes(self.dim)
+            self._counters["bytes_written"] += res.size * self._row_bytes
         if outside.size:
             self._write_below(keys[outside], rows.select(outside))
 
@@ -303,7 +303,7 @@ class CachingTier(EmbeddingStore):
         res = np.flatnonzero(slots >= 0)
         dev = self.device
         out.index_copy_(0, host_to_device(torch.from_numpy(res), dev), self._buf.gather_emb(slots[res]))
-        out.index_copy_(0, host_to_device(torch.from_numpy(outside), dev), rows_out.emb.to(dev))
+        out.index_copy_(0, host_to_device(torch.from_numpy(outside), dev), rows_out.emb.to(dev).float())
         if inverse is None:
             return Lookup(handle_keys, out, plan)
         return Lookup(handle_keys, out.index_select(0, host_to_device(torch.from_numpy(inverse.reshape(-1)), dev)), plan)
@@ -317,7 +317,7 @@ class CachingTier(EmbeddingStore):
             plan = None  # another tier's, or the tier changed since the lookup: resolve afresh
         self._generation += 1
         keys = target.keys if isinstance(target, Lookup) else target
-        # on a GPU the new rows' one finiteness check (`sparse_adam`) also refuses non-finite gradients
+        # on a GPU the new rows' one finiteness check (`RowFormat.step`) also refuses non-finite gradients
         k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay, finite=self.device.type == "cpu")
         if k.size == 0:
             return
@@ -334,17 +334,21 @@ class CachingTier(EmbeddingStore):
         else:
             slots, outside, _, rows_out = self._resolve(uniq, counts, "create")
         res = np.flatnonzero(slots >= 0)
-        # Compute every new row first (sparse_adam refuses non-finite results), then write: a
+        # Compute every new row first (`RowFormat.step` refuses non-finite results), then write: a
         # refused update changes no value here or below, and admits no key it was to create.
         new_res = new_out = None
         try:
             if res.size:
                 idx = host_to_device(torch.from_numpy(res), self.device)
-                new_res = sparse_adam(self._buf.gather(slots[res]), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
+                new_res = self.row_format.step(host_to_device(torch.from_numpy(uniq[res]), self.device),
+                                               self._buf.gather(slots[res]), g.index_select(0, idx), lr=lr,
+                                               weight_decay=weight_decay)
             if outside.size:
                 assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
                 idx = host_to_device(torch.from_numpy(outside), self.device)
-                new_out = sparse_adam(rows_out.to(self.device), g.index_select(0, idx), lr=lr, weight_decay=weight_decay)
+                new_out = self.row_format.step(host_to_device(torch.from_numpy(uniq[outside]), self.device),
+                                               rows_out.to(self.device), g.index_select(0, idx), lr=lr,
+                                               weight_decay=weight_decay)
         except ValueError:
             c = self._cache
             admitted = slots[res]
@@ -356,7 +360,7 @@ class CachingTier(EmbeddingStore):
             self._buf.scatter(rs, new_res)
             self._cache.dirty[rs] = True
             if self.below is None:  # the bottom tier counts what it stores
-                self._counters["bytes_written"] += rs.size * row_bytes(self.dim)
+                self._counters["bytes_written"] += rs.size * self._row_bytes
         if new_out is not None:
             self._write_below(uniq[outside], new_out)
 
@@ -432,11 +436,10 @@ class CachingTier(EmbeddingStore):
         keys = self._cache.map.slot_keys[slots]
         order = np.argsort(keys, kind="stable")
         keys, slots = keys[order], slots[order]
-        with SnapshotWriter(url, self.dim, storage_options) as w:
+        with SnapshotWriter(url, self.row_format, storage_options) as w:
             step = 1 << 16
             for lo in range(0, keys.size, step):
-                r = self._buf.gather(slots[lo : lo + step])
-                w.write(keys[lo : lo + step], r.emb, r.m, r.v, r.clock)
+                w.write(keys[lo : lo + step], self._buf.gather(slots[lo : lo + step]))
         return w.rows
 
     def _clear(self, *, release: bool = False) -> None:
@@ -459,7 +462,7 @@ class CachingTier(EmbeddingStore):
             rev = b.keys[::-1]
             uniq, first_rev = np.unique(rev, return_index=True)
             last = b.keys.size - 1 - first_rev
-            self.write_rows(uniq, Rows.from_numpy(b.emb, b.m, b.v, b.clock).select(last))
+            self.write_rows(uniq, b.select(last).rows_as(self.row_format))
         return len(self)
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from storage.embedding.row_format import ROW_DTYPES, RowFormat
 from storage.io.identity import result_field, run_field, shape_field
 
 POLICIES = ("lfu", "lru")
@@ -13,10 +14,15 @@ POLICIES = ("lfu", "lru")
 class StoreConfig:
     embedding_dim: int = shape_field(16)
     """Width of every embedding row."""
+    row_dtype: str = result_field("fp16", neutral="fp32")
+    """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16` or `fp32`.
+    Updates are computed in fp32 and written back with stochastic rounding (docs/benchmarks.md, "bench.quality:
+    row formats": fp16 rows train as well as fp32 ones). Serving bundles keep their own `--dtype`."""
     init_std: float = result_field(0.01)
     """Std of the deterministic per-key initialisation of a new row."""
     host_budget_mb: int = run_field(1024)
-    """CPU memory for rows (embedding + Adam state); over it, the coldest rows go to SSD."""
+    """CPU memory for rows (weights + optimizer state + clock, and 64 B of bookkeeping each); over it, the
+    coldest rows go to SSD."""
     device_cache_rows: int = run_field(0)
     """Rows cached on the training device (GPU HBM, or CPU); 0 disables the device cache."""
     cache_policy: str = run_field("lfu")
@@ -28,6 +34,8 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if self.embedding_dim < 1:
             raise ValueError(f"store.embedding_dim must be >= 1, got {self.embedding_dim}")
+        if self.row_dtype not in ROW_DTYPES:
+            raise ValueError(f"store.row_dtype must be one of {sorted(ROW_DTYPES)}, got {self.row_dtype!r}")
         if self.init_std <= 0:
             raise ValueError(f"store.init_std must be > 0, got {self.init_std}")
         if self.host_budget_mb < 1:
@@ -40,3 +48,7 @@ class StoreConfig:
             raise ValueError(
                 f"store.local_dir must be a local directory (the SSD tier uses direct I/O), got {self.local_dir!r}"
             )
+
+    def row_format(self, optimizer: str) -> RowFormat:
+        """The rows this store keeps when trained with `optimizer` (`optim.sparse_optimizer`)."""
+        return RowFormat(self.embedding_dim, optimizer, self.row_dtype)

@@ -1,6 +1,6 @@
 """`DeviceCache`: a fixed-capacity LFU/LRU cache of full rows on the training device.
 
-HET's worker-side cache embedding table: hot rows (embedding + Adam state)
+HET's worker-side cache embedding table: hot rows (weights + optimizer state)
 live on the GPU (or on the CPU, same code) so most lookups and updates never
 leave the device.  Capacity is allocated up front; admission and eviction are
 batched per call; updates are applied to cached rows (dirty) and written back
@@ -46,7 +46,7 @@ class DeviceCache(CachingTier):
         if capacity_rows < 1:
             raise ValueError(f"capacity_rows must be >= 1, got {capacity_rows}")
         super().__init__(
-            below.dim,
+            below.row_format,
             init_std=below.init_std,
             device=device,
             capacity=capacity_rows,

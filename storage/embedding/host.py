@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.embedding.base import EmbeddingStore
+from storage.embedding.base import EmbeddingStore, as_row_format
 from storage.embedding.caching_tier import CachingTier
-from storage.embedding.rows import row_bytes
+from storage.embedding.row_format import RowFormat
 
 __all__ = ["HostStore", "host_row_bytes", "rows_for_budget"]
 
@@ -28,13 +28,13 @@ _OVERHEAD = 64
 """Bytes per row beyond the payload: key, frequency, tick, flags and two hash-table cells."""
 
 
-def host_row_bytes(dim: int) -> int:
-    """Bytes one row costs in a HostStore (payload plus bookkeeping)."""
-    return row_bytes(dim) + _OVERHEAD
+def host_row_bytes(dim: int | RowFormat) -> int:
+    """Bytes one row of a format (an int: fp32 rows with Adam) costs in a HostStore (payload plus bookkeeping)."""
+    return as_row_format(dim).row_bytes() + _OVERHEAD
 
 
-def rows_for_budget(budget_bytes: int, dim: int) -> int:
-    """How many rows of width `dim` a HostStore with `budget_bytes` holds."""
+def rows_for_budget(budget_bytes: int, dim: int | RowFormat) -> int:
+    """How many rows of a format (an int: fp32 rows with Adam) a HostStore with `budget_bytes` holds."""
     return int(budget_bytes) // host_row_bytes(dim)
 
 
@@ -42,7 +42,7 @@ class HostStore(CachingTier):
     """CPU-memory tier with a byte budget over an optional lower tier.
 
     Args:
-        dim: row width.
+        dim: the rows' `RowFormat` (an int: its width, fp32 rows with Adam).
         budget_bytes: memory for rows; capacity is `rows_for_budget(budget_bytes, dim)` rows.
         below: the tier rows spill to (an `SsdStore`, a `MemoryStore` in tests), or None.
             Without one, going over budget raises `caching_tier.StoreCapacityError`.
@@ -60,7 +60,7 @@ class HostStore(CachingTier):
 
     def __init__(
         self,
-        dim: int,
+        dim: int | RowFormat,
         *,
         budget_bytes: int,
         below: EmbeddingStore | None = None,
@@ -68,14 +68,15 @@ class HostStore(CachingTier):
         policy: str = "lfu",
         evict_extra: float = 0.02,
     ) -> None:
-        capacity = rows_for_budget(budget_bytes, dim) if dim >= 1 else 0
+        fmt = as_row_format(dim)
+        capacity = rows_for_budget(budget_bytes, fmt)
         if capacity < 1:
             raise ValueError(
-                f"budget_bytes={budget_bytes} holds no row of dim {dim} "
-                f"({host_row_bytes(max(dim, 1))} bytes each); raise the host budget"
+                f"budget_bytes={budget_bytes} holds no {fmt.name} row of dim {fmt.dim} "
+                f"({host_row_bytes(fmt)} bytes each); raise the host budget"
             )
         super().__init__(
-            dim,
+            fmt,
             init_std=init_std,
             device="cpu",
             capacity=capacity,
@@ -88,5 +89,5 @@ class HostStore(CachingTier):
     def _own_stats(self) -> dict[str, Any]:
         s = super()._own_stats()
         s["budget_bytes"] = self.budget_bytes
-        s["bytes_held"] = s["rows"] * host_row_bytes(self.dim)
+        s["bytes_held"] = s["rows"] * host_row_bytes(self.row_format)
         return s

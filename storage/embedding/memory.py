@@ -2,7 +2,7 @@
 
 Use it in every test above the storage layer, and as the model for the other
 tiers: a `SlotMap` (vectorised key -> slot hash index with a free list) over a
-`RowBuffer` (growable emb/m/v/clock tensors on one device).
+`RowBuffer` (growable row tensors of its `RowFormat` on one device).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from storage.embedding.base import EmbeddingStore, Lookup
+from storage.embedding.base import EmbeddingStore, Lookup, as_row_format
 from storage.embedding.index import SlotMap
+from storage.embedding.row_format import RowFormat
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import (
     RowBuffer,
     Rows,
     check_keys,
-    row_bytes,
 )
 from storage.embedding.snapshot import (
     SnapshotWriter,
@@ -32,7 +32,7 @@ class MemoryStore(EmbeddingStore):
     """All rows in memory on one device (CPU or GPU).
 
     Args:
-        dim: row width.
+        dim: the rows' `RowFormat` (an int: its width, fp32 rows with Adam).
         init_std: std of `init_rows` for unseen keys.
         device: where the row tensors live; `lookup` returns rows there.
 
@@ -46,16 +46,17 @@ class MemoryStore(EmbeddingStore):
 
     tier = "memory"
 
-    def __init__(self, dim: int, *, init_std: float = 0.01, device: torch.device | str = "cpu") -> None:
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
+    def __init__(self, dim: int | RowFormat, *, init_std: float = 0.01, device: torch.device | str = "cpu") -> None:
+        fmt = as_row_format(dim)
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std}")
-        self.dim = dim
+        self.row_format = fmt
+        self.dim = fmt.dim
+        self._row_bytes = fmt.row_bytes()
         self.init_std = init_std
         self.device = torch.device(device)
         self._map = SlotMap()
-        self._buf = RowBuffer(dim, self.device)
+        self._buf = RowBuffer(fmt, self.device)
         self._counters = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "evictions"), 0)
 
     # -- tier-to-tier interface -------------------------------------------------
@@ -67,12 +68,12 @@ class MemoryStore(EmbeddingStore):
         if nf == keys.size:
             rows = self._buf.gather(slots)
         else:
-            rows = Rows.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std).to(self.device))
+            rows = self.row_format.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std).to(self.device))
             if nf:
                 rows.put(np.flatnonzero(found), self._buf.gather(slots[found]))
         self._counters["hits"] += nf
         self._counters["misses"] += keys.size - nf
-        self._counters["bytes_read"] += nf * row_bytes(self.dim)
+        self._counters["bytes_read"] += nf * self._row_bytes
         return found, rows
 
     def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
@@ -82,7 +83,7 @@ class MemoryStore(EmbeddingStore):
         if new.any():
             slots[new] = self._map.add(keys[new])
         self._buf.scatter(slots, rows)
-        self._counters["bytes_written"] += keys.size * row_bytes(self.dim)
+        self._counters["bytes_written"] += keys.size * self._row_bytes
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         return self._map.lookup(np.ascontiguousarray(keys, dtype=np.int64)) >= 0
@@ -100,12 +101,12 @@ class MemoryStore(EmbeddingStore):
             miss = np.flatnonzero(~found)
             out[torch.from_numpy(miss).to(self.device)] = init_rows(
                 torch.from_numpy(k[miss]), self.dim, self.init_std
-            ).to(self.device)
+            ).to(self.row_format.dtype).float().to(self.device)
             if nf:
                 out[torch.from_numpy(np.flatnonzero(found)).to(self.device)] = self._buf.gather_emb(slots[found])
         self._counters["hits"] += nf
         self._counters["misses"] += k.size - nf
-        self._counters["bytes_read"] += nf * 4 * self.dim
+        self._counters["bytes_read"] += nf * self.row_format.dtype.itemsize * self.dim
         return Lookup(torch.from_numpy(k.copy()), out)
 
     def evict(self, keys: torch.Tensor) -> None:
@@ -123,9 +124,9 @@ class MemoryStore(EmbeddingStore):
             yield keys[lo : lo + batch_rows], self._buf.gather(slots[lo : lo + batch_rows])
 
     def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
-        with SnapshotWriter(url, self.dim, storage_options) as w:
+        with SnapshotWriter(url, self.row_format, storage_options) as w:
             for keys, rows in self.iter_rows():
-                w.write(keys, rows.emb, rows.m, rows.v, rows.clock)
+                w.write(keys, rows)
         return w.rows
 
     def restore(
@@ -135,7 +136,7 @@ class MemoryStore(EmbeddingStore):
         self._map.clear()
         self._buf.reset()
         for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
-            rows = Rows.from_numpy(b.emb, b.m, b.v, b.clock)
+            rows = b.rows_as(self.row_format)
             keys, last = _last_occurrence(b.keys)
             self.write_rows(keys, rows.select(last))
         return len(self)

@@ -1,67 +1,67 @@
 """Row-level building blocks shared by every tier.
 
-- `Rows`: a batch of full rows (embedding, Adam moments, clock), the unit tiers
-  move between each other so optimizer state is never lost.
+- `Rows`: a batch of full rows (weights, optimizer state, clock), the unit tiers
+  move between each other so optimizer state is never lost; their layout is the
+  store's `storage.embedding.row_format.RowFormat`, whose `step` is the update rule;
 - argument checks (`check_keys`, `check_update`) so every tier raises the same
   errors for the same bad input, before touching any row;
-- `sum_duplicates` and `sparse_adam`: the update rule of the contract;
+- `sum_duplicates`: one gradient per distinct key;
 - `RowBuffer`: growable (or fixed) row tensors addressed by slot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
+if TYPE_CHECKING:
+    from storage.embedding.row_format import RowFormat
 
 
 @dataclass
 class Rows:
-    """A batch of N full rows on one device.
+    """A batch of N full rows on one device, in a store's `storage.embedding.row_format.RowFormat`.
 
     Attributes:
-        emb: float32 (N, dim) embeddings.
-        m: float32 (N, dim) Adam first moments.
-        v: float32 (N, dim) Adam second moments.
-        clock: int64 (N,) updates applied so far.
+        emb: (N, dim) weights in the format's row dtype.
+        state: the sparse optimizer's per-row state by name, (N, dim) or (N,) float32 each.
+        clock: int32 (N,) updates applied so far.
     """
 
     emb: torch.Tensor
-    m: torch.Tensor
-    v: torch.Tensor
+    state: dict[str, torch.Tensor]
     clock: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.clock.shape[0])
 
-    @staticmethod
-    def empty(n: int, dim: int, device: torch.device | str = "cpu") -> Rows:
-        """N zero rows (zero embeddings, moments and clocks)."""
-        z = torch.zeros((n, dim), dtype=torch.float32, device=device)
-        return Rows(z, z.clone(), z.clone(), torch.zeros(n, dtype=torch.int64, device=device))
+    def tensors(self) -> list[torch.Tensor]:
+        """emb, the state tensors in name order, clock: what every copy moves."""
+        return [self.emb, *(self.state[k] for k in sorted(self.state)), self.clock]
+
+    def _like(self, tensors: list[torch.Tensor]) -> Rows:
+        names = sorted(self.state)
+        return Rows(tensors[0], dict(zip(names, tensors[1:-1], strict=True)), tensors[-1])
 
     @staticmethod
-    def fresh(emb: torch.Tensor) -> Rows:
-        """Rows with embeddings `emb`, zero moments and clock 0 (a never-updated row)."""
-        return Rows(
-            emb,
-            torch.zeros_like(emb),
-            torch.zeros_like(emb),
-            torch.zeros(emb.shape[0], dtype=torch.int64, device=emb.device),
-        )
-
-    @staticmethod
-    def from_numpy(emb: np.ndarray, m: np.ndarray, v: np.ndarray, clock: np.ndarray) -> Rows:
+    def from_numpy(emb: np.ndarray, state: dict[str, np.ndarray], clock: np.ndarray) -> Rows:
         """Rows sharing memory with the arrays (copied first when an array is read-only, e.g. from Arrow)."""
-        return Rows(*(torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in (emb, m, v, clock)))
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.require(a, requirements=["C", "W"]))
+        return Rows(t(emb), {k: t(a) for k, a in state.items()}, t(clock))
+
+    def numpy(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """(emb, state, clock) as CPU NumPy arrays (emb of a bf16 row as its uint16 bit patterns)."""
+        emb = self.emb.detach().cpu()
+        emb_np = emb.view(torch.int16).numpy().view(np.uint16) if emb.dtype == torch.bfloat16 else emb.numpy()
+        return emb_np, {k: v.detach().cpu().numpy() for k, v in self.state.items()}, self.clock.detach().cpu().numpy()
 
     def to(self, device: torch.device | str) -> Rows:
         """The rows on `device` (no copy when already there)."""
-        return Rows(self.emb.to(device), self.m.to(device), self.v.to(device), self.clock.to(device))
+        return self._like([t.to(device) for t in self.tensors()])
 
     def select(self, idx: torch.Tensor | np.ndarray) -> Rows:
         """Rows at positions `idx` (an index or boolean mask)."""
@@ -69,30 +69,24 @@ class Rows:
             idx = torch.from_numpy(idx)
         idx = idx.to(self.emb.device)
         if idx.dtype == torch.bool:
-            return Rows(self.emb[idx], self.m[idx], self.v[idx], self.clock[idx])
+            return self._like([t[idx] for t in self.tensors()])
         # index_select: same rows as t[idx], without advanced indexing's per-call setup
-        return Rows(*(t.index_select(0, idx) for t in (self.emb, self.m, self.v, self.clock)))
+        return self._like([t.index_select(0, idx) for t in self.tensors()])
 
     def put(self, idx: torch.Tensor | np.ndarray, other: Rows) -> None:
-        """Overwrite the rows at positions `idx` (distinct, or a boolean mask) with `other` (any device)."""
+        """Overwrite the rows at positions `idx` (distinct, or a boolean mask) with `other` (any device, same format)."""
         if isinstance(idx, np.ndarray):
             idx = torch.from_numpy(idx)
         idx = idx.to(self.emb.device)
         other = other.to(self.emb.device)
+        pairs = zip(self.tensors(), other.tensors(), strict=True)
         if idx.dtype == torch.bool:
-            self.emb[idx] = other.emb
-            self.m[idx] = other.m
-            self.v[idx] = other.v
-            self.clock[idx] = other.clock
+            for t, o in pairs:
+                t[idx] = o
             return
         # index_copy_ is t[idx] = x for distinct positions, without advanced indexing's overhead
-        for t, o in ((self.emb, other.emb), (self.m, other.m), (self.v, other.v), (self.clock, other.clock)):
+        for t, o in pairs:
             t.index_copy_(0, idx, o)
-
-
-def row_bytes(dim: int) -> int:
-    """Bytes of one row's payload: emb, m, v (float32) and clock (int64)."""
-    return 12 * dim + 8
 
 
 def check_keys(keys: torch.Tensor) -> np.ndarray:
@@ -212,39 +206,6 @@ def sum_duplicates(keys: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, t
     return uniq, segment_sum(grads, torch.from_numpy(inverse.reshape(-1)), uniq.size)
 
 
-def sparse_adam(rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> Rows:
-    """One lazy-Adam step on `rows` with `grads` (same device, one gradient per row).
-
-    Each row counts its own steps in `clock` and uses it for bias correction,
-    which is exactly `torch.optim.Adam` (L2 `weight_decay` added to the
-    gradient) run on a parameter per row that is stepped only when touched.
-    Returns new tensors; `rows` is not modified.
-    """
-    b1, b2 = ADAM_BETAS
-    g = grads if weight_decay == 0 else grads + weight_decay * rows.emb
-    clock = rows.clock + 1
-    m = torch.lerp(rows.m, g, 1 - b1)
-    v = rows.v * b2 + (1 - b2) * g * g
-    t = clock.to(torch.float64)
-    bc1 = 1 - torch.pow(torch.full_like(t, b1), t)
-    bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t))
-    step = (lr / bc1).to(torch.float32)[:, None]
-    denom = v.sqrt() / bc2_sqrt.to(torch.float32)[:, None] + ADAM_EPS
-    emb = rows.emb - step * (m / denom)
-    # One reduction, one host read for the update: a NaN or inf gradient makes v (and emb) non-finite,
-    # so the new rows' check covers the gradients too (the tiers on a GPU skip `check_grads`' own).
-    if not bool(torch.isfinite(torch.stack([emb.sum(), v.sum()])).all()) and not (all_finite(emb) and all_finite(v)):
-        if not all_finite(grads):
-            raise ValueError("grads contain NaN or inf; no row was changed")
-        # Finite but huge gradients (|g| > ~1e19) overflow v = g*g; such rows are never stored.
-        bad = ~(torch.isfinite(emb).all(dim=1) & torch.isfinite(v).all(dim=1))
-        raise ValueError(
-            f"sparse Adam would make {int(bad.sum())} row(s) non-finite (largest |grad| "
-            f"{float(grads.abs().max()):.3g}); no row was changed; clip the gradients"
-        )
-    return Rows(emb, m, v, clock)
-
-
 def _take(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
     """Rows `idx` of the CPU tensor `t`, gathered by NumPy on the calling thread.
 
@@ -252,14 +213,17 @@ def _take(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
     torch's intra-op thread pool, whose threads have gone to sleep by then and are slow to wake
     on a busy host, where `np.take` copies the same rows (memory-bound) on the calling thread.
     """
+    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: gather the bit patterns
+        return torch.from_numpy(np.take(t.view(torch.int16).numpy(), idx, axis=0)).view(torch.bfloat16)
     return torch.from_numpy(np.take(t.numpy(), idx, axis=0))
 
 
 class RowBuffer:
-    """Row tensors (emb, m, v, clock) on one device, addressed by slot; grows by doubling.
+    """Row tensors (weights, optimizer state, clock) of one `RowFormat` on one device, addressed by slot;
+    grows by doubling.
 
     Args:
-        dim: row width.
+        fmt: the rows' format.
         device: where the tensors live.
         capacity: initial (or, with `fixed=True`, the only) number of slots.
         fixed: never grow (a preallocated cache).
@@ -268,18 +232,19 @@ class RowBuffer:
 
     def __init__(
         self,
-        dim: int,
+        fmt: RowFormat,
         device: torch.device | str = "cpu",
         capacity: int = 0,
         *,
         fixed: bool = False,
         limit: int | None = None,
     ) -> None:
-        self.dim = dim
+        self.fmt = fmt
+        self.dim = fmt.dim
         self.device = torch.device(device)
         self.fixed = fixed
         self.limit = limit
-        self.rows = Rows.empty(capacity, dim, self.device)
+        self.rows = fmt.empty(capacity, self.device)
 
     @property
     def capacity(self) -> int:
@@ -295,20 +260,17 @@ class RowBuffer:
         size = max(n_slots, 2 * self.capacity, 1024)
         if self.limit is not None:
             size = max(n_slots, min(size, self.limit))
-        grown = Rows.empty(size, self.dim, self.device)
+        grown = self.fmt.empty(size, self.device)
         old = self.capacity
-        grown.emb[:old] = self.rows.emb
-        grown.m[:old] = self.rows.m
-        grown.v[:old] = self.rows.v
-        grown.clock[:old] = self.rows.clock
+        for g, t in zip(grown.tensors(), self.rows.tensors(), strict=True):
+            g[:old] = t
         self.rows = grown
 
     def gather(self, slots: np.ndarray) -> Rows:
         """Copies of the rows at `slots`."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         if self.device.type == "cpu":
-            r = self.rows
-            return Rows(_take(r.emb, slots), _take(r.m, slots), _take(r.v, slots), _take(r.clock, slots))
+            return self.rows._like([_take(t, slots) for t in self.rows.tensors()])
         return self.rows.select(host_to_device(torch.from_numpy(slots), self.device))
 
     def scatter(self, slots: np.ndarray, rows: Rows) -> None:
@@ -319,22 +281,22 @@ class RowBuffer:
         self.rows.put(host_to_device(torch.from_numpy(slots), self.device), rows)
 
     def gather_emb(self, slots: np.ndarray) -> torch.Tensor:
-        """Embeddings only at `slots`, (len(slots), dim)."""
+        """The weights at `slots` as float32, (len(slots), dim)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         if self.device.type == "cpu":
-            return _take(self.rows.emb, slots)
-        return self.rows.emb.index_select(0, host_to_device(torch.from_numpy(slots), self.device))
+            return _take(self.rows.emb, slots).float()
+        return self.rows.emb.index_select(0, host_to_device(torch.from_numpy(slots), self.device)).float()
 
     def reset(self) -> None:
         """Drop every row.  A fixed buffer keeps its allocation and is zeroed in place: allocating a
         fresh one while the old is alive would need twice its memory (a GPU cache sized over half
         the device could not be restored)."""
         if self.fixed:
-            for t in (self.rows.emb, self.rows.m, self.rows.v, self.rows.clock):
+            for t in self.rows.tensors():
                 t.zero_()
         else:
-            self.rows = Rows.empty(0, self.dim, self.device)
+            self.rows = self.fmt.empty(0, self.device)
 
     def release(self) -> None:
-        """Free every slot (closing the tier): the buffer holds nothing afterwards, fixed or not."""
-        self.rows = Rows.empty(0, self.dim, self.device)
+        """Free the row memory (a closed store)."""
+        self.rows = self.fmt.empty(0, self.device)

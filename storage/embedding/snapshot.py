@@ -1,15 +1,22 @@
 """The sparse snapshot format: one Parquet file of full rows per store (or per rank).
 
-Columns (see `storage.embedding.base`): ``key`` int64, ``emb`` / ``m`` / ``v``
-fixed_size_list<float32>[dim], ``clock`` int64.  Writers write under a temporary
-name beside the target and rename it into place last, so a reader sees the old
-file or the complete new one.  Readers accept one file or a directory of
-``*.parquet`` parts (a model's ``sparse/`` folder, written by any world size)
-and keep only the keys a rank owns, reading one row group at a time.
+Columns: ``key`` int64, ``emb`` fixed_size_list<float32 | float16 | bfloat16 bits>[dim] (the row
+dtype), one column per optimizer state tensor (``m`` / ``v`` fixed_size_list<float32>[dim] for
+Adam, ``acc`` float32 for row-wise AdaGrad, none for SGD), ``clock`` int32.  The schema metadata
+``ctr.row_format`` names the format (`RowFormat.meta`: dim, optimizer, row dtype); a file without
+it is a snapshot of the releases before compact rows: fp32 weights with Adam's ``m`` and ``v`` and
+an int64 clock.  A reader gets the file's rows in the file's format (`SnapshotBatch.fmt`) and
+converts them to its own (`SnapshotBatch.rows_as`).
+
+Writers write under a temporary name beside the target and rename it into place last, so a reader
+sees the old file or the complete new one.  Readers accept one file or a directory of ``*.parquet``
+parts (a model's ``sparse/`` folder, written by any world size) and keep only the keys a rank owns,
+reading one row group at a time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -25,93 +32,125 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from storage.embedding.base import owner_of
+from storage.embedding.row_format import RowFormat
+from storage.embedding.rows import Rows
 from storage.io.fsio import get_fs
 
 ROW_GROUP_ROWS = 65536
 """Rows per Parquet row group: the unit readers stream by."""
-_COLUMNS = ("key", "emb", "m", "v", "clock")
+FORMAT_KEY = b"ctr.row_format"
+"""Schema metadata key holding `RowFormat.meta()` as JSON."""
+_EMB_TYPES = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16()}
+"""Arrow value type of the `emb` column per row dtype (Arrow has no bfloat16: its bit patterns)."""
 
 
-def snapshot_schema(dim: int) -> pa.Schema:
-    """The Arrow schema of a snapshot of rows of width `dim`."""
-    vec = pa.list_(pa.float32(), dim)
-    return pa.schema([("key", pa.int64()), ("emb", vec), ("m", vec), ("v", vec), ("clock", pa.int64())])
+def snapshot_schema(fmt: RowFormat) -> pa.Schema:
+    """The Arrow schema of a snapshot of rows in format `fmt`."""
+    fields = [("key", pa.int64()), ("emb", pa.list_(_EMB_TYPES[fmt.row_dtype], fmt.dim))]
+    fields += [(f.name, pa.list_(pa.float32(), fmt.dim) if f.per_element else pa.float32()) for f in fmt.rule.state]
+    fields.append(("clock", pa.int32()))
+    return pa.schema(fields, metadata={FORMAT_KEY: json.dumps(fmt.meta(), sort_keys=True).encode()})
 
 
 def _np(x: torch.Tensor | np.ndarray, dtype: type) -> np.ndarray:
     if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu().float().numpy() if x.dtype in (torch.float16, torch.bfloat16) else x.detach().cpu().numpy()
     return np.ascontiguousarray(x, dtype=dtype)
 
 
 @dataclass
 class SnapshotBatch:
-    """A batch of snapshot rows as NumPy arrays: keys (N,), emb/m/v (N, dim) float32, clock (N,)."""
+    """Snapshot rows as NumPy arrays, in the format of the file they came from.
+
+    Attributes:
+        keys: int64 (N,).
+        emb: float32 (N, dim): the stored weights, exactly (fp16 and bf16 widen to fp32 without loss).
+        state: the optimizer state columns by name, float32.
+        clock: int64 (N,).
+        fmt: the file's row format.
+    """
 
     keys: np.ndarray
     emb: np.ndarray
-    m: np.ndarray
-    v: np.ndarray
+    state: dict[str, np.ndarray]
     clock: np.ndarray
+    fmt: RowFormat
 
     def __len__(self) -> int:
         return int(self.keys.size)
 
+    def select(self, idx: np.ndarray) -> SnapshotBatch:
+        """The rows at positions (or mask) `idx`."""
+        return SnapshotBatch(self.keys[idx], self.emb[idx], {k: v[idx] for k, v in self.state.items()},
+                             self.clock[idx], self.fmt)
+
+    def rows(self) -> Rows:
+        """The rows in the file's own format (CPU tensors)."""
+        return Rows(
+            torch.from_numpy(np.ascontiguousarray(self.emb)).to(self.fmt.dtype),
+            {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in self.state.items()},
+            torch.from_numpy(self.clock.astype(np.int32)),
+        )
+
+    def rows_as(self, fmt: RowFormat) -> Rows:
+        """The rows converted to `fmt` (`RowFormat.convert`: optimizer state and weight dtype)."""
+        return fmt.convert(self.rows(), self.fmt)
+
 
 class SnapshotWriter:
-    """Streams row batches into one Parquet snapshot, committed atomically.
+    """Streams rows into one Parquet snapshot, committed atomically.
 
     Use as a context manager: the file appears at `url` only when the block
     exits without an exception (`commit`); otherwise the temporary file is removed.
 
     Args:
         url: target file (local path or fsspec URL).
-        dim: row width.
+        fmt: the rows' format (an int: `RowFormat(dim)`, fp32 with Adam).
         storage_options: fsspec options for `url`.
 
     Example::
 
-        with SnapshotWriter("s3://b/model/sparse/part-00000.parquet", 16) as w:
-            w.write(keys, emb, m, v, clock)
+        with SnapshotWriter("s3://b/model/sparse/part-00000.parquet", store.row_format) as w:
+            w.write(keys, rows)
     """
 
-    def __init__(self, url: str, dim: int, storage_options: dict[str, Any] | None = None) -> None:
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
-        self.dim = dim
+    def __init__(self, url: str, fmt: RowFormat | int, storage_options: dict[str, Any] | None = None) -> None:
+        if isinstance(fmt, int):
+            fmt = RowFormat(fmt)
+        self.fmt = fmt
+        self.dim = fmt.dim
         self.rows = 0
         self._fs, self._path = get_fs(url, storage_options)
         parent = self._path.rstrip("/").rsplit("/", 1)[0] if "/" in self._path.rstrip("/") else ""
         if parent:
             self._fs.makedirs(parent, exist_ok=True)
         self._tmp = f"{self._path}.tmp-{uuid.uuid4().hex[:12]}"
-        self._schema = snapshot_schema(dim)
+        self._schema = snapshot_schema(fmt)
         self._file = self._fs.open(self._tmp, "wb")
         self._writer = pq.ParquetWriter(self._file, self._schema)
         self._done = False
 
-    def write(
-        self,
-        keys: torch.Tensor | np.ndarray,
-        emb: torch.Tensor | np.ndarray,
-        m: torch.Tensor | np.ndarray,
-        v: torch.Tensor | np.ndarray,
-        clock: torch.Tensor | np.ndarray,
-    ) -> None:
-        """Append rows (any number; split into row groups of `ROW_GROUP_ROWS`)."""
+    def write(self, keys: torch.Tensor | np.ndarray, rows: Rows) -> None:
+        """Append `rows` of `keys` (any number; split into row groups of `ROW_GROUP_ROWS`)."""
+        self.fmt.check(rows, "snapshot rows")
         k = _np(keys, np.int64).reshape(-1)
         n = k.size
-        arrays = [_np(a, np.float32) for a in (emb, m, v)]
-        for name, a in zip(("emb", "m", "v"), arrays, strict=True):
-            if a.shape != (n, self.dim):
-                raise ValueError(f"{name} must have shape ({n}, {self.dim}), got {a.shape}")
-        c = _np(clock, np.int64).reshape(-1)
-        if c.size != n:
-            raise ValueError(f"clock must have {n} entries, got {c.size}")
+        if len(rows) != n:
+            raise ValueError(f"{n} keys for {len(rows)} rows")
+        emb = rows.emb.detach().cpu()
+        if self.fmt.row_dtype == "bf16":
+            emb_np = emb.view(torch.int16).numpy().view(np.uint16)
+        else:
+            emb_np = emb.numpy()
+        state = {name: _np(rows.state[name], np.float32) for name in self.fmt.state_names}
+        c = _np(rows.clock, np.int32).reshape(-1)
+        d = self.dim
         for lo in range(0, n, ROW_GROUP_ROWS):
             hi = min(n, lo + ROW_GROUP_ROWS)
-            cols = [pa.array(k[lo:hi])]
-            cols += [pa.FixedSizeListArray.from_arrays(pa.array(a[lo:hi].reshape(-1)), self.dim) for a in arrays]
+            cols = [pa.array(k[lo:hi]), pa.FixedSizeListArray.from_arrays(pa.array(emb_np[lo:hi].reshape(-1)), d)]
+            for f in self.fmt.rule.state:
+                a = state[f.name][lo:hi]
+                cols.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), d) if f.per_element else pa.array(a))
             cols.append(pa.array(c[lo:hi]))
             self._writer.write_table(pa.Table.from_arrays(cols, schema=self._schema))
         self.rows += n
@@ -154,31 +193,16 @@ class SnapshotWriter:
 
 
 def write_snapshot(
-    url: str,
-    keys: torch.Tensor | np.ndarray,
-    emb: torch.Tensor | np.ndarray,
-    m: torch.Tensor | np.ndarray,
-    v: torch.Tensor | np.ndarray,
-    clock: torch.Tensor | np.ndarray,
+    url: str, keys: torch.Tensor | np.ndarray, rows: Rows, fmt: RowFormat,
     storage_options: dict[str, Any] | None = None,
 ) -> int:
-    """Write rows as one Parquet snapshot at `url`, atomically (temp name, then rename).
-
-    Args:
-        url: target file, local path or fsspec URL; parent directories are created.
-        keys: int64 (N,).
-        emb, m, v: float32 (N, dim).
-        clock: int64 (N,).
-        storage_options: fsspec options for `url`.
+    """Write `rows` of `keys` (format `fmt`) as one Parquet snapshot at `url`, atomically (temp name, then rename).
 
     Returns:
         The number of rows written.
     """
-    emb_np = _np(emb, np.float32)
-    if emb_np.ndim != 2:
-        raise ValueError(f"emb must be 2-D (N, dim), got shape {emb_np.shape}")
-    with SnapshotWriter(url, emb_np.shape[1], storage_options) as w:
-        w.write(keys, emb_np, m, v, clock)
+    with SnapshotWriter(url, fmt, storage_options) as w:
+        w.write(keys, rows)
     return w.rows
 
 
@@ -205,23 +229,42 @@ def _check_owner(owner: tuple[int, int] | None) -> None:
         raise ValueError(f"owner must be (rank, world) with 0 <= rank < world, got {owner}")
 
 
-def _fsl_to_numpy(col: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
+def _column(col: pa.ChunkedArray | pa.Array, dim: int | None, row_dtype: str = "fp32") -> np.ndarray:
+    """A column as NumPy: (N, dim) float32 for a list column (`emb` widened from its row dtype), else (N,)."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    arr: np.ndarray = col.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
-    return arr
+    if dim is None:
+        return np.asarray(col.to_numpy(zero_copy_only=False))
+    values = col.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
+    if row_dtype == "bf16":
+        return np.asarray(torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).float().numpy())
+    return np.asarray(values, dtype=np.float32)
 
 
-def _file_dim(pf: pq.ParquetFile, where: str) -> int:
+def file_format(pf: pq.ParquetFile, where: str) -> RowFormat:
+    """The row format of a snapshot file (its metadata; none: fp32 with Adam, the format before compact rows).
+
+    Raises:
+        ValueError: the file is not a snapshot, or its columns do not match the format it names.
+    """
     schema = pf.schema_arrow
-    missing = [c for c in _COLUMNS if c not in schema.names]
-    if missing:
-        raise ValueError(f"{where} is not an embedding snapshot: missing columns {missing}")
-    t = schema.field("emb").type
-    if not pa.types.is_fixed_size_list(t):
-        raise ValueError(f"{where}: column emb must be fixed_size_list<float32>, got {t}")
-    size: int = t.list_size
-    return size
+    meta = schema.metadata or {}
+    if "emb" not in schema.names or not pa.types.is_fixed_size_list(schema.field("emb").type):
+        raise ValueError(f"{where} is not an embedding snapshot: no fixed-size list column `emb`")
+    dim: int = schema.field("emb").type.list_size
+    if FORMAT_KEY in meta:
+        try:
+            m = json.loads(meta[FORMAT_KEY])
+            fmt = RowFormat(int(m["dim"]), str(m["optimizer"]), str(m["row_dtype"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{where}: unreadable row format {meta[FORMAT_KEY]!r} ({e}); "
+                             "this snapshot was written by a newer ctr-pipeline, upgrade here") from None
+    else:
+        fmt = RowFormat(dim)
+    missing = [c for c in ("key", "emb", *fmt.state_names, "clock") if c not in schema.names]
+    if missing or fmt.dim != dim:
+        raise ValueError(f"{where} is not a {fmt.name} snapshot of dim {fmt.dim}: missing columns {missing}, emb of width {dim}")
+    return fmt
 
 
 def iter_snapshot(
@@ -237,48 +280,55 @@ def iter_snapshot(
         owner: (rank, world): keep only keys with `owner_of(key, world) == rank`.
         storage_options: fsspec options.
     """
-    for d, t, keep in _row_groups(url, owner, storage_options, list(_COLUMNS)):
+    for fmt, t, keep in _row_groups(url, owner, storage_options, None):
         if keep is not None and not keep.any():
             continue
+        d = fmt.dim
         batch = SnapshotBatch(
             t.column("key").to_numpy(),
-            _fsl_to_numpy(t.column("emb"), d),
-            _fsl_to_numpy(t.column("m"), d),
-            _fsl_to_numpy(t.column("v"), d),
-            t.column("clock").to_numpy(),
+            _column(t.column("emb"), d, fmt.row_dtype),
+            {f.name: _column(t.column(f.name), d if f.per_element else None) for f in fmt.rule.state},
+            t.column("clock").to_numpy().astype(np.int64),
+            fmt,
         )
         if keep is not None and not keep.all():
-            batch = SnapshotBatch(*(a[keep] for a in (batch.keys, batch.emb, batch.m, batch.v, batch.clock)))
+            batch = batch.select(keep)
         yield batch
 
 
 def _row_groups(
-    url: str, owner: tuple[int, int] | None, storage_options: dict[str, Any] | None, columns: list[str]
-) -> Iterator[tuple[int, pa.Table, np.ndarray | None]]:
-    """(dim, row group table, owned-rows mask or None) for every row group of every part, in order."""
+    url: str, owner: tuple[int, int] | None, storage_options: dict[str, Any] | None, columns: list[str] | None
+) -> Iterator[tuple[RowFormat, pa.Table, np.ndarray | None]]:
+    """(row format, row group table, owned-rows mask or None) for every row group of every part, in order."""
     _check_owner(owner)
     fs, files = snapshot_files(url, storage_options)
-    dim = None
+    first: RowFormat | None = None
     for f in files:
         with fs.open(f, "rb") as fh:
             pf = pq.ParquetFile(fh)
-            d = _file_dim(pf, f)
-            if dim is not None and d != dim:
-                raise ValueError(f"snapshot parts disagree on dim: {d} in {f}, {dim} before")
-            dim = d
+            fmt = file_format(pf, f)
+            if first is not None and fmt != first:
+                raise ValueError(f"snapshot parts disagree on the row format: {fmt} in {f}, {first} before")
+            first = fmt
             for i in range(pf.num_row_groups):
                 t = pf.read_row_group(i, columns=columns)
                 keys = t.column("key").to_numpy()
-                yield d, t, (None if owner is None else owner_of(keys, owner[1]) == owner[0])
+                yield fmt, t, (None if owner is None else owner_of(keys, owner[1]) == owner[0])
+
+
+def snapshot_format(url: str, storage_options: dict[str, Any] | None = None) -> RowFormat | None:
+    """Row format of a snapshot (its first part's), or None for a directory without parts."""
+    fs, files = snapshot_files(url, storage_options)
+    for f in files:
+        with fs.open(f, "rb") as fh:
+            return file_format(pq.ParquetFile(fh), f)
+    return None
 
 
 def snapshot_dim(url: str, storage_options: dict[str, Any] | None = None) -> int | None:
     """Row width of a snapshot, or None for a directory without parts."""
-    fs, files = snapshot_files(url, storage_options)
-    for f in files:
-        with fs.open(f, "rb") as fh:
-            return _file_dim(pq.ParquetFile(fh), f)
-    return None
+    fmt = snapshot_format(url, storage_options)
+    return None if fmt is None else fmt.dim
 
 
 def check_snapshot_dim(url: str, dim: int, storage_options: dict[str, Any] | None = None) -> None:
@@ -293,43 +343,23 @@ def read_snapshot(
     *,
     owner: tuple[int, int] | None = None,
     storage_options: dict[str, Any] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Read a snapshot (file or directory of parts) into NumPy arrays.
-
-    Two passes: the key columns first (to size the output for the owned rows),
-    then the row groups one at a time into preallocated arrays, so a big
-    snapshot is never held twice.
-
-    Args:
-        url: a snapshot file or a directory of `*.parquet` parts.
-        owner: (rank, world): keep only keys with `owner_of(key, world) == rank`.
-        storage_options: fsspec options.
-
-    Returns:
-        (keys int64 (N,), emb float32 (N, dim), m, v, clock int64 (N,)), in file order.
-        `torch.from_numpy` turns each into a tensor without a copy.
+) -> SnapshotBatch:
+    """Every row of a snapshot (file or directory of parts; only `owner`'s keys) as one batch, in file order.
 
     Raises:
         FileNotFoundError: `url` does not exist.
-        ValueError: a part is not a snapshot, or parts disagree on dim.
+        ValueError: a part is not a snapshot, or parts disagree on the row format.
     """
-    n, dim = 0, 1
-    for group_dim, t, keep in _row_groups(url, owner, storage_options, ["key"]):
-        n += t.num_rows if keep is None else int(np.count_nonzero(keep))
-        dim = group_dim or 1
-    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
-        np.empty(n, dtype=np.int64),
-        np.empty((n, dim), dtype=np.float32),
-        np.empty((n, dim), dtype=np.float32),
-        np.empty((n, dim), dtype=np.float32),
-        np.empty(n, dtype=np.int64),
+    batches = list(iter_snapshot(url, owner=owner, storage_options=storage_options))
+    fmt = snapshot_format(url, storage_options) or RowFormat(1)
+    if not batches:
+        return SnapshotBatch(np.zeros(0, np.int64), np.zeros((0, fmt.dim), np.float32),
+                             {f.name: np.zeros(f.shape(0, fmt.dim), np.float32) for f in fmt.rule.state},
+                             np.zeros(0, np.int64), fmt)
+    return SnapshotBatch(
+        np.concatenate([b.keys for b in batches]),
+        np.concatenate([b.emb for b in batches]),
+        {k: np.concatenate([b.state[k] for b in batches]) for k in batches[0].state},
+        np.concatenate([b.clock for b in batches]),
+        batches[0].fmt,
     )
-    at = 0
-    for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
-        k = len(b)
-        for dst, src in zip(out, (b.keys, b.emb, b.m, b.v, b.clock), strict=True):
-            dst[at : at + k] = src
-        at += k
-    if at != n:
-        raise RuntimeError(f"snapshot {url} changed while being read ({at} rows, expected {n})")
-    return out

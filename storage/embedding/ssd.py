@@ -34,13 +34,14 @@ import numpy as np
 import torch
 
 from storage.embedding import ssd_format
-from storage.embedding.base import EmbeddingStore, Lookup
+from storage.embedding.base import EmbeddingStore, Lookup, as_row_format
 from storage.embedding.compact_index import CompactSlotMap
 from storage.embedding.direct_io import UnitFile
+from storage.embedding.row_format import RowFormat
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import Rows, check_keys
 from storage.embedding.snapshot import SnapshotWriter, check_snapshot_dim, iter_snapshot
-from storage.embedding.ssd_format import ROWS_FILE, RecordLayout, rows_of
+from storage.embedding.ssd_format import ROWS_FILE, RecordLayout
 from storage.embedding.ssd_log import UnitLog
 from storage.io.fsio import is_local, local_path
 
@@ -55,7 +56,7 @@ class SsdStore(EmbeddingStore):
 
     Args:
         path: the shard directory (local path or ``file://`` URL; created if missing).
-        dim: row width; must match an existing shard's.
+        dim: the rows' `RowFormat` (an int: its width, fp32 rows with Adam); must match an existing shard's.
         init_std: std of `init_rows` for keys the shard does not hold.
         direct_io: open the row file with O_DIRECT (falls back to buffered I/O, with a
             warning, where the filesystem refuses it).
@@ -66,7 +67,7 @@ class SsdStore(EmbeddingStore):
             0 reclaims only units with no live row left.
 
     Raises:
-        ValueError: `path` is an object-store URL, or the shard has another dim or format.
+        ValueError: `path` is an object-store URL, or the shard has another dim, row format or format version.
     """
 
     tier = "ssd"
@@ -74,7 +75,7 @@ class SsdStore(EmbeddingStore):
     def __init__(
         self,
         path: str,
-        dim: int,
+        dim: int | RowFormat,
         *,
         init_std: float = 0.01,
         direct_io: bool = True,
@@ -86,8 +87,7 @@ class SsdStore(EmbeddingStore):
                 f"SsdStore needs a node-local directory (it uses direct I/O on a row file), got {path!r}; "
                 "set store.local_dir to a local path"
             )
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
+        fmt = as_row_format(dim)
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std}")
         if io_threads < 1:
@@ -97,10 +97,11 @@ class SsdStore(EmbeddingStore):
         self.gc_threshold = gc_threshold
         self.path = local_path(str(path))
         self.path.mkdir(parents=True, exist_ok=True)
-        self.dim = dim
+        self.row_format = fmt
+        self.dim = fmt.dim
         self.init_std = init_std
         self.device = torch.device("cpu")
-        self._fmt = RecordLayout.of(dim)
+        self._fmt = RecordLayout.of(fmt)
         self.record_bytes = self._fmt.record_bytes
         self.unit_bytes = self._fmt.unit_bytes
         self.rows_per_unit = self._fmt.rows_per_unit
@@ -291,11 +292,11 @@ class SsdStore(EmbeddingStore):
         self._counters["hits"] += nf
         self._counters["misses"] += keys.size - nf
         if nf == keys.size:
-            return found, rows_of(self._read_records(slots, keys))
-        rows = Rows.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std))
+            return found, self._fmt.rows_of(self._read_records(slots, keys))
+        rows = self.row_format.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std))
         if nf:
             idx = np.flatnonzero(found)
-            rows.put(idx, rows_of(self._read_records(slots[idx], keys[idx])))
+            rows.put(idx, self._fmt.rows_of(self._read_records(slots[idx], keys[idx])))
         return found, rows
 
     def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
@@ -313,7 +314,7 @@ class SsdStore(EmbeddingStore):
         k = check_keys(keys)
         uniq, inverse = np.unique(k, return_inverse=True)
         _, rows = self.read_rows(uniq)
-        return Lookup(torch.from_numpy(k.copy()), rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1))))
+        return Lookup(torch.from_numpy(k.copy()), rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1))).float())
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))
@@ -363,16 +364,16 @@ class SsdStore(EmbeddingStore):
             while n_held >= batch_rows:
                 cat = np.concatenate(held)
                 out, rest = cat[:batch_rows], cat[batch_rows:]
-                yield out["key"].copy(), rows_of(out)
+                yield out["key"].copy(), self._fmt.rows_of(out)
                 held, n_held = [rest], rest.size
         if n_held:
             cat = np.concatenate(held)
-            yield cat["key"].copy(), rows_of(cat)
+            yield cat["key"].copy(), self._fmt.rows_of(cat)
 
     def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
-        with SnapshotWriter(url, self.dim, storage_options) as w:
+        with SnapshotWriter(url, self.row_format, storage_options) as w:
             for keys, rows in self.iter_rows():
-                w.write(keys, rows.emb, rows.m, rows.v, rows.clock)
+                w.write(keys, rows)
         return w.rows
 
     def wipe(self) -> None:
@@ -393,7 +394,7 @@ class SsdStore(EmbeddingStore):
             # the restored shard lists the rows as `url` does.
             _, first_rev = np.unique(b.keys[::-1], return_index=True)
             last = np.sort(b.keys.size - 1 - first_rev)
-            self.write_rows(b.keys[last], Rows.from_numpy(b.emb, b.m, b.v, b.clock).select(last))
+            self.write_rows(b.keys[last], b.select(last).rows_as(self.row_format))
         self._save(clean=True)
         return len(self)
 

@@ -6,14 +6,18 @@ One shard directory::
     index-<generation>.idx    key -> slot map (`CompactSlotMap.save`), the persistent index
     meta.json                 format, layout, generation, index file, tag, clean flag
 
-A record is ``emb, m, v`` (float32[dim] each), ``clock`` (int64) and the ``key``
-itself (int64), so a read can check the key and a stale index can never hand one
-key another key's row.  Records are packed `rows_per_unit` to a unit of
+A record is the row in its `RowFormat`: ``emb`` (the row dtype, [dim]), the
+optimizer's state fields (float32), ``clock`` (int32) and the ``key`` itself (int64),
+so a read can check the key and a stale index can never hand one key another key's
+row.  At dim 16, fp16 rows with row-wise AdaGrad make a 48-byte record (85 to a
+unit); fp32 rows with Adam, 204 bytes (20 to a unit).  Records are packed `rows_per_unit` to a unit of
 `unit_bytes` (a multiple of `BLOCK`): the unit is what every read and write moves,
 since O_DIRECT needs aligned offsets and lengths.  The layout is written into
-meta.json and checked on open, so a shard is never read with another layout: its format version
-(`SHARD`) is checked strictly (`storage.io.records`: the message names the versions read), while
-fields of meta.json this code does not know are ignored.
+meta.json with the row format (dim, optimizer, row dtype) and checked on open, so a shard is
+never read with another layout or format: its format version (`SHARD`) is checked strictly
+(`storage.io.records`: the message names the versions read), while fields of meta.json this code
+does not know are ignored.  Version 2 (fp32 + Adam records with an int64 clock) is refused like any
+other: a shard is a cache of the published snapshot, which the warm stage restores into a new one.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from storage.embedding.compact_index import CompactSlotMap
+from storage.embedding.row_format import RowFormat
 from storage.embedding.rows import Rows
 from storage.io import records
 from storage.io.fsio import write_text_atomic
 
 _WIPE = "wipe the shard (the warm stage restores it from the published model)"
-SHARD = records.RecordFormat("ctr-ssd-shard", 2, fix=_WIPE, newer=f"{_WIPE}, or upgrade ctr-pipeline here")
-"""meta.json: version 2 (rows.bin records with their key); a shard of any other version is refused."""
+SHARD = records.RecordFormat("ctr-ssd-shard", 3, fix=_WIPE, newer=f"{_WIPE}, or upgrade ctr-pipeline here")
+"""meta.json: version 3 (records of the row format meta.json names, with their key); a shard of any other
+version is refused."""
 FORMAT = SHARD.tag
 BLOCK = 4096
 """I/O alignment: offsets, lengths and buffer addresses are multiples of this."""
@@ -44,33 +50,44 @@ ROWS_FILE = "rows.bin"
 META_FILE = "meta.json"
 
 
-def record_dtype(dim: int) -> np.dtype:
-    """The on-disk record of one row (packed, little-endian)."""
-    return np.dtype([("emb", "<f4", (dim,)), ("m", "<f4", (dim,)), ("v", "<f4", (dim,)), ("clock", "<i8"), ("key", "<i8")])
+_EMB = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
+"""NumPy type of the stored weights per row dtype (NumPy has no bfloat16: its bit patterns)."""
+
+
+def record_dtype(fmt: RowFormat) -> np.dtype:
+    """The on-disk record of one row of `fmt` (packed, little-endian)."""
+    fields: list[tuple[Any, ...]] = [("emb", _EMB[fmt.row_dtype], (fmt.dim,))]
+    fields += [(f.name, "<f4", (fmt.dim,)) if f.per_element else (f.name, "<f4") for f in fmt.rule.state]
+    fields += [("clock", "<i4"), ("key", "<i8")]
+    return np.dtype(fields)
 
 
 @dataclass(frozen=True)
 class RecordLayout:
-    """How rows of width `dim` are laid out in a shard's row file.
+    """How rows of a `RowFormat` are laid out in a shard's row file.
 
     Attributes:
-        dim: row width.
+        fmt: the row format.
         record: the dtype of one record (`record_dtype`).
         unit: the dtype of one unit: `rows_per_unit` records, padded to `unit_bytes`.
     """
 
-    dim: int
+    fmt: RowFormat
     record: np.dtype
     unit: np.dtype
 
+    @property
+    def dim(self) -> int:
+        return self.fmt.dim
+
     @staticmethod
-    def of(dim: int) -> RecordLayout:
-        """The layout this code writes for rows of width `dim`."""
-        record = record_dtype(dim)
+    def of(fmt: RowFormat) -> RecordLayout:
+        """The layout this code writes for rows of `fmt`."""
+        record = record_dtype(fmt)
         unit_bytes = -(-record.itemsize // BLOCK) * BLOCK
         rpu = unit_bytes // record.itemsize
         unit = np.dtype({"names": ["r"], "formats": [(record, (rpu,))], "offsets": [0], "itemsize": unit_bytes})
-        return RecordLayout(dim, record, unit)
+        return RecordLayout(fmt, record, unit)
 
     @property
     def record_bytes(self) -> int:
@@ -88,7 +105,7 @@ class RecordLayout:
         """The layout fields of meta.json."""
         return {
             "format": FORMAT,
-            "dim": self.dim,
+            **self.fmt.meta(),
             "block": BLOCK,
             "record_bytes": self.record_bytes,
             "unit_bytes": self.unit_bytes,
@@ -103,6 +120,13 @@ class RecordLayout:
                 f"shard {where} holds rows of dim {meta.get('dim')}, asked for dim {self.dim}; "
                 "wipe the shard (the warm stage restores it) or fix store.embedding_dim"
             )
+        held = f"{meta.get('optimizer')}/{meta.get('row_dtype')}"
+        if held != self.fmt.name:
+            raise ValueError(
+                f"shard {where} holds {held} rows (optimizer/row dtype), asked for {self.fmt.name}; "
+                "wipe the shard (the warm stage restores and converts it from the published model) "
+                "or set optim.sparse_optimizer and store.row_dtype to what it holds"
+            )
         for k, v in self.meta().items():
             if meta.get(k) != v:
                 raise ValueError(f"shard {where}: {k}={meta.get(k)!r}, this code writes {v!r}")
@@ -112,19 +136,25 @@ class RecordLayout:
         return np.frombuffer(buf, dtype=self.unit, count=n_units)["r"]
 
     def to_records(self, keys: np.ndarray, rows: Rows) -> np.ndarray:
-        """Records of `rows` with their `keys`."""
+        """Records of `rows` (this layout's format) with their `keys`."""
+        self.fmt.check(rows, "rows written to the shard")
+        emb, state, clock = rows.numpy()
         recs = np.zeros(keys.size, dtype=self.record)
-        recs["emb"] = rows.emb.detach().cpu().numpy()
-        recs["m"] = rows.m.detach().cpu().numpy()
-        recs["v"] = rows.v.detach().cpu().numpy()
-        recs["clock"] = rows.clock.detach().cpu().numpy()
+        recs["emb"] = emb
+        for name, a in state.items():
+            recs[name] = a
+        recs["clock"] = clock
         recs["key"] = keys
         return recs
 
-
-def rows_of(recs: np.ndarray) -> Rows:
-    """The rows held by `recs` (copies, on the CPU)."""
-    return Rows(*(torch.from_numpy(np.ascontiguousarray(recs[f])) for f in ("emb", "m", "v", "clock")))
+    def rows_of(self, recs: np.ndarray) -> Rows:
+        """The rows held by `recs` (copies, on the CPU)."""
+        def t(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(recs[name]))
+        emb = t("emb")
+        if self.fmt.row_dtype == "bf16":
+            emb = emb.view(torch.int16).view(torch.bfloat16)
+        return Rows(emb, {name: t(name) for name in self.fmt.state_names}, t("clock"))
 
 
 def read_meta(directory: Path) -> dict[str, Any] | None:

@@ -22,22 +22,24 @@ from storage.embedding.host import HostStore
 from storage.embedding.ssd import SsdStore
 
 
-def open_shard(shard_dir: str, config: StoreConfig, *, device: torch.device | str = "cpu") -> EmbeddingStore:
+def open_shard(
+    shard_dir: str, config: StoreConfig, *, optimizer: str, device: torch.device | str = "cpu"
+) -> EmbeddingStore:
     """Open the tier stack of one shard (creating the SSD directory when needed).
 
     Args:
         shard_dir: the shard's directory (`storage.io.layout.NodeLayout.shard`).
-        config: dim, init std, host budget, device-cache rows and policy.
+        config: dim, row dtype, init std, host budget, device-cache rows and policy.
+        optimizer: the sparse optimizer (`optim.sparse_optimizer`): the rows keep its state.
         device: the training device; the device cache (when `config.device_cache_rows > 0`) lives there.
 
     Returns:
         The top tier: a `DeviceCache` over a `HostStore`, or the `HostStore` when the device cache is off.
     """
-    ssd = SsdStore(shard_dir, config.embedding_dim, init_std=config.init_std)
+    fmt = config.row_format(optimizer)
+    ssd = SsdStore(shard_dir, fmt, init_std=config.init_std)
     try:
-        host = HostStore(
-            config.embedding_dim, budget_bytes=config.host_budget_mb << 20, below=ssd, init_std=config.init_std
-        )
+        host = HostStore(fmt, budget_bytes=config.host_budget_mb << 20, below=ssd, init_std=config.init_std)
         if config.device_cache_rows > 0:
             return DeviceCache(host, capacity_rows=config.device_cache_rows, policy=config.cache_policy, device=device)
         return host

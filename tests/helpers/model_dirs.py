@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from storage.embedding.row_format import RowFormat
 from storage.embedding.snapshot import write_snapshot
 from storage.io import fsio
 from trainer import model_dir
@@ -36,8 +37,10 @@ def make_model_dir(root: Path, name: str = "m", *, seed: int = 3) -> tuple[Path,
         k = torch.tensor(keys)
         emb = torch.randn(len(keys), DIM)
         rows |= {int(a): e for a, e in zip(k, emb, strict=True)}
-        z = torch.zeros_like(emb)
-        write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, emb, z, z, torch.ones(len(keys), dtype=torch.int64))
+        fmt = RowFormat(DIM)
+        trained = fmt.fresh(emb)
+        trained.clock += 1
+        write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, trained, fmt)
     model_dir.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
     meta = model_dir.ModelMeta.of(
         model_name="ctr", model_config=CFG, dim=DIM, init_std=0.5, num_dense=1, num_fields=2, fields=("a", "b"),

@@ -10,12 +10,35 @@ import torch
 from storage.embedding.base import ADAM_BETAS, ADAM_EPS, EmbeddingStore
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
+from storage.embedding.row_format import ROW_DTYPES, RowFormat
 from storage.embedding.row_init import init_rows
+from storage.embedding.rows import Rows
 from storage.embedding.snapshot import read_snapshot
+from storage.embedding.sparse_optim import ADAGRAD_EPS, OPTIMIZERS
 from storage.embedding.ssd import SsdStore
 
 DIM = 8
 STD = 0.05
+FORMATS = [RowFormat(DIM, o, d) for o in sorted(OPTIMIZERS) for d in sorted(ROW_DTYPES)]
+"""Every optimizer x row dtype: the formats the contract suite runs each tier with."""
+TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}
+"""Relative tolerance of rows stored in a dtype against an fp32 oracle after a few steps (a few units in the
+last place: fp16 keeps 11 significant bits, bf16 8)."""
+
+
+def random_rows(fmt: RowFormat, n: int, gen: torch.Generator, *, clock_from: int = 1) -> Rows:
+    """`n` rows of `fmt` with random weights and state (>= 0, as the second moments and accumulators are; Adam's
+    first moment of either sign) and clocks counting from `clock_from`."""
+    state = {f.name: torch.rand(f.shape(n, fmt.dim), generator=gen) for f in fmt.rule.state}
+    if "m" in state:
+        state["m"] = torch.randn(n, fmt.dim, generator=gen)
+    return Rows(torch.randn(n, fmt.dim, generator=gen).to(fmt.dtype), state,
+                torch.arange(n, dtype=torch.int32) + clock_from)
+
+
+def stored(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
+    """fp32 rows as a store of `fmt` keeps them before any update (rounded to nearest) and returns them."""
+    return x.to(fmt.dtype).float()
 
 
 def keys_of(*ks: int) -> torch.Tensor:
@@ -23,35 +46,37 @@ def keys_of(*ks: int) -> torch.Tensor:
 
 
 def all_rows(store: EmbeddingStore, url: str) -> dict[str, np.ndarray]:
-    """Every row of `store`, via its snapshot, sorted by key."""
+    """Every row of `store`, via its snapshot, sorted by key: keys, emb (fp32), clock and each state tensor by name."""
     store.snapshot(url)
-    keys, emb, m, v, clock = read_snapshot(url)
-    order = np.argsort(keys)
-    return {"keys": keys[order], "emb": emb[order], "m": m[order], "v": v[order], "clock": clock[order]}
+    snap = read_snapshot(url)
+    order = np.argsort(snap.keys)
+    out = {"keys": snap.keys[order], "emb": snap.emb[order], "clock": snap.clock[order]}
+    out.update({k: v[order] for k, v in snap.state.items()})
+    return out
 
 
 def assert_same_rows(a: EmbeddingStore, b: EmbeddingStore, tmp_path: Path) -> None:
-    """`a` and `b` hold exactly the same rows (keys, embeddings, moments, clocks), bit for bit."""
+    """`a` and `b` hold exactly the same rows (keys, weights, optimizer state, clocks), bit for bit."""
     got, want = all_rows(a, str(tmp_path / "a.parquet")), all_rows(b, str(tmp_path / "b.parquet"))
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def snapshot_arrays(url: str) -> tuple[np.ndarray, ...]:
-    """(keys, emb, m, v, clock) of a snapshot, sorted by key."""
-    keys, emb, m, v, clock = read_snapshot(url)
-    o = np.argsort(keys)
-    return keys[o], emb[o], m[o], v[o], clock[o]
+    """(keys, emb, clock, then the state tensors by name) of a snapshot, sorted by key."""
+    snap = read_snapshot(url)
+    o = np.argsort(snap.keys)
+    return (snap.keys[o], snap.emb[o], snap.clock[o], *(snap.state[k][o] for k in sorted(snap.state)))
 
 
 def same_bytes(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
     return all(x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
 
 
-def host_over_ssd(path: Path, rows: int = 20) -> HostStore:
+def host_over_ssd(path: Path, rows: int = 20, fmt: RowFormat | int = DIM) -> HostStore:
     """A HostStore of `rows` rows over an SsdStore at `path`: small enough that rows spill in every test."""
-    ssd = SsdStore(str(path), DIM, init_std=STD)
-    return HostStore(DIM, budget_bytes=rows * host_row_bytes(DIM), below=ssd, init_std=STD)
+    ssd = SsdStore(str(path), fmt, init_std=STD)
+    return HostStore(fmt, budget_bytes=rows * host_row_bytes(fmt), below=ssd, init_std=STD)
 
 
 def train_random(store: EmbeddingStore, steps: int, seed: int = 0) -> None:
@@ -63,7 +88,7 @@ def train_random(store: EmbeddingStore, steps: int, seed: int = 0) -> None:
 
 def fill_like_reference(store: EmbeddingStore, n: int, seed: int = 0) -> MemoryStore:
     """Three updates of `n` random keys in [0, 3n) applied to `store` and to a returned MemoryStore."""
-    ref = MemoryStore(store.dim, init_std=STD)
+    ref = MemoryStore(store.row_format, init_std=STD)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(3):
         keys = torch.randint(0, n * 3, (n,), generator=gen)
@@ -99,3 +124,51 @@ class ReferenceAdam:
 
     def row(self, k: int) -> torch.Tensor:
         return self.params[k].detach() if k in self.params else init_rows(keys_of(k), self.dim, self.std)[0]
+
+
+class ReferenceRowwiseAdagrad:
+    """fbgemm's row-wise AdaGrad written out per key in float64: acc += mean(g^2); row -= lr g / (sqrt(acc) + eps)."""
+
+    def __init__(self, dim: int, std: float) -> None:
+        self.dim, self.std = dim, std
+        self.rows: dict[int, torch.Tensor] = {}
+        self.acc: dict[int, float] = {}
+
+    def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
+        summed: dict[int, torch.Tensor] = {}
+        for k, g in zip(keys.tolist(), grads.double(), strict=True):
+            summed[k] = summed[k] + g if k in summed else g.clone()
+        for k, g in summed.items():
+            w = self.rows.get(k, init_rows(keys_of(k), self.dim, self.std)[0].double())
+            g = g + weight_decay * w
+            self.acc[k] = self.acc.get(k, 0.0) + float((g * g).mean())
+            self.rows[k] = w - lr * g / (self.acc[k] ** 0.5 + ADAGRAD_EPS)
+
+    def row(self, k: int) -> torch.Tensor:
+        return self.rows[k].float() if k in self.rows else init_rows(keys_of(k), self.dim, self.std)[0]
+
+
+class ReferenceSgd:
+    """torch.optim.SGD with one parameter per key, stepped only when the key is touched."""
+
+    def __init__(self, dim: int, std: float) -> None:
+        self.dim, self.std = dim, std
+        self.params: dict[int, torch.nn.Parameter] = {}
+
+    def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
+        summed: dict[int, torch.Tensor] = {}
+        for k, g in zip(keys.tolist(), grads, strict=True):
+            summed[k] = summed[k] + g if k in summed else g.clone()
+        for k, g in summed.items():
+            if k not in self.params:
+                self.params[k] = torch.nn.Parameter(init_rows(keys_of(k), self.dim, self.std)[0].clone())
+            p = self.params[k]
+            p.grad = g.clone()
+            torch.optim.SGD([p], lr=lr, weight_decay=weight_decay).step()
+
+    def row(self, k: int) -> torch.Tensor:
+        return self.params[k].detach() if k in self.params else init_rows(keys_of(k), self.dim, self.std)[0]
+
+
+REFERENCES = {"adam": ReferenceAdam, "rowwise_adagrad": ReferenceRowwiseAdagrad, "sgd": ReferenceSgd}
+"""`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.sparse_optim`."""

@@ -187,7 +187,8 @@ def _assert_same_model(a: Path, b: Path) -> None:
         ta = pq.read_table(a / "sparse" / f"part-{r:05d}.parquet").sort_by("key")
         tb = pq.read_table(b / "sparse" / f"part-{r:05d}.parquet").sort_by("key")
         assert ta.column("key").equals(tb.column("key"))
-        for col in ("emb", "m", "v", "clock"):
+        assert ta.column_names == tb.column_names and "emb" in ta.column_names and "clock" in ta.column_names
+        for col in ta.column_names:  # weights, the optimizer's state (stochastic rounding included), clocks
             assert ta.column(col).equals(tb.column(col)), col
 
 

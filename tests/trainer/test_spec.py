@@ -19,12 +19,15 @@ from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 from trainer.spec import CarriedRows, TrainSpec
 
+ADAM, FP32 = "adam", "fp32"
+"""The sparse optimizer and row dtype of the releases before compact rows: the specs of `PINNED` use them."""
+
 
 def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
-        "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8),
-        "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5), "het": HetConfig(),
+        "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32),
+        "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM), "het": HetConfig(),
         "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
@@ -72,6 +75,7 @@ OTHER_VALUE: dict[str, Any] = {
     "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
     "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
     "optim.lr_decay": "linear", "optim.min_lr_ratio": 0.0, "optim.k_steps": 1, "optim.train_parent_eval": False,
+    "optim.sparse_optimizer": "rowwise_adagrad",
     "het.staleness_bound": 2, "het.cache_rows": 10,
     "trainer.nproc_per_node": 2, "trainer.nnodes": 2, "trainer.node_rank": 1, "trainer.rdzv_endpoint": "h:29500",
     "trainer.backend": "gloo", "trainer.device": "cpu", "trainer.timeout_s": 5, "trainer.nccl_env": {"A": "B"},
@@ -79,7 +83,7 @@ OTHER_VALUE: dict[str, Any] = {
     "trainer.log_every": 3, "trainer.checkpoint_every": 0, "trainer.max_restarts": 2, "trainer.precision": "bf16",
     "trainer.deterministic": True,
     "store.embedding_dim": 16, "store.init_std": 0.02, "store.host_budget_mb": 8, "store.device_cache_rows": 100,
-    "store.cache_policy": "lru", "store.local_dir": "/tmp/ssd",
+    "store.cache_policy": "lru", "store.local_dir": "/tmp/ssd", "store.row_dtype": "bf16",
 }
 """A valid value other than `_spec()`'s for every field (a new field needs one here too)."""
 
@@ -122,6 +126,7 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     t = spec.trainer
     optim = codec.encode(spec.optim)
     optim.pop("train_parent_eval")
+    optim.pop("sparse_optimizer")  # added later (compact rows), with the old rule as its neutral value
     parts = {
         "model": codec.encode(spec.model), "optim": optim, "het": codec.encode(spec.het),
         "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
@@ -138,10 +143,11 @@ CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", da
 FULL = {
     "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4),
     "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
-                         cross_lr_scale=0.0, seed=3, train_parent_eval=False),
+                         cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM),
     "het": HetConfig(staleness_bound=2, cache_rows=1000),
     "trainer": TrainerConfig(nnodes=2, nproc_per_node=4, intra_group_size=2, rdzv_endpoint="h:1"),
-    "store": StoreConfig(embedding_dim=16, init_std=0.02), "features_id": "enc-1", "init_model_url": "/m/v00003",
+    "store": StoreConfig(embedding_dim=16, init_std=0.02, row_dtype=FP32), "features_id": "enc-1",
+    "init_model_url": "/m/v00003",
     "carried": CARRIED,
 }
 PINNED = {  # computed by the code before the roles (git HEAD bce5d75), before this change was made
@@ -161,10 +167,27 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
     assert spec.identity() == _identity_before_roles(spec) == pinned
 
 
-@pytest.mark.parametrize("key", [k for k in OTHER_VALUE if k != "trainer.precision"])
+ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype")
+"""Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
+
+
+@pytest.mark.parametrize("key", [k for k in OTHER_VALUE if k not in ADDED_LATER])
 def test_the_identity_is_the_earlier_one_whatever_field_changes(key: str) -> None:
     for spec in _pair(key):
         assert spec.identity() == _identity_before_roles(spec)
+
+
+def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_default_gets_its_own() -> None:
+    """A rerun of a day started before the upgrade, with adam + fp32 rows set, finds its checkpoints; the new default
+    rows train another result, so they hash to another tag (whatever else is equal)."""
+    spec = _spec()
+    assert spec.identity() == "eee1caf9f2"
+    compact = _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="rowwise_adagrad"),
+                    store=dataclasses.replace(spec.store, row_dtype="fp16"))
+    ids = {spec.identity(), compact.identity(), _spec(store=dataclasses.replace(spec.store, row_dtype="fp16")).identity(),
+           _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="sgd")).identity()}
+    assert len(ids) == 4
+    assert StoreConfig().row_dtype != FP32, "the default rows are fp16: a default spec hashes to a new tag"
 
 
 def test_precision_is_hashed_but_its_default_keeps_the_earlier_tags() -> None:
@@ -183,9 +206,9 @@ class _GrownOptim(OptimConfig):
 
 def test_a_field_added_at_its_neutral_value_keeps_the_tags() -> None:
     spec = _spec()
-    grown = _spec(optim=_GrownOptim(k_steps=5))
+    grown = _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM))
     assert grown.identity() == spec.identity() == "eee1caf9f2"
-    assert _spec(optim=_GrownOptim(k_steps=5, label_smoothing=0.1)).identity() != spec.identity()
+    assert _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, label_smoothing=0.1)).identity() != spec.identity()
 
 
 def test_the_run_tag_is_date_parent_and_identity() -> None:

@@ -102,9 +102,9 @@ def pull_with_clocks(
     asked_thr = torch.cat(parts_thr) if parts_thr else torch.empty(0, dtype=i64)
     uniq, inv = unique_keys(asked)
     _, rows = store.read_rows(uniq.numpy())
-    clocks = rows.clock.cpu()[inv]  # (A,)
+    clocks = rows.clock.cpu().to(i64)[inv]  # (A,)
     send_row = clocks > asked_thr  # misses (threshold -1) always
-    served = rows.emb.to(dev)[inv.to(dev)][send_row.to(dev)]  # (R, D) grouped by requester
+    served = rows.emb.to(dev).float()[inv.to(dev)][send_row.to(dev)]  # (R, D) fp32, grouped by requester
     sizes_clk = [mi + ci for mi, ci in zip(rm, rc, strict=True)]
     sizes_rows, lo = [], 0
     for n in sizes_clk:

@@ -142,7 +142,8 @@ class ShardedEmbedding:
         """Pushes done (the step the next pull belongs to)."""
         if use_cache is None:
             use_cache = staleness_bound > 0 and ctx.world_size > 1
-        self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows) if use_cache else None
+        self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows,
+                                    rule=store.row_format.rule) if use_cache else None
         self._pulls = 0
         """Pulls made; `_pushed`: the pull whose handle was pushed last."""
         self._pushed = 0

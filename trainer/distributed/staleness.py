@@ -1,6 +1,6 @@
 """HET's worker-side cache of remote embedding rows with per-row clocks (Miao et al., VLDB 2022).
 
-Clocks.  Every stored row carries a clock: the number of sparse-Adam updates
+Clocks.  Every stored row carries a clock: the number of sparse-optimizer updates
 its owner has applied (`storage.embedding.rows.Rows.clock`).  A rank's cached copy of a
 remote row records
 
@@ -27,13 +27,13 @@ Copies that no pull needs are never checked and cost nothing.
 
 Local updates.  The gradient a rank computes for a cached row is summed into
 `pending` and also applied to the copy with the store's own rule
-(`storage.embedding.rows.sparse_adam`), with Adam moments kept per copy and started at
-zero at the fetch: the rank sees its own updates at Adam's scale (about `lr`
-per step, whatever the gradient's magnitude; plain SGD would move a row by
-lr * |g|, a vanishing amount for the mean-loss gradients of a large batch).
-The owner's moments are not fetched: that would triple the bytes of every
-fetch.  The copy is a preview; the owner's row stays the authority and a
-refetch replaces the copy.
+(`storage.embedding.sparse_optim`, the store's `row_format.rule`), in fp32, with the
+rule's state kept per copy and started at zero at the fetch: with Adam or row-wise
+AdaGrad the rank sees its own first updates at about `lr` per step, whatever the
+gradient's magnitude (plain SGD would move a row by lr * |g|, a vanishing amount for
+the mean-loss gradients of a large batch).  The owner's state is not fetched: for
+Adam that would triple the bytes of every fetch.  The copy is a preview; the owner's
+row stays the authority and a refetch replaces the copy.
 
 Pushes.  The pending sum goes to the owner, with its count L, when
 
@@ -45,7 +45,7 @@ Pushes.  The pending sum goes to the owner, with its count L, when
   HET found LFU misses less than LRU on skewed embedding accesses),
 - `drain` (checkpoints and the end of training).
 
-The owner applies a pending sum G of L updates as L Adam steps on G / L
+The owner applies a pending sum G of L updates as L optimizer steps on G / L
 (`trainer.distributed.routing.apply_updates`): L local steps move a row L times, as they
 would have without the cache, and its clock advances by L.  A copy is dropped
 when its pending sum is pushed; the next pull fetches a fresh one.
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 
-from storage.embedding.rows import Rows, sparse_adam
+from storage.embedding.sparse_optim import SparseAdam, SparseOptimizer
 
 
 class StaleRowCache:
@@ -65,17 +65,19 @@ class StaleRowCache:
         dim: row width.
         bound: HET staleness bound, in row updates (see the module docstring).
         capacity: copies kept at most; the least frequently used are evicted beyond it.
+        rule: the store's sparse optimizer, applied to the copies (their state lives in `self.state`).
     """
 
-    def __init__(self, dim: int, *, bound: int, capacity: int) -> None:
+    def __init__(self, dim: int, *, bound: int, capacity: int, rule: SparseOptimizer | None = None) -> None:
         if bound < 0 or capacity < 1:
             raise ValueError(f"need bound >= 0 and capacity >= 1, got bound={bound} capacity={capacity}")
         self.dim, self.bound, self.capacity = dim, bound, capacity
+        self.rule = rule if rule is not None else SparseAdam()
         i64 = torch.int64
         self.keys = torch.empty(0, dtype=i64)  # (C,) sorted
-        self.rows = torch.empty(0, dim)  # (C, D) the copy: the owner's row + this rank's local updates
-        self.m = torch.empty(0, dim)  # (C, D) local Adam moments of the copy, zero at the fetch
-        self.v = torch.empty(0, dim)
+        self.rows = torch.empty(0, dim)  # (C, D) fp32 copy: the owner's row + this rank's local updates
+        # the rule's state of each copy, zero at the fetch: (C, D) or (C,) per tensor
+        self.state = {f.name: torch.empty(f.shape(0, dim)) for f in self.rule.state}
         self.base = torch.empty(0, dtype=i64)  # (C,) owner's clock at the fetch
         self.seen = torch.empty(0, dtype=i64)  # (C,) owner's clock at the last check
         self.local = torch.empty(0, dtype=i64)  # (C,) local updates not yet pushed
@@ -98,7 +100,7 @@ class StaleRowCache:
         )
         """(keys, base, local) of the copies the last `serve` returned (for tests of the bound)."""
 
-    _FIELDS = ("keys", "rows", "m", "v", "base", "seen", "local", "pending", "fetched", "freq", "used")
+    _FIELDS = ("keys", "rows", "base", "seen", "local", "pending", "fetched", "freq", "used")
 
     def __len__(self) -> int:
         return int(self.keys.numel())
@@ -153,7 +155,7 @@ class StaleRowCache:
         i64 = torch.int64
         zeros = torch.zeros(n, self.dim)
         new = {
-            "keys": keys.to(i64).cpu(), "rows": rows.detach().to(torch.float32).cpu(), "m": zeros, "v": zeros.clone(),
+            "keys": keys.to(i64).cpu(), "rows": rows.detach().to(torch.float32).cpu(),
             "base": clocks.to(i64).cpu(), "seen": clocks.to(i64).cpu(), "local": torch.zeros(n, dtype=i64),
             "pending": zeros.clone(), "fetched": torch.full((n,), step, dtype=i64),
             "freq": torch.ones(n, dtype=i64), "used": torch.full((n,), step, dtype=i64),
@@ -161,6 +163,8 @@ class StaleRowCache:
         order = torch.argsort(torch.cat([self.keys, new["keys"]]))
         for name in self._FIELDS:
             setattr(self, name, torch.cat([getattr(self, name), new[name]])[order])
+        for f in self.rule.state:
+            self.state[f.name] = torch.cat([self.state[f.name], torch.zeros(f.shape(n, self.dim))])[order]
         self.misses += n
         extra = len(self) - self.capacity
         if extra > 0:
@@ -185,9 +189,14 @@ class StaleRowCache:
         if p.numel():
             g = grads[found.to(grads.device)].detach().to(torch.float32).cpu()
             self.pending[p] += g
-            new = sparse_adam(Rows(self.rows[p], self.m[p], self.v[p], self.local[p]), g, lr=lr,
-                              weight_decay=weight_decay)
-            self.rows[p], self.m[p], self.v[p], self.local[p] = new.emb, new.m, new.v, new.clock
+            clock = self.local[p] + 1
+            emb, state = self.rule.step(self.rows[p], {k: v[p] for k, v in self.state.items()}, clock, g, lr=lr,
+                                        weight_decay=weight_decay)
+            if not bool(torch.isfinite(emb).all()):
+                raise ValueError("a local update of a cached row is not finite; clip the gradients")
+            self.rows[p], self.local[p] = emb, clock
+            for k, v in state.items():
+                self.state[k][p] = v
         return found
 
     def expire(self, step: int) -> None:
@@ -223,6 +232,8 @@ class StaleRowCache:
         keep = ~mask
         for name in self._FIELDS:
             setattr(self, name, getattr(self, name)[keep])
+        for k, v in self.state.items():
+            self.state[k] = v[keep]
 
     def stats(self) -> dict[str, int | float]:
         looked = self.hits + self.misses

@@ -1,14 +1,15 @@
 """Choosing a small day's `optim.sparse_lr` by cross-validation: `choose_sparse_lr(labels, dense, keys, optim=...)`.
 
-Embedding rows train with per-row Adam, which moves a row by about `sparse_lr` per touch whatever
-its gradient, so `sparse_lr` decides how far a key seen a few times may move: the shrinkage that
+Embedding rows train with a per-row adaptive rule (row-wise AdaGrad or Adam, `optim.sparse_optimizer`),
+which moves a row by about `sparse_lr` on its first touches whatever its gradient, so `sparse_lr`
+decides how far a key seen a few times may move: the shrinkage that
 C sets in a logistic regression.  No one value suits every dataset.  On the shared samples'
 3,600-row days the product's later-day AUC is best at 0.0115 on Criteo and at 0.02-0.05 on Avazu
 (docs/benchmarks.md); scikit-learn settles the same question by cross-validating C.
 
 So a day of at most MAX_ROWS train rows whose `sparse_lr` is `auto` gets it chosen here: a
-logistic regression on the day's keys and dense columns, trained as the embedding rows are (per-key
-Adam, the recipe's batch, passes, warm-up, decay and embedding L2), is cross-validated over
+logistic regression on the day's keys and dense columns, trained as the embedding rows are (the
+per-key rule of `optim.sparse_optimizer`, the recipe's batch, passes, warm-up, decay and embedding L2), is cross-validated over
 `FOLDS` contiguous blocks of the train rows for each of `FACTORS` times the derived value, and the
 candidate with the lowest mean held-out logloss wins (ties go to the derived value).  The dense
 weights train at the dense `optim.lr` and the bias starts at the click rate, as the model's own bias
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from storage.embedding.rows import ADAM_BETAS, ADAM_EPS
+from storage.embedding.sparse_optim import ADAGRAD_EPS, ADAM_BETAS, ADAM_EPS
 from trainer.config import OptimConfig
 from trainer.optim.schedule import lr_at
 
@@ -48,7 +49,7 @@ class SparseLrChoice:
     def reason(self) -> str:
         """Why `optim.sparse_lr` has its value, for the recipe's record."""
         scores = ", ".join(f"{lr:g}: {loss:.4f}" for lr, loss in self.logloss.items())
-        return (f"{self.folds}-fold validation of a per-key-Adam logistic regression on the day's {self.rows:,} "
+        return (f"{self.folds}-fold validation of a per-key logistic regression on the day's {self.rows:,} "
                 f"train rows, the lowest held-out logloss ({scores})")
 
 
@@ -113,10 +114,13 @@ def _logloss(y: np.ndarray, z: np.ndarray) -> float:
 
 def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, optim: OptimConfig, lr: float,
            n_fields: int, n_ids: int) -> np.ndarray:
-    """Weights after the recipe's passes over the rows in order: per-key Adam at `lr` on the key weights (as
-    `storage.embedding.rows.sparse_adam`), Adam at the dense `optim.lr` on the dense and bias weights (ids >= n_ids)."""
+    """Weights after the recipe's passes over the rows in order: the rule of `optim.sparse_optimizer` at `lr` on
+    the key weights (as `storage.embedding.sparse_optim`, a row of width 1), Adam at the dense `optim.lr` on the
+    dense and bias weights (ids >= n_ids)."""
     b1, b2 = ADAM_BETAS
+    rule = optim.sparse_optimizer
     w, m, v, clock = np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width)
+    acc = np.zeros(width)  # row-wise AdaGrad's accumulator of the key weights
     rate_y = float(np.clip(y.mean(), 1e-4, 1 - 1e-4))
     w[-1] = np.log(rate_y / (1 - rate_y))  # the bias starts at the click rate: the keys need not carry it
     n, batch, l2 = len(y), int(optim.batch_size), float(optim.embedding_l2)
@@ -140,6 +144,14 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
             m[touched] = b1 * m[touched] + (1 - b1) * g
             v[touched] = b2 * v[touched] + (1 - b2) * g * g
             t = clock[touched]
-            rate = np.where(touched < n_ids, rate_keys, rate_rest)
-            w[touched] -= rate / (1 - b1**t) * m[touched] / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)
+            unit = m[touched] / (1 - b1**t) / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)  # Adam's step at lr 1
+            key = touched < n_ids
+            if rule == "adam":
+                key_step = rate_keys * unit
+            elif rule == "rowwise_adagrad":
+                acc[touched] += np.where(key, g * g, 0.0)
+                key_step = rate_keys * g / (np.sqrt(acc[touched]) + ADAGRAD_EPS)
+            else:  # sgd
+                key_step = rate_keys * g
+            w[touched] -= np.where(key, key_step, rate_rest * unit)
     return w

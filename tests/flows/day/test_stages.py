@@ -17,6 +17,7 @@ from storage.warm import WarmPlan
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.model_dir import ModelMeta
+from trainer.plan.day_recipe import SEARCHED
 from trainer.plan.published import Published
 from trainer.plan.recipe import derive
 from trainer.plan.sparse_lr_search import FACTORS
@@ -37,8 +38,8 @@ def _spec(cfg: RunConfig, state: DayState):
 
 
 def _state(cfg: RunConfig, rows_train: int, features: str) -> DayState:
-    plan = WarmPlan(date=DATE, world_size=resolve_world(cfg.trainer).world_size, published_version=None, snapshot_url=None,
-                    snapshot_tag=None, evict_url=None, working_set_url=None)
+    plan = WarmPlan(date=DATE, world_size=resolve_world(cfg.trainer).world_size, sparse_optimizer=cfg.optim.sparse_optimizer,
+                    published_version=None, snapshot_url=None, snapshot_tag=None, evict_url=None, working_set_url=None)
     encoded = EncodeResult(date=DATE, rows_train=rows_train, rows_eval=400, skipped=False, run_id="r1", url=features)
     state = DayState(date=DATE, layout=cfg.layout())
     return state.with_result("encode", encoded).with_result("warm", WarmResult(plan, "flow", "cold"))
@@ -67,7 +68,7 @@ def test_the_run_identity_hashes_the_resolved_values_not_auto(tmp_path: Path, fe
 
 
 def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kept(tmp_path: Path, features: str) -> None:
-    cfg = RunConfig(root=str(tmp_path))
+    cfg = with_overrides(RunConfig(root=str(tmp_path)), {"optim.sparse_optimizer": "adam"})
     _, recipe = _spec(cfg, _state(cfg, 3_600, features))
     why = recipe.why["optim.sparse_lr"]
     assert "5-fold validation" in why and "3,600 train rows" in why, why
@@ -82,6 +83,11 @@ def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kep
     assert "optim.sparse_lr" not in kept.searched
     _, large = _spec(cfg, _state(cfg, 10**6, "/not-read"))  # over MAX_ROWS: the rule's value, nothing read
     assert large.why["optim.sparse_lr"].endswith("/ sqrt(epochs)")
+    # row-wise AdaGrad (the default) keeps the rule's value on a small day too: the search's proxy misleads it
+    adagrad = with_overrides(RunConfig(root=str(tmp_path)), {"optim.sparse_optimizer": "rowwise_adagrad"})
+    assert adagrad.optim.sparse_optimizer not in SEARCHED
+    _, kept_rule = _spec(adagrad, _state(adagrad, 3_600, "/not-read"))
+    assert kept_rule.optim.sparse_lr == rule and "optim.sparse_lr" not in kept_rule.searched
 
 
 def test_a_warm_day_trains_the_parents_eval_rows_first_and_its_identity_names_them(tmp_path: Path, features: str) -> None:

@@ -4,18 +4,21 @@ A tier's test module does::
 
     class TestMyStore(StoreContractTests):
         @pytest.fixture
-        def make_store(self, tmp_path):
-            def make(dim=DIM, init_std=STD):
-                return MyStore(dim, init_std=init_std, ...)
+        def make_store(self, fmt, tmp_path):
+            def make(init_std=STD):
+                return MyStore(fmt, init_std=init_std, ...)
             return make
 
-The tests use only the `make_store`, `reopen_store` and `tmp_path` fixtures.
-`make_store` must return a fresh, empty store each call; small capacities (so
-caching tiers spill and evict during the tests) are encouraged.  A store with a
-persistent level subclasses `PersistentStoreContractTests` instead and defines
-`open(path, dim, init_std)` and `path_of(store)`: its `reopen_store` fixture
-closes a store and opens it again on the same files.  Every value is checked
-bit for bit against `MemoryStore`, the reference.
+The suite runs once per row format (`fmt`: every sparse optimizer x row dtype,
+`tests.helpers.stores.FORMATS`).  The tests use only the `fmt`, `make_store`,
+`reopen_store` and `tmp_path` fixtures.  `make_store` must return a fresh, empty
+store of `fmt` each call; small capacities (so caching tiers spill and evict
+during the tests) are encouraged.  A store with a persistent level subclasses
+`PersistentStoreContractTests` instead and defines `open(path, fmt, init_std)`
+and `path_of(store)`: its `reopen_store` fixture closes a store and opens it
+again on the same files.  Every value is checked bit for bit against a
+`MemoryStore` of the same format, and the update rule against an oracle per
+optimizer (`tests.helpers.stores.REFERENCES`).
 """
 
 from __future__ import annotations
@@ -26,30 +29,40 @@ import torch
 
 from storage.embedding.base import Lookup, owner_of
 from storage.embedding.memory import MemoryStore
+from storage.embedding.row_format import RowFormat
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import Rows
 from storage.embedding.snapshot import write_snapshot
 from tests.helpers.stores import (
     DIM,
+    FORMATS,
+    REFERENCES,
     STD,
-    ReferenceAdam,
+    TOLERANCE,
     all_rows,
     assert_same_rows,
     keys_of,
+    random_rows,
+    stored,
 )
 
 
 class StoreContractTests:
     """Contract tests; subclasses provide the `make_store` fixture (and `reopen_store` for a persistent tier)."""
 
+    @pytest.fixture(params=FORMATS, ids=lambda f: f.name.replace("/", "-"))
+    def fmt(self, request) -> RowFormat:
+        """The row format of the stores under test (every optimizer x row dtype)."""
+        return request.param
+
     @pytest.fixture
     def reopen_store(self):
         """None: the store has no persistent level.  Else a function: store -> the same store reopened."""
         return None
 
-    def test_declares_dim_init_std_and_device(self, make_store) -> None:
+    def test_declares_dim_init_std_and_device(self, make_store, fmt) -> None:
         store = make_store()
-        assert store.dim == DIM and store.init_std == STD
+        assert store.dim == DIM and store.init_std == STD and store.row_format == fmt
         assert isinstance(store.device, torch.device)
         got = store.lookup(keys_of(1, 2))
         assert got.rows.device == store.device
@@ -57,20 +70,20 @@ class StoreContractTests:
         assert rows.emb.device == store.device
 
     # -- lookup -------------------------------------------------------------------
-    def test_lookup_shape_dtype_and_init(self, make_store) -> None:
+    def test_lookup_shape_dtype_and_init(self, make_store, fmt) -> None:
         store = make_store()
         keys = keys_of(5, 1, 2**60 + 7, 5, 0)
         rows = store.lookup(keys).rows
         assert rows.dtype == torch.float32
         assert tuple(rows.shape) == (5, DIM)
-        expected = init_rows(keys, DIM, STD)
+        expected = stored(init_rows(keys, DIM, STD), fmt)
         assert torch.equal(rows.cpu(), expected)
         assert torch.equal(rows[0], rows[3])  # duplicates
         assert store.lookup(keys_of()).rows.shape == (0, DIM)
 
-    def test_same_key_same_row_in_every_store(self, make_store) -> None:
+    def test_same_key_same_row_in_every_store(self, make_store, fmt) -> None:
         keys = torch.arange(100, dtype=torch.int64) * 7919
-        assert torch.equal(make_store().lookup(keys).rows.cpu(), MemoryStore(DIM, init_std=STD).lookup(keys).rows)
+        assert torch.equal(make_store().lookup(keys).rows.cpu(), MemoryStore(fmt, init_std=STD).lookup(keys).rows)
 
     def test_lookup_does_not_materialise(self, make_store, tmp_path) -> None:
         store = make_store()
@@ -78,18 +91,20 @@ class StoreContractTests:
         assert len(store) == 0
         assert all_rows(store, str(tmp_path / "s.parquet"))["keys"].size == 0
 
-    def test_lookup_order_with_mixed_known_unknown(self, make_store) -> None:
+    def test_lookup_order_with_mixed_known_unknown(self, make_store, fmt) -> None:
         store = make_store()
         store.update(keys_of(2, 4), torch.ones(2, DIM), lr=0.1)
         rows = store.lookup(keys_of(4, 3, 2, 4)).rows.cpu()
-        ref = MemoryStore(DIM, init_std=STD)
+        ref = MemoryStore(fmt, init_std=STD)
         ref.update(keys_of(2, 4), torch.ones(2, DIM), lr=0.1)
         assert torch.equal(rows, ref.lookup(keys_of(4, 3, 2, 4)).rows)
 
     # -- update -------------------------------------------------------------------
-    def test_update_matches_torch_adam(self, make_store) -> None:
+    def test_update_matches_the_optimizers_oracle(self, make_store, fmt) -> None:
+        """Each rule against an oracle written without `sparse_optim` (torch.optim.Adam / SGD per key, row-wise
+        AdaGrad in float64), within a few units in the last place of the row dtype."""
         store = make_store()
-        ref = ReferenceAdam(DIM, STD)
+        ref = REFERENCES[fmt.optimizer](DIM, STD)
         gen = torch.Generator().manual_seed(0)
         for step in range(6):
             n = 12
@@ -101,14 +116,16 @@ class StoreContractTests:
         probe = torch.arange(25, dtype=torch.int64)
         got = store.lookup(probe).rows.cpu()
         want = torch.stack([ref.row(k) for k in probe.tolist()])
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        tol = TOLERANCE[fmt.row_dtype]
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * 0.1 if fmt.row_dtype != "fp32" else 1e-7)
 
-    def test_duplicates_are_summed(self, make_store) -> None:
+    def test_duplicates_are_summed(self, make_store, fmt) -> None:
         a, b = make_store(), make_store()
         g = torch.randn(3, DIM, generator=torch.Generator().manual_seed(1))
         a.update(keys_of(9, 9, 9), g, lr=0.1)
         b.update(keys_of(9), g.sum(0, keepdim=True), lr=0.1)
-        torch.testing.assert_close(a.lookup(keys_of(9)).rows, b.lookup(keys_of(9)).rows, rtol=1e-6, atol=1e-8)
+        tol = TOLERANCE[fmt.row_dtype]
+        torch.testing.assert_close(a.lookup(keys_of(9)).rows, b.lookup(keys_of(9)).rows, rtol=tol, atol=tol * 1e-2)
 
     def test_lazy_clocks(self, make_store, tmp_path) -> None:
         store = make_store()
@@ -147,16 +164,20 @@ class StoreContractTests:
         got, want = _reference_workload(store, tmp_path)
         for name in ("keys", "clock"):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-        for name in ("emb", "m", "v"):
+        for name in set(want) - {"keys", "clock"}:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
     # -- bad input ----------------------------------------------------------------
-    def test_non_finite_grads_raise_and_change_nothing(self, make_store, tmp_path) -> None:
+    def test_non_finite_grads_raise_and_change_nothing(self, make_store, fmt, tmp_path) -> None:
         store = make_store()
         store.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
         before = all_rows(store, str(tmp_path / "a.parquet"))
-        # 1e30 is finite, but its square overflows the second moment: refused as well.
-        for bad, match in ((float("nan"), "NaN or inf"), (float("inf"), "NaN or inf"), (1e30, "non-finite")):
+        cases = [(float("nan"), "NaN or inf"), (float("inf"), "NaN or inf")]
+        # 1e30 is finite, but its square overflows Adam's second moment and AdaGrad's accumulator, and an
+        # SGD step by it overflows an fp16 row: refused as well.  (fp32 and bf16 rows hold an SGD step of 1e29.)
+        if fmt.optimizer != "sgd" or fmt.row_dtype == "fp16":
+            cases.append((1e30, "non-finite"))
+        for bad, match in cases:
             g = torch.ones(3, DIM)
             g[2, 3] = bad
             with pytest.raises(ValueError, match=match):
@@ -201,7 +222,7 @@ class StoreContractTests:
         store.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
         store.evict(keys_of(2, 2, 99))  # duplicates and unknown keys are fine
         assert len(store) == 2
-        assert torch.equal(store.lookup(keys_of(2)).rows.cpu(), init_rows(keys_of(2), DIM, STD))
+        assert torch.equal(store.lookup(keys_of(2)).rows.cpu(), stored(init_rows(keys_of(2), DIM, STD), store.row_format))
         assert all_rows(store, str(tmp_path / "s.parquet"))["keys"].tolist() == [1, 3]
         store.update(keys_of(2), torch.ones(1, DIM), lr=0.1)  # a new life: clock restarts
         assert all_rows(store, str(tmp_path / "t.parquet"))["clock"].tolist() == [1, 1, 1]
@@ -229,13 +250,11 @@ class StoreContractTests:
         other.update(probe, g, lr=0.05)
         assert torch.equal(other.lookup(probe).rows.cpu(), store.lookup(probe).rows.cpu())
 
-    def test_restore_replaces_content_and_filters_owner(self, make_store, tmp_path) -> None:
+    def test_restore_replaces_content_and_filters_owner(self, make_store, fmt, tmp_path) -> None:
         keys = torch.arange(100, dtype=torch.int64) * 5 + 1
-        emb = torch.randn(100, DIM)
-        m, v = torch.randn(100, DIM), torch.rand(100, DIM)
-        clock = torch.arange(100, dtype=torch.int64) + 1
+        rows = random_rows(fmt, 100, torch.Generator().manual_seed(5))
         url = str(tmp_path / "src.parquet")
-        write_snapshot(url, keys, emb, m, v, clock)
+        write_snapshot(url, keys, rows, fmt)
         store = make_store()
         store.update(keys_of(100_000), torch.ones(1, DIM), lr=0.1)  # replaced by the restore
         kept = store.restore(url, owner=(1, 3))
@@ -243,17 +262,41 @@ class StoreContractTests:
         assert kept == int(mine.sum()) == len(store)
         got = all_rows(store, str(tmp_path / "out.parquet"))
         np.testing.assert_array_equal(got["keys"], keys[mine].numpy())
-        np.testing.assert_array_equal(got["emb"], emb[mine].numpy())
-        np.testing.assert_array_equal(got["m"], m[mine].numpy())
-        np.testing.assert_array_equal(got["v"], v[mine].numpy())
-        np.testing.assert_array_equal(got["clock"], clock[mine].numpy())
-        assert torch.equal(store.lookup(keys[mine]).rows.cpu(), emb[mine])
-        assert torch.equal(store.lookup(keys_of(100_000)).rows.cpu(), init_rows(keys_of(100_000), DIM, STD))
+        np.testing.assert_array_equal(got["emb"], rows.emb[mine].float().numpy())
+        for name, t in rows.state.items():
+            np.testing.assert_array_equal(got[name], t[mine].numpy())
+        np.testing.assert_array_equal(got["clock"], rows.clock[mine].numpy())
+        assert torch.equal(store.lookup(keys[mine]).rows.cpu(), rows.emb[mine].float())
+        assert torch.equal(store.lookup(keys_of(100_000)).rows.cpu(), stored(init_rows(keys_of(100_000), DIM, STD), fmt))
 
-    def test_restore_wrong_dim_raises(self, make_store, tmp_path) -> None:
+    def test_restore_converts_rows_of_another_format(self, make_store, fmt, tmp_path) -> None:
+        """A snapshot written before compact rows (fp32 weights with Adam, no format metadata read as that) or in
+        any other format is restored converted (`RowFormat.convert`), and training goes on from the result."""
+        gen = torch.Generator().manual_seed(6)
+        keys = torch.arange(40, dtype=torch.int64) * 3
+        for src in (RowFormat(DIM, "adam", "fp32"), RowFormat(DIM, "rowwise_adagrad", "bf16")):
+            rows = random_rows(src, 40, gen)
+            url = str(tmp_path / f"{src.optimizer}.parquet")
+            write_snapshot(url, keys, rows, src)
+            store = make_store()
+            assert store.restore(url) == 40
+            want = fmt.convert(rows, src)
+            got = all_rows(store, str(tmp_path / f"out-{src.optimizer}.parquet"))
+            np.testing.assert_array_equal(got["emb"], want.emb.float().numpy())
+            assert sorted(set(got) - {"keys", "emb", "clock"}) == sorted(fmt.state_names)
+            for name, t in want.state.items():
+                np.testing.assert_array_equal(got[name], t.numpy(), err_msg=f"{src.name} -> {fmt.name}: {name}")
+            ref = MemoryStore(fmt, init_std=STD)
+            ref.write_rows(keys.numpy(), want)
+            g = torch.randn(40, DIM, generator=gen)
+            store.update(keys, g, lr=0.05)
+            ref.update(keys, g, lr=0.05)
+            assert_same_rows(store, ref, tmp_path)
+
+    def test_restore_wrong_dim_raises(self, make_store, fmt, tmp_path) -> None:
         url = str(tmp_path / "wide.parquet")
-        z = torch.zeros(2, DIM + 1)
-        write_snapshot(url, keys_of(1, 2), z, z, z, keys_of(1, 1))
+        wide = RowFormat(DIM + 1, fmt.optimizer, fmt.row_dtype)
+        write_snapshot(url, keys_of(1, 2), wide.fresh(torch.zeros(2, DIM + 1)), wide)
         with pytest.raises(ValueError, match="dim"):
             make_store().restore(url)
 
@@ -278,11 +321,11 @@ class StoreContractTests:
         assert s1[top]["rows"] >= 1
 
     # -- full rows: read_rows / write_rows / contains -----------------------------------
-    def test_read_rows_reports_found_and_fresh_rows_without_materialising(self, make_store) -> None:
+    def test_read_rows_reports_found_and_fresh_rows_without_materialising(self, make_store, fmt) -> None:
         store = make_store()
         for ks in ((3, 5), (5,), (5, 9)):  # clocks 3:1, 5:3, 9:1
             store.update(keys_of(*ks), torch.ones(len(ks), DIM), lr=0.1)
-        ref = MemoryStore(DIM, init_std=STD)
+        ref = MemoryStore(fmt, init_std=STD)
         for ks in ((3, 5), (5,), (5, 9)):
             ref.update(keys_of(*ks), torch.ones(len(ks), DIM), lr=0.1)
         keys = np.array([9, 4, 5, 3, 1000])
@@ -290,39 +333,38 @@ class StoreContractTests:
         want_found, want = ref.read_rows(keys)
         assert found.tolist() == want_found.tolist() == [True, False, True, True, False]
         assert rows.clock.cpu().tolist() == [1, 0, 3, 1, 0]
-        for name in ("emb", "m", "v", "clock"):
-            assert torch.equal(getattr(rows, name).cpu(), getattr(want, name)), name
-        fresh = init_rows(torch.tensor([4, 1000]), DIM, STD)
+        assert sorted(rows.state) == sorted(fmt.state_names)
+        for got_t, want_t in zip(rows.tensors(), want.tensors(), strict=True):
+            assert torch.equal(got_t.cpu(), want_t)
+        fresh = init_rows(torch.tensor([4, 1000]), DIM, STD).to(fmt.dtype)
         assert torch.equal(rows.emb.cpu()[[1, 4]], fresh)
-        assert not rows.m.cpu()[[1, 4]].any() and not rows.v.cpu()[[1, 4]].any()
+        assert not any(t.cpu()[[1, 4]].any() for t in rows.state.values())
         assert len(store) == 3
         assert store.contains(np.array([4, 1000, 9])).tolist() == [False, False, True]
 
-    def test_write_rows_stores_full_rows_as_given(self, make_store, tmp_path) -> None:
+    def test_write_rows_stores_full_rows_as_given(self, make_store, fmt, tmp_path) -> None:
         store = make_store()
         gen = torch.Generator().manual_seed(7)
         keys = np.arange(60, dtype=np.int64) * 11  # more than the small caches hold
-        rows = Rows(
-            torch.randn(60, DIM, generator=gen), torch.randn(60, DIM, generator=gen),
-            torch.rand(60, DIM, generator=gen), torch.arange(60, dtype=torch.int64) + 5,
-        )
+        rows = random_rows(fmt, 60, gen, clock_from=5)
         assert not store.contains(keys).any()
         store.write_rows(keys, rows)
         assert store.contains(keys).all() and len(store) == 60
-        again = Rows(rows.emb * 2, rows.m, rows.v, rows.clock + 1)
+        again = Rows(rows.emb * 2, rows.state, rows.clock + 1)
         store.write_rows(keys[:10], again.select(np.arange(10)))  # overwrite some
         found, got = store.read_rows(keys)
         assert found.all()
         want_emb = torch.cat([rows.emb[:10] * 2, rows.emb[10:]])
-        assert torch.equal(got.emb.cpu(), want_emb) and torch.equal(got.m.cpu(), rows.m)
-        assert torch.equal(got.v.cpu(), rows.v)
+        assert torch.equal(got.emb.cpu(), want_emb)
+        for name, t in rows.state.items():
+            assert torch.equal(got.state[name].cpu(), t), name
         assert got.clock.cpu().tolist() == [c + 1 for c in range(5, 15)] + list(range(15, 65))
         snap = all_rows(store, str(tmp_path / "s.parquet"))
         np.testing.assert_array_equal(snap["keys"], keys)
-        np.testing.assert_array_equal(snap["emb"], want_emb.numpy())
-        # training continues from the written state: the clock drives the bias correction
-        ref = MemoryStore(DIM, init_std=STD)
-        ref.write_rows(keys, Rows(want_emb, rows.m, rows.v, got.clock.cpu()))
+        np.testing.assert_array_equal(snap["emb"], want_emb.float().numpy())
+        # training continues from the written state (the clock drives Adam's bias correction)
+        ref = MemoryStore(fmt, init_std=STD)
+        ref.write_rows(keys, Rows(want_emb, rows.state, got.clock.cpu()))
         g = torch.randn(60, DIM, generator=gen)
         store.update(torch.from_numpy(keys), g, lr=0.05)
         ref.update(torch.from_numpy(keys), g, lr=0.05)
@@ -334,7 +376,7 @@ class StoreContractTests:
         """Sorted distinct keys (a sharded pull's, the reuse path) and unsorted ones with
         duplicates; a stale handle (another call in between) and a caller who changes the keys
         tensor after the lookup: the rows are bit-identical to updates by keys, and to MemoryStore's."""
-        by_handle, by_keys, ref = make_store(), make_store(), MemoryStore(DIM, init_std=STD)
+        by_handle, by_keys, ref = make_store(), make_store(), MemoryStore(make_store().row_format, init_std=STD)
         gen = torch.Generator().manual_seed(11)
         for step in range(12):
             keys = torch.randint(0, 90, (40,), generator=gen)
@@ -362,7 +404,7 @@ class StoreContractTests:
         assert_same_rows(by_handle, ref, tmp_path)
 
     def test_handle_of_another_store_updates_by_its_keys(self, make_store, tmp_path) -> None:
-        a, b, ref = make_store(), make_store(), MemoryStore(DIM, init_std=STD)
+        a, b, ref = make_store(), make_store(), MemoryStore(make_store().row_format, init_std=STD)
         keys = keys_of(1, 4, 9)
         handle = b.lookup(keys)
         a.lookup(keys)
@@ -386,7 +428,7 @@ class StoreContractTests:
         assert store.tag == "run-1"
         store = reopen_store(store)
         assert store.tag == "run-1" and len(store) == 2  # set_tag flushed every row first
-        ref = MemoryStore(DIM, init_std=STD)
+        ref = MemoryStore(store.row_format, init_std=STD)
         ref.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
         assert_same_rows(store, ref, tmp_path)
         store.update(keys_of(3), torch.ones(1, DIM), lr=0.1)
@@ -401,8 +443,8 @@ class StoreContractTests:
 class PersistentStoreContractTests(StoreContractTests):
     """The suite for a store with a persistent level: subclasses say how to open one on a directory."""
 
-    def open(self, path: str, dim: int, init_std: float):
-        """A store on the shard directory `path` (created empty, or reopened with its content)."""
+    def open(self, path: str, fmt: RowFormat, init_std: float):
+        """A store of `fmt` on the shard directory `path` (created empty, or reopened with its content)."""
         raise NotImplementedError
 
     def path_of(self, store) -> str:
@@ -410,11 +452,11 @@ class PersistentStoreContractTests(StoreContractTests):
         raise NotImplementedError
 
     @pytest.fixture
-    def make_store(self, tmp_path):
+    def make_store(self, fmt, tmp_path):
         made = []
 
-        def make(dim: int = DIM, init_std: float = STD):
-            made.append(self.open(str(tmp_path / f"shard{len(made)}"), dim, init_std))
+        def make(init_std: float = STD):
+            made.append(self.open(str(tmp_path / f"shard{len(made)}"), fmt, init_std))
             return made[-1]
 
         make.made = made
@@ -426,7 +468,7 @@ class PersistentStoreContractTests(StoreContractTests):
     def reopen_store(self, make_store):
         def reopen(store):
             store.close()
-            make_store.made.append(self.open(self.path_of(store), store.dim, store.init_std))
+            make_store.made.append(self.open(self.path_of(store), store.row_format, store.init_std))
             return make_store.made[-1]
 
         return reopen
@@ -435,7 +477,7 @@ class PersistentStoreContractTests(StoreContractTests):
 def _reference_workload(store, tmp_path) -> tuple[dict, dict]:
     """30 steps of random updates with duplicate keys, lookups and evictions on `store` and on the reference;
     returns every row of both (checked step by step for equal lookups where the device sums sequentially)."""
-    ref = MemoryStore(DIM, init_std=STD)
+    ref = MemoryStore(store.row_format, init_std=STD)
     exact = store.device.type == "cpu" or torch.are_deterministic_algorithms_enabled()
     gen = torch.Generator().manual_seed(2)
     for step in range(30):

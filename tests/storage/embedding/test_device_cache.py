@@ -17,9 +17,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", DEVICES)
 class TestDeviceCacheOverMemory(StoreContractTests):
     @pytest.fixture
-    def make_store(self, device):
-        def make(dim: int = DIM, init_std: float = STD) -> DeviceCache:
-            return DeviceCache(MemoryStore(dim, init_std=init_std), capacity_rows=32, device=device)
+    def make_store(self, device, fmt):
+        def make(init_std: float = STD) -> DeviceCache:
+            return DeviceCache(MemoryStore(fmt, init_std=init_std), capacity_rows=32, device=device)
 
         return make
 
@@ -84,11 +84,10 @@ def test_restore_reuses_the_buffer_and_close_frees_it(tmp_path) -> None:
     cache.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
     url = str(tmp_path / "snap.parquet")
     cache.snapshot(url)
-    buffers = [cache._buf.rows.emb, cache._buf.rows.m, cache._buf.rows.v, cache._buf.rows.clock]
-    ptrs = [t.data_ptr() for t in buffers]
+    ptrs = [t.data_ptr() for t in cache._buf.rows.tensors()]
     cache.update(keys_of(4), torch.ones(1, DIM), lr=0.1)
     assert cache.restore(url) == 3
-    assert [t.data_ptr() for t in (cache._buf.rows.emb, cache._buf.rows.m, cache._buf.rows.v, cache._buf.rows.clock)] == ptrs
+    assert [t.data_ptr() for t in cache._buf.rows.tensors()] == ptrs
     assert cache._buf.capacity == 8 and len(cache) == 3
     assert torch.equal(cache.lookup(keys_of(1, 2, 3)).rows, below.lookup(keys_of(1, 2, 3)).rows)
     cache.close()

@@ -15,19 +15,19 @@ from tests.storage.embedding.conformance import StoreContractTests
 
 class TestHostOverMemory(StoreContractTests):
     @pytest.fixture
-    def make_store(self):
-        def make(dim: int = DIM, init_std: float = STD) -> HostStore:
-            below = MemoryStore(dim, init_std=init_std)
-            return HostStore(dim, budget_bytes=40 * host_row_bytes(dim), below=below, init_std=init_std)
+    def make_store(self, fmt):
+        def make(init_std: float = STD) -> HostStore:
+            below = MemoryStore(fmt, init_std=init_std)
+            return HostStore(fmt, budget_bytes=40 * host_row_bytes(fmt), below=below, init_std=init_std)
 
         return make
 
 
 class TestHostAlone(StoreContractTests):
     @pytest.fixture
-    def make_store(self):
-        def make(dim: int = DIM, init_std: float = STD) -> HostStore:
-            return HostStore(dim, budget_bytes=10_000 * host_row_bytes(dim), init_std=init_std)
+    def make_store(self, fmt):
+        def make(init_std: float = STD) -> HostStore:
+            return HostStore(fmt, budget_bytes=10_000 * host_row_bytes(fmt), init_std=init_std)
 
         return make
 

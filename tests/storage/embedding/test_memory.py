@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from storage.embedding.memory import MemoryStore
-from tests.helpers.stores import DIM, STD
+from tests.helpers.stores import STD
 from tests.storage.embedding.conformance import StoreContractTests
 
 
 class TestMemoryStore(StoreContractTests):
     @pytest.fixture
-    def make_store(self):
-        def make(dim: int = DIM, init_std: float = STD) -> MemoryStore:
-            return MemoryStore(dim, init_std=init_std)
+    def make_store(self, fmt):
+        def make(init_std: float = STD) -> MemoryStore:
+            return MemoryStore(fmt, init_std=init_std)
 
         return make
 
@@ -22,9 +22,9 @@ class TestMemoryStore(StoreContractTests):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 class TestMemoryStoreCuda(StoreContractTests):
     @pytest.fixture
-    def make_store(self):
-        def make(dim: int = DIM, init_std: float = STD) -> MemoryStore:
-            return MemoryStore(dim, init_std=init_std, device="cuda")
+    def make_store(self, fmt):
+        def make(init_std: float = STD) -> MemoryStore:
+            return MemoryStore(fmt, init_std=init_std, device="cuda")
 
         return make
 

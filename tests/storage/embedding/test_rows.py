@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from storage.embedding.row_format import RowFormat
 from storage.embedding.rows import (
-    Rows,
     all_finite,
     host_to_device,
     segment_sum,
-    sparse_adam,
     strictly_increasing,
     sum_duplicates,
 )
@@ -39,16 +38,22 @@ def test_sum_duplicates_passes_sorted_distinct_keys_through() -> None:
     torch.testing.assert_close(summed, torch.stack([grads[1], grads[0] + grads[2]]), rtol=0, atol=0)
 
 
-def test_rows_select_and_put_by_index_and_by_mask() -> None:
-    rows = Rows.fresh(torch.arange(12.0).reshape(4, 3))
-    rows.clock += torch.arange(4)
+@pytest.mark.parametrize("optimizer", ["adam", "rowwise_adagrad", "sgd"])
+def test_rows_select_and_put_by_index_and_by_mask(optimizer: str) -> None:
+    fmt = RowFormat(3, optimizer)
+    rows = fmt.fresh(torch.arange(12.0).reshape(4, 3))
+    rows.clock += torch.arange(4, dtype=torch.int32)
+    for t in rows.state.values():
+        t += torch.arange(4.0).reshape(4, *([1] * (t.dim() - 1)))
     picked = rows.select(np.array([3, 1]))
     assert picked.emb[:, 0].tolist() == [9.0, 3.0] and picked.clock.tolist() == [3, 1]
     masked = rows.select(torch.tensor([False, True, False, True]))
     assert masked.emb[:, 0].tolist() == [3.0, 9.0]
+    assert all(t.reshape(2, -1)[:, 0].tolist() == [3.0, 1.0] for t in picked.state.values())
     rows.put(np.array([0, 2]), picked)
     assert rows.emb[:, 0].tolist() == [9.0, 3.0, 3.0, 9.0] and rows.clock.tolist() == [3, 1, 1, 3]
-    rows.put(torch.tensor([True, False, False, False]), Rows.empty(1, 3))
+    assert all(t.reshape(4, -1)[:, 0].tolist() == [3.0, 1.0, 1.0, 3.0] for t in rows.state.values())
+    rows.put(torch.tensor([True, False, False, False]), fmt.empty(1))
     assert rows.emb[0].tolist() == [0.0, 0.0, 0.0] and rows.clock[0] == 0
 
 
@@ -68,13 +73,16 @@ def test_host_to_device_leaves_a_cpu_tensor_alone() -> None:
     assert host_to_device(t, "cpu") is t
 
 
-def test_sparse_adam_refuses_non_finite_gradients_without_a_separate_check() -> None:
+@pytest.mark.parametrize("fmt", [RowFormat(DIM, o, d) for o in ("adam", "rowwise_adagrad") for d in ("fp32", "fp16")],
+                         ids=lambda f: f.name)
+def test_step_refuses_non_finite_gradients_without_a_separate_check(fmt: RowFormat) -> None:
     """What a GPU tier relies on when it skips `check_grads`' finiteness read: the same error, nothing changed."""
-    rows = Rows.fresh(torch.ones(3, DIM))
+    rows = fmt.fresh(torch.ones(3, DIM))
+    keys = torch.arange(3)
     for bad, match in ((float("nan"), "grads contain NaN or inf"), (float("inf"), "grads contain NaN or inf"),
                        (1e30, "would make 1 row")):
         grads = torch.ones(3, DIM)
         grads[1, 0] = bad
         with pytest.raises(ValueError, match=match):
-            sparse_adam(rows, grads, lr=0.1)
-    assert torch.equal(rows.emb, torch.ones(3, DIM)) and int(rows.clock.sum()) == 0
+            fmt.step(keys, rows, grads, lr=0.1)
+    assert torch.equal(rows.emb.float(), torch.ones(3, DIM)) and int(rows.clock.sum()) == 0

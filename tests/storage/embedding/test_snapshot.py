@@ -12,50 +12,82 @@ import torch
 
 from storage.embedding import snapshot as snap
 from storage.embedding.base import owner_of
+from storage.embedding.row_format import RowFormat
 from storage.embedding.snapshot import (
     SnapshotWriter,
     iter_snapshot,
     read_snapshot,
+    snapshot_format,
     snapshot_schema,
     write_snapshot,
 )
 from tests.helpers.stores import (
     DIM,
+    FORMATS,
     host_over_ssd,
+    random_rows,
     same_bytes,
     snapshot_arrays,
     train_random,
 )
 
 
-def _rows(n: int, dim: int, seed: int = 0, offset: int = 0):
-    g = np.random.default_rng(seed)
+def _rows(n: int, fmt: RowFormat | int, seed: int = 0, offset: int = 0):
+    """(keys, rows, fmt) of `n` random rows (an int format: fp32 with Adam of that width)."""
+    fmt = RowFormat(fmt) if isinstance(fmt, int) else fmt
     keys = np.arange(n, dtype=np.int64) * 7 + offset
-    return (
-        keys,
-        g.standard_normal((n, dim), dtype=np.float32),
-        g.standard_normal((n, dim), dtype=np.float32),
-        g.random((n, dim), dtype=np.float32),
-        g.integers(0, 100, n),
-    )
+    return keys, random_rows(fmt, n, torch.Generator().manual_seed(seed)), fmt
 
 
-def test_write_read_round_trip_and_schema(tmp_path) -> None:
-    rows = _rows(1000, 6)
+@pytest.mark.parametrize("fmt", [RowFormat(6, f.optimizer, f.row_dtype) for f in FORMATS], ids=lambda f: f.name)
+def test_write_read_round_trip_and_schema(tmp_path, fmt) -> None:
+    keys, rows, _ = _rows(1000, fmt)
     url = str(tmp_path / "sub" / "part-00000.parquet")
-    assert write_snapshot(url, *rows) == 1000
-    assert pq.read_schema(url).equals(snapshot_schema(6))
+    assert write_snapshot(url, keys, rows, fmt) == 1000
+    schema, want = pq.read_schema(url), snapshot_schema(fmt)
+    assert schema.names == want.names and schema.metadata == want.metadata
+    assert [str(f.type).replace("element", "item") for f in schema] == [str(f.type) for f in want]
+    assert snapshot_format(url) == fmt
     got = read_snapshot(url)
-    for a, b in zip(got, rows, strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert got.fmt == fmt
+    np.testing.assert_array_equal(got.keys, keys)
+    np.testing.assert_array_equal(got.emb, rows.emb.float().numpy())
+    for name, t in rows.state.items():
+        np.testing.assert_array_equal(got.state[name], t.numpy())
+    np.testing.assert_array_equal(got.clock, rows.clock.numpy())
+    back = got.rows()
+    assert all(torch.equal(a, b) for a, b in zip(back.tensors(), rows.tensors(), strict=True)), "bit for bit"
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["part-00000.parquet"]  # no temp left
 
 
-def test_accepts_torch_tensors(tmp_path) -> None:
-    rows = [torch.from_numpy(a) for a in _rows(10, 3)]
+def test_a_snapshot_written_before_compact_rows_reads_as_fp32_adam(tmp_path) -> None:
+    """The previous release's files: no format metadata, fp32 `emb` / `m` / `v` and an int64 clock."""
+    url = tmp_path / "old.parquet"
+    vec = pa.list_(pa.float32(), 2)
+    table = pa.table({
+        "key": pa.array([3, 8], pa.int64()),
+        "emb": pa.FixedSizeListArray.from_arrays(pa.array([0.5, 1.0, -1.0, 2.0], pa.float32()), 2),
+        "m": pa.FixedSizeListArray.from_arrays(pa.array([0.1, 0.2, 0.3, 0.4], pa.float32()), 2),
+        "v": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 1.0, 4.0, 4.0], pa.float32()), 2),
+        "clock": pa.array([7, 1], pa.int64()),
+    }, schema=pa.schema([("key", pa.int64()), ("emb", vec), ("m", vec), ("v", vec), ("clock", pa.int64())]))
+    pq.write_table(table, url)
+    got = read_snapshot(str(url))
+    assert got.fmt == RowFormat(2, "adam", "fp32")
+    assert got.clock.tolist() == [7, 1] and got.state["v"].tolist() == [[1.0, 1.0], [4.0, 4.0]]
+    compact = got.rows_as(RowFormat(2, "rowwise_adagrad", "fp16"))
+    assert compact.emb.dtype == torch.float16 and compact.emb.float().tolist() == [[0.5, 1.0], [-1.0, 2.0]]
+    assert compact.state["acc"].shape == (2,) and (compact.state["acc"] > 0).all()
+
+
+def test_accepts_torch_tensors_of_any_device_and_refuses_rows_of_another_format(tmp_path) -> None:
+    keys, rows, fmt = _rows(10, 3)
     url = str(tmp_path / "t.parquet")
-    write_snapshot(url, *rows)
-    np.testing.assert_array_equal(read_snapshot(url)[1], rows[1].numpy())
+    write_snapshot(url, torch.from_numpy(keys), rows, fmt)
+    np.testing.assert_array_equal(read_snapshot(url).emb, rows.emb.numpy())
+    with pytest.raises(ValueError, match="rowwise_adagrad"):
+        write_snapshot(str(tmp_path / "u.parquet"), keys, rows, RowFormat(3, "rowwise_adagrad", "fp32"))
+    assert not (tmp_path / "u.parquet").exists()
 
 
 def test_directory_of_parts_with_owner_filter_streams_row_groups(tmp_path, monkeypatch) -> None:
@@ -65,15 +97,19 @@ def test_directory_of_parts_with_owner_filter_streams_row_groups(tmp_path, monke
         write_snapshot(str(tmp_path / f"part-{i:05d}.parquet"), *p)
     (tmp_path / "part-00009.parquet.tmp-abc").write_bytes(b"partial")  # a crashed writer's leftover
     allk = np.concatenate([p[0] for p in parts])
-    allemb = np.concatenate([p[1] for p in parts])
+    allemb = np.concatenate([p[1].emb.numpy() for p in parts])
     batches = list(iter_snapshot(str(tmp_path), owner=(2, 3)))
     assert len(batches) == 10  # 5 row groups per part, each read on its own
     for rank in range(3):
-        keys, emb, m, v, clock = read_snapshot(str(tmp_path), owner=(rank, 3))
+        got = read_snapshot(str(tmp_path), owner=(rank, 3))
         mine = owner_of(allk, 3) == rank
-        np.testing.assert_array_equal(keys, allk[mine])
-        np.testing.assert_array_equal(emb, allemb[mine])
-    assert read_snapshot(str(tmp_path))[0].size == 900
+        np.testing.assert_array_equal(got.keys, allk[mine])
+        np.testing.assert_array_equal(got.emb, allemb[mine])
+    assert read_snapshot(str(tmp_path)).keys.size == 900
+    keys, rows, _ = _rows(5, RowFormat(4, "sgd", "fp16"))
+    write_snapshot(str(tmp_path / "part-00002.parquet"), keys, rows, RowFormat(4, "sgd", "fp16"))
+    with pytest.raises(ValueError, match="disagree on the row format"):
+        read_snapshot(str(tmp_path))
 
 
 def test_atomic_abort_leaves_nothing(tmp_path) -> None:
@@ -81,7 +117,8 @@ def test_atomic_abort_leaves_nothing(tmp_path) -> None:
     write_snapshot(str(url), *_rows(5, 2))
     before = url.read_bytes()
     with pytest.raises(RuntimeError), SnapshotWriter(str(url), 2) as w:
-        w.write(*_rows(5, 2, seed=9))
+        keys, rows, _ = _rows(5, 2, seed=9)
+        w.write(keys, rows)
         raise RuntimeError("crash mid-write")
     assert url.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.parquet"]
@@ -90,8 +127,8 @@ def test_atomic_abort_leaves_nothing(tmp_path) -> None:
 def test_memory_filesystem_url() -> None:
     url = "memory://snapshots/run1/part-00000.parquet"
     write_snapshot(url, *_rows(20, 3))
-    assert read_snapshot(url)[0].size == 20
-    assert read_snapshot("memory://snapshots/run1", owner=(0, 2))[0].size == 10
+    assert read_snapshot(url).keys.size == 20
+    assert read_snapshot("memory://snapshots/run1", owner=(0, 2)).keys.size == 10
 
 
 def test_missing_file_bad_schema_owner_and_shapes_are_refused(tmp_path) -> None:
@@ -99,13 +136,20 @@ def test_missing_file_bad_schema_owner_and_shapes_are_refused(tmp_path) -> None:
         read_snapshot(str(tmp_path / "missing.parquet"))
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"key": [1]}), bad)
-    with pytest.raises(ValueError, match="missing columns"):
+    with pytest.raises(ValueError, match="not an embedding snapshot"):
         read_snapshot(str(bad))
+    no_v = tmp_path / "no_v.parquet"
+    vec = pa.list_(pa.float32(), 2)
+    pq.write_table(pa.table({"key": pa.array([1], pa.int64()),
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0], pa.float32()), 2)},
+                            schema=pa.schema([("key", pa.int64()), ("emb", vec)])), no_v)
+    with pytest.raises(ValueError, match=r"missing columns \['m', 'v', 'clock'\]"):
+        read_snapshot(str(no_v))
     with pytest.raises(ValueError, match="owner"):
         read_snapshot(str(bad), owner=(3, 3))
-    k, e, m, v, c = _rows(3, 2)
-    with pytest.raises(ValueError, match="shape"):
-        write_snapshot(str(tmp_path / "y.parquet"), k, e, m[:2], v, c)
+    k, rows, fmt = _rows(3, 2)
+    with pytest.raises(ValueError, match="3 keys for 2 rows"):
+        write_snapshot(str(tmp_path / "y.parquet"), k, rows.select(np.arange(2)), fmt)
     assert not (tmp_path / "y.parquet").exists()
 
 
@@ -136,14 +180,14 @@ def test_failed_snapshot_leaves_previous_one_and_no_partial_file(tmp_path, monke
 
 def test_partial_snapshot_file_is_never_read_as_part(tmp_path) -> None:
     d = tmp_path / "sparse"
-    write_snapshot(str(d / "part-00000.parquet"), np.array([1, 2]), np.ones((2, DIM)), np.zeros((2, DIM)),
-                   np.zeros((2, DIM)), np.array([1, 1]))
-    w = SnapshotWriter(str(d / "part-00001.parquet"), DIM)  # a writer killed before commit
-    w.write(np.array([3]), np.ones((1, DIM)), np.zeros((1, DIM)), np.zeros((1, DIM)), np.array([1]))
+    fmt = RowFormat(DIM)
+    write_snapshot(str(d / "part-00000.parquet"), np.array([1, 2]), fmt.fresh(torch.ones(2, DIM)), fmt)
+    w = SnapshotWriter(str(d / "part-00001.parquet"), fmt)  # a writer killed before commit
+    w.write(np.array([3]), fmt.fresh(torch.ones(1, DIM)))
     w._writer.close()
     w._file.close()
     assert any(".tmp-" in p.name for p in d.iterdir())
-    assert read_snapshot(str(d))[0].tolist() == [1, 2]
+    assert read_snapshot(str(d)).keys.tolist() == [1, 2]
 
 
 def test_snapshot_restore_through_fsspec_memory(tmp_path) -> None:

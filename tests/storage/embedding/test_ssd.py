@@ -21,7 +21,7 @@ import torch
 from storage.embedding import direct_io
 from storage.embedding.config import StoreConfig
 from storage.embedding.memory import MemoryStore
-from storage.embedding.rows import Rows
+from storage.embedding.row_format import RowFormat
 from storage.embedding.snapshot import read_snapshot, write_snapshot
 from storage.embedding.ssd import SsdStore
 from storage.embedding.tiered import open_shard
@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[3]
 class TestSsdStore(PersistentStoreContractTests):
     direct_io = True
 
-    def open(self, path: str, dim: int, init_std: float) -> SsdStore:
-        return SsdStore(path, dim, init_std=init_std, direct_io=self.direct_io)
+    def open(self, path: str, fmt, init_std: float) -> SsdStore:
+        return SsdStore(path, fmt, init_std=init_std, direct_io=self.direct_io)
 
     def path_of(self, store: SsdStore) -> str:
         return str(store.path)
@@ -219,7 +219,7 @@ def test_writes_append_and_read_only_units_they_reclaim(tmp_path) -> None:
         thr = store._log.gc_rows
 
         def write(keys: np.ndarray, seed: int) -> None:
-            rows = Rows.fresh(torch.randn(keys.size, DIM, generator=torch.Generator().manual_seed(seed)))
+            rows = RowFormat(DIM).fresh(torch.randn(keys.size, DIM, generator=torch.Generator().manual_seed(seed)))
             store.write_rows(keys, rows)
             expect[keys] = rows.emb.numpy()
 
@@ -345,7 +345,8 @@ def test_kill_9_at_random_points_restores_last_snapshot_exactly(tmp_path) -> Non
             assert same_bytes(snapshot_arrays(str(p)), snapshot_arrays(str(tmp_path / "ref.parquet"))), f"kill {kill}: {p.name}"
         # Reopen the shard the child left (maybe mid-compaction or with a stale index), restore.
         last = str(done[-1])
-        store = open_shard(str(shard), StoreConfig(embedding_dim=DIM, init_std=STD, host_budget_mb=1))
+        store = open_shard(str(shard), StoreConfig(embedding_dim=DIM, init_std=STD, host_budget_mb=1, row_dtype="fp32"),
+                           optimizer="adam")
         store.restore(last)
         store.snapshot(str(tmp_path / "after.parquet"))
         assert same_bytes(snapshot_arrays(str(tmp_path / "after.parquet")), snapshot_arrays(last))
@@ -399,7 +400,7 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path) -> None:
     shard, snap_dir = tmp_path / "shard", tmp_path / "snap"
     snap_dir.mkdir()
     existing = snap_dir / "part-00000.parquet"
-    write_snapshot(str(existing), np.array([5]), np.ones((1, DIM)), np.zeros((1, DIM)), np.zeros((1, DIM)), [1])
+    write_snapshot(str(existing), np.array([5]), RowFormat(DIM).fresh(torch.ones(1, DIM)), RowFormat(DIM))
     limit = 64 * 4096  # the first 200 rows fit (~11 units); 20,000 more do not
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK_CHILD, str(shard), str(snap_dir / "part-00001.parquet"), str(limit)],
@@ -420,4 +421,4 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path) -> None:
         assert len(ssd) == 200
         probe = torch.arange(0, 400, dtype=torch.int64) * 50  # old keys, failed new keys, unknown keys
         assert torch.equal(ssd.lookup(probe).rows, ref.lookup(probe).rows)
-    assert read_snapshot(str(existing))[0].tolist() == [5]
+    assert read_snapshot(str(existing)).keys.tolist() == [5]

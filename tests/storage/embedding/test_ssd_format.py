@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from storage.embedding.compact_index import CompactSlotMap
-from storage.embedding.rows import Rows
+from storage.embedding.row_format import RowFormat
 from storage.embedding.ssd_format import (
     BLOCK,
     FORMAT,
@@ -16,41 +16,51 @@ from storage.embedding.ssd_format import (
     index_name,
     load_index,
     read_meta,
-    rows_of,
     write_index,
     write_meta,
 )
 from storage.io.records import FormatError
 from tests.helpers.formats import newer, sample
+from tests.helpers.stores import FORMATS, random_rows
+
+COMPACT = RowFormat(8, "rowwise_adagrad", "fp16")
 
 
 @pytest.mark.parametrize(
-    ("dim", "record_bytes", "unit_bytes", "rows_per_unit"),
-    [(8, 12 * 8 + 16, 4096, 4096 // (12 * 8 + 16)), (400, 4816, 8192, 1)],
+    ("fmt", "record_bytes", "unit_bytes", "rows_per_unit"),
+    [
+        (RowFormat(8), 12 * 8 + 12, 4096, 4096 // (12 * 8 + 12)),
+        (COMPACT, 2 * 8 + 16, 4096, 128),
+        (RowFormat(16, "rowwise_adagrad", "fp16"), 48, 4096, 85),
+        (RowFormat(400), 4812, 8192, 1),
+    ],
+    ids=["adam-fp32-8", "adagrad-fp16-8", "adagrad-fp16-16", "adam-fp32-400"],
 )
-def test_records_pack_into_block_aligned_units(dim, record_bytes, unit_bytes, rows_per_unit) -> None:
-    fmt = RecordLayout.of(dim)
-    assert (fmt.record_bytes, fmt.unit_bytes, fmt.rows_per_unit) == (record_bytes, unit_bytes, rows_per_unit)
-    assert fmt.unit_bytes % BLOCK == 0
-    buf = bytearray(3 * fmt.unit_bytes)
-    assert fmt.records_of(buf, 3).shape == (3, rows_per_unit)
+def test_records_pack_into_block_aligned_units(fmt, record_bytes, unit_bytes, rows_per_unit) -> None:
+    layout = RecordLayout.of(fmt)
+    assert (layout.record_bytes, layout.unit_bytes, layout.rows_per_unit) == (record_bytes, unit_bytes, rows_per_unit)
+    assert layout.unit_bytes % BLOCK == 0
+    buf = bytearray(3 * layout.unit_bytes)
+    assert layout.records_of(buf, 3).shape == (3, rows_per_unit)
 
 
-def test_records_carry_the_rows_and_their_keys() -> None:
-    fmt = RecordLayout.of(4)
-    gen = torch.Generator().manual_seed(0)
-    rows = Rows(torch.randn(5, 4, generator=gen), torch.randn(5, 4, generator=gen), torch.rand(5, 4, generator=gen),
-                torch.arange(5, dtype=torch.int64) * 3)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_records_carry_the_rows_and_their_keys(fmt) -> None:
+    layout = RecordLayout.of(fmt)
+    rows = random_rows(fmt, 5, torch.Generator().manual_seed(0))
     keys = np.array([9, 2, 7, 1, 0])
-    recs = fmt.to_records(keys, rows)
+    recs = layout.to_records(keys, rows)
     assert recs["key"].tolist() == keys.tolist()
-    back = rows_of(recs)
-    for name in ("emb", "m", "v", "clock"):
-        assert torch.equal(getattr(back, name), getattr(rows, name)), name
+    back = layout.rows_of(recs)
+    assert sorted(back.state) == sorted(rows.state)
+    for a, b in zip(back.tensors(), rows.tensors(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    with pytest.raises(ValueError, match="optimizer state"):
+        RecordLayout.of(RowFormat(fmt.dim, "sgd" if fmt.optimizer != "sgd" else "adam", fmt.row_dtype)).to_records(keys, rows)
 
 
 def test_meta_of_another_format_dim_or_layout_is_refused(tmp_path) -> None:
-    fmt = RecordLayout.of(8)
+    fmt = RecordLayout.of(RowFormat(8))
     fmt.check(fmt.meta(), tmp_path)  # its own layout passes
     with pytest.raises(ValueError, match="format 'ctr-ssd-shard/1'.*wipe the shard"):
         fmt.check({**fmt.meta(), "format": "ctr-ssd-shard/1"}, tmp_path)
@@ -58,6 +68,8 @@ def test_meta_of_another_format_dim_or_layout_is_refused(tmp_path) -> None:
         fmt.check({**fmt.meta(), "dim": 16}, tmp_path)
     with pytest.raises(ValueError, match="unit_bytes=8192"):
         fmt.check({**fmt.meta(), "unit_bytes": 8192}, tmp_path)
+    with pytest.raises(ValueError, match=r"holds rowwise_adagrad/fp16 rows \(optimizer/row dtype\), asked for adam/fp32"):
+        fmt.check(RecordLayout.of(RowFormat(8, "rowwise_adagrad", "fp16")).meta(), tmp_path)
     assert fmt.meta()["format"] == FORMAT
 
 
@@ -77,10 +89,13 @@ def test_meta_and_index_files_round_trip_and_old_indexes_go(tmp_path) -> None:
     assert again.lookup(np.array([8, 13, 5, 6])).tolist() == [0, 1, 2, -1] and again.high_water == 3
 
 
-def test_todays_meta_json_passes_with_fields_it_does_not_know_and_a_newer_version_is_refused(tmp_path) -> None:
-    fmt = RecordLayout.of(8)
-    fmt.check(sample("ssd-meta-v2.json"), tmp_path)
-    fmt.check(newer(sample("ssd-meta-v2.json")), tmp_path)  # a newer writer's extra fields
-    with pytest.raises(FormatError, match=r"meta.json has format 'ctr-ssd-shard/3', written by a newer ctr-pipeline; "
-                                          r"this code reads ctr-ssd-shard/2: wipe the shard"):
-        fmt.check({**sample("ssd-meta-v2.json"), "format": "ctr-ssd-shard/3"}, tmp_path)
+def test_todays_meta_json_passes_with_fields_it_does_not_know_and_other_versions_are_refused(tmp_path) -> None:
+    fmt = RecordLayout.of(COMPACT)
+    fmt.check(sample("ssd-meta-v3.json"), tmp_path)
+    fmt.check(newer(sample("ssd-meta-v3.json")), tmp_path)  # a newer writer's extra fields
+    with pytest.raises(FormatError, match=r"meta.json has format 'ctr-ssd-shard/4', written by a newer ctr-pipeline; "
+                                          r"this code reads ctr-ssd-shard/3: wipe the shard"):
+        fmt.check({**sample("ssd-meta-v3.json"), "format": "ctr-ssd-shard/4"}, tmp_path)
+    # a shard of the releases before compact rows (fp32 + Adam records, int64 clocks) is never read as one of these
+    with pytest.raises(FormatError, match=r"'ctr-ssd-shard/2'.*wipe the shard"):
+        RecordLayout.of(RowFormat(8)).check(sample("ssd-meta-v2.json"), tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from storage.embedding.row_format import RowFormat
 from storage.embedding.ssd_format import record_dtype
 from storage.embedding.ssd_log import UnitLog
 
@@ -12,13 +13,13 @@ RPU = 4  # rows per unit
 
 
 def _log(gc_rows: int = 2) -> UnitLog:
-    return UnitLog(RPU, gc_rows, record_dtype(2))
+    return UnitLog(RPU, gc_rows, record_dtype(RowFormat(2)))
 
 
 def _append(log: UnitLog, n: int) -> np.ndarray:
     old_tail = log.tail_unit
     slots = log.allocate(n)
-    log.wrote(slots, np.zeros(n, dtype=record_dtype(2)), old_tail)
+    log.wrote(slots, np.zeros(n, dtype=record_dtype(RowFormat(2))), old_tail)
     return slots
 
 

@@ -9,26 +9,28 @@ from storage.embedding.config import StoreConfig
 from storage.embedding.device_cache import DeviceCache
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
+from storage.embedding.row_format import RowFormat
 from storage.embedding.ssd import SsdStore
 from storage.embedding.tiered import open_shard
 from tests.helpers.stores import DIM, STD, all_rows
 from tests.storage.embedding.conformance import PersistentStoreContractTests
 
 
-def _config(device_rows: int = 16, dim: int = DIM, std: float = STD) -> StoreConfig:
-    return StoreConfig(embedding_dim=dim, init_std=std, host_budget_mb=1, device_cache_rows=device_rows)
+def _config(device_rows: int = 16, dim: int = DIM, std: float = STD, row_dtype: str = "fp32") -> StoreConfig:
+    return StoreConfig(embedding_dim=dim, init_std=std, host_budget_mb=1, device_cache_rows=device_rows,
+                       row_dtype=row_dtype)
 
 
-def _small_stack(path: str, dim: int = DIM, std: float = STD, device_rows: int = 16) -> DeviceCache:
+def _small_stack(path: str, fmt: RowFormat | int = DIM, std: float = STD, device_rows: int = 16) -> DeviceCache:
     """The open_shard layering with a host budget of 48 rows so every tier spills in the tests."""
-    ssd = SsdStore(path, dim, init_std=std)
-    host = HostStore(dim, budget_bytes=48 * host_row_bytes(dim), below=ssd, init_std=std)
+    ssd = SsdStore(path, fmt, init_std=std)
+    host = HostStore(fmt, budget_bytes=48 * host_row_bytes(fmt), below=ssd, init_std=std)
     return DeviceCache(host, capacity_rows=device_rows, policy="lfu")
 
 
 class TestSmallStack(PersistentStoreContractTests):
-    def open(self, path: str, dim: int, init_std: float):
-        return _small_stack(path, dim, init_std)
+    def open(self, path: str, fmt: RowFormat, init_std: float):
+        return _small_stack(path, fmt, init_std)
 
     def path_of(self, store) -> str:
         while not isinstance(store, SsdStore):
@@ -37,12 +39,12 @@ class TestSmallStack(PersistentStoreContractTests):
 
 
 class TestOpenShard(TestSmallStack):
-    def open(self, path: str, dim: int, init_std: float):
-        return open_shard(path, _config(dim=dim, std=init_std))
+    def open(self, path: str, fmt: RowFormat, init_std: float):
+        return open_shard(path, _config(dim=fmt.dim, std=init_std, row_dtype=fmt.row_dtype), optimizer=fmt.optimizer)
 
 
 def test_open_shard_stacks_device_host_ssd_and_reports_every_tier(tmp_path) -> None:
-    store = open_shard(str(tmp_path / "s"), _config(device_rows=8))
+    store = open_shard(str(tmp_path / "s"), _config(device_rows=8), optimizer="adam")
     assert isinstance(store, DeviceCache) and store.capacity == 8
     assert isinstance(store.below, HostStore) and store.below.capacity == (1 << 20) // host_row_bytes(DIM)
     assert isinstance(store.below.below, SsdStore) and store.below.below.path == tmp_path / "s"
@@ -50,7 +52,7 @@ def test_open_shard_stacks_device_host_ssd_and_reports_every_tier(tmp_path) -> N
     stats = store.stats()
     assert list(stats) == ["device", "host", "ssd"] and stats["ssd"]["misses"] == 4
     store.close()
-    no_cache = open_shard(str(tmp_path / "t"), _config(device_rows=0))
+    no_cache = open_shard(str(tmp_path / "t"), _config(device_rows=0), optimizer="adam")
     assert isinstance(no_cache, HostStore) and isinstance(no_cache.below, SsdStore)
     no_cache.close()
 

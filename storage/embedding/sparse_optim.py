@@ -1,0 +1,148 @@
+"""Sparse optimizers: the update rule of an embedding row and the per-row state it needs.
+
+The store keeps whatever state the configured optimizer declares (`SparseOptimizer.state`), on
+every tier and in snapshots, and moves it without knowing what it means; the optimizer alone reads
+it, in `step`.  Three rules (`optim.sparse_optimizer`):
+
+- `rowwise_adagrad`: fbgemm's row-wise AdaGrad, TorchRec's usual sparse optimizer: one fp32
+  accumulator per row, `acc += mean(g^2)`, `row -= lr * g / (sqrt(acc) + eps)`.  4 bytes of state.
+- `adam`: lazy per-element Adam, each row bias-corrected by its own update count (`clock`): exactly
+  `torch.optim.Adam` on a parameter per row stepped only when touched.  8 * dim bytes of state.
+- `sgd`: `row -= lr * g`; no state.
+
+All three add L2 `weight_decay * row` to the gradient (fbgemm's L2 mode).  `step` works in fp32 on
+fp32 rows; rounding to the stored row dtype is `storage.embedding.row_format`'s job.
+
+`convert_state` turns one optimizer's state into another's when a day continues a model trained
+with another rule (`RowFormat.convert`); the rules are in its docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+ADAGRAD_EPS = 1e-8
+"""fbgemm's default `eps` for row-wise AdaGrad."""
+
+
+@dataclass(frozen=True)
+class StateField:
+    """One tensor of per-row optimizer state: float32, (N, dim) when `per_element`, else (N,)."""
+
+    name: str
+    per_element: bool
+
+    def shape(self, n: int, dim: int) -> tuple[int, ...]:
+        return (n, dim) if self.per_element else (n,)
+
+    def bytes(self, dim: int) -> int:
+        """Bytes of this state per row."""
+        return 4 * (dim if self.per_element else 1)
+
+
+class SparseOptimizer:
+    """An update rule for embedding rows and the state it keeps per row (see the module docstring)."""
+
+    name: str = ""
+    state: tuple[StateField, ...] = ()
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The new fp32 rows and state after one step with `grads` ((N, dim) fp32).
+
+        `clock` is the rows' update count after this step (>= 1).  Returns new tensors; the inputs are unchanged.
+        """
+        raise NotImplementedError
+
+    def state_bytes(self, dim: int) -> int:
+        """Bytes of state per row."""
+        return sum(f.bytes(dim) for f in self.state)
+
+
+class SparseAdam(SparseOptimizer):
+    name = "adam"
+    state = (StateField("m", True), StateField("v", True))
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        b1, b2 = ADAM_BETAS
+        g = grads if weight_decay == 0 else grads + weight_decay * emb
+        m = torch.lerp(state["m"], g, 1 - b1)
+        v = state["v"] * b2 + (1 - b2) * g * g
+        t = clock.to(torch.float64)
+        bc1 = 1 - torch.pow(torch.full_like(t, b1), t)
+        bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t))
+        step = (lr / bc1).to(torch.float32)[:, None]
+        denom = v.sqrt() / bc2_sqrt.to(torch.float32)[:, None] + ADAM_EPS
+        return emb - step * (m / denom), {"m": m, "v": v}
+
+
+class RowwiseAdagrad(SparseOptimizer):
+    name = "rowwise_adagrad"
+    state = (StateField("acc", False),)
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        g = grads if weight_decay == 0 else grads + weight_decay * emb
+        acc = state["acc"] + (g * g).mean(dim=1)
+        return emb - (lr / (acc.sqrt() + ADAGRAD_EPS))[:, None] * g, {"acc": acc}
+
+
+class SparseSgd(SparseOptimizer):
+    name = "sgd"
+    state = ()
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        g = grads if weight_decay == 0 else grads + weight_decay * emb
+        return emb - lr * g, {}
+
+
+OPTIMIZERS: dict[str, SparseOptimizer] = {o.name: o for o in (RowwiseAdagrad(), SparseAdam(), SparseSgd())}
+"""`optim.sparse_optimizer` name -> rule."""
+
+
+def get_optimizer(name: str) -> SparseOptimizer:
+    """The rule called `name`; a `ValueError` listing the names for any other."""
+    try:
+        return OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown sparse optimizer {name!r}; optim.sparse_optimizer is one of {sorted(OPTIMIZERS)}") from None
+
+
+def convert_state(
+    src: SparseOptimizer, dst: SparseOptimizer, state: dict[str, torch.Tensor], clock: torch.Tensor, dim: int
+) -> dict[str, torch.Tensor]:
+    """`dst`'s state for rows that `src` trained (`clock` updates each).
+
+    - same rule: the state as it is;
+    - adam -> rowwise_adagrad: the accumulator is the sum of the row's squared gradients so far, estimated
+      as clock * mean over the row of Adam's bias-corrected second moment v / (1 - beta2^clock);
+    - rowwise_adagrad -> adam: m = 0, and v such that its bias-corrected value is acc / clock on every element;
+    - to sgd: nothing; from sgd: zero state (the first steps then move rows by about lr, as on a new row).
+    """
+    if src.name == dst.name:
+        return state
+    n = int(clock.shape[0])
+    dev = clock.device
+    t = clock.to(torch.float64)
+    bc2 = (1 - torch.pow(torch.full_like(t, ADAM_BETAS[1]), t)).clamp_min(1e-12)
+    if src.name == "adam" and dst.name == "rowwise_adagrad":
+        mean_v = state["v"].to(torch.float64).mean(dim=1) / bc2
+        return {"acc": torch.where(clock > 0, t * mean_v, 0.0).to(torch.float32)}
+    if src.name == "rowwise_adagrad" and dst.name == "adam":
+        per = torch.where(clock > 0, state["acc"].to(torch.float64) / t.clamp_min(1) * bc2, 0.0).to(torch.float32)
+        return {"m": torch.zeros(n, dim, device=dev), "v": per[:, None].expand(n, dim).contiguous()}
+    return {f.name: torch.zeros(f.shape(n, dim), device=dev) for f in dst.state}

@@ -1,0 +1,99 @@
+"""RowFormat: bytes per row and record, stochastic rounding, state conversion between optimizers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from storage.embedding.row_format import RowFormat, round_to, uniform_bits
+from storage.embedding.sparse_optim import ADAM_BETAS, convert_state, get_optimizer
+from storage.embedding.ssd_format import RecordLayout
+
+
+def test_the_default_record_is_48_bytes_at_dim_16_where_fp32_adam_took_208() -> None:
+    compact = RecordLayout.of(RowFormat(16, "rowwise_adagrad", "fp16"))
+    assert compact.record_bytes == 48 and compact.rows_per_unit == 85  # key 8 + clock 4 + 16 x fp16 + acc 4
+    adam = RecordLayout.of(RowFormat(16, "adam", "fp32"))
+    assert adam.record_bytes == 204 and adam.rows_per_unit == 20  # 3 x 64 + clock 4 + key 8 (the int64 clock was 208)
+    assert RowFormat(16, "rowwise_adagrad", "bf16").row_bytes() == 40
+    assert RowFormat(16, "sgd", "fp16").row_bytes() == 36
+    assert RowFormat(16, "adam", "fp32").row_bytes() == 196
+
+
+def test_unknown_names_are_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="rowwise_adagrad"):
+        RowFormat(4, "adagrad")
+    with pytest.raises(ValueError, match="bf16"):
+        RowFormat(4, "adam", "fp8")
+    with pytest.raises(ValueError, match="dim"):
+        RowFormat(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour(dtype: torch.dtype) -> None:
+    n = 40_000
+    x = torch.full((n, 4), 0.10010001) * torch.tensor([1.0, -1.0, 3e-6, 1000.0])
+    keys = torch.arange(n)
+    r = round_to(x, dtype, keys, torch.ones(n, dtype=torch.int64)).float()
+    lo, hi = torch.minimum(r.min(0).values, r.max(0).values), torch.maximum(r.min(0).values, r.max(0).values)
+    near = x[0].to(dtype).float()
+    for j in range(4):
+        vals = torch.unique(r[:, j])
+        assert vals.numel() == 2 and near[j] in vals, "only the two neighbours of x"
+        assert lo[j] <= x[0, j] <= hi[j]
+        err = (r[:, j].double().mean() - x[0, j].double()).abs()
+        assert err < 3 * (hi[j] - lo[j]).double() / n**0.5, "zero error in expectation"
+    exact = torch.tensor([[0.5, -2.0, 0.0, 1024.0]])
+    assert torch.equal(round_to(exact, dtype, keys[:1], torch.ones(1)).float(), exact)
+
+
+def test_rounding_noise_depends_only_on_key_clock_and_column() -> None:
+    keys, clock = torch.tensor([5, 9, 5]), torch.tensor([1, 1, 2])
+    u = uniform_bits(keys, clock, 8)
+    assert torch.equal(u, uniform_bits(keys, clock, 8)) and ((u >= 0) & (u < 1)).all()
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    many = uniform_bits(torch.arange(100_000), torch.zeros(100_000), 4)
+    assert abs(float(many.mean()) - 0.5) < 0.005 and abs(float(many.var()) - 1 / 12) < 0.002
+
+
+def test_a_small_step_survives_in_fp16_where_round_to_nearest_loses_it() -> None:
+    """Steps of a fifth of a unit in the last place: round-to-nearest never moves the row, stochastic rounding
+    moves it by the steps' sum on average."""
+    fmt = RowFormat(1, "sgd", "fp16")
+    n, steps = 2000, 50
+    rows = fmt.fresh(torch.ones(n, 1))
+    ulp = 2.0**-10  # fp16 spacing in [1, 2)
+    g = torch.full((n, 1), -ulp / 5)
+    keys = torch.arange(n)
+    for _ in range(steps):
+        rows = fmt.step(keys, rows, g, lr=1.0)
+    moved = rows.emb.float().mean() - 1.0
+    assert abs(float(moved) - steps * ulp / 5) < 0.1 * steps * ulp / 5
+    assert (torch.ones(1).half() + torch.tensor(ulp / 5).half()).item() == 1.0
+
+
+def test_adam_state_becomes_an_adagrad_accumulator_of_the_squared_gradients_so_far() -> None:
+    adam, ada = get_optimizer("adam"), get_optimizer("rowwise_adagrad")
+    g2 = torch.tensor([[1.0, 3.0], [4.0, 4.0]])  # constant squared gradients per element
+    clock = torch.tensor([10, 0], dtype=torch.int32)
+    b2 = ADAM_BETAS[1]
+    v = g2 * (1 - b2**10)  # Adam's second moment after 10 steps of those gradients
+    state = convert_state(adam, ada, {"m": torch.zeros(2, 2), "v": v}, clock, 2)
+    np.testing.assert_allclose(state["acc"].numpy(), [10 * 2.0, 0.0], rtol=1e-5)  # a never-updated row: 0
+    back = convert_state(ada, adam, {"acc": torch.tensor([20.0, 0.0])}, clock, 2)
+    np.testing.assert_allclose(back["v"][0].numpy() / (1 - b2**10), [2.0, 2.0], rtol=1e-5)
+    assert not back["m"].any() and not back["v"][1].any()
+    assert convert_state(adam, get_optimizer("sgd"), {"m": v, "v": v}, clock, 2) == {}
+    zero = convert_state(get_optimizer("sgd"), ada, {}, clock, 2)
+    assert torch.equal(zero["acc"], torch.zeros(2))
+
+
+def test_convert_casts_weights_to_nearest_and_keeps_clocks() -> None:
+    src, dst = RowFormat(2, "adam", "fp32"), RowFormat(2, "rowwise_adagrad", "bf16")
+    rows = src.fresh(torch.tensor([[0.1, -0.3], [1.0, 2.0]]))
+    rows.clock[:] = torch.tensor([3, 0], dtype=torch.int32)
+    out = dst.convert(rows, src)
+    assert out.emb.dtype == torch.bfloat16 and torch.equal(out.emb, rows.emb.to(torch.bfloat16))
+    assert out.clock.tolist() == [3, 0] and set(out.state) == {"acc"}
+    assert dst.convert(out, dst) is out
