@@ -346,20 +346,27 @@ def read_snapshot(
 ) -> SnapshotBatch:
     """Every row of a snapshot (file or directory of parts; only `owner`'s keys) as one batch, in file order.
 
+    Two passes: the key columns first (to size the output for the owned rows), then the row groups one at a
+    time into preallocated arrays, so a big snapshot is never held twice.
+
     Raises:
         FileNotFoundError: `url` does not exist.
         ValueError: a part is not a snapshot, or parts disagree on the row format.
     """
-    batches = list(iter_snapshot(url, owner=owner, storage_options=storage_options))
-    fmt = snapshot_format(url, storage_options) or RowFormat(1)
-    if not batches:
-        return SnapshotBatch(np.zeros(0, np.int64), np.zeros((0, fmt.dim), np.float32),
-                             {f.name: np.zeros(f.shape(0, fmt.dim), np.float32) for f in fmt.rule.state},
-                             np.zeros(0, np.int64), fmt)
-    return SnapshotBatch(
-        np.concatenate([b.keys for b in batches]),
-        np.concatenate([b.emb for b in batches]),
-        {k: np.concatenate([b.state[k] for b in batches]) for k in batches[0].state},
-        np.concatenate([b.clock for b in batches]),
-        batches[0].fmt,
-    )
+    _check_owner(owner)
+    n, fmt = 0, snapshot_format(url, storage_options) or RowFormat(1)
+    for _, t, keep in _row_groups(url, owner, storage_options, ["key"]):
+        n += t.num_rows if keep is None else int(np.count_nonzero(keep))
+    out = SnapshotBatch(np.empty(n, np.int64), np.empty((n, fmt.dim), np.float32),
+                        {f.name: np.empty(f.shape(n, fmt.dim), np.float32) for f in fmt.rule.state},
+                        np.empty(n, np.int64), fmt)
+    at = 0
+    for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
+        k = len(b)
+        out.keys[at : at + k], out.emb[at : at + k], out.clock[at : at + k] = b.keys, b.emb, b.clock
+        for name, a in b.state.items():
+            out.state[name][at : at + k] = a
+        at += k
+    if at != n:
+        raise RuntimeError(f"snapshot {url} changed while being read ({at} rows, expected {n})")
+    return out
