@@ -98,6 +98,14 @@ def fill_like_reference(store: EmbeddingStore, n: int, seed: int = 0) -> MemoryS
     return ref
 
 
+def sum_per_key(keys: torch.Tensor, grads: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each distinct key's summed gradient, in order of first appearance (what every store does before a step)."""
+    summed: dict[int, torch.Tensor] = {}
+    for k, g in zip(keys.tolist(), grads, strict=True):
+        summed[k] = summed[k] + g if k in summed else g.clone()
+    return summed
+
+
 class ReferenceAdam:
     """torch.optim.Adam with one parameter per key, stepped only when the key is touched (lazy Adam)."""
 
@@ -107,10 +115,7 @@ class ReferenceAdam:
         self.opts: dict[int, torch.optim.Adam] = {}
 
     def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
-        summed: dict[int, torch.Tensor] = {}
-        for k, g in zip(keys.tolist(), grads, strict=True):
-            summed[k] = summed[k] + g if k in summed else g.clone()
-        for k, g in summed.items():
+        for k, g in sum_per_key(keys, grads).items():
             if k not in self.params:
                 self.params[k] = torch.nn.Parameter(init_rows(keys_of(k), self.dim, self.std)[0].clone())
                 self.opts[k] = torch.optim.Adam(
@@ -135,10 +140,7 @@ class ReferenceRowwiseAdagrad:
         self.acc: dict[int, float] = {}
 
     def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
-        summed: dict[int, torch.Tensor] = {}
-        for k, g in zip(keys.tolist(), grads.double(), strict=True):
-            summed[k] = summed[k] + g if k in summed else g.clone()
-        for k, g in summed.items():
+        for k, g in sum_per_key(keys, grads.double()).items():
             w = self.rows.get(k, init_rows(keys_of(k), self.dim, self.std)[0].double())
             g = g + weight_decay * w
             self.acc[k] = self.acc.get(k, 0.0) + float((g * g).mean())
@@ -156,10 +158,7 @@ class ReferenceSgd:
         self.params: dict[int, torch.nn.Parameter] = {}
 
     def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
-        summed: dict[int, torch.Tensor] = {}
-        for k, g in zip(keys.tolist(), grads, strict=True):
-            summed[k] = summed[k] + g if k in summed else g.clone()
-        for k, g in summed.items():
+        for k, g in sum_per_key(keys, grads).items():
             if k not in self.params:
                 self.params[k] = torch.nn.Parameter(init_rows(keys_of(k), self.dim, self.std)[0].clone())
             p = self.params[k]
