@@ -244,6 +244,8 @@ class Trainer:
         self.stats = TrainStats(dropped_rows=self.reader.share.dropped)
         self.progress = Progress(ctx.device)
         self.start_step = self.resume() if spec.checkpoint_url else 0
+        if cfg.cross_lr_scale == 0 and self.model.hold_cross() and ctx.rank == 0:
+            log.info("cross term held still (optim.cross_lr_scale 0) and zero: its forward and backward are skipped")
 
     def sources(self) -> list[Source]:
         """The day's train rows, after the carried rows of the start model's day when the spec has them.

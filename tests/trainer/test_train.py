@@ -32,7 +32,7 @@ from trainer.distributed.context import init_distributed
 from trainer.distributed.routing import unique_keys
 from trainer.distributed.sharded_embedding import Pulled, ShardedEmbedding
 from trainer.models.config import ModelConfig
-from trainer.models.ctr_model import CTRModel
+from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.train import NonFiniteLossError, train_step
 
@@ -233,3 +233,51 @@ def _host_reads_rank(rank: int, world: int, out_dir: str) -> None:
 @pytest.mark.distributed
 def test_two_ranks_read_the_split_sizes_once_per_step(tmp_path: Path, free_port: int) -> None:
     run_ranks(_host_reads_rank, 2, free_port, str(tmp_path))
+
+
+# ---- a cross term held still (optim.cross_lr_scale 0) ---------------------------------------------
+
+
+def _cross_run(held: bool, head: float) -> tuple[CTRModel, KStepAdam, MemoryStore, list[torch.Tensor]]:
+    """3 steps of the default-shaped model (dense buckets, cross, wide) with the cross term at lr 0:
+    held (`KStepAdam` holds it, `CTRModel.hold_cross`) or as before (an Adam group at lr 0)."""
+    ctx = init_distributed(cpu_trainer_config())
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3,
+                     num_fields=4, dim=4)
+    with torch.no_grad():
+        model.cross.head.weight.fill_(head)  # 0: never trained; else trained on an earlier day
+    if held:
+        opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01, weight_decay=1e-4, lr_scales={CROSS_PREFIX: 0.0})
+        assert model.hold_cross() == (head == 0)
+    else:
+        opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01, weight_decay=1e-4, lr_scales={CROSS_PREFIX: 1.0})
+        opt.adam.param_groups[1]["lr"] = 0.0
+    store = MemoryStore(4, init_std=0.1)
+    sparse = ShardedEmbedding(store, ctx, lr=0.05)
+    losses = [train_step(model, sparse, opt, b, step=i + 1, embedding_l2=0.1)
+              for i, b in enumerate(_step_parts(ctx, seed=5)[3])]
+    return model, opt, store, losses
+
+
+@pytest.mark.parametrize("head", [0.0, 0.05])
+def test_a_held_cross_term_trains_the_day_the_lr_zero_group_trained(head: float) -> None:
+    """Held still, the cross term takes no Adam step and no gradient: skipped while zero, run for the rows'
+    gradients once trained.  The day's losses, parameters, rows and the other moments are those of
+    training it at lr 0, bit for bit; its own moments are saved as they were (the lr 0 group moved them)."""
+    old_model, old_opt, old_store, old_losses = _cross_run(False, head)
+    model, opt, store, losses = _cross_run(True, head)
+    assert [float(x) for x in losses] == [float(x) for x in old_losses]
+    for name, want in old_model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], want), name
+    keys = torch.arange(50)
+    assert torch.equal(store.lookup(keys).rows, old_store.lookup(keys).rows)
+    saved, old_saved = opt.state_tensors(), old_opt.state_tensors()
+    assert set(saved) == set(old_saved)  # every moment is saved: a later day warm-starts from it
+    for name, t in saved.items():
+        if name.startswith(CROSS_PREFIX):
+            assert not t.any(), name  # held: as loaded (none: zeros)
+        else:
+            assert torch.equal(t, old_saved[name]), name
+    assert any(old_saved[n].any() for n in old_saved if n.startswith(CROSS_PREFIX))  # the lr 0 group did move them
+    assert all(p.grad is None for p in model.cross.parameters())  # no weight gradients were computed

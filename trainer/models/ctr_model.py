@@ -153,6 +153,27 @@ class CTRModel(nn.Module):
         if config.cross:  # on a forked RNG: every other draw (initial values, dropout) is as without it
             with torch.random.fork_rng(devices=[]):
                 self.cross = CrossTerm(in_dim=tokens * dim, num_layers=config.cross_layers, rank=config.cross_rank)
+        self.cross_skipped = False
+        """The cross term's forward is skipped (`hold_cross`): it is held still and adds exactly 0."""
+
+    def hold_cross(self) -> bool:
+        """Hold the cross term still for a day whose recipe does not train it (`optim.cross_lr_scale` 0).
+
+        Its parameters stop requiring a gradient, so the backward computes no weight gradients for it
+        (the rows still get the gradient through it: its output depends on them).  While its output
+        layer is all zero (a term never trained) its output is exactly 0 and adds exactly 0 to every
+        gradient, so its forward and backward are skipped altogether: the same logits and gradients at a
+        fifth of the default model's FLOPs.  Its parameters stay in the state dict, unchanged, for the
+        day that trains it.  Returns whether the forward is skipped; without a cross term, False.
+        Call it after the parameters are loaded (a warm start or a checkpoint): the check reads them once.
+        """
+        if not self.config.cross or self.config.arch != "attention":
+            return False
+        self.cross.requires_grad_(False)
+        head = self.cross.head
+        # host read: once per run, where the trainer builds the model (not in a step)
+        self.cross_skipped = not bool(head.weight.any() or head.bias.any())
+        return self.cross_skipped
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
@@ -167,7 +188,7 @@ class CTRModel(nn.Module):
         fields = self.attention(emb)  # (B, F', D)
         z = self.interaction(dense, fields)  # (B, n + F'*D)
         logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
-        if self.config.cross:
+        if self.config.cross and not self.cross_skipped:
             logits = logits + self.cross(emb.reshape(emb.shape[0], -1))  # (B, F'*D) -> (B,)
         if self.config.wide:
             w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)

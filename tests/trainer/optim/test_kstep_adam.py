@@ -169,15 +169,15 @@ def test_k_must_be_positive() -> None:
         KStepAdam(_model().named_parameters(), init_distributed(cpu_trainer_config()), k=0, lr=0.01)
 
 
-def test_multi_tensor_adam_takes_the_per_tensor_loops_steps() -> None:
-    """KStepAdam runs foreach (multi-tensor) Adam for speed; its parameters and moments must follow the
+def test_fused_adam_takes_the_per_tensor_loops_steps() -> None:
+    """KStepAdam runs fused Adam for speed; its parameters and moments must follow the
     per-tensor loop of torch.optim.Adam within float rounding, through lr changes (the schedule) and
     weight decay, from a warm-started state (moments and step loaded from a model directory)."""
     ctx = init_distributed(cpu_trainer_config())
     ours, ref = _model(), _model()
     names = {p: n for n, p in ours.named_parameters()}
     opt = KStepAdam(ours.named_parameters(), ctx, k=1, lr=0.01, weight_decay=0.01)
-    assert opt.adam.defaults["foreach"] is True
+    assert opt.adam.defaults["fused"] is True
     loop = torch.optim.Adam(ref.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False)
     g = torch.Generator().manual_seed(3)
     warm = {f"{n}.{m}": torch.rand(p.shape, generator=g) * 1e-3 for p, n in names.items() for m in ("exp_avg", "exp_avg_sq")}
@@ -205,7 +205,9 @@ def test_a_prefix_at_scale_zero_is_held_still_and_the_rest_train_at_lr() -> None
     model, scaled = _model(), _model()
     frozen = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.01, lr_scales={CROSS_PREFIX: 0.0})
     plain = KStepAdam(scaled.named_parameters(), ctx, k=1, lr=0.01, lr_scales={"over.": 0.5})
-    assert [g["lr"] for g in frozen.adam.param_groups] == [0.01, 0.0]
+    assert [g["lr"] for g in frozen.adam.param_groups] == [0.01]  # the held prefix is in no group
+    assert set(frozen.held) == {n for n, _ in model.named_parameters() if n.startswith(CROSS_PREFIX)}
+    assert not any(p.requires_grad for p in model.cross.parameters())  # no weight gradients in the backward
     assert [g["lr"] for g in plain.adam.param_groups] == [0.01, 0.005]
     with torch.no_grad():  # a trained head, so the cross network's layers get gradients too
         model.cross.head.weight.fill_(0.1)
@@ -217,3 +219,9 @@ def test_a_prefix_at_scale_zero_is_held_still_and_the_rest_train_at_lr() -> None
     moved = {n for n in start if not torch.equal(after[n], start[n])}
     assert moved and not any(n.startswith(CROSS_PREFIX) for n in moved)
     assert set(frozen.state_tensors()) == set(plain.state_tensors())  # every moment is saved either way
+    warm = {n: t + 1 for n, t in plain.state_tensors().items()}  # a model whose day trained the cross term
+    frozen.load_state_tensors(warm)
+    train_step(model, sparse, frozen, _batch(0, STEPS + 1), step=STEPS + 1)
+    saved = frozen.state_tensors()
+    assert all(torch.equal(saved[n], warm[n]) for n in saved if n.startswith(CROSS_PREFIX))  # saved as loaded
+    assert not all(torch.equal(saved[n], warm[n]) for n in saved if not n.startswith(CROSS_PREFIX))
