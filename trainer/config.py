@@ -163,7 +163,8 @@ class OptimConfig:
     cross_lr_scale: str | float = result_field(AUTO)
     """The `model.cross` term's learning rate, as a multiple of `lr`; `auto`: 1 on a day of at least
     `trainer.plan.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
-    since on fewer rows it fits noise (docs/benchmarks.md)."""
+    since on fewer rows it fits noise (docs/benchmarks.md).  At 0 the day does not compute it: no weight
+    gradients or Adam moments, and no forward while it is zero (`CTRModel.hold_cross`)."""
     lr_decay: str = result_field("cosine")
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
     min_lr_ratio: float = result_field(0.1)

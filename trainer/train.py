@@ -13,9 +13,12 @@ Host reads of the step.  On CUDA a read of a device value on the host (`.item()`
 `.tolist()`, `.cpu()`) waits for the GPU; each one the step makes is marked
 `# host read:` with its reason (tests/trainer/test_train.py counts them): the
 all-to-all split sizes once per step, the owner's keys for the store's host
-index, the loss only at log points (every step on CPU, where it costs nothing);
-and a host-memory store's gradients reach it on the host
-(`ShardedEmbedding._to_store`; none with the device cache).
+index, the loss only at log points (on CPU too: a step between them is the same
+code on every device, and tests/trainer/test_step_host_reads.py checks it reads
+nothing); and a host-memory store's gradients reach it on the host
+(`ShardedEmbedding._to_store`; none with the device cache).  Between log points
+a non-finite loss stops at the store, which refuses non-finite gradients (its
+update runs before the step's dense Adam step).
 """
 
 from __future__ import annotations
@@ -106,8 +109,8 @@ def train_step(
     Args:
         precision: the dense network's autocast and loss scaling (default fp32: `trainer.precision`).
         check_loss: read the loss on the host and refuse a non-finite one before any update (the
-            Trainer asks on CPU every step, on CUDA at its log points only: the read waits for the
-            GPU; a non-finite loss there still stops at the store, which refuses non-finite gradients).
+            Trainer asks at its log points only: on CUDA the read waits for the GPU; a non-finite loss
+            between them still stops at the store, which refuses non-finite gradients).
 
     Raises:
         NonFiniteLossError: the loss is NaN/Inf (with `check_loss`: before any update is applied).
@@ -416,7 +419,6 @@ class Trainer:
         progress = self.progress
         progress.start()
         stager = BatchStager(ctx.device)  # copies each batch's dense part to the GPU in the reader thread
-        on_host = ctx.device.type == "cpu"  # a host read of the loss costs nothing there: check every step
         with self.reader.stream(cfg.epochs, depth=depth, on_start=self._bind, prepare=stager) as batches:
             for batch in batches:
                 step = self.reader.position
@@ -424,7 +426,7 @@ class Trainer:
                 loss = train_step(
                     self.model, self.sparse, self.opt, batch, step=step, embedding_l2=cfg.embedding_l2,
                     where=self._where(step), precision=self.precision,
-                    check_loss=on_host or step % run.log_every == 0 or step == total_steps,
+                    check_loss=step % run.log_every == 0 or step == total_steps,
                 )
                 progress.add(loss, len(batch))
                 self.opt.maybe_merge(step)

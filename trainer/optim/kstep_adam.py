@@ -181,8 +181,8 @@ class KStepAdam:
             out[f"{name}.exp_avg"] = st["exp_avg"].detach().cpu().contiguous()
             out[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].detach().cpu().contiguous()
             step = max(step, int(st["step"]))
-        for name, p in self.held.items():
-            m, v = self._held_moments.get(name) or (torch.zeros(p.shape, dtype=p.dtype),) * 2
+        for name, held in self.held.items():
+            m, v = self._held_moments.get(name) or (torch.zeros(held.shape, dtype=held.dtype),) * 2
             out[f"{name}.exp_avg"], out[f"{name}.exp_avg_sq"] = m.clone(), v.clone()
         out["step"] = torch.tensor([step], dtype=torch.int64)
         return out
