@@ -60,14 +60,14 @@ class Rows:
         return emb_np, {k: v.detach().cpu().numpy() for k, v in self.state.items()}, self.clock.detach().cpu().numpy()
 
     def to(self, device: torch.device | str) -> Rows:
-        """The rows on `device` (no copy when already there)."""
-        return self._like([t.to(device) for t in self.tensors()])
+        """The rows on `device` (no copy when already there; host rows bound for a GPU: `host_to_device`)."""
+        return self._like([host_to_device(t, device) for t in self.tensors()])
 
     def select(self, idx: torch.Tensor | np.ndarray) -> Rows:
         """Rows at positions `idx` (an index or boolean mask)."""
         if isinstance(idx, np.ndarray):
             idx = torch.from_numpy(idx)
-        idx = idx.to(self.emb.device)
+        idx = host_to_device(idx, self.emb.device)
         if idx.dtype == torch.bool:
             return self._like([t[idx] for t in self.tensors()])
         # index_select: same rows as t[idx], without advanced indexing's per-call setup
@@ -77,7 +77,7 @@ class Rows:
         """Overwrite the rows at positions `idx` (distinct, or a boolean mask) with `other` (any device, same format)."""
         if isinstance(idx, np.ndarray):
             idx = torch.from_numpy(idx)
-        idx = idx.to(self.emb.device)
+        idx = host_to_device(idx, self.emb.device)
         other = other.to(self.emb.device)
         pairs = zip(self.tensors(), other.tensors(), strict=True)
         if idx.dtype == torch.bool:
