@@ -22,7 +22,6 @@ from storage.embedding.config import StoreConfig
 from tests.helpers.host_reads import HostReadMode
 from tests.helpers.ranks import run_ranks
 from tests.helpers.specs import make_spec
-from tests.trainer.test_launch import write_features
 from trainer.distributed.context import init_distributed
 from trainer.main import open_store
 from trainer.models.config import ModelConfig
@@ -122,6 +121,9 @@ def _check(reads: Counter, *left: str, host_tier: bool) -> None:
 
 
 def _features(tmp_path: Path) -> Path:
+    # imported here: the spawned ranks need not import the launch tests' module
+    from tests.trainer.test_launch import write_features
+
     write_features(tmp_path / "features", train_rows=STEPS * 64 * 2 + 10, eval_rows=50)
     return tmp_path
 

@@ -275,13 +275,15 @@ class ShardedEmbedding:
         cached = self.cache.accumulate(unique, summed, lr=self.lr, weight_decay=self.weight_decay)
         self.cache.expire(self.steps)
         out_keys, out_grads, out_counts = self.cache.take_outgoing()
-        direct = ~cached
-        # the direct keys' gradients stay on the device; only the cached copies' share reached the host
-        # cache (`accumulate`), and the pending sums it releases go to the device to be sent with them
+        direct = torch.nonzero(~cached).reshape(-1)  # a host mask: its positions cost the device nothing
+        # the direct keys' gradients stay on the device (gathered by index: a boolean mask of a device
+        # tensor would wait for it); only the cached copies' share reached the host cache (`accumulate`),
+        # and the pending sums it releases go to the device to be sent with them
         return (
             torch.cat([unique[direct], out_keys]),
-            torch.cat([summed[host_to_device(direct, summed.device)], host_to_device(out_grads, summed.device).to(summed.dtype)]),
-            torch.cat([torch.ones(int(direct.sum()), dtype=torch.int64), out_counts]),
+            torch.cat([summed.index_select(0, host_to_device(direct, summed.device)),
+                       host_to_device(out_grads, summed.device).to(summed.dtype)]),
+            torch.cat([torch.ones(direct.numel(), dtype=torch.int64), out_counts]),
         )
 
     def _send(self, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor) -> None:
