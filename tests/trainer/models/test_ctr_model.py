@@ -152,3 +152,20 @@ def test_a_model_trained_with_dropout_loads_into_one_without(arch: str) -> None:
 def test_a_model_with_dropout_auto_is_refused() -> None:
     with pytest.raises(ValueError, match=r"model.dropout is 'auto'"):
         CTRModel(ModelConfig(), num_dense=2, num_fields=3, dim=4)
+
+
+def test_hold_cross_skips_a_zero_term_with_the_same_logits_and_runs_a_trained_one() -> None:
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3, num_fields=4, dim=4)
+    dense, emb = torch.rand(5, 3), torch.randn(5, 4, 4)
+    before = model(dense, emb)
+    assert model.hold_cross() is True and model.cross_skipped
+    assert torch.equal(model(dense, emb), before)  # a zero term adds exactly 0
+    assert not any(p.requires_grad for p in model.cross.parameters())
+    with torch.no_grad():
+        model.cross.head.bias.fill_(0.5)  # trained on an earlier day
+    assert model.hold_cross() is False
+    assert torch.allclose(model(dense, emb), before + 0.5)  # it runs, held
+    without = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, cross=False), num_dense=3, num_fields=4, dim=4)
+    assert without.hold_cross() is False
+    assert CTRModel(ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0), num_dense=3, num_fields=4, dim=4).hold_cross() is False
