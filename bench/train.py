@@ -323,8 +323,9 @@ def run_pass(
               "steps": r.steps, "config": model_fields(r.model), "cross_lr_scale": r.optim.cross_lr_scale}
         out["plain torch"] = run_plain(features, **kw)
         out["plain torch fresh"] = run_fresh("run_plain", features, **kw)
-        out["torchrec EBC"] = run_torchrec(features, **kw)
-        out["torchrec EBC fresh"] = run_fresh("run_torchrec", features, **kw)
+        out["torchrec EBC"] = trec = run_torchrec(features, **kw)
+        # not importable here is not importable in a fresh process of the same interpreter either
+        out["torchrec EBC fresh"] = trec if isinstance(trec, str) else run_fresh("run_torchrec", features, **kw)
 
     if refs_first:
         refs()
