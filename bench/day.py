@@ -123,7 +123,7 @@ def run_plain_reference(features: Path, rows_train: int) -> dict[str, Any]:
     default model), in a fresh process with the ranks' malloc settings."""
     cfg = RunConfig()
     recipe = derive(cfg.optim, cfg.model, rows=rows_train, world_size=1)
-    batch = recipe.optim.batch_size
+    batch = int(recipe.optim.batch_size)
     kw = {"batch": batch, "dim": cfg.store.embedding_dim, "lr": recipe.optim.lr, "sparse_lr": recipe.optim.sparse_lr,
           "steps": -(-rows_train // batch), "config": model_fields(recipe.model),
           "cross_lr_scale": recipe.optim.cross_lr_scale}

@@ -413,13 +413,14 @@ def main(argv: list[str] | None = None) -> None:
     recipe = recipe_for(model, args.rows, 1, args.batch)
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
-        flops = probe_flops(recipe.model, store, recipe.optim.batch_size)
+        batch = int(recipe.optim.batch_size)
+        flops = probe_flops(recipe.model, store, batch)
         features = write_synthetic_features(tmp / "features", args.rows, eval_rows=1000)
         passes = [
             run_pass(tmp, features, store, model, args, suffix=f"-{r}" if r else "", refs_first=r % 2 == 1)
             for r in range(args.repeat)
         ]
-        after = probe_flops(recipe.model, store, recipe.optim.batch_size)["attainable_gflops"]
+        after = probe_flops(recipe.model, store, batch)["attainable_gflops"]
         flops["attainable_gflops_readings"] = [flops["attainable_gflops"], after]
         flops["attainable_gflops"] = max(flops["attainable_gflops"], after)
         rows = summarise(passes)
@@ -440,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
             notes += f"\nTorchRec: {trec}"
         report(
             "train", rows,
-            params={"rows": args.rows, "batch": recipe.optim.batch_size, "dim": store.embedding_dim,
+            params={"rows": args.rows, "batch": batch, "dim": store.embedding_dim,
                     "model": str(recipe.model), "recipe": recipe.record(), "staleness": args.staleness,
                     "repeat": args.repeat, "smoke": args.smoke, **flops},
             notes=notes,
