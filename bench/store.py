@@ -139,7 +139,7 @@ def bench_index(n_keys: int, batches: list[int]) -> None:
 # -- host ------------------------------------------------------------------------------------
 
 
-def bench_host(n_rows: int, batches: list[int]) -> None:
+def bench_host(n_rows: int, batches: list[int], total: int = 1 << 20) -> None:
     from storage.embedding.host import HostStore, host_row_bytes
 
     rng = np.random.default_rng(1)
@@ -151,9 +151,9 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
     dense = torch.randn(n_rows, DIM)
     rows = []
     for b in batches:
-        # Distinct batches (~1M rows in all): one batch repeated keeps the baseline's rows in cache
+        # Distinct batches (`total`, ~1M rows in all): one batch repeated keeps the baseline's rows in cache
         # (64k rows = 4 MB), which is not the memory-bound gather the goal compares against.
-        n_batches = max(1, (1 << 20) // b)
+        n_batches = max(1, total // b)
         pos = [rng.integers(0, n_rows, b) for _ in range(n_batches)]
         qs = [torch.from_numpy(keys[p]) for p in pos]
         idxs = [torch.from_numpy(p) for p in pos]
@@ -527,13 +527,13 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
 
 
 SIZES = {
-    "full": {"index": 10_000_000, "host": 2_000_000, "ssd": 4_000_000, "hitrate": 10_000_000, "scale": 10**7,
+    "full": {"index": 10_000_000, "host": 2_000_000, "gathered": 1 << 20, "ssd": 4_000_000, "hitrate": 10_000_000, "scale": 10**7,
              "queries": 1 << 20},
-    "quick": {"index": 1_000_000, "host": 200_000, "ssd": 200_000, "hitrate": 1_000_000, "scale": 10**6,
+    "quick": {"index": 1_000_000, "host": 200_000, "gathered": 1 << 20, "ssd": 200_000, "hitrate": 1_000_000, "scale": 10**6,
               "queries": 1 << 18},
-    "smoke": {"index": 20_000, "host": 20_000, "ssd": 20_000, "hitrate": 20_000, "scale": 10**4, "queries": 1 << 12},
+    "smoke": {"index": 20_000, "host": 20_000, "gathered": 1 << 14, "ssd": 20_000, "hitrate": 20_000, "scale": 10**4, "queries": 1 << 12},
 }
-"""Keys / rows / lookups per part: the default, `--quick` (a minute or so) and `--smoke` (seconds; the first
+"""Keys / rows / lookups per part (`gathered`: rows looked up per host batch size): the default, `--quick` (a minute or so) and `--smoke` (seconds; the first
 row format only)."""
 
 
@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> None:
         if "index" in parts:
             bench_index(size["index"], [b for b in [4096, 65536, 1 << 20] if b <= size["index"]] or [4096])
         if "host" in parts:
-            bench_host(size["host"], [b for b in [4096, 65536] if b <= size["host"]])
+            bench_host(size["host"], [b for b in [4096, 65536] if b <= size["host"]], size["gathered"])
         if "ssd" in parts:
             bench_ssd(size["ssd"], min(65536, size["ssd"]), work, args.threads, repeat=1 if args.smoke else 3)
         if "hitrate" in parts:
