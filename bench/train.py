@@ -11,7 +11,7 @@ train rows on N ranks (batch size, epochs, learning rates, dropout, the cross te
 MFU: column `mfu` = FLOPs per example (forward + backward, counted by `bench._mfu` on the model at the
 recipe's batch) x examples/s per process / the fp32 matmul rate one thread attains on the model's widest
 layer (`batch x 624 x 624` by default), measured in this run before and after the rows (the better
-reading).  `--smoke` runs a few thousand rows on 1 process in seconds.
+reading).  `--smoke`: 1,000 rows on 1 process (seconds; checks it runs).
 
 Data: synthetic Criteo-shaped rows (26 categorical + 13 integer fields,
 `pipeline.generate`) encoded into a features directory (`pipeline.encode.stage.encode_frame`).
