@@ -1,19 +1,22 @@
-"""Run every benchmark at a small size, one after another: `python -m bench` (or `make bench`).
+"""Run every benchmark at a small size, one after another: `python -m bench` (or `make bench`);
+`python -m bench --smoke` runs each at its smoke size instead (seconds each: checks they all run).
 
 Each benchmark is also a command of its own with full-size defaults:
 
     python -m bench.ingest  [--rows N ...] [--plain] [--repeat K]  ingest vs pyarrow CSV->Parquet, worker memory
     python -m bench.vocab   [--rows N] [--days 7]        vocabulary window, incremental vs from scratch
     python -m bench.store   [--quick] [--parts ...]      key index, host gathers, SSD I/O, hit rates, 10^6..10^8 keys
-    python -m bench.train   [--rows N] [--procs ...]     examples/s vs a plain PyTorch loop and TorchRec
+    python -m bench.train   [--rows N] [--procs ...]     default model: examples/s, MFU vs a plain PyTorch loop, TorchRec
     python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
     python -m bench.het     [--procs 2,4] [--bounds ...] HET cache: sparse bytes/step, hit rate, AUC per staleness bound
     python -m bench.quality [--datasets ...] [--seeds ...] AUC/logloss vs sklearn LR, DeepFM; ceiling, planted-form bound
     python -m bench.day     [--rows N ...] [--days 3]    the day through `ctrpipe backfill`: per stage, vs a bare script
     python -m bench.capacity                             a terabyte day on paper, from bench/results/*.json
+    python -m bench.gpu_probe --out probe.json           the trainer's checks on a GPU (`make gpu-check`)
 
-Results: a table on stdout and bench/results/<name>.json (bench.day is not in the quick run: it takes
-minutes even at its smallest).  Peers (scikit-learn, DeepCTR-Torch,
+Every one but bench.quality and bench.serve also takes `--smoke` (tests/bench/test_smoke.py runs them so).
+Results: a table on stdout and bench/results/<name>.json, or $BENCH_RESULTS_DIR (bench.day is not in the
+quick run: it takes minutes even at its smallest).  Peers (scikit-learn, DeepCTR-Torch,
 TorchRec) come from `make bench-peers`; a benchmark says so when one is missing.
 """
 
@@ -33,9 +36,20 @@ QUICK = [
 ]
 
 
-def main() -> int:
+SMOKE = ["bench.ingest", "bench.vocab", "bench.store", "bench.train", "bench.comm", "bench.het", "bench.day",
+         "bench.gpu_probe", "bench.capacity"]
+"""The benchmarks with a `--smoke` size, in the order `--smoke` runs them (capacity last: it reads the others'
+results).  bench.quality and bench.serve have none yet."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    runs = [[name, "--smoke"] for name in SMOKE] if argv == ["--smoke"] else QUICK
+    if argv and argv != ["--smoke"]:
+        print(f"usage: python -m bench [--smoke] (got {' '.join(argv)})", file=sys.stderr)
+        return 2
     failed = []
-    for args in QUICK:
+    for args in runs:
         print(f"\n### python -m {' '.join(args)}", flush=True)
         if subprocess.run([sys.executable, "-m", *args]).returncode != 0:
             failed.append(args[0])

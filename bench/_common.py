@@ -1,12 +1,14 @@
 """Helpers shared by the benchmark scripts: tables on stdout, JSON results, memory readings.
 
 Benchmarks are scripts (`python -m bench.<name>`), never tests; each prints a
-table and writes its numbers to `bench/results/<name>.json` with the machine
-and library versions, so a report can be reproduced.
+table and writes its numbers to `bench/results/<name>.json` (or $BENCH_RESULTS_DIR) with the
+machine and library versions, so a report can be reproduced.  Each also takes `--smoke`: a tiny size
+that runs in seconds, which `tests/bench/test_smoke.py` runs so that a benchmark that breaks fails CI.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -21,6 +23,27 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS_ENV = "BENCH_RESULTS_DIR"
+"""Environment variable naming another folder for the results (the smoke test's temporary one)."""
+SMOKE_HELP = "a tiny size that runs in seconds: checks the benchmark works, its numbers mean nothing"
+
+
+def results_dir() -> Path:
+    """Where results go: $BENCH_RESULTS_DIR when set, else bench/results."""
+    return Path(os.environ.get(RESULTS_ENV) or RESULTS)
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    """The `--smoke` flag every `python -m bench.<name>` has (tests/bench/test_smoke.py runs each with it)."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
+def apply_smoke(args: argparse.Namespace, smoke: dict[str, Any]) -> argparse.Namespace:
+    """`args` with the benchmark's smoke sizes put in when `--smoke` was given (they replace any others)."""
+    if args.smoke:
+        for key, value in smoke.items():
+            setattr(args, key, value)
+    return args
 
 
 def environment() -> dict[str, Any]:
@@ -44,9 +67,10 @@ def environment() -> dict[str, Any]:
 
 
 def write_json(name: str, payload: dict[str, Any]) -> Path:
-    """Write `payload` plus the environment to bench/results/<name>.json and return the path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """Write `payload` plus the environment to <results_dir()>/<name>.json and return the path."""
+    folder = results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps({"environment": environment(), **payload}, indent=2, sort_keys=True, default=str))
     return path
 

@@ -1,6 +1,6 @@
 """Capacity on paper: what a terabyte day needs to finish in 2 hours, computed from the bench results.
 
-    python -m bench.capacity [--results bench/results] [--gpu-probe probe.json] [--hours 2]
+    python -m bench.capacity [--results bench/results] [--gpu-probe probe.json] [--hours 2] [--smoke]
 
 Reads the JSON files the benchmarks wrote (`bench/results/<name>.json`: ingest, vocab, store_ssd,
 store_scale, store_hitrate, comm_kstep, train, day) and the GPU check's probe when one has run
@@ -11,7 +11,8 @@ the same day over a Baidu-sized key space), the stage budgets of the day and per
 GPUs, DRAM, SSD bytes and IOPS, and network bytes/s it needs, each line naming its inputs, side by
 side for three row formats: the fp32 rows with Adam of the releases before compact rows, the
 default (`store.row_dtype`, `optim.sparse_optimizer`), and fp16 rows with row-wise AdaGrad.
-docs/capacity.md explains the model and holds one printout.
+docs/capacity.md explains the model and holds one printout; the numbers also go to
+bench/results/capacity.json.  `--smoke` is the same run (it takes seconds at any size).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._common import RESULTS
+from bench._common import add_smoke, results_dir, write_json
 from storage.embedding.config import StoreConfig
 from storage.embedding.host import host_row_bytes
 from storage.embedding.row_format import RowFormat
@@ -211,7 +212,7 @@ def _dense_params(*, bench_model: bool = False) -> int:
     from trainer.models.ctr_model import CTRModel
 
     if bench_model:
-        from bench.train import MODEL as config
+        from bench.comm import MODEL as config
     else:
         config = ModelConfig(dropout=0.0)  # `auto` until a day derives it; dropout has no parameters
     return sum(p.numel() for p in CTRModel(config, num_dense=DENSE, num_fields=FIELDS, dim=16).parameters())
@@ -335,11 +336,14 @@ def _fmt(v: float, unit: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--results", type=Path, default=None, help="default: bench/results or $BENCH_RESULTS_DIR")
     p.add_argument("--gpu-probe", type=Path, default=None, help="the GPU check's probe.json (default: any in --results)")
     p.add_argument("--hours", type=float, default=2.0)
+    add_smoke(p)
     args = p.parse_args(argv)
+    args.results = args.results or results_dir()
     inputs = load_inputs(args.results, args.gpu_probe)
+    plans: list[dict[str, Any]] = []
     present = sorted(Path(f).stem for f in glob.glob(str(args.results / "*.json")))
     print(f"result files in {args.results}: {', '.join(present) or 'none'}\n")
     print("| input | value | source |\n|---|---|---|")
@@ -356,6 +360,14 @@ def main(argv: list[str] | None = None) -> None:
             a = lines[0]
             cells = " | ".join(_fmt(x.value, x.unit) for x in lines)
             print(f"| {a.stage} | {a.what} | {cells} | {a.how} |")
+            plans.append({"scenario": s.name, "stage": a.stage, "what": a.what, "unit": a.unit, "from": a.how,
+                          **{f.name: x.value for f, x in zip(FORMATS, lines, strict=True)}})
+    path = write_json("capacity", {
+        "benchmark": "capacity", "params": {"results": str(args.results), "hours": args.hours},
+        "inputs": {k: {"value": v.value, "unit": v.unit, "source": v.source} for k, v in inputs.items()},
+        "rows": plans,
+    })
+    print(f"\nresults: {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Dense communication on 2 "nodes" x 2 processes (gloo, one machine): two-phase vs flat allreduce, and k-step Adam.
 
-    python -m bench.comm [--sizes-mb 1,4,16,64] [--ks 1,10,50,100,200] [--steps 400] [--rate 1gbit]
+    python -m bench.comm [--sizes-mb 1,4,16,64] [--ks 1,10,50,100,200] [--steps 400] [--rate 1gbit] [--smoke]
 
 1. Allreduce of a float32 buffer of 1-64 MB, flat (`flat_all_reduce`, one
    ring over the 4 ranks) vs two-phase (`hierarchical_all_reduce`: reduce inside
@@ -16,6 +16,8 @@ When run as root with iproute2, each "node" runs in its own network namespace
 traffic inside a node stays on the kernel's local path, traffic between the
 nodes crosses the slow link.  Otherwise both nodes share loopback and the
 report says why the namespaces were skipped.
+
+`--smoke`: a 1 MB allreduce once and k = 2 for 4 steps of 64 rows on loopback (seconds; checks it runs).
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import report, train_spec
+from bench._common import add_smoke, apply_smoke, report, train_spec
+from trainer.models.config import ModelConfig
 
 NS = ("ctrb0", "ctrb1")
 IFACES = ("ctrbv0", "ctrbv1")
 ADDRS = ("10.231.0.1", "10.231.0.2")
 PAPER = {10: "18.1%", 200: "1.2%"}
+MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64), dropout=0.0)
+"""The small attention model the k-step and HET runs train (they measure communication, not the dense
+network; `bench.capacity` scales its dense bytes to the default model's)."""
 SHAPER: dict[str, str] = {"kind": ""}
 
 
@@ -175,7 +181,6 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
     from storage.embedding.config import StoreConfig
     from trainer import model_dir
     from trainer.launch import torchrun_command, trainer_env
-    from trainer.models.config import ModelConfig
 
     endpoint = f"{ADDRS[0] if netns else '127.0.0.1'}:{_free_port()}"
     out = tmp / "runs" / f"k{k}" / "model"
@@ -183,7 +188,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
     for node in (0, 1):
         spec = train_spec(
             features, out, tmp / "local" / f"k{k}", store=StoreConfig(embedding_dim=16, host_budget_mb=256),
-            model=ModelConfig(num_heads=2, mlp_dims=(128, 64), dropout=0.0), run_tag=f"k{k}", backend="gloo", device="cpu",
+            model=MODEL, run_tag=f"k{k}", backend="gloo", device="cpu",
             nproc_per_node=2, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, k_steps=k, timeout_s=1800,
             log_every=10_000, checkpoint_every=0, intra_group_size=2, **steps_cfg,
         )
@@ -206,14 +211,14 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
     return model_dir.read_meta(str(out)).to_dict()
 
 
-def bench_k(ks: list[int], steps: int, batch: int, netns: bool) -> list[dict[str, Any]]:
+def bench_k(ks: list[int], steps: int, batch: int, netns: bool, eval_rows: int = 20_000) -> list[dict[str, Any]]:
     from bench.train import write_synthetic_features
     from trainer.scoring import evaluate_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-comm-k-"))
     rows = []
     try:
-        features = write_synthetic_features(tmp / "features", 4 * batch * steps, eval_rows=20_000)
+        features = write_synthetic_features(tmp / "features", 4 * batch * steps, eval_rows=eval_rows)
         for k in ks:
             meta = train_two_nodes(tmp, features, k, {"batch_size": batch, "epochs": 1, "lr": 1e-3, "sparse_lr": 1e-2}, netns)
             st = meta["train"]
@@ -232,6 +237,9 @@ def bench_k(ks: list[int], steps: int, batch: int, netns: bool) -> list[dict[str
     return rows
 
 
+SMOKE = {"sizes_mb": "1", "reps": 1, "ks": "2", "steps": 4, "batch": 64, "eval_rows": 500, "no_netns": True}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
@@ -246,7 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", default="1gbit", help="tc netem rate of the link between the namespaces")
     p.add_argument("--delay", default="0.2ms")
     p.add_argument("--no-netns", action="store_true")
-    args = p.parse_args(argv)
+    p.add_argument("--eval-rows", type=int, default=20_000, help="rows the AUC of each k is measured on")
+    add_smoke(p)
+    args = apply_smoke(p.parse_args(argv), SMOKE)
     why = "--no-netns given" if args.no_netns else setup_netns(args.rate, args.delay)
     netns = why is None
     link = f"network namespaces joined by a veth pair, tc {SHAPER['kind']}" if netns else (
@@ -259,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                notes="median of reps; 4 ranks = 2 nodes x 2 (intra_group_size=2), gloo",
                columns=["size_MB", "flat_ms", "two_phase_ms", "two_phase_vs_flat"])
         ks = [int(x) for x in args.ks.split(",")]
-        kr = bench_k(ks, args.steps, args.batch, netns)
+        kr = bench_k(ks, args.steps, args.batch, netns, args.eval_rows)
         report("comm_kstep", kr, params={"ks": ks, "steps": args.steps, "batch_per_rank": args.batch, "link": link},
                notes="paper (arXiv 2201.05500): communication share 18.1% at k=10 -> 1.2% at k=200, AUC unchanged; "
                      "ours: dense sync seconds / training-loop seconds, per rank, on this machine's link",

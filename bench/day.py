@@ -1,6 +1,6 @@
 """The day as a user waits for it: `ctrpipe backfill` over consecutive generated days, stage by stage.
 
-    python -m bench.day [--rows 1000000 --rows 5000000] [--days 3] [--no-reference]
+    python -m bench.day [--rows 1000000 --rows 5000000] [--days 3] [--no-reference] [--smoke]
 
 For each N rows/day: writes `--days` days of synthetic Criteo logs (`pipeline.generate`), runs
 `ctrpipe backfill` over them in a fresh process with the default preset (the product path:
@@ -18,8 +18,14 @@ train rows in batches of the default size, one torch thread as a rank has), time
 arrays to its last step, in a fresh process with the ranks' malloc settings.  No vocabulary, no
 checks, no evaluation, no Prefect.  `vs_reference` = our day's wall time (mean of days 2..) over it.
 
+MFU of the training loop per day (`train mfu`): the day's examples/s per rank x the default model's
+FLOPs per example (forward + backward, `bench._mfu`) / the fp32 matmul rate one thread attains on the
+model's widest layer at the day's batch, measured in this process after the backfill (the ranks run one
+thread each).  The reference's loop gets the same column.
+
 Goals (from day 2 on): training >= 90% of the day at 1M rows; every part's growth exponent
 <= 1.05; our day <= 1.15x the reference.  Results: bench/results/day.json.
+`--smoke`: 2 days of 3,000 rows (about a minute: the flow's start-up dominates; checks it runs).
 """
 
 from __future__ import annotations
@@ -37,29 +43,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import mib, print_table, write_json
+import torch
+
+from bench._common import add_smoke, apply_smoke, mib, print_table, write_json
+from bench._mfu import mfu
 from bench._proctree import KINDS, ProcessTree
 from bench.ingest import run_reference
-from bench.train import RANK_MALLOC_ENV
+from bench.train import RANK_MALLOC_ENV, model_fields, probe_flops
 from flows.config import RunConfig
 from flows.day.record import DayRecord, read_record
 from flows.day.run import OVERHEADS, STAGES
 from pipeline.generate import generate_days
 from storage.io.dates import date_range, shift_date
+from trainer.plan.recipe import derive
 
 REPO = Path(__file__).resolve().parents[1]
 START = "2026-01-01"
 PARTS = (*(s.name for s in STAGES), *OVERHEADS)
 GOAL_TRAIN_SHARE, GOAL_EXPONENT, GOAL_VS_REFERENCE = 0.90, 1.05, 1.15
+SMOKE = {"rows": [3_000], "days": 2}
 
 _PLAIN = r"""
 import json, sys, time, torch
 from pathlib import Path
 from bench.train import run_plain
-from trainer.models.config import ModelConfig
 torch.set_num_threads(1)
 t0 = time.perf_counter()
-r = run_plain(Path(sys.argv[1]), config=ModelConfig(), **json.loads(sys.argv[2]))
+r = run_plain(Path(sys.argv[1]), **json.loads(sys.argv[2]))
 print(json.dumps({**r, "total_s": time.perf_counter() - t0}))
 """
 
@@ -103,14 +113,20 @@ def day_row(rows: int, day: int, record: DayRecord, written: float, tree: Proces
     row["train_share"] = row["seconds"]["train"] / record.wall_s
     row["evaluate"] = record.evaluate
     row["train_examples_per_s"] = record.train.get("examples_per_s")
+    row["world_size"] = record.train.get("world_size") or 1
+    row["batch"] = record.train.get("recipe", {}).get("values", {}).get("optim.batch_size")
     return row
 
 
-def run_plain_reference(features: Path, rows_train: int, batch: int) -> dict[str, Any]:
-    """The plain loop over one epoch of `rows_train` rows, in a fresh process with the ranks' malloc settings."""
+def run_plain_reference(features: Path, rows_train: int) -> dict[str, Any]:
+    """The plain loop over one epoch of `rows_train` rows at the 1-rank recipe's batch and learning rates (the
+    default model), in a fresh process with the ranks' malloc settings."""
     cfg = RunConfig()
-    kw = {"batch": batch, "dim": cfg.store.embedding_dim, "lr": cfg.optim.lr, "sparse_lr": cfg.optim.sparse_lr,
-          "steps": -(-rows_train // batch)}
+    recipe = derive(cfg.optim, cfg.model, rows=rows_train, world_size=1)
+    batch = int(recipe.optim.batch_size)
+    kw = {"batch": batch, "dim": cfg.store.embedding_dim, "lr": recipe.optim.lr, "sparse_lr": recipe.optim.sparse_lr,
+          "steps": -(-rows_train // batch), "config": model_fields(recipe.model),
+          "cross_lr_scale": recipe.optim.cross_lr_scale}
     env = {**os.environ, **RANK_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", _PLAIN, str(features), json.dumps(kw)], env=env, cwd=REPO,
                           capture_output=True, text=True, check=False)
@@ -125,9 +141,30 @@ def reference(run: dict[str, Any], work: Path) -> dict[str, Any]:
     converted = run_reference([run["raw"] / f"day_{date}.tsv.gz"], work / "reference-parquet")
     layout = RunConfig(root=str(run["root"])).layout()
     record = read_record(layout, date)
-    plain = run_plain_reference(Path(layout.features(date)), record.rows_train, RunConfig().optim.batch_size)
+    plain = run_plain_reference(Path(layout.features(date)), record.rows_train)
     return {"convert_s": converted["seconds"], "train_s": plain["total_s"], "loop_s": plain["train_s"],
-            "total_s": converted["seconds"] + plain["total_s"], "steps": plain["steps"]}
+            "total_s": converted["seconds"] + plain["total_s"], "steps": plain["steps"],
+            "loop_examples_per_s": plain["examples_per_s"]}
+
+
+def add_mfu(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Column `train_mfu` of every day (and `loop_mfu` of each reference): see the module docstring."""
+    cfg = RunConfig()
+    probes: dict[int, dict[str, Any]] = {}
+    for run in runs.values():
+        for d in run["days"]:
+            batch = d["batch"] or 1024
+            if batch not in probes:
+                model = derive(cfg.optim, cfg.model, rows=max(1, d["rows"]), world_size=1).model
+                probes[batch] = probe_flops(model, cfg.store, batch)
+            p = probes[batch]
+            rate = d["train_examples_per_s"]
+            d["train_mfu"] = mfu(rate / d["world_size"], p["flops_per_example"], p["attainable_gflops"]) if rate else None
+    for n, r in refs.items():
+        batch = next((d["batch"] for d in runs[n]["days"] if d["batch"]), None)
+        p = probes.get(batch) or next(iter(probes.values()))
+        r["loop_mfu"] = mfu(r["loop_examples_per_s"], p["flops_per_example"], p["attainable_gflops"])
+    return {str(b): p for b, p in probes.items()}
 
 
 def steady(days: list[dict[str, Any]], key: str) -> dict[str, float]:
@@ -175,7 +212,8 @@ def summarise(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) 
 def print_report(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]], summary: dict[str, Any]) -> None:
     per_day = [{"rows": d["rows"], "day": d["day"], **{p: d["seconds"].get(p, 0.0) for p in PARTS},
                 "wall": d["wall"], "train share": d["train_share"],
-                "eval rows/s": (d["evaluate"] or {}).get("rows_per_s", 0.0), "train ex/s": d["train_examples_per_s"]}
+                "eval rows/s": (d["evaluate"] or {}).get("rows_per_s", 0.0), "train ex/s": d["train_examples_per_s"],
+                "train mfu": d.get("train_mfu")}
                for n in sorted(runs) for d in runs[n]["days"]]
     print("\n== bench.day: seconds per day ==")
     print_table(per_day)
@@ -197,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--no-reference", dest="reference", action="store_false")
     p.add_argument("--work", help="working folder (default: a fresh temporary one, removed afterwards)")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = apply_smoke(p.parse_args(argv), SMOKE)
     sizes = sorted(set(args.rows or [1_000_000, 5_000_000]))
     if args.days < 2:
         raise ValueError(f"--days must be >= 2 (day 1 trains cold; the goals are about the days after), got {args.days}")
@@ -210,12 +249,19 @@ def main(argv: list[str] | None = None) -> None:
             runs[n] = run_backfill(n, args.days, work)
             if args.reference:
                 refs[n] = reference(runs[n], work)
+        torch.set_num_threads(1)  # the rate a rank's one thread attains
+        flops = add_mfu(runs, refs)
         summary = summarise(runs, refs)
         print_report(runs, refs, summary)
+        first = next(iter(flops.values()))
+        print(f"train mfu: examples/s per rank x {first['flops_per_example'] / 1e6:.2f} MFLOP/example / "
+              + ", ".join(f"{p['attainable_gflops']:.1f} GFLOP/s (fp32 matmul {p['matmul_shape']})" for p in flops.values())
+              + ", 1 thread, this run")
         for run in runs.values():
             del run["raw"], run["root"]
         path = write_json("day", {
-            "benchmark": "day", "params": {"rows": sizes, "days": args.days, "recipe": "default"},
+            "benchmark": "day", "params": {"rows": sizes, "days": args.days, "recipe": "default", "smoke": args.smoke},
+            "flops": flops,
             "runs": {str(n): r for n, r in runs.items()}, "reference": {str(n): r for n, r in refs.items()},
             "summary": {**summary, "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in summary["goals"]]},
         })

@@ -15,7 +15,8 @@ What `make gpu-check` (infra/gpu-check.sh) runs between the CUDA conformance tes
 
 Every section also runs with `--device cpu` (a dry run of the probe's code; `tests/bench` does it),
 where the CUDA-only sections report `skipped`.  Each section writes its result as it finishes, so a
-probe cut short by its time budget still leaves what it measured.
+probe cut short by its time budget still leaves what it measured.  `--smoke`: `--device cpu` and the
+sections of SMOKE_SECTIONS (seconds; checks it runs); `--out` defaults to <results>/gpu_probe.json.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench._common import add_smoke, apply_smoke, results_dir
 from storage.embedding.config import StoreConfig
 from storage.embedding.snapshot import read_snapshot
 from storage.embedding.tiered import open_shard
@@ -280,6 +282,8 @@ SECTIONS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {
     "determinism": (section_determinism, False), "restore_memory": (section_restore_memory, True),
 }
 """name -> (function of the device, needs CUDA)."""
+SMOKE_SECTIONS = ("world", "nccl", "phases", "restore_memory")
+"""The sections `--smoke` runs on CPU: every kind (CUDA-only ones report skipped), none of the long ones."""
 
 
 def run_probe(device: str, out: str, *, sections: list[str] | None = None, deadline: float | None = None) -> dict[str, Any]:
@@ -307,11 +311,15 @@ def run_probe(device: str, out: str, *, sections: list[str] | None = None, deadl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="the probe's JSON (default: bench/results or $BENCH_RESULTS_DIR)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {list(SECTIONS)}")
     ap.add_argument("--budget-s", type=float, default=0, help="skip the sections that would start after this (0: none)")
-    args = ap.parse_args(argv)
+    add_smoke(ap)
+    args = apply_smoke(ap.parse_args(argv), {"device": "cpu", "sections": ",".join(SMOKE_SECTIONS)})
+    if args.out is None:
+        results_dir().mkdir(parents=True, exist_ok=True)
+        args.out = str(results_dir() / "gpu_probe.json")
     torch.set_num_threads(1)  # what a rank runs with (OMP_NUM_THREADS=1)
     deadline = time.time() + args.budget_s if args.budget_s else None
     run_probe(args.device, args.out, sections=args.sections.split(","), deadline=deadline)

@@ -1,6 +1,6 @@
 """HET cache: sparse bytes, speed, hit rate and AUC for staleness bounds 0, 1, 10, 100 on 2 and 4 gloo ranks.
 
-    python -m bench.het [--rows 60000] [--batch 256] [--procs 2,4] [--bounds 0,1,10,100]
+    python -m bench.het [--rows 60000] [--batch 256] [--procs 2,4] [--bounds 0,1,10,100] [--smoke]
 
 Data: synthetic Criteo-shaped rows (`pipeline.generate`, via
 `bench.train.write_synthetic_features`); every run trains one epoch on the
@@ -14,6 +14,9 @@ steps/s, the cache's hit rate (hits / remote rows looked up), and AUC.  Ratios
 are against bound 0 (the synchronous path) at the same world size, in the same
 run.  HET (VLDB 2022) reports the cache removing up to 88% of sparse traffic
 at similar convergence.
+
+Model: `bench.comm.MODEL`, a small attention model (the sparse traffic, not the dense network, is measured).
+`--smoke`: 2 ranks, bounds 0 and 1, 2,000 rows (seconds; checks it runs).
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from typing import Any
 
 import torch
 
-from bench._common import report, train_spec
-from bench.train import MODEL, write_synthetic_features
+from bench._common import add_smoke, apply_smoke, report, train_spec
+from bench.comm import MODEL
+from bench.train import write_synthetic_features
 from storage.embedding.config import StoreConfig
 from trainer.launch import run_training
 from trainer.scoring import evaluate_model
+
+SMOKE = {"rows": 2_000, "eval_rows": 500, "batch": 64, "procs": "2", "bounds": "0,1"}
 
 
 def run_one(tmp: Path, features: Path, *, procs: int, bound: int, batch: int, dim: int) -> dict[str, Any]:
@@ -64,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--procs", default="2,4")
     p.add_argument("--bounds", default="0,1,10,100")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = apply_smoke(p.parse_args(argv), SMOKE)
     torch.set_num_threads(1)
     bounds = [int(b) for b in args.bounds.split(",")]
     if bounds[0] != 0:

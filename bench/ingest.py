@@ -2,6 +2,7 @@
 
     python -m bench.ingest                      # 5M rows
     python -m bench.ingest --rows 1000000 --rows 5000000 --plain --repeat 3
+    python -m bench.ingest --smoke              # 20k rows, one worker, seconds (checks it runs)
 
 For each N: writes N synthetic Criteo rows (pipeline.generate) as FILES gzip
 files of one day, then times, on the same files,
@@ -52,7 +53,15 @@ from pathlib import Path
 
 import pyarrow.csv as pacsv
 
-from bench._common import WorkerMemory, mib, print_table, run_child, write_json
+from bench._common import (
+    WorkerMemory,
+    add_smoke,
+    apply_smoke,
+    mib,
+    print_table,
+    run_child,
+    write_json,
+)
 from pipeline.cluster import dask_client, local_worker_count, worker_environ
 from pipeline.config import DaskConfig, IngestConfig, InputConfig
 from pipeline.generate import generate_day
@@ -235,6 +244,10 @@ def bench_rows(rows: int, work: Path, *, plain: bool, workers: int, block_size: 
     return out
 
 
+SMOKE = {"rows": [20_000], "plain": True, "workers": 1, "repeat": 1, "task_rows": [5_000]}
+"""`--smoke`: 20k rows as gzip files and one plain file, one Dask worker; one task of 5k rows alone."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, action="append",
@@ -246,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each reference/project pair (medians shown)")
     parser.add_argument("--task-rows", type=int, action="append", default=[],
                         help="also measure one ingest task alone on one gzip file of this many rows (repeatable)")
-    args = parser.parse_args(argv)
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(argv), SMOKE)
     workers = args.workers or local_worker_count(DaskConfig())
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     results: list[dict] = []

@@ -2,6 +2,7 @@
 
     python -m bench.store            # index 10M keys, host, SSD, hit rates, scale 10^6 and 10^7
     python -m bench.store --quick    # small sizes, a minute or so
+    python -m bench.store --smoke    # tiny sizes, seconds (checks it runs; the numbers mean nothing)
     python -m bench.store --max-keys 100000000 --parts scale   # the 10^8-key table (tens of GB of disk)
 
 Parts (``--parts``, default all):
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench._common import report
+from bench._common import add_smoke, report
 from storage.embedding.config import StoreConfig
 from storage.embedding.row_format import RowFormat
 from trainer.config import OptimConfig
@@ -138,7 +139,7 @@ def bench_index(n_keys: int, batches: list[int]) -> None:
 # -- host ------------------------------------------------------------------------------------
 
 
-def bench_host(n_rows: int, batches: list[int]) -> None:
+def bench_host(n_rows: int, batches: list[int], total: int = 1 << 20) -> None:
     from storage.embedding.host import HostStore, host_row_bytes
 
     rng = np.random.default_rng(1)
@@ -150,9 +151,9 @@ def bench_host(n_rows: int, batches: list[int]) -> None:
     dense = torch.randn(n_rows, DIM)
     rows = []
     for b in batches:
-        # Distinct batches (~1M rows in all): one batch repeated keeps the baseline's rows in cache
+        # Distinct batches (`total`, ~1M rows in all): one batch repeated keeps the baseline's rows in cache
         # (64k rows = 4 MB), which is not the memory-bound gather the goal compares against.
-        n_batches = max(1, (1 << 20) // b)
+        n_batches = max(1, total // b)
         pos = [rng.integers(0, n_rows, b) for _ in range(n_batches)]
         qs = [torch.from_numpy(keys[p]) for p in pos]
         idxs = [torch.from_numpy(p) for p in pos]
@@ -525,9 +526,21 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
     )
 
 
+SIZES = {
+    "full": {"index": 10_000_000, "host": 2_000_000, "gathered": 1 << 20, "ssd": 4_000_000, "hitrate": 10_000_000, "scale": 10**7,
+             "queries": 1 << 20},
+    "quick": {"index": 1_000_000, "host": 200_000, "gathered": 1 << 20, "ssd": 200_000, "hitrate": 1_000_000, "scale": 10**6,
+              "queries": 1 << 18},
+    "smoke": {"index": 20_000, "host": 20_000, "gathered": 1 << 14, "ssd": 20_000, "hitrate": 20_000, "scale": 10**4, "queries": 1 << 12},
+}
+"""Keys / rows / lookups per part (`gathered`: rows looked up per host batch size): the default, `--quick` (a minute or so) and `--smoke` (seconds; the first
+row format only)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (a minute or so)")
+    add_smoke(ap)
     ap.add_argument("--parts", nargs="+", default=["index,host,ssd,hitrate,scale"],
                     help="parts to run, space- or comma-separated (index host ssd hitrate scale)")
     ap.add_argument("--max-keys", type=int, default=None, help="largest table of the scale part (default 10^7)")
@@ -543,25 +556,27 @@ def main(argv: list[str] | None = None) -> None:
     unknown = parts - {"index", "host", "ssd", "hitrate", "scale"}
     if unknown:
         ap.error(f"unknown --parts {sorted(unknown)}; choose from index, host, ssd, hitrate, scale")
-    q = args.quick
+    size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    if args.smoke:
+        formats = formats[:1]
     base = args.workdir or ("/work" if os.access("/work", os.W_OK) else None)
     with tempfile.TemporaryDirectory(prefix="bench-store-", dir=base) as tmp:
         work = Path(tmp)
         if "index" in parts:
-            bench_index(1_000_000 if q else 10_000_000, [4096, 65536, 1 << 20])
+            bench_index(size["index"], [b for b in [4096, 65536, 1 << 20] if b <= size["index"]] or [4096])
         if "host" in parts:
-            bench_host(200_000 if q else 2_000_000, [4096, 65536])
+            bench_host(size["host"], [b for b in [4096, 65536] if b <= size["host"]], size["gathered"])
         if "ssd" in parts:
-            bench_ssd(200_000 if q else 4_000_000, 65536, work, args.threads)
+            bench_ssd(size["ssd"], min(65536, size["ssd"]), work, args.threads, repeat=1 if args.smoke else 3)
         if "hitrate" in parts:
-            bench_hitrate(args.criteo, 1_000_000 if q else 10_000_000, 512)
+            bench_hitrate("" if args.smoke else args.criteo, size["hitrate"], 512)  # smoke: synthetic keys only
         if "scale" in parts:
-            max_keys = args.max_keys or (10**6 if q else 10**7)
-            sizes = [n for n in (10**5, 10**6, 10**7, 10**8, 10**9) if n <= max_keys and (n >= 10**6 or q)]
+            max_keys = args.max_keys or size["scale"]
+            smallest = 10**4 if args.smoke else 10**5 if args.quick else 10**6
+            sizes = [n for n in (10**4, 10**5, 10**6, 10**7, 10**8, 10**9) if smallest <= n <= max_keys]
             if max_keys not in sizes:
                 sizes.append(max_keys)
-            bench_scale(sizes, work, HOST_CAP_BYTES, 1 << 18 if q else 1 << 20, 1 << 14, formats)
-
+            bench_scale(sizes, work, HOST_CAP_BYTES, size["queries"], 1 << 14, formats)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,17 @@
-"""Training throughput: our trainer at 1, 2, 4 processes beside a plain PyTorch loop and TorchRec.
+"""Training throughput and MFU of the default model: our trainer at 1, 2, 4 processes beside a plain PyTorch loop and TorchRec.
 
-    python -m bench.train [--rows 100000] [--batch 1024] [--procs 1,2,4] [--repeat 1]
+    python -m bench.train [--rows 100000] [--batch N] [--procs 1,2,4] [--repeat 1] [--smoke]
+
+Model and optimisation: the defaults a daily run trains with: `model` and `store` of
+`flows.config.RunConfig()`, and the `optim` values `trainer.plan.recipe.derive` gives for `--rows`
+train rows on N ranks (batch size, epochs, learning rates, dropout, the cross term's lr scale);
+`--batch` overrides the recipe's batch.  The plain loop and TorchRec train the same model with the
+1-rank recipe's values.
+
+MFU: column `mfu` = FLOPs per example (forward + backward, counted by `bench._mfu` on the model at the
+recipe's batch) x examples/s per process / the fp32 matmul rate one thread attains on the model's widest
+layer (`batch x 624 x 624` by default), measured in this run before and after the rows (the better
+reading).  `--smoke`: 1,000 rows on 1 process (seconds; checks it runs).
 
 Data: synthetic Criteo-shaped rows (26 categorical + 13 integer fields,
 `pipeline.generate`) encoded into a features directory (`pipeline.encode.stage.encode_frame`).
@@ -44,6 +55,7 @@ of its ratio to the plain loop of the same pass.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -55,20 +67,48 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from bench._common import report, train_spec
+from bench._common import add_smoke, apply_smoke, report, train_spec
+from bench._mfu import mfu, model_mfu
+from pipeline.schema import LogSchema
 from storage.embedding.config import StoreConfig
+from trainer.config import OptimConfig
 from trainer.launch import run_training
 from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trainer.models.config import ModelConfig
-from trainer.models.ctr_model import CTRModel
+from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
+from trainer.plan.recipe import Recipe, derive
 
-MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(128, 64), dropout=0.0)
-LR, SPARSE_LR = 1e-3, 1e-2
+SMOKE = {"rows": 1000, "procs": "1", "staleness": 0, "bf16": False, "repeat": 1}
+"""`--smoke`: one rank, 1,000 rows (the recipe: 3 passes of 4 steps), no bf16, prefetch or staleness rows."""
+
+
+def default_model() -> tuple[ModelConfig, StoreConfig]:
+    """The model and store sections of a default run (`flows.config.RunConfig`): what a day trains."""
+    from flows.config import RunConfig
+
+    cfg = RunConfig()
+    return cfg.model, cfg.store
+
+
+def recipe_for(model: ModelConfig, rows: int, world_size: int, batch: int | None) -> Recipe:
+    """The day's recipe for `rows` train rows on `world_size` ranks (the batch set when `batch` is given)."""
+    return derive(OptimConfig(batch_size=batch) if batch else OptimConfig(), model, rows=rows, world_size=world_size)
+
+
+def events_frame(table: pa.Table, schema: LogSchema) -> pd.DataFrame:
+    """A generated day (`pipeline.generate.generate_day`: label, I1..I13, C1..C26) as the events rows ingest
+    writes (`LogSchema.events_schema`): no timestamp (Criteo has none), `order` the line number, dense float32."""
+    columns = {"label": table.column("label").cast(pa.int8()), "ts": pa.nulls(len(table), pa.int64()),
+               "order": pa.array(np.arange(len(table), dtype=np.int64))}
+    columns |= {name: table.column(name).cast(pa.float32()) for name in schema.dense}
+    columns |= {name: table.column(name) for name in schema.categorical}
+    return pa.table(columns, schema=schema.events_schema()).to_pandas()
 
 
 def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int = 0) -> Path:
@@ -81,7 +121,7 @@ def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int
 
     schema = get_schema("criteo")
     table, _ = generate_day(0, rows + eval_rows, seed=seed)
-    events = table.to_pandas()
+    events = events_frame(table, schema)
     keys = np.concatenate([feature_keys(j, events[c]) for j, c in enumerate(schema.categorical)])
     uniq, counts = np.unique(keys, return_counts=True)
     features = encode_frame(events, schema, uniq[counts >= 2])
@@ -95,8 +135,8 @@ def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int
     return root
 
 
-def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, **kw: Any) -> dict[str, Any]:
-    spec = train_spec(features, tmp / "runs" / tag / "model", tmp / "local" / tag, store=store, model=MODEL,
+def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, model: ModelConfig, **kw: Any) -> dict[str, Any]:
+    spec = train_spec(features, tmp / "runs" / tag / "model", tmp / "local" / tag, store=store, model=model,
                       run_tag=tag, backend="gloo", device="cpu", timeout_s=1800, log_every=10_000,
                       checkpoint_every=0, **kw)
     res = run_training(spec, work_dir=str(tmp / "work"))
@@ -137,19 +177,32 @@ def _per_field_indices(keys: np.ndarray) -> tuple[np.ndarray, list[int]]:
     return idx, sizes
 
 
+def dense_groups(model: CTRModel, lr: float, cross_lr_scale: float) -> list[dict[str, Any]]:
+    """Adam parameter groups as the trainer makes them: the cross term at `lr * cross_lr_scale`, the rest at `lr`
+    (a scale of 0 still runs the term's forward, backward and moments, as the trainer does)."""
+    named = list(model.named_parameters())
+    cross = [p for n, p in named if n.startswith(CROSS_PREFIX)]
+    rest = [p for n, p in named if not n.startswith(CROSS_PREFIX)]
+    return [{"params": rest, "lr": lr}, *([{"params": cross, "lr": lr * cross_lr_scale}] if cross else [])]
+
+
 def run_plain(
-    features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int, config: ModelConfig = MODEL
+    features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int, config: dict[str, Any] | None = None,
+    cross_lr_scale: float = 1.0,
 ) -> dict[str, Any]:
-    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel (`config`) + Adam."""
+    """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam.
+
+    `config`: the `model` fields (`ModelConfig` keys; default: the default model with dropout 0).
+    """
     labels, dense, keys = _load_arrays(features)
     idx, sizes = _per_field_indices(keys)
     torch.manual_seed(0)
     bags = torch.nn.ModuleList(torch.nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in sizes)
     for b in bags:
         torch.nn.init.normal_(b.weight, std=0.01)
-    model = CTRModel(config, num_dense=13, num_fields=26, dim=dim)
+    model = CTRModel(model_config(config), num_dense=13, num_fields=26, dim=dim)
     opt_s = torch.optim.SparseAdam(list(bags.parameters()), lr=sparse_lr)
-    opt_d = torch.optim.Adam(model.parameters(), lr=lr)
+    opt_d = torch.optim.Adam(dense_groups(model, lr, cross_lr_scale), lr=lr)
     L, D, I = torch.from_numpy(labels), torch.from_numpy(dense), torch.from_numpy(idx)
     offsets = torch.arange(batch)
     n = len(labels) // batch
@@ -167,6 +220,19 @@ def run_plain(
         opt_d.step()
     train_s = time.perf_counter() - t0
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
+
+
+def model_config(fields: dict[str, Any] | None) -> ModelConfig:
+    """A `ModelConfig` from its fields as JSON carries them to a fresh process (None: the default, dropout 0)."""
+    fields = {"dropout": 0.0, **(fields or {})}
+    if "mlp_dims" in fields:
+        fields["mlp_dims"] = tuple(fields["mlp_dims"])
+    return ModelConfig(**fields)
+
+
+def model_fields(model: ModelConfig) -> dict[str, Any]:
+    """The fields of `model` for `run_plain(config=...)` / `run_torchrec(config=...)` (JSON-able)."""
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
 
 
 RANK_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
@@ -194,7 +260,11 @@ def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int) -> dict[str, Any] | str:
+def run_torchrec(
+    features: Path, *, batch: int, dim: int, lr: float, steps: int, config: dict[str, Any] | None = None,
+    cross_lr_scale: float = 1.0, **_: Any,
+) -> dict[str, Any] | str:
+    """TorchRec's EmbeddingBagCollection under the same CTRModel, or a line saying why it was skipped."""
     try:
         from torchrec import (
             EmbeddingBagCollection,
@@ -211,10 +281,11 @@ def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int)
     ]
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
-    model = CTRModel(MODEL, num_dense=13, num_fields=26, dim=dim)
+    model = CTRModel(model_config(config), num_dense=13, num_fields=26, dim=dim)
     # unsharded EBC weights get dense gradients: plain Adam over everything (TorchRec's fused sparse
     # optimizers need DistributedModelParallel sharding)
-    opt = torch.optim.Adam([*ebc.parameters(), *model.parameters()], lr=lr)
+    opt = torch.optim.Adam([{"params": list(ebc.parameters()), "lr": lr}, *dense_groups(model, lr, cross_lr_scale)],
+                           lr=lr)
     L, D, I = torch.from_numpy(labels), torch.from_numpy(dense), torch.from_numpy(idx)
     names = [f"f{f}" for f in range(26)]
     lengths = torch.ones(26 * batch, dtype=torch.int32)
@@ -235,42 +306,43 @@ def run_torchrec(features: Path, *, batch: int, dim: int, lr: float, steps: int)
 
 
 def run_pass(
-    tmp: Path, features: Path, store: StoreConfig, args: argparse.Namespace, *, suffix: str, refs_first: bool
+    tmp: Path, features: Path, store: StoreConfig, model: ModelConfig, args: argparse.Namespace, *, suffix: str,
+    refs_first: bool,
 ) -> dict[str, dict[str, Any] | str]:
-    """Every row once (a tag `suffix` keeps this pass's model and SSD directories apart): name -> result."""
-    lr, sparse_lr = LR, SPARSE_LR
-    common = {"batch_size": args.batch, "lr": lr, "sparse_lr": sparse_lr, "epochs": 1}
+    """Every row once (a tag `suffix` keeps this pass's model and SSD directories apart): name -> result.
+
+    `ours wN` trains with the recipe for N ranks (every `optim` value derived, `--batch` aside); the references
+    run the 1-rank recipe's steps (one rank's passes over the rows, the last batch of a pass partial)."""
+    common: dict[str, Any] = {"batch_size": args.batch} if args.batch else {}
     procs = [int(x) for x in args.procs.split(",")]
     out: dict[str, dict[str, Any] | str] = {}
 
     def refs() -> None:
-        # the steps of `ours w1` (else of the first `ours` row): one epoch of a rank's share, the last batch partial
-        n0 = 1 if 1 in procs else procs[0]
-        steps = -(-(args.rows // n0) // args.batch)
-        out["plain torch"] = run_plain(
-            features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps
-        )
-        out["plain torch fresh"] = run_fresh(
-            "run_plain", features, batch=args.batch, dim=args.dim, lr=lr, sparse_lr=sparse_lr, steps=steps
-        )
-        out["torchrec EBC"] = run_torchrec(features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
-        out["torchrec EBC fresh"] = run_fresh("run_torchrec", features, batch=args.batch, dim=args.dim, lr=lr, steps=steps)
+        r = recipe_for(model, args.rows, 1, args.batch)
+        kw = {"batch": r.optim.batch_size, "dim": store.embedding_dim, "lr": r.optim.lr, "sparse_lr": r.optim.sparse_lr,
+              "steps": r.steps, "config": model_fields(r.model), "cross_lr_scale": r.optim.cross_lr_scale}
+        out["plain torch"] = run_plain(features, **kw)
+        out["plain torch fresh"] = run_fresh("run_plain", features, **kw)
+        out["torchrec EBC"] = trec = run_torchrec(features, **kw)
+        # not importable here is not importable in a fresh process of the same interpreter either
+        out["torchrec EBC fresh"] = trec if isinstance(trec, str) else run_fresh("run_torchrec", features, **kw)
 
     if refs_first:
         refs()
     for n in procs:
-        out[f"reader alone w{n}"] = run_reader(features, batch=args.batch, world_size=n)
-        out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, nproc_per_node=n, **common)
+        out[f"reader alone w{n}"] = run_reader(features, batch=recipe_for(model, args.rows, n, args.batch).optim.batch_size,
+                                               world_size=n)
+        out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, model, nproc_per_node=n, **common)
         if args.bf16:
-            bf16 = run_ours(tmp, features, f"w{n}bf{suffix}", store, nproc_per_node=n, precision="bf16", **common)
+            bf16 = run_ours(tmp, features, f"w{n}bf{suffix}", store, model, nproc_per_node=n, precision="bf16", **common)
             out[f"ours w{n}"]["bf16_examples_per_s"] = bf16["examples_per_s"]
-        if n in (1, 2):  # the default ("auto") runs without the reader thread on CPU: measure it with one
+        if n in (1, 2) and not args.smoke:  # the default ("auto") runs without the reader thread on CPU: measure it
             out[f"ours w{n} prefetch=2"] = run_ours(
-                tmp, features, f"w{n}pf{suffix}", store, nproc_per_node=n, prefetch_batches=2, **common
+                tmp, features, f"w{n}pf{suffix}", store, model, nproc_per_node=n, prefetch_batches=2, **common
             )
         if n == 2 and args.staleness:
             out[f"ours w2 stale={args.staleness}"] = run_ours(
-                tmp, features, f"w2s{suffix}", store, nproc_per_node=2, staleness_bound=args.staleness, **common
+                tmp, features, f"w2s{suffix}", store, model, nproc_per_node=2, staleness_bound=args.staleness, **common
             )
     if not refs_first:
         refs()
@@ -307,34 +379,60 @@ def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, A
     return rows
 
 
+def add_mfu(rows: list[dict[str, Any]], flops: dict[str, Any]) -> None:
+    """Column `mfu` of every training row: its examples/s per process x FLOPs per example / the attainable rate."""
+    for row in rows:
+        if "examples_per_s" not in row or row["run"].startswith("reader"):
+            continue
+        n = int(row["run"].split()[1].removeprefix("w")) if row["run"].startswith("ours w") else 1
+        row["mfu"] = mfu(row["examples_per_s"] / n, flops["flops_per_example"], flops["attainable_gflops"])
+
+
+def probe_flops(model: ModelConfig, store: StoreConfig, batch: int) -> dict[str, Any]:
+    """FLOPs per example and the attainable matmul rate of the model at `batch` (`bench._mfu`), in this process."""
+    torch.manual_seed(0)
+    net = CTRModel(model, num_dense=13, num_fields=26, dim=store.embedding_dim)
+    return model_mfu(net, torch.randn(batch, 13), torch.randn(batch, 26, store.embedding_dim))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batch", type=int, default=None, help="examples per step per rank (default: the recipe's)")
     p.add_argument("--procs", default="1,2,4")
     p.add_argument("--staleness", type=int, default=10)
     p.add_argument("--repeat", type=int, default=1, help="passes over every row (medians; see the module docstring)")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 run of each `ours wN` row")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = apply_smoke(p.parse_args(argv), SMOKE)
     if args.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     torch.set_num_threads(1)
-    lr, sparse_lr = LR, SPARSE_LR
-    store = StoreConfig(embedding_dim=args.dim, init_std=0.01, host_budget_mb=512)
+    model, store = default_model()
+    store = dataclasses.replace(store, host_budget_mb=512)
+    recipe = recipe_for(model, args.rows, 1, args.batch)
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
+        batch = int(recipe.optim.batch_size)
+        flops = probe_flops(recipe.model, store, batch)
         features = write_synthetic_features(tmp / "features", args.rows, eval_rows=1000)
         passes = [
-            run_pass(tmp, features, store, args, suffix=f"-{r}" if r else "", refs_first=r % 2 == 1)
+            run_pass(tmp, features, store, model, args, suffix=f"-{r}" if r else "", refs_first=r % 2 == 1)
             for r in range(args.repeat)
         ]
+        after = probe_flops(recipe.model, store, batch)["attainable_gflops"]
+        flops["attainable_gflops_readings"] = [flops["attainable_gflops"], after]
+        flops["attainable_gflops"] = max(flops["attainable_gflops"], after)
         rows = summarise(passes)
+        add_mfu(rows, flops)
         trec = passes[0]["torchrec EBC"]
         notes = (
             "examples/s over the training loop only; every process runs 1 torch thread "
             f"({os.cpu_count()} CPUs here); the plain and TorchRec loops have every batch in "
-            "memory with pre-mapped indices, ours reads Parquet and keeps the table in the tiered store."
+            "memory with pre-mapped indices, ours reads Parquet and keeps the table in the tiered store.\n"
+            f"model: the default ({flops['flops_per_example'] / 1e6:.2f} MFLOP/example forward+backward); "
+            f"{recipe.summary()}; mfu = examples/s per process x FLOPs/example / "
+            f"{flops['attainable_gflops']:.1f} GFLOP/s (fp32 matmul {flops['matmul_shape']}, 1 thread, this run)."
         )
         if args.repeat > 1:
             notes += (f"\n{args.repeat} passes (references first in every other one): median examples/s; vs_plain is "
@@ -343,11 +441,12 @@ def main(argv: list[str] | None = None) -> None:
             notes += f"\nTorchRec: {trec}"
         report(
             "train", rows,
-            params={"rows": args.rows, "batch": args.batch, "dim": args.dim, "model": str(MODEL), "lr": lr,
-                    "sparse_lr": sparse_lr, "staleness": args.staleness, "repeat": args.repeat},
+            params={"rows": args.rows, "batch": batch, "dim": store.embedding_dim,
+                    "model": str(recipe.model), "recipe": recipe.record(), "staleness": args.staleness,
+                    "repeat": args.repeat, "smoke": args.smoke, **flops},
             notes=notes,
-            columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "vs_rank_step",
-                     "bf16_examples_per_s", "bf16_vs_fp32",
+            columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "mfu",
+                     "vs_rank_step", "bf16_examples_per_s", "bf16_vs_fp32",
                      "steps", "train_s", "final_loss", "sparse_MB_per_step", "note"],
         )
     finally:

@@ -3,6 +3,7 @@
     python -m bench.vocab                          # 7 days x 700k rows, >= 1e7 distinct keys in the window
     python -m bench.vocab --rows 500000 --days 7   # quicker
     python -m bench.vocab --days 8 --window-days 7 # steady state: the last update also drops a day
+    python -m bench.vocab --smoke                  # 2 days x 5k rows, seconds (checks it runs)
 
 Writes events directly (no raw text: this measures the vocabulary stage, not
 ingest): every day has `rows` rows of 26 categorical fields, most values
@@ -46,7 +47,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench._common import WorkerMemory, mib, proc_memory, report, reset_peak_rss
+from bench._common import (
+    WorkerMemory,
+    add_smoke,
+    apply_smoke,
+    mib,
+    proc_memory,
+    report,
+    reset_peak_rss,
+)
 from pipeline.cluster import dask_client, local_worker_count
 from pipeline.config import DaskConfig, VocabConfig
 from pipeline.schema import CRITEO
@@ -103,6 +112,10 @@ def phases(out) -> dict:
     return {"count_s": None, "merge_s": None}
 
 
+SMOKE = {"rows": 5_000, "days": 2, "workers": 1, "repeat": 1}
+"""`--smoke`: 2 days of 5k rows, one Dask worker, one round."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=700_000, help="rows per day")
@@ -114,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of the single-day measurements (incremental, window, count; least CPU kept)")
     parser.add_argument("--workdir", default="")
-    args = parser.parse_args(argv)
+    add_smoke(parser)
+    args = apply_smoke(parser.parse_args(argv), SMOKE)
     workers = args.workers or local_worker_count(DaskConfig())
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-vocab-"))
     dates = date_range("2026-04-01", f"2026-04-{args.days:02d}")

@@ -1,0 +1,142 @@
+"""Every benchmark runs: `python -m bench.<name> --smoke` in a real subprocess exits 0 and writes its results.
+
+A benchmark is a script no other test imports, so without this one it breaks silently (bench.train,
+bench.comm and bench.het failed at their first line of data for weeks).  Each runs at its smoke size
+(seconds of work) into its own results folder ($BENCH_RESULTS_DIR); the checks are on the keys and
+the rows each one must report, never on its numbers' size, which mean nothing at that size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.__main__ import SMOKE
+from bench._common import RESULTS_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+WITHOUT_SMOKE = {"quality", "quality_ladder", "serve"}
+"""Benchmarks with no smoke size yet (their owners add one); helper modules (quality_*, _*) are not commands."""
+
+
+def run_smoke(name: str, results: Path, tmp: Path) -> str:
+    env = {**os.environ, RESULTS_ENV: str(results), "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", name, "--smoke"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"python -m {name} --smoke exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def load(results: Path, name: str) -> dict[str, Any]:
+    path = results / f"{name}.json"
+    assert path.exists(), f"{path} not written (have {sorted(p.name for p in results.glob('*'))})"
+    data = json.loads(path.read_text())
+    assert "environment" in data or name == "gpu_probe", f"{name}.json lacks the machine and versions"
+    return data
+
+
+def runs(data: dict[str, Any], key: str = "rows") -> dict[str, dict[str, Any]]:
+    return {r["run"]: r for r in data[key]}
+
+
+def check_ingest(out: str, results: Path) -> None:
+    data = load(results, "ingest")
+    got = runs(data, "results")
+    for name in ("reference 4 x gzip", "project 4 x gzip", "project 1 x plain"):
+        assert got[name]["rows"] == 20_000 and got[name]["rows_per_s"] > 0, got.keys()
+    assert data["task_peaks"][0]["rows_per_file"] == 5_000
+
+
+def check_vocab(out: str, results: Path) -> None:
+    got = runs(load(results, "vocab"))
+    assert {"chain: 2 daily builds", "incremental update of the last day", "window re-merge of the last day"} <= set(got)
+    assert got["incremental update of the last day"]["keys_in_window"] > 0
+
+
+def check_store(out: str, results: Path) -> None:
+    for part in ("index", "host", "ssd", "hitrate", "hitrate_bytes", "scale"):
+        assert load(results, f"store_{part}")["rows"], part
+    assert load(results, "store_scale")["rows"][0]["keys"] == 10**4
+
+
+def check_train(out: str, results: Path) -> None:
+    data = load(results, "train")
+    got = runs(data)
+    assert data["params"]["flops_per_example"] > data["params"]["forward_flops_per_example"] > 0
+    assert data["params"]["attainable_gflops"] > 0 and data["params"]["recipe"]["values"]["optim.batch_size"] > 0
+    for name in ("ours w1", "plain torch", "plain torch fresh"):
+        assert got[name]["examples_per_s"] > 0 and got[name]["mfu"] > 0, (name, got[name])
+        assert got[name]["steps"] == data["params"]["recipe"]["steps"]  # the recipe's steps for every loop
+    trec = got["torchrec EBC"]
+    assert trec.get("examples_per_s", 0) > 0 or trec["note"].startswith("skipped: torchrec not importable")
+    assert "mfu" in out and "MFLOP/example" in out
+
+
+def check_comm(out: str, results: Path) -> None:
+    assert load(results, "comm_allreduce")["rows"][0]["two_phase_ms"] > 0
+    k = load(results, "comm_kstep")["rows"]
+    assert [r["k"] for r in k] == [2] and k[0]["steps"] == 4 and 0 <= k[0]["auc"] <= 1
+
+
+def check_het(out: str, results: Path) -> None:
+    rows = load(results, "het")["rows"]
+    assert [(r["procs"], r["bound"]) for r in rows] == [(2, 0), (2, 1)]
+    assert rows[0]["bytes_vs_b0"] == 1.0 and rows[1]["sparse_KB_per_step"] > 0
+
+
+def check_day(out: str, results: Path) -> None:
+    data = load(results, "day")
+    days = data["runs"]["3000"]["days"]
+    assert [d["day"] for d in days] == [1, 2] and all(d["train_mfu"] > 0 for d in days)
+    assert data["reference"]["3000"]["loop_mfu"] > 0
+    assert "train mfu" in out
+
+
+def check_gpu_probe(out: str, results: Path) -> None:
+    probe = load(results, "gpu_probe")
+    assert probe["device"] == "cpu" and probe["world"]["status"] == probe["phases"]["status"] == "ok", probe
+    assert probe["nccl"]["status"] == "skipped: no CUDA"
+
+
+def check_capacity(out: str, results: Path) -> None:
+    data = load(results, "capacity")
+    assert {"Criteo-1TB day", "Baidu-sized key space"} == {r["scenario"] for r in data["rows"]}
+    assert data["inputs"]["cpu_rank_examples_per_s"]["value"] > 0
+    assert "| stage | what |" in out
+
+
+CHECKS: dict[str, Callable[[str, Path], None]] = {
+    "bench.ingest": check_ingest, "bench.vocab": check_vocab, "bench.store": check_store, "bench.train": check_train,
+    "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day, "bench.gpu_probe": check_gpu_probe,
+    "bench.capacity": check_capacity,
+}
+MARKS = {
+    "bench.train": [pytest.mark.distributed], "bench.comm": [pytest.mark.distributed],
+    "bench.het": [pytest.mark.distributed],
+    "bench.day": [pytest.mark.slow],  # the whole flow (Prefect, Dask, torchrun) for 2 days: a minute or more
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, [])) for n in SMOKE])
+def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(name: str, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    (tmp_path / "tmp").mkdir()
+    out = run_smoke(name, results, tmp_path / "tmp")
+    CHECKS[name](out, results)
+
+
+def test_every_benchmark_command_has_a_smoke_size_that_python_m_bench_smoke_runs() -> None:
+    commands = {p.stem for p in (REPO / "bench").glob("*.py")
+                if not p.stem.startswith("_") and p.stem not in {"quality_bound", "quality_data", "quality_peers",
+                                                                 "quality_stats"}}
+    with_smoke = {c for c in commands if "add_smoke(" in (REPO / "bench" / f"{c}.py").read_text()}
+    assert with_smoke == commands - WITHOUT_SMOKE
+    assert set(SMOKE) == {f"bench.{c}" for c in with_smoke} == set(CHECKS)
+    assert SMOKE[-1] == "bench.capacity"  # it reads the others' results
