@@ -126,7 +126,9 @@ class GateCheck:
     detail: str
     """Why it refuses (`ok` when it passed)."""
     interval: tuple[float, float] | None = None
-    """The value +- publish.noise_sds standard errors of it (None when its noise is not known)."""
+    """What the check compares, +- publish.noise_sds standard errors: the drop or rise for auc_drop,
+    logloss, slices (the worst slice) and gauc, the calibration for calibration (through the click
+    rate's interval); None when its noise is unknown or noise_sds is 0."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
