@@ -276,13 +276,14 @@ def rolling(args: argparse.Namespace, work: Path) -> int:
     results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers) for name in size.datasets}
     rows = [r for res in results.values() for r in res["rows"]]
     print_table(_table(rows, ROLLING_COLUMNS))
-    print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); vs_sd: "
+    print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "
+          "the mean of the origins' AUCs; vs_sd: "
           "paired-bootstrap sd of vs_default over the pooled rows; decided: |vs_default| > 2 vs_sd")
     print(f"results: {write_json(args.out, {'protocol': 'rolling', 'size': dataclasses.asdict(size), 'datasets': results, 'rows': rows, 'params': vars(args)})}")
     return 0
 
 
-ROLLING_COLUMNS = ("dataset", "model", "seeds", "auc", "logloss", "calib", "vs_default", "vs_sd", "decided", "s")
+ROLLING_COLUMNS = ("dataset", "model", "seeds", "auc", "auc_origins", "logloss", "calib", "vs_default", "vs_sd", "decided", "s")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ Peers, on the same splits and rows:
 - DeepCTR-Torch DeepFM with its defaults, fit at every origin on days 1..k.
 A peer whose package is not importable is skipped with a line saying so (`make bench-peers` installs them).
 
-Each model's predictions of the pooled rows give its pooled AUC (and the per-origin AUCs); its
+Each model's predictions of the pooled rows give its pooled AUC (and the per-origin AUCs and their mean,
+`auc_origins`, which a model whose scale drifts between origins does not lose by); its
 difference from the default model comes with the paired-bootstrap sd over the pooled rows
 (`bench.quality_stats`).  An origin at which a product chain had no LATEST (every day so far
 refused) serves nothing and is left out for every model, and listed.
@@ -182,7 +183,7 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             "auc": float(np.mean([auc(labels, p) for p in runs])),
             "logloss": float(np.mean([logloss(labels, p) for p in runs])),
             "calib": float(np.mean([p.mean() / labels.mean() for p in runs])),
-            "auc_per_origin": per_origin, "s": seconds[model],
+            "auc_per_origin": per_origin, "auc_origins": float(np.mean(per_origin)), "s": seconds[model],
         }
         if model != OURS:
             row["vs_default"] = row["auc"] - float(np.mean([auc(labels, p) for p in models[OURS]]))
