@@ -4,6 +4,8 @@
     python -m bench.quality --datasets criteo avazu --archs attention lr --seeds 0 1 2
     python -m bench.quality --warm-start                      # a 7-day backfill vs day 7 alone, on day 8
     python -m bench.quality --datasets criteo --archs attention --no-peers --row-formats adam/fp32
+    python -m bench.quality --protocol rolling               # every shared real row, rolling origin (bench.quality_rolling)
+    python -m bench.quality --protocol rolling --smoke       # its small form, for tests
 
 For each dataset (`bench.quality_data`: the shared Criteo and Avazu samples as two training days and
 a later day, or synthetic days with planted interactions), the product is what a user runs:
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="*", default=list(DATASETS), help="criteo avazu synthetic-<N>k")
     p.add_argument("--archs", nargs="*", default=list(ARCHS), help="model.arch values run on the real samples")
-    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="*", type=int, default=None, help="default 0 1 2 (--protocol rolling: 0)")
     p.add_argument("--interactions", type=int, default=INTERACTIONS, help="planted pairs of the synthetic data")
     p.add_argument("--no-peers", action="store_true", help="skip scikit-learn and DeepCTR-Torch")
     p.add_argument("--warm-start", action="store_true", help="only the warm-start check: a backfill vs its last day alone")
@@ -219,16 +221,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows-per-day", type=int, default=20_000, help="rows per day of the --warm-start backfill")
     p.add_argument("--row-formats", nargs="*", default=[],
                    help="other row formats to run the default architecture with, optimizer/row_dtype (e.g. adam/fp32)")
+    p.add_argument("--protocol", choices=("later-day", "rolling"), default="later-day",
+                   help="later-day: two training days, one later day; rolling: every real row, rolling origin")
+    p.add_argument("--rolling-days", type=int, default=None,
+                   help="day files each real sample is cut into for --protocol rolling (default 5)")
+    p.add_argument("--smoke", action="store_true", help="with --protocol rolling: 3 small Criteo days")
     p.add_argument("--out", default="quality")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
     args = p.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = [0] if args.protocol == "rolling" else [0, 1, 2]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("trainer", "storage", "ctrpipe", "distributed", "pipeline"):
+    for noisy in ("trainer", "storage", "ctrpipe", "distributed", "pipeline", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from bench._common import print_table, write_json
 
     with tempfile.TemporaryDirectory(prefix="bench-quality-", dir=args.work) as tmp:
         work = Path(tmp)
+        if args.protocol == "rolling":
+            return rolling(args, work)
         if args.warm_start:
             rows = warm_start_check(work, days=args.days, rows_per_day=args.rows_per_day,
                                     interactions=args.interactions, seed=args.seeds[0])
@@ -247,6 +258,32 @@ def main(argv: list[str] | None = None) -> int:
           "vs_sd: paired-bootstrap sd of that difference over the later rows; decided: |vs_default| > 2 vs_sd")
     print(f"results: {write_json(args.out, {'rows': rows, 'params': vars(args), 'raw': raw})}")
     return 0
+
+
+def rolling(args: argparse.Namespace, work: Path) -> int:
+    """`--protocol rolling`: `bench.quality_rolling` on the real samples named (default both), or its smoke size."""
+    import dataclasses
+
+    from bench._common import print_table, write_json
+    from bench.quality_rolling import SMOKE, RollingSize, run_rolling_dataset
+
+    size = SMOKE if args.smoke else RollingSize()
+    given = {"datasets": tuple(d for d in args.datasets if d in ("criteo", "avazu")),
+             "seeds": tuple(args.seeds)} if not args.smoke else {}
+    if args.rolling_days:
+        given["days"] = args.rolling_days
+    size = dataclasses.replace(size, **given)
+    results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers) for name in size.datasets}
+    rows = [r for res in results.values() for r in res["rows"]]
+    print_table(_table(rows, ROLLING_COLUMNS))
+    print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "
+          "the mean of the origins' AUCs; vs_sd: "
+          "paired-bootstrap sd of vs_default over the pooled rows; decided: |vs_default| > 2 vs_sd")
+    print(f"results: {write_json(args.out, {'protocol': 'rolling', 'size': dataclasses.asdict(size), 'datasets': results, 'rows': rows, 'params': vars(args)})}")
+    return 0
+
+
+ROLLING_COLUMNS = ("dataset", "model", "seeds", "auc", "auc_origins", "logloss", "calib", "vs_default", "vs_sd", "decided", "s")
 
 
 if __name__ == "__main__":

@@ -68,12 +68,20 @@ class DayFiles:
         return pd.concat([*days[:-1], last.iloc[:len(last) - eval_size(len(last), eval_fraction)]], ignore_index=True)
 
 
+def real_rows(name: str, *, data: Path = DATA) -> int:
+    """Rows of the shared sample `name` (its header not counted)."""
+    rel, fmt = REAL[name]
+    with open(data / rel) as f:
+        return sum(1 for _ in f) - (fmt == "avazu")
+
+
 def _dates(start: str, n: int) -> list[str]:
     return [str(np.datetime64(start) + np.timedelta64(i, "D")) for i in range(n)]
 
 
-def real_days(name: str, out: Path, *, data: Path = DATA) -> DayFiles:
-    """Write the shared sample `name` (criteo or avazu) under `data` as two training days and a later day under `out`.
+def real_days(name: str, out: Path, *, data: Path = DATA, counts: tuple[int, ...] = REAL_DAYS) -> DayFiles:
+    """Write the shared sample `name` (criteo or avazu) under `data` as day files under `out`, in file order:
+    `counts` rows each (default: two training days and a later day), the last day the later one.
 
     Raises:
         FileNotFoundError: the shared sample is not there (set CTR_SHARED_DATA to the shared data folder).
@@ -85,10 +93,10 @@ def real_days(name: str, out: Path, *, data: Path = DATA) -> DayFiles:
     lines = source.read_text().splitlines(keepends=True)
     header, body = (lines[0], lines[1:]) if fmt == "avazu" else ("", lines)
     out.mkdir(parents=True, exist_ok=True)
-    dates = _dates(REAL_START[name], len(REAL_DAYS))
+    dates = _dates(REAL_START[name], len(counts))
     suffix = ".csv" if fmt == "avazu" else ".tsv"
     start = 0
-    for date, n in zip(dates, REAL_DAYS, strict=True):
+    for date, n in zip(dates, counts, strict=True):
         rows = body[start:start + n]
         start += n
         if fmt == "avazu":  # hour YYMMDDHH: keep the hour, take the file's date

@@ -4,6 +4,8 @@
   2^20) plus the log1p dense values; C chosen by blocked K-fold cross-validation over the train rows
   only (`cv_folds`, log loss; over the last CV_ROWS of them on a larger day, where 30 fits of every
   row take hours on 2 cores), then refit on all of them;
+- sklearn-lr (time split), for `bench.quality_rolling`: the same model, C chosen on the last fifth of the
+  train rows (in time order) after fitting on the rest;
 - deepctr-deepfm: DeepCTR-Torch's DeepFM with its default arguments (embedding_dim 4, dnn (256, 128),
   l2_reg_embedding 1e-5, Adam 1e-3, 1 epoch), batch 256; categorical values label-encoded on the train
   rows (unseen -> 0), dense values log1p then min-max scaled on the train rows.
@@ -86,6 +88,20 @@ def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, f
     C = min(scores, key=scores.__getitem__)
     clf = _lr(C).fit(_hashed(train, schema), train["label"].to_numpy())
     return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C, "cv_rows": len(tail)}
+
+
+def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *,
+                          holdout: float = 0.2) -> tuple[np.ndarray, dict]:
+    """The hashed one-hot logistic regression with C chosen by an inner time split of the train rows: each C
+    fit on the first 1 - `holdout` of them (row order is time order), the C of the lowest log loss on the
+    rest, refit on every train row.  Returns (probabilities of `later`, {"C": chosen C, "holdout_rows": n})."""
+    cut = len(train) - max(1, int(len(train) * holdout))
+    fit, check = train.iloc[:cut], train.iloc[cut:]
+    Xa, Xb, ya = _hashed(fit, schema), _hashed(check, schema), fit["label"].to_numpy()
+    losses = {C: logloss(check["label"].to_numpy(), _lr(C).fit(Xa, ya).predict_proba(Xb)[:, 1]) for C in LR_CS}
+    C = min(losses, key=losses.__getitem__)
+    clf = _lr(C).fit(_hashed(train, schema), train["label"].to_numpy())
+    return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C, "holdout_rows": len(check)}
 
 
 def _deepctr_inputs(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema):

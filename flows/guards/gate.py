@@ -8,19 +8,32 @@ when all pass, and the reason of a refusal names every check that refused.
     finite       AUC and logloss are numbers
     eval_rows    at least publish.min_eval_rows eval rows
     min_auc      an absolute floor, for the first model too
-    calibration  mean prediction / click rate within publish.calibration_range
+    calibration  mean prediction / click rate within publish.calibration_range (and the noise)
     dates        not trained on a date older than the one LATEST was trained through (unless allow_older)
     auc_drop     AUC not below the published model's by more than publish.max_auc_drop (and the noise)
     logloss      logloss not above the published model's by more than publish.max_logloss_increase (and the noise)
     slices       no slice (value of a publish.slice_fields field) with >= min_slice_rows rows dropping
-                 more than publish.max_slice_auc_drop
+                 more than publish.max_slice_auc_drop (and the noise)
     gauc         with publish.gauc_field: GAUC not below the published model's by more than max_gauc_drop
+                 (and the noise)
 
-auc_drop and logloss compare two numbers measured on the same eval rows.  On a small day's few
-hundred rows they differ by 0.02 by chance, which would keep a small model from ever improving;
-given the paired standard errors of the differences (`trainer.paired`), a difference also has to
-exceed publish.noise_sds of them to refuse.  At production eval sizes the standard errors are far
-below the thresholds and change nothing.
+Every comparison decides on evidence.  On a small day's few hundred eval rows two equally good models
+differ by 0.02 in AUC by chance, and a click rate of 66 clicks in 333 rows is itself uncertain by 0.022,
+which would keep a small model from ever being published.  So a check refuses only a difference that
+exceeds both its threshold and publish.noise_sds standard errors of it on the eval rows, and its reason
+prints the interval (the value +- noise_sds standard errors):
+
+    auc_drop, logloss  the paired standard errors of the differences, row by row (`trainer.paired`)
+    calibration        the click rate's binomial sd: refused only when the whole interval of mean
+                       prediction / click rate lies outside the range (`flows.guards.noise`), the
+                       first model too
+    slices, gauc       each slice's (group's) Hanley-McNeil standard errors of both models, unpaired:
+                       an upper bound (the evaluation keeps no per-slice pairs), so a slice gate never
+                       refuses on noise but lets a small slice's real loss of a little more through
+
+At production eval sizes the standard errors are far below the thresholds and change nothing.
+min_auc stays an absolute floor (a model that learnt nothing is not published on a day too small to
+show it).
 """
 
 from __future__ import annotations
@@ -29,6 +42,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
+from flows.guards.noise import calibration_interval, click_rate_sd, hanley_mcneil_se
 from trainer.group_metrics import GroupAUC
 from trainer.metrics import EvalMetrics
 from trainer.paired import Difference
@@ -64,9 +80,10 @@ class PublishConfig:
     allow_older: bool = False
     """Publish a model trained on a date older than the one LATEST was trained through (`--allow-older`)."""
     noise_sds: float = 2.0
-    """The auc_drop and logloss checks refuse only a difference that also exceeds this many standard
-    errors of it (paired, on the same eval rows): on a few hundred eval rows two equally good models
-    differ by more than the thresholds by chance.  0 = the thresholds alone."""
+    """Every check comparing numbers (auc_drop, logloss, calibration, slices, gauc) refuses only a
+    difference that also exceeds this many standard errors of it on the eval rows: on a few hundred eval
+    rows two equally good models differ by more than the thresholds by chance, and the click rate a
+    calibration divides by is uncertain by more than calibration_range allows.  0 = the thresholds alone."""
 
     def __post_init__(self) -> None:
         for name in ("max_auc_drop", "max_logloss_increase", "max_slice_auc_drop", "max_gauc_drop", "noise_sds"):
@@ -108,6 +125,10 @@ class GateCheck:
     threshold: Any
     detail: str
     """Why it refuses (`ok` when it passed)."""
+    interval: tuple[float, float] | None = None
+    """What the check compares, +- publish.noise_sds standard errors: the drop or rise for auc_drop,
+    logloss, slices (the worst slice) and gauc, the calibration for calibration (through the click
+    rate's interval); None when its noise is unknown or noise_sds is 0."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,17 +166,13 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: D
     if published is not None:
         checks.append(_dates(new, published, cfg))
         p = published.metrics
-        drop, rise = p.auc - auc, loss - p.logloss
-        auc_noise = _noise(cfg, versus.auc_se if versus else None)
-        loss_noise = _noise(cfg, versus.logloss_se if versus else None)
         checks += [
-            _check("auc_drop", drop <= max(cfg.max_auc_drop, auc_noise), drop, max(cfg.max_auc_drop, auc_noise),
-                      f"AUC {auc:.4f} is {drop:.4f} below the published model's {p.auc:.4f} on the same rows "
-                      f"(publish.max_auc_drop={cfg.max_auc_drop}{_noise_text(cfg, auc_noise)})"),
-            _check("logloss", rise <= max(cfg.max_logloss_increase, loss_noise), rise,
-                      max(cfg.max_logloss_increase, loss_noise),
-                      f"logloss {loss:.4f} is {rise:.4f} above the published model's {p.logloss:.4f} "
-                      f"(publish.max_logloss_increase={cfg.max_logloss_increase}{_noise_text(cfg, loss_noise)})"),
+            _difference("auc_drop", p.auc - auc, versus.auc_se if versus else None, cfg.max_auc_drop, cfg,
+                        f"AUC {auc:.4f} is {{value:.4f}} below the published model's {p.auc:.4f} on the same rows "
+                        f"(publish.max_auc_drop={cfg.max_auc_drop}"),
+            _difference("logloss", loss - p.logloss, versus.logloss_se if versus else None, cfg.max_logloss_increase,
+                        cfg, f"logloss {loss:.4f} is {{value:.4f}} above the published model's {p.logloss:.4f} "
+                        f"(publish.max_logloss_increase={cfg.max_logloss_increase}"),
         ]
         checks += [_slices(name, new, published, cfg) for name in cfg.slice_fields]
         if cfg.gauc_field:
@@ -173,21 +190,40 @@ def _noise(cfg: PublishConfig, se: float | None) -> float:
     return cfg.noise_sds * se if se is not None and math.isfinite(se) else 0.0
 
 
-def _noise_text(cfg: PublishConfig, noise: float) -> str:
-    return f", {cfg.noise_sds:g} standard errors of the difference on these rows = {noise:.4f}" if noise else ""
+def _noise_text(cfg: PublishConfig, value: float, noise: float) -> str:
+    if not noise:
+        return ""
+    return (f", {cfg.noise_sds:g} standard errors of the difference on these rows = {noise:.4f}: "
+            f"[{value - noise:.4f}, {value + noise:.4f}]")
 
 
-def _check(name: str, passed: bool, value: Any, threshold: Any, why: str) -> GateCheck:
+def _check(name: str, passed: bool, value: Any, threshold: Any, why: str,
+           interval: tuple[float, float] | None = None) -> GateCheck:
     """A check whose detail says why it refuses, or `ok`."""
-    return GateCheck(name, passed, value, threshold, "ok" if passed else why)
+    return GateCheck(name, passed, value, threshold, "ok" if passed else why, interval)
+
+
+def _difference(name: str, value: float, se: float | None, limit: float, cfg: PublishConfig, why: str) -> GateCheck:
+    """A difference (larger = worse) that refuses above max(limit, noise_sds standard errors); `why` is
+    formatted with the value and closed with the noise's interval."""
+    noise = _noise(cfg, se)
+    threshold = max(limit, noise)
+    return _check(name, value <= threshold, value, threshold, why.format(value=value) +
+                  _noise_text(cfg, value, noise) + ")", (value - noise, value + noise) if noise else None)
 
 
 def _calibration(m: EvalMetrics, cfg: PublishConfig) -> GateCheck:
+    """Refused when the interval of the calibration, from the click rate's noise, misses the range: a
+    calibration outside the range that the click count cannot tell from one inside it passes."""
     low, high = cfg.calibration_range
-    ok = math.isfinite(m.calibration) and low <= m.calibration <= high
+    lo, hi = calibration_interval(m, cfg.noise_sds)
+    ok = math.isfinite(m.calibration) and hi >= low and lo <= high
+    noise = (f" [{lo:.3f}, {hi:.3f}] at {cfg.noise_sds:g} sd of the click rate ({click_rate_sd(m):.4f} on "
+             f"{m.rows} rows, {round(m.click_rate * m.rows)} clicks)" if cfg.noise_sds else "")
     return _check("calibration", ok, m.calibration, list(cfg.calibration_range),
-                     f"calibration (mean prediction {m.mean_prediction:.4f} / click rate {m.click_rate:.4f}) is "
-                     f"{m.calibration:.3f}, outside publish.calibration_range=[{low}, {high}]")
+                  f"calibration (mean prediction {m.mean_prediction:.4f} / click rate {m.click_rate:.4f}) is "
+                  f"{m.calibration:.3f}{noise}, outside publish.calibration_range=[{low}, {high}]",
+                  (lo, hi) if cfg.noise_sds and math.isfinite(lo) else None)
 
 
 def _dates(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
@@ -199,22 +235,48 @@ def _dates(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
 
 
 def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
-    mine, theirs = new.groups[name].slices(cfg.min_slice_rows), published.groups[name].slices(cfg.min_slice_rows)
-    drops = {v: theirs[v][1] - a for v, (_, a) in mine.items()
-             if v in theirs and math.isfinite(a) and math.isfinite(theirs[v][1])}
-    worst = max(drops, key=lambda v: drops[v], default=None)
+    mine, theirs = new.groups[name], published.groups[name]
+    big_mine, big_theirs = mine.slices(cfg.min_slice_rows), theirs.slices(cfg.min_slice_rows)
+    se_mine, se_theirs = _slice_se(mine), _slice_se(theirs)
+    drops = {v: big_theirs[v][1] - a for v, (_, a) in big_mine.items()
+             if v in big_theirs and math.isfinite(a) and math.isfinite(big_theirs[v][1])}
+    noise = {v: _noise(cfg, math.hypot(se_mine[v], se_theirs[v])) for v in drops}
+    limit = {v: max(cfg.max_slice_auc_drop, noise[v]) for v in drops}
+    worst = max(drops, key=lambda v: drops[v] - limit[v], default=None)  # the nearest to refusing
     value = drops[worst] if worst is not None else 0.0
-    over = sorted((v for v, d in drops.items() if d > cfg.max_slice_auc_drop), key=lambda v: -drops[v])
+    over = sorted((v for v, d in drops.items() if d > limit[v]), key=lambda v: -(drops[v] - limit[v]))
+    band = noise[worst] if worst is not None else 0.0
     detail = (f"{len(over)} slice(s) of {name} with >= {cfg.min_slice_rows} rows lost more than "
-              f"publish.max_slice_auc_drop={cfg.max_slice_auc_drop} AUC (worst: key {worst}, -{value:.4f}, "
-              f"{mine[worst][0] if worst is not None else 0} rows)" if over else
-              f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop {value:.4f}")
-    return GateCheck(f"slices:{name}", not over, value, cfg.max_slice_auc_drop, detail)
+              f"publish.max_slice_auc_drop={cfg.max_slice_auc_drop} AUC and {cfg.noise_sds:g} standard errors "
+              f"(worst: key {worst}, -{value:.4f} [{value - band:.4f}, {value + band:.4f}], "
+              f"{big_mine[worst][0] if worst is not None else 0} rows)" if over else
+              f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop "
+              f"{max(drops.values(), default=0.0):.4f}")
+    return GateCheck(f"slices:{name}", not over, value, limit[worst] if worst is not None else cfg.max_slice_auc_drop,
+                     detail, (value - band, value + band) if band else None)
+
+
+def _slice_se(g: GroupAUC) -> dict[Any, float]:
+    """value -> Hanley-McNeil standard error of its AUC."""
+    se = hanley_mcneil_se(g.auc, g.clicks, g.rows - g.clicks)
+    return {v.item(): float(e) for v, e in zip(g.values, se, strict=True)}
+
+
+def _gauc_se(g: GroupAUC) -> float:
+    """Standard error of the click-weighted mean of the groups' AUCs (groups independent)."""
+    se = hanley_mcneil_se(g.auc, g.clicks, g.rows - g.clicks)
+    both = np.isfinite(g.auc) & np.isfinite(se)
+    w = g.clicks[both].astype(np.float64)
+    return float(np.sqrt((w * w * se[both] ** 2).sum()) / w.sum()) if w.sum() else math.nan
 
 
 def _gauc(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
-    mine, theirs = new.groups[cfg.gauc_field].gauc(), published.groups[cfg.gauc_field].gauc()
+    mine_g, theirs_g = new.groups[cfg.gauc_field], published.groups[cfg.gauc_field]
+    mine, theirs = mine_g.gauc(), theirs_g.gauc()
     drop = theirs - mine if math.isfinite(mine) and math.isfinite(theirs) else 0.0
-    return _check("gauc", drop <= cfg.max_gauc_drop, mine, cfg.max_gauc_drop,
-                     f"GAUC over {cfg.gauc_field} {mine:.4f} is {drop:.4f} below the published model's {theirs:.4f} "
-                     f"(publish.max_gauc_drop={cfg.max_gauc_drop})")
+    noise = _noise(cfg, math.hypot(_gauc_se(mine_g), _gauc_se(theirs_g)))
+    threshold = max(cfg.max_gauc_drop, noise)
+    return _check("gauc", drop <= threshold, mine, threshold,
+                  f"GAUC over {cfg.gauc_field} {mine:.4f} is {drop:.4f} below the published model's {theirs:.4f} "
+                  f"(publish.max_gauc_drop={cfg.max_gauc_drop}{_noise_text(cfg, drop, noise)})",
+                  (drop - noise, drop + noise) if noise else None)

@@ -29,3 +29,20 @@ def test_cv_folds_errors() -> None:
         cv_folds(pd.DataFrame({"order": np.arange(10)}), folds=1)
     with pytest.raises(ValueError, match="at least"):
         cv_folds(pd.DataFrame({"order": np.arange(3)}), folds=5)
+
+
+def test_the_time_split_lr_chooses_c_on_the_last_fifth_of_the_train_rows() -> None:
+    pytest.importorskip("sklearn")
+    from bench.quality_peers import LR_CS, sklearn_lr_time_split
+    from pipeline.schema import get_schema
+
+    schema = get_schema("criteo")
+    rng = np.random.default_rng(0)
+    n = 500
+    frame = pd.DataFrame({c: rng.integers(0, 5, n).astype(str) for c in schema.categorical})
+    for c in schema.dense:
+        frame[c] = rng.integers(0, 10, n).astype(float)
+    frame["label"] = (frame[schema.categorical[0]].astype(int) + rng.normal(0, 1, n) > 3).astype(int)
+    probs, info = sklearn_lr_time_split(frame.iloc[:400], frame.iloc[400:], schema)
+    assert info["C"] in LR_CS and info["holdout_rows"] == 80 and probs.shape == (100,)
+    assert ((probs > 0.5) == frame["label"].iloc[400:].to_numpy().astype(bool)).mean() > 0.7  # it learnt the field

@@ -2,8 +2,8 @@
 
 The candidate and the published model are scored on all of the day's eval rows (what the gate
 compares); the published model's next-day AUC is computed on `evaluate.next_day_rows` of the day's
-train rows, the same rows when the day is rerun, with a 95% interval that shrinks to the point
-when the sample is every row.
+train rows, the same rows when the day is rerun, with a 95% interval for the model on the day's
+traffic: DeLong's on the rows scored, which keeps its width when the sample is every row.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from flows.guards.evaluation import EvaluateConfig, evaluate_day
+from flows.guards.evaluation import Z95, EvaluateConfig, evaluate_day
+from flows.guards.noise import hanley_mcneil_se
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
 from trainer.model_dir import read_meta
 from trainer.plan.published import Published
 from trainer.scoring import evaluate_model
+from trainer.scoring_pass import read_split
 
 DATE = "2026-01-02"
 
@@ -74,11 +76,18 @@ def test_the_next_day_sample_is_the_same_for_a_rerun_and_another_for_another_day
     assert _evaluate(day, EvaluateConfig(next_day_rows=300, seed=1)).next_day.auc != first.auc
 
 
-def test_a_sample_of_every_train_row_is_the_exact_next_day_auc_with_no_spread(day: dict) -> None:
+def test_a_sample_of_every_train_row_is_the_exact_next_day_auc_with_its_delong_interval(day: dict) -> None:
     nd = _evaluate(day, EvaluateConfig(next_day_rows=0)).next_day
-    assert nd.metrics.rows == nd.of_rows == 2000 and nd.auc_se == 0.0 and nd.ci95 == (nd.auc, nd.auc)
+    assert nd.metrics.rows == nd.of_rows == 2000
     assert nd.auc == pytest.approx(evaluate_model(day["published"].url, day["features_url"] + "/train")["auc"],
                                    abs=1e-9)
+    # the day's rows are a sample of its traffic: the interval keeps DeLong's width (it printed [a, a] once)
+    clicks = sum(int(f["label"].sum()) for f in read_split(day["features_url"] + "/train", ["label"]))
+    assert nd.auc_se == pytest.approx(float(hanley_mcneil_se(nd.auc, clicks, 2000 - clicks)), rel=0.3)
+    lo, hi = nd.ci95
+    assert 0.005 < nd.auc_se < 0.05 and hi - lo == pytest.approx(2 * Z95 * nd.auc_se)
+    ev = _evaluate(day, EvaluateConfig(next_day_rows=0))
+    assert f"next-day {nd.auc:.4f} [{lo:.4f}, {hi:.4f}] on 2000 rows" in ev.summary() and lo < nd.auc < hi
 
 
 @pytest.mark.parametrize(("kw", "key"), [({"next_day_rows": -1}, "next_day_rows"), ({"batch_size": 0}, "batch_size"),

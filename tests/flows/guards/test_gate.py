@@ -1,5 +1,6 @@
 """The publish gate: a broken, worse, miscalibrated, older or under-evaluated model is refused, and the
-reason names every check that refused; every value is recorded."""
+reason names every check that refused; every value is recorded.  A difference the eval rows' noise
+explains (a small day's calibration, AUC, slices) refuses nothing, and the reason prints its interval."""
 
 import math
 
@@ -8,8 +9,8 @@ import pytest
 
 from flows.guards.gate import PublishConfig, Scores, gate
 from trainer.group_metrics import group_auc
-from trainer.metrics import EvalMetrics
-from trainer.paired import Difference
+from trainer.metrics import EvalMetrics, StreamingMetrics
+from trainer.paired import Difference, PairedDifference
 
 CFG = PublishConfig(max_auc_drop=0.01, min_eval_rows=100)
 
@@ -148,3 +149,122 @@ def test_noise_sds_zero_keeps_the_thresholds_alone():
     assert not gate(s(0.68), s(0.70, date="2026-01-01"), PublishConfig(noise_sds=0.0), versus=noisy).publish
     with pytest.raises(ValueError, match="publish.noise_sds"):
         PublishConfig(noise_sds=-1.0)
+
+
+def _labels(rows: int, clicks: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """`rows` labels with exactly `clicks` clicks, and a signal a model can learn from them."""
+    rng = np.random.default_rng(seed)
+    y = np.zeros(rows)
+    y[rng.choice(rows, clicks, replace=False)] = 1.0
+    return y, y + rng.normal(0, 1, rows), rng
+
+
+def _model(signal: np.ndarray, rng: np.random.Generator, noise: float, mean: float) -> np.ndarray:
+    """Probabilities ranking like `signal` blurred by `noise`, shifted to average `mean`."""
+    z = signal + rng.normal(0, noise, len(signal))
+    z = 0.9 * (z - z.mean()) / z.std()
+    lo, hi = -10.0, 10.0
+    for _ in range(60):  # bisect the intercept
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if (1 / (1 + np.exp(-(z + mid)))).mean() < mean else (lo, mid)
+    return 1 / (1 + np.exp(-(z + lo)))
+
+
+def _scored(y: np.ndarray, new: np.ndarray, old: np.ndarray | None) -> tuple[Scores, Scores | None, Difference | None]:
+    """What the evaluate stage hands the gate: both models' metrics on the rows and their paired difference."""
+    def scores(p: np.ndarray, date: str) -> Scores:
+        return Scores(EvalMetrics.of(StreamingMetrics().update(y, p).result()), trained_through=date)
+
+    if old is None:
+        return scores(new, "2026-01-02"), None, None
+    return scores(new, "2026-01-02"), scores(old, "2026-01-01"), PairedDifference().update(y, new, old).result()
+
+
+def test_a_better_model_whose_calibration_is_within_the_noise_of_333_eval_rows_publishes():
+    # issue 31's day: AUC 0.6878 vs 0.6697, calibration 0.2542 / 0.1982 = 1.283 on 333 rows (66 clicks)
+    y, signal, rng = _labels(333, 66, seed=3)
+    old, new = _model(signal, rng, 1.3, 0.20), _model(signal, rng, 1.0, 0.2542)
+    cand, pub, versus = _scored(y, new, old)
+    c = cand.metrics
+    assert (round(c.click_rate, 4), round(c.mean_prediction, 4), round(c.calibration, 3)) == (0.1982, 0.2542, 1.283)
+    assert c.auc > pub.metrics.auc
+    d = gate(cand, pub, PublishConfig(), versus=versus)
+    assert d.publish, d.reason
+    calib = next(c for c in d.values() if c["name"] == "calibration")
+    lo, hi = calib["interval"]  # the click rate's 2 sds (0.022) leave 1.283 anywhere in [1.05, 1.65]
+    assert lo < 1.25 < 1.283 < hi and lo == pytest.approx(0.2542 / (0.1982 + 2 * 0.02185), abs=0.002)
+    # the threshold alone refuses it, on calibration only
+    d = gate(cand, pub, PublishConfig(noise_sds=0.0), versus=versus)
+    assert not d.publish and [c["name"] for c in d.values() if not c["passed"]] == ["calibration"]
+
+
+def test_a_first_model_is_not_refused_on_the_calibration_noise_of_184_eval_rows():
+    # issue 31's first Avazu day: 0.1848 / 0.2446 = 0.755 on 184 rows (45 clicks), no published model
+    y, signal, rng = _labels(184, 45, seed=0)
+    cand, _, _ = _scored(y, _model(signal, rng, 1.0, 0.1848), None)
+    assert cand.metrics.calibration == pytest.approx(0.755, abs=0.001)
+    d = gate(cand, None, PublishConfig())
+    assert (d.publish, d.reason) == (True, "first model")
+    assert not gate(cand, None, PublishConfig(noise_sds=0.0)).publish
+
+
+def test_a_truly_miscalibrated_model_is_still_refused_and_the_reason_prints_the_interval():
+    y, signal, rng = _labels(20_000, 4_000, seed=1)
+    old = _model(signal, rng, 1.0, 0.2)
+    cand, pub, versus = _scored(y, old * 1.5, old)  # the same ranking, every probability x1.5
+    for before in (pub, None):
+        d = gate(cand, before, PublishConfig(), versus=versus if before else None)
+        assert not d.publish and "calibration" in d.reason and "1.500 [1.4" in d.reason, d.reason
+        assert "at 2 sd of the click rate (0.0028 on 20000 rows, 4000 clicks)" in d.reason
+
+
+def test_a_drop_refused_beyond_the_noise_prints_its_interval():
+    wide = Difference(rows=400, logloss=0.0, logloss_se=0.001, auc=-0.05, auc_se=0.02, sampled_rows=400)
+    d = gate(s(0.65), s(0.70, date="2026-01-01"), CFG, versus=wide)
+    assert "= 0.0400: [0.0100, 0.0900]" in d.reason
+    drop = next(c for c in d.values() if c["name"] == "auc_drop")
+    assert drop["interval"] == pytest.approx((0.01, 0.09))
+
+
+def _two_models_on_slices(rows_per_slice: int, worse: float, seed: int = 0):
+    """Both models on 4 slices (field C1 1..4); the candidate ranks slice 1 with `worse` more noise."""
+    rng = np.random.default_rng(seed)
+    g = np.repeat([1, 2, 3, 4], rows_per_slice)
+    y = (rng.random(g.size) < 0.2).astype(float)
+    signal = y + rng.normal(0, 1, g.size)
+    old = 1 / (1 + np.exp(-(signal - 2)))
+    new = 1 / (1 + np.exp(-(signal + np.where(g == 1, rng.normal(0, worse, g.size), 0.0) - 2)))
+    cand, pub, versus = _scored(y, new, old)
+    return (Scores(cand.metrics, {"C1": group_auc(y, new, g)}, trained_through="2026-01-02"),
+            Scores(pub.metrics, {"C1": group_auc(y, old, g)}, trained_through="2026-01-01"), versus)
+
+
+def test_a_slice_drop_within_its_noise_publishes_and_one_beyond_it_is_refused():
+    cfg = PublishConfig(max_auc_drop=0.05, max_logloss_increase=0.05, slice_fields=("C1",), min_slice_rows=500)
+    new, old, versus = _two_models_on_slices(500, worse=0.7)
+    drop = old.groups["C1"].auc[0] - new.groups["C1"].auc[0]
+    assert drop > cfg.max_slice_auc_drop  # beyond the threshold, which alone refuses it...
+    assert not gate(new, old, PublishConfig(**{**_fields(cfg), "noise_sds": 0.0}), versus=versus).publish
+    d = gate(new, old, cfg, versus=versus)
+    assert d.publish, d.reason  # ...but within 2 standard errors of a 500-row slice
+    check = next(c for c in d.values() if c["name"] == "slices:C1")
+    assert check["threshold"] > drop and check["interval"][0] < 0 < drop < check["interval"][1]
+    new, old, versus = _two_models_on_slices(20_000, worse=1.5)  # a real loss on 20,000 rows: refused
+    d = gate(new, old, cfg, versus=versus)
+    assert not d.publish and "worst: key 1" in d.reason and "2 standard errors" in d.reason
+
+
+def test_a_gauc_drop_within_its_noise_publishes():
+    cfg = PublishConfig(max_auc_drop=0.05, max_logloss_increase=0.05, gauc_field="C1")
+    new, old, versus = _two_models_on_slices(300, worse=1.0, seed=1)
+    drop = old.groups["C1"].gauc() - new.groups["C1"].gauc()
+    assert drop > cfg.max_gauc_drop
+    assert not gate(new, old, PublishConfig(**{**_fields(cfg), "noise_sds": 0.0}), versus=versus).publish
+    assert gate(new, old, cfg, versus=versus).publish
+    new, old, versus = _two_models_on_slices(20_000, worse=3.0)
+    d = gate(new, old, cfg, versus=versus)
+    assert not d.publish and "GAUC over C1" in d.reason and "standard errors" in d.reason
+
+
+def _fields(cfg: PublishConfig) -> dict:
+    return {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
