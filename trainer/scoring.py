@@ -169,7 +169,8 @@ def score_features(
     missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
     if missing:
         raise KeyError(f"feature rows lack columns {missing} the model was trained with")
-    dense_all = features[list(s.dense_columns)].to_numpy(np.float32) if s.dense_columns else None
+    # C order: a frame's columns come out column-major, and the network's bucketize wants contiguous rows
+    dense_all = np.ascontiguousarray(features[list(s.dense_columns)].to_numpy(np.float32)) if s.dense_columns else None
     keys_all = features[list(s.key_columns)].to_numpy(np.int64)
     bags_all = [
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns

@@ -5,6 +5,10 @@ The server holds a `ServingModel` per version (two while it switches).  It needs
 the feature path, model.json for the columns (`ServingMeta`: only what the scorer uses, read
 tolerantly, so an older scorer loads a newer trainer's bundle).  Scoring goes through
 `trainer.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
+
+`score_batch` scores several requests in one pass (the micro-batcher's call): their lines are
+parsed and encoded together and scored in one forward pass, so the fixed cost of the feature path
+(an Arrow parse, pandas frames) is paid once per batch rather than once per request.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,7 @@ from flows.serving.bundle import (
     BundleError,
     BundleReader,
 )
+from flows.serving.lines import with_labels
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
@@ -71,6 +77,49 @@ class ServingMeta:
             raise BundleError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """The entries of one `/v1/score` request."""
+
+    kind: str
+    """"lines" (raw log lines) or "rows" (objects of named fields)."""
+    items: list[Any]
+    labelled: bool | None = None
+    """Lines only: None: told by field count (`flows.serving.lines`); True / False: every line has / lacks the label."""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass
+class Scored:
+    """One request's answer: a probability per entry (None where refused), and why each refused one was."""
+
+    scores: list[float | None]
+    errors: list[tuple[int, str]]
+
+
+class StageTimes:
+    """Seconds spent per stage of scoring, summed over batches (`/metrics`, `bench.serve`'s breakdown)."""
+
+    STAGES = ("prepare", "features", "lookup", "forward", "score")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.STAGES, 0.0)
+
+    def timed(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn`, adding the seconds of every call to `stage`."""
+
+        def call(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds[stage] += time.perf_counter() - t0
+
+        return call
+
+
 @dataclass
 class ServingModel:
     """A bundle in memory, ready to score (see the module docstring)."""
@@ -89,11 +138,51 @@ class ServingModel:
         """Lines or rows -> the training inputs (`FeatureSpec.parse_lines` / `parse_rows`)."""
         return self.spec.parse_lines(lines) if lines is not None else self.spec.parse_rows(rows or [])
 
-    def score_features(self, features: pd.DataFrame) -> np.ndarray:
-        """Click probabilities (N,) float64 of feature rows."""
+    def score_features(self, features: pd.DataFrame, times: StageTimes | None = None) -> np.ndarray:
+        """Click probabilities (N,) float64 of feature rows (`times`: add the lookup's and the network's seconds)."""
         if len(features) == 0:
             return np.zeros(0, np.float64)
-        return score_features(self.net, self.table.lookup, self.schema, self.spec.bag_pooling, features)
+        net: Callable[..., Any] = self.net
+        lookup: Callable[..., Any] = self.table.lookup
+        if times is not None:
+            net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
+        return score_features(net, lookup, self.schema, self.spec.bag_pooling, features)
+
+    def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
+        """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""
+        if request.kind == "rows":
+            return self.spec.rows_to_lines(request.items)
+        return with_labels(request.items, self.spec.schema, labelled=request.labelled)
+
+    def score_batch(self, requests: list[ScoreRequest], times: StageTimes | None = None) -> list[Scored]:
+        """Score several requests in one pass (see the module docstring); one `Scored` per request, in order."""
+        times = times or StageTimes()
+        t0 = time.perf_counter()
+        answers = [Scored([None] * len(r), []) for r in requests]
+        lines: list[str] = []
+        owner: list[tuple[int, int]] = []  # (request, entry) of each line of the batch
+        for k, request in enumerate(requests):
+            written, answers[k].errors = self.request_lines(request)
+            for i, line in enumerate(written):
+                if line is not None:
+                    lines.append(line)
+                    owner.append((k, i))
+        t1 = time.perf_counter()
+        parsed = self.spec.parse_lines(lines)
+        t2 = time.perf_counter()
+        probs = self.score_features(parsed.features, times)
+        times.seconds["score"] += time.perf_counter() - t2
+        times.seconds["features"] += t2 - t1
+        times.seconds["prepare"] += t1 - t0
+        for at, p in zip(parsed.index.tolist(), probs.tolist(), strict=True):
+            k, i = owner[at]
+            answers[k].scores[i] = p
+        for at, reason in parsed.errors:
+            k, i = owner[at]
+            answers[k].errors.append((i, reason))
+        for a in answers:
+            a.errors.sort()
+        return answers
 
     def info(self) -> dict[str, Any]:
         """What `GET /v1/model` answers."""
