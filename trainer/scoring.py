@@ -175,7 +175,27 @@ def score_features(
     bags_all = [
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
-    n = len(features)
+    return score_arrays(net, lookup, schema, pooling, dense_all, keys_all, bags_all, batch_size=batch_size,
+                        device=device)
+
+
+@torch.no_grad()
+def score_arrays(
+    net: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    lookup: Callable[[torch.Tensor], torch.Tensor],
+    schema: FeatureSchema,
+    pooling: str,
+    dense_all: np.ndarray | None,
+    keys_all: np.ndarray,
+    bags_all: list[Jagged],
+    *,
+    batch_size: int = 8192,
+    device: torch.device = torch.device("cpu"),
+) -> np.ndarray:
+    """`score_features` on the columns as arrays: dense (N, n) float32 (None without dense columns), keys (N, F)
+    int64, one `Jagged` per bag column.  The online scorer's small batches come here without a frame."""
+    s = schema
+    n = len(keys_all)
     out = np.empty(n, dtype=np.float64)
     for lo in range(0, n, batch_size):
         hi = min(n, lo + batch_size)

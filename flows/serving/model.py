@@ -36,14 +36,14 @@ from flows.serving.bundle import (
     BundleReader,
 )
 from flows.serving.lines import with_labels
-from flows.serving.small import small_features
+from flows.serving.small import SmallBatch, fits, small_batch
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
 from trainer.data import FeatureSchema
 from trainer.export import load_program
 from trainer.model_dir import MODEL
-from trainer.scoring import score_features
+from trainer.scoring import score_arrays, score_features
 
 log = logging.getLogger("ctrpipe.serve")
 
@@ -135,6 +135,12 @@ class ServingModel:
     schema: FeatureSchema
     loaded_s: float = 0.0
     loaded_at: float = field(default_factory=time.time)
+    small_path: bool = field(init=False)
+    """Whether small batches of plain lines may skip the frame (`flows.serving.small`)."""
+
+    def __post_init__(self) -> None:
+        s = self.schema
+        self.small_path = fits(self.spec, s.dense_columns, s.key_columns, s.bag_columns)
 
     def parse(self, *, lines: list[str] | None = None, rows: list[Any] | None = None) -> Parsed:
         """Lines or rows -> the training inputs (`FeatureSpec.parse_lines` / `parse_rows`)."""
@@ -149,6 +155,15 @@ class ServingModel:
         if times is not None:
             net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
         return score_features(net, lookup, self.schema, self.spec.bag_pooling, features)
+
+    def score_small(self, batch: SmallBatch, times: StageTimes | None = None) -> np.ndarray:
+        """`score_features` of a `SmallBatch`'s arrays (no frame in between)."""
+        net: Callable[..., Any] = self.net
+        lookup: Callable[..., Any] = self.table.lookup
+        if times is not None:
+            net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
+        return score_arrays(net, lookup, self.schema, self.spec.bag_pooling, batch.dense if batch.dense.shape[1] else None,
+                            batch.keys, [])
 
     def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
         """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""
@@ -170,18 +185,24 @@ class ServingModel:
                     lines.append(line)
                     owner.append((k, i))
         t1 = time.perf_counter()
-        if (parsed := small_features(lines, self.spec)) is None:
-            parsed = self.spec.parse_lines(lines)
+        small = small_batch(lines, self.spec) if self.small_path else None
+        parsed = self.spec.parse_lines(lines) if small is None else None
         t2 = time.perf_counter()
-        with _threads_for(len(parsed.features)):
-            probs = self.score_features(parsed.features, times)
+        with _threads_for(len(lines)):
+            if small is not None:
+                probs = self.score_small(small, times)
+                index, errors = range(len(lines)), []
+            else:
+                assert parsed is not None
+                probs = self.score_features(parsed.features, times)
+                index, errors = parsed.index.tolist(), parsed.errors
         times.seconds["score"] += time.perf_counter() - t2
         times.seconds["features"] += t2 - t1
         times.seconds["prepare"] += t1 - t0
-        for at, p in zip(parsed.index.tolist(), probs.tolist(), strict=True):
+        for at, p in zip(index, probs.tolist(), strict=True):
             k, i = owner[at]
             answers[k].scores[i] = p
-        for at, reason in parsed.errors:
+        for at, reason in errors:
             k, i = owner[at]
             answers[k].errors.append((i, reason))
         for a in answers:

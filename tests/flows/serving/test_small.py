@@ -61,3 +61,18 @@ def test_anything_not_plain_goes_to_the_feature_path(line):
     spec = FeatureSpec(schema=CRITEO, admitted=np.zeros(0, np.int64))
     assert small_features([line], spec) is None
     assert small_features(["1" + "\t1" * 13 + "\tc" * 26] * (SMALL_BATCH + 1), spec) is None  # too many for it
+
+
+def test_a_small_batch_is_scored_exactly_as_its_frame_would_be(tmp_path):
+    from flows.serving.bundle import BundleReader
+    from flows.serving.model import ScoreRequest, load_model
+    from flows.serving.small import small_batch
+    from tests.helpers.serving import criteo_line, write_tiny_bundle
+
+    write_tiny_bundle(str(tmp_path / "b"))
+    model = load_model([BundleReader(str(tmp_path / "b"))])
+    lines = [criteo_line(i, label=i % 2) for i in range(8)]
+    assert model.small_path and small_batch(lines, model.spec) is not None  # the path is taken
+    served = model.score_batch([ScoreRequest("lines", lines[:3]), ScoreRequest("lines", lines[3:])])
+    framed = model.score_features(model.spec.parse_lines(lines).features)
+    assert served[0].scores + served[1].scores == framed.tolist()
