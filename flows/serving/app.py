@@ -14,8 +14,9 @@ ingest would quarantine it for (a wrong field count names the counts accepted); 
 scored.  What is wrong with the request itself gets a 4xx and `{"error": "..."}`, never a 500:
 400 invalid JSON or body shape, 401 missing or wrong bearer token (only with `auth_token`),
 413 body over `max_body_bytes` or more than `max_lines` entries, 415 a content type other than
-application/json, 422 entries of the wrong type, 503 no model loaded yet.  With a token, `/v1/*`
-needs `Authorization: Bearer <token>`; the probes stay open.
+application/json, 422 entries of the wrong type, 503 no model loaded yet; a failure while scoring
+(a bug, a broken bundle) is a 500 with its reason.  With a token, `/v1/*` needs
+`Authorization: Bearer <token>`; the probes and `/metrics` stay open.
 """
 
 from __future__ import annotations
