@@ -1,13 +1,20 @@
 """Online scorer: requests/s and p50/p99 latency over loopback HTTP beside the same bundle scored in-process.
 
     python -m bench.serve [--keys 200000] [--seconds 4] [--batches 1,32,256] [--clients 1,8,32]
-                          [--mmap-keys 10000000] [--mmap-dim 16]
+                          [--mmap-keys 10000000] [--mmap-dim 16] [--parts http,reload,size]
 
 A synthetic bundle (the demo architecture, Criteo fields, `--keys` rows, lines from `pipeline.generate`)
 is served by `ctrpipe score-server --bundle` in a child process; client threads with keep-alive
 connections post `batch` raw lines per request for `--seconds` per cell.  The baseline, in the same
 run, scores the same lines in this process without HTTP (`ServingModel.parse` + `score_features`,
-one request at a time, in one worker thread as the server does): the ceiling of the model itself.  Then: a reload under load (8 clients while
+one request at a time, in one worker thread as the server does): the ceiling of the model itself.
+
+Where the time goes: the in-process rows split a request into the server's stages (`ServingModel.score_batch`'s
+`StageTimes`: prepare = entries to labelled lines, features = parse + encode, lookup, forward, other scoring),
+and time ingest's parse and the encode stage apart on the same lines (the feature path the small-batch path
+skips); the HTTP rows read the server's own `/metrics` before and after each cell: per request, the mean wait
+in the micro-batcher's queue and each stage's share of its batch, the rest being HTTP, JSON and the event
+loop.  Then: a reload under load (8 clients while
 the pointer moves to a second bundle: failed requests must be 0), bundle size and load time against the
 same model as a registry version, and resident memory with and without `--mmap` for a
 `--mmap-keys`-key table (each loaded in a fresh child process).
@@ -126,26 +133,78 @@ def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> di
     from concurrent.futures import ThreadPoolExecutor
 
     from flows.serving.bundle import BundleReader
-    from flows.serving.model import load_model
+    from flows.serving.model import ScoreRequest, StageTimes, load_model
+    from pipeline.encode.stage import encode_frame
+    from pipeline.ingest.parse import parse_chunk
 
     model = load_model([BundleReader(str(bundle))])
+    times = StageTimes()
 
-    def loop() -> list[float]:
+    def loop() -> tuple[list[float], dict[str, float]]:
         lat, i, t_end = [], 0, time.perf_counter() + seconds
         while time.perf_counter() < t_end:
             chunk = [lines[(i + j) % len(lines)] for j in range(batch)]
             t0 = time.perf_counter()
-            model.score_features(model.parse(lines=chunk).features)
+            model.score_batch([ScoreRequest("lines", chunk)], times)
             lat.append(time.perf_counter() - t0)
             i += batch
-        return lat
+        parts = {"parse": 0.0, "encode": 0.0}  # the feature path's two halves, on the same batches
+        for k in range(min(len(lat), 50)):
+            data = ("\n".join(lines[(k * batch + j) % len(lines)] for j in range(batch)) + "\n").encode()
+            t0 = time.perf_counter()
+            chunk_ = parse_chunk(data, schema=model.spec.schema, file="bench", first_line=2)
+            t1 = time.perf_counter()
+            encode_frame(chunk_.events, model.spec.schema, model.spec.admitted)
+            parts["parse"] += t1 - t0
+            parts["encode"] += time.perf_counter() - t1
+        return lat, {k: v / min(len(lat), 50) * 1000 for k, v in parts.items()}
 
     # in a worker thread, as the server scores: torch's main-thread OpenMP pool is far slower on a busy machine
     with ThreadPoolExecutor(1) as pool:
-        lat = pool.submit(loop).result()
+        lat, parts = pool.submit(loop).result()
     p50, p99 = percentiles(lat)
     total = sum(lat)
-    return {"req_s": len(lat) / total, "rows_s": len(lat) * batch / total, "p50_ms": p50, "p99_ms": p99}
+    return {"req_s": len(lat) / total, "rows_s": len(lat) * batch / total, "p50_ms": p50, "p99_ms": p99,
+            **stage_ms(times.seconds, len(lat)), "path_parse_ms": parts["parse"], "path_encode_ms": parts["encode"]}
+
+
+def stage_ms(seconds: dict[str, float], requests: int) -> dict[str, float]:
+    """Mean milliseconds per request of each scoring stage (`StageTimes.seconds`, summed over `requests`)."""
+    n = max(requests, 1)
+    ms = {k: v / n * 1000 for k, v in seconds.items()}
+    return {"prepare_ms": ms["prepare"], "features_ms": ms["features"], "lookup_ms": ms["lookup"],
+            "forward_ms": ms["forward"], "other_score_ms": ms["score"] - ms["lookup"] - ms["forward"]}
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The server's `/metrics` samples that the breakdown uses (name{labels} -> value)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def server_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per request: mean latency, queue wait and stage shares, from two `/metrics` scrapes around a cell."""
+    def d(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    requests = d("ctrpipe_score_latency_seconds_count")
+    stages = {k: d(f'ctrpipe_score_stage_seconds_total{{stage="{k}"}}') for k in
+              ("prepare", "features", "lookup", "forward", "score")}
+    out = {"mean_ms": d("ctrpipe_score_latency_seconds_sum") / max(requests, 1) * 1000,
+           "wait_ms": d("ctrpipe_score_batch_wait_seconds_total") / max(requests, 1) * 1000,
+           "rows_per_batch": d('ctrpipe_score_rows_total{outcome="scored"}') / max(d("ctrpipe_score_batches_total"), 1),
+           **stage_ms(stages, int(requests))}
+    scoring = (stages["prepare"] + stages["features"] + stages["score"]) / max(requests, 1) * 1000
+    out["http_other_ms"] = out["mean_ms"] - out["wait_ms"] - scoring  # HTTP, JSON, the event loop, thread handoffs
+    return out
 
 
 def http_load(port: int, lines: list[str], *, batch: int, clients: int, seconds: float,
@@ -271,7 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--mmap-keys", type=int, default=10_000_000, help="0 skips the memory part")
     p.add_argument("--mmap-dim", type=int, default=16)
+    p.add_argument("--parts", default="http,reload,size", help="which parts to run (the memory part: --mmap-keys)")
     args = p.parse_args(argv)
+    parts = set(args.parts.split(","))
     batches = [int(x) for x in args.batches.split(",")]
     clients = [int(x) for x in args.clients.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -284,64 +345,85 @@ def main(argv: list[str] | None = None) -> None:
         (root / "bundles" / "ctr" / "LATEST").write_text("v00001\n")
         bundle = root / "bundles" / "ctr" / "v00001"
 
-        base = {b: in_process(bundle, lines, b, args.seconds) for b in batches}
-        port = free_port()
-        proc = start_server(["--bundle", str(bundle)], port, tmp / "server.log")
-        try:
-            http_load(port, lines, batch=32, clients=4, seconds=1.0)  # warm-up
-            for b in batches:
-                rows.append({"part": "in-process", "batch": b, "clients": 1, **base[b]})
-                for c in clients:
-                    r = http_load(port, lines, batch=b, clients=c, seconds=args.seconds)
-                    rows.append({"part": "http", "batch": b, "clients": c, **r,
-                                 "x_in_process": r["rows_s"] / base[b]["rows_s"],
-                                 "p50_added_ms": r["p50_ms"] - base[b]["p50_ms"],
-                                 "p99_added_ms": r["p99_ms"] - base[b]["p99_ms"]})
-        finally:
-            stop(proc)
-
-        # reload under load: 8 clients while the pointer moves to v00002
-        port = free_port()
-        proc = start_server(["--set", f"root={root}", "--model", "latest", "--reload-every", "0.5"], port,
-                            tmp / "reload.log")
-        try:
-            versions: list[str] = []
-            mover = threading.Timer(1.5, lambda: (root / "bundles" / "ctr" / "LATEST").write_text("v00002\n"))
-            mover.start()
-            r = http_load(port, lines, batch=32, clients=8, seconds=max(args.seconds, 5.0), versions=versions)
-            rows.append({"part": "reload", "batch": 32, "clients": 8, **r,
-                         "switched": "v00002" in versions, "served_v1": versions.count("v00001"),
-                         "served_v2": versions.count("v00002")})
-        finally:
-            stop(proc)
-
-        # bundle vs registry version: bytes and load time
-        write_registry_version(tmp / "registry-v", made)
-        from flows.serving.bundle import BundleReader
-        from flows.serving.model import load_model
-        from trainer.scoring import load_model as load_registry_model
-
-        t0 = time.perf_counter()
-        load_registry_model(str(tmp / "registry-v"))
-        reg_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        load_model([BundleReader(str(bundle))])
-        bundle_s = time.perf_counter() - t0
-        rows.append({"part": "size", "mode": "registry version", "keys": args.keys, "bytes": tree_bytes(tmp / "registry-v"),
-                     "load_s": reg_s})
-        rows.append({"part": "size", "mode": "bundle", "keys": args.keys, "bytes": tree_bytes(bundle), "load_s": bundle_s,
-                     "x_registry": tree_bytes(bundle) / tree_bytes(tmp / "registry-v")})
+        if "http" in parts:
+            rows += http_rows(bundle, lines, batches, clients, args.seconds, tmp)
+        if "reload" in parts:
+            rows += reload_rows(root, lines, args.seconds, tmp)
+        if "size" in parts:
+            rows += size_rows(bundle, made, args.keys, tmp)
         if args.mmap_keys:
             rows += memory_rows(tmp, args.mmap_keys, args.mmap_dim)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     cols = ["part", "mode", "batch", "clients", "keys", "req_s", "rows_s", "p50_ms", "p99_ms", "failed", "x_in_process",
-            "p50_added_ms", "p99_added_ms", "switched", "bytes", "x_registry", "load_s", "rss_MiB", "anon_MiB",
-            "file_MiB", "peak_MiB"]
+            "p50_added_ms", "p99_added_ms", "mean_ms", "wait_ms", "prepare_ms", "features_ms", "path_parse_ms",
+            "path_encode_ms", "lookup_ms", "forward_ms", "other_score_ms", "http_other_ms", "rows_per_batch",
+            "switched", "bytes", "x_registry", "load_s", "rss_MiB", "anon_MiB", "file_MiB", "peak_MiB"]
     report("serve", rows, params=vars(args), columns=cols,
            notes="x_in_process: HTTP rows/s over in-process rows/s at the same batch; *_added_ms: HTTP minus in-process "
-                 "latency.  Goals: >= 0.5x at 32 clients x 32 lines; batch 1 adds <= ~2 ms p50, ~10 ms p99; 0 failed "
-                 "requests during the reload.  Clients, server and baseline share this machine's cores.")
+                 "latency.  Breakdown (ms per request, means): wait in the batcher's queue, prepare, features (parse + "
+                 "encode; path_parse/path_encode: the feature path's halves timed apart), lookup, forward, other "
+                 "scoring, http_other (HTTP, JSON, event loop, handoffs).  Goals: >= 0.5x at 32 clients x 32 lines; "
+                 "batch 1 adds <= ~2 ms p50, ~10 ms p99; 0 failed requests during the reload.  Clients, server and "
+                 "baseline share this machine's cores.")
+
+
+def http_rows(bundle: Path, lines: list[str], batches: list[int], clients: list[int], seconds: float,
+              tmp: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    base = {b: in_process(bundle, lines, b, seconds) for b in batches}
+    port = free_port()
+    proc = start_server(["--bundle", str(bundle)], port, tmp / "server.log")
+    try:
+        http_load(port, lines, batch=32, clients=4, seconds=1.0)  # warm-up
+        for b in batches:
+            rows.append({"part": "in-process", "batch": b, "clients": 1, **base[b]})
+            for c in clients:
+                before = scrape(port)
+                r = http_load(port, lines, batch=b, clients=c, seconds=seconds)
+                rows.append({"part": "http", "batch": b, "clients": c, **r,
+                             "x_in_process": r["rows_s"] / base[b]["rows_s"],
+                             "p50_added_ms": r["p50_ms"] - base[b]["p50_ms"],
+                             "p99_added_ms": r["p99_ms"] - base[b]["p99_ms"],
+                             **server_breakdown(before, scrape(port))})
+    finally:
+        stop(proc)
+    return rows
+
+
+def reload_rows(root: Path, lines: list[str], seconds: float, tmp: Path) -> list[dict[str, Any]]:
+    """Reload under load: 8 clients while the pointer moves to v00002."""
+    port = free_port()
+    proc = start_server(["--set", f"root={root}", "--model", "latest", "--reload-every", "0.5"], port,
+                        tmp / "reload.log")
+    try:
+        versions: list[str] = []
+        mover = threading.Timer(1.5, lambda: (root / "bundles" / "ctr" / "LATEST").write_text("v00002\n"))
+        mover.start()
+        r = http_load(port, lines, batch=32, clients=8, seconds=max(seconds, 5.0), versions=versions)
+    finally:
+        stop(proc)
+    return [{"part": "reload", "batch": 32, "clients": 8, **r, "switched": "v00002" in versions,
+             "served_v1": versions.count("v00001"), "served_v2": versions.count("v00002")}]
+
+
+def size_rows(bundle: Path, made: dict, keys: int, tmp: Path) -> list[dict[str, Any]]:
+    """Bundle vs registry version: bytes and load time."""
+    write_registry_version(tmp / "registry-v", made)
+    from flows.serving.bundle import BundleReader
+    from flows.serving.model import load_model
+    from trainer.scoring import load_model as load_registry_model
+
+    t0 = time.perf_counter()
+    load_registry_model(str(tmp / "registry-v"))
+    reg_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    load_model([BundleReader(str(bundle))])
+    bundle_s = time.perf_counter() - t0
+    return [{"part": "size", "mode": "registry version", "keys": keys, "bytes": tree_bytes(tmp / "registry-v"),
+             "load_s": reg_s},
+            {"part": "size", "mode": "bundle", "keys": keys, "bytes": tree_bytes(bundle), "load_s": bundle_s,
+             "x_registry": tree_bytes(bundle) / tree_bytes(tmp / "registry-v")}]
 
 
 if __name__ == "__main__":

@@ -169,12 +169,33 @@ def score_features(
     missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
     if missing:
         raise KeyError(f"feature rows lack columns {missing} the model was trained with")
-    dense_all = features[list(s.dense_columns)].to_numpy(np.float32) if s.dense_columns else None
+    # C order: a frame's columns come out column-major, and the network's bucketize wants contiguous rows
+    dense_all = np.ascontiguousarray(features[list(s.dense_columns)].to_numpy(np.float32)) if s.dense_columns else None
     keys_all = features[list(s.key_columns)].to_numpy(np.int64)
     bags_all = [
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
-    n = len(features)
+    return score_arrays(net, lookup, schema, pooling, dense_all, keys_all, bags_all, batch_size=batch_size,
+                        device=device)
+
+
+@torch.no_grad()
+def score_arrays(
+    net: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    lookup: Callable[[torch.Tensor], torch.Tensor],
+    schema: FeatureSchema,
+    pooling: str,
+    dense_all: np.ndarray | None,
+    keys_all: np.ndarray,
+    bags_all: list[Jagged],
+    *,
+    batch_size: int = 8192,
+    device: torch.device = torch.device("cpu"),
+) -> np.ndarray:
+    """`score_features` on the columns as arrays: dense (N, n) float32 (None without dense columns), keys (N, F)
+    int64, one `Jagged` per bag column.  The online scorer's small batches come here without a frame."""
+    s = schema
+    n = len(keys_all)
     out = np.empty(n, dtype=np.float64)
     for lo in range(0, n, batch_size):
         hi = min(n, lo + batch_size)

@@ -305,7 +305,7 @@ def cmd_score_server(args: argparse.Namespace) -> int:
     config = ServeConfig(host=args.host, port=args.port, reload_every_s=args.reload_every,
                          max_body_bytes=args.max_body_bytes, max_lines=args.max_lines,
                          max_batch_rows=args.max_batch_rows, max_wait_ms=args.max_wait_ms,
-                         auth_token_env=args.auth_token_env)
+                         auth_token_env=args.auth_token_env, access_log=args.access_log)
     if args.bundle:
         source = BundleSource(bundle_url=args.bundle, mmap=args.mmap)
     else:

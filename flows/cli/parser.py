@@ -237,16 +237,25 @@ def _add_serving_parsers(sub: Any) -> None:
                   "ctrpipe score-server --bundle ./bundle --port 8080",
                   "ctrpipe score-server --config prod.yaml --host 0.0.0.0 --auth-token-env SCORER_TOKEN   # token in $SCORER_TOKEN"])
     p.add_argument("--model", default="latest", metavar="VERSION",
-                   help="latest (follow bundles/<model>/LATEST) or a version (pinned)")
+                   help="latest (follow bundles/<model>/LATEST) or a version (pinned) (default: %(default)s)")
     p.add_argument("--bundle", default=None, metavar="URL", help="serve this bundle directory (pinned; no root needed)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
-    p.add_argument("--reload-every", type=float, default=30.0, metavar="SECONDS", help="poll period of LATEST")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one, and the log line "
+                   "'score-server on http://HOST:PORT' names it (default: %(default)s)")
+    p.add_argument("--reload-every", type=float, default=30.0, metavar="SECONDS",
+                   help="poll period of LATEST (default: %(default)s)")
     p.add_argument("--mmap", action="store_true", help="serve the rows memory-mapped (tables larger than RAM)")
     p.add_argument("--auth-token-env", default="", metavar="NAME",
-                   help="require Authorization: Bearer <token>, the token read from this environment variable")
-    p.add_argument("--max-lines", type=int, default=10_000, help="most lines or rows per request")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body")
-    p.add_argument("--max-batch-rows", type=int, default=4096, help="rows above which requests stop joining a batch")
-    p.add_argument("--max-wait-ms", type=float, default=0.0, help="how long a batch waits for more requests")
+                   help="require Authorization: Bearer <token>, the token read from this environment variable "
+                        "(default: none, no auth)")
+    p.add_argument("--max-lines", type=int, default=10_000, help="most lines or rows per request (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (default: %(default)s)")
+    p.add_argument("--max-batch-rows", type=int, default=4096,
+                   help="rows above which requests stop joining a batch (default: %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long a batch waits for more requests once none is queued (default: %(default)s: "
+                        "score at once)")
+    p.add_argument("--access-log", action="store_true",
+                   help="log one line per /v1/score request: client, status, entries, milliseconds, version "
+                        "(default: off)")
     _add_config_args(p)

@@ -3,15 +3,20 @@
     POST /v1/score   {"lines": ["<raw log line>", ...]} or {"rows": [{"<field>": value, ...}, ...]}
                      -> 200 {"model_version": "v00002", "scores": [p | null, ...], "errors": [{"index", "reason"}]}
     GET  /v1/model   version, trained dates, AUC, export time of the model being served
+    GET  /metrics    Prometheus text format (`flows.serving.metrics`); open like the probes
     GET  /healthz    200 while the process runs (liveness)
     GET  /readyz     200 once a model is loaded, else 503 (readiness)
 
-A malformed line gets `null` and the reason ingest would quarantine it for; the other lines are
+A line may carry the label column or not (a request-time log has none): one field fewer than the
+format's columns is a features-only line (`flows.serving.lines`); `"labelled": true | false` beside
+`"lines"` says it for every line of the request.  A malformed line gets `null` and the reason
+ingest would quarantine it for (a wrong field count names the counts accepted); the other lines are
 scored.  What is wrong with the request itself gets a 4xx and `{"error": "..."}`, never a 500:
 400 invalid JSON or body shape, 401 missing or wrong bearer token (only with `auth_token`),
 413 body over `max_body_bytes` or more than `max_lines` entries, 415 a content type other than
-application/json, 422 entries of the wrong type, 503 no model loaded yet.  With a token, `/v1/*`
-needs `Authorization: Bearer <token>`; the probes stay open.
+application/json, 422 entries of the wrong type, 503 no model loaded yet; a failure while scoring
+(a bug, a broken bundle) is a 500 with its reason.  With a token, `/v1/*` needs
+`Authorization: Bearer <token>`; the probes and `/metrics` stay open.
 """
 
 from __future__ import annotations
@@ -20,19 +25,26 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from flows.serving.batcher import MicroBatcher
+from flows.serving.metrics import CONTENT_TYPE, ServerMetrics
+from flows.serving.model import ScoreRequest
 from flows.serving.reload import ModelHolder, Reloader
 
 log = logging.getLogger("ctrpipe.serve")
+access = logging.getLogger("ctrpipe.serve.access")
+ERROR_REASONS = {400: "bad_request", 401: "unauthorized", 413: "too_large", 415: "content_type", 422: "bad_entries",
+                 500: "scoring_failed", 503: "no_model"}
+"""HTTP status -> the reason label of `ctrpipe_score_request_errors_total`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,14 +95,18 @@ async def read_body(request: Request, limits: ApiLimits) -> Any:
         raise RequestError(400, f"invalid JSON: {exc}") from None
 
 
-def entries(payload: Any, limits: ApiLimits) -> tuple[str, list[Any]]:
-    """("lines" | "rows", the entries) of a score request (`RequestError` when its shape is wrong)."""
+def entries(payload: Any, limits: ApiLimits) -> ScoreRequest:
+    """The entries of a score request (`RequestError` when its shape is wrong)."""
     if not isinstance(payload, dict):
         raise RequestError(400, f'body must be an object {{"lines": [...]}} or {{"rows": [...]}}, got {type(payload).__name__}')
     keys = set(payload)
-    if len(keys & {"lines", "rows"}) != 1 or keys - {"lines", "rows"}:
-        raise RequestError(400, f'body must hold exactly one of "lines" or "rows", got keys {sorted(keys)}')
+    if len(keys & {"lines", "rows"}) != 1 or keys - {"lines", "rows", "labelled"}:
+        raise RequestError(400, f'body must hold exactly one of "lines" or "rows" (and "labelled" with lines), '
+                                f'got keys {sorted(keys)}')
     kind = "lines" if "lines" in payload else "rows"
+    labelled = payload.get("labelled")
+    if labelled is not None and (kind != "lines" or not isinstance(labelled, bool)):
+        raise RequestError(422, f'"labelled" goes with "lines" and is true or false, got {labelled!r} with "{kind}"')
     items = payload[kind]
     if not isinstance(items, list):
         raise RequestError(422, f"{kind} must be a list, got {type(items).__name__}")
@@ -98,11 +114,12 @@ def entries(payload: Any, limits: ApiLimits) -> tuple[str, list[Any]]:
         raise RequestError(413, f"{len(items)} {kind} in one request, the limit is {limits.max_lines}: split it")
     if kind == "lines" and (bad := next((i for i, x in enumerate(items) if not isinstance(x, str)), None)) is not None:
         raise RequestError(422, f"lines[{bad}] must be a string (one raw log line), got {type(items[bad]).__name__}")
-    return kind, items
+    return ScoreRequest(kind, items, labelled)
 
 
 def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, reloader: Reloader | None = None,
-              auth_token: str | None = None) -> Starlette:
+              auth_token: str | None = None, access_log: bool = False,
+              metrics: ServerMetrics | None = None) -> Starlette:
     """The ASGI app over the served model (see the module docstring).
 
     Args:
@@ -111,7 +128,11 @@ def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, 
         limits: request size limits.
         reloader: polls for new versions while the app runs (None: a pinned bundle).
         auth_token: the bearer token `/v1/*` requires (None: no auth).
+        access_log: log one line per request (`ctrpipe.serve.access`: client, method, path, status, entries,
+            milliseconds, version).
+        metrics: the counters `/metrics` shows (a fresh set when None).
     """
+    metrics = metrics or ServerMetrics()
     expected = f"Bearer {auth_token}".encode() if auth_token else None
 
     def authorized(request: Request) -> bool:
@@ -119,23 +140,40 @@ def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, 
             return True
         return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
 
-    async def score(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+    async def score(request: Request) -> Response:
+        t0 = time.perf_counter()
+        entries_n, version = 0, "-"
         try:
-            kind, items = entries(await read_body(request, limits), limits)
+            if not authorized(request):
+                raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+            wanted = entries(await read_body(request, limits), limits)
+            entries_n = len(wanted)
+            model = holder.current  # the request stays on this version, whatever the reloader does meanwhile
+            if model is None:
+                raise RequestError(503, "no model loaded yet (see GET /readyz)")
+            version = model.version
+            try:
+                scored = await batcher.score(model, wanted)
+            except Exception as exc:  # a bug or a broken bundle: a 500 that says so, never a dropped connection
+                log.exception("scoring failed on %s", version)
+                raise RequestError(500, f"scoring failed: {type(exc).__name__}: {exc}") from exc
+            metrics.scored(len(scored.scores) - len(scored.errors), [r for _, r in scored.errors])
+            response: Response = JSONResponse({"model_version": version, "scores": scored.scores,
+                                               "errors": [{"index": i, "reason": r} for i, r in scored.errors]})
         except RequestError as exc:
-            return _error(exc.status, str(exc))
-        model = holder.current  # the request stays on this version, whatever the reloader does meanwhile
-        if model is None:
-            return _error(503, "no model loaded yet (see GET /readyz)")
-        parsed = await asyncio.to_thread(model.parse, **{kind: items})
-        probs = await batcher.score(model, parsed.features)
-        scores: list[float | None] = [None] * len(items)
-        for i, p in zip(parsed.index.tolist(), probs.tolist(), strict=True):
-            scores[i] = p
-        return JSONResponse({"model_version": model.version, "scores": scores,
-                             "errors": [{"index": i, "reason": r} for i, r in parsed.errors]})
+            metrics.request_errors[ERROR_REASONS.get(exc.status, str(exc.status))] += 1
+            response = _error(exc.status, str(exc))
+        seconds = time.perf_counter() - t0
+        metrics.answered(response.status_code, seconds)
+        if access_log:
+            client = request.client.host if request.client else "-"
+            access.info('%s "POST /v1/score" %d %d entries %.1fms %s', client, response.status_code, entries_n,
+                        seconds * 1000, version)
+        return response
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.exposition(model=holder.current, batch_stats=batcher.stats, switches=holder.switches,
+                                           refusals=holder.refusals), media_type=CONTENT_TYPE)
 
     async def model_info(request: Request) -> JSONResponse:
         if not authorized(request):
@@ -170,6 +208,7 @@ def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, 
     routes = [
         Route("/v1/score", score, methods=["POST"]),
         Route("/v1/model", model_info, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]

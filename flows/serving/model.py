@@ -5,6 +5,10 @@ The server holds a `ServingModel` per version (two while it switches).  It needs
 the feature path, model.json for the columns (`ServingMeta`: only what the scorer uses, read
 tolerantly, so an older scorer loads a newer trainer's bundle).  Scoring goes through
 `trainer.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
+
+`score_batch` scores several requests in one pass (the micro-batcher's call): their lines are
+parsed and encoded together and scored in one forward pass, so the fixed cost of the feature path
+(an Arrow parse, pandas frames) is paid once per batch rather than once per request.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +35,15 @@ from flows.serving.bundle import (
     BundleError,
     BundleReader,
 )
+from flows.serving.lines import with_labels
+from flows.serving.small import SmallBatch, fits, small_batch
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
 from trainer.data import FeatureSchema
 from trainer.export import load_program
 from trainer.model_dir import MODEL
-from trainer.scoring import score_features
+from trainer.scoring import score_arrays, score_features
 
 log = logging.getLogger("ctrpipe.serve")
 
@@ -71,6 +79,49 @@ class ServingMeta:
             raise BundleError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """The entries of one `/v1/score` request."""
+
+    kind: str
+    """"lines" (raw log lines) or "rows" (objects of named fields)."""
+    items: list[Any]
+    labelled: bool | None = None
+    """Lines only: None: told by field count (`flows.serving.lines`); True / False: every line has / lacks the label."""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass
+class Scored:
+    """One request's answer: a probability per entry (None where refused), and why each refused one was."""
+
+    scores: list[float | None]
+    errors: list[tuple[int, str]]
+
+
+class StageTimes:
+    """Seconds spent per stage of scoring, summed over batches (`/metrics`, `bench.serve`'s breakdown)."""
+
+    STAGES = ("prepare", "features", "lookup", "forward", "score")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.STAGES, 0.0)
+
+    def timed(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn`, adding the seconds of every call to `stage`."""
+
+        def call(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds[stage] += time.perf_counter() - t0
+
+        return call
+
+
 @dataclass
 class ServingModel:
     """A bundle in memory, ready to score (see the module docstring)."""
@@ -84,16 +135,79 @@ class ServingModel:
     schema: FeatureSchema
     loaded_s: float = 0.0
     loaded_at: float = field(default_factory=time.time)
+    small_path: bool = field(init=False)
+    """Whether small batches of plain lines may skip the frame (`flows.serving.small`)."""
+
+    def __post_init__(self) -> None:
+        s = self.schema
+        self.small_path = fits(self.spec, s.dense_columns, s.key_columns, s.bag_columns)
 
     def parse(self, *, lines: list[str] | None = None, rows: list[Any] | None = None) -> Parsed:
         """Lines or rows -> the training inputs (`FeatureSpec.parse_lines` / `parse_rows`)."""
         return self.spec.parse_lines(lines) if lines is not None else self.spec.parse_rows(rows or [])
 
-    def score_features(self, features: pd.DataFrame) -> np.ndarray:
-        """Click probabilities (N,) float64 of feature rows."""
+    def score_features(self, features: pd.DataFrame, times: StageTimes | None = None) -> np.ndarray:
+        """Click probabilities (N,) float64 of feature rows (`times`: add the lookup's and the network's seconds)."""
         if len(features) == 0:
             return np.zeros(0, np.float64)
-        return score_features(self.net, self.table.lookup, self.schema, self.spec.bag_pooling, features)
+        net: Callable[..., Any] = self.net
+        lookup: Callable[..., Any] = self.table.lookup
+        if times is not None:
+            net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
+        return score_features(net, lookup, self.schema, self.spec.bag_pooling, features)
+
+    def score_small(self, batch: SmallBatch, times: StageTimes | None = None) -> np.ndarray:
+        """`score_features` of a `SmallBatch`'s arrays (no frame in between)."""
+        net: Callable[..., Any] = self.net
+        lookup: Callable[..., Any] = self.table.lookup
+        if times is not None:
+            net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
+        return score_arrays(net, lookup, self.schema, self.spec.bag_pooling, batch.dense if batch.dense.shape[1] else None,
+                            batch.keys, [])
+
+    def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
+        """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""
+        if request.kind == "rows":
+            return self.spec.rows_to_lines(request.items)
+        return with_labels(request.items, self.spec.schema, labelled=request.labelled)
+
+    def score_batch(self, requests: list[ScoreRequest], times: StageTimes | None = None) -> list[Scored]:
+        """Score several requests in one pass (see the module docstring); one `Scored` per request, in order."""
+        times = times or StageTimes()
+        t0 = time.perf_counter()
+        answers = [Scored([None] * len(r), []) for r in requests]
+        lines: list[str] = []
+        owner: list[tuple[int, int]] = []  # (request, entry) of each line of the batch
+        for k, request in enumerate(requests):
+            written, answers[k].errors = self.request_lines(request)
+            for i, line in enumerate(written):
+                if line is not None:
+                    lines.append(line)
+                    owner.append((k, i))
+        t1 = time.perf_counter()
+        small = small_batch(lines, self.spec) if self.small_path else None
+        parsed = self.spec.parse_lines(lines) if small is None else None
+        t2 = time.perf_counter()
+        with _threads_for(len(lines)):
+            if small is not None:
+                probs = self.score_small(small, times)
+                index, errors = range(len(lines)), []
+            else:
+                assert parsed is not None
+                probs = self.score_features(parsed.features, times)
+                index, errors = parsed.index.tolist(), parsed.errors
+        times.seconds["score"] += time.perf_counter() - t2
+        times.seconds["features"] += t2 - t1
+        times.seconds["prepare"] += t1 - t0
+        for at, p in zip(index, probs.tolist(), strict=True):
+            k, i = owner[at]
+            answers[k].scores[i] = p
+        for at, reason in errors:
+            k, i = owner[at]
+            answers[k].errors.append((i, reason))
+        for a in answers:
+            a.errors.sort()
+        return answers
 
     def info(self) -> dict[str, Any]:
         """What `GET /v1/model` answers."""
@@ -106,6 +220,24 @@ class ServingModel:
             "format": self.spec.schema.name, "loaded_s": round(self.loaded_s, 3),
             "mmap": isinstance(self.table, MmapTable),
         }
+
+
+SERIAL_ROWS = 256
+"""Batches of fewer rows run the network on one thread: for them torch's intra-op threads only add a wake-up
+and a join per operator (milliseconds on a busy machine), and a bigger batch splits its work among them."""
+
+
+@contextmanager
+def _threads_for(rows: int) -> Iterator[None]:
+    threads = torch.get_num_threads()
+    if rows >= SERIAL_ROWS or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> ServingModel:

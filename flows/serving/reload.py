@@ -97,6 +97,8 @@ class ModelHolder:
     """Times one served version was replaced by another (the first load is not a switch)."""
     refused: dict[str, str] = field(default_factory=dict)
     """version -> the reason its bundle was refused (the latest refusal of each)."""
+    refusals: int = 0
+    """Bundles refused (each attempt; a refused bundle is tried again only when its commit changes)."""
 
     def swap(self, model: ServingModel) -> ServingModel | None:
         old, self.current = self.current, model
@@ -138,6 +140,7 @@ class Reloader:
         except Exception as exc:  # whatever stops a bundle from loading refuses it; the old one keeps serving
             self._tried[version] = commit
             self.holder.refused[version] = str(exc)
+            self.holder.refusals += 1
             log.error("refused bundle %s: %s; still serving %s", version, exc, self._serving())
             return False
         old = self.holder.swap(model)

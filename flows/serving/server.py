@@ -5,12 +5,17 @@ otherwise; the bearer token, when there is one, is read from the environment var
 names and never logged or stored.  With `latest`, a server started before the first publish
 answers `/readyz` with 503 and loads the first bundle the pointer names; a pinned bundle that does
 not load stops the server with the reason.
+
+The port is bound before anything else (`bind`), so a port in use is an error at once, before a
+bundle is loaded, and the address announced is the one bound (`--port 0`: the port the system chose).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 from flows.serving.reload import BundleSource, ModelHolder, Reloader
@@ -35,6 +40,8 @@ class ServeConfig:
     """How long a micro-batch waits for more requests once none is queued (0: score at once)."""
     auth_token_env: str = ""
     """Name of the environment variable holding the bearer token; empty: no auth."""
+    access_log: bool = False
+    """Log one line per /v1/score request (logger `ctrpipe.serve.access`)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -58,8 +65,46 @@ class ServeConfig:
         return token
 
 
+class ServeError(RuntimeError):
+    """The server cannot start (the message says why and what to do)."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host`:`port` (0: a free port the system picks).
+
+    Raises:
+        ServeError: the address is in use, or cannot be bound.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ServeError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds while old connections linger
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServeError(f"--port {port}: {host}:{port} is in use by another process; stop it, or pick another "
+                             "port (--port 0 picks a free one)") from None
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def bound_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def serve(source: BundleSource, config: ServeConfig) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers stop it gracefully: requests in flight finish)."""
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers stop it gracefully: requests in flight finish).
+
+    Raises:
+        ServeError: the port cannot be bound, or the server did not start.
+    """
     try:
         import uvicorn
     except ImportError:
@@ -68,20 +113,28 @@ def serve(source: BundleSource, config: ServeConfig) -> None:
     from flows.serving.batcher import MicroBatcher
 
     token = config.auth_token()
-    holder = ModelHolder()
-    reloader = Reloader(source, holder, every_s=config.reload_every_s)
-    first = source.wanted()
-    if first is None:
-        log.warning("no bundle published yet (%s): not ready until one is", source.layout.bundle_latest())  # type: ignore[union-attr]
-    elif source.follows_latest:
-        reloader.check()  # a refused bundle is logged; the server waits, unready, for the next one
-    else:
-        holder.swap(source.load(first))  # pinned: a bundle that does not load is an error
-    app = build_app(holder, MicroBatcher(max_rows=config.max_batch_rows, max_wait_s=config.max_wait_ms / 1000),
-                    limits=ApiLimits(max_body_bytes=config.max_body_bytes, max_lines=config.max_lines),
-                    reloader=reloader if source.follows_latest else None, auth_token=token)
-    log.info("score-server on http://%s:%d (%s%s)", config.host, config.port,
-             f"serving {holder.current.version}" if holder.current else "no model yet",
-             ", bearer token required" if token else "")
-    uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                                  lifespan="on")).run()
+    sock = bind(config.host, config.port)
+    try:
+        holder = ModelHolder()
+        reloader = Reloader(source, holder, every_s=config.reload_every_s)
+        first = source.wanted()
+        if first is None:
+            log.warning("no bundle published yet (%s): not ready until one is", source.layout.bundle_latest())  # type: ignore[union-attr]
+        elif source.follows_latest:
+            reloader.check()  # a refused bundle is logged; the server waits, unready, for the next one
+        else:
+            holder.swap(source.load(first))  # pinned: a bundle that does not load is an error
+        app = build_app(holder, MicroBatcher(max_rows=config.max_batch_rows, max_wait_s=config.max_wait_ms / 1000),
+                        limits=ApiLimits(max_body_bytes=config.max_body_bytes, max_lines=config.max_lines),
+                        reloader=reloader if source.follows_latest else None, auth_token=token,
+                        access_log=config.access_log)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        log.info("score-server on %s (%s%s)", bound_url(sock),
+                 f"serving {holder.current.version}" if holder.current else "no model yet",
+                 ", bearer token required" if token else "")
+        try:
+            server.run(sockets=[sock])
+        except SystemExit:  # uvicorn's startup failure exits 3, a code `ctrpipe` does not document
+            raise ServeError("the server did not start: see the lines above") from None
+    finally:
+        sock.close()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flows.serving.bundle import now_iso
 from flows.serving.export import write_full_bundle
 from pipeline.encode.feature_spec import FeatureSpec
 from pipeline.encode.keys import feature_keys
@@ -65,7 +66,7 @@ def write_tiny_bundle(url: str, *, version: str = "v00001", seed: int = 0, dtype
     spec = FeatureSpec(schema=CRITEO, admitted=admitted, bag_pooling=TINY.bag_pooling,
                        dense_buckets=TINY.dense_buckets, dense_bucket_max=TINY.dense_bucket_max)
     manifest = {"version": version, "model_name": "ctr", "dtype": dtype, "metrics": {"auc": 0.5 + seed / 100},
-                "dates_trained": ["2026-01-01"]}
+                "dates_trained": ["2026-01-01"], "exported": now_iso()}
     return write_full_bundle(url, meta=meta, spec=spec, program=export.program_bytes(export.export_program(network)),
                              rows=rows, manifest=manifest)
 

@@ -37,7 +37,8 @@ def test_lines_are_scored_and_a_malformed_one_gets_null_and_the_ingest_reason(se
     assert [s is None for s in body["scores"]] == [False, False, True, False, True, False, False]
     assert all(0 < s < 1 for s in body["scores"] if s is not None)
     assert body["errors"] == [{"index": 2, "reason": "non-numeric integer field: I1='not-a-number'"},
-                              {"index": 4, "reason": "wrong field count: 1 fields, expected 14..40"}]
+                              {"index": 4, "reason": "wrong field count: 1 fields, expected 14..40 with the label "
+                                                     "column 'label' or 39 without it"}]
     again = call(port, "POST", "/v1/score", {"lines": lines[:2]}, headers=AUTH)[1]
     assert again["scores"] == body["scores"][:2]  # batching with other requests changes no score
 
@@ -95,3 +96,77 @@ def test_probes_are_open_model_info_needs_the_token_and_the_token_is_never_logge
     assert info["dates_trained"] == ["2026-01-01"] and info["rows"] > 0 and info["batching"]["requests"] >= 1
     assert call(port, "GET", "/v1/nothing", headers=AUTH)[0] == 404
     assert TOKEN not in log.read_text() and TOKEN not in json.dumps(info)
+
+
+def test_features_only_lines_of_a_real_request_log_score_like_the_same_lines_with_a_label(server, shared_data):
+    port, _, _ = server
+    features = (shared_data / "criteo" / "test_unlabelled_10k.tsv").read_text().splitlines()[:20]
+    assert {line.count("\t") + 1 for line in features} == {39}  # a request-time log: no label column
+    status, body = call(port, "POST", "/v1/score", {"lines": features}, headers=AUTH)
+    assert status == 200 and body["errors"] == [] and None not in body["scores"]
+    for label in ("0", "1"):
+        replay = call(port, "POST", "/v1/score", {"lines": [f"{label}\t{line}" for line in features]}, headers=AUTH)[1]
+        assert replay["errors"] == [] and replay["scores"] == pytest.approx(body["scores"], abs=1e-9)
+    said = call(port, "POST", "/v1/score", {"lines": features, "labelled": False}, headers=AUTH)[1]
+    assert said["scores"] == pytest.approx(body["scores"], abs=1e-9)
+
+
+def test_a_line_of_a_wrong_field_count_is_refused_naming_both_counts_and_the_others_are_scored(server):
+    port, _, _ = server
+    features = criteo_line(1).split("\t", 1)[1]
+    lines = [features, features + "\tone-too-many\tand-another", criteo_line(2)]
+    status, body = call(port, "POST", "/v1/score", {"lines": lines}, headers=AUTH)
+    assert status == 200 and [s is None for s in body["scores"]] == [False, True, False]
+    assert body["errors"] == [{"index": 1, "reason": "wrong field count: 41 fields, expected 14..40 with the label "
+                                                     "column 'label' or 39 without it"}]
+    status, body = call(port, "POST", "/v1/score", {"lines": [criteo_line(2)], "labelled": False}, headers=AUTH)
+    assert status == 200 and body["scores"] == [None] and "(the request says \"labelled\": false)" in body["errors"][0]["reason"]
+    status, body = call(port, "POST", "/v1/score", {"rows": [], "labelled": True}, headers=AUTH)
+    assert status == 422 and '"labelled" goes with "lines"' in body["error"]
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = call(port, "GET", "/metrics")  # open like the probes: no token
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_requests_rows_errors_and_latency_in_the_prometheus_format(server):
+    port, _, _ = server
+    before = _scrape(port)
+    lines = [criteo_line(i) for i in range(4)] + ["2" + criteo_line(5)[1:]]  # the last: a bad label
+    assert call(port, "POST", "/v1/score", {"lines": lines}, headers=AUTH)[0] == 200
+    assert call(port, "POST", "/v1/score", {"lines": []}, headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert call(port, "POST", "/v1/score", raw=b"{", headers=AUTH)[0] == 400
+    after = _scrape(port)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("ctrpipe_score_requests_total", code="200") == 1
+    assert delta("ctrpipe_score_requests_total", code="401") == 1 and delta("ctrpipe_score_requests_total", code="400") == 1
+    assert delta("ctrpipe_score_rows_total", outcome="scored") == 4
+    assert delta("ctrpipe_score_rows_total", outcome="refused") == 1
+    assert delta("ctrpipe_score_refused_total", reason="bad label") == 1
+    assert delta("ctrpipe_score_request_errors_total", reason="unauthorized") == 1
+    assert delta("ctrpipe_score_request_errors_total", reason="bad_request") == 1
+    assert delta("ctrpipe_score_latency_seconds_count") == 3
+    assert delta("ctrpipe_score_latency_seconds_bucket", le="+Inf") == 3 and delta("ctrpipe_score_latency_seconds_sum") > 0
+    assert delta("ctrpipe_score_batches_total") == 1 and delta("ctrpipe_score_stage_seconds_total", stage="forward") > 0
+    assert after[("ctrpipe_model_info", (("model", "ctr"), ("version", "v00001")))] == 1
+    assert 0 <= after[("ctrpipe_model_age_seconds", ())] < 3600
+    assert after[("ctrpipe_model_reloads_total", (("outcome", "ok"),))] == 0
+    assert after[("ctrpipe_model_reloads_total", (("outcome", "refused"),))] == 0
+
+
+def test_the_server_log_carries_no_torch_warning_after_scoring_many_rows(server):
+    port, _, log = server
+    status, body = call(port, "POST", "/v1/score", {"lines": [criteo_line(i) for i in range(30)]}, headers=AUTH)
+    assert status == 200 and None not in body["scores"]
+    text = log.read_text()
+    assert "score-server on http://127.0.0.1:" in text  # the log is the one the server writes
+    assert "non-contiguous" not in text and "Warning" not in text, text[-2000:]

@@ -81,3 +81,14 @@ def test_a_bundle_whose_model_json_is_of_a_newer_version_is_refused_naming_it(tm
     with pytest.raises(BundleError, match=r"model.json has format 'ctr-pipeline-model/3', written by a newer "
                                           r"ctr-pipeline; this code reads ctr-pipeline-model/2: upgrade"):
         load_model([BundleReader(str(tmp_path / "b"))])
+
+
+def test_the_network_gets_contiguous_dense_rows(tmp_path):
+    # torch's bucketize warns "searchsorted(): input value tensor is non-contiguous" from C++ (not a Python
+    # warning when called from an exported program), and copies: the frame's column-major values must not reach it
+    write_tiny_bundle(str(tmp_path / "b"))
+    model = load_model([BundleReader(str(tmp_path / "b"))])
+    seen, net = [], model.net
+    model.net = lambda dense, emb: seen.append(dense.is_contiguous() and emb.is_contiguous()) or net(dense, emb)
+    p = model.score_features(model.parse(lines=[criteo_line(i) for i in range(8)]).features)
+    assert seen == [True] and p.shape == (8,)

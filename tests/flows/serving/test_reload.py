@@ -91,6 +91,10 @@ def test_a_server_under_load_switches_to_the_next_published_day_and_refuses_a_co
         assert "dense.pt2" in info["refused"]["v00005"] and "corrupt" in info["refused"]["v00005"]
         assert "refused bundle v00005" in (tmp / "server.log").read_text()
         assert call(port, "GET", "/readyz")[0] == 200
+        metrics = call(port, "GET", "/metrics")[1]  # the switch and the refusal, as a platform scrapes them
+        assert 'ctrpipe_model_reloads_total{outcome="ok"} 1\n' in metrics
+        assert 'ctrpipe_model_reloads_total{outcome="refused"} 1\n' in metrics
+        assert 'ctrpipe_model_info{version="v00004",model="ctr"} 1\n' in metrics
     (tmp / "root" / "bundles" / "ctr" / "LATEST").write_text("v00004\n")
     shutil.rmtree(bad)
     _check_chain_and_sizes(tmp, cfg, layout)
