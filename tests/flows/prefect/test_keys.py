@@ -1,0 +1,22 @@
+"""What a model's things on a shared Prefect server are named by: the model and its root, readably."""
+
+from __future__ import annotations
+
+from flows.prefect.keys import config_digest, model_key, run_tags
+from flows.presets import demo
+from storage.io.layout import Layout
+
+
+def test_one_model_on_two_roots_gets_two_short_readable_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    staging, prod = Layout(str(tmp_path / "staging"), "ctr"), Layout(str(tmp_path / "prod"), "ctr")
+    assert model_key(staging) != model_key(prod)
+    assert model_key(staging).startswith("ctr-") and len(model_key(staging)) == len("ctr-") + 8
+    assert model_key(Layout("./staging", "ctr")) == model_key(staging)  # a root by its absolute path
+    assert run_tags(staging) == ["model:ctr", f"ctr-model:{model_key(staging)}"]
+
+
+def test_the_config_digest_changes_with_any_value():
+    a = demo("/data/a").to_dict()
+    assert config_digest(a) == config_digest(demo("/data/a").to_dict()) and len(config_digest(a)) == 12
+    assert config_digest(a) != config_digest(demo("/data/b").to_dict())
