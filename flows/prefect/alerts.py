@@ -17,7 +17,8 @@ The default block is a custom webhook whose URL comes from the environment varia
 `alerts.url_env` or from the Prefect Secret `alerts.url_secret` at deploy time, stored as a secret
 value of the block, never in committed config; a block of that name that already exists (e.g. one
 made in the UI for Slack) is used as it is when neither is set.  Rerunning deploy updates the
-automations in place (found by name), so they are never duplicated.
+automations in place (found by name), so they are never duplicated, and deletes the model's automations
+of the earlier naming (`legacy_automations`).
 """
 
 from __future__ import annotations
@@ -163,4 +164,17 @@ def upsert_automations(layout: Layout, daily_deployment_id: str, cfg: AlertsConf
             automation.id = existing.id
             automation.update()
             out[automation.name] = str(existing.id)
+    for name in legacy_automations(layout.model_name):  # they match runs by `model:<name>`: a second alert
+        try:
+            old: Any = Automation.read(name=name)
+        except ValueError:
+            continue
+        if name not in out:
+            old.delete()
     return out
+
+
+def legacy_automations(model_name: str) -> list[str]:
+    """The names of the model's automations before they were keyed by root (`ctr-<model>-run-failed`, ...):
+    deploy and serve delete them, or every failure of the model on any root would alert twice."""
+    return [f"ctr-{model_name}-run-failed", f"ctr-{model_name}-no-daily-run"]

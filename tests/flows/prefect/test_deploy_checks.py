@@ -2,6 +2,7 @@
 
 Deploy checks what can be refused before it registers anything: without a webhook URL (and no block)
 it exits 1 leaving the server as it was (it had registered all three deployments, the cron one too).
+An automation of the earlier naming (`ctr-<model>-run-failed`, matching every root) is deleted.
 With one it prints its own lines, not Prefect's three tables, and the config's digest.  One model on
 two roots gets two pairs of automations, keyed by model and root (not one `ctr-ctr-run-failed`
 shared).  `ctrpipe serve` registers the same automations as deploy (it registered none).
@@ -35,6 +36,12 @@ with get_client(sync_client=True) as c:
                       "daily_config": next((config_digest(d.parameters["config"]) for d in c.read_deployments()
                                             if d.name == "ctr-daily"), None)}))
 """
+LEGACY = """
+from prefect.automations import Automation, DoNothing, EventTrigger
+Automation(name="ctr-ctr-run-failed", trigger=EventTrigger(expect={"prefect.flow-run.Failed"}),
+           actions=[DoNothing()]).create()
+print("{}")
+"""
 
 
 def _config(path: Path, root: Path, model: str = "ctr") -> tuple[Path, dict]:
@@ -47,8 +54,8 @@ def _ctrpipe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run([str(BIN / "ctrpipe"), *args], env=env, capture_output=True, text=True, timeout=600)
 
 
-def _state(env: dict[str, str]) -> dict:
-    out = subprocess.run([str(BIN / "python"), "-c", STATE], env=env, capture_output=True, text=True, timeout=120)
+def _state(env: dict[str, str], code: str = STATE) -> dict:
+    out = subprocess.run([str(BIN / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -61,10 +68,12 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
         server = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
         server.start()
         env = {k: v for k, v in server.env.items() if k != "CTRPIPE_ALERT_WEBHOOK_URL"}
+        _state(env, LEGACY)  # the automation of the model before they were keyed by root
 
         refused = _ctrpipe(["deploy", "--config", str(staging)], env)
         assert refused.returncode == 1 and "no notification block 'ctr-alerts'" in refused.stderr, refused.stderr
-        assert _state(env) == {"deployments": [], "automations": [], "pools": [], "daily_config": None}  # nothing
+        assert _state(env) == {"deployments": [], "automations": ["ctr-ctr-run-failed"], "pools": [],
+                               "daily_config": None}  # nothing registered
 
         env = {**env, "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
         for cfg in (staging, prod):
@@ -76,7 +85,7 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
         layouts = [from_dict(yaml.safe_load(p.read_text())).layout() for p in (staging, prod)]
         expected = sorted(f(x) for x in layouts for f in (failed_run_automation, missing_run_automation))
         state = _state(env)
-        assert state["automations"] == expected and len(set(expected)) == 4, state
+        assert state["automations"] == expected and len(set(expected)) == 4, state  # the legacy one deleted
         assert state["deployments"] == ["ctr-backfill", "ctr-daily", "ctr-on-demand"] and state["pools"] == ["ctr-process"]
 
         start(procs, [str(BIN / "ctrpipe"), "serve", "--config", str(served)], tmp_path / "serve.log", env=env)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import yaml
+
+from flows.config import from_dict
 from flows.prefect.keys import config_digest, model_key, run_tags
 from flows.presets import demo
 from storage.io.layout import Layout
+from tests.helpers.references import REPO
 
 
 def test_one_model_on_two_roots_gets_two_short_readable_keys(tmp_path, monkeypatch):
@@ -20,3 +24,10 @@ def test_the_config_digest_changes_with_any_value():
     a = demo("/data/a").to_dict()
     assert config_digest(a) == config_digest(demo("/data/a").to_dict()) and len(config_digest(a)) == 12
     assert config_digest(a) != config_digest(demo("/data/b").to_dict())
+
+
+def test_the_deployments_of_infra_prefect_yaml_carry_the_tags_their_automations_match():
+    spec = yaml.safe_load((REPO / "infra" / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:
+        layout = from_dict(deployment["parameters"]["config"]).layout()
+        assert set(run_tags(layout)) <= set(deployment["tags"]), deployment["name"]
