@@ -213,9 +213,7 @@ def daily_retrain(
         try:
             day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
         except Exception as exc:
-            failed = read_record(layout, date)  # run_day wrote it, naming the stage
-            if failed is not None and not failed.completed:
-                _report(cfg, failed, digest)
+            _report_failed(cfg, date, digest)
             raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}", exc) from exc
     record = day.record
     if day.ran:
@@ -251,6 +249,17 @@ def _report(cfg: RunConfig, record: DayRecord, digest: str) -> None:
         log.warning("the metrics textfile %s was not written: %s (check that the root is writable)",
                     layout.metrics_textfile(), exc)
     _artifact(cfg, record, latest=latest, digest=digest)
+
+
+def _report_failed(cfg: RunConfig, date: str, digest: str) -> None:
+    """`_report` of the failed record run_day wrote (naming the stage); its own errors never hide the run's."""
+    try:
+        failed = read_record(cfg.layout(), date)
+        if failed is not None and not failed.completed:
+            _report(cfg, failed, digest)
+    except Exception as exc:
+        get_run_logger().warning("the failed day's metrics and artifact were not written: %s: %s",
+                                 type(exc).__name__, exc)
 
 
 def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
