@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import yaml
 
 from flows.config import from_dict
@@ -31,3 +34,16 @@ def test_the_deployments_of_infra_prefect_yaml_carry_the_tags_their_automations_
     for deployment in spec["deployments"]:
         layout = from_dict(deployment["parameters"]["config"]).layout()
         assert set(run_tags(layout)) <= set(deployment["tags"]), deployment["name"]
+
+
+def test_a_worker_run_without_the_ctrpipe_console_keeps_dask_at_warning(monkeypatch):
+    from flows.prefect.daily import quiet_dask
+
+    monkeypatch.setenv("DASK_LOGGING__DISTRIBUTED", "")  # recorded, so the teardown restores what quiet_dask sets
+    monkeypatch.delenv("DASK_LOGGING__DISTRIBUTED")
+    monkeypatch.delenv("CTRPIPE_LOG_LEVEL", raising=False)
+    dask_log = logging.getLogger("distributed")
+    monkeypatch.setattr(dask_log, "level", logging.INFO)
+    quiet_dask()
+    assert dask_log.level == logging.WARNING
+    assert os.environ["DASK_LOGGING__DISTRIBUTED"] == "warning"  # a local cluster's worker processes read it
