@@ -38,7 +38,7 @@ def encode_log(
         max_bad_fraction: refuse a file with a larger share of quarantined lines (None: any share with a valid row).
 
     Raises:
-        FileNotFoundError: no published model.
+        RegistryError: no such version (or none published).
         ValueError: the file has no labels (`check_labelled`), no valid rows, or more bad rows than
             `max_bad_fraction` (the message says why the rows were quarantined and what to check), or the model
             was trained on other fields than `fmt` has.
@@ -50,7 +50,10 @@ def encode_log(
     from trainer.model_dir import read_meta
 
     schema = check_format(fmt, key=format_key)
-    # the file first: what is wrong with it needs no model to say
+    layout = cfg.layout()
+    reg = ModelRegistry(layout)
+    version = reg.info(reg.resolve(model)).version  # info: an unknown version fails naming it
+    # the file before the model's files: what is wrong with it needs no model to say
     events, quarantine = read_log_file(input_url, fmt, storage_options=cfg.input.storage_options)
     if len(events) == 0 and len(quarantine) == 0:
         raise ValueError(f"{input_url}: the file is empty: nothing to score")
@@ -62,9 +65,6 @@ def encode_log(
                 f"ingest.max_bad_fraction ({max_bad_fraction})")
         tolerance = f"pass --set ingest.max_bad_fraction={min(1.0, round(share + 0.005, 3))}" if len(events) else ""
         raise ValueError(f"{input_url}: {what}: {_why(quarantine, schema, share, format_key, fmt, tolerance)}")
-    layout = cfg.layout()
-    reg = ModelRegistry(layout)
-    version = reg.info(reg.resolve(model)).version  # info: an unknown version fails naming it
     url = reg.url(version)
     meta = read_meta(url, cfg.storage_options)
     if list(meta.fields) != list(schema.categorical):
