@@ -318,17 +318,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = _load(args)
     if "PREFECT_API_URL" not in os.environ:
         raise ValueError("set PREFECT_API_URL to the Prefect server to deploy to (e.g. http://127.0.0.1:4200/api)")
-    from flows.prefect.deploy import REPO, deploy_all, ensure_process_pool
+    from flows.prefect.deploy import DEFAULT_POOL, REPO, deploy_all
+    from flows.prefect.keys import config_digest
     from flows.security import redacted
 
-    if args.pool == "ctr-process":
-        ensure_process_pool(args.pool)
     config = cfg.to_dict()
     if redacted(config) != config:
         raise ValueError("config holds credential-like values; put credentials in the environment, not in deployments")
-    ids = deploy_all(config, pool=args.pool, cron=args.cron, source=args.source or REPO, alerts=not args.no_alerts)
+    ids = deploy_all(config, pool=args.pool, cron=args.cron, source=args.source or REPO, alerts=not args.no_alerts,
+                     create_pool=args.pool == DEFAULT_POOL)
     for name, dep_id in ids.items():
         print(f"deployed {name}: {dep_id}")
+    print(f"config {config_digest(config)} is frozen into the deployments: after editing it, run deploy again")
     print(f"start a worker: prefect worker start --pool {args.pool}")
     return ExitCode.OK
 
@@ -338,7 +339,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _prefect_defaults()
     from flows.prefect.deploy import serve_all
 
-    serve_all(cfg.to_dict(), cron=args.cron)
+    serve_all(cfg.to_dict(), cron=args.cron, alerts=not args.no_alerts)
     return ExitCode.OK
 
 

@@ -185,9 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "serve", "serve the deployments from this process (no worker needed)",
                  "Serve the daily, on-demand and backfill deployments from this process until stopped (Ctrl-C): "
-                 "the single-process alternative to `deploy` and a worker.",
+                 "the single-process alternative to `deploy` and a worker.  Against PREFECT_API_URL it registers "
+                 "the alert automations as deploy does; with the temporary local server, none.",
                  ["ctrpipe serve --config prod.yaml --cron '0 3 * * *'"])
     p.add_argument("--cron", default="0 2 * * *", help="schedule of the daily deployment, UTC (default: %(default)s)")
+    p.add_argument("--no-alerts", action="store_true", help="create no alert automations (see the alerts section)")
     _add_config_args(p)
 
     p = _command(

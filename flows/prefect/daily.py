@@ -6,11 +6,19 @@ train or publish the same model at once: the node's kernel lock (`flows.node.slo
 server's concurrency slot with a renewed lease when the flow talks to a server
 (`flows.prefect.slot`).  It returns the day's record.  A refused publish ends the flow in a `Failed`
 state named `PublishRefused`, a day stopped by a data check in one named `DataCheckFailed` (not green,
-visible in the UI, alerted on: `flows.prefect.alerts`); the state's data is the record and its message names
-the model, the date and the reason.  A run that raises fails with `DailyRunError` naming the same.
-The model's automations match flow runs by the tag `model:<name>`, which a run must carry from its
-creation (Prefect reads a run's tags once, for its first event): the model's deployments carry it, and
-`ctrpipe run`, `ctrpipe demo` and `backfill` start their runs inside `model_tags(cfg)`.
+visible in the UI, alerted on: `flows.prefect.alerts`): an expected outcome, not a crash, so the state's
+data is a `GuardStopped` (Prefect raises a failed state's data for a caller asking for the result; it
+carries the record) and its message names the model, the date and the reason; the run's log ends with
+Prefect's one line `Finished in state PublishRefused('model ..., D: ...')`, not a traceback.  A run that
+raises fails with `DailyRunError` naming the same.
+The model's automations match flow runs by the tag `ctr-model:<model>-<root digest>`
+(`flows.prefect.keys`), which a run must carry from its creation (Prefect reads a run's tags once, for its
+first event): the model's deployments carry it, and `ctrpipe run`, `ctrpipe demo` and `backfill` start
+their runs inside `model_tags(cfg)`.
+
+Every run logs the digest of its config (`flows.prefect.keys.config_digest`; a deployment's config is
+frozen at deploy time) and, once the day's record is written, replaces the model's Prometheus textfile
+(`flows.metrics.textfile`) and shows the day as a markdown artifact keyed by model and root.
 
 Callers in this process (the CLI, `backfill`) call it through `call_daily_retrain`, which notes the
 moment of the call, so the day's record counts Prefect's start (creating the flow run, and the
@@ -20,8 +28,11 @@ from a deployment is timed from the flow's body on.
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import datetime as _dt
+import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
@@ -33,17 +44,26 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
 
-from flows.cli.console import SHOW
+from flows.cli.console import SHOW, level_from
 from flows.config import RunConfig, from_dict, with_overrides
 from flows.day.history import HISTORY_DAYS
-from flows.day.record import DayRecord, Status, is_completed, read_record
+from flows.day.record import (
+    DayRecord,
+    Status,
+    is_completed,
+    read_record,
+    recent_records,
+)
 from flows.day.run import DATA_STAGES, Stage, run_day
 from flows.day.state import DayState
+from flows.metrics import textfile
 from flows.node.slot import Taken, node_slot
+from flows.prefect.keys import config_digest, model_key, run_tags
 from flows.prefect.slot import server_configured, server_slot
 from flows.presets import default
 from storage.io import dates
 from storage.io.progress import Bar
+from storage.io.registry import ModelRegistry
 
 _CALLED_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("daily_retrain_called_at", default=None)
 """`time.perf_counter()` when `call_daily_retrain` called the flow (None: called otherwise)."""
@@ -73,6 +93,38 @@ class DailyRunError(RuntimeError):
 
 GUARD_STATES = {Status.REFUSED: "PublishRefused", Status.CHECK_FAILED: "DataCheckFailed"}
 """The `Failed` states a run stopped by the publish gate or a data check ends in, by record status."""
+
+
+class GuardStopped(RuntimeError):
+    """The publish gate refused the day's model, or a data check stopped the day: an expected outcome.
+
+    The data of the run's `PublishRefused` / `DataCheckFailed` state: Prefect turns a failed state's data
+    into the exception it raises for a caller that asks for the result (a dict there is its own
+    `TypeError`).  `record` is the day's record (`DayRecord.to_dict()`), an argument so it survives pickling.
+    """
+
+    def __init__(self, message: str, record: dict[str, Any]) -> None:
+        super().__init__(message, record)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return dict(self.args[1])
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _GuardStopIsNotACrash(logging.Filter):
+    """A worker's engine logs every failed run's exception as "Engine execution exited with unexpected
+    exception" with its traceback; for a `GuardStopped` the state (and the engine's `Finished in state
+    PublishRefused(...)` line) already says all, so that record is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, GuardStopped) and str(record.msg).startswith("Engine execution exited"))
+
+
+logging.getLogger("prefect.flow_runs").addFilter(_GuardStopIsNotACrash())  # the engine's run logger
 
 
 def _transient(task_: Any, task_run: Any, state: Any) -> bool:
@@ -150,26 +202,70 @@ def daily_retrain(
         overrides: dotted keys, e.g. {"optim.k_steps": 20}.
     """
     called_at = _CALLED_AT.get()
+    quiet_dask()
     date = resolve_date(date, _scheduled_time())
     cfg = _config(config, overrides)
-    with tags(f"date:{date}", f"model:{cfg.model_name}"):
+    layout, digest = cfg.layout(), config_digest(cfg.to_dict())
+    get_run_logger().info("model %s on %s, %s, config %s (a deployment's config is the one given to `ctrpipe "
+                          "deploy`: edit the file and deploy again to change it)", cfg.model_name, cfg.root, date,
+                          digest)
+    with tags(f"date:{date}", *run_tags(layout)):
         try:
             day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
         except Exception as exc:
+            _report_failed(cfg, date, digest)
             raise DailyRunError(f"model {cfg.model_name}, {date}: {type(exc).__name__}: {exc}", exc) from exc
     record = day.record
     if day.ran:
-        _artifact(cfg, record)
+        _report(cfg, record, digest)
     if record.status in GUARD_STATES:
         what = f"version {record.model_version} refused" if record.status == Status.REFUSED else "stopped before training"
-        return Failed(name=GUARD_STATES[record.status], message=f"model {cfg.model_name}, {date}: {what}: "
-                      f"{record.reason}", data=record.to_dict())
+        message = f"model {cfg.model_name}, {date}: {what}: {record.reason}"
+        return Failed(name=GUARD_STATES[record.status], message=message, data=GuardStopped(message, record.to_dict()))
     return record.to_dict()
 
 
+def quiet_dask() -> None:
+    """Dask's INFO lines (a cluster's scheduler and workers starting and stopping) only when asked for
+    (`CTRPIPE_LOG_LEVEL=info`): a worker's flow run has no `ctrpipe` console to set the level
+    (`flows.cli.console.configure`, whose choice stands when it ran)."""
+    if "DASK_LOGGING__DISTRIBUTED" in os.environ:
+        return
+    level = level_from(False)
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = logging.getLevelName(level).lower()  # a local cluster's processes
+    import distributed  # noqa: F401  # sets its loggers' levels on import: set ours after it
+
+    logging.getLogger("distributed").setLevel(level)
+
+
+def _report(cfg: RunConfig, record: DayRecord, digest: str) -> None:
+    """After the day's record is written: the Prometheus textfile, then the artifact (both name the real LATEST)."""
+    layout, log = cfg.layout(), get_run_logger()
+    latest = ModelRegistry(layout).latest()
+    try:
+        log.info("metrics for the platform's scraper: %s", textfile.write(layout, record, latest=latest,
+                                                                           config_digest=digest))
+    except OSError as exc:  # the day's outcome stands; what reports it says why it is missing
+        log.warning("the metrics textfile %s was not written: %s (check that the root is writable)",
+                    layout.metrics_textfile(), exc)
+    _artifact(cfg, record, latest=latest, digest=digest)
+
+
+def _report_failed(cfg: RunConfig, date: str, digest: str) -> None:
+    """`_report` of the failed record run_day wrote (naming the stage); its own errors never hide the run's."""
+    try:
+        failed = read_record(cfg.layout(), date)
+        if failed is not None and not failed.completed:
+            _report(cfg, failed, digest)
+    except Exception as exc:
+        get_run_logger().warning("the failed day's metrics and artifact were not written: %s: %s",
+                                 type(exc).__name__, exc)
+
+
 def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
-    """Flow runs created inside carry `model:<name>`, which the model's alert automations match."""
-    return tags(f"model:{cfg.model_name}")
+    """Flow runs created inside carry `model:<name>` and `ctr-model:<model>-<root digest>`, which the
+    model's alert automations match (`flows.prefect.keys.run_tags`)."""
+    return tags(*run_tags(cfg.layout()))
 
 
 def call_daily_retrain(date: str | None = None, **kw: Any) -> Any:
@@ -181,11 +277,26 @@ def call_daily_retrain(date: str | None = None, **kw: Any) -> Any:
         _CALLED_AT.reset(token)
 
 
-def _artifact(cfg: RunConfig, r: DayRecord) -> None:
-    """A markdown table of the stage results and the 30-day AUC/logloss chart, shown in the Prefect UI."""
+MAX_INLINE_IMAGE_BYTES = 150_000
+"""A chart up to this size is embedded in the artifact (a `data:` URI the UI shows); a larger one is named."""
+
+
+def artifact_key(cfg: RunConfig, date: str) -> str:
+    """`daily-retrain-<model>-<root digest>-<date>`: two roots of one model on one server keep their own."""
+    return f"daily-retrain-{model_key(cfg.layout())}-{date}".lower().replace("_", "-").replace(".", "-")
+
+
+def day_markdown(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: str) -> str:
+    """The day as markdown: its stage results, the last days' AUC (a table the UI shows), the checks, the charts.
+
+    Args:
+        latest: the version LATEST names now (a stopped or failed day's record does not know it).
+        digest: the run's config digest (`flows.prefect.keys.config_digest`).
+    """
     def f4(v: float | None) -> str:
         return "none" if v is None else f"{v:.4f}"
 
+    layout = cfg.layout()
     rows = [
         ("rows read / ingested / quarantined", f"{r.rows_read} / {r.rows_ingested} / {r.rows_quarantined}"),
         ("vocabulary (admitted keys)", f"{r.vocab_size}"),
@@ -194,20 +305,47 @@ def _artifact(cfg: RunConfig, r: DayRecord) -> None:
         ("published model AUC on the same eval rows", f4(r.published_auc)),
         ("next-day AUC of the published model (a sample of today's train rows)", _next_day(r)),
         ("outcome", f"{r.status}: {r.reason}"),
-        ("model version", f"{r.model_version} (LATEST = {r.latest_version})"),
+        ("model version", f"{r.model_version or 'none'} (LATEST = {latest or 'none'})"),
         ("wall time (of which training)", f"{r.wall_s:.1f} s ({r.seconds.get('train', 0.0):.1f} s)"),
+        ("model and root", f"{cfg.model_name} on {cfg.root} (`{model_key(layout)}`)"),
+        ("config digest", f"`{digest}` (a deployment's config is frozen at `ctrpipe deploy`)"),
     ]
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    layout = cfg.layout()
+    table = "\n".join(f"| {k} | {_cell(v)} |" for k, v in rows)
+    history = [h for h in recent_records(layout, r.date, HISTORY_DAYS) if h.date != r.date] + [r]
+    days = "\n".join(f"| {h.date} | {h.status} | {f4(h.auc)} | {f4(h.logloss)} | {h.model_version or '-'} |"
+                      for h in history)
+    charts = "\n\n".join(_image(layout, url, title) for url, title in (
+        (layout.run_history(r.date), f"AUC and logloss over the last {HISTORY_DAYS} days"),
+        (layout.run_checks_chart(r.date), "the checked data series")))
+    return (
+        f"# Daily retrain of {cfg.model_name}, {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
+        f"## The last {len(history)} day(s)\n\n| date | outcome | AUC | logloss | version |\n|---|---|---|---|---|\n"
+        f"{days}\n\n{checks_markdown(r)}\n\n{charts}\n"
+    )
+
+
+def _cell(v: str) -> str:
+    return v.replace("|", "\\|").replace("\n", " ")
+
+
+def _image(layout: Any, url: str, title: str) -> str:
+    """The chart embedded as a `data:` URI when it exists and is small, else its path."""
+    fs, path = layout.fs(url)
+    try:
+        size = fs.size(path)
+        if size and size <= MAX_INLINE_IMAGE_BYTES:
+            data = base64.b64encode(fs.cat_file(path)).decode()
+            return f"![{title}](data:image/png;base64,{data})"
+    except FileNotFoundError:
+        return f"{title}: not drawn"
+    return f"{title}: `{url}`"
+
+
+def _artifact(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: str) -> None:
+    """The day's markdown (`day_markdown`) as an artifact, shown in the Prefect UI."""
     create_markdown_artifact(
-        key=f"daily-retrain-{cfg.model_name}-{r.date}".lower().replace("_", "-").replace(".", "-"),
-        markdown=(
-            f"# Daily retrain of {cfg.model_name}, {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
-            f"{checks_markdown(r)}\n\n"
-            f"AUC and logloss over the last {HISTORY_DAYS} days: `{layout.run_history(r.date)}`; "
-            f"the checked data series: `{layout.run_checks_chart(r.date)}`\n"
-        ),
-        description=f"Daily retrain of {cfg.model_name}, {r.date}: {r.status}",
+        key=artifact_key(cfg, r.date), markdown=day_markdown(cfg, r, latest=latest, digest=digest),
+        description=f"Daily retrain of {cfg.model_name} on {cfg.root}, {r.date}: {r.status}",
     )
 
 
@@ -238,8 +376,10 @@ def _next_day(r: DayRecord) -> str:
 
 
 def record_of(state: Any, layout: Any, date: str) -> DayRecord | None:
-    """The record a `daily_retrain` subflow returned (completed or refused), else the one it wrote."""
+    """The record a `daily_retrain` subflow returned (completed, refused or stopped), else the one it wrote."""
     data = state.result(raise_on_failure=False)
+    if isinstance(data, GuardStopped):
+        data = data.record
     if isinstance(data, dict) and "completed" in data:
         return DayRecord.from_dict(data)
     return read_record(layout, date)  # it failed: its record names the stage's error
@@ -262,6 +402,7 @@ def backfill(
     with `force`).  A refused publish is a completed date: the next day warm-starts from the last
     published model.
     """
+    quiet_dask()
     cfg = _config(config, overrides)
     layout = cfg.layout()
     log = get_run_logger()

@@ -14,6 +14,7 @@
     <root>/bundles/<model>/deltas/vNNNNN-from-vMMMMM/  its rows changed since vMMMMM (a delta bundle)
     <root>/bundles/<model>/LATEST               the version whose bundle servers load (moved after the bundle commit)
     <root>/models/<model>/slot-holder.json      who holds the model's train/publish slot (Prefect server mode)
+    <root>/metrics/<model>.prom                 the model's last daily run, Prometheus textfile (flows.metrics)
     <local_dir>/<model>/shard-RRRRR-of-WWWWW/   the SSD tier of rank R (node-local)
     <local_dir>/<model>/slot.lock               the node's train/publish slot (a kernel file lock; its holder)
     <local_dir>/runs/D/                         the launcher's scratch (train spec) on this node
@@ -230,6 +231,11 @@ class Layout:
     def run_checks_chart(self, date: str) -> str:
         """`checks.png`: the data checks' series over their window, the day marked."""
         return fsio.join(self.run(date), "checks.png")
+
+    def metrics_textfile(self) -> str:
+        """`metrics/<model>.prom`: the model's last daily run for node-exporter's textfile collector
+        (`flows.metrics.textfile`)."""
+        return self._under("metrics", f"{self.model_name}.prom")
 
     def run_train_spec(self, date: str) -> str:
         """A copy of the train spec on shared storage, for jobs that start torchrun themselves."""

@@ -26,22 +26,37 @@ from flows.prefect.alerts import (
     failed_run_automation,
     missing_run_automation,
 )
+from flows.prefect.keys import model_key
+from storage.io.layout import Layout
 from tests.helpers.prefect_server import criteo_config, webhook_receiver
 from tests.helpers.procs import BIN, PrefectServer, processes
 
 DATE = "2026-04-01"
+BLOCK = "00000000-0000-0000-0000-000000000001"
 
 
-def test_a_model_gets_a_failed_run_and_a_missing_run_automation():
-    failed, missing = automations("m1", "00000000-0000-0000-0000-000000000001", "dep-id", AlertsConfig())
-    assert failed.name == failed_run_automation("m1") == "ctr-m1-run-failed"
+def test_a_model_gets_a_failed_run_and_a_missing_run_automation(tmp_path):
+    layout = Layout(str(tmp_path / "prod"), "m1")
+    failed, missing = automations(layout, BLOCK, "dep-id", AlertsConfig())
+    assert failed.name == failed_run_automation(layout) == f"{model_key(layout)}-run-failed"
     assert failed.trigger.expect == {f"prefect.flow-run.{s}" for s in ALERT_STATES}
     related = [r.model_dump() for r in failed.trigger.match_related]
-    assert {"prefect.resource.id": "prefect.tag.model:m1", "prefect.resource.role": "tag"} in related
+    assert {"prefect.resource.id": f"prefect.tag.ctr-model:{model_key(layout)}",
+            "prefect.resource.role": "tag"} in related
     assert "m1" in failed.actions[0].body and "flow_run.state.message" in failed.actions[0].body
-    assert missing.name == missing_run_automation("m1") and missing.trigger.posture == "Proactive"
+    assert str(tmp_path / "prod") in failed.actions[0].body  # which root's run
+    assert missing.name == missing_run_automation(layout) and missing.trigger.posture == "Proactive"
     assert missing.trigger.within == dt.timedelta(hours=26)
     assert missing.trigger.match_related.model_dump() == {"prefect.resource.id": "prefect.deployment.dep-id"}
+
+
+def test_one_model_on_two_roots_gets_two_pairs_of_automations_that_match_apart(tmp_path):
+    staging, prod = Layout(str(tmp_path / "staging"), "ctr"), Layout(str(tmp_path / "prod"), "ctr")
+    names = {a.name for layout in (staging, prod) for a in automations(layout, BLOCK, "d", AlertsConfig())}
+    assert len(names) == 4 and not [n for n in names if n.startswith("ctr-ctr-")]
+    tags = [{r.model_dump().get("prefect.resource.id") for r in automations(layout, BLOCK, "d", AlertsConfig())[0]
+             .trigger.match_related} for layout in (staging, prod)]
+    assert tags[0] != tags[1]
 
 
 def test_alert_settings_are_validated():
@@ -96,8 +111,9 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
             "alpha-daily": ["0 2 * * *"], "alpha-on-demand": [], "alpha-backfill": [],
             "beta-daily": ["0 2 * * *"], "beta-on-demand": [], "beta-backfill": [],
         }
+        layouts = [Layout(str(root), m) for m in ("alpha", "beta")]
         assert server["automations"] == sorted(
-            [failed_run_automation(m) for m in ("alpha", "beta")] + [missing_run_automation(m) for m in ("alpha", "beta")]
+            [failed_run_automation(x) for x in layouts] + [missing_run_automation(x) for x in layouts]
         )
 
         # both models run the same date on the same input: events are ingested once

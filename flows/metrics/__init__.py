@@ -1,0 +1,1 @@
+"""What a monitoring platform scrapes: the daily run's numbers as a Prometheus textfile (`textfile`)."""

@@ -1,0 +1,101 @@
+"""`ctrpipe deploy` and `ctrpipe serve` against a real Prefect server on 127.0.0.1, and a real webhook receiver.
+
+Deploy checks what can be refused before it registers anything: without a webhook URL (and no block)
+it exits 1 leaving the server as it was (it had registered all three deployments, the cron one too).
+An automation of the earlier naming (`ctr-<model>-run-failed`, matching every root) is deleted.
+With one it prints its own lines, not Prefect's three tables, and the config's digest.  One model on
+two roots gets two pairs of automations, keyed by model and root (not one `ctr-ctr-run-failed`
+shared).  `ctrpipe serve` registers the same automations as deploy (it registered none).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.config import from_dict
+from flows.prefect.alerts import failed_run_automation, missing_run_automation
+from tests.helpers.prefect_server import criteo_config, webhook_receiver
+from tests.helpers.procs import BIN, PrefectServer, processes, start
+
+pytestmark = pytest.mark.slow
+
+STATE = """
+import json
+from prefect.client.orchestration import get_client
+from flows.prefect.keys import config_digest
+with get_client(sync_client=True) as c:
+    print(json.dumps({"deployments": sorted(d.name for d in c.read_deployments()),
+                      "automations": sorted(a.name for a in c.read_automations()),
+                      "pools": sorted(p.name for p in c.read_work_pools()),
+                      "daily_config": next((config_digest(d.parameters["config"]) for d in c.read_deployments()
+                                            if d.name == "ctr-daily"), None)}))
+"""
+LEGACY = """
+from prefect.automations import Automation, DoNothing, EventTrigger
+Automation(name="ctr-ctr-run-failed", trigger=EventTrigger(expect={"prefect.flow-run.Failed"}),
+           actions=[DoNothing()]).create()
+print("{}")
+"""
+
+
+def _config(path: Path, root: Path, model: str = "ctr") -> tuple[Path, dict]:
+    config = criteo_config(root, root.parent / "raw", model_name=model)
+    path.write_text(yaml.safe_dump(config))
+    return path, config
+
+
+def _ctrpipe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "ctrpipe"), *args], env=env, capture_output=True, text=True, timeout=600)
+
+
+def _state(env: dict[str, str], code: str = STATE) -> dict:
+    out = subprocess.run([str(BIN / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_port):
+    staging, _ = _config(tmp_path / "staging.yaml", tmp_path / "staging")
+    prod, _ = _config(tmp_path / "prod.yaml", tmp_path / "prod")
+    served, _ = _config(tmp_path / "served.yaml", tmp_path / "prod", model="gamma")
+    with webhook_receiver() as hook, processes() as procs:
+        server = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
+        server.start()
+        env = {k: v for k, v in server.env.items() if k != "CTRPIPE_ALERT_WEBHOOK_URL"}
+        _state(env, LEGACY)  # the automation of the model before they were keyed by root
+
+        refused = _ctrpipe(["deploy", "--config", str(staging)], env)
+        assert refused.returncode == 1 and "no notification block 'ctr-alerts'" in refused.stderr, refused.stderr
+        assert _state(env) == {"deployments": [], "automations": ["ctr-ctr-run-failed"], "pools": [],
+                               "daily_config": None}  # nothing registered
+
+        env = {**env, "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
+        for cfg in (staging, prod):
+            out = _ctrpipe(["deploy", "--config", str(cfg)], env)
+            assert out.returncode == 0, out.stderr + out.stdout
+            assert "Successfully created" not in out.stdout and "┃" not in out.stdout, out.stdout  # Prefect's tables
+        again = _ctrpipe(["deploy", "--config", str(staging)], env).stdout
+        assert f"config {_state(env)['daily_config']} is frozen into the deployments" in again, again
+        layouts = [from_dict(yaml.safe_load(p.read_text())).layout() for p in (staging, prod)]
+        expected = sorted(f(x) for x in layouts for f in (failed_run_automation, missing_run_automation))
+        state = _state(env)
+        assert state["automations"] == expected and len(set(expected)) == 4, state  # the legacy one deleted
+        assert state["deployments"] == ["ctr-backfill", "ctr-daily", "ctr-on-demand"] and state["pools"] == ["ctr-process"]
+
+        start(procs, [str(BIN / "ctrpipe"), "serve", "--config", str(served)], tmp_path / "serve.log", env=env)
+        gamma = from_dict(yaml.safe_load(served.read_text())).layout()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            state = _state(env)
+            if failed_run_automation(gamma) in state["automations"] and "gamma-daily" in state["deployments"]:
+                break
+            time.sleep(2)
+        assert failed_run_automation(gamma) in state["automations"], (tmp_path / "serve.log").read_text()
+        assert missing_run_automation(gamma) in state["automations"]
+        assert {"gamma-daily", "gamma-on-demand", "gamma-backfill"} <= set(state["deployments"])
