@@ -66,7 +66,8 @@ HOLD_AT_ENV = "CTRPIPE_TEST_HOLD_AT"
 
 def hold_at_step() -> StepHook | None:
     """The hook factory of a run caught while it trains: `CTRPIPE_TEST_HOLD_AT=STEP:MARKER` makes rank 0 create
-    MARKER right after step STEP, then wait there (as a long training would) until the test stops it."""
+    MARKER right after step STEP, then wait there (as a long training would) until the test stops it or makes
+    `MARKER.release`."""
     plan = os.environ.get(HOLD_AT_ENV, "")
     if not plan:
         return None
@@ -81,4 +82,7 @@ class _HoldAt:
     def __call__(self, info: StepInfo) -> None:
         if info.rank == 0 and info.step == self.step:
             self.marker.touch()
-            time.sleep(600)
+            release = self.marker.with_name(self.marker.name + ".release")
+            deadline = time.monotonic() + 600
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)

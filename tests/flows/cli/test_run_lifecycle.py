@@ -111,10 +111,23 @@ def tiny_day(tmp_path):
 @pytest.mark.slow
 def test_two_runs_of_the_same_date_at_once_give_one_result(tmp_path, tiny_day):
     root, sets = tiny_day
-    env = user_env(tmp_path)
-    logs = [tmp_path / "first.log", tmp_path / "second.log"]
-    procs = [start(["run", "--date", DATE, *sets], env, log) for log in logs]  # a cron run and a manual retry
+    # a cron run (from a worker: its own Prefect home) and a manual retry, started together; the first one that
+    # trains waits after its first step until the other has said that it waits, so that the two surely overlap
+    training = tmp_path / "training"
+    for home in ("cron", "manual"):
+        (tmp_path / home).mkdir()
+    envs = [user_env(tmp_path / "cron", **{HOOKS_ENV: "tests.helpers.faults:hold_at_step",
+                                           HOLD_AT_ENV: f"1:{training}"}),
+            user_env(tmp_path / "manual")]
+    logs = [tmp_path / "cron.log", tmp_path / "manual.log"]
+    procs = [start(["run", "--date", DATE, *sets], env, log) for env, log in zip(envs, logs, strict=True)]
     try:
+        deadline = time.monotonic() + 900
+        while not any("waiting for" in log.read_text() for log in logs):
+            assert all(p.poll() is None for p in procs), "\n\n".join(log.read_text() for log in logs)
+            assert time.monotonic() < deadline, "neither run waited for the other"
+            time.sleep(0.2)
+        training.with_name(training.name + ".release").touch()
         codes = [p.wait(timeout=900) for p in procs]
     finally:
         for p in procs:
@@ -129,8 +142,9 @@ def test_two_runs_of_the_same_date_at_once_give_one_result(tmp_path, tiny_day):
     assert ModelRegistry(layout).versions() == ["v00001"]
     record = read_record(layout, DATE)
     assert record is not None and record.completed and record.model_version == "v00001"
-    # one of them waited for the other's run of the date and found it completed
-    waited = [t for t in texts if "waiting for" in t and f"{DATE} completed meanwhile by the run" in t]
+    # one of them waited at the date's lock for the other's run and then found the date completed
+    waited = [t for t in texts if f"the run of {DATE} of model 'ctr' on this node" in t
+              and f"{DATE} completed meanwhile by the run" in t]
     assert len(waited) == 1, "\n\n".join(texts)
     assert root_state.leftovers(layout) == []  # no staging directory left behind
 
