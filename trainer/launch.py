@@ -92,8 +92,11 @@ class TrainResult:
 
     def summary(self) -> str:
         t = self.train
+        # a rerun after a stop says what it reused: the committed candidate, or a checkpoint it resumed from
+        again = (" (the candidate a stopped run committed, reused)" if self.wall_s == 0 else
+                 f" (resumed from the checkpoint at step {t.resumed_from_step})" if t.resumed_from_step else "")
         return (f"train: {t.steps} steps on {t.world_size} rank(s), {t.examples} examples, "
-                f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}")
+                f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}{again}")
 
 
 def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe") -> list[str]:

@@ -7,8 +7,10 @@ same day.  Two guards, both Linux-only (elsewhere they do nothing):
 
 - `die_with_parent` (a `preexec_fn` for torchrun): the kernel sends torchrun SIGTERM when the thread
   that started it dies; torchrun's handler then stops its ranks (SIGTERM, then SIGKILL).
-- `exit_when_orphaned` (in each rank): a daemon thread that ends the rank once its parent (the torchrun
-  agent) is gone, for a torchrun that was itself SIGKILLed and could not stop its ranks.
+- `exit_when_orphaned` (in each rank): the kernel SIGKILLs the rank when its parent (the torchrun agent)
+  dies (PR_SET_PDEATHSIG), and a daemon thread that checks the parent every `ORPHAN_POLL_S` ends it too
+  (where prctl is missing, or the agent died before the call), for a torchrun that was itself SIGKILLed
+  and could not stop its ranks: a rank whose torchrun is gone exits within a second.
 
 Every commit of the job is atomic, so a job stopped at any point leaves the last committed state.
 """
@@ -25,6 +27,15 @@ from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when the thread that created it exits."""
+ORPHAN_POLL_S = 0.25
+"""How often a rank checks that its torchrun agent is still its parent."""
+
+
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    fn: Callable[..., int] = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    return fn
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
@@ -33,9 +44,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     Returns None where prctl is not available (not Linux).  The libc function is looked up here, in
     the parent, so the child only calls it.
     """
-    if not sys.platform.startswith("linux"):
+    prctl = _prctl()
+    if prctl is None:
         return None
-    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
     parent = os.getpid()
 
     def preexec() -> None:
@@ -46,13 +57,17 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     return preexec
 
 
-def exit_when_orphaned(*, poll_s: float = 1.0, code: int = 1) -> threading.Thread:
-    """Start a daemon thread that exits this process (`os._exit(code)`) once its parent process is gone.
+def exit_when_orphaned(*, poll_s: float = ORPHAN_POLL_S, code: int = 1) -> threading.Thread:
+    """End this process once its parent process is gone: SIGKILL from the kernel at the parent's death (Linux),
+    and a daemon thread that exits it (`os._exit(code)`) at the next check after.
 
     A parent that dies reparents its children (to init or a subreaper), so a changed `os.getppid()` is
     the sign.  Started by each rank right away, it checks every `poll_s` seconds.
     """
     parent = os.getppid()
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the agent died before this call: the thread below sees it
 
     def watch() -> None:
         stop = threading.Event()

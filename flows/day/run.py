@@ -16,6 +16,10 @@ A date whose record says `completed` is not run again unless `force`; every data
 itself when its committed output is already there, and train and publish reuse the candidate and
 the registry version an interrupted run of the same work committed, so a rerun after a kill
 resumes at the first stage that had not committed and ends with the uninterrupted run's result.
+Two runs of one model and date at once (a scheduled run and a manual retry) never share a staging
+directory: the second waits for the first at the date's lock (`flows.node.slot.day_lock`, seconds.day_wait),
+logging whom it waits for once a minute, then finds the date completed; and each data stage holds the
+date's data lock, which every model of the root takes (`flows.node.slot.data_lock`).
 The runner decides how a stage is called: `call` calls it once and logs its summary (tests,
 benchmarks, scripts); `flows.prefect.daily` runs each as a Prefect task with its retry policy.  The slot
 keeps two runs of one model apart: the node's kernel lock by default (`flows.node.slot`), the Prefect
@@ -42,7 +46,7 @@ from flows.day.record import (
     write_record,
 )
 from flows.day.state import DayState, read_published
-from flows.node.slot import Taken, node_slot
+from flows.node.slot import Taken, day_lock, node_slot
 from pipeline.cluster import dask_client
 from storage.io.dates import shift_date, validate_date
 from storage.io.layout import Layout
@@ -80,8 +84,18 @@ MODEL_STAGES = (
     Stage("publish", stages.publish, retries=0),
 )
 STAGES = (*DATA_STAGES, CHECK_STAGE, *MODEL_STAGES)
-OVERHEADS = ("prefect_start", "dask_start", "dask_stop", "slot_wait", "slot_release", "history")
+OVERHEADS = ("prefect_start", "day_wait", "dask_start", "dask_stop", "slot_wait", "slot_release", "history")
 """The parts of a day's wall time that belong to no stage; `prefect_start` only when a flow called `run_day`."""
+
+
+_now: dict[str, str] = {}
+"""The date and stage a `run_day` of this process is in, for `now_running`."""
+
+
+def now_running() -> str:
+    """`<date> <stage>` of the stage a `run_day` of this process is in, else `startup`: what an interrupted
+    `ctrpipe` run names (`flows.cli.interrupt`)."""
+    return f"{_now['date']} {_now['stage']}" if _now else "startup"
 
 
 class Runner(Protocol):
@@ -156,13 +170,28 @@ def run_day(
         log.info("%s already completed (%s %s); nothing to do (--force or force=true redoes it)", date, done.status,
                  done.model_version or "")
         return DayRun(done, ran=False)
+    _now.update(date=date, stage="(waiting for the date's lock)")
+    with ExitStack() as day:
+        day.callback(_now.clear)
+        with clock.part("day_wait"):
+            day.enter_context(day_lock(layout, date, cfg.publish.lock_timeout_s, log=log))
+        if not force and (done := read_record(layout, date)) is not None and done.completed:
+            log.info("%s completed meanwhile by the run this one waited for (%s %s); nothing to do", date, done.status,
+                     done.model_version or "")
+            return DayRun(done, ran=False)
+        return _run_stages(cfg, date, force=force, runner=runner, slot=slot, clock=clock)
+
+
+def _run_stages(cfg: RunConfig, date: str, *, force: bool, runner: Runner, slot: Slot, clock: DayClock) -> DayRun:
+    """The stages of `run_day`, the date's lock held."""
+    layout = cfg.layout()
     state = DayState(date=date, layout=layout, force=force)
     current = ""
     waited = 0.0
 
     def step(stage: Stage, **kw: Any) -> None:
         nonlocal state, current
-        current = stage.name
+        current = _now["stage"] = stage.name
         with clock.part(stage.name):
             result = runner(stage, cfg, state, **kw)
         state = state.with_result(stage.result_field, result)
@@ -179,6 +208,7 @@ def run_day(
         if state.checks.report.failed:
             return _finish(layout, check_failed_record(state, clock.seconds, clock.wall()), clock)
         with ExitStack() as held:
+            _now["stage"] = "(waiting for the model's slot)"
             with clock.part("slot_wait"):
                 taken = held.enter_context(slot(cfg))
             waited = round(taken.waited_s, 3)

@@ -21,6 +21,8 @@ Train and publish are idempotent: the candidate and the registry version carry t
 
 from __future__ import annotations
 
+import logging
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,7 @@ from flows.guards.checks_chart import write_checks_png
 from flows.guards.data_checks import CheckReport, data_stats, run_checks
 from flows.guards.evaluation import Evaluation, evaluate_day
 from flows.guards.gate import Scores, gate
+from flows.node.slot import data_lock
 from flows.security import redacted
 from flows.serving.export import point_servers_at, write_bundles
 from pipeline.encode.stage import EncodeResult, encode_date
@@ -55,26 +58,35 @@ from trainer.plan.recipe import Recipe
 from trainer.spec import TrainSpec
 from trainer.world import resolve_world
 
+log = logging.getLogger("ctrpipe")
+
 EVICTED_FILE = "evicted.parquet"
 """The vocabulary's evicted keys (pipeline.vocab.stage)."""
 WORKING_SET_FILE = "key_counts.parquet"
 """The features' train keys, hottest first (pipeline.encode.stage)."""
 
 
-# ---- data stages ------------------------------------------------------------------------------
+# ---- data stages: each holds the date's data lock (another model's run, a backfill's ingest ahead) ----
+def _data_lock(cfg: RunConfig, state: DayState) -> AbstractContextManager[Any]:
+    return data_lock(state.layout, state.date, cfg.publish.lock_timeout_s, log=log)
+
+
 def ingest(cfg: RunConfig, state: DayState, *, client: Client) -> IngestResult:
-    return ingest_date(state.date, layout=state.layout, input=cfg.input, ingest=cfg.ingest, client=client,
-                       force=state.force)
+    with _data_lock(cfg, state):
+        return ingest_date(state.date, layout=state.layout, input=cfg.input, ingest=cfg.ingest, client=client,
+                           force=state.force)
 
 
 def vocab(cfg: RunConfig, state: DayState, *, client: Client) -> VocabResult:
-    return build_vocab(state.date, layout=state.layout, vocab=cfg.vocab, fmt=cfg.input.format, client=client,
-                       force=state.force)
+    with _data_lock(cfg, state):
+        return build_vocab(state.date, layout=state.layout, vocab=cfg.vocab, fmt=cfg.input.format, client=client,
+                           force=state.force)
 
 
 def encode(cfg: RunConfig, state: DayState, *, client: Client) -> EncodeResult:
-    return encode_date(state.date, layout=state.layout, encode=cfg.encode, fmt=cfg.input.format, client=client,
-                       force=state.force)
+    with _data_lock(cfg, state):
+        return encode_date(state.date, layout=state.layout, encode=cfg.encode, fmt=cfg.input.format, client=client,
+                           force=state.force)
 
 
 # ---- checks -----------------------------------------------------------------------------------

@@ -12,6 +12,11 @@ The holder writes who it is into the lock file (host, pid, flow run, since when)
 reads it and logs "waiting for run R on host H since T" once a minute, and fails after
 `publish.lock_timeout_s` with an error naming the holder.  Against a Prefect server the flow
 takes the cross-machine slot of `flows.prefect.slot` first, then this one.
+
+Two more locks of the same kind (`file_lock`) keep runs of one date apart, as the slot keeps runs of one
+model apart: `day_lock` (one run of a model's date at a time: a second run waits, then finds the date
+completed) and `data_lock` (one writer of a date's data stages at a time, whatever the model: events are
+shared by every model of the root).
 """
 
 from __future__ import annotations
@@ -131,8 +136,69 @@ def node_slot(
     report_every_s: float = REPORT_EVERY_S,
 ) -> Iterator[Taken]:
     """Hold the model's train/publish slot on this node (the module docstring) for the block."""
-    path = Path(layout.node.slot_lock())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = layout.node.slot_lock()
+    with file_lock(path, what=f"the train/publish slot of model {layout.model_name!r} on this node ({path})",
+                   timeout_s=timeout_s, log=log, flow_run=flow_run, report_every_s=report_every_s) as taken:
+        yield taken
+
+
+@contextmanager
+def day_lock(
+    layout: Layout,
+    date: str,
+    timeout_s: float,
+    *,
+    log: logging.Logger | logging.LoggerAdapter,
+    report_every_s: float = REPORT_EVERY_S,
+) -> Iterator[Taken]:
+    """Hold the run of `date` of `layout`'s model on this node for the block (`NodeLayout.day_lock`).
+
+    A second run of the same model and date (a scheduled run and a manual retry) waits here, then finds the
+    date completed, instead of sharing or deleting the first run's staging directories.
+    """
+    path = layout.node.day_lock(date)
+    with file_lock(path, what=f"the run of {date} of model {layout.model_name!r} on this node ({path})",
+                   timeout_s=timeout_s, log=log, report_every_s=report_every_s) as taken:
+        yield taken
+
+
+@contextmanager
+def data_lock(
+    layout: Layout,
+    date: str,
+    timeout_s: float,
+    *,
+    log: logging.Logger | logging.LoggerAdapter,
+    report_every_s: float = REPORT_EVERY_S,
+) -> Iterator[Taken]:
+    """Hold the data stages of `date` on this node for the block (`NodeLayout.data_lock`), for every model.
+
+    Events are shared by the models of a root, and each data stage first removes the staging directories
+    an earlier crashed writer left (`storage.io.fsio.remove_stale_staging`): two writers at once would
+    remove each other's.  Held one stage at a time, never while waiting for another lock.
+    """
+    path = layout.node.data_lock(date)
+    with file_lock(path, what=f"the data stages of {date} on this node ({path})", timeout_s=timeout_s, log=log,
+                   report_every_s=report_every_s) as taken:
+        yield taken
+
+
+@contextmanager
+def file_lock(
+    path: str,
+    *,
+    what: str,
+    timeout_s: float,
+    log: logging.Logger | logging.LoggerAdapter,
+    flow_run: str | None = None,
+    report_every_s: float = REPORT_EVERY_S,
+) -> Iterator[Taken]:
+    """Hold an exclusive `flock` on `path` for the block, waiting as `wait_for_slot` says; the holder is written in it.
+
+    The kernel drops the lock when the holding process exits, however it exits, so a killed run never
+    blocks the next one.
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the processes the run starts
 
     def take(budget_s: float) -> bool:
@@ -147,10 +213,8 @@ def node_slot(
                 time.sleep(_POLL_S)
 
     try:
-        waited = wait_for_slot(
-            take, lambda: Holder.from_json(path.read_text()), what=f"the train/publish slot of model "
-            f"{layout.model_name!r} on this node ({path})", timeout_s=timeout_s, log=log, report_every_s=report_every_s,
-        )
+        waited = wait_for_slot(take, lambda: Holder.from_json(Path(path).read_text()), what=what,
+                               timeout_s=timeout_s, log=log, report_every_s=report_every_s)
         me = Holder.me(flow_run)
         os.ftruncate(fd, 0)
         os.pwrite(fd, me.to_json().encode(), 0)

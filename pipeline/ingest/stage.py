@@ -104,6 +104,21 @@ class IngestResult:
                 f"{self.rows_quarantined} quarantined{done}")
 
 
+def check_input_url(input: InputConfig) -> LogSchema:
+    """The input's schema, once `input.url` can tell the dates apart (`ctrpipe` checks it before anything starts).
+
+    Raises:
+        ValueError: the URL has no {date}/{yyyymmdd} placeholder and the format's rows carry no timestamp.
+    """
+    schema = get_schema(input.format)
+    if schema.timestamp is None and input.url and not any(p in input.url for p in ("{date}", "{yyyymmdd}")):
+        raise ValueError(
+            f"input.url {input.url!r} has no {{date}}/{{yyyymmdd}} placeholder and {schema.name} rows carry no "
+            "timestamp, so every date would read the same rows; put the date in the URL"
+        )
+    return schema
+
+
 def ingest_date(
     date: str,
     *,
@@ -128,13 +143,8 @@ def ingest_date(
         IngestError: a corrupt compressed input, too many bad rows, or no rows of the date.
     """
     validate_date(date)
-    schema = get_schema(input.format)
+    schema = check_input_url(input)
     url = input_url(input, layout, date)
-    if schema.timestamp is None and input.url and not any(p in input.url for p in ("{date}", "{yyyymmdd}")):
-        raise ValueError(
-            f"input.url {input.url!r} has no {{date}}/{{yyyymmdd}} placeholder and {schema.name} rows carry no "
-            "timestamp, so every date would read the same rows; put the date in the URL"
-        )
     inputs = wait_for_input(lambda: find_inputs(url, input.storage_options), url=url, date=date, input=input)
 
     fs, events_final = layout.fs(layout.events(date))

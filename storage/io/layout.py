@@ -17,6 +17,8 @@
     <root>/metrics/<model>.prom                 the model's last daily run, Prometheus textfile (flows.metrics)
     <local_dir>/<model>/shard-RRRRR-of-WWWWW/   the SSD tier of rank R (node-local)
     <local_dir>/<model>/slot.lock               the node's train/publish slot (a kernel file lock; its holder)
+    <local_dir>/<model>/days/date=D.lock        one run of the model's date at a time on this node (a kernel lock)
+    <local_dir>/data/date=D.lock                one writer of the date's data stages at a time on this node
     <local_dir>/runs/D/                         the launcher's scratch (train spec) on this node
     <local_dir>/<model>/serving/vNNNNN/         a bundle's rows copied for `score-server --mmap` on this node
 
@@ -139,6 +141,15 @@ class NodeLayout:
         node-local folder is per root, so runs on unrelated roots never do.
         """
         return str(Path(self.local_dir) / self.model_name / "slot.lock")
+
+    def day_lock(self, date: str) -> str:
+        """The file whose kernel lock keeps two runs of the model's `date` apart on this node (`flows.node.slot`)."""
+        return str(Path(self.local_dir) / self.model_name / "days" / f"{dated_name(date)}.lock")
+
+    def data_lock(self, date: str) -> str:
+        """The file whose kernel lock keeps two writers of `date`'s data stages apart on this node, whatever the
+        model (events are shared by the models of a root: `flows.node.slot.data_lock`)."""
+        return str(Path(self.local_dir) / "data" / f"{dated_name(date)}.lock")
 
 
 @dataclass(frozen=True)

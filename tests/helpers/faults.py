@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,3 +59,30 @@ class _CrashAt:
             log.error("%s: rank %d exits after step %d", CRASH_AT_ENV, info.rank, info.step)
             logging.shutdown()
             os._exit(EXIT_CODE)
+
+
+HOLD_AT_ENV = "CTRPIPE_TEST_HOLD_AT"
+
+
+def hold_at_step() -> StepHook | None:
+    """The hook factory of a run caught while it trains: `CTRPIPE_TEST_HOLD_AT=STEP:MARKER` makes rank 0 create
+    MARKER right after step STEP, then wait there (as a long training would) until the test stops it or makes
+    `MARKER.release`."""
+    plan = os.environ.get(HOLD_AT_ENV, "")
+    if not plan:
+        return None
+    step, marker = plan.split(":", 1)
+    return _HoldAt(int(step), Path(marker))
+
+
+class _HoldAt:
+    def __init__(self, step: int, marker: Path) -> None:
+        self.step, self.marker = step, marker
+
+    def __call__(self, info: StepInfo) -> None:
+        if info.rank == 0 and info.step == self.step:
+            self.marker.touch()
+            release = self.marker.with_name(self.marker.name + ".release")
+            deadline = time.monotonic() + 600
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)

@@ -88,3 +88,25 @@ def test_a_rank_whose_parent_dies_exits_on_its_own(tmp_path: Path) -> None:
     os.killpg(parent.pid, signal.SIGKILL)
     parent.wait(timeout=30)
     assert _wait_gone(rank), "the rank kept running without its parent"
+
+
+def test_a_rank_whose_parent_dies_is_ended_by_the_kernel_without_waiting_for_its_watch(tmp_path: Path) -> None:
+    pid_file = tmp_path / "rank.pid"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "from trainer.lifetime import exit_when_orphaned; "
+                              "exit_when_orphaned(poll_s=300); import time; time.sleep(300)"],
+                             start_new_session=True)
+        open({str(pid_file)!r}, "w").write(str(p.pid))
+        time.sleep(300)
+    """)], start_new_session=True)
+    rank = _pid_from(pid_file)
+    time.sleep(1.0)  # the rank has made its call
+    assert psutil.pid_exists(rank)
+    os.killpg(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    try:
+        assert _wait_gone(rank, timeout=10.0), "the rank waited for its watch"  # PR_SET_PDEATHSIG, not the 300 s poll
+    finally:
+        if psutil.pid_exists(rank):
+            psutil.Process(rank).kill()

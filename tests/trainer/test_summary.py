@@ -65,4 +65,14 @@ def test_train_result_is_built_from_the_committed_model_json(tmp_path: Path) -> 
     meta = dataclasses.replace(read_meta(str(url)), train=WRITTEN.to_dict())
     result = TrainResult.committed(str(url), meta, wall_s=4.0)
     assert result.train == WRITTEN and result.wall_s == 4.0 and result.model_url == str(url)
-    assert result.summary() == "train: 32 steps on 2 rank(s), 8000 examples, 2,286 examples/s, final loss 0.4100"
+    assert result.summary() == ("train: 32 steps on 2 rank(s), 8000 examples, 2,286 examples/s, final loss 0.4100 "
+                                "(resumed from the checkpoint at step 10)")
+
+
+def test_a_rerun_says_what_it_reused(tmp_path: Path) -> None:
+    url = make_model_dir(tmp_path, "m")[0]
+    meta = dataclasses.replace(read_meta(str(url)), train=WRITTEN.to_dict())
+    reused = TrainResult.committed(str(url), meta)  # nothing trained: the candidate was there
+    assert reused.summary().endswith("final loss 0.4100 (the candidate a stopped run committed, reused)")
+    fresh = dataclasses.replace(meta, train=dataclasses.replace(WRITTEN, resumed_from_step=0).to_dict())
+    assert TrainResult.committed(str(url), fresh, wall_s=3.0).summary().endswith("final loss 0.4100")

@@ -16,7 +16,7 @@ import pytest
 
 from flows.config import with_overrides
 from flows.day.record import read_record
-from flows.node.slot import Holder, ModelBusyError, node_slot
+from flows.node.slot import Holder, ModelBusyError, data_lock, day_lock, node_slot
 from flows.prefect.daily import daily_retrain
 from flows.presets import demo
 from pipeline.generate import generate_days
@@ -67,6 +67,29 @@ def test_the_holder_is_written_into_the_lock_file_while_it_holds_the_slot(tmp_pa
         assert held == taken.holder and held.flow_run == "f00d" and held.pid == os.getpid()
         assert held.describe().startswith(f"run f00d on host {socket.gethostname()} (pid {os.getpid()}) since 20")
     assert Holder.from_json(path.read_text()) is None  # released: it names nobody
+
+
+def test_one_run_of_a_models_date_at_a_time_while_other_dates_and_models_go_on(tmp_path):
+    root = str(tmp_path / "root")
+    ctr, other = Layout(root, "ctr"), Layout(root, "other")
+    with day_lock(ctr, "2026-01-01", 30, log=log):
+        for layout, date in ((ctr, "2026-01-02"), (other, "2026-01-01")):
+            with day_lock(layout, date, 1, log=log) as taken:
+                assert taken.waited_s < 0.5
+        # a second run of the date (a lock of its own, as another process takes it) waits, then gives up naming it
+        with pytest.raises(ModelBusyError, match=r"the run of 2026-01-01 of model 'ctr' on this node .*date=2026-01-01"), \
+                day_lock(ctr, "2026-01-01", 1.5, log=log):
+            pytest.fail("two runs of one date at once")
+
+
+def test_the_data_stages_of_a_date_are_one_writer_at_a_time_whatever_the_model(tmp_path):
+    root = str(tmp_path / "root")
+    with data_lock(Layout(root, "ctr"), "2026-01-01", 30, log=log):
+        with data_lock(Layout(root, "other"), "2026-01-02", 1, log=log) as taken:
+            assert taken.waited_s < 0.5
+        with pytest.raises(ModelBusyError, match="the data stages of 2026-01-01"), \
+                data_lock(Layout(root, "other"), "2026-01-01", 1.5, log=log):
+            pytest.fail("two writers of one date's events at once")
 
 
 @pytest.mark.slow

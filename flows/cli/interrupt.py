@@ -1,0 +1,194 @@
+"""Ctrl-C and SIGTERM end a run promptly, with everything it started, and say how to resume.
+
+Kubernetes (and a shell's Ctrl-C) signal the `ctrpipe` process and wait a grace period.  The run has
+started processes outside its own process group (torchrun and its ranks run in sessions of their own, so
+that a timeout can stop the job), a Dask cluster and, without PREFECT_API_URL, Prefect's temporary
+server; none of them may outlive it, and a rank must not train on and commit beside the rerun.
+
+`stop_on_signals` installs a handler for SIGINT and SIGTERM.  On the first signal a watcher thread
+(woken through a pipe that the signal itself writes to, `signal.set_wakeup_fd`, so it wakes even while
+Prefect's own SIGTERM handler is installed during a flow run) does, in order:
+
+1. SIGTERM to every process the run started (its descendants, found in /proc, whatever their session),
+   but Prefect's temporary server; SIGKILL after `GRACE_S` to what is left;
+2. waits up to `UNWIND_S` for the main thread, which the handler interrupted (`Interrupted`), to unwind:
+   Prefect marks the flow run crashed, the Dask client closes;
+3. stops what is left the same way (the temporary server, anything started meanwhile), prints one line
+   (what was interrupted, how to resume) and exits with `ExitCode.INTERRUPTED`, whatever the main
+   thread is doing.
+
+Every write of a run commits atomically, so a run stopped anywhere leaves its last committed state and
+the rerun resumes from it (its stage lines say what it reused).  Linux and other systems with /proc;
+elsewhere the descendants are not found and only the main thread's unwinding stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flows.cli.exit_codes import ExitCode
+
+GRACE_S = 3.0
+"""How long a process gets to exit after SIGTERM before SIGKILL."""
+UNWIND_S = 3.0
+"""How long the main thread gets to report the interruption (to Prefect) once the job is stopped."""
+_POLL_S = 0.05
+_PREFECT_SERVER = "prefect.server.api.server:create_app"
+"""In the command line of Prefect's temporary server (`prefect.server.api.server.SubprocessASGIServer`)."""
+_SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+class Interrupted(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt, not an error
+    """Raised in the main thread by the first SIGINT/SIGTERM: unwinds the run as an interruption, not a failure
+    (no `failed` day record is written)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:  # as Prefect's crash line shows it
+        return f"interrupted by {_SIGNAL_NAMES.get(self.signum, self.signum)}"
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process as /proc shows it; `started` (clock ticks since boot) tells it from a later one with its pid."""
+
+    pid: int
+    ppid: int
+    started: int
+    state: str
+    command: str
+
+
+def _read_proc(pid: int) -> Proc | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return Proc(pid, int(fields[1]), int(fields[19]), fields[0], raw.replace(b"\0", b" ").decode(errors="replace"))
+
+
+def descendants(pid: int) -> list[Proc]:
+    """Every live process below `pid` (children, theirs, ...), whatever their session or process group."""
+    procs = [p for entry in os.listdir("/proc") if entry.isdigit() and (p := _read_proc(int(entry)))] \
+        if os.path.isdir("/proc") else []
+    children: dict[int, list[Proc]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child.state != "Z":
+                out.append(child)
+            todo.append(child.pid)
+    return out
+
+
+def _alive(p: Proc) -> bool:
+    now = _read_proc(p.pid)
+    return now is not None and now.started == p.started and now.state != "Z"
+
+
+def stop(procs: list[Proc], grace_s: float = GRACE_S) -> None:
+    """SIGTERM each of `procs`, then SIGKILL those still alive after `grace_s`; returns when all are gone."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        for p in procs:
+            if _alive(p):
+                try:
+                    os.kill(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    continue
+        deadline = time.monotonic() + wait_s
+        while (procs := [p for p in procs if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if not procs:
+            return
+
+
+class _Watcher:
+    def __init__(self, command: str, what: Callable[[], str], resume: str) -> None:
+        self.command, self.what, self.resume = command, what, resume
+        self.unwound = threading.Event()
+        self.fired = threading.Event()
+        self.signum: int | None = None
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)  # set_wakeup_fd needs it; the watcher blocks on the read end
+        self.thread = threading.Thread(target=self._watch, name="ctrpipe-signals", daemon=True)
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self.read_fd, 16)
+            except OSError:
+                return  # closed: the command ended without a signal
+            signums = [b for b in data if b in _SIGNAL_NAMES]
+            if signums:
+                break
+            if not data:
+                return
+        self.fired.set()
+        signum = self.signum or signums[0]
+        what = self.what()  # before the job stops: the stage it was in
+        me = os.getpid()
+        job = descendants(me)
+        stop([p for p in job if _PREFECT_SERVER not in p.command])
+        self.unwound.wait(UNWIND_S)
+        rest = descendants(me)
+        stop(rest)
+        started = len({p.pid for p in job} | {p.pid for p in rest})
+        print(f"ctrpipe {self.command}: interrupted by {_SIGNAL_NAMES[signum]} during {what}; stopped the "
+              f"{started} process(es) it had started. What had committed is kept: run `{self.resume}` again "
+              "to resume", file=sys.stderr, flush=True)
+        os._exit(ExitCode.INTERRUPTED)
+
+    def handler(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+        with suppress(BlockingIOError):  # the pipe is full of earlier signals: the watcher has its news
+            os.write(self.write_fd, bytes([signum]))
+        if first:
+            raise Interrupted(signum)
+
+
+@contextmanager
+def stop_on_signals(command: str, what: Callable[[], str], resume: str) -> Iterator[None]:
+    """For the block, SIGINT and SIGTERM stop the run as the module docstring says (main thread only; elsewhere
+    the block runs unguarded).  After a signal the block never returns: the watcher ends the process.
+
+    Args:
+        command: the `ctrpipe` command, for the message.
+        what: says what the run is doing (called once, at the signal).
+        resume: the command line that resumes the run.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    watcher = _Watcher(command, what, resume)
+    watcher.thread.start()
+    previous = {sig: signal.signal(sig, watcher.handler) for sig in _SIGNAL_NAMES}
+    old_wakeup = signal.set_wakeup_fd(watcher.write_fd, warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        if watcher.signum is not None or watcher.fired.is_set():
+            watcher.unwound.set()
+            watcher.thread.join()  # it exits the process
+        signal.set_wakeup_fd(old_wakeup)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(watcher.write_fd)  # the watcher's read returns b"": it ends
+        watcher.thread.join(timeout=5)
+        os.close(watcher.read_fd)
