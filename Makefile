@@ -35,7 +35,7 @@ lint: install-test
 # built once); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The same suite in a random order of files and of the tests in each (pytest-randomly, off in every other
 # run: pyproject's addopts say -p no:randomly), to show no test needs another's leftovers.  The seed is on
