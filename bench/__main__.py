@@ -37,9 +37,9 @@ QUICK = [
 
 
 SMOKE = ["bench.ingest", "bench.vocab", "bench.store", "bench.train", "bench.comm", "bench.het", "bench.day",
-         "bench.gpu_probe", "bench.capacity"]
-"""The benchmarks with a `--smoke` size, in the order `--smoke` runs them (capacity last: it reads the others'
-results).  bench.quality and bench.serve have none yet."""
+         "bench.serve", "bench.quality", "bench.quality_ladder", "bench.gpu_probe", "bench.capacity"]
+"""Every benchmark, each with a `--smoke` size, in the order `--smoke` runs them (capacity last: it reads the
+others' results).  bench.quality_ladder needs scikit-learn (`make bench-peers`, or the test extra)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@
     python -m bench.quality --warm-start                      # a 7-day backfill vs day 7 alone, on day 8
     python -m bench.quality --datasets criteo --archs attention --no-peers --row-formats adam/fp32
     python -m bench.quality --protocol rolling               # every shared real row, rolling origin (bench.quality_rolling)
-    python -m bench.quality --protocol rolling --smoke       # its small form, for tests
+    python -m bench.quality --smoke                           # the rolling protocol's small form, for tests
 
 For each dataset (`bench.quality_data`: the shared Criteo and Avazu samples as two training days and
 a later day, or synthetic days with planted interactions), the product is what a user runs:
@@ -42,6 +42,8 @@ import logging
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bench._common import add_smoke
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 DATASETS = ("criteo", "avazu", "synthetic-100k", "synthetic-1000k")
@@ -225,10 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="later-day: two training days, one later day; rolling: every real row, rolling origin")
     p.add_argument("--rolling-days", type=int, default=None,
                    help="day files each real sample is cut into for --protocol rolling (default 5)")
-    p.add_argument("--smoke", action="store_true", help="with --protocol rolling: 3 small Criteo days")
+    add_smoke(p)  # the rolling protocol on 3 small Criteo days (tests/bench/test_smoke.py)
     p.add_argument("--out", default="quality")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.protocol = "rolling"
     if args.seeds is None:
         args.seeds = [0] if args.protocol == "rolling" else [0, 1, 2]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -123,7 +123,7 @@ def train_lr(x, y: np.ndarray, segments: list[np.ndarray], *, lr: float, shuffle
     return w, bias
 
 
-def ladder_rows(name: str, lad: Ladder) -> list[dict]:
+def ladder_rows(name: str, lad: Ladder, lrs: tuple[float, ...] = LRS) -> list[dict]:
     every, kept = np.concatenate(lad.days), np.concatenate(lad.kept)
     plans = [  # (matrices, segments, shuffle) of each step
         (lad.one_vocab, [every], True), (lad.one_vocab, [every], False), (lad.one_vocab, [kept], False),
@@ -132,7 +132,7 @@ def ladder_rows(name: str, lad: Ladder) -> list[dict]:
     rows = []
     for step, ((x, x_later), segments, shuffle) in zip(STEPS, plans, strict=True):
         row = {"dataset": name, "setting": step}
-        for lr in LRS:
+        for lr in lrs:
             w, b = train_lr(x, lad.labels, segments, lr=lr, shuffle=shuffle)
             row[f"lr {lr:g}"] = auc(lad.later_labels, 1 / (1 + np.exp(-(x_later @ w + b))))
         rows.append(row)
@@ -142,14 +142,17 @@ def ladder_rows(name: str, lad: Ladder) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.quality_ladder", description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="*", default=["criteo", "avazu"])
+    p.add_argument("--lrs", nargs="*", type=float, default=list(LRS), help="sparse learning rates of each step")
     p.add_argument("--out", default="quality-ladder")
-    args = p.parse_args(argv)
-    from bench._common import print_table, write_json
+    from bench._common import add_smoke, apply_smoke, print_table, write_json
+
+    add_smoke(p)  # Criteo at one learning rate
+    args = apply_smoke(p.parse_args(argv), {"datasets": ["criteo"], "lrs": [LRS[1]]})
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ladder-") as tmp:
         for name in args.datasets:
-            rows += ladder_rows(name, build(name, Path(tmp) / name))
+            rows += ladder_rows(name, build(name, Path(tmp) / name), tuple(args.lrs))
     print_table([{k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
     print("later-day AUC of a per-key-Adam LR (NumPy) at each sparse lr; each setting adds one thing the product does")
     print(f"results: {write_json(args.out, {'rows': rows, 'params': vars(args)})}")

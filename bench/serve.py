@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._common import report, run_child
+from bench._common import add_smoke, apply_smoke, report, run_child
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -331,7 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mmap-keys", type=int, default=10_000_000, help="0 skips the memory part")
     p.add_argument("--mmap-dim", type=int, default=16)
     p.add_argument("--parts", default="http,reload,size", help="which parts to run (the memory part: --mmap-keys)")
-    args = p.parse_args(argv)
+    add_smoke(p)  # every part, tiny: 10^4 keys, half-second cells, 1 and 4 clients, 10^5 mapped keys
+    args = apply_smoke(p.parse_args(argv), {"keys": 10_000, "seconds": 0.5, "batches": "1,32", "clients": "1,4",
+                                            "mmap_keys": 100_000})
     parts = set(args.parts.split(","))
     batches = [int(x) for x in args.batches.split(",")]
     clients = [int(x) for x in args.clients.split(",")]

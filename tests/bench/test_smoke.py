@@ -22,8 +22,10 @@ from bench.__main__ import SMOKE
 from bench._common import RESULTS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
-WITHOUT_SMOKE = {"quality", "quality_ladder", "serve"}
-"""Benchmarks with no smoke size yet (their owners add one); helper modules (quality_*, _*) are not commands."""
+HELPERS = {"quality_bound", "quality_data", "quality_peers", "quality_rolling", "quality_stats"}
+"""Modules of bench/ that are not commands (nor are `_*` ones)."""
+SHARED_DATA = {"bench.quality", "bench.quality_ladder"}
+"""Smoke runs on the real samples of ../shared/data (the `shared_data` fixture skips, saying why, without them)."""
 
 
 def run_smoke(name: str, results: Path, tmp: Path) -> str:
@@ -99,6 +101,40 @@ def check_day(out: str, results: Path) -> None:
     assert "train mfu" in out
 
 
+def check_serve(out: str, results: Path) -> None:
+    rows = load(results, "serve")["rows"]
+    http = [r for r in rows if r["part"] == "http"]
+    assert {(r["batch"], r["clients"]) for r in http} == {(1, 1), (1, 4), (32, 1), (32, 4)}, http
+    assert all(r["failed"] == 0 and r["rows_s"] > 0 for r in http)
+    assert {r["part"] for r in rows} == {"in-process", "http", "reload", "size", "memory"}
+    assert [r["switched"] for r in rows if r["part"] == "reload"] == [True]
+
+
+def check_quality(out: str, results: Path) -> None:
+    from bench.quality_rolling import SMOKE as ROLLING_SMOKE
+
+    criteo = load(results, "quality")["datasets"]["criteo"]
+    split = criteo["split"]
+    assert split["rows_per_day"] == [1_100] * ROLLING_SMOKE.days and split["origins"] == [1, 2]
+    assert split["pooled_rows"] == 2_200  # days 2 and 3: every row after the first day is scored once
+    rows = {r["model"]: r for r in criteo["rows"]}
+    for peer in ("sklearn-lr", "deepctr-deepfm"):  # run, or skipped with the reason printed
+        assert peer in rows or (peer in criteo["skipped"] and f"{peer} skipped" in out)
+    assert {"attention", "lr"} <= set(rows)
+    for model, r in rows.items():
+        assert 0.55 < r["auc"] < 0.9 and len(r["auc_per_origin"]) == 2
+        if model != "attention":
+            assert 0 < r["vs_sd"] < 0.05 and r["vs_default"] == pytest.approx(r["auc"] - rows["attention"]["auc"])
+    days = criteo["days"]["attention"][0]
+    assert days[0]["status"] == "published" and days[1]["rows_carried"] > 0  # day 2 trains day 1's eval rows
+
+
+def check_quality_ladder(out: str, results: Path) -> None:
+    rows = load(results, "quality-ladder")["rows"]
+    assert [r["setting"][0] for r in rows] == list("123456") and {r["dataset"] for r in rows} == {"criteo"}
+    assert all(0.5 < r["lr 0.023"] < 0.9 for r in rows), rows
+
+
 def check_gpu_probe(out: str, results: Path) -> None:
     probe = load(results, "gpu_probe")
     assert probe["device"] == "cpu" and probe["world"]["status"] == probe["phases"]["status"] == "ok", probe
@@ -115,17 +151,24 @@ def check_capacity(out: str, results: Path) -> None:
 CHECKS: dict[str, Callable[[str, Path], None]] = {
     "bench.ingest": check_ingest, "bench.vocab": check_vocab, "bench.store": check_store, "bench.train": check_train,
     "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day, "bench.gpu_probe": check_gpu_probe,
-    "bench.capacity": check_capacity,
+    "bench.capacity": check_capacity, "bench.serve": check_serve, "bench.quality": check_quality,
+    "bench.quality_ladder": check_quality_ladder,
 }
 MARKS = {
     "bench.train": [pytest.mark.distributed], "bench.comm": [pytest.mark.distributed],
     "bench.het": [pytest.mark.distributed],
     "bench.day": [pytest.mark.slow],  # the whole flow (Prefect, Dask, torchrun) for 2 days: a minute or more
+    "bench.quality": [pytest.mark.slow],  # 2 archs x 3 days through the flow, and the peers: minutes
 }
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, [])) for n in SMOKE])
-def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(name: str, tmp_path: Path) -> None:
+def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(name: str, tmp_path: Path,
+                                                                     request: pytest.FixtureRequest) -> None:
+    if name in SHARED_DATA:
+        request.getfixturevalue("shared_data")
+    if name == "bench.quality_ladder":
+        pytest.importorskip("sklearn", reason="bench.quality_ladder hashes with scikit-learn: pip install '.[test]'")
     results = tmp_path / "results"
     (tmp_path / "tmp").mkdir()
     out = run_smoke(name, results, tmp_path / "tmp")
@@ -133,10 +176,8 @@ def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(name: str, 
 
 
 def test_every_benchmark_command_has_a_smoke_size_that_python_m_bench_smoke_runs() -> None:
-    commands = {p.stem for p in (REPO / "bench").glob("*.py")
-                if not p.stem.startswith("_") and p.stem not in {"quality_bound", "quality_data", "quality_peers",
-                                                                 "quality_stats"}}
+    commands = {p.stem for p in (REPO / "bench").glob("*.py") if not p.stem.startswith("_") and p.stem not in HELPERS}
     with_smoke = {c for c in commands if "add_smoke(" in (REPO / "bench" / f"{c}.py").read_text()}
-    assert with_smoke == commands - WITHOUT_SMOKE
+    assert with_smoke == commands
     assert set(SMOKE) == {f"bench.{c}" for c in with_smoke} == set(CHECKS)
     assert SMOKE[-1] == "bench.capacity"  # it reads the others' results
