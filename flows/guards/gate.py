@@ -125,10 +125,11 @@ class GateCheck:
     threshold: Any
     detail: str
     """Why it refuses (`ok` when it passed)."""
-    interval: tuple[float, float] | None = None
-    """What the check compares, +- publish.noise_sds standard errors: the drop or rise for auc_drop,
-    logloss, slices (the worst slice) and gauc, the calibration for calibration (through the click
-    rate's interval); None when its noise is unknown or noise_sds is 0."""
+    interval: list[float] | None = None
+    """[low, high]: what the check compares, +- publish.noise_sds standard errors: the drop or rise for
+    auc_drop, logloss, slices (the worst slice) and gauc, the calibration for calibration (through the
+    click rate's interval); None when its noise is unknown or noise_sds is 0.  A list, as metrics.json
+    reads it back."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,7 +201,8 @@ def _noise_text(cfg: PublishConfig, value: float, noise: float) -> str:
 def _check(name: str, passed: bool, value: Any, threshold: Any, why: str,
            interval: tuple[float, float] | None = None) -> GateCheck:
     """A check whose detail says why it refuses, or `ok`."""
-    return GateCheck(name, passed, value, threshold, "ok" if passed else why, interval)
+    return GateCheck(name, passed, value, threshold, "ok" if passed else why,
+                     None if interval is None else [float(interval[0]), float(interval[1])])
 
 
 def _difference(name: str, value: float, se: float | None, limit: float, cfg: PublishConfig, why: str) -> GateCheck:
@@ -253,7 +255,7 @@ def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig) -> Ga
               f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop "
               f"{max(drops.values(), default=0.0):.4f}")
     return GateCheck(f"slices:{name}", not over, value, limit[worst] if worst is not None else cfg.max_slice_auc_drop,
-                     detail, (value - band, value + band) if band else None)
+                     detail, [value - band, value + band] if band else None)
 
 
 def _slice_se(g: GroupAUC) -> dict[Any, float]:

@@ -223,7 +223,7 @@ def test_a_drop_refused_beyond_the_noise_prints_its_interval():
     d = gate(s(0.65), s(0.70, date="2026-01-01"), CFG, versus=wide)
     assert "= 0.0400: [0.0100, 0.0900]" in d.reason
     drop = next(c for c in d.values() if c["name"] == "auc_drop")
-    assert drop["interval"] == pytest.approx((0.01, 0.09))
+    assert drop["interval"] == pytest.approx([0.01, 0.09])
 
 
 def _two_models_on_slices(rows_per_slice: int, worse: float, seed: int = 0):
