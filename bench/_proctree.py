@@ -2,7 +2,7 @@
 
 A daily run is several kinds of process: the driver (the CLI), its Dask workers, the torchrun
 agent and its ranks, Prefect's ephemeral API server.  `ProcessTree` samples them in a thread:
-each sample reads every descendant's CPU seconds (utime + stime) and peak RSS (VmHWM, the
+each sample reads every descendant's CPU seconds (utime + stime, `flows.node.procs`) and peak RSS (VmHWM, the
 kernel's own high-water mark, so a peak between two samples is not missed), with the wall clock
 of the sample, so CPU seconds can be attributed to the stage that was running
 (`cpu_between`).  What a process does after its last sample is lost (at most one interval).
@@ -10,12 +10,12 @@ of the sample, so CPU seconds can be attributed to the stage that was running
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
-TICKS = os.sysconf("SC_CLK_TCK")
+from flows.node.procs import command, descendants, processes
+
 KINDS = ("driver", "dask worker", "torchrun agent", "rank", "prefect server", "other")
 
 
@@ -75,24 +75,15 @@ class ProcessTree:
 
     def sample(self) -> None:
         now = time.time()
-        stats = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit() and (st := _stat(int(name))) is not None:
-                stats[int(name)] = st
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in stats.items():
-            children.setdefault(ppid, []).append(pid)
-        todo = [self.root] if self.root in stats else []
-        while todo:
-            pid = todo.pop()
-            todo += children.get(pid, [])
-            _, cpu, start = stats[pid]
-            key = (pid, start)
+        every = processes()
+        tree = ([every[self.root]] if self.root in every else []) + descendants(self.root, every)
+        for p in tree:
+            key = (p.pid, p.started)
             proc = self.procs.get(key)
             if proc is None:
-                proc = self.procs[key] = _Proc(kind_of(_cmdline(pid), is_root=pid == self.root))
-            proc.samples.append((now, cpu))
-            proc.peak_rss = max(proc.peak_rss, _peak_rss(pid))
+                proc = self.procs[key] = _Proc(kind_of(command(p.pid), is_root=p.pid == self.root))
+            proc.samples.append((now, p.cpu_s))
+            proc.peak_rss = max(proc.peak_rss, _peak_rss(p.pid))
 
     def peak_rss_by_kind(self) -> dict[str, int]:
         """The highest peak RSS of any one process of each kind seen."""
@@ -115,17 +106,6 @@ class ProcessTree:
         return total
 
 
-def _stat(pid: int) -> tuple[int, float, int] | None:
-    """(parent pid, CPU seconds, start time in ticks) of a live process, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[19])
-
-
 def _peak_rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -135,11 +115,3 @@ def _peak_rss(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

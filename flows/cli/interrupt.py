@@ -31,11 +31,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flows.cli.exit_codes import ExitCode
+from flows.node import procs as node_procs
+from flows.node.procs import Proc, alive, descendants
 
 GRACE_S = 3.0
 """How long a process gets to exit after SIGTERM before SIGKILL."""
@@ -59,59 +59,17 @@ class Interrupted(BaseException):  # noqa: N818 - a signal, like KeyboardInterru
         return f"interrupted by {_SIGNAL_NAMES.get(self.signum, self.signum)}"
 
 
-@dataclass(frozen=True)
-class Proc:
-    """A process as /proc shows it; `started` (clock ticks since boot) tells it from a later one with its pid."""
-
-    pid: int
-    ppid: int
-    started: int
-    state: str
-    command: str
-
-
-def _read_proc(pid: int) -> Proc | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-    return Proc(pid, int(fields[1]), int(fields[19]), fields[0], raw.replace(b"\0", b" ").decode(errors="replace"))
-
-
-def descendants(pid: int) -> list[Proc]:
-    """Every live process below `pid` (children, theirs, ...), whatever their session or process group."""
-    procs = [p for entry in os.listdir("/proc") if entry.isdigit() and (p := _read_proc(int(entry)))] \
-        if os.path.isdir("/proc") else []
-    children: dict[int, list[Proc]] = {}
-    for p in procs:
-        children.setdefault(p.ppid, []).append(p)
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child.state != "Z":
-                out.append(child)
-            todo.append(child.pid)
-    return out
-
-
-def _alive(p: Proc) -> bool:
-    now = _read_proc(p.pid)
-    return now is not None and now.started == p.started and now.state != "Z"
-
-
 def stop(procs: list[Proc], grace_s: float = GRACE_S) -> None:
     """SIGTERM each of `procs`, then SIGKILL those still alive after `grace_s`; returns when all are gone."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
         for p in procs:
-            if _alive(p):
+            if alive(p):
                 try:
                     os.kill(p.pid, sig)
                 except (ProcessLookupError, PermissionError):
                     continue
         deadline = time.monotonic() + wait_s
-        while (procs := [p for p in procs if _alive(p)]) and time.monotonic() < deadline:
+        while (procs := [p for p in procs if alive(p)]) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         if not procs:
             return
@@ -143,7 +101,7 @@ class _Watcher:
         what = self.what()  # before the job stops: the stage it was in
         me = os.getpid()
         job = descendants(me)
-        stop([p for p in job if _PREFECT_SERVER not in p.command])
+        stop([p for p in job if _PREFECT_SERVER not in node_procs.command(p.pid)])
         self.unwound.wait(UNWIND_S)
         rest = descendants(me)
         stop(rest)

@@ -20,6 +20,7 @@ import pytest
 
 from flows.cli.exit_codes import ExitCode
 from flows.cli.interrupt import descendants, stop
+from flows.node import procs
 from tests.helpers.procs import REPO
 
 PROGRAM = textwrap.dedent("""
@@ -86,7 +87,7 @@ def test_descendants_are_found_across_sessions_and_stopped():
         deadline = time.monotonic() + 30
         while len(found := descendants(outer.pid)) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(found) == 1 and "time.sleep(300)" in found[0].command
+        assert len(found) == 1 and "time.sleep(300)" in procs.command(found[0].pid)
         stop(found, grace_s=5)
         assert not psutil.pid_exists(found[0].pid) or psutil.Process(found[0].pid).status() == psutil.STATUS_ZOMBIE
     finally:
