@@ -29,7 +29,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -142,45 +142,29 @@ def node_slot(
         yield taken
 
 
-@contextmanager
-def day_lock(
-    layout: Layout,
-    date: str,
-    timeout_s: float,
-    *,
-    log: logging.Logger | logging.LoggerAdapter,
-    report_every_s: float = REPORT_EVERY_S,
-) -> Iterator[Taken]:
-    """Hold the run of `date` of `layout`'s model on this node for the block (`NodeLayout.day_lock`).
+def day_lock(layout: Layout, date: str, timeout_s: float, *, log: logging.Logger | logging.LoggerAdapter,
+             report_every_s: float = REPORT_EVERY_S) -> AbstractContextManager[Taken]:
+    """The run of `date` of `layout`'s model on this node (`NodeLayout.day_lock`), a `file_lock`.
 
     A second run of the same model and date (a scheduled run and a manual retry) waits here, then finds the
     date completed, instead of sharing or deleting the first run's staging directories.
     """
     path = layout.node.day_lock(date)
-    with file_lock(path, what=f"the run of {date} of model {layout.model_name!r} on this node ({path})",
-                   timeout_s=timeout_s, log=log, report_every_s=report_every_s) as taken:
-        yield taken
+    return file_lock(path, what=f"the run of {date} of model {layout.model_name!r} on this node ({path})",
+                     timeout_s=timeout_s, log=log, report_every_s=report_every_s)
 
 
-@contextmanager
-def data_lock(
-    layout: Layout,
-    date: str,
-    timeout_s: float,
-    *,
-    log: logging.Logger | logging.LoggerAdapter,
-    report_every_s: float = REPORT_EVERY_S,
-) -> Iterator[Taken]:
-    """Hold the data stages of `date` on this node for the block (`NodeLayout.data_lock`), for every model.
+def data_lock(layout: Layout, date: str, timeout_s: float, *, log: logging.Logger | logging.LoggerAdapter,
+              report_every_s: float = REPORT_EVERY_S) -> AbstractContextManager[Taken]:
+    """The data stages of `date` on this node (`NodeLayout.data_lock`), for every model, a `file_lock`.
 
     Events are shared by the models of a root, and each data stage first removes the staging directories
     an earlier crashed writer left (`storage.io.fsio.remove_stale_staging`): two writers at once would
     remove each other's.  Held one stage at a time, never while waiting for another lock.
     """
     path = layout.node.data_lock(date)
-    with file_lock(path, what=f"the data stages of {date} on this node ({path})", timeout_s=timeout_s, log=log,
-                   report_every_s=report_every_s) as taken:
-        yield taken
+    return file_lock(path, what=f"the data stages of {date} on this node ({path})", timeout_s=timeout_s, log=log,
+                     report_every_s=report_every_s)
 
 
 @contextmanager

@@ -72,17 +72,22 @@ def test_without_the_guard_the_child_outlives_its_launcher(tmp_path: Path) -> No
         psutil.Process(child).kill()
 
 
-def test_a_rank_whose_parent_dies_exits_on_its_own(tmp_path: Path) -> None:
+def _rank_of_a_parent(tmp_path: Path, poll_s: float) -> tuple[subprocess.Popen, int]:
+    """A parent (its own session) whose child, a stand-in rank, watches it every `poll_s`: (parent, rank pid)."""
     pid_file = tmp_path / "rank.pid"
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import subprocess, sys, time
         p = subprocess.Popen([sys.executable, "-c", "from trainer.lifetime import exit_when_orphaned; "
-                              "exit_when_orphaned(poll_s=0.1); import time; time.sleep(300)"],
+                              "exit_when_orphaned(poll_s={poll_s}); import time; time.sleep(300)"],
                              start_new_session=True)
         open({str(pid_file)!r}, "w").write(str(p.pid))
         time.sleep(300)
     """)], start_new_session=True)
-    rank = _pid_from(pid_file)
+    return parent, _pid_from(pid_file)
+
+
+def test_a_rank_whose_parent_dies_exits_on_its_own(tmp_path: Path) -> None:
+    parent, rank = _rank_of_a_parent(tmp_path, poll_s=0.1)
     time.sleep(0.5)  # the rank's watch is running
     assert psutil.pid_exists(rank)
     os.killpg(parent.pid, signal.SIGKILL)
@@ -91,16 +96,7 @@ def test_a_rank_whose_parent_dies_exits_on_its_own(tmp_path: Path) -> None:
 
 
 def test_a_rank_whose_parent_dies_is_ended_by_the_kernel_without_waiting_for_its_watch(tmp_path: Path) -> None:
-    pid_file = tmp_path / "rank.pid"
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import subprocess, sys, time
-        p = subprocess.Popen([sys.executable, "-c", "from trainer.lifetime import exit_when_orphaned; "
-                              "exit_when_orphaned(poll_s=300); import time; time.sleep(300)"],
-                             start_new_session=True)
-        open({str(pid_file)!r}, "w").write(str(p.pid))
-        time.sleep(300)
-    """)], start_new_session=True)
-    rank = _pid_from(pid_file)
+    parent, rank = _rank_of_a_parent(tmp_path, poll_s=300)
     time.sleep(1.0)  # the rank has made its call
     assert psutil.pid_exists(rank)
     os.killpg(parent.pid, signal.SIGKILL)
