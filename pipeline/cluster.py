@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD
 """glibc settings of LocalCluster worker processes (see `worker_environ`)."""
 STALL_KEY = "ctrpipe.stall-timeout-s"
 """Dask config key `dask_client` sets from `dask.stall_timeout_s` for `finished` and `gather` to read."""
+SLOW_SCRATCH = "Creating scratch directories is taking a surprisingly long time"
+"""How distributed's warning starts when making a worker's scratch folder took over 1 s (see `dask_client`)."""
 COMPUTE_FAILED = "Compute Failed"
 """How distributed's worker log line about a task's exception starts (the client raises that exception)."""
 
@@ -107,6 +110,9 @@ def worker_environ() -> dict[str, str]:
         k: str(v)
         for k, v in (dask.config.get(PRE_SPAWN_ENVIRON, default=None) or {}).items()
     }
+    inherited = env.get("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", ""))
+    quiet = f"ignore:{SLOW_SCRATCH}:UserWarning"
+    env["PYTHONWARNINGS"] = f"{inherited},{quiet}" if inherited else quiet
     return {**env, **WORKER_MALLOC}
 
 
@@ -141,6 +147,10 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
 
     Connecting to `config.address` leaves that cluster running: it is not ours to stop (nor to
     configure: the malloc thresholds apply only to the workers of a LocalCluster started here).
+    A LocalCluster's scratch folders are under TMPDIR on this machine; distributed's warning that
+    making them took over a second (a busy local disk, not the network file system it suggests)
+    is a 300-character line in the middle of the day's report, so it is dropped, in this process
+    and in the worker processes (`worker_environ`).
     """
     if config.address:
         try:
@@ -153,12 +163,15 @@ def dask_client(config: DaskConfig) -> Iterator[Client]:
         with client, dask.config.set({STALL_KEY: config.stall_timeout_s}):
             yield client
         return
+    warnings.filterwarnings("ignore", message=SLOW_SCRATCH, category=UserWarning)
     env = worker_environ()
     # The nanny copies its pre-spawn environment into this process's os.environ before it spawns
     # a worker; put back what was here so that processes this one starts later (torchrun) do not
     # inherit the workers' malloc settings.
     saved = {name: os.environ.get(name) for name in env}
     try:
+        # The nanny lets a variable already set here win over its pre-spawn value; this one extends it.
+        os.environ["PYTHONWARNINGS"] = env["PYTHONWARNINGS"]
         with dask.config.set({PRE_SPAWN_ENVIRON: env}):
             cluster = LocalCluster(
                 n_workers=local_worker_count(config),
