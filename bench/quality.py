@@ -28,8 +28,9 @@ reports the mean and spread over seeds, and its difference from the default mode
 paired-bootstrap sd of that difference over the later rows (`bench.quality_stats`): a difference
 within 2 sd is one the sample cannot decide.
 
-`--row-formats optimizer/row_dtype ...` runs the default architecture again with each other row format
-(`optim.sparse_optimizer`, `store.row_dtype`; e.g. `adam/fp32`, the rows before compact rows), a row
+`--row-formats optimizer/row_dtype[/state_dtype] ...` runs the default architecture again with each other row
+format (`optim.sparse_optimizer`, `store.row_dtype`, `store.state_dtype` (fp32 when left out); e.g.
+`adam/fp32`, the rows before compact rows), a row
 `attention [adam/fp32]` each, compared with the default like any model.
 
 Benchmark-only dependencies: `make bench-peers`.  Results: bench/results/<--out>.json.
@@ -67,7 +68,9 @@ def product_config(files: Any, root: Path, *, arch: str, seed: int, row_format: 
         "dask.processes": False, "dask.n_workers": 1,  # operational: the same result with any cluster
     }
     if row_format:
-        sets["optim.sparse_optimizer"], sets["store.row_dtype"] = row_format.split("/")
+        parts = row_format.split("/")
+        sets["optim.sparse_optimizer"], sets["store.row_dtype"] = parts[:2]
+        sets["store.state_dtype"] = parts[2] if len(parts) > 2 else "fp32"
     return with_overrides(RunConfig(), sets)
 
 
@@ -222,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--days", type=int, default=7, help="days of the --warm-start backfill")
     p.add_argument("--rows-per-day", type=int, default=20_000, help="rows per day of the --warm-start backfill")
     p.add_argument("--row-formats", nargs="*", default=[],
-                   help="other row formats to run the default architecture with, optimizer/row_dtype (e.g. adam/fp32)")
+                   help="other row formats to run the default architecture with, optimizer/row_dtype[/state_dtype] "
+                        "(e.g. adam/fp32, adam/int8/log8)")
     p.add_argument("--protocol", choices=("later-day", "rolling"), default="later-day",
                    help="later-day: two training days, one later day; rolling: every real row, rolling origin")
     p.add_argument("--rolling-days", type=int, default=None,

@@ -406,7 +406,7 @@ from storage.embedding.ssd import SsdStore
 
 n, dim, shard, budget, queries, qbatch = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                           int(sys.argv[5]), int(sys.argv[6]))
-fmt = RowFormat(dim, sys.argv[7], sys.argv[8])
+fmt = RowFormat.parse(dim, sys.argv[7])
 def rss():
     with open("/proc/self/status") as f:
         for line in f:
@@ -491,7 +491,7 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
             continue
         print(f"scale: {n:,} keys of {fmt.name} ...", flush=True)
         cmd = [sys.executable, "-c", _SCALE_CHILD, str(n), str(DIM), str(shard), str(budget), str(queries), str(qbatch),
-               fmt.optimizer, fmt.row_dtype]
+               fmt.name]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
         except subprocess.CalledProcessError as exc:
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="row formats of the scale part, optimizer/row_dtype (default: fp32 Adam, the default, "
                          "rowwise_adagrad/fp16)")
     args = ap.parse_args(argv)
-    formats = [RowFormat(DIM, *f.split("/")) for f in args.formats]
+    formats = [RowFormat.parse(DIM, f) for f in args.formats]
     parts = {p for arg in args.parts for p in arg.split(",") if p}
     unknown = parts - {"index", "host", "ssd", "hitrate", "scale"}
     if unknown:

@@ -303,7 +303,7 @@ class CachingTier(EmbeddingStore):
         res = np.flatnonzero(slots >= 0)
         dev = self.device
         out.index_copy_(0, host_to_device(torch.from_numpy(res), dev), self._buf.gather_emb(slots[res]))
-        out.index_copy_(0, host_to_device(torch.from_numpy(outside), dev), host_to_device(rows_out.emb, dev).float())
+        out.index_copy_(0, host_to_device(torch.from_numpy(outside), dev), self._buf.fmt.weights(host_to_device(rows_out.emb, dev)))
         if inverse is None:
             return Lookup(handle_keys, out, plan)
         return Lookup(handle_keys, out.index_select(0, host_to_device(torch.from_numpy(inverse.reshape(-1)), dev)), plan)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.embedding.row_format import ROW_DTYPES, RowFormat
+from storage.embedding.row_format import ROW_DTYPES, STATE_DTYPES, RowFormat
 from storage.io.identity import result_field, run_field, shape_field
 
 POLICIES = ("lfu", "lru")
@@ -15,9 +15,14 @@ class StoreConfig:
     embedding_dim: int = shape_field(16)
     """Width of every embedding row."""
     row_dtype: str = result_field("fp16", neutral="fp32")
-    """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16` or `fp32`.
+    """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16`, `fp32`, or `int8`
+    (8-bit codes with an fp16 scale and offset per row, fbgemm's fused 8-bit row-wise layout: dim + 4 bytes).
     Updates are computed in fp32 and written back with stochastic rounding (docs/benchmarks.md, "bench.quality:
-    row formats": fp16 rows train as well as fp32 ones). Serving bundles keep their own `--dtype`."""
+    row formats"). Serving bundles keep their own `--dtype`."""
+    state_dtype: str = result_field("fp32", neutral="fp32")
+    """Dtype of the sparse optimizer's stored state (Adam's m and v, AdaGrad's accumulator): `fp32`, or `log8`
+    (one byte per value on a logarithmic grid, 9% resolution, written back with stochastic rounding:
+    `storage.embedding.quantize`)."""
     init_std: float = result_field(0.01)
     """Std of the deterministic per-key initialisation of a new row."""
     host_budget_mb: int = run_field(1024)
@@ -36,6 +41,8 @@ class StoreConfig:
             raise ValueError(f"store.embedding_dim must be >= 1, got {self.embedding_dim}")
         if self.row_dtype not in ROW_DTYPES:
             raise ValueError(f"store.row_dtype must be one of {sorted(ROW_DTYPES)}, got {self.row_dtype!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"store.state_dtype must be one of {sorted(STATE_DTYPES)}, got {self.state_dtype!r}")
         if self.init_std <= 0:
             raise ValueError(f"store.init_std must be > 0, got {self.init_std}")
         if self.host_budget_mb < 1:
@@ -51,4 +58,4 @@ class StoreConfig:
 
     def row_format(self, optimizer: str) -> RowFormat:
         """The rows this store keeps when trained with `optimizer` (`optim.sparse_optimizer`)."""
-        return RowFormat(self.embedding_dim, optimizer, self.row_dtype)
+        return RowFormat(self.embedding_dim, optimizer, self.row_dtype, self.state_dtype)

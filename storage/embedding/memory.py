@@ -99,14 +99,15 @@ class MemoryStore(EmbeddingStore):
         else:
             out = torch.empty((k.size, self.dim), dtype=torch.float32, device=self.device)
             miss = np.flatnonzero(~found)
-            out[torch.from_numpy(miss).to(self.device)] = init_rows(
+            fmt = self.row_format
+            out[torch.from_numpy(miss).to(self.device)] = fmt.weights(fmt.nearest(init_rows(
                 torch.from_numpy(k[miss]), self.dim, self.init_std
-            ).to(self.row_format.dtype).float().to(self.device)
+            ))).to(self.device)
             if nf:
                 out[torch.from_numpy(np.flatnonzero(found)).to(self.device)] = self._buf.gather_emb(slots[found])
         self._counters["hits"] += nf
         self._counters["misses"] += k.size - nf
-        self._counters["bytes_read"] += nf * self.row_format.dtype.itemsize * self.dim
+        self._counters["bytes_read"] += nf * self.row_format.dtype.itemsize * self.row_format.width
         return Lookup(torch.from_numpy(k.copy()), out)
 
     def evict(self, keys: torch.Tensor) -> None:

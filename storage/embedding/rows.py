@@ -26,8 +26,8 @@ class Rows:
     """A batch of N full rows on one device, in a store's `storage.embedding.row_format.RowFormat`.
 
     Attributes:
-        emb: (N, dim) weights in the format's row dtype.
-        state: the sparse optimizer's per-row state by name, (N, dim) or (N,) float32 each.
+        emb: (N, width) weights in the format's row dtype (`RowFormat.weights` reads them as fp32 (N, dim)).
+        state: the sparse optimizer's per-row state by name, (N, dim) or (N,) each, in the state dtype.
         clock: int32 (N,) updates applied so far.
     """
 
@@ -284,8 +284,8 @@ class RowBuffer:
         """The weights at `slots` as float32, (len(slots), dim)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         if self.device.type == "cpu":
-            return _take(self.rows.emb, slots).float()
-        return self.rows.emb.index_select(0, host_to_device(torch.from_numpy(slots), self.device)).float()
+            return self.fmt.weights(_take(self.rows.emb, slots))
+        return self.fmt.weights(self.rows.emb.index_select(0, host_to_device(torch.from_numpy(slots), self.device)))
 
     def reset(self) -> None:
         """Drop every row.  A fixed buffer keeps its allocation and is zeroed in place: allocating a

@@ -1,8 +1,9 @@
 """The sparse snapshot format: one Parquet file of full rows per store (or per rank).
 
-Columns: ``key`` int64, ``emb`` fixed_size_list<float32 | float16 | bfloat16 bits>[dim] (the row
-dtype), one column per optimizer state tensor (``m`` / ``v`` fixed_size_list<float32>[dim] for
-Adam, ``acc`` float32 for row-wise AdaGrad, none for SGD), ``clock`` int32.  The schema metadata
+Columns: ``key`` int64, ``emb`` fixed_size_list<float32 | float16 | bfloat16 bits | uint8>[width] (the
+row dtype; an int8 row's codes, then its fp16 scale and offset as 4 bytes), one column per optimizer
+state tensor (``m`` / ``v`` fixed_size_list<float32 | uint8>[dim] for Adam, ``acc`` float32 | uint8 for
+row-wise AdaGrad, none for SGD; uint8 for log8 state), ``clock`` int32.  The schema metadata
 ``ctr.row_format`` names the format (`RowFormat.meta`: dim, optimizer, row dtype); a file without
 it is a snapshot of the releases before compact rows: fp32 weights with Adam's ``m`` and ``v`` and
 an int64 clock.  A reader gets the file's rows in the file's format (`SnapshotBatch.fmt`) and
@@ -40,14 +41,17 @@ ROW_GROUP_ROWS = 65536
 """Rows per Parquet row group: the unit readers stream by."""
 FORMAT_KEY = b"ctr.row_format"
 """Schema metadata key holding `RowFormat.meta()` as JSON."""
-_EMB_TYPES = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16()}
+_EMB_TYPES = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16(), "int8": pa.uint8()}
 """Arrow value type of the `emb` column per row dtype (Arrow has no bfloat16: its bit patterns)."""
+_STATE_TYPES = {"fp32": (pa.float32(), np.float32), "log8": (pa.uint8(), np.uint8)}
+"""Arrow and NumPy type of the state columns per state dtype."""
 
 
 def snapshot_schema(fmt: RowFormat) -> pa.Schema:
     """The Arrow schema of a snapshot of rows in format `fmt`."""
-    fields = [("key", pa.int64()), ("emb", pa.list_(_EMB_TYPES[fmt.row_dtype], fmt.dim))]
-    fields += [(f.name, pa.list_(pa.float32(), fmt.dim) if f.per_element else pa.float32()) for f in fmt.rule.state]
+    st = _STATE_TYPES[fmt.state_dtype][0]
+    fields = [("key", pa.int64()), ("emb", pa.list_(_EMB_TYPES[fmt.row_dtype], fmt.width))]
+    fields += [(f.name, pa.list_(st, fmt.dim) if f.per_element else st) for f in fmt.rule.state]
     fields.append(("clock", pa.int32()))
     return pa.schema(fields, metadata={FORMAT_KEY: json.dumps(fmt.meta(), sort_keys=True).encode()})
 
@@ -64,10 +68,13 @@ class SnapshotBatch:
 
     Attributes:
         keys: int64 (N,).
-        emb: float32 (N, dim): the stored weights, exactly (fp16 and bf16 widen to fp32 without loss).
-        state: the optimizer state columns by name, float32.
+        emb: float32 (N, dim): the weights the stored rows hold, exactly (fp16 and bf16 widen to fp32
+            without loss; int8 rows decoded).
+        state: the optimizer state columns by name, as stored (float32, or uint8 codes for log8).
         clock: int64 (N,).
         fmt: the file's row format.
+        codes: an int8 row's stored bytes (N, dim + 4), which `rows` returns as they are (decoding and
+            encoding again could move a row by a unit); None for the other row dtypes.
     """
 
     keys: np.ndarray
@@ -75,6 +82,7 @@ class SnapshotBatch:
     state: dict[str, np.ndarray]
     clock: np.ndarray
     fmt: RowFormat
+    codes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.keys.size)
@@ -82,13 +90,18 @@ class SnapshotBatch:
     def select(self, idx: np.ndarray) -> SnapshotBatch:
         """The rows at positions (or mask) `idx`."""
         return SnapshotBatch(self.keys[idx], self.emb[idx], {k: v[idx] for k, v in self.state.items()},
-                             self.clock[idx], self.fmt)
+                             self.clock[idx], self.fmt, None if self.codes is None else self.codes[idx])
 
     def rows(self) -> Rows:
         """The rows in the file's own format (CPU tensors)."""
+        st = _STATE_TYPES[self.fmt.state_dtype][1]
+        if self.codes is not None:
+            emb = torch.from_numpy(np.ascontiguousarray(self.codes))
+        else:
+            emb = torch.from_numpy(np.ascontiguousarray(self.emb)).to(self.fmt.dtype)
         return Rows(
-            torch.from_numpy(np.ascontiguousarray(self.emb)).to(self.fmt.dtype),
-            {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in self.state.items()},
+            emb,
+            {k: torch.from_numpy(np.ascontiguousarray(v, dtype=st)) for k, v in self.state.items()},
             torch.from_numpy(self.clock.astype(np.int32)),
         )
 
@@ -142,12 +155,13 @@ class SnapshotWriter:
             emb_np = emb.view(torch.int16).numpy().view(np.uint16)
         else:
             emb_np = emb.numpy()
-        state = {name: _np(rows.state[name], np.float32) for name in self.fmt.state_names}
+        st = _STATE_TYPES[self.fmt.state_dtype][1]
+        state = {name: _np(rows.state[name], st) for name in self.fmt.state_names}
         c = _np(rows.clock, np.int32).reshape(-1)
-        d = self.dim
+        d, w = self.dim, self.fmt.width
         for lo in range(0, n, ROW_GROUP_ROWS):
             hi = min(n, lo + ROW_GROUP_ROWS)
-            cols = [pa.array(k[lo:hi]), pa.FixedSizeListArray.from_arrays(pa.array(emb_np[lo:hi].reshape(-1)), d)]
+            cols = [pa.array(k[lo:hi]), pa.FixedSizeListArray.from_arrays(pa.array(emb_np[lo:hi].reshape(-1)), w)]
             for f in self.fmt.rule.state:
                 a = state[f.name][lo:hi]
                 cols.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), d) if f.per_element else pa.array(a))
@@ -229,16 +243,22 @@ def _check_owner(owner: tuple[int, int] | None) -> None:
         raise ValueError(f"owner must be (rank, world) with 0 <= rank < world, got {owner}")
 
 
-def _column(col: pa.ChunkedArray | pa.Array, dim: int | None, row_dtype: str = "fp32") -> np.ndarray:
-    """A column as NumPy: (N, dim) float32 for a list column (`emb` widened from its row dtype), else (N,)."""
+def _column(col: pa.ChunkedArray | pa.Array, dim: int | None) -> np.ndarray:
+    """A column as NumPy in its own type: (N, dim) for a list column, else (N,)."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if dim is None:
         return np.asarray(col.to_numpy(zero_copy_only=False))
-    values = col.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
-    if row_dtype == "bf16":
-        return np.asarray(torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).float().numpy())
-    return np.asarray(values, dtype=np.float32)
+    return np.asarray(col.values.to_numpy(zero_copy_only=False).reshape(-1, dim))
+
+
+def _weights(stored: np.ndarray, fmt: RowFormat) -> np.ndarray:
+    """The `emb` column's values (N, width) as the fp32 weights (N, dim) they hold."""
+    if fmt.row_dtype == "bf16":
+        return np.asarray(torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16).float().numpy())
+    if fmt.row_dtype == "int8":
+        return fmt.weights(torch.from_numpy(np.ascontiguousarray(stored))).numpy()
+    return np.asarray(stored, dtype=np.float32)
 
 
 def file_format(pf: pq.ParquetFile, where: str) -> RowFormat:
@@ -254,16 +274,16 @@ def file_format(pf: pq.ParquetFile, where: str) -> RowFormat:
     dim: int = schema.field("emb").type.list_size
     if FORMAT_KEY in meta:
         try:
-            m = json.loads(meta[FORMAT_KEY])
-            fmt = RowFormat(int(m["dim"]), str(m["optimizer"]), str(m["row_dtype"]))
+            fmt = RowFormat.from_meta(json.loads(meta[FORMAT_KEY]))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{where}: unreadable row format {meta[FORMAT_KEY]!r} ({e}); "
                              "this snapshot was written by a newer ctr-pipeline, upgrade here") from None
     else:
         fmt = RowFormat(dim)
     missing = [c for c in ("key", "emb", *fmt.state_names, "clock") if c not in schema.names]
-    if missing or fmt.dim != dim:
-        raise ValueError(f"{where} is not a {fmt.name} snapshot of dim {fmt.dim}: missing columns {missing}, emb of width {dim}")
+    if missing or fmt.width != dim:
+        raise ValueError(f"{where} is not a {fmt.name} snapshot of dim {fmt.dim}: missing columns {missing}, "
+                         f"emb of width {dim} (expected {fmt.width})")
     return fmt
 
 
@@ -284,12 +304,14 @@ def iter_snapshot(
         if keep is not None and not keep.any():
             continue
         d = fmt.dim
+        stored = _column(t.column("emb"), fmt.width)
         batch = SnapshotBatch(
             t.column("key").to_numpy(),
-            _column(t.column("emb"), d, fmt.row_dtype),
+            _weights(stored, fmt),
             {f.name: _column(t.column(f.name), d if f.per_element else None) for f in fmt.rule.state},
             t.column("clock").to_numpy().astype(np.int64),
             fmt,
+            stored if fmt.row_dtype == "int8" else None,
         )
         if keep is not None and not keep.all():
             batch = batch.select(keep)
@@ -357,13 +379,17 @@ def read_snapshot(
     n, fmt = 0, snapshot_format(url, storage_options) or RowFormat(1)
     for _, t, keep in _row_groups(url, owner, storage_options, ["key"]):
         n += t.num_rows if keep is None else int(np.count_nonzero(keep))
+    st = _STATE_TYPES[fmt.state_dtype][1]
     out = SnapshotBatch(np.empty(n, np.int64), np.empty((n, fmt.dim), np.float32),
-                        {f.name: np.empty(f.shape(n, fmt.dim), np.float32) for f in fmt.rule.state},
-                        np.empty(n, np.int64), fmt)
+                        {f.name: np.empty(f.shape(n, fmt.dim), st) for f in fmt.rule.state},
+                        np.empty(n, np.int64), fmt,
+                        np.empty((n, fmt.width), np.uint8) if fmt.row_dtype == "int8" else None)
     at = 0
     for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
         k = len(b)
         out.keys[at : at + k], out.emb[at : at + k], out.clock[at : at + k] = b.keys, b.emb, b.clock
+        if out.codes is not None and b.codes is not None:
+            out.codes[at : at + k] = b.codes
         for name, a in b.state.items():
             out.state[name][at : at + k] = a
         at += k

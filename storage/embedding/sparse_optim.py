@@ -5,13 +5,14 @@ every tier and in snapshots, and moves it without knowing what it means; the opt
 it, in `step`.  Three rules (`optim.sparse_optimizer`):
 
 - `rowwise_adagrad`: fbgemm's row-wise AdaGrad, TorchRec's usual sparse optimizer: one fp32
-  accumulator per row, `acc += mean(g^2)`, `row -= lr * g / (sqrt(acc) + eps)`.  4 bytes of state.
+  accumulator per row, `acc += mean(g^2)`, `row -= lr * g / (sqrt(acc) + eps)`.  One value of state.
 - `adam`: lazy per-element Adam, each row bias-corrected by its own update count (`clock`): exactly
-  `torch.optim.Adam` on a parameter per row stepped only when touched.  8 * dim bytes of state.
+  `torch.optim.Adam` on a parameter per row stepped only when touched.  2 * dim values of state.
 - `sgd`: `row -= lr * g`; no state.
 
 All three add L2 `weight_decay * row` to the gradient (fbgemm's L2 mode).  `step` works in fp32 on
-fp32 rows; rounding to the stored row dtype is `storage.embedding.row_format`'s job.
+fp32 rows and state; storing them in the row and state dtypes (4 bytes a value in fp32, 1 in log8) is
+`storage.embedding.row_format`'s job.
 
 `convert_state` turns one optimizer's state into another's when a day continues a model trained
 with another rule (`RowFormat.convert`); the rules are in its docstring.
@@ -31,17 +32,16 @@ ADAGRAD_EPS = 1e-8
 
 @dataclass(frozen=True)
 class StateField:
-    """One tensor of per-row optimizer state: float32, (N, dim) when `per_element`, else (N,)."""
+    """One tensor of per-row optimizer state: (N, dim) when `per_element`, else (N,); `signed` when its values
+    take either sign (an 8-bit code keeps a sign bit for it).  Its values are fp32 here; the row format stores
+    them in its `state_dtype`."""
 
     name: str
     per_element: bool
+    signed: bool = False
 
     def shape(self, n: int, dim: int) -> tuple[int, ...]:
         return (n, dim) if self.per_element else (n,)
-
-    def bytes(self, dim: int) -> int:
-        """Bytes of this state per row."""
-        return 4 * (dim if self.per_element else 1)
 
 
 class SparseOptimizer:
@@ -60,14 +60,10 @@ class SparseOptimizer:
         """
         raise NotImplementedError
 
-    def state_bytes(self, dim: int) -> int:
-        """Bytes of state per row."""
-        return sum(f.bytes(dim) for f in self.state)
-
 
 class SparseAdam(SparseOptimizer):
     name = "adam"
-    state = (StateField("m", True), StateField("v", True))
+    state = (StateField("m", True, signed=True), StateField("v", True))
 
     def step(
         self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,

@@ -314,7 +314,7 @@ class SsdStore(EmbeddingStore):
         k = check_keys(keys)
         uniq, inverse = np.unique(k, return_inverse=True)
         _, rows = self.read_rows(uniq)
-        return Lookup(torch.from_numpy(k.copy()), rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1))).float())
+        return Lookup(torch.from_numpy(k.copy()), self.row_format.weights(rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1)))))
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))

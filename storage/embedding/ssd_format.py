@@ -6,11 +6,11 @@ One shard directory::
     index-<generation>.idx    key -> slot map (`CompactSlotMap.save`), the persistent index
     meta.json                 format, layout, generation, index file, tag, clean flag
 
-A record is the row in its `RowFormat`: ``emb`` (the row dtype, [dim]), the
-optimizer's state fields (float32), ``clock`` (int32) and the ``key`` itself (int64),
+A record is the row in its `RowFormat`: ``emb`` (the row dtype, [width]), the
+optimizer's state fields (the state dtype), ``clock`` (int32) and the ``key`` itself (int64),
 so a read can check the key and a stale index can never hand one key another key's
-row.  At dim 16, fp16 rows with row-wise AdaGrad make a 48-byte record (85 to a
-unit); fp32 rows with Adam, 204 bytes (20 to a unit).  Records are packed `rows_per_unit` to a unit of
+row.  At dim 16: int8 rows with Adam's moments in log8, 64 bytes (64 to a unit); int8 rows with
+row-wise AdaGrad, 36 (113); fp16 rows with Adam, 172 (23); fp32 rows with Adam, 204 (20).  Records are packed `rows_per_unit` to a unit of
 `unit_bytes` (a multiple of `BLOCK`): the unit is what every read and write moves,
 since O_DIRECT needs aligned offsets and lengths.  The layout is written into
 meta.json with the row format (dim, optimizer, row dtype) and checked on open, so a shard is
@@ -50,14 +50,17 @@ ROWS_FILE = "rows.bin"
 META_FILE = "meta.json"
 
 
-_EMB = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
+_EMB = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "u1"}
 """NumPy type of the stored weights per row dtype (NumPy has no bfloat16: its bit patterns)."""
+_STATE = {"fp32": "<f4", "log8": "u1"}
+"""NumPy type of the stored optimizer state per state dtype."""
 
 
 def record_dtype(fmt: RowFormat) -> np.dtype:
     """The on-disk record of one row of `fmt` (packed, little-endian)."""
-    fields: list[tuple[Any, ...]] = [("emb", _EMB[fmt.row_dtype], (fmt.dim,))]
-    fields += [(f.name, "<f4", (fmt.dim,)) if f.per_element else (f.name, "<f4") for f in fmt.rule.state]
+    fields: list[tuple[Any, ...]] = [("emb", _EMB[fmt.row_dtype], (fmt.width,))]
+    st = _STATE[fmt.state_dtype]
+    fields += [(f.name, st, (fmt.dim,)) if f.per_element else (f.name, st) for f in fmt.rule.state]
     fields += [("clock", "<i4"), ("key", "<i8")]
     return np.dtype(fields)
 
@@ -120,12 +123,12 @@ class RecordLayout:
                 f"shard {where} holds rows of dim {meta.get('dim')}, asked for dim {self.dim}; "
                 "wipe the shard (the warm stage restores it) or fix store.embedding_dim"
             )
-        held = f"{meta.get('optimizer')}/{meta.get('row_dtype')}"
+        held = "/".join(str(meta.get(k, "fp32")) for k in ("optimizer", "row_dtype", "state_dtype")).removesuffix("/fp32")
         if held != self.fmt.name:
             raise ValueError(
-                f"shard {where} holds {held} rows (optimizer/row dtype), asked for {self.fmt.name}; "
+                f"shard {where} holds {held} rows (optimizer/row dtype[/state dtype]), asked for {self.fmt.name}; "
                 "wipe the shard (the warm stage restores and converts it from the published model) "
-                "or set optim.sparse_optimizer and store.row_dtype to what it holds"
+                "or set optim.sparse_optimizer, store.row_dtype and store.state_dtype to what it holds"
             )
         for k, v in self.meta().items():
             if meta.get(k) != v:

@@ -83,7 +83,7 @@ OTHER_VALUE: dict[str, Any] = {
     "trainer.log_every": 3, "trainer.checkpoint_every": 0, "trainer.max_restarts": 2, "trainer.precision": "bf16",
     "trainer.deterministic": True,
     "store.embedding_dim": 16, "store.init_std": 0.02, "store.host_budget_mb": 8, "store.device_cache_rows": 100,
-    "store.cache_policy": "lru", "store.local_dir": "/tmp/ssd", "store.row_dtype": "bf16",
+    "store.cache_policy": "lru", "store.local_dir": "/tmp/ssd", "store.row_dtype": "bf16", "store.state_dtype": "log8",
 }
 """A valid value other than `_spec()`'s for every field (a new field needs one here too)."""
 
@@ -167,7 +167,7 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
     assert spec.identity() == _identity_before_roles(spec) == pinned
 
 
-ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype")
+ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype")
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
 
@@ -185,8 +185,9 @@ def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_d
     compact = _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="rowwise_adagrad"),
                     store=dataclasses.replace(spec.store, row_dtype="fp16"))
     ids = {spec.identity(), compact.identity(), _spec(store=dataclasses.replace(spec.store, row_dtype="fp16")).identity(),
-           _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="sgd")).identity()}
-    assert len(ids) == 4
+           _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="sgd")).identity(),
+           _spec(store=dataclasses.replace(spec.store, state_dtype="log8")).identity()}
+    assert len(ids) == 5
     assert StoreConfig().row_dtype != FP32, "the default rows are fp16: a default spec hashes to a new tag"
 
 

@@ -104,7 +104,7 @@ def pull_with_clocks(
     _, rows = store.read_rows(uniq.numpy())
     clocks = rows.clock.cpu().to(i64)[inv]  # (A,)
     send_row = clocks > asked_thr  # misses (threshold -1) always
-    served = rows.emb.to(dev).float()[inv.to(dev)][send_row.to(dev)]  # (R, D) fp32, grouped by requester
+    served = store.row_format.weights(rows.emb.to(dev))[inv.to(dev)][send_row.to(dev)]  # (R, D) fp32, grouped by requester
     sizes_clk = [mi + ci for mi, ci in zip(rm, rc, strict=True)]
     sizes_rows, lo = [], 0
     for n in sizes_clk:

@@ -11,7 +11,53 @@ from storage.embedding.sparse_optim import ADAM_BETAS, convert_state, get_optimi
 from storage.embedding.ssd_format import RecordLayout
 
 
-def test_the_default_record_is_48_bytes_at_dim_16_where_fp32_adam_took_208() -> None:
+def test_int8_rows_with_adams_moments_in_log8_make_a_64_byte_record_and_adagrads_36() -> None:
+    adam8 = RecordLayout.of(RowFormat(16, "adam", "int8", "log8"))
+    assert adam8.record_bytes == 64 and adam8.rows_per_unit == 64  # 16 codes + scale, offset 4 + m 16 + v 16 + 12
+    ada8 = RecordLayout.of(RowFormat(16, "rowwise_adagrad", "int8"))
+    assert ada8.record_bytes == 36 and ada8.rows_per_unit == 113  # 20 + fp32 accumulator 4 + clock 4 + key 8
+    assert RowFormat(16, "adam", "int8", "log8").row_bytes() == 56
+    assert RowFormat(16, "rowwise_adagrad", "fp16", "log8").row_bytes() == 32 + 1 + 4
+
+
+def test_names_parse_back_and_meta_without_a_state_dtype_is_fp32_state() -> None:
+    for name in ("adam/fp16", "adam/int8/log8", "sgd/int8", "rowwise_adagrad/bf16/log8"):
+        fmt = RowFormat.parse(16, name)
+        assert fmt.name == name and RowFormat.from_meta(fmt.meta()) == fmt
+    assert RowFormat.parse(16, "adam/fp16/fp32").name == "adam/fp16"
+    assert "state_dtype" not in RowFormat(16, "adam", "fp16").meta(), "files written before it name the same format"
+    with pytest.raises(ValueError, match="optimizer/row_dtype"):
+        RowFormat.parse(16, "adam")
+    with pytest.raises(ValueError, match="log8"):
+        RowFormat(16, "adam", "int8", "fp8")
+
+
+def test_convert_to_int8_rows_and_log8_state_keeps_values_within_their_codes() -> None:
+    src, dst = RowFormat(4, "adam", "fp32"), RowFormat(4, "adam", "int8", "log8")
+    gen = torch.Generator().manual_seed(0)
+    rows = src.fresh(torch.randn(50, 4, generator=gen))
+    rows.state = {"m": torch.randn(50, 4, generator=gen) * 1e-3, "v": torch.rand(50, 4, generator=gen) * 1e-5}
+    rows.clock[:] = 7
+    out = dst.convert(rows, src)
+    dst.check(out)
+    assert out.emb.dtype == torch.uint8 and out.emb.shape == (50, 8) and out.state["v"].dtype == torch.uint8
+    span = (rows.emb.amax(1) - rows.emb.amin(1))[:, None]
+    assert ((dst.weights(out.emb) - rows.emb).abs() <= span / 255 * 0.51).all()
+    values = dst.state_values(out.state)
+    for name in ("m", "v"):
+        assert ((values[name] - rows.state[name]).abs() <= 0.091 * rows.state[name].abs()).all(), name
+    back = src.convert(out, dst)
+    assert torch.equal(back.emb, dst.weights(out.emb)) and torch.equal(back.state["v"], values["v"])
+
+
+def test_the_state_fields_round_with_noise_of_their_own() -> None:
+    keys, clock = torch.arange(20_000), torch.ones(20_000)
+    w, s1, s2 = (uniform_bits(keys, clock, 8, stream=s) for s in (0, 1, 2))
+    for a, b in ((w, s1), (s1, s2)):
+        assert abs(float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])) < 0.02
+
+
+def test_fp16_rows_with_rowwise_adagrad_make_a_48_byte_record_where_fp32_adam_took_208() -> None:
     compact = RecordLayout.of(RowFormat(16, "rowwise_adagrad", "fp16"))
     assert compact.record_bytes == 48 and compact.rows_per_unit == 85  # key 8 + clock 4 + 16 x fp16 + acc 4
     adam = RecordLayout.of(RowFormat(16, "adam", "fp32"))

@@ -39,7 +39,8 @@ def _rows(n: int, fmt: RowFormat | int, seed: int = 0, offset: int = 0):
     return keys, random_rows(fmt, n, torch.Generator().manual_seed(seed)), fmt
 
 
-@pytest.mark.parametrize("fmt", [RowFormat(6, f.optimizer, f.row_dtype) for f in FORMATS], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [RowFormat(6, f.optimizer, f.row_dtype, f.state_dtype) for f in FORMATS],
+                         ids=lambda f: f.name)
 def test_write_read_round_trip_and_schema(tmp_path, fmt) -> None:
     keys, rows, _ = _rows(1000, fmt)
     url = str(tmp_path / "sub" / "part-00000.parquet")
@@ -51,7 +52,7 @@ def test_write_read_round_trip_and_schema(tmp_path, fmt) -> None:
     got = read_snapshot(url)
     assert got.fmt == fmt
     np.testing.assert_array_equal(got.keys, keys)
-    np.testing.assert_array_equal(got.emb, rows.emb.float().numpy())
+    np.testing.assert_array_equal(got.emb, fmt.weights(rows.emb).numpy())
     for name, t in rows.state.items():
         np.testing.assert_array_equal(got.state[name], t.numpy())
     np.testing.assert_array_equal(got.clock, rows.clock.numpy())

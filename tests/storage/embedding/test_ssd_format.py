@@ -68,8 +68,11 @@ def test_meta_of_another_format_dim_or_layout_is_refused(tmp_path) -> None:
         fmt.check({**fmt.meta(), "dim": 16}, tmp_path)
     with pytest.raises(ValueError, match="unit_bytes=8192"):
         fmt.check({**fmt.meta(), "unit_bytes": 8192}, tmp_path)
-    with pytest.raises(ValueError, match=r"holds rowwise_adagrad/fp16 rows \(optimizer/row dtype\), asked for adam/fp32"):
+    with pytest.raises(ValueError, match=r"holds rowwise_adagrad/fp16 rows \(optimizer/row dtype\[/state dtype\]\), "
+                                         r"asked for adam/fp32"):
         fmt.check(RecordLayout.of(RowFormat(8, "rowwise_adagrad", "fp16")).meta(), tmp_path)
+    with pytest.raises(ValueError, match=r"holds adam/int8/log8 rows .*asked for adam/fp32; .*store.state_dtype"):
+        fmt.check(RecordLayout.of(RowFormat(8, "adam", "int8", "log8")).meta(), tmp_path)
     assert fmt.meta()["format"] == FORMAT
 
 
