@@ -64,10 +64,16 @@ BUDGET_SHARES = {"ingest": 0.15, "vocab": 0.05, "encode": 0.10, "train": 0.60, "
 publish and the flow's overheads.  An assumption: training takes most, as it does at 1M rows here."""
 SCALE_OUT_EFFICIENCY = 0.8
 """Assumed share of linear speed-up kept when a data stage spreads over many workers."""
-FORMATS = (RowFormat(16, "adam", "fp32"), StoreConfig(embedding_dim=16).row_format(OptimConfig().sparse_optimizer),
-           RowFormat(16, "rowwise_adagrad", "fp16"))
-"""The columns of every scenario: the rows before compact rows (fp32 + Adam), the default ones, and the smallest
-(fp16 with row-wise AdaGrad, 48-byte records)."""
+LABELS: dict[RowFormat, str] = {}
+for _fmt, _label in ((RowFormat(16, "adam", "fp32"), "before"),
+                     (StoreConfig(embedding_dim=16).row_format(OptimConfig().sparse_optimizer), "default"),
+                     (RowFormat(16, "adam", "int8", "log8"), "int8 Adam"),
+                     (RowFormat(16, "rowwise_adagrad", "int8"), "smallest")):
+    LABELS.setdefault(_fmt, _label)
+FORMATS = tuple(LABELS)
+"""The columns of every scenario: the rows before compact rows (fp32 + Adam), the default ones, int8 rows with
+Adam's moments in log8 (64-byte records), and the smallest with a per-key adaptive step (int8 rows with row-wise
+AdaGrad, 36-byte records); a format listed twice keeps its first label."""
 
 
 def _load(results: Path, name: str) -> dict[str, Any] | None:
@@ -351,10 +357,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {_fmt(v.value, v.unit)} | {v.source} |")
     print(f"\nDeadline {args.hours:g} h, stage budgets: "
           + ", ".join(f"{k} {v:.0%}" for k, v in BUDGET_SHARES.items()) + f"; scale-out efficiency {SCALE_OUT_EFFICIENCY:.0%}")
-    labels = ["before", "default", "smallest"]
     for s in SCENARIOS:
         print(f"\n### {s.name}: {s.rows / 1e6:,.0f}M rows, {s.text_bytes / 1e9:,.0f} GB of text, {s.keys:.0e} keys\n")
-        heads = " | ".join(f"{f.name} ({lab})" for f, lab in zip(FORMATS, labels, strict=True))
+        heads = " | ".join(f"{f.name} ({LABELS[f]})" for f in FORMATS)
         print(f"| stage | what | {heads} | from |\n|---|---|{'---|' * len(FORMATS)}---|")
         for lines in zip(*(plan(s, inputs, args.hours, f) for f in FORMATS), strict=True):
             a = lines[0]

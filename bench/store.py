@@ -54,9 +54,11 @@ DEFAULT = StoreConfig(embedding_dim=DIM).row_format(OptimConfig().sparse_optimiz
 """The rows a user's store keeps with the default config."""
 FP32_ADAM = RowFormat(DIM, "adam", "fp32")
 """The rows of the releases before compact rows: the baseline of the format comparisons."""
-COMPACT = RowFormat(DIM, "rowwise_adagrad", "fp16")
-"""The smallest row a user can choose without losing the per-key adaptive step: 48-byte SSD records."""
-FORMATS = tuple(dict.fromkeys((FP32_ADAM, DEFAULT, COMPACT)))
+COMPACT = RowFormat(DIM, "rowwise_adagrad", "int8")
+"""The smallest row a user can choose without losing the per-key adaptive step: 36-byte SSD records."""
+INT8_ADAM = RowFormat(DIM, "adam", "int8", "log8")
+"""int8 rows with Adam's moments in log8: 64-byte records."""
+FORMATS = tuple(dict.fromkeys((FP32_ADAM, DEFAULT, INT8_ADAM, COMPACT)))
 
 # -- reporting -----------------------------------------------------------------------------
 

@@ -2,15 +2,18 @@
 
 The store keeps whatever state the configured optimizer declares (`SparseOptimizer.state`), on
 every tier and in snapshots, and moves it without knowing what it means; the optimizer alone reads
-it, in `step`.  Three rules (`optim.sparse_optimizer`):
+it, in `step`.  Four rules (`optim.sparse_optimizer`):
 
 - `rowwise_adagrad`: fbgemm's row-wise AdaGrad, TorchRec's usual sparse optimizer: one fp32
   accumulator per row, `acc += mean(g^2)`, `row -= lr * g / (sqrt(acc) + eps)`.  One value of state.
 - `adam`: lazy per-element Adam, each row bias-corrected by its own update count (`clock`): exactly
   `torch.optim.Adam` on a parameter per row stepped only when touched.  2 * dim values of state.
+- `rmsprop`: Adam without its first moment (beta1 = 0): the per-element second moment `v`, bias-corrected
+  by the row's clock, normalises each step; `dim` values of state.  With int8 rows and log8 state it
+  is the 48-byte record at dim 16.
 - `sgd`: `row -= lr * g`; no state.
 
-All three add L2 `weight_decay * row` to the gradient (fbgemm's L2 mode).  `step` works in fp32 on
+All four add L2 `weight_decay * row` to the gradient (fbgemm's L2 mode).  `step` works in fp32 on
 fp32 rows and state; storing them in the row and state dtypes (4 bytes a value in fp32, 1 in log8) is
 `storage.embedding.row_format`'s job.
 
@@ -81,6 +84,22 @@ class SparseAdam(SparseOptimizer):
         return emb - step * (m / denom), {"m": m, "v": v}
 
 
+class SparseRmsprop(SparseOptimizer):
+    name = "rmsprop"
+    state = (StateField("v", True),)
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        b2 = ADAM_BETAS[1]
+        g = grads if weight_decay == 0 else grads + weight_decay * emb
+        v = state["v"] * b2 + (1 - b2) * g * g
+        t = clock.to(torch.float64)
+        bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t)).to(torch.float32)[:, None]
+        return emb - lr * (g / (v.sqrt() / bc2_sqrt + ADAM_EPS)), {"v": v}
+
+
 class RowwiseAdagrad(SparseOptimizer):
     name = "rowwise_adagrad"
     state = (StateField("acc", False),)
@@ -106,7 +125,9 @@ class SparseSgd(SparseOptimizer):
         return emb - lr * g, {}
 
 
-OPTIMIZERS: dict[str, SparseOptimizer] = {o.name: o for o in (RowwiseAdagrad(), SparseAdam(), SparseSgd())}
+OPTIMIZERS: dict[str, SparseOptimizer] = {
+    o.name: o for o in (RowwiseAdagrad(), SparseAdam(), SparseRmsprop(), SparseSgd())
+}
 """`optim.sparse_optimizer` name -> rule."""
 
 
@@ -124,9 +145,11 @@ def convert_state(
     """`dst`'s state for rows that `src` trained (`clock` updates each).
 
     - same rule: the state as it is;
-    - adam -> rowwise_adagrad: the accumulator is the sum of the row's squared gradients so far, estimated
-      as clock * mean over the row of Adam's bias-corrected second moment v / (1 - beta2^clock);
-    - rowwise_adagrad -> adam: m = 0, and v such that its bias-corrected value is acc / clock on every element;
+    - between adam and rmsprop: `v` as it is (the same second moment); `m` dropped, or zero when added;
+    - adam or rmsprop -> rowwise_adagrad: the accumulator is the sum of the row's squared gradients so far,
+      estimated as clock * mean over the row of the bias-corrected second moment v / (1 - beta2^clock);
+    - rowwise_adagrad -> adam or rmsprop: m = 0, and v such that its bias-corrected value is acc / clock on
+      every element;
     - to sgd: nothing; from sgd: zero state (the first steps then move rows by about lr, as on a new row).
     """
     if src.name == dst.name:
@@ -135,10 +158,16 @@ def convert_state(
     dev = clock.device
     t = clock.to(torch.float64)
     bc2 = (1 - torch.pow(torch.full_like(t, ADAM_BETAS[1]), t)).clamp_min(1e-12)
-    if src.name == "adam" and dst.name == "rowwise_adagrad":
+    second_moment = ("adam", "rmsprop")
+    v: torch.Tensor | None = None
+    if src.name in second_moment and dst.name in second_moment:
+        v = state["v"]
+    elif src.name in second_moment and dst.name == "rowwise_adagrad":
         mean_v = state["v"].to(torch.float64).mean(dim=1) / bc2
         return {"acc": torch.where(clock > 0, t * mean_v, 0.0).to(torch.float32)}
-    if src.name == "rowwise_adagrad" and dst.name == "adam":
+    elif src.name == "rowwise_adagrad" and dst.name in second_moment:
         per = torch.where(clock > 0, state["acc"].to(torch.float64) / t.clamp_min(1) * bc2, 0.0).to(torch.float32)
-        return {"m": torch.zeros(n, dim, device=dev), "v": per[:, None].expand(n, dim).contiguous()}
+        v = per[:, None].expand(n, dim).contiguous()
+    if v is not None:
+        return {"v": v} if dst.name == "rmsprop" else {"m": torch.zeros(n, dim, device=dev), "v": v}
     return {f.name: torch.zeros(f.shape(n, dim), device=dev) for f in dst.state}

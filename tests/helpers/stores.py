@@ -19,10 +19,10 @@ from storage.embedding.ssd import SsdStore
 
 DIM = 8
 STD = 0.05
-FORMATS = [RowFormat(DIM, o, d) for o in sorted(OPTIMIZERS) for d in sorted(ROW_DTYPES)] + [
-    RowFormat(DIM, "adam", "int8", "log8")]
-"""Every optimizer x row dtype with fp32 state, and Adam's moments in log8: the formats the contract suite runs
-each tier with."""
+FORMATS = [RowFormat(DIM, o, d) for o in sorted(OPTIMIZERS) if o != "rmsprop" for d in sorted(ROW_DTYPES)] + [
+    RowFormat(DIM, "rmsprop", "fp32"), RowFormat(DIM, "rmsprop", "int8", "log8"), RowFormat(DIM, "adam", "int8", "log8")]
+"""Every optimizer x row dtype with fp32 state (rmsprop, a subset of Adam's code, with fp32 rows only), and both
+second-moment rules with log8 state on int8 rows: the formats the contract suite runs each tier with."""
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2, "int8": 3e-2}
 """Relative tolerance of rows stored in a dtype against an fp32 oracle after a few steps (a few units in the
 last place: fp16 keeps 11 significant bits, bf16 8; an int8 row 8 bits of its range, re-rounded at every step)."""
@@ -114,6 +114,8 @@ def sum_per_key(keys: torch.Tensor, grads: torch.Tensor) -> dict[int, torch.Tens
 class ReferenceAdam:
     """torch.optim.Adam with one parameter per key, stepped only when the key is touched (lazy Adam)."""
 
+    betas = ADAM_BETAS
+
     def __init__(self, dim: int, std: float) -> None:
         self.dim, self.std = dim, std
         self.params: dict[int, torch.nn.Parameter] = {}
@@ -124,7 +126,7 @@ class ReferenceAdam:
             if k not in self.params:
                 self.params[k] = torch.nn.Parameter(init_rows(keys_of(k), self.dim, self.std)[0].clone())
                 self.opts[k] = torch.optim.Adam(
-                    [self.params[k]], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=weight_decay
+                    [self.params[k]], lr=lr, betas=self.betas, eps=ADAM_EPS, weight_decay=weight_decay
                 )
             opt = self.opts[k]
             for group in opt.param_groups:
@@ -134,6 +136,12 @@ class ReferenceAdam:
 
     def row(self, k: int) -> torch.Tensor:
         return self.params[k].detach() if k in self.params else init_rows(keys_of(k), self.dim, self.std)[0]
+
+
+class ReferenceRmsprop(ReferenceAdam):
+    """torch.optim.Adam with beta1 = 0 per key: what `rmsprop` rows must do."""
+
+    betas = (0.0, ADAM_BETAS[1])
 
 
 class ReferenceRowwiseAdagrad:
@@ -174,5 +182,6 @@ class ReferenceSgd:
         return self.params[k].detach() if k in self.params else init_rows(keys_of(k), self.dim, self.std)[0]
 
 
-REFERENCES = {"adam": ReferenceAdam, "rowwise_adagrad": ReferenceRowwiseAdagrad, "sgd": ReferenceSgd}
+REFERENCES = {"adam": ReferenceAdam, "rmsprop": ReferenceRmsprop, "rowwise_adagrad": ReferenceRowwiseAdagrad,
+              "sgd": ReferenceSgd}
 """`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.sparse_optim`."""
