@@ -1,7 +1,7 @@
 """The peers `bench.quality` compares the product with, fit on the rows the product was given.
 
 - sklearn-lr: scikit-learn LogisticRegression on hashed one-hot `field=value` features (FeatureHasher,
-  2^20) plus the log1p dense values; C chosen by blocked K-fold cross-validation over the train rows
+  2^20; fit on the columns the train rows use, `_lr_probs`) plus the log1p dense values; C chosen by blocked K-fold cross-validation over the train rows
   only (`cv_folds`, log loss; over the last CV_ROWS of them on a larger day, where 30 fits of every
   row take hours on 2 cores), then refit on all of them;
 - sklearn-lr (time split), for `bench.quality_rolling`: the same model, C chosen on the last fifth of the
@@ -16,6 +16,8 @@ product's predictions on the same rows (`bench.quality_stats`).  Benchmark-only 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -73,6 +75,17 @@ def _lr(C: float):
     return LogisticRegression(C=C, max_iter=2000, solver="liblinear")
 
 
+def _lr_probs(C: float, X: Any, y: np.ndarray, later: Any) -> np.ndarray:
+    """The click probabilities of the rows of `later` by the logistic regression `_lr(C)` fit on (X, y).
+
+    It is fit on the hashed columns some row of X uses: the L2 penalty gives every other column a weight of 0
+    (its gradient is its own weight), so that is the same model (to liblinear's tolerance) without the
+    solver's work over all 2^20 columns at every iteration (about 50x faster on a few thousand rows).
+    """
+    used = np.unique(X.indices)
+    return _lr(C).fit(X[:, used], y).predict_proba(later[:, used])[:, 1]
+
+
 def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, folds: int = CV_FOLDS,
                cv_rows: int = CV_ROWS) -> tuple[np.ndarray, dict]:
     """Hashed one-hot logistic regression; returns (probabilities of `later`, {"C": chosen C, "cv_rows": n}).
@@ -84,10 +97,10 @@ def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, f
     for tr, va in cv_folds(tail, folds):
         Xa, Xb, ya = _hashed(tr, schema), _hashed(va, schema), tr["label"].to_numpy()
         for C in LR_CS:
-            scores[C] += logloss(va["label"].to_numpy(), _lr(C).fit(Xa, ya).predict_proba(Xb)[:, 1])
+            scores[C] += logloss(va["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb))
     C = min(scores, key=scores.__getitem__)
-    clf = _lr(C).fit(_hashed(train, schema), train["label"].to_numpy())
-    return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C, "cv_rows": len(tail)}
+    probs = _lr_probs(C, _hashed(train, schema), train["label"].to_numpy(), _hashed(later, schema))
+    return probs, {"C": C, "cv_rows": len(tail)}
 
 
 def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *,
@@ -98,10 +111,10 @@ def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogS
     cut = len(train) - max(1, int(len(train) * holdout))
     fit, check = train.iloc[:cut], train.iloc[cut:]
     Xa, Xb, ya = _hashed(fit, schema), _hashed(check, schema), fit["label"].to_numpy()
-    losses = {C: logloss(check["label"].to_numpy(), _lr(C).fit(Xa, ya).predict_proba(Xb)[:, 1]) for C in LR_CS}
+    losses = {C: logloss(check["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb)) for C in LR_CS}
     C = min(losses, key=losses.__getitem__)
-    clf = _lr(C).fit(_hashed(train, schema), train["label"].to_numpy())
-    return clf.predict_proba(_hashed(later, schema))[:, 1], {"C": C, "holdout_rows": len(check)}
+    probs = _lr_probs(C, _hashed(train, schema), train["label"].to_numpy(), _hashed(later, schema))
+    return probs, {"C": C, "holdout_rows": len(check)}
 
 
 def _deepctr_inputs(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema):

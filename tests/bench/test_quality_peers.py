@@ -46,3 +46,23 @@ def test_the_time_split_lr_chooses_c_on_the_last_fifth_of_the_train_rows() -> No
     probs, info = sklearn_lr_time_split(frame.iloc[:400], frame.iloc[400:], schema)
     assert info["C"] in LR_CS and info["holdout_rows"] == 80 and probs.shape == (100,)
     assert ((probs > 0.5) == frame["label"].iloc[400:].to_numpy().astype(bool)).mean() > 0.7  # it learnt the field
+
+
+def test_the_lr_fit_on_the_columns_the_train_rows_use_is_the_fit_on_all_hashed_columns() -> None:
+    pytest.importorskip("sklearn")
+    from bench.quality_peers import _hashed, _lr, _lr_probs
+    from pipeline.schema import get_schema
+
+    schema = get_schema("criteo")
+    rng = np.random.default_rng(1)
+    n = 300
+    frame = pd.DataFrame({c: rng.integers(0, 20, n).astype(str) for c in schema.categorical})
+    for c in schema.dense:
+        frame[c] = rng.integers(0, 10, n).astype(float)
+    frame["label"] = (frame[schema.categorical[0]].astype(int) + rng.normal(0, 3, n) > 10).astype(int)
+    frame.loc[250:, schema.categorical[1]] = "never-seen"  # later rows with a value the fit never saw
+    X, later = _hashed(frame.iloc[:250], schema), _hashed(frame.iloc[250:], schema)
+    assert set(later.indices) - set(X.indices)
+    y = frame["label"].iloc[:250].to_numpy()
+    full = _lr(1.0).fit(X, y).predict_proba(later)[:, 1]
+    np.testing.assert_allclose(_lr_probs(1.0, X, y, later), full, rtol=0, atol=1e-6)

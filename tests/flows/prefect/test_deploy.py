@@ -51,8 +51,9 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         assert "deployed ctr-daily" in out.stdout and "deployed ctr-on-demand" in out.stdout
         assert "process work pool" not in out.stdout + out.stderr  # Prefect's advice to `.serve` instead: not ours
 
+        # the worker asks for due runs every second (Prefect's default, every 10 s, delays each run by up to 10 s)
         start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
-              tmp_path / "worker.log", env=client_env)
+              tmp_path / "worker.log", env={**client_env, "PREFECT_WORKER_QUERY_SECONDS": "1"})
 
         run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
                     f"date={DAYS[0]}", "--watch", "--watch-timeout", "420"], client_env, timeout=480)
