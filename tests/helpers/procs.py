@@ -141,7 +141,7 @@ class PrefectServer:
     def _keep_migrated_database(self) -> None:
         if _migrated_database().exists() or self.starts > 1:
             return
-        part = _migrated_database().with_suffix(".part")
+        part = _migrated_database().with_suffix(f".{os.getpid()}.part")  # the two test workers share TMPDIR
         src, dst = sqlite3.connect(self.database), sqlite3.connect(part)
         try:
             src.backup(dst)  # a consistent copy while the server runs
