@@ -148,6 +148,8 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
             key = touched < n_ids
             if rule == "adam":
                 key_step = rate_keys * unit
+            elif rule == "rmsprop":
+                key_step = rate_keys * g / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)
             elif rule == "rowwise_adagrad":
                 acc[touched] += np.where(key, g * g, 0.0)
                 key_step = rate_keys * g / (np.sqrt(acc[touched]) + ADAGRAD_EPS)
