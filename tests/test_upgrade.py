@@ -23,11 +23,13 @@ import pytest
 
 from flows.day.record import read_record
 from flows.day.run import run_day
+from storage.embedding.config import StoreConfig
 from storage.embedding.snapshot import read_snapshot, snapshot_format
 from storage.io.registry import ModelRegistry
 from tests.conftest import REPO
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, criteo_line, day_config, score_server
+from trainer.config import OptimConfig
 from trainer.model_dir import SPARSE, read_meta
 
 pytestmark = pytest.mark.slow
@@ -38,6 +40,8 @@ PREVIOUS_RELEASE = "56e72fbd9a05cfe1899514d08b84e8b1898264a7"
 are read through the samples of `tests/data/formats`.)"""
 
 DAYS = ("2026-04-01", "2026-04-02")
+DEFAULT_ROWS = StoreConfig().row_format(OptimConfig().sparse_optimizer).name
+"""The rows a day of the current release keeps by default (`rmsprop/int8/log8`)."""
 LINES = [criteo_line(i, label=i % 2) for i in range(12)]
 
 # Runs the previous release's code, so it names that release's modules.
@@ -107,11 +111,11 @@ def test_the_next_day_warm_starts_from_the_old_model_and_publishes(old_root):
     assert meta.init_model_url is not None  # the dense network started from the old model's weights
     assert record.warm["published_version"] == "v00001" and record.warm["rows"] > 0  # its rows were warmed
     assert record.warm["warm_start"] == "from v00001", record.warm
-    # the old rows were converted, and the new model's rows are today's default: fp16 weights, Adam's moments kept
-    assert record.warm["converted_from"] == "adam/fp32" and record.warm["row_format"] == "adam/fp16"
+    # the old rows were converted, and the new model's rows are today's default, Adam's second moment kept
+    assert record.warm["converted_from"] == "adam/fp32" and record.warm["row_format"] == DEFAULT_ROWS
     assert snapshot_format(f"{ModelRegistry(layout).url('v00001')}/{SPARSE}").name == "adam/fp32"
     new_rows = read_snapshot(f"{ModelRegistry(layout).url('v00002')}/{SPARSE}")
-    assert new_rows.fmt.name == "adam/fp16" and new_rows.keys.size > 0
+    assert new_rows.fmt.name == DEFAULT_ROWS and new_rows.keys.size > 0
     updated = new_rows.clock > 0
     assert updated.any() and (new_rows.state["v"][updated] > 0).any(), "Adam's second moments carried over"
     assert ModelRegistry(layout).latest() == "v00002"

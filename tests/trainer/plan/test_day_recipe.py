@@ -20,6 +20,11 @@ from trainer.plan.recipe import Recipe, derive
 NOT_READ = "/features-that-must-not-be-read"
 
 
+def _adam(root: Path) -> RunConfig:
+    """A config with Adam rows: the rule whose small-day sparse_lr is searched (`day_recipe.SEARCHED`)."""
+    return with_overrides(RunConfig(root=str(root)), {"optim.sparse_optimizer": "adam"})
+
+
 def _day_recipe(cfg: RunConfig, **kw: Any) -> Recipe:
     """`day_recipe` with the sections of `cfg`, as the train stage calls it."""
     return day_recipe(cfg.optim, cfg.model, cfg.store, storage_options=cfg.storage_options, **kw)
@@ -45,14 +50,14 @@ def _rule(rows: int) -> float:
 
 
 def test_a_first_small_day_searches_its_rows_and_records_the_factor(tmp_path: Path, features: str) -> None:
-    r = _day_recipe(RunConfig(root=str(tmp_path)), rows=3_600, features_url=features, published=None, world_size=1)
+    r = _day_recipe(_adam(tmp_path), rows=3_600, features_url=features, published=None, world_size=1)
     assert r.why["optim.sparse_lr"].startswith("5-fold validation")
     factor = r.record()["searched"]["optim.sparse_lr"]
     assert factor == pytest.approx(r.optim.sparse_lr / _rule(3_600), rel=1e-2)
 
 
 def test_a_day_warm_started_from_a_searched_model_keeps_its_factor_without_reading_rows(tmp_path: Path) -> None:
-    cfg = RunConfig(root=str(tmp_path))
+    cfg = _adam(tmp_path)
     parent = _published(cfg, {"searched": {"optim.sparse_lr": 2.0}})
     r = _day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=parent, world_size=1)
     assert r.optim.sparse_lr == pytest.approx(2 * _rule(3_600), rel=1e-2)
@@ -62,14 +67,14 @@ def test_a_day_warm_started_from_a_searched_model_keeps_its_factor_without_readi
 
 
 def test_rows_that_cannot_be_restored_start_from_zero_so_the_day_searches(tmp_path: Path, features: str) -> None:
-    cfg = RunConfig(root=str(tmp_path))
+    cfg = _adam(tmp_path)
     other_width = _published(cfg, {"searched": {"optim.sparse_lr": 4.0}}, dim=cfg.store.embedding_dim * 2)
     r = _day_recipe(cfg, rows=3_600, features_url=features, published=other_width, world_size=1)
     assert r.why["optim.sparse_lr"].startswith("5-fold validation")
 
 
 def test_a_large_day_or_a_set_value_keeps_the_rule_or_the_config(tmp_path: Path) -> None:
-    cfg = RunConfig(root=str(tmp_path))
+    cfg = _adam(tmp_path)
     parent = _published(cfg, {"searched": {"optim.sparse_lr": 2.0}})
     large = _day_recipe(cfg, rows=10**6, features_url=NOT_READ, published=None, world_size=1)
     assert large.optim.sparse_lr == _rule(10**6) and large.searched == {}
@@ -79,3 +84,11 @@ def test_a_large_day_or_a_set_value_keeps_the_rule_or_the_config(tmp_path: Path)
     for published in (None, parent):
         r = _day_recipe(given, rows=3_600, features_url=NOT_READ, published=published, world_size=1)
         assert r.optim.sparse_lr == 0.03 and r.why["optim.sparse_lr"] == "set in the config"
+
+
+def test_the_default_rmsprop_rows_keep_the_rule_on_a_small_first_day(tmp_path: Path) -> None:
+    """The search's proxy was validated against the product with Adam only: other rules keep the derived value."""
+    cfg = RunConfig(root=str(tmp_path))
+    assert cfg.optim.sparse_optimizer == "rmsprop"
+    r = _day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=None, world_size=1)
+    assert r.optim.sparse_lr == _rule(3_600) and r.searched == {}
