@@ -52,6 +52,8 @@ REVIEWED = frozenset({
     "torch.searchsorted", "torch.set_num_threads", "torch.set_rng_state", "torch.sigmoid", "torch.sqrt",
     "torch.stack", "torch.tensor", "torch.unique", "torch.use_deterministic_algorithms", "torch.where",
     "torch.zeros", "torch.zeros_like",
+    # int8 rows and log8 state (storage.embedding.quantize): basic since 1.x (Tensor.nextafter and amin/amax 1.7)
+    "torch.exp2", "torch.floor", "torch.inf", "torch.log2", "torch.uint8",
 })
 """The torch names the runtime code uses, each present in torch {LOWER}."""
 

@@ -41,7 +41,7 @@ are read through the samples of `tests/data/formats`.)"""
 
 DAYS = ("2026-04-01", "2026-04-02")
 DEFAULT_ROWS = StoreConfig().row_format(OptimConfig().sparse_optimizer).name
-"""The rows a day of the current release keeps by default (`rmsprop/int8/log8`)."""
+"""The rows a day of the current release keeps by default (`adam/int8/log8`)."""
 LINES = [criteo_line(i, label=i % 2) for i in range(12)]
 
 # Runs the previous release's code, so it names that release's modules.

@@ -26,7 +26,7 @@ ADAM, FP32 = "adam", "fp32"
 def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
-        "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32),
+        "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
         "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM), "het": HetConfig(),
         "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
@@ -146,7 +146,7 @@ FULL = {
                          cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM),
     "het": HetConfig(staleness_bound=2, cache_rows=1000),
     "trainer": TrainerConfig(nnodes=2, nproc_per_node=4, intra_group_size=2, rdzv_endpoint="h:1"),
-    "store": StoreConfig(embedding_dim=16, init_std=0.02, row_dtype=FP32), "features_id": "enc-1",
+    "store": StoreConfig(embedding_dim=16, init_std=0.02, row_dtype=FP32, state_dtype=FP32), "features_id": "enc-1",
     "init_model_url": "/m/v00003",
     "carried": CARRIED,
 }
@@ -188,7 +188,7 @@ def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_d
            _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="sgd")).identity(),
            _spec(store=dataclasses.replace(spec.store, state_dtype="log8")).identity()}
     assert len(ids) == 5
-    assert StoreConfig().row_dtype != FP32, "the default rows are fp16: a default spec hashes to a new tag"
+    assert StoreConfig().row_dtype != FP32, "the default rows are compact: a default spec hashes to a new tag"
 
 
 def test_precision_is_hashed_but_its_default_keeps_the_earlier_tags() -> None:

@@ -21,7 +21,7 @@ NOT_READ = "/features-that-must-not-be-read"
 
 
 def _adam(root: Path) -> RunConfig:
-    """A config with Adam rows: the rule whose small-day sparse_lr is searched (`day_recipe.SEARCHED`)."""
+    """A config with Adam rows (the default): the rule whose small-day sparse_lr is searched (`day_recipe.SEARCHED`)."""
     return with_overrides(RunConfig(root=str(root)), {"optim.sparse_optimizer": "adam"})
 
 
@@ -86,9 +86,8 @@ def test_a_large_day_or_a_set_value_keeps_the_rule_or_the_config(tmp_path: Path)
         assert r.optim.sparse_lr == 0.03 and r.why["optim.sparse_lr"] == "set in the config"
 
 
-def test_the_default_rmsprop_rows_keep_the_rule_on_a_small_first_day(tmp_path: Path) -> None:
+def test_rmsprop_rows_keep_the_rule_on_a_small_first_day(tmp_path: Path) -> None:
     """The search's proxy was validated against the product with Adam only: other rules keep the derived value."""
-    cfg = RunConfig(root=str(tmp_path))
-    assert cfg.optim.sparse_optimizer == "rmsprop"
+    cfg = with_overrides(RunConfig(root=str(tmp_path)), {"optim.sparse_optimizer": "rmsprop"})
     r = _day_recipe(cfg, rows=3_600, features_url=NOT_READ, published=None, world_size=1)
     assert r.optim.sparse_lr == _rule(3_600) and r.searched == {}
