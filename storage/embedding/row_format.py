@@ -52,7 +52,7 @@ class RowFormat:
 
     Args:
         dim: row width.
-        optimizer: `optim.sparse_optimizer` (`rowwise_adagrad`, `adam`, `sgd`).
+        optimizer: `optim.sparse_optimizer` (`adam`, `rmsprop`, `rowwise_adagrad`, `sgd`).
         row_dtype: `store.row_dtype` (`fp32`, `fp16`, `bf16`, `int8`).
         state_dtype: `store.state_dtype` (`fp32`, `log8`).
     """

@@ -2,7 +2,7 @@
 
 Columns: ``key`` int64, ``emb`` fixed_size_list<float32 | float16 | bfloat16 bits | uint8>[width] (the
 row dtype; an int8 row's codes, then its fp16 scale and offset as 4 bytes), one column per optimizer
-state tensor (``m`` / ``v`` fixed_size_list<float32 | uint8>[dim] for Adam, ``acc`` float32 | uint8 for
+state tensor (``m`` / ``v`` fixed_size_list<float32 | uint8>[dim] for Adam, ``v`` for rmsprop, ``acc`` float32 | uint8 for
 row-wise AdaGrad, none for SGD; uint8 for log8 state), ``clock`` int32.  The schema metadata
 ``ctr.row_format`` names the format (`RowFormat.meta`: dim, optimizer, row dtype); a file without
 it is a snapshot of the releases before compact rows: fp32 weights with Adam's ``m`` and ``v`` and
