@@ -33,11 +33,11 @@ SLOG8_TOP = 100
 def encode_int8_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """fp32 rows (N, dim) as uint8 (N, dim + 4): codes, then fp16 scale and fp16 offset."""
     lo = x.amin(dim=1, keepdim=True).to(torch.float16)
-    lo = torch.where(lo.float() > x.amin(dim=1, keepdim=True), lo.nextafter(torch.tensor(-torch.inf, dtype=lo.dtype, device=lo.device)), lo)
+    lo = torch.where(lo.float() > x.amin(dim=1, keepdim=True), lo.nextafter(torch.full_like(lo, -torch.inf)), lo)
     span = x.amax(dim=1, keepdim=True) - lo.float()
     scale = (span / 255).to(torch.float16)
     # round the scale up, so that the row's maximum still fits in code 255
-    up = scale.nextafter(torch.tensor(torch.inf, dtype=scale.dtype, device=scale.device))
+    up = scale.nextafter(torch.full_like(scale, torch.inf))  # a fill on the rows' device: no host copy
     scale = torch.where(scale.float() * 255 < span, up, scale)
     s = scale.float()
     z = torch.where(s > 0, (x - lo.float()) / torch.where(s > 0, s, 1.0), 0.0)
