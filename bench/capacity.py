@@ -10,7 +10,8 @@ same benchmark, or to a stated assumption, and says so.  Then, for each scenario
 the same day over a Baidu-sized key space), the stage budgets of the day and per stage the cores,
 GPUs, DRAM, SSD bytes and IOPS, and network bytes/s it needs, each line naming its inputs, side by
 side for three row formats: the fp32 rows with Adam of the releases before compact rows, the
-default (`store.row_dtype`, `optim.sparse_optimizer`), and fp16 rows with row-wise AdaGrad.
+default (`store.row_dtype`, `store.state_dtype`, `optim.sparse_optimizer`), int8 rows with Adam's moments in
+log8, and int8 rows with row-wise AdaGrad (`FORMATS`; a format listed twice appears once).
 docs/capacity.md explains the model and holds one printout; the numbers also go to
 bench/results/capacity.json.  `--smoke` is the same run (it takes seconds at any size).
 """

@@ -17,10 +17,10 @@ Parts (``--parts``, default all):
   hold more rows of a smaller format).
 - ``scale``: tables of 10^6 .. --max-keys rows (dim 16) built on SSD and queried through a HostStore, each
   in a fresh process under a 2 GiB host budget, per row format (`--formats`: the fp32 + Adam rows of before
-  as the baseline, the default fp16 + Adam rows, and fp16 rows with row-wise AdaGrad): bytes per key on SSD and in DRAM, rows per 4 KiB unit,
+  as the baseline, the default rows, int8 rows with Adam's moments in log8, and int8 rows with row-wise AdaGrad): bytes per key on SSD and in DRAM, rows per 4 KiB unit,
   build rate, peak RSS, index bytes, SSD read and update cost per key.
 
-The host, ssd and index parts use the default row format (`StoreConfig().row_dtype`, `OptimConfig().sparse_optimizer`).
+The host, ssd and index parts use the default row format (`StoreConfig()`, `OptimConfig().sparse_optimizer`).
 
 Numbers go to bench/results/store_*.json.  Nothing here asserts on time.
 """
@@ -550,8 +550,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=4, help="I/O threads for the SSD part")
     ap.add_argument("--criteo", default="/work/shared/data/criteo/train_head_10k.tsv")
     ap.add_argument("--formats", nargs="+", default=[f.name for f in FORMATS],
-                    help="row formats of the scale part, optimizer/row_dtype (default: fp32 Adam, the default, "
-                         "rowwise_adagrad/fp16)")
+                    help="row formats of the scale part, optimizer/row_dtype[/state_dtype] (default: fp32 Adam, the "
+                         "default, adam/int8/log8, rowwise_adagrad/int8)")
     args = ap.parse_args(argv)
     formats = [RowFormat.parse(DIM, f) for f in args.formats]
     parts = {p for arg in args.parts for p in arg.split(",") if p}

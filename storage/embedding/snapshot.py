@@ -95,15 +95,8 @@ class SnapshotBatch:
     def rows(self) -> Rows:
         """The rows in the file's own format (CPU tensors)."""
         st = _STATE_TYPES[self.fmt.state_dtype][1]
-        if self.codes is not None:
-            emb = torch.from_numpy(np.ascontiguousarray(self.codes))
-        else:
-            emb = torch.from_numpy(np.ascontiguousarray(self.emb)).to(self.fmt.dtype)
-        return Rows(
-            emb,
-            {k: torch.from_numpy(np.ascontiguousarray(v, dtype=st)) for k, v in self.state.items()},
-            torch.from_numpy(self.clock.astype(np.int32)),
-        )
+        emb = _tensor(self.codes) if self.codes is not None else _tensor(self.emb).to(self.fmt.dtype)
+        return Rows(emb, {k: _tensor(v, st) for k, v in self.state.items()}, torch.from_numpy(self.clock.astype(np.int32)))
 
     def rows_as(self, fmt: RowFormat) -> Rows:
         """The rows converted to `fmt` (`RowFormat.convert`: optimizer state and weight dtype)."""
@@ -252,12 +245,18 @@ def _column(col: pa.ChunkedArray | pa.Array, dim: int | None) -> np.ndarray:
     return np.asarray(col.values.to_numpy(zero_copy_only=False).reshape(-1, dim))
 
 
+def _tensor(a: np.ndarray, dtype: Any = None) -> torch.Tensor:
+    """`a` as a tensor sharing its memory, copied first where Arrow handed out a read-only array (torch
+    warns on those, once per process, in the middle of a day's report)."""
+    return torch.from_numpy(np.require(a, dtype=dtype, requirements=["C", "W"]))
+
+
 def _weights(stored: np.ndarray, fmt: RowFormat) -> np.ndarray:
     """The `emb` column's values (N, width) as the fp32 weights (N, dim) they hold."""
     if fmt.row_dtype == "bf16":
-        return np.asarray(torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16).float().numpy())
+        return np.asarray(_tensor(stored.view(np.int16)).view(torch.bfloat16).float().numpy())
     if fmt.row_dtype == "int8":
-        return fmt.weights(torch.from_numpy(np.ascontiguousarray(stored))).numpy()
+        return fmt.weights(_tensor(stored)).numpy()
     return np.asarray(stored, dtype=np.float32)
 
 

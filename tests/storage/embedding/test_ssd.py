@@ -345,8 +345,8 @@ def test_kill_9_at_random_points_restores_last_snapshot_exactly(tmp_path) -> Non
             assert same_bytes(snapshot_arrays(str(p)), snapshot_arrays(str(tmp_path / "ref.parquet"))), f"kill {kill}: {p.name}"
         # Reopen the shard the child left (maybe mid-compaction or with a stale index), restore.
         last = str(done[-1])
-        store = open_shard(str(shard), StoreConfig(embedding_dim=DIM, init_std=STD, host_budget_mb=1, row_dtype="fp32"),
-                           optimizer="adam")
+        cfg = StoreConfig(embedding_dim=DIM, init_std=STD, host_budget_mb=1, row_dtype="fp32", state_dtype="fp32")
+        store = open_shard(str(shard), cfg, optimizer="adam")
         store.restore(last)
         store.snapshot(str(tmp_path / "after.parquet"))
         assert same_bytes(snapshot_arrays(str(tmp_path / "after.parquet")), snapshot_arrays(last))
