@@ -144,7 +144,7 @@ class OptimConfig:
     without momentum: one moment per element, 48 B records), `rowwise_adagrad` (fbgemm's row-wise AdaGrad: one
     accumulator per row) or `sgd` (no state). The rows keep its state on every tier and in snapshots; a model
     trained with another rule is continued with its state converted (`sparse_optim.convert_state`). Chosen by
-    `bench.quality` (docs/benchmarks.md, "bench.quality: row formats"): row-wise AdaGrad lost 0.007 AUC on the
+    `bench.quality` (docs/benchmarks.md, "bench.quality: 8-bit rows and optimizer state"): row-wise AdaGrad lost 0.007 AUC on the
     Criteo sample and on the 1M-row synthetic days; rmsprop tied Adam on the 1M-row days but trailed it on both
     real samples (-0.0014 Criteo, -0.0035 Avazu, within the samples' noise)."""
     sparse_lr: str | float = result_field(AUTO)

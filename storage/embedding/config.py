@@ -18,7 +18,8 @@ class StoreConfig:
     """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16`, `fp32`, or `int8`
     (8-bit codes with an fp16 scale and offset per row, fbgemm's fused 8-bit row-wise layout: dim + 4 bytes).
     Updates are computed in fp32 and written back with stochastic rounding (docs/benchmarks.md, "bench.quality:
-    row formats"). Serving bundles keep their own `--dtype`."""
+    8-bit rows and optimizer state": int8 rows with log8 state train within noise of fp32 rows). Serving bundles
+    keep their own `--dtype`."""
     state_dtype: str = result_field("log8", neutral="fp32")
     """Dtype of the sparse optimizer's stored state (Adam's m and v, AdaGrad's accumulator): `fp32`, or `log8`
     (one byte per value on a logarithmic grid, 9% resolution, written back with stochastic rounding:
