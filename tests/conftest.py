@@ -28,27 +28,13 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The chaos suite (tests/chaos, `make chaos`, long) runs only when a `-m` expression names it.
-
-    The files with slow or distributed tests (tens of seconds to minutes each) come first, the most such tests
-    first, each file's tests in their order, unless pytest-randomly orders them (`make test-random`).  With
-    `--dist loadfile --no-loadscope-reorder` (`make test`) the workers take the files in this order, so the
-    suite ends with short files that even out the two workers; xdist's own order (most tests first) ended it
-    with the single-test end-to-end files, one worker running a two-minute one while the other idled.
-    """
+    """The chaos suite (tests/chaos, `make chaos`, long) runs only when a `-m` expression names it."""
     if "chaos" in (config.getoption("markexpr") or ""):
         return
     chaos = [item for item in items if item.get_closest_marker("chaos")]
     if chaos:
         config.hook.pytest_deselected(items=chaos)
         items[:] = [item for item in items if not item.get_closest_marker("chaos")]
-    if config.pluginmanager.hasplugin("randomly"):
-        return
-    long: dict[str, int] = {}
-    for item in items:
-        n = long.setdefault(item.nodeid.split("::")[0], 0)
-        long[item.nodeid.split("::")[0]] = n + any(item.get_closest_marker(m) for m in ("slow", "distributed"))
-    items.sort(key=lambda item: -long[item.nodeid.split("::")[0]])  # stable: each file's tests stay in order
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
