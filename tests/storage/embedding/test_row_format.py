@@ -6,9 +6,21 @@ import numpy as np
 import pytest
 import torch
 
-from storage.embedding.row_format import RowFormat, round_to, uniform_bits
-from storage.embedding.sparse_optim import ADAM_BETAS, convert_state, get_optimizer
+from storage.embedding.row_format import (
+    ROW_DTYPES,
+    STATE_DTYPES,
+    RowFormat,
+    round_to,
+    uniform_bits,
+)
+from storage.embedding.sparse_optim import (
+    ADAM_BETAS,
+    OPTIMIZERS,
+    convert_state,
+    get_optimizer,
+)
 from storage.embedding.ssd_format import RecordLayout
+from tests.helpers.stores import FORMATS
 
 
 def test_int8_rows_with_adams_moments_in_log8_make_a_64_byte_record_and_adagrads_36() -> None:
@@ -143,3 +155,10 @@ def test_convert_casts_weights_to_nearest_and_keeps_clocks() -> None:
     assert out.emb.dtype == torch.bfloat16 and torch.equal(out.emb, rows.emb.to(torch.bfloat16))
     assert out.clock.tolist() == [3, 0] and set(out.state) == {"acc"}
     assert dst.convert(out, dst) is out
+
+
+def test_the_contract_suite_runs_every_rule_row_dtype_and_state_dtype() -> None:
+    """A new optimizer or dtype must join `FORMATS`, or no tier is checked with it."""
+    assert {f.optimizer for f in FORMATS} == set(OPTIMIZERS)
+    assert {f.row_dtype for f in FORMATS} == set(ROW_DTYPES)
+    assert {f.state_dtype for f in FORMATS} == set(STATE_DTYPES)
