@@ -32,8 +32,9 @@ SLOG8_TOP = 100
 
 def encode_int8_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """fp32 rows (N, dim) as uint8 (N, dim + 4): codes, then fp16 scale and fp16 offset."""
-    lo = x.amin(dim=1, keepdim=True).to(torch.float16)
-    lo = torch.where(lo.float() > x.amin(dim=1, keepdim=True), lo.nextafter(torch.full_like(lo, -torch.inf)), lo)
+    low = x.amin(dim=1, keepdim=True)
+    lo = low.to(torch.float16)  # the offset, rounded down where fp16's nearest is above the row's minimum
+    lo = torch.where(lo.float() > low, lo.nextafter(torch.full_like(lo, -torch.inf)), lo)
     span = x.amax(dim=1, keepdim=True) - lo.float()
     scale = (span / 255).to(torch.float16)
     # round the scale up, so that the row's maximum still fits in code 255

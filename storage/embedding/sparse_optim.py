@@ -64,6 +64,18 @@ class SparseOptimizer:
         raise NotImplementedError
 
 
+def _second_moment(
+    v: torch.Tensor, g: torch.Tensor, clock: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adam's new second moment and the step's divisor, bias-corrected by each row's own `clock`:
+    (v, sqrt(v / (1 - beta2^clock)) + eps), shared by `adam` and `rmsprop`."""
+    b2 = ADAM_BETAS[1]
+    v = v * b2 + (1 - b2) * g * g
+    t = clock.to(torch.float64)
+    bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t)).to(torch.float32)[:, None]
+    return v, v.sqrt() / bc2_sqrt + ADAM_EPS
+
+
 class SparseAdam(SparseOptimizer):
     name = "adam"
     state = (StateField("m", True, signed=True), StateField("v", True))
@@ -72,15 +84,12 @@ class SparseAdam(SparseOptimizer):
         self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
         lr: float, weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        b1, b2 = ADAM_BETAS
+        b1 = ADAM_BETAS[0]
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         m = torch.lerp(state["m"], g, 1 - b1)
-        v = state["v"] * b2 + (1 - b2) * g * g
+        v, denom = _second_moment(state["v"], g, clock)
         t = clock.to(torch.float64)
-        bc1 = 1 - torch.pow(torch.full_like(t, b1), t)
-        bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t))
-        step = (lr / bc1).to(torch.float32)[:, None]
-        denom = v.sqrt() / bc2_sqrt.to(torch.float32)[:, None] + ADAM_EPS
+        step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
         return emb - step * (m / denom), {"m": m, "v": v}
 
 
@@ -92,12 +101,9 @@ class SparseRmsprop(SparseOptimizer):
         self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
         lr: float, weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        b2 = ADAM_BETAS[1]
         g = grads if weight_decay == 0 else grads + weight_decay * emb
-        v = state["v"] * b2 + (1 - b2) * g * g
-        t = clock.to(torch.float64)
-        bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t)).to(torch.float32)[:, None]
-        return emb - lr * (g / (v.sqrt() / bc2_sqrt + ADAM_EPS)), {"v": v}
+        v, denom = _second_moment(state["v"], g, clock)
+        return emb - lr * (g / denom), {"v": v}
 
 
 class RowwiseAdagrad(SparseOptimizer):

@@ -31,18 +31,22 @@ def test_cv_folds_errors() -> None:
         cv_folds(pd.DataFrame({"order": np.arange(3)}), folds=5)
 
 
+def _rows(schema, rng: np.random.Generator, *, n: int, values: int, noise: float, threshold: float) -> pd.DataFrame:
+    """`n` log rows whose label follows the first categorical field (`values` values) plus normal `noise`."""
+    frame = pd.DataFrame({c: rng.integers(0, values, n).astype(str) for c in schema.categorical})
+    for c in schema.dense:
+        frame[c] = rng.integers(0, 10, n).astype(float)
+    frame["label"] = (frame[schema.categorical[0]].astype(int) + rng.normal(0, noise, n) > threshold).astype(int)
+    return frame
+
+
 def test_the_time_split_lr_chooses_c_on_the_last_fifth_of_the_train_rows() -> None:
     pytest.importorskip("sklearn")
     from bench.quality_peers import LR_CS, sklearn_lr_time_split
     from pipeline.schema import get_schema
 
     schema = get_schema("criteo")
-    rng = np.random.default_rng(0)
-    n = 500
-    frame = pd.DataFrame({c: rng.integers(0, 5, n).astype(str) for c in schema.categorical})
-    for c in schema.dense:
-        frame[c] = rng.integers(0, 10, n).astype(float)
-    frame["label"] = (frame[schema.categorical[0]].astype(int) + rng.normal(0, 1, n) > 3).astype(int)
+    frame = _rows(schema, np.random.default_rng(0), n=500, values=5, noise=1, threshold=3)
     probs, info = sklearn_lr_time_split(frame.iloc[:400], frame.iloc[400:], schema)
     assert info["C"] in LR_CS and info["holdout_rows"] == 80 and probs.shape == (100,)
     assert ((probs > 0.5) == frame["label"].iloc[400:].to_numpy().astype(bool)).mean() > 0.7  # it learnt the field
@@ -54,12 +58,7 @@ def test_the_lr_fit_on_the_columns_the_train_rows_use_is_the_fit_on_all_hashed_c
     from pipeline.schema import get_schema
 
     schema = get_schema("criteo")
-    rng = np.random.default_rng(1)
-    n = 300
-    frame = pd.DataFrame({c: rng.integers(0, 20, n).astype(str) for c in schema.categorical})
-    for c in schema.dense:
-        frame[c] = rng.integers(0, 10, n).astype(float)
-    frame["label"] = (frame[schema.categorical[0]].astype(int) + rng.normal(0, 3, n) > 10).astype(int)
+    frame = _rows(schema, np.random.default_rng(1), n=300, values=20, noise=3, threshold=10)
     frame.loc[250:, schema.categorical[1]] = "never-seen"  # later rows with a value the fit never saw
     X, later = _hashed(frame.iloc[:250], schema), _hashed(frame.iloc[250:], schema)
     assert set(later.indices) - set(X.indices)
