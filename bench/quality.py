@@ -281,7 +281,8 @@ def rolling(args: argparse.Namespace, work: Path) -> int:
     if args.rolling_days:
         given["days"] = args.rolling_days
     size = dataclasses.replace(size, **given)
-    results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers) for name in size.datasets}
+    results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers,
+                                         row_formats=tuple(args.row_formats)) for name in size.datasets}
     rows = [r for res in results.values() for r in res["rows"]]
     print_table(_table(rows, ROLLING_COLUMNS))
     print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "

@@ -75,14 +75,15 @@ def _registry_latest(cfg: Any) -> str | None:
     return ModelRegistry(cfg.layout()).latest()
 
 
-def product_chain(files: Any, root: Path, *, arch: str, seed: int) -> dict[str, Any]:
+def product_chain(files: Any, root: Path, *, arch: str, seed: int, row_format: str | None = None) -> dict[str, Any]:
     """`run_day` on every day but the last, LATEST after day k scored on day k+1: per origin, (labels, probs)
-    or None when nothing was published yet, and each day's record."""
+    or None when nothing was published yet, and each day's record.  `row_format` (optimizer/row_dtype[/state_dtype])
+    overrides the default rows; each day warm-starts the rows the day before stored in it."""
     from bench.quality import _day, product_config
     from flows.cli.evaluate_file import score_log
     from flows.day.run import run_day
 
-    cfg = product_config(files, root, arch=arch, seed=seed)
+    cfg = product_config(files, root, arch=arch, seed=seed, row_format=row_format)
     dates = (*files.train_dates, files.later_date)
     scored: list[tuple[np.ndarray, np.ndarray] | None] = []
     days = []
@@ -100,8 +101,9 @@ def _peer_missing(module: str) -> str | None:
 
 
 def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool = True,
-                        data: Path | None = None) -> dict[str, Any]:
-    """Every model on one sample's rolling origins; returns the pooled results (JSON-ready)."""
+                        data: Path | None = None, row_formats: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every model on one sample's rolling origins, and the default arch again with each of `row_formats`;
+    returns the pooled results (JSON-ready)."""
     from bench.quality_data import DATA, real_days, real_rows
     from bench.quality_stats import paired_bootstrap_sd
     from pipeline.ingest.parse import read_log_file
@@ -116,11 +118,15 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
     origins = list(range(1, size.days))  # origin k: trained on days 1..k, scored on day k+1
     chains: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
-    for arch in (OURS, LR_ARCH):
+    runs = [(arch, None) for arch in (OURS, LR_ARCH)] + [(OURS, f) for f in row_formats]
+    for arch, row_format in runs:
+        model = arch if row_format is None else f"{arch} [{row_format}]"
+        folder = arch if row_format is None else f"{arch}-{row_format.replace('/', '-')}"
         t0 = time.perf_counter()
-        chains[arch] = [product_chain(files, work / f"{arch}-{seed}", arch=arch, seed=seed) for seed in size.seeds]
-        seconds[arch] = (time.perf_counter() - t0) / len(size.seeds)
-        log.info("%s %s: %d days through run_day", name, arch, size.days - 1)
+        chains[model] = [product_chain(files, work / f"{folder}-{seed}", arch=arch, seed=seed, row_format=row_format)
+                         for seed in size.seeds]
+        seconds[model] = (time.perf_counter() - t0) / len(size.seeds)
+        log.info("%s %s: %d days through run_day", name, model, size.days - 1)
     kept = [k for k in origins if all(c["scored"][k - 1] is not None for runs in chains.values() for c in runs)]
     dropped = [k for k in origins if k not in kept]
     if not kept:
