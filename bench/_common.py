@@ -46,6 +46,15 @@ def apply_smoke(args: argparse.Namespace, smoke: dict[str, Any]) -> argparse.Nam
     return args
 
 
+def row_format_overrides(name: str) -> dict[str, str]:
+    """The config keys (`--set` values) that give the rows called `name`, `optimizer/row_dtype[/state_dtype]`
+    (`storage.embedding.row_format.RowFormat.parse`'s names): the benchmarks' `--row-formats`."""
+    from storage.embedding.row_format import RowFormat
+
+    fmt = RowFormat.parse(16, name)  # checks the name; the dim plays no part in the keys
+    return {"optim.sparse_optimizer": fmt.optimizer, "store.row_dtype": fmt.row_dtype, "store.state_dtype": fmt.state_dtype}
+
+
 def environment() -> dict[str, Any]:
     """Machine and library versions to store beside the numbers."""
     import dask

@@ -1,6 +1,7 @@
 """The day as a user waits for it: `ctrpipe backfill` over consecutive generated days, stage by stage.
 
     python -m bench.day [--rows 1000000 --rows 5000000] [--days 3] [--no-reference] [--smoke]
+    python -m bench.day --rows 1000000 --days 3 --no-reference --row-formats adam/fp32   # rows' cost on the day
 
 For each N rows/day: writes `--days` days of synthetic Criteo logs (`pipeline.generate`), runs
 `ctrpipe backfill` over them in a fresh process with the default preset (the product path:
@@ -22,6 +23,10 @@ MFU of the training loop per day (`train mfu`): the day's examples/s per rank x 
 FLOPs per example (forward + backward, `bench._mfu`) / the fp32 matmul rate one thread attains on the
 model's widest layer at the day's batch, measured in this process after the backfill (the ranks run one
 thread each).  The reference's loop gets the same column.
+
+`--row-formats F ...` runs the backfill again on the same day files with each other row format
+(`optimizer/row_dtype[/state_dtype]`, through `--set`), one root each, and a last table sets the train
+seconds, examples/s, wall time, AUC and rank peak RSS of each (days 2..) beside the default's, with ratios.
 
 Goals (from day 2 on): training >= 90% of the day at 1M rows; every part's growth exponent
 <= 1.05; our day <= 1.15x the reference.  Results: bench/results/day.json.
@@ -45,7 +50,14 @@ from typing import Any
 
 import torch
 
-from bench._common import add_smoke, apply_smoke, mib, print_table, write_json
+from bench._common import (
+    add_smoke,
+    apply_smoke,
+    mib,
+    print_table,
+    row_format_overrides,
+    write_json,
+)
 from bench._mfu import mfu
 from bench._proctree import KINDS, ProcessTree
 from bench.ingest import run_reference
@@ -74,16 +86,22 @@ print(json.dumps({**r, "total_s": time.perf_counter() - t0}))
 """
 
 
-def run_backfill(rows: int, days: int, work: Path) -> dict[str, Any]:
-    """Generate the days, run `ctrpipe backfill` over them in a fresh process; per-day records and process stats."""
-    raw, root = work / f"raw-{rows}", work / f"root-{rows}"
+def run_backfill(rows: int, days: int, work: Path, row_format: str | None = None) -> dict[str, Any]:
+    """Generate the days, run `ctrpipe backfill` over them in a fresh process; per-day records and process stats.
+    `row_format` (optimizer/row_dtype[/state_dtype]) runs it with those rows instead of the default's, on the
+    same day files, in a root of its own."""
+    tag = f"{rows}" if row_format is None else f"{rows}-{row_format.replace('/', '-')}"
+    raw, root = work / f"raw-{rows}", work / f"root-{tag}"
     end = shift_date(START, days - 1)
-    generate_days(str(raw), days, rows, seed=0, start_date=START)
-    env = {**os.environ, "PREFECT_HOME": str(work / f"prefect-{rows}"), "TMPDIR": str(work),
+    if not (raw / f"day_{end}.tsv.gz").exists():
+        generate_days(str(raw), days, rows, seed=0, start_date=START)
+    env = {**os.environ, "PREFECT_HOME": str(work / f"prefect-{tag}"), "TMPDIR": str(work),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    sets = {"root": str(root), "input.url": f"{raw}/day_{{date}}.tsv.gz",
+            **(row_format_overrides(row_format) if row_format else {})}
     cmd = [sys.executable, "-m", "flows.cli.main", "backfill", "--start", START, "--end", end,
-           "--set", f"root={root}", "--set", f"input.url={raw}/day_{{date}}.tsv.gz"]
-    log_path = work / f"backfill-{rows}.log"
+           *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
+    log_path = work / f"backfill-{tag}.log"
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -112,6 +130,7 @@ def day_row(rows: int, day: int, record: DayRecord, written: float, tree: Proces
         t += s
     row["train_share"] = row["seconds"]["train"] / record.wall_s
     row["evaluate"] = record.evaluate
+    row["auc"] = record.auc
     row["train_examples_per_s"] = record.train.get("examples_per_s")
     row["world_size"] = record.train.get("world_size") or 1
     row["batch"] = record.train.get("recipe", {}).get("values", {}).get("optim.batch_size")
@@ -209,6 +228,33 @@ def summarise(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) 
     return {"parts": parts_rows, "walls": walls, "train_share": shares, "vs_reference": vs, "goals": goals}
 
 
+def compare_formats(runs: dict[int, dict[str, Any]], others: dict[tuple[int, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size, the default rows and each other format: train seconds, train examples/s, the day's wall time
+    (means over days 2..), the rank's peak RSS, and the ratios to the default's."""
+    def row(n: int, name: str, run: dict[str, Any]) -> dict[str, Any]:
+        later = run["days"][1:] or run["days"]
+        return {"rows": n, "format": name, "train_s": statistics.fmean(d["seconds"]["train"] for d in later),
+                "train_ex_per_s": statistics.fmean(d["train_examples_per_s"] or 0.0 for d in later),
+                "wall_s": statistics.fmean(d["wall"] for d in later),
+                "auc": statistics.fmean(a) if (a := [d["auc"] for d in later if d["auc"] is not None]) else None,
+                "rank_peak_mib": mib(run["peak_rss"].get("rank", 0))}
+    table = []
+    for n in sorted(runs):
+        if not any(k[0] == n for k in others):
+            continue
+        cfg = RunConfig()
+        base = row(n, f"{cfg.store.row_format(cfg.optim.sparse_optimizer).name} (default)", runs[n])
+        base |= {"train_ex_per_s vs_default": 1.0, "wall vs_default": 1.0}
+        table.append(base)
+        for (m, f), run in others.items():
+            if m == n:
+                r = row(n, f, run)
+                r |= {"train_ex_per_s vs_default": r["train_ex_per_s"] / base["train_ex_per_s"],
+                      "wall vs_default": r["wall_s"] / base["wall_s"]}
+                table.append(r)
+    return table
+
+
 def print_report(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]], summary: dict[str, Any]) -> None:
     per_day = [{"rows": d["rows"], "day": d["day"], **{p: d["seconds"].get(p, 0.0) for p in PARTS},
                 "wall": d["wall"], "train share": d["train_share"],
@@ -235,6 +281,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--no-reference", dest="reference", action="store_false")
     p.add_argument("--work", help="working folder (default: a fresh temporary one, removed afterwards)")
+    p.add_argument("--row-formats", nargs="*", default=[],
+                   help="other row formats (optimizer/row_dtype[/state_dtype], e.g. adam/fp32) whose backfill runs "
+                        "on the same days after the default's; table 'row formats' compares them with it")
     add_smoke(p)
     args = apply_smoke(p.parse_args(argv), SMOKE)
     sizes = sorted(set(args.rows or [1_000_000, 5_000_000]))
@@ -249,20 +298,26 @@ def main(argv: list[str] | None = None) -> None:
             runs[n] = run_backfill(n, args.days, work)
             if args.reference:
                 refs[n] = reference(runs[n], work)
+        others = {(n, f): run_backfill(n, args.days, work, row_format=f) for n in sizes for f in args.row_formats}
         torch.set_num_threads(1)  # the rate a rank's one thread attains
         flops = add_mfu(runs, refs)
         summary = summarise(runs, refs)
         print_report(runs, refs, summary)
+        formats = compare_formats(runs, others)
+        if formats:
+            print("\n== row formats: the same days with other rows (days 2..; vs_default = this / the default's) ==")
+            print_table(formats)
         first = next(iter(flops.values()))
         print(f"train mfu: examples/s per rank x {first['flops_per_example'] / 1e6:.2f} MFLOP/example / "
               + ", ".join(f"{p['attainable_gflops']:.1f} GFLOP/s (fp32 matmul {p['matmul_shape']})" for p in flops.values())
               + ", 1 thread, this run")
-        for run in runs.values():
+        for run in (*runs.values(), *others.values()):
             del run["raw"], run["root"]
         path = write_json("day", {
             "benchmark": "day", "params": {"rows": sizes, "days": args.days, "recipe": "default", "smoke": args.smoke},
             "flops": flops,
             "runs": {str(n): r for n, r in runs.items()}, "reference": {str(n): r for n, r in refs.items()},
+            "row_formats": {"runs": {f"{n} {f}": r for (n, f), r in others.items()}, "table": formats},
             "summary": {**summary, "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in summary["goals"]]},
         })
         print(f"results: {path}")

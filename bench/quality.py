@@ -68,9 +68,9 @@ def product_config(files: Any, root: Path, *, arch: str, seed: int, row_format: 
         "dask.processes": False, "dask.n_workers": 1,  # operational: the same result with any cluster
     }
     if row_format:
-        parts = row_format.split("/")
-        sets["optim.sparse_optimizer"], sets["store.row_dtype"] = parts[:2]
-        sets["store.state_dtype"] = parts[2] if len(parts) > 2 else "fp32"
+        from bench._common import row_format_overrides
+
+        sets |= row_format_overrides(row_format)
     return with_overrides(RunConfig(), sets)
 
 
