@@ -2,6 +2,7 @@
 
     python -m bench.quality --protocol rolling                      # criteo and avazu, 5 days, seed 0
     python -m bench.quality --protocol rolling --smoke              # 3 small Criteo days: a check that it runs
+    python -m bench.quality --protocol rolling --no-peers --row-formats adam/fp32   # the rows' cost on quality
 
 Each shared real sample (`bench.quality_data`) is cut by row order (time order) into `days` day files.
 The product is what a user's backfill gives: `flows.day.run.run_day` on day 1, 2, ... with the default
@@ -10,6 +11,9 @@ registry's LATEST, the model a user serves, is scored on day k+1's file (`ctrpip
 `score_log`).  So origin k trains on days 1..k and scores day k+1, and the scored rows of every
 origin are pooled: days 2..K, 8,000 of the 10,000 Criteo rows, against the 2,000 of the later-day
 protocol, whose paired sd (0.0038 there) is too wide to decide a 0.005 difference.
+
+`--row-formats` runs the default arch's chain again with each other row format (its rows warm-started
+from day to day in that format), on the same days.
 
 Peers, on the same splits and rows:
 - this project's `lr` arch, through the same product path;
