@@ -73,3 +73,50 @@ def group_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> Gro
         auc = (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
     auc[(pos == 0) | (neg == 0)] = np.nan
     return GroupAUC(values=gs[group_start], rows=rows.astype(np.int64), clicks=pos.astype(np.int64), auc=auc)
+
+
+def _midranks(scores: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Each row's rank (1-based, ties averaged) among the rows of its `key`, in the rows' own order."""
+    order = np.lexsort((scores, key))
+    ks, ss = key[order], scores[order]
+    start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    of = np.repeat(np.arange(len(start)), np.diff(np.r_[start, len(ks)]))
+    run = np.flatnonzero(np.r_[True, (ks[1:] != ks[:-1]) | (ss[1:] != ss[:-1])])
+    run_len = np.diff(np.r_[run, len(ks)])
+    first = run - start[of[run]] + 1
+    ranks = np.empty(len(ks))
+    ranks[order] = np.repeat(first + (run_len - 1) / 2.0, run_len)
+    return ranks
+
+
+def paired_group_se(labels: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (sorted by value, as `group_auc`): DeLong's standard error of AUC(a) - AUC(b) on the group's
+    rows, two models scoring the same rows (NaN for a group with fewer than two clicks or non-clicks).
+
+    Two models' AUCs on one slice move together with the slice's rows, so the error of their difference
+    is far below the two errors combined as if independent (DeLong, DeLong & Clarke-Pearson 1988).
+    Returns (values, se).
+    """
+    y = np.asarray(labels, np.float64).ravel()
+    values, g = np.unique(np.asarray(groups).ravel(), return_inverse=True)
+    pos = y > 0.5
+    cls = g * 2 + pos  # group and class: a positive's rank among its group's positives, a negative's among its negatives
+    m = np.bincount(g, weights=pos, minlength=len(values))
+    n = np.bincount(g, weights=~pos, minlength=len(values))
+    diff = np.zeros(len(y))
+    for sign, s in ((1.0, a), (-1.0, b)):
+        s = np.asarray(s, np.float64).ravel()
+        below = _midranks(s, g) - _midranks(s, cls)  # rows of the other class below (ties 1/2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            # DeLong's components: a click's share of its group's non-clicks it outranks, a non-click's share
+            # of the clicks that outrank it
+            comp = np.where(pos, below / n[g], 1.0 - below / m[g])
+        diff += sign * comp
+    var = np.zeros(len(values))
+    for mask, count in ((pos, m), (~pos, n)):
+        total = np.bincount(g[mask], weights=diff[mask], minlength=len(values))
+        squares = np.bincount(g[mask], weights=diff[mask] ** 2, minlength=len(values))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var += (squares - total**2 / count) / (count - 1) / count
+    var[(m < 2) | (n < 2)] = np.nan
+    return values, np.sqrt(np.maximum(var, 0.0))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ import torch
 
 from storage.io import fsio
 from trainer.data import list_parts
-from trainer.group_metrics import GroupAUC, group_auc
+from trainer.group_metrics import GroupAUC, group_auc, paired_group_se
 from trainer.metrics import StreamingAUC, StreamingMetrics
 from trainer.paired import Difference, PairedDifference
 from trainer.scoring import LoadedModel, score
@@ -119,7 +119,8 @@ def evaluate_together(
         groups: key columns (each frame must hold them) to compute every value's AUC of
             (`trainer.group_metrics.GroupAUC`: slices and GAUC for the publish gate); kept in memory.
         paired: also compare the first model with each other one row by row (`trainer.paired`): the
-            standard errors of their AUC and logloss differences, which the publish gate needs.
+            standard errors of their AUC and logloss differences, and with `groups` of each group's AUC
+            difference, which the publish gate needs.
 
     Returns:
         one `Scored` per model (`.result()`, `.auc.standard_error()`, `.groups`, and with `paired`
@@ -161,8 +162,12 @@ def evaluate_together(
         return [Scored(m, {}, v) for m, v in zip(metrics, versus, strict=True)]
     cols = pd.concat(kept_groups, ignore_index=True)
     y = cols["label"].to_numpy(np.float64)
-    return [Scored(m, {c: group_auc(y, np.concatenate(p), cols[c].to_numpy()) for c in groups}, v)
-            for m, p, v in zip(metrics, kept, versus, strict=True)]
+    probs = [np.concatenate(p) for p in kept]
+    group_se: list[dict[str, np.ndarray]] = [{}] + [
+        {c: paired_group_se(y, probs[0], p, cols[c].to_numpy())[1] for c in groups} if paired else {}
+        for p in probs[1:]]
+    return [Scored(m, {c: group_auc(y, p, cols[c].to_numpy()) for c in groups}, v, se)
+            for m, p, v, se in zip(metrics, probs, versus, group_se, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,10 @@ class Scored:
     """Per requested key column: the AUC of each of its values."""
     versus_first: Difference | None = None
     """With `paired`: the first model minus this one on the same rows (None for the first model)."""
+    group_se_versus_first: dict[str, np.ndarray] = field(default_factory=dict)
+    """With `paired` and `groups`: per key column, the standard error of the first model's AUC minus
+    this one's in each group, row by row on the group's rows (`trainer.group_metrics.paired_group_se`),
+    in the order of `groups[column].values`."""
 
     def result(self) -> dict:
         return self.metrics.result()

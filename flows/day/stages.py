@@ -325,7 +325,7 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     new = Scores(ev.new, ev.new_groups, trained_through=state.date)
     before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
         if ev.published and published else None
-    decision = gate(new, before, cfg.publish, versus=ev.versus)
+    decision = gate(new, before, cfg.publish, versus=ev.versus, versus_groups=ev.versus_groups)
     metrics = {
         "date": state.date, "auc": ev.new.auc, "logloss": ev.new.logloss, "rows": ev.new.rows,
         "mean_prediction": ev.new.mean_prediction, "click_rate": ev.new.click_rate,

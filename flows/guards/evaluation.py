@@ -102,6 +102,9 @@ class Evaluation:
     versus: Difference | None = None
     """The candidate minus the published model, row by row on the same eval rows, with the standard
     errors of the differences (the gate's noise level)."""
+    versus_groups: dict[str, dict[Any, float]] = field(default_factory=dict)
+    """Per field of `publish.group_fields()`: value -> the standard error of the two models' AUC
+    difference on that value's eval rows, paired (the slice and GAUC checks' noise level)."""
 
     def summary(self) -> str:
         pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
@@ -174,5 +177,8 @@ def evaluate_day(
         se = float("nan")
     next_day = NextDay(EvalMetrics.of(seen.result()), se, sample.of_rows, cfg.seed)
     versus = on_eval[1].versus_first
+    versus_groups = {groups[c]: {v.item(): float(e) for v, e in zip(on_eval[1].groups[c].values, se, strict=True)}
+                     for c, se in on_eval[1].group_se_versus_first.items()}
     return Evaluation(new, EvalMetrics.of(on_eval[1].result()), next_day, published.version,
-                      scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1], versus)
+                      scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1], versus,
+                      versus_groups)

@@ -27,9 +27,10 @@ prints the interval (the value +- noise_sds standard errors):
     calibration        the click rate's binomial sd: refused only when the whole interval of mean
                        prediction / click rate lies outside the range (`flows.guards.noise`), the
                        first model too
-    slices, gauc       each slice's (group's) Hanley-McNeil standard errors of both models, unpaired:
-                       an upper bound (the evaluation keeps no per-slice pairs), so a slice gate never
-                       refuses on noise but lets a small slice's real loss of a little more through
+    slices, gauc       each slice's (group's) paired DeLong standard error of the two models' AUC
+                       difference on its rows (`trainer.group_metrics.paired_group_se`); where the
+                       evaluation has none, both models' Hanley-McNeil errors as if independent (an
+                       upper bound, which never refuses on noise but lets a little more through)
 
 At production eval sizes the standard errors are far below the thresholds and change nothing.
 min_auc stays an absolute floor (a model that learnt nothing is not published on a day too small to
@@ -146,11 +147,15 @@ class GateDecision:
         return [c.to_dict() for c in self.checks]
 
 
-def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: Difference | None = None) -> GateDecision:
+def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: Difference | None = None,
+         versus_groups: dict[str, dict[Any, float]] | None = None) -> GateDecision:
     """Decide whether the candidate may replace the published model; the reason is recorded either way.
 
     `versus`: the candidate minus the published model row by row on the same eval rows
     (`flows.guards.evaluation.Evaluation.versus`); without it the thresholds alone decide.
+    `versus_groups`: per slice or GAUC field, value -> the standard error of the two models' AUC
+    difference on that value's rows, paired (`Evaluation.versus_groups`); without it (or for a value
+    it lacks) the slices and GAUC take both models' Hanley-McNeil errors as independent, an upper bound.
     """
     m = new.metrics
     auc, loss = m.auc, m.logloss
@@ -175,9 +180,10 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: D
                         cfg, f"logloss {loss:.4f} is {{value:.4f}} above the published model's {p.logloss:.4f} "
                         f"(publish.max_logloss_increase={cfg.max_logloss_increase}"),
         ]
-        checks += [_slices(name, new, published, cfg) for name in cfg.slice_fields]
+        paired = versus_groups or {}
+        checks += [_slices(name, new, published, cfg, paired.get(name, {})) for name in cfg.slice_fields]
         if cfg.gauc_field:
-            checks.append(_gauc(new, published, cfg))
+            checks.append(_gauc(new, published, cfg, paired.get(cfg.gauc_field, {})))
     failed = [c for c in checks if not c.passed]
     if failed:
         return GateDecision(False, "; ".join(c.detail for c in failed), tuple(checks))
@@ -236,13 +242,13 @@ def _dates(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
                      "to publish it anyway")
 
 
-def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
+def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig, paired: dict[Any, float]) -> GateCheck:
     mine, theirs = new.groups[name], published.groups[name]
     big_mine, big_theirs = mine.slices(cfg.min_slice_rows), theirs.slices(cfg.min_slice_rows)
-    se_mine, se_theirs = _slice_se(mine), _slice_se(theirs)
+    se = _difference_se(mine, theirs, paired)
     drops = {v: big_theirs[v][1] - a for v, (_, a) in big_mine.items()
              if v in big_theirs and math.isfinite(a) and math.isfinite(big_theirs[v][1])}
-    noise = {v: _noise(cfg, math.hypot(se_mine[v], se_theirs[v])) for v in drops}
+    noise = {v: _noise(cfg, se[v]) for v in drops}
     limit = {v: max(cfg.max_slice_auc_drop, noise[v]) for v in drops}
     worst = max(drops, key=lambda v: drops[v] - limit[v], default=None)  # the nearest to refusing
     value = drops[worst] if worst is not None else 0.0
@@ -258,25 +264,36 @@ def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig) -> Ga
                      detail, [value - band, value + band] if band else None)
 
 
-def _slice_se(g: GroupAUC) -> dict[Any, float]:
-    """value -> Hanley-McNeil standard error of its AUC."""
-    se = hanley_mcneil_se(g.auc, g.clicks, g.rows - g.clicks)
-    return {v.item(): float(e) for v, e in zip(g.values, se, strict=True)}
+def _difference_se(mine: GroupAUC, theirs: GroupAUC, paired: dict[Any, float]) -> dict[Any, float]:
+    """value -> standard error of the two models' AUC difference on its rows: the paired one where known,
+    else both Hanley-McNeil errors as if independent (an upper bound)."""
+    se_mine = hanley_mcneil_se(mine.auc, mine.clicks, mine.rows - mine.clicks)
+    se_theirs = dict(zip((v.item() for v in theirs.values),
+                         hanley_mcneil_se(theirs.auc, theirs.clicks, theirs.rows - theirs.clicks), strict=True))
+    out = {}
+    for v, e in zip(mine.values, se_mine, strict=True):
+        key = v.item()
+        p = paired.get(key, math.nan)
+        out[key] = float(p) if math.isfinite(p) else math.hypot(float(e), float(se_theirs.get(key, math.nan)))
+    return out
 
 
-def _gauc_se(g: GroupAUC) -> float:
-    """Standard error of the click-weighted mean of the groups' AUCs (groups independent)."""
-    se = hanley_mcneil_se(g.auc, g.clicks, g.rows - g.clicks)
-    both = np.isfinite(g.auc) & np.isfinite(se)
-    w = g.clicks[both].astype(np.float64)
-    return float(np.sqrt((w * w * se[both] ** 2).sum()) / w.sum()) if w.sum() else math.nan
+def _gauc_difference_se(mine: GroupAUC, theirs: GroupAUC, paired: dict[Any, float]) -> float:
+    """Standard error of the difference of two click-weighted means of the groups' AUCs on the same rows
+    (groups independent of each other; within a group `_difference_se`)."""
+    se = _difference_se(mine, theirs, paired)
+    both = np.isfinite(mine.auc)
+    errors = np.array([se[v.item()] for v in mine.values[both]])
+    w = mine.clicks[both].astype(np.float64)
+    ok = np.isfinite(errors)
+    return float(np.sqrt((w[ok] ** 2 * errors[ok] ** 2).sum()) / w.sum()) if w.sum() else math.nan
 
 
-def _gauc(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
+def _gauc(new: Scores, published: Scores, cfg: PublishConfig, paired: dict[Any, float]) -> GateCheck:
     mine_g, theirs_g = new.groups[cfg.gauc_field], published.groups[cfg.gauc_field]
     mine, theirs = mine_g.gauc(), theirs_g.gauc()
     drop = theirs - mine if math.isfinite(mine) and math.isfinite(theirs) else 0.0
-    noise = _noise(cfg, math.hypot(_gauc_se(mine_g), _gauc_se(theirs_g)))
+    noise = _noise(cfg, _gauc_difference_se(mine_g, theirs_g, paired))
     threshold = max(cfg.max_gauc_drop, noise)
     return _check("gauc", drop <= threshold, mine, threshold,
                   f"GAUC over {cfg.gauc_field} {mine:.4f} is {drop:.4f} below the published model's {theirs:.4f} "

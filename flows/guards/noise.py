@@ -7,11 +7,11 @@ compares each difference with when no row-by-row pairing measured it.
   mean_prediction / rate, so it is skewed like the ratio and never negative.  The mean prediction's
   own spread is left out: the scores vary far less than 0/1 labels and move with them, so the
   ratio's full (delta-method) interval is a little narrower than this one.
-- an AUC from its positives and negatives alone: Hanley & McNeil (1982), for the slices and GAUC,
-  whose rows the evaluation does not keep per model.  Two models' AUCs on the same rows are
-  correlated, so the unpaired standard error of their difference, sqrt(se_a^2 + se_b^2), overstates
-  it: an upper bound, which never refuses on noise.  (Scaling it by how much the pairing narrows the
-  overall difference would understate it exactly when the models differ on one slice alone.)
+- an AUC from its positives and negatives alone: Hanley & McNeil (1982), for a slice or GAUC group
+  that has no paired error (the evaluation gives each group DeLong's paired error of the two models'
+  difference, `trainer.group_metrics.paired_group_se`, where the group holds two clicks and two
+  non-clicks).  Two models' AUCs on the same rows are correlated, so the unpaired standard error of
+  their difference, sqrt(se_a^2 + se_b^2), overstates it: an upper bound, which never refuses on noise.
 """
 
 from __future__ import annotations

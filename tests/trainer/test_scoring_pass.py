@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
-from trainer.scoring import evaluate_model, load_model
+from trainer.scoring import evaluate_model, load_model, score
 from trainer.scoring_pass import (
     evaluate_together,
     feature_columns,
@@ -57,6 +57,21 @@ def test_the_gates_per_value_aucs_scored_together_equal_those_of_each_model_alon
         np.testing.assert_array_equal(g.rows, alone.rows)
         np.testing.assert_allclose(g.auc, alone.auc, atol=1e-9, equal_nan=True)
     assert evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)))[0].groups == {}
+
+
+def test_paired_with_groups_each_values_auc_difference_gets_its_paired_error(tmp_path: Path, day: Path) -> None:
+    from trainer.group_metrics import paired_group_se
+
+    models = [load_model(str(make_model_dir(tmp_path, name, seed=seed)[0])) for name, seed in (("a", 3), ("b", 4))]
+    frames = list(read_split(str(day / "eval"), feature_columns(models)))
+    first, second = evaluate_together(models, frames, threads=2, batch_size=16, groups=("k_0",), paired=True)
+    assert first.group_se_versus_first == {}
+    rows = pd.concat(frames, ignore_index=True)
+    probs = [score(m, rows, batch_size=16) for m in models]
+    values, se = paired_group_se(rows["label"].to_numpy(), probs[0], probs[1], rows["k_0"].to_numpy())
+    np.testing.assert_array_equal(values, second.groups["k_0"].values)
+    np.testing.assert_allclose(second.group_se_versus_first["k_0"], se, atol=1e-6, equal_nan=True)
+    assert np.isfinite(se).any()
 
 
 def test_feature_columns_are_the_label_and_each_models_columns_once(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ traffic: DeLong's on the rows scored, which keeps its width when the sample is e
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,19 @@ def test_both_models_are_compared_on_every_eval_row_and_the_next_day_on_a_sample
     assert v.rows == 250 and v.auc == pytest.approx(ev.new.auc - ev.published.auc, abs=1e-9)
     assert v.logloss == pytest.approx(ev.new.logloss - ev.published.logloss, abs=1e-9)
     assert rec["versus_published"]["auc_se"] == v.auc_se > 0
+
+
+def test_each_gated_fields_values_get_the_paired_error_of_the_two_models_auc_difference(day: dict) -> None:
+    ev = _evaluate(day, EvaluateConfig(next_day_rows=100), groups={"k_0": "C1"})
+    mine, theirs = ev.new_groups["C1"], ev.published_groups["C1"]
+    paired = ev.versus_groups["C1"]
+    assert list(paired) == [v.item() for v in mine.values]
+    both = [v.item() for v, p, n in zip(mine.values, mine.clicks, mine.rows - mine.clicks, strict=True)
+            if p >= 2 and n >= 2]
+    assert both and all(0 < paired[v] < 0.5 for v in both)  # two clicks and two non-clicks: defined
+    assert all(math.isnan(e) for v, e in paired.items() if v not in both)
+    assert (theirs.values == mine.values).all()  # the same rows, the same values
+    assert _evaluate(day, EvaluateConfig(next_day_rows=100), published=None).versus_groups == {}
 
 
 def test_the_next_day_sample_is_the_same_for_a_rerun_and_another_for_another_day(day: dict) -> None:

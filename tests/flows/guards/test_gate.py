@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flows.guards.gate import PublishConfig, Scores, gate
-from trainer.group_metrics import group_auc
+from trainer.group_metrics import group_auc, paired_group_se
 from trainer.metrics import EvalMetrics, StreamingMetrics
 from trainer.paired import Difference, PairedDifference
 
@@ -226,17 +226,24 @@ def test_a_drop_refused_beyond_the_noise_prints_its_interval():
     assert drop["interval"] == pytest.approx([0.01, 0.09])
 
 
-def _two_models_on_slices(rows_per_slice: int, worse: float, seed: int = 0):
-    """Both models on 4 slices (field C1 1..4); the candidate ranks slice 1 with `worse` more noise."""
+def _two_models_on_slices(rows_per_slice: int, worse: float, seed: int = 0, *, paired: bool = False,
+                          slices: tuple[int, ...] = (1,)):
+    """Both models on 4 slices (field C1 1..4); the candidate ranks `slices` with `worse` more noise.
+    With `paired`, also each slice's paired standard error of the AUC difference (what the evaluate
+    stage hands the gate as `versus_groups`)."""
     rng = np.random.default_rng(seed)
     g = np.repeat([1, 2, 3, 4], rows_per_slice)
     y = (rng.random(g.size) < 0.2).astype(float)
     signal = y + rng.normal(0, 1, g.size)
     old = 1 / (1 + np.exp(-(signal - 2)))
-    new = 1 / (1 + np.exp(-(signal + np.where(g == 1, rng.normal(0, worse, g.size), 0.0) - 2)))
+    new = 1 / (1 + np.exp(-(signal + np.where(np.isin(g, slices), rng.normal(0, worse, g.size), 0.0) - 2)))
     cand, pub, versus = _scored(y, new, old)
-    return (Scores(cand.metrics, {"C1": group_auc(y, new, g)}, trained_through="2026-01-02"),
-            Scores(pub.metrics, {"C1": group_auc(y, old, g)}, trained_through="2026-01-01"), versus)
+    scored = (Scores(cand.metrics, {"C1": group_auc(y, new, g)}, trained_through="2026-01-02"),
+              Scores(pub.metrics, {"C1": group_auc(y, old, g)}, trained_through="2026-01-01"), versus)
+    if not paired:
+        return scored
+    values, se = paired_group_se(y, new, old, g)
+    return (*scored, {"C1": {v.item(): float(e) for v, e in zip(values, se, strict=True)}})
 
 
 def test_a_slice_drop_within_its_noise_publishes_and_one_beyond_it_is_refused():
@@ -264,6 +271,33 @@ def test_a_gauc_drop_within_its_noise_publishes():
     new, old, versus = _two_models_on_slices(20_000, worse=3.0)
     d = gate(new, old, cfg, versus=versus)
     assert not d.publish and "GAUC over C1" in d.reason and "standard errors" in d.reason
+
+
+def test_a_real_slice_loss_within_the_unpaired_bound_is_refused_on_its_paired_error():
+    # slice 1 of 2,000 rows drops 0.024 AUC: the two models' errors taken as independent (2 x 0.021)
+    # would call it noise; row by row on the same rows the difference's error is 0.0065
+    cfg = PublishConfig(max_auc_drop=0.05, max_logloss_increase=0.05, slice_fields=("C1",), min_slice_rows=500)
+    new, old, versus, versus_groups = _two_models_on_slices(2_000, worse=0.5, paired=True)
+    drop = old.groups["C1"].auc[0] - new.groups["C1"].auc[0]
+    assert drop > cfg.max_slice_auc_drop and 2 * versus_groups["C1"][1] < drop
+    assert gate(new, old, cfg, versus=versus).publish  # the unpaired upper bound lets it through
+    d = gate(new, old, cfg, versus=versus, versus_groups=versus_groups)
+    assert not d.publish and "worst: key 1" in d.reason
+    check = next(c for c in d.values() if c["name"] == "slices:C1")
+    assert check["interval"] == pytest.approx([drop - 2 * versus_groups["C1"][1], drop + 2 * versus_groups["C1"][1]])
+    # the same slices at 500 rows: within the paired error too, published
+    new, old, versus, versus_groups = _two_models_on_slices(500, worse=0.5, paired=True)
+    assert gate(new, old, cfg, versus=versus, versus_groups=versus_groups).publish
+
+
+def test_a_real_gauc_loss_within_the_unpaired_bound_is_refused_on_the_paired_errors():
+    cfg = PublishConfig(max_auc_drop=0.05, max_logloss_increase=0.05, gauc_field="C1", max_gauc_drop=0.01)
+    new, old, versus, versus_groups = _two_models_on_slices(1_000, worse=0.45, paired=True, slices=(1, 2, 3, 4))
+    drop = old.groups["C1"].gauc() - new.groups["C1"].gauc()
+    assert drop > cfg.max_gauc_drop
+    assert gate(new, old, cfg, versus=versus).publish
+    d = gate(new, old, cfg, versus=versus, versus_groups=versus_groups)
+    assert not d.publish and "GAUC over C1" in d.reason
 
 
 def _fields(cfg: PublishConfig) -> dict:
