@@ -37,7 +37,8 @@ def plot_history(records: list[DayRecord]) -> bytes:
     ax_wall.set_ylabel("minutes")
     ax_wall.grid(alpha=0.3)
     ax_wall.legend(loc="upper left", fontsize=8)
-    ax_auc.legend(loc="lower right", fontsize=8)
+    if ax_auc.get_legend_handles_labels()[0]:  # days with neither a published nor a refused AUC mark none
+        ax_auc.legend(loc="lower right", fontsize=8)
     ax_wall.tick_params(axis="x", rotation=45, labelsize=7)
     fig.suptitle(f"daily retrain: last {len(records)} day(s)")
     return figure_png(fig, dpi=90)
