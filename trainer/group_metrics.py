@@ -56,27 +56,21 @@ def group_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> Gro
     if not len(y):
         empty = np.empty(0)
         return GroupAUC(g[:0], empty.astype(np.int64), empty.astype(np.int64), empty)
-    order = np.lexsort((s, g))
-    gs, ss, ys = g[order], s[order], y[order]
-    group_start = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
-    group_of = np.repeat(np.arange(len(group_start)), np.diff(np.r_[group_start, len(gs)]))
-    # runs of equal (group, score): each row gets its run's average rank within the group (1-based)
-    run_start = np.flatnonzero(np.r_[True, (gs[1:] != gs[:-1]) | (ss[1:] != ss[:-1])])
-    run_len = np.diff(np.r_[run_start, len(gs)])
-    first_rank = run_start - group_start[group_of[run_start]] + 1
-    ranks = np.repeat(first_rank + (run_len - 1) / 2.0, run_len)
-    rows = np.diff(np.r_[group_start, len(gs)])
-    pos = np.add.reduceat(ys, group_start)
+    values, codes = np.unique(g, return_inverse=True)
+    ranks = _midranks(s, codes)
+    rows = np.bincount(codes, minlength=len(values))
+    pos = np.bincount(codes, weights=y, minlength=len(values))
     neg = rows - pos
-    rank_sum = np.add.reduceat(ranks * ys, group_start)
+    rank_sum = np.bincount(codes, weights=ranks * y, minlength=len(values))
     with np.errstate(invalid="ignore", divide="ignore"):
         auc = (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
     auc[(pos == 0) | (neg == 0)] = np.nan
-    return GroupAUC(values=gs[group_start], rows=rows.astype(np.int64), clicks=pos.astype(np.int64), auc=auc)
+    return GroupAUC(values=values, rows=rows.astype(np.int64), clicks=pos.astype(np.int64), auc=auc)
 
 
 def _midranks(scores: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Each row's rank (1-based, ties averaged) among the rows of its `key`, in the rows' own order."""
+    """Each row's rank (1-based, ties averaged) among the rows of its `key`, in the rows' own order: one
+    sort by (key, score), then each run of equal (key, score) gets its run's average rank."""
     order = np.lexsort((scores, key))
     ks, ss = key[order], scores[order]
     start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
