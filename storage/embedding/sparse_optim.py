@@ -2,12 +2,15 @@
 
 The store keeps whatever state the configured optimizer declares (`SparseOptimizer.state`), on
 every tier and in snapshots, and moves it without knowing what it means; the optimizer alone reads
-it, in `step`.  Four rules (`optim.sparse_optimizer`):
+it, in `step`.  Five rules (`optim.sparse_optimizer`):
 
 - `rowwise_adagrad`: fbgemm's row-wise AdaGrad, TorchRec's usual sparse optimizer: one fp32
   accumulator per row, `acc += mean(g^2)`, `row -= lr * g / (sqrt(acc) + eps)`.  One value of state.
 - `adam`: lazy per-element Adam, each row bias-corrected by its own update count (`clock`): exactly
   `torch.optim.Adam` on a parameter per row stepped only when touched.  2 * dim values of state.
+- `partial_rowwise_adam`: fbgemm's PARTIAL_ROWWISE_ADAM: Adam's first moment `m` per element, its second
+  moment `v` one value per row (the EMA of mean(g^2)), each row bias-corrected by its clock.  dim + 1 values
+  of state: with int8 rows and log8 state, the 49-byte record at dim 16 (`m` in 4 bits: 41 bytes).
 - `rmsprop`: Adam without its first moment (beta1 = 0): the per-element second moment `v`, bias-corrected
   by the row's clock, normalises each step; `dim` values of state.  With int8 rows and log8 state it
   is the 48-byte record at dim 16.
@@ -65,12 +68,13 @@ class SparseOptimizer:
 
 
 def _second_moment(
-    v: torch.Tensor, g: torch.Tensor, clock: torch.Tensor
+    v: torch.Tensor, g_sq: torch.Tensor, clock: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adam's new second moment and the step's divisor, bias-corrected by each row's own `clock`:
-    (v, sqrt(v / (1 - beta2^clock)) + eps), shared by `adam` and `rmsprop`."""
+    """Adam's new second moment of the squared gradients `g_sq` and the step's divisor, bias-corrected by each
+    row's own `clock`: (v, sqrt(v / (1 - beta2^clock)) + eps), shared by `adam`, `partial_rowwise_adam` and
+    `rmsprop`."""
     b2 = ADAM_BETAS[1]
-    v = v * b2 + (1 - b2) * g * g
+    v = v * b2 + (1 - b2) * g_sq
     t = clock.to(torch.float64)
     bc2_sqrt = torch.sqrt(1 - torch.pow(torch.full_like(t, b2), t)).to(torch.float32)[:, None]
     return v, v.sqrt() / bc2_sqrt + ADAM_EPS
@@ -87,10 +91,27 @@ class SparseAdam(SparseOptimizer):
         b1 = ADAM_BETAS[0]
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         m = torch.lerp(state["m"], g, 1 - b1)
-        v, denom = _second_moment(state["v"], g, clock)
+        v, denom = _second_moment(state["v"], g * g, clock)
         t = clock.to(torch.float64)
         step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
         return emb - step * (m / denom), {"m": m, "v": v}
+
+
+class PartialRowwiseAdam(SparseOptimizer):
+    name = "partial_rowwise_adam"
+    state = (StateField("m", True, signed=True), StateField("v", False))
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        b1 = ADAM_BETAS[0]
+        g = grads if weight_decay == 0 else grads + weight_decay * emb
+        m = torch.lerp(state["m"], g, 1 - b1)
+        v, denom = _second_moment(state["v"][:, None], (g * g).mean(dim=1, keepdim=True), clock)
+        t = clock.to(torch.float64)
+        step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
+        return emb - step * (m / denom), {"m": m, "v": v[:, 0]}
 
 
 class SparseRmsprop(SparseOptimizer):
@@ -102,7 +123,7 @@ class SparseRmsprop(SparseOptimizer):
         lr: float, weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         g = grads if weight_decay == 0 else grads + weight_decay * emb
-        v, denom = _second_moment(state["v"], g, clock)
+        v, denom = _second_moment(state["v"], g * g, clock)
         return emb - lr * (g / denom), {"v": v}
 
 
@@ -132,9 +153,11 @@ class SparseSgd(SparseOptimizer):
 
 
 OPTIMIZERS: dict[str, SparseOptimizer] = {
-    o.name: o for o in (RowwiseAdagrad(), SparseAdam(), SparseRmsprop(), SparseSgd())
+    o.name: o for o in (RowwiseAdagrad(), SparseAdam(), PartialRowwiseAdam(), SparseRmsprop(), SparseSgd())
 }
 """`optim.sparse_optimizer` name -> rule."""
+SECOND_MOMENT = ("adam", "partial_rowwise_adam", "rmsprop")
+"""The rules that keep Adam's second moment `v` (per element, or per row for partial_rowwise_adam)."""
 
 
 def get_optimizer(name: str) -> SparseOptimizer:
@@ -151,10 +174,11 @@ def convert_state(
     """`dst`'s state for rows that `src` trained (`clock` updates each).
 
     - same rule: the state as it is;
-    - between adam and rmsprop: `v` as it is (the same second moment); `m` dropped, or zero when added;
-    - adam or rmsprop -> rowwise_adagrad: the accumulator is the sum of the row's squared gradients so far,
+    - between the second-moment rules (adam, partial_rowwise_adam, rmsprop): `v` kept, as its row mean when `dst`
+      keeps one per row and repeated over the row when `src` kept one; `m` kept, dropped, or zero when added;
+    - a second-moment rule -> rowwise_adagrad: the accumulator is the sum of the row's squared gradients so far,
       estimated as clock * mean over the row of the bias-corrected second moment v / (1 - beta2^clock);
-    - rowwise_adagrad -> adam or rmsprop: m = 0, and v such that its bias-corrected value is acc / clock on
+    - rowwise_adagrad -> a second-moment rule: m = 0, and v such that its bias-corrected value is acc / clock on
       every element;
     - to sgd: nothing; from sgd: zero state (the first steps then move rows by about lr, as on a new row).
     """
@@ -164,16 +188,18 @@ def convert_state(
     dev = clock.device
     t = clock.to(torch.float64)
     bc2 = (1 - torch.pow(torch.full_like(t, ADAM_BETAS[1]), t)).clamp_min(1e-12)
-    second_moment = ("adam", "rmsprop")
-    v: torch.Tensor | None = None
-    if src.name in second_moment and dst.name in second_moment:
-        v = state["v"]
-    elif src.name in second_moment and dst.name == "rowwise_adagrad":
-        mean_v = state["v"].to(torch.float64).mean(dim=1) / bc2
-        return {"acc": torch.where(clock > 0, t * mean_v, 0.0).to(torch.float32)}
-    elif src.name == "rowwise_adagrad" and dst.name in second_moment:
+    v: torch.Tensor | None = None  # (N, dim): the second moment of each element, as src keeps or implies it
+    if src.name in SECOND_MOMENT:
+        v = state["v"] if state["v"].dim() == 2 else state["v"][:, None].expand(n, dim)
+    elif src.name == "rowwise_adagrad":
         per = torch.where(clock > 0, state["acc"].to(torch.float64) / t.clamp_min(1) * bc2, 0.0).to(torch.float32)
-        v = per[:, None].expand(n, dim).contiguous()
-    if v is not None:
-        return {"v": v} if dst.name == "rmsprop" else {"m": torch.zeros(n, dim, device=dev), "v": v}
+        v = per[:, None].expand(n, dim)
+    if v is not None and dst.name == "rowwise_adagrad":
+        mean_v = v.to(torch.float64).mean(dim=1) / bc2
+        return {"acc": torch.where(clock > 0, t * mean_v, 0.0).to(torch.float32)}
+    if v is not None and dst.name in SECOND_MOMENT:
+        out = {"v": v.mean(dim=1) if dst.name == "partial_rowwise_adam" else v.contiguous()}
+        if any(f.name == "m" for f in dst.state):
+            out["m"] = state["m"] if "m" in state else torch.zeros(n, dim, device=dev)
+        return out
     return {f.name: torch.zeros(f.shape(n, dim), device=dev) for f in dst.state}

@@ -153,7 +153,9 @@ class RecordLayout:
     def rows_of(self, recs: np.ndarray) -> Rows:
         """The rows held by `recs` (copies, on the CPU)."""
         def t(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(recs[name]))
+            # a copy, not ascontiguousarray: a one-record view counts as contiguous yet keeps the record's
+            # stride, which torch refuses when the record size (49 B) is not a multiple of the field's
+            return torch.from_numpy(recs[name].copy())
         emb = t("emb")
         if self.fmt.row_dtype == "bf16":
             emb = emb.view(torch.int16).view(torch.bfloat16)

@@ -20,9 +20,11 @@ from storage.embedding.ssd import SsdStore
 DIM = 8
 STD = 0.05
 FORMATS = [RowFormat(DIM, o, d) for o in ("adam", "rowwise_adagrad", "sgd") for d in ("bf16", "fp16", "fp32")] + [
-    RowFormat(DIM, "adam", "int8", "log8"), RowFormat(DIM, "rmsprop", "int8", "log8")]
+    RowFormat(DIM, "adam", "int8", "log8"), RowFormat(DIM, "rmsprop", "int8", "log8"),
+    RowFormat(DIM, "partial_rowwise_adam", "fp32"), RowFormat(DIM, "partial_rowwise_adam", "int8", "log8")]
 """The formats the contract suite runs each tier with: each of three rules with each float row dtype and fp32 state,
-and the two second-moment rules with int8 rows and log8 state (the default and the 48-byte option); the other
+and the three second-moment rules with int8 rows and log8 state (the default and the 48- and 49-byte options), and
+partial row-wise Adam with fp32 rows and state; the other
 combinations are these parts put together (int8 rows, log8 state and each rule have their own unit tests)."""
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2, "int8": 3e-2}
 """Relative tolerance of rows stored in a dtype against an fp32 oracle after a few steps (a few units in the
@@ -164,6 +166,31 @@ class ReferenceRowwiseAdagrad:
         return self.rows[k].float() if k in self.rows else init_rows(keys_of(k), self.dim, self.std)[0]
 
 
+class ReferencePartialRowwiseAdam:
+    """fbgemm's PARTIAL_ROWWISE_ADAM written out per key in float64, each key bias-corrected by its own step count:
+    m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) mean(g^2); row -= lr m^ / (sqrt(v^) + eps)."""
+
+    def __init__(self, dim: int, std: float) -> None:
+        self.dim, self.std = dim, std
+        self.rows: dict[int, torch.Tensor] = {}
+        self.m: dict[int, torch.Tensor] = {}
+        self.v: dict[int, float] = {}
+        self.t: dict[int, int] = {}
+
+    def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
+        b1, b2 = ADAM_BETAS
+        for k, g in sum_per_key(keys, grads.double()).items():
+            w = self.rows.get(k, init_rows(keys_of(k), self.dim, self.std)[0].double())
+            g = g + weight_decay * w
+            t = self.t[k] = self.t.get(k, 0) + 1
+            m = self.m[k] = b1 * self.m.get(k, torch.zeros(self.dim, dtype=torch.float64)) + (1 - b1) * g
+            v = self.v[k] = b2 * self.v.get(k, 0.0) + (1 - b2) * float((g * g).mean())
+            self.rows[k] = w - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)) ** 0.5 + ADAM_EPS)
+
+    def row(self, k: int) -> torch.Tensor:
+        return self.rows[k].float() if k in self.rows else init_rows(keys_of(k), self.dim, self.std)[0]
+
+
 class ReferenceSgd:
     """torch.optim.SGD with one parameter per key, stepped only when the key is touched."""
 
@@ -184,5 +211,5 @@ class ReferenceSgd:
 
 
 REFERENCES = {"adam": ReferenceAdam, "rmsprop": ReferenceRmsprop, "rowwise_adagrad": ReferenceRowwiseAdagrad,
-              "sgd": ReferenceSgd}
+              "partial_rowwise_adam": ReferencePartialRowwiseAdam, "sgd": ReferenceSgd}
 """`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.sparse_optim`."""
