@@ -15,8 +15,9 @@ class StoreConfig:
     embedding_dim: int = shape_field(16)
     """Width of every embedding row."""
     row_dtype: str = result_field("int8", neutral="fp32")
-    """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16`, `fp32`, or `int8`
-    (8-bit codes with an fp16 scale and offset per row, fbgemm's fused 8-bit row-wise layout: dim + 4 bytes).
+    """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16`, `fp32`, `int8`
+    (8-bit codes with an fp16 scale and offset per row, fbgemm's fused 8-bit row-wise layout: dim + 4 bytes), or
+    `int8s` (8-bit codes symmetric around zero with one fp16 scale per row: dim + 2 bytes).
     Updates are computed in fp32 and written back with stochastic rounding (docs/benchmarks.md, "bench.quality:
     8-bit rows and optimizer state": int8 rows with log8 state train within noise of fp32 rows). Serving bundles
     keep their own `--dtype`."""

@@ -7,6 +7,10 @@ Both are pure tensor functions; the noise `u` of a stochastic rounding is an arg
   followed by its scale and offset as two fp16 (`dim + 4` bytes): `w = code * scale + offset`, the
   offset the row's minimum and the scale its range / 255.  An update re-fits the row's range, so
   every element is re-rounded; stochastic rounding keeps each one unbiased.
+- **Symmetric weights** (`store.row_dtype=int8s`): the per-row-scale 8-bit row the compact-rows issue names
+  (fbgemm's FP8 rows keep one scale too): `dim` codes and one fp16 scale (`dim + 2` bytes), `w = (code - 128)
+  * scale`, the scale the row's largest magnitude / 127.  Two bytes less than `int8`; a row whose values all
+  share a sign uses half the codes (7 bits of its range instead of 8).
 - **Optimizer state** (`store.state_dtype=log8`): one byte per value on a logarithmic grid, so a
   second moment that spans 2^-50..2^14 keeps ~9% relative resolution everywhere (a linear 8-bit code
   with a per-row scale would flush the small elements of a row to zero, and they are the ones whose
@@ -22,6 +26,8 @@ import torch
 
 INT8_EXTRA = 4
 """Bytes after an int8 row's codes: its fp16 scale and fp16 offset."""
+INT8S_EXTRA = 2
+"""Bytes after a symmetric int8 row's codes: its fp16 scale."""
 LOG8_STEPS = 4
 """Codes per octave of the stored value (8 per octave of sqrt(v), the quantity Adam divides by)."""
 LOG8_TOP = 200
@@ -54,6 +60,28 @@ def decode_int8_rows(b: torch.Tensor) -> torch.Tensor:
         return torch.zeros((0, dim), device=b.device)
     sb = b[:, dim:].contiguous().view(torch.float16).float()  # (N, 2): scale, offset
     return b[:, :dim].float() * sb[:, :1] + sb[:, 1:]
+
+
+def encode_int8s_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """fp32 rows (N, dim) as uint8 (N, dim + 2): codes 1..255 (128 is zero), then the fp16 scale."""
+    top = x.abs().amax(dim=1, keepdim=True)
+    scale = (top / 127).to(torch.float16)
+    # round the scale up, so that the row's largest magnitude still fits in code 1 or 255
+    up = scale.nextafter(torch.full_like(scale, torch.inf))
+    scale = torch.where(scale.float() * 127 < top, up, scale)
+    s = scale.float()
+    z = torch.where(s > 0, x / torch.where(s > 0, s, 1.0), 0.0)
+    codes = (torch.floor(z + u).clamp_(-127, 127) + 128).to(torch.uint8)
+    return torch.cat([codes, scale.view(torch.uint8)], dim=1)
+
+
+def decode_int8s_rows(b: torch.Tensor) -> torch.Tensor:
+    """uint8 rows (N, dim + 2) as fp32 (N, dim)."""
+    dim = b.shape[1] - INT8S_EXTRA
+    if b.shape[0] == 0:
+        return torch.zeros((0, dim), device=b.device)
+    scale = b[:, dim:].contiguous().view(torch.float16).float()  # (N, 1)
+    return (b[:, :dim].float() - 128) * scale
 
 
 def _log_code(a: torch.Tensor, u: torch.Tensor, top: int, last: int) -> torch.Tensor:

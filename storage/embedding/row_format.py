@@ -2,8 +2,9 @@
 
 Every tier, the SSD record, snapshots and the HET cache take their row layout from one `RowFormat`:
 
-- `emb`: the weights, in `row_dtype` (`store.row_dtype`): `fp32`, `fp16`, `bf16`, or `int8` (`dim`
-  codes + fp16 scale and offset per row, `storage.embedding.quantize`);
+- `emb`: the weights, in `row_dtype` (`store.row_dtype`): `fp32`, `fp16`, `bf16`, `int8` (`dim`
+  codes + fp16 scale and offset per row, `storage.embedding.quantize`) or `int8s` (`dim` codes + one fp16
+  scale: symmetric around zero);
 - the state of the sparse optimizer (`storage.embedding.sparse_optim`; `optim.sparse_optimizer`) in
   `state_dtype` (`store.state_dtype`): `fp32`, or `log8` (one byte per value on a log grid);
 - `clock`: int32, the updates applied to the row (HET's staleness clock and Adam's bias correction).
@@ -25,18 +26,25 @@ import torch
 
 from storage.embedding.quantize import (
     INT8_EXTRA,
+    INT8S_EXTRA,
     decode_int8_rows,
+    decode_int8s_rows,
     decode_log8,
     encode_int8_rows,
+    encode_int8s_rows,
     encode_log8,
 )
 from storage.embedding.rows import Rows
 from storage.embedding.sparse_optim import SparseOptimizer, convert_state, get_optimizer
 
 ROW_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.uint8,
+    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.uint8, "int8s": torch.uint8,
 }
-"""`store.row_dtype` name -> torch dtype of the stored weights (`int8`: uint8 codes, scale and offset)."""
+"""`store.row_dtype` name -> torch dtype of the stored weights (`int8`: uint8 codes, scale and offset; `int8s`:
+uint8 codes and a scale)."""
+_CODED = {"int8": (INT8_EXTRA, encode_int8_rows, decode_int8_rows),
+          "int8s": (INT8S_EXTRA, encode_int8s_rows, decode_int8s_rows)}
+"""8-bit row dtypes -> (bytes after the codes, encode, decode) (`storage.embedding.quantize`)."""
 STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "log8": torch.uint8}
 """`store.state_dtype` name -> torch dtype of the stored optimizer state."""
 
@@ -53,7 +61,7 @@ class RowFormat:
     Args:
         dim: row width.
         optimizer: `optim.sparse_optimizer` (`adam`, `rmsprop`, `rowwise_adagrad`, `sgd`).
-        row_dtype: `store.row_dtype` (`fp32`, `fp16`, `bf16`, `int8`).
+        row_dtype: `store.row_dtype` (`fp32`, `fp16`, `bf16`, `int8`, `int8s`).
         state_dtype: `store.state_dtype` (`fp32`, `log8`).
     """
 
@@ -91,9 +99,14 @@ class RowFormat:
         return STATE_DTYPES[self.state_dtype]
 
     @property
+    def coded(self) -> bool:
+        """Whether the weights are 8-bit codes with a per-row scale (`int8`, `int8s`), not floats."""
+        return self.row_dtype in _CODED
+
+    @property
     def width(self) -> int:
-        """Elements of a stored weight row: `dim`, plus the 4 bytes of scale and offset of an int8 row."""
-        return self.dim + (INT8_EXTRA if self.row_dtype == "int8" else 0)
+        """Elements of a stored weight row: `dim`, plus the scale (and offset) bytes of an 8-bit row."""
+        return self.dim + (_CODED[self.row_dtype][0] if self.coded else 0)
 
     @property
     def name(self) -> str:
@@ -143,12 +156,12 @@ class RowFormat:
 
     def weights(self, emb: torch.Tensor) -> torch.Tensor:
         """Stored weights (N, width) as the fp32 rows they hold, (N, dim)."""
-        return decode_int8_rows(emb) if self.row_dtype == "int8" else emb.float()
+        return _CODED[self.row_dtype][2](emb) if self.coded else emb.float()
 
     def nearest(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 rows (N, dim) as stored weights, rounded to nearest."""
-        if self.row_dtype == "int8":
-            return encode_int8_rows(x, torch.full_like(x, 0.5))
+        if self.coded:
+            return _CODED[self.row_dtype][1](x, torch.full_like(x, 0.5))
         return x.to(self.dtype)
 
     def state_values(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -186,8 +199,8 @@ class RowFormat:
         clock = (rows.clock.to(torch.int64) + 1).clamp_(max=CLOCK_MAX)
         emb32, state32 = self.rule.step(self.weights(rows.emb), self.state_values(rows.state), clock, grads,
                                         lr=lr, weight_decay=weight_decay)
-        if self.row_dtype == "int8":
-            emb = encode_int8_rows(emb32, uniform_bits(keys.to(emb32.device), clock, self.dim))
+        if self.coded:
+            emb = _CODED[self.row_dtype][1](emb32, uniform_bits(keys.to(emb32.device), clock, self.dim))
         else:
             emb = round_to(emb32, self.dtype, keys, clock)
         noise = None

@@ -41,7 +41,7 @@ ROW_GROUP_ROWS = 65536
 """Rows per Parquet row group: the unit readers stream by."""
 FORMAT_KEY = b"ctr.row_format"
 """Schema metadata key holding `RowFormat.meta()` as JSON."""
-_EMB_TYPES = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16(), "int8": pa.uint8()}
+_EMB_TYPES = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16(), "int8": pa.uint8(), "int8s": pa.uint8()}
 """Arrow value type of the `emb` column per row dtype (Arrow has no bfloat16: its bit patterns)."""
 _STATE_TYPES = {"fp32": (pa.float32(), np.float32), "log8": (pa.uint8(), np.uint8)}
 """Arrow and NumPy type of the state columns per state dtype."""
@@ -255,7 +255,7 @@ def _weights(stored: np.ndarray, fmt: RowFormat) -> np.ndarray:
     """The `emb` column's values (N, width) as the fp32 weights (N, dim) they hold."""
     if fmt.row_dtype == "bf16":
         return np.asarray(_tensor(stored.view(np.int16)).view(torch.bfloat16).float().numpy())
-    if fmt.row_dtype == "int8":
+    if fmt.coded:
         return fmt.weights(_tensor(stored)).numpy()
     return np.asarray(stored, dtype=np.float32)
 
@@ -310,7 +310,7 @@ def iter_snapshot(
             {f.name: _column(t.column(f.name), d if f.per_element else None) for f in fmt.rule.state},
             t.column("clock").to_numpy().astype(np.int64),
             fmt,
-            stored if fmt.row_dtype == "int8" else None,
+            stored if fmt.coded else None,
         )
         if keep is not None and not keep.all():
             batch = batch.select(keep)
@@ -382,7 +382,7 @@ def read_snapshot(
     out = SnapshotBatch(np.empty(n, np.int64), np.empty((n, fmt.dim), np.float32),
                         {f.name: np.empty(f.shape(n, fmt.dim), st) for f in fmt.rule.state},
                         np.empty(n, np.int64), fmt,
-                        np.empty((n, fmt.width), np.uint8) if fmt.row_dtype == "int8" else None)
+                        np.empty((n, fmt.width), np.uint8) if fmt.coded else None)
     at = 0
     for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
         k = len(b)

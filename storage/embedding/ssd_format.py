@@ -50,7 +50,7 @@ ROWS_FILE = "rows.bin"
 META_FILE = "meta.json"
 
 
-_EMB = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "u1"}
+_EMB = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "u1", "int8s": "u1"}
 """NumPy type of the stored weights per row dtype (NumPy has no bfloat16: its bit patterns)."""
 _STATE = {"fp32": "<f4", "log8": "u1"}
 """NumPy type of the stored optimizer state per state dtype."""

@@ -1,5 +1,5 @@
-"""8-bit codes: int8 rows with a per-row fp16 scale and offset, and log8 optimizer state; both unbiased
-under stochastic rounding, both exact where the value is on the grid."""
+"""8-bit codes: int8 rows with a per-row fp16 scale and offset, symmetric int8 rows with one scale, and log8
+optimizer state; all unbiased under stochastic rounding, all exact where the value is on the grid."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import torch
 
 from storage.embedding.quantize import (
     decode_int8_rows,
+    decode_int8s_rows,
     decode_log8,
     encode_int8_rows,
+    encode_int8s_rows,
     encode_log8,
 )
 
@@ -44,6 +46,34 @@ def test_int8_stochastic_rounding_is_unbiased() -> None:
     u = torch.rand(x.shape, generator=torch.Generator().manual_seed(2))
     mean = decode_int8_rows(encode_int8_rows(x, u)).double().mean(0)
     step = float(x[0].max() - x[0].min()) / 255
+    assert (mean - x[0].double()).abs().max() < 0.02 * step
+
+
+def test_a_symmetric_int8_row_is_its_codes_around_128_then_an_fp16_scale() -> None:
+    top = 127 / 128  # scale 1/128, exact in fp16
+    x = torch.tensor([[0.0, top, -top, 0.5], [0.0, 0.0, 0.0, 0.0], [-2.0, -2.0, -2.0, -2.0]])
+    b = encode_int8s_rows(x, _half(x))
+    assert b.dtype == torch.uint8 and b.shape == (3, 6)
+    scale = b[:, 4:].contiguous().view(torch.float16).float()[:, 0]
+    assert float(scale[0]) == 1 / 128 and float(scale[1]) == 0.0
+    assert b[0, :4].tolist() == [128, 255, 1, 192]  # zero is code 128; the largest magnitude fits in 1 and 255
+    assert decode_int8s_rows(b)[1].tolist() == [0.0] * 4 and decode_int8s_rows(b)[0, 0] == 0.0, "zero is exact"
+    assert torch.allclose(decode_int8s_rows(b)[2], torch.full((4,), -2.0), rtol=1e-3), "a constant row: code 1"
+    assert decode_int8s_rows(b[:0]).shape == (0, 4)
+
+
+def test_symmetric_int8_rounding_to_nearest_is_within_half_a_step_of_the_rows_magnitude() -> None:
+    x = torch.randn(2000, 16, generator=torch.Generator().manual_seed(0)) * 0.05
+    err = (decode_int8s_rows(encode_int8s_rows(x, _half(x))) - x).abs()
+    step = x.abs().amax(1) / 127
+    assert (err <= 0.5 * step[:, None] * 1.01 + 1e-6).all()
+
+
+def test_symmetric_int8_stochastic_rounding_is_unbiased() -> None:
+    x = torch.randn(1, 16, generator=torch.Generator().manual_seed(1)).expand(20_000, 16).contiguous()
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(2))
+    mean = decode_int8s_rows(encode_int8s_rows(x, u)).double().mean(0)
+    step = float(x[0].abs().max()) / 127
     assert (mean - x[0].double()).abs().max() < 0.02 * step
 
 

@@ -32,8 +32,16 @@ def test_int8_rows_with_adams_moments_in_log8_make_a_64_byte_record_and_adagrads
     assert RowFormat(16, "rowwise_adagrad", "fp16", "log8").row_bytes() == 32 + 1 + 4
 
 
+def test_partial_rowwise_adam_on_symmetric_int8_rows_makes_a_47_byte_record() -> None:
+    fmt = RowFormat(16, "partial_rowwise_adam", "int8s", "log8")
+    layout = RecordLayout.of(fmt)
+    assert layout.record_bytes == 47 and layout.rows_per_unit == 87  # 16 codes + scale 2 + m 16 + v 1 + clock 4 + key 8
+    assert RecordLayout.of(RowFormat(16, "partial_rowwise_adam", "int8", "log8")).record_bytes == 49
+    assert fmt.width == 18 and fmt.row_bytes() == 39
+
+
 def test_names_parse_back_and_meta_without_a_state_dtype_is_fp32_state() -> None:
-    for name in ("adam/fp16", "adam/int8/log8", "sgd/int8", "rowwise_adagrad/bf16/log8"):
+    for name in ("adam/fp16", "adam/int8/log8", "sgd/int8", "rowwise_adagrad/bf16/log8", "partial_rowwise_adam/int8s/log8"):
         fmt = RowFormat.parse(16, name)
         assert fmt.name == name and RowFormat.from_meta(fmt.meta()) == fmt
     assert RowFormat.parse(16, "adam/fp16/fp32").name == "adam/fp16"
@@ -145,6 +153,31 @@ def test_adam_state_becomes_an_adagrad_accumulator_of_the_squared_gradients_so_f
     assert convert_state(adam, get_optimizer("sgd"), {"m": v, "v": v}, clock, 2) == {}
     zero = convert_state(get_optimizer("sgd"), ada, {}, clock, 2)
     assert torch.equal(zero["acc"], torch.zeros(2))
+
+
+def test_partial_rowwise_adam_keeps_adams_momentum_and_the_row_mean_of_its_second_moment() -> None:
+    adam, part = get_optimizer("adam"), get_optimizer("partial_rowwise_adam")
+    m, v = torch.tensor([[0.1, -0.2], [0.0, 0.0]]), torch.tensor([[1.0, 3.0], [0.0, 0.0]])
+    clock = torch.tensor([10, 0], dtype=torch.int32)
+    state = convert_state(adam, part, {"m": m, "v": v}, clock, 2)
+    assert torch.equal(state["m"], m) and state["v"].tolist() == [2.0, 0.0]
+    back = convert_state(part, adam, state, clock, 2)
+    assert torch.equal(back["m"], m) and back["v"].tolist() == [[2.0, 2.0], [0.0, 0.0]]
+    from_rms = convert_state(get_optimizer("rmsprop"), part, {"v": v}, clock, 2)
+    assert not from_rms["m"].any() and from_rms["v"].tolist() == [2.0, 0.0]
+    ada = convert_state(part, get_optimizer("rowwise_adagrad"), state, clock, 2)
+    np.testing.assert_allclose(ada["acc"].numpy(), [10 * 2.0 / (1 - ADAM_BETAS[1] ** 10), 0.0], rtol=1e-5)
+
+
+def test_partial_rowwise_adam_steps_each_element_by_its_momentum_over_the_rows_rms_gradient() -> None:
+    """First step from zero state: m^ = g and v^ = mean(g^2), so the row moves by lr * g / rms(g)."""
+    g = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
+    emb, state = get_optimizer("partial_rowwise_adam").step(
+        torch.zeros(2, 2), {"m": torch.zeros(2, 2), "v": torch.zeros(2)}, torch.ones(2, dtype=torch.int32), g,
+        lr=0.1, weight_decay=0.0)
+    rms = (12.5) ** 0.5
+    np.testing.assert_allclose(emb[0].numpy(), [-0.1 * 3 / rms, -0.1 * 4 / rms], rtol=1e-5)
+    assert emb[1].tolist() == [0.0, 0.0] and state["v"].shape == (2,)
 
 
 def test_convert_casts_weights_to_nearest_and_keeps_clocks() -> None:
