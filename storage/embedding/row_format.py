@@ -60,7 +60,8 @@ class RowFormat:
 
     Args:
         dim: row width.
-        optimizer: `optim.sparse_optimizer` (`adam`, `rmsprop`, `rowwise_adagrad`, `sgd`).
+        optimizer: `optim.sparse_optimizer` (`adam`, `wide_rowwise_adam`, `partial_rowwise_adam`, `rmsprop`,
+            `rowwise_adagrad`, `sgd`).
         row_dtype: `store.row_dtype` (`fp32`, `fp16`, `bf16`, `int8`, `int8s`).
         state_dtype: `store.state_dtype` (`fp32`, `log8`).
     """
@@ -79,6 +80,9 @@ class RowFormat:
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"unknown state dtype {self.state_dtype!r}; store.state_dtype is one of {sorted(STATE_DTYPES)}")
         object.__setattr__(self, "rule", get_optimizer(self.optimizer))
+        if any(f.columns > self.dim for f in self.rule.state):
+            raise ValueError(f"optimizer {self.optimizer!r} keeps a second moment for column 0 and one for the "
+                             f"others: it needs embedding_dim >= 2, got {self.dim}")
 
     @staticmethod
     def parse(dim: int, name: str) -> RowFormat:
@@ -132,7 +136,7 @@ class RowFormat:
 
     def row_bytes(self) -> int:
         """Payload bytes of one row: weights, optimizer state and clock (the key and index not included)."""
-        state = sum(self.dim if f.per_element else 1 for f in self.rule.state)
+        state = sum(f.cols(self.dim) or 1 for f in self.rule.state)
         return (self.width * self.dtype.itemsize + state * self.state_torch_dtype.itemsize
                 + CLOCK_DTYPE.itemsize)
 
@@ -206,7 +210,7 @@ class RowFormat:
         noise = None
         if self.state_dtype != "fp32":
             k = keys.to(emb32.device)
-            noise = {f.name: uniform_bits(k, clock, self.dim, stream=i + 1)[:, : (self.dim if f.per_element else 1)]
+            noise = {f.name: uniform_bits(k, clock, self.dim, stream=i + 1)[:, : (f.cols(self.dim) or 1)]
                      .reshape(f.shape(len(clock), self.dim)) for i, f in enumerate(self.rule.state)}
         state = self.stored_state(state32, noise)
         # One reduction, one host read for the update: a NaN or inf gradient makes the rows non-finite

@@ -51,7 +51,7 @@ def snapshot_schema(fmt: RowFormat) -> pa.Schema:
     """The Arrow schema of a snapshot of rows in format `fmt`."""
     st = _STATE_TYPES[fmt.state_dtype][0]
     fields = [("key", pa.int64()), ("emb", pa.list_(_EMB_TYPES[fmt.row_dtype], fmt.width))]
-    fields += [(f.name, pa.list_(st, fmt.dim) if f.per_element else st) for f in fmt.rule.state]
+    fields += [(f.name, pa.list_(st, c) if (c := f.cols(fmt.dim)) else st) for f in fmt.rule.state]
     fields.append(("clock", pa.int32()))
     return pa.schema(fields, metadata={FORMAT_KEY: json.dumps(fmt.meta(), sort_keys=True).encode()})
 
@@ -157,7 +157,7 @@ class SnapshotWriter:
             cols = [pa.array(k[lo:hi]), pa.FixedSizeListArray.from_arrays(pa.array(emb_np[lo:hi].reshape(-1)), w)]
             for f in self.fmt.rule.state:
                 a = state[f.name][lo:hi]
-                cols.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), d) if f.per_element else pa.array(a))
+                cols.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), cw) if (cw := f.cols(d)) else pa.array(a))
             cols.append(pa.array(c[lo:hi]))
             self._writer.write_table(pa.Table.from_arrays(cols, schema=self._schema))
         self.rows += n
@@ -307,7 +307,7 @@ def iter_snapshot(
         batch = SnapshotBatch(
             t.column("key").to_numpy(),
             _weights(stored, fmt),
-            {f.name: _column(t.column(f.name), d if f.per_element else None) for f in fmt.rule.state},
+            {f.name: _column(t.column(f.name), f.cols(d)) for f in fmt.rule.state},
             t.column("clock").to_numpy().astype(np.int64),
             fmt,
             stored if fmt.coded else None,

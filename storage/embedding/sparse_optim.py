@@ -38,16 +38,22 @@ ADAGRAD_EPS = 1e-8
 
 @dataclass(frozen=True)
 class StateField:
-    """One tensor of per-row optimizer state: (N, dim) when `per_element`, else (N,); `signed` when its values
-    take either sign (an 8-bit code keeps a sign bit for it).  Its values are fp32 here; the row format stores
-    them in its `state_dtype`."""
+    """One tensor of per-row optimizer state: (N, dim) when `per_element`, (N, columns) when `columns`, else (N,);
+    `signed` when its values take either sign (an 8-bit code keeps a sign bit for it).  Its values are fp32
+    here; the row format stores them in its `state_dtype`."""
 
     name: str
     per_element: bool
     signed: bool = False
+    columns: int = 0
+
+    def cols(self, dim: int) -> int | None:
+        """Values per row in a (N, cols) tensor, or None for one value per row in an (N,) tensor."""
+        return dim if self.per_element else (self.columns or None)
 
     def shape(self, n: int, dim: int) -> tuple[int, ...]:
-        return (n, dim) if self.per_element else (n,)
+        c = self.cols(dim)
+        return (n,) if c is None else (n, c)
 
 
 class SparseOptimizer:
@@ -114,6 +120,29 @@ class PartialRowwiseAdam(SparseOptimizer):
         return emb - step * (m / denom), {"m": m, "v": v[:, 0]}
 
 
+class WideRowwiseAdam(SparseOptimizer):
+    name = "wide_rowwise_adam"
+    state = (StateField("m", True, signed=True), StateField("v", False, columns=2))
+
+    def step(
+        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
+        lr: float, weight_decay: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        b1 = ADAM_BETAS[0]
+        g = grads if weight_decay == 0 else grads + weight_decay * emb
+        m = torch.lerp(state["m"], g, 1 - b1)
+        g_sq = torch.stack([g[:, 0] * g[:, 0], (g[:, 1:] * g[:, 1:]).mean(dim=1)], dim=1)
+        v, denom = _second_moment(state["v"], g_sq, clock)  # (N, 2): column 0, the rest
+        t = clock.to(torch.float64)
+        step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
+        return emb - step * (m / spread_groups(denom, emb.shape[1])), {"m": m, "v": v}
+
+
+def spread_groups(per_group: torch.Tensor, dim: int) -> torch.Tensor:
+    """(N, 2) values of column 0 and of columns 1.. as (N, dim), one per element."""
+    return torch.cat([per_group[:, :1], per_group[:, 1:].expand(-1, dim - 1)], dim=1)
+
+
 class SparseRmsprop(SparseOptimizer):
     name = "rmsprop"
     state = (StateField("v", True),)
@@ -153,11 +182,12 @@ class SparseSgd(SparseOptimizer):
 
 
 OPTIMIZERS: dict[str, SparseOptimizer] = {
-    o.name: o for o in (RowwiseAdagrad(), SparseAdam(), PartialRowwiseAdam(), SparseRmsprop(), SparseSgd())
+    o.name: o for o in (RowwiseAdagrad(), SparseAdam(), PartialRowwiseAdam(), WideRowwiseAdam(), SparseRmsprop(), SparseSgd())
 }
 """`optim.sparse_optimizer` name -> rule."""
-SECOND_MOMENT = ("adam", "partial_rowwise_adam", "rmsprop")
-"""The rules that keep Adam's second moment `v` (per element, or per row for partial_rowwise_adam)."""
+SECOND_MOMENT = ("adam", "partial_rowwise_adam", "wide_rowwise_adam", "rmsprop")
+"""The rules that keep Adam's second moment `v` (per element; per row for partial_rowwise_adam; for column 0 and
+for the rest for wide_rowwise_adam)."""
 
 
 def get_optimizer(name: str) -> SparseOptimizer:
@@ -174,8 +204,9 @@ def convert_state(
     """`dst`'s state for rows that `src` trained (`clock` updates each).
 
     - same rule: the state as it is;
-    - between the second-moment rules (adam, partial_rowwise_adam, rmsprop): `v` kept, as its row mean when `dst`
-      keeps one per row and repeated over the row when `src` kept one; `m` kept, dropped, or zero when added;
+    - between the second-moment rules (adam, partial_rowwise_adam, wide_rowwise_adam, rmsprop): `v` kept, as the
+      mean over the columns a value of `dst` covers, and repeated over the columns a value of `src` covered; `m`
+      kept, dropped, or zero when added;
     - a second-moment rule -> rowwise_adagrad: the accumulator is the sum of the row's squared gradients so far,
       estimated as clock * mean over the row of the bias-corrected second moment v / (1 - beta2^clock);
     - rowwise_adagrad -> a second-moment rule: m = 0, and v such that its bias-corrected value is acc / clock on
@@ -190,7 +221,9 @@ def convert_state(
     bc2 = (1 - torch.pow(torch.full_like(t, ADAM_BETAS[1]), t)).clamp_min(1e-12)
     v: torch.Tensor | None = None  # (N, dim): the second moment of each element, as src keeps or implies it
     if src.name in SECOND_MOMENT:
-        v = state["v"] if state["v"].dim() == 2 else state["v"][:, None].expand(n, dim)
+        sv = state["v"]
+        v = sv if sv.dim() == 2 and sv.shape[1] == dim else (
+            spread_groups(sv, dim) if sv.dim() == 2 else sv[:, None].expand(n, dim))
     elif src.name == "rowwise_adagrad":
         per = torch.where(clock > 0, state["acc"].to(torch.float64) / t.clamp_min(1) * bc2, 0.0).to(torch.float32)
         v = per[:, None].expand(n, dim)
@@ -198,7 +231,12 @@ def convert_state(
         mean_v = v.to(torch.float64).mean(dim=1) / bc2
         return {"acc": torch.where(clock > 0, t * mean_v, 0.0).to(torch.float32)}
     if v is not None and dst.name in SECOND_MOMENT:
-        out = {"v": v.mean(dim=1) if dst.name == "partial_rowwise_adam" else v.contiguous()}
+        if dst.name == "partial_rowwise_adam":
+            out = {"v": v.mean(dim=1)}
+        elif dst.name == "wide_rowwise_adam":
+            out = {"v": torch.stack([v[:, 0], v[:, 1:].mean(dim=1)], dim=1)}
+        else:
+            out = {"v": v.contiguous()}
         if any(f.name == "m" for f in dst.state):
             out["m"] = state["m"] if "m" in state else torch.zeros(n, dim, device=dev)
         return out

@@ -60,7 +60,7 @@ def record_dtype(fmt: RowFormat) -> np.dtype:
     """The on-disk record of one row of `fmt` (packed, little-endian)."""
     fields: list[tuple[Any, ...]] = [("emb", _EMB[fmt.row_dtype], (fmt.width,))]
     st = _STATE[fmt.state_dtype]
-    fields += [(f.name, st, (fmt.dim,)) if f.per_element else (f.name, st) for f in fmt.rule.state]
+    fields += [(f.name, st, (c,)) if (c := f.cols(fmt.dim)) else (f.name, st) for f in fmt.rule.state]
     fields += [("clock", "<i4"), ("key", "<i8")]
     return np.dtype(fields)
 

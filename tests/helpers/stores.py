@@ -21,10 +21,11 @@ DIM = 8
 STD = 0.05
 FORMATS = [RowFormat(DIM, o, d) for o in ("adam", "rowwise_adagrad", "sgd") for d in ("bf16", "fp16", "fp32")] + [
     RowFormat(DIM, "adam", "int8", "log8"), RowFormat(DIM, "rmsprop", "int8", "log8"),
-    RowFormat(DIM, "partial_rowwise_adam", "fp32"), RowFormat(DIM, "partial_rowwise_adam", "int8s", "log8")]
+    RowFormat(DIM, "partial_rowwise_adam", "fp32"), RowFormat(DIM, "wide_rowwise_adam", "fp32"),
+    RowFormat(DIM, "wide_rowwise_adam", "int8s", "log8")]
 """The formats the contract suite runs each tier with: each of three rules with each float row dtype and fp32 state,
-the two per-element second-moment rules with int8 rows and log8 state (the 64- and 48-byte options), and partial
-row-wise Adam with fp32 rows and state and with symmetric int8 rows and log8 state (47 bytes); the other
+the two per-element second-moment rules with int8 rows and log8 state (the 64- and 48-byte options), the two
+row-wise Adams with fp32 rows and state, and the wide one with symmetric int8 rows and log8 state (48 bytes); the other
 combinations are these parts put together (int8 rows, log8 state and each rule have their own unit tests)."""
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2, "int8": 3e-2, "int8s": 3e-2}
 """Relative tolerance of rows stored in a dtype against an fp32 oracle after a few steps (a few units in the
@@ -168,13 +169,16 @@ class ReferenceRowwiseAdagrad:
 
 class ReferencePartialRowwiseAdam:
     """fbgemm's PARTIAL_ROWWISE_ADAM written out per key in float64, each key bias-corrected by its own step count:
-    m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) mean(g^2); row -= lr m^ / (sqrt(v^) + eps)."""
+    m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) mean(g^2); row -= lr m^ / (sqrt(v^) + eps).  `GROUPS`: the column
+    ranges that share a v (one: the whole row)."""
+
+    GROUPS: tuple[slice, ...] = (slice(None),)
 
     def __init__(self, dim: int, std: float) -> None:
         self.dim, self.std = dim, std
         self.rows: dict[int, torch.Tensor] = {}
         self.m: dict[int, torch.Tensor] = {}
-        self.v: dict[int, float] = {}
+        self.v: dict[int, list[float]] = {}
         self.t: dict[int, int] = {}
 
     def step(self, keys: torch.Tensor, grads: torch.Tensor, lr: float, weight_decay: float = 0.0) -> None:
@@ -184,11 +188,22 @@ class ReferencePartialRowwiseAdam:
             g = g + weight_decay * w
             t = self.t[k] = self.t.get(k, 0) + 1
             m = self.m[k] = b1 * self.m.get(k, torch.zeros(self.dim, dtype=torch.float64)) + (1 - b1) * g
-            v = self.v[k] = b2 * self.v.get(k, 0.0) + (1 - b2) * float((g * g).mean())
-            self.rows[k] = w - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)) ** 0.5 + ADAM_EPS)
+            old = self.v.get(k, [0.0] * len(self.GROUPS))
+            v = self.v[k] = [b2 * o + (1 - b2) * float((g[cols] * g[cols]).mean())
+                             for o, cols in zip(old, self.GROUPS, strict=True)]
+            new = w.clone()
+            for vg, cols in zip(v, self.GROUPS, strict=True):
+                new[cols] = w[cols] - lr * (m[cols] / (1 - b1**t)) / ((vg / (1 - b2**t)) ** 0.5 + ADAM_EPS)
+            self.rows[k] = new
 
     def row(self, k: int) -> torch.Tensor:
         return self.rows[k].float() if k in self.rows else init_rows(keys_of(k), self.dim, self.std)[0]
+
+
+class ReferenceWideRowwiseAdam(ReferencePartialRowwiseAdam):
+    """Partial row-wise Adam with one v for column 0 (the key's wide weight) and one for the other columns."""
+
+    GROUPS = (slice(0, 1), slice(1, None))
 
 
 class ReferenceSgd:
@@ -211,5 +226,6 @@ class ReferenceSgd:
 
 
 REFERENCES = {"adam": ReferenceAdam, "rmsprop": ReferenceRmsprop, "rowwise_adagrad": ReferenceRowwiseAdagrad,
-              "partial_rowwise_adam": ReferencePartialRowwiseAdam, "sgd": ReferenceSgd}
+              "partial_rowwise_adam": ReferencePartialRowwiseAdam, "wide_rowwise_adam": ReferenceWideRowwiseAdam,
+              "sgd": ReferenceSgd}
 """`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.sparse_optim`."""

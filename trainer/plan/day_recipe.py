@@ -13,8 +13,8 @@ Days over `MAX_ROWS` train rows, a `sparse_lr` set in the config, and a sparse o
 `SEARCHED`, keep what `derive` gives.  The search's proxy was validated against the product with Adam; with
 row-wise AdaGrad it picks the largest candidate (4x, 0.046 on the Criteo sample's first day) where the product
 does best at the derived value (later-day AUC 0.711 at 0.046 and 0.05, 0.728 at the derived 0.0115, 0.721 at
-0.006, 0.690 at 0.1; seed 1, docs/benchmarks.md), so AdaGrad rows keep the derived value.  Partial row-wise
-Adam is Adam on the proxy's one-value-per-key rows, so it is searched as Adam is.
+0.006, 0.690 at 0.1; seed 1, docs/benchmarks.md), so AdaGrad rows keep the derived value.  The row-wise
+Adams are Adam on the proxy's one-value-per-key rows, so they are searched as Adam is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from trainer.plan.recipe import Recipe, derive
 from trainer.plan.sparse_lr_search import MAX_ROWS, choose_sparse_lr
 
 KEY = "optim.sparse_lr"
-SEARCHED = ("adam", "partial_rowwise_adam")
+SEARCHED = ("adam", "wide_rowwise_adam", "partial_rowwise_adam")
 """Sparse optimizers whose small-day `sparse_lr` is searched (see the module docstring)."""
 
 

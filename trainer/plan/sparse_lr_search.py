@@ -146,7 +146,7 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
             t = clock[touched]
             unit = m[touched] / (1 - b1**t) / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)  # Adam's step at lr 1
             key = touched < n_ids
-            if rule in ("adam", "partial_rowwise_adam"):  # one value per key: row-wise v is v
+            if rule in ("adam", "wide_rowwise_adam", "partial_rowwise_adam"):  # one value per key: row-wise v is v
                 key_step = rate_keys * unit
             elif rule == "rmsprop":
                 key_step = rate_keys * g / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)

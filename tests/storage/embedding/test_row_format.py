@@ -40,6 +40,15 @@ def test_partial_rowwise_adam_on_symmetric_int8_rows_makes_a_47_byte_record() ->
     assert fmt.width == 18 and fmt.row_bytes() == 39
 
 
+def test_wide_rowwise_adam_on_symmetric_int8_rows_makes_a_48_byte_record() -> None:
+    fmt = RowFormat(16, "wide_rowwise_adam", "int8s", "log8")
+    layout = RecordLayout.of(fmt)
+    assert layout.record_bytes == 48 and layout.rows_per_unit == 85  # 18 + m 16 + v 2 + clock 4 + key 8
+    assert layout.record.fields["v"][0].shape == (2,)
+    with pytest.raises(ValueError, match="embedding_dim >= 2"):
+        RowFormat(1, "wide_rowwise_adam")
+
+
 def test_names_parse_back_and_meta_without_a_state_dtype_is_fp32_state() -> None:
     for name in ("adam/fp16", "adam/int8/log8", "sgd/int8", "rowwise_adagrad/bf16/log8", "partial_rowwise_adam/int8s/log8"):
         fmt = RowFormat.parse(16, name)
@@ -178,6 +187,24 @@ def test_partial_rowwise_adam_steps_each_element_by_its_momentum_over_the_rows_r
     rms = (12.5) ** 0.5
     np.testing.assert_allclose(emb[0].numpy(), [-0.1 * 3 / rms, -0.1 * 4 / rms], rtol=1e-5)
     assert emb[1].tolist() == [0.0, 0.0] and state["v"].shape == (2,)
+
+
+def test_wide_rowwise_adam_normalises_column_0_apart_from_the_rest() -> None:
+    """Column 0 is the key's wide weight: its own v, so a large wide gradient does not shrink the deep columns'
+    steps (nor they its step).  First step from zero state: each group moves by lr * g / rms(g over the group)."""
+    g = torch.tensor([[30.0, 3.0, 4.0]])
+    emb, state = get_optimizer("wide_rowwise_adam").step(
+        torch.zeros(1, 3), {"m": torch.zeros(1, 3), "v": torch.zeros(1, 2)}, torch.ones(1, dtype=torch.int32), g,
+        lr=0.1, weight_decay=0.0)
+    rms = (12.5) ** 0.5
+    np.testing.assert_allclose(emb[0].numpy(), [-0.1, -0.1 * 3 / rms, -0.1 * 4 / rms], rtol=1e-5)
+    assert state["v"].shape == (1, 2)
+    adam = get_optimizer("adam")
+    clock = torch.tensor([3], dtype=torch.int32)
+    to_adam = convert_state(get_optimizer("wide_rowwise_adam"), adam, {"m": g, "v": torch.tensor([[9.0, 2.0]])}, clock, 3)
+    assert to_adam["v"].tolist() == [[9.0, 2.0, 2.0]] and torch.equal(to_adam["m"], g)
+    back = convert_state(adam, get_optimizer("wide_rowwise_adam"), {"m": g, "v": torch.tensor([[9.0, 1.0, 3.0]])}, clock, 3)
+    assert back["v"].tolist() == [[9.0, 2.0]]
 
 
 def test_convert_casts_weights_to_nearest_and_keeps_clocks() -> None:
