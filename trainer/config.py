@@ -138,18 +138,21 @@ class OptimConfig:
     a deterministic per-key value (`store.init_std`)."""
     lr: str | float = result_field(AUTO)
     """Adam learning rate of the dense parameters; `auto`: 1e-3, higher (up to 1e-2) for a day of few steps."""
-    sparse_optimizer: str = result_field("adam", neutral="adam")
-    """Update rule of the embedding rows (`storage.embedding.sparse_optim`): `adam` (lazy per-element Adam: two
-    moments per element; with the default int8 rows and log8 state, 64 B SSD records at dim 16), `rmsprop` (Adam
-    without momentum: one moment per element, 48 B records), `rowwise_adagrad` (fbgemm's row-wise AdaGrad: one
-    accumulator per row) or `sgd` (no state). The rows keep its state on every tier and in snapshots; a model
-    trained with another rule is continued with its state converted (`sparse_optim.convert_state`). Chosen by
-    `bench.quality` (docs/benchmarks.md, "bench.quality: 8-bit rows and optimizer state"): row-wise AdaGrad lost 0.007 AUC on the
-    Criteo sample and on the 1M-row synthetic days; rmsprop tied Adam on the 1M-row days but trailed it on both
-    real samples (-0.0014 Criteo, -0.0035 Avazu, within the samples' noise)."""
+    sparse_optimizer: str = result_field("wide_rowwise_adam", neutral="adam")
+    """Update rule of the embedding rows (`storage.embedding.sparse_optim`): `wide_rowwise_adam` (Adam's first
+    moment per element, its second moment once for column 0, the key's wide weight, and once for the other
+    columns; with the default int8s rows and log8 state, 48 B SSD records at dim 16), `adam` (lazy per-element
+    Adam: two moments per element; 64 B records with int8 rows), `partial_rowwise_adam` (fbgemm's: one second
+    moment per row), `rmsprop` (Adam without momentum: one moment per element), `rowwise_adagrad` (fbgemm's
+    row-wise AdaGrad: one accumulator per row) or `sgd` (no state). The rows keep its state on every tier and in
+    snapshots; a model trained with another rule is continued with its state converted
+    (`sparse_optim.convert_state`). Chosen by `bench.quality` (docs/benchmarks.md, "bench.quality: a 48-byte
+    default"): on the rolling-origin protocol the default rows are within 0.0006 AUC of per-element Adam on int8
+    rows (Criteo -0.0006, Avazu -0.0003, the 1M-row days -0.0006); fbgemm's one-moment-per-row rule lost 0.039 on
+    Criteo, because the wide weight's gradient set the deep columns' step; rmsprop lost 0.0066 on Avazu."""
     sparse_lr: str | float = result_field(AUTO)
     """Learning rate of the embedding rows (for `optim.sparse_optimizer`); `auto`: 2e-2, lower when the day takes several passes.
-    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), with `adam` rows, `auto` picks
+    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), with Adam rows (`adam` or a row-wise Adam), `auto` picks
     among 0.5x-4x of that value by 5-fold validation of a per-key logistic regression on its rows
     (`trainer.plan.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
     factor (`trainer.plan.day_recipe`)."""

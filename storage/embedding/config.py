@@ -14,13 +14,13 @@ POLICIES = ("lfu", "lru")
 class StoreConfig:
     embedding_dim: int = shape_field(16)
     """Width of every embedding row."""
-    row_dtype: str = result_field("int8", neutral="fp32")
+    row_dtype: str = result_field("int8s", neutral="fp32")
     """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16`, `fp32`, `int8`
     (8-bit codes with an fp16 scale and offset per row, fbgemm's fused 8-bit row-wise layout: dim + 4 bytes), or
     `int8s` (8-bit codes symmetric around zero with one fp16 scale per row: dim + 2 bytes).
     Updates are computed in fp32 and written back with stochastic rounding (docs/benchmarks.md, "bench.quality:
-    8-bit rows and optimizer state": int8 rows with log8 state train within noise of fp32 rows). Serving bundles
-    keep their own `--dtype`."""
+    8-bit rows and optimizer state": int8 rows with log8 state train within noise of fp32 rows; "bench.quality: a
+    48-byte default": int8s rows lost nothing against int8 ones). Serving bundles keep their own `--dtype`."""
     state_dtype: str = result_field("log8", neutral="fp32")
     """Dtype of the sparse optimizer's stored state (Adam's m and v, AdaGrad's accumulator): `fp32`, or `log8`
     (one byte per value on a logarithmic grid, 9% resolution, written back with stochastic rounding:
