@@ -2,21 +2,25 @@
 
 The store keeps whatever state the configured optimizer declares (`SparseOptimizer.state`), on
 every tier and in snapshots, and moves it without knowing what it means; the optimizer alone reads
-it, in `step`.  Five rules (`optim.sparse_optimizer`):
+it, in `step`.  Six rules (`optim.sparse_optimizer`):
 
 - `rowwise_adagrad`: fbgemm's row-wise AdaGrad, TorchRec's usual sparse optimizer: one fp32
   accumulator per row, `acc += mean(g^2)`, `row -= lr * g / (sqrt(acc) + eps)`.  One value of state.
 - `adam`: lazy per-element Adam, each row bias-corrected by its own update count (`clock`): exactly
   `torch.optim.Adam` on a parameter per row stepped only when touched.  2 * dim values of state.
+- `wide_rowwise_adam` (the default): partial row-wise Adam with two second moments per row, one for column 0
+  (the key's wide weight, `model.wide`) and one shared by the other columns.  dim + 2 values of state: with
+  int8s rows and log8 state, the 48-byte record at dim 16.  With one `v` per row the wide weight's large
+  gradient would set every column's step (docs/benchmarks.md, "bench.quality: a 48-byte default").
 - `partial_rowwise_adam`: fbgemm's PARTIAL_ROWWISE_ADAM: Adam's first moment `m` per element, its second
   moment `v` one value per row (the EMA of mean(g^2)), each row bias-corrected by its clock.  dim + 1 values
-  of state: with int8 rows and log8 state, the 49-byte record at dim 16 (`m` in 4 bits: 41 bytes).
+  of state (a 47-byte record on int8s rows with log8 state); it loses 0.04 AUC on this project's model.
 - `rmsprop`: Adam without its first moment (beta1 = 0): the per-element second moment `v`, bias-corrected
   by the row's clock, normalises each step; `dim` values of state.  With int8 rows and log8 state it
-  is the 48-byte record at dim 16.
+  is a 48-byte record at dim 16.
 - `sgd`: `row -= lr * g`; no state.
 
-All four add L2 `weight_decay * row` to the gradient (fbgemm's L2 mode).  `step` works in fp32 on
+All of them add L2 `weight_decay * row` to the gradient (fbgemm's L2 mode).  `step` works in fp32 on
 fp32 rows and state; storing them in the row and state dtypes (4 bytes a value in fp32, 1 in log8) is
 `storage.embedding.row_format`'s job.
 
