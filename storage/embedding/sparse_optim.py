@@ -91,9 +91,19 @@ def _second_moment(
 
 
 class SparseAdam(SparseOptimizer):
+    """Lazy Adam; its subclasses share one second moment over groups of columns (`group_squares`, `spread`)."""
+
     name = "adam"
     state = (StateField("m", True, signed=True), StateField("v", True))
 
+    def group_squares(self, g: torch.Tensor) -> torch.Tensor:
+        """The squared gradients each stored value of `v` averages, (N, values of v per row)."""
+        return g * g
+
+    def spread(self, per_group: torch.Tensor, dim: int) -> torch.Tensor:
+        """Per-group values (N, groups) as one per element, (N, dim) (or broadcastable to it)."""
+        return per_group
+
     def step(
         self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
         lr: float, weight_decay: float,
@@ -101,45 +111,30 @@ class SparseAdam(SparseOptimizer):
         b1 = ADAM_BETAS[0]
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         m = torch.lerp(state["m"], g, 1 - b1)
-        v, denom = _second_moment(state["v"], g * g, clock)
+        v_in = state["v"]
+        v, denom = _second_moment(v_in if v_in.dim() == 2 else v_in[:, None], self.group_squares(g), clock)
         t = clock.to(torch.float64)
         step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
-        return emb - step * (m / denom), {"m": m, "v": v}
+        return emb - step * (m / self.spread(denom, emb.shape[1])), {"m": m, "v": v.reshape(v_in.shape)}
 
 
-class PartialRowwiseAdam(SparseOptimizer):
+class PartialRowwiseAdam(SparseAdam):
     name = "partial_rowwise_adam"
     state = (StateField("m", True, signed=True), StateField("v", False))
 
-    def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        b1 = ADAM_BETAS[0]
-        g = grads if weight_decay == 0 else grads + weight_decay * emb
-        m = torch.lerp(state["m"], g, 1 - b1)
-        v, denom = _second_moment(state["v"][:, None], (g * g).mean(dim=1, keepdim=True), clock)
-        t = clock.to(torch.float64)
-        step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
-        return emb - step * (m / denom), {"m": m, "v": v[:, 0]}
+    def group_squares(self, g: torch.Tensor) -> torch.Tensor:
+        return (g * g).mean(dim=1, keepdim=True)  # (N, 1), broadcast over the row by the step
 
 
-class WideRowwiseAdam(SparseOptimizer):
+class WideRowwiseAdam(SparseAdam):
     name = "wide_rowwise_adam"
     state = (StateField("m", True, signed=True), StateField("v", False, columns=2))
 
-    def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        b1 = ADAM_BETAS[0]
-        g = grads if weight_decay == 0 else grads + weight_decay * emb
-        m = torch.lerp(state["m"], g, 1 - b1)
-        g_sq = torch.stack([g[:, 0] * g[:, 0], (g[:, 1:] * g[:, 1:]).mean(dim=1)], dim=1)
-        v, denom = _second_moment(state["v"], g_sq, clock)  # (N, 2): column 0, the rest
-        t = clock.to(torch.float64)
-        step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
-        return emb - step * (m / spread_groups(denom, emb.shape[1])), {"m": m, "v": v}
+    def group_squares(self, g: torch.Tensor) -> torch.Tensor:
+        return torch.stack([g[:, 0] * g[:, 0], (g[:, 1:] * g[:, 1:]).mean(dim=1)], dim=1)  # column 0, the rest
+
+    def spread(self, per_group: torch.Tensor, dim: int) -> torch.Tensor:
+        return spread_groups(per_group, dim)
 
 
 def spread_groups(per_group: torch.Tensor, dim: int) -> torch.Tensor:
