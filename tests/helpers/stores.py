@@ -107,6 +107,26 @@ def fill_like_reference(store: EmbeddingStore, n: int, seed: int = 0) -> MemoryS
     return ref
 
 
+def assert_matches_oracle(store: EmbeddingStore, fmt: RowFormat) -> None:
+    """Six updates of `store` (duplicate and untouched keys, two learning rates, weight decay on every other step)
+    leave its rows within a few units in the last place of `fmt`'s row dtype (plus its state dtype's step error)
+    of the oracle of `fmt.optimizer` (`REFERENCES`), written without `sparse_optim`."""
+    ref = REFERENCES[fmt.optimizer](DIM, STD)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(6):
+        keys = torch.randint(0, 20, (12,), generator=gen)
+        grads = torch.randn(12, DIM, generator=gen)
+        lr, wd = (0.05, 0.01) if step % 2 else (0.1, 0.0)
+        store.update(keys, grads, lr=lr, weight_decay=wd)
+        ref.step(keys, grads, lr, wd)
+    probe = torch.arange(25, dtype=torch.int64)
+    got = store.lookup(probe).rows.cpu()
+    want = torch.stack([ref.row(k) for k in probe.tolist()])
+    tol = TOLERANCE[fmt.row_dtype]
+    atol = (tol * 0.1 if fmt.row_dtype != "fp32" else 1e-7) + STATE_ATOL[fmt.state_dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=atol)
+
+
 def sum_per_key(keys: torch.Tensor, grads: torch.Tensor) -> dict[int, torch.Tensor]:
     """Each distinct key's summed gradient, in order of first appearance (what every store does before a step)."""
     summed: dict[int, torch.Tensor] = {}

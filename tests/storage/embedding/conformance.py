@@ -36,11 +36,10 @@ from storage.embedding.snapshot import write_snapshot
 from tests.helpers.stores import (
     DIM,
     FORMATS,
-    REFERENCES,
-    STATE_ATOL,
     STD,
     TOLERANCE,
     all_rows,
+    assert_matches_oracle,
     assert_same_rows,
     keys_of,
     random_rows,
@@ -104,22 +103,7 @@ class StoreContractTests:
     def test_update_matches_the_optimizers_oracle(self, make_store, fmt) -> None:
         """Each rule against an oracle written without `sparse_optim` (torch.optim.Adam / SGD per key, row-wise
         AdaGrad in float64), within a few units in the last place of the row dtype."""
-        store = make_store()
-        ref = REFERENCES[fmt.optimizer](DIM, STD)
-        gen = torch.Generator().manual_seed(0)
-        for step in range(6):
-            n = 12
-            keys = torch.randint(0, 20, (n,), generator=gen)  # duplicates and untouched keys
-            grads = torch.randn(n, DIM, generator=gen)
-            lr, wd = (0.05, 0.01) if step % 2 else (0.1, 0.0)
-            store.update(keys, grads, lr=lr, weight_decay=wd)
-            ref.step(keys, grads, lr, wd)
-        probe = torch.arange(25, dtype=torch.int64)
-        got = store.lookup(probe).rows.cpu()
-        want = torch.stack([ref.row(k) for k in probe.tolist()])
-        tol = TOLERANCE[fmt.row_dtype]
-        atol = (tol * 0.1 if fmt.row_dtype != "fp32" else 1e-7) + STATE_ATOL[fmt.state_dtype]
-        torch.testing.assert_close(got, want, rtol=tol, atol=atol)
+        assert_matches_oracle(make_store(), fmt)
 
     def test_duplicates_are_summed(self, make_store, fmt) -> None:
         a, b = make_store(), make_store()

@@ -16,15 +16,7 @@ import torch
 
 from storage.embedding.row_format import ROW_DTYPES, STATE_DTYPES, RowFormat
 from storage.embedding.sparse_optim import OPTIMIZERS
-from tests.helpers.stores import (
-    DIM,
-    REFERENCES,
-    STATE_ATOL,
-    STD,
-    TOLERANCE,
-    all_rows,
-    host_over_ssd,
-)
+from tests.helpers.stores import DIM, all_rows, assert_matches_oracle, host_over_ssd
 
 ALL = [RowFormat(DIM, o, r, s) for o, r, s in itertools.product(sorted(OPTIMIZERS), sorted(ROW_DTYPES), sorted(STATE_DTYPES))]
 
@@ -32,21 +24,8 @@ ALL = [RowFormat(DIM, o, r, s) for o, r, s in itertools.product(sorted(OPTIMIZER
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name.replace("/", "-"))
 def test_every_format_trains_like_its_oracle_through_host_ssd_and_snapshot(fmt: RowFormat, tmp_path) -> None:
     store = host_over_ssd(tmp_path / "shard", rows=8, fmt=fmt)  # 8 rows in the host tier: the rest on SSD
-    ref = REFERENCES[fmt.optimizer](DIM, STD)
-    gen = torch.Generator().manual_seed(0)
     try:
-        for step in range(6):
-            keys = torch.randint(0, 20, (12,), generator=gen)
-            grads = torch.randn(12, DIM, generator=gen)
-            lr, wd = (0.05, 0.01) if step % 2 else (0.1, 0.0)
-            store.update(keys, grads, lr=lr, weight_decay=wd)
-            ref.step(keys, grads, lr, wd)
-        probe = torch.arange(25, dtype=torch.int64)
-        got = store.lookup(probe).rows.cpu()
-        want = torch.stack([ref.row(k) for k in probe.tolist()])
-        tol = TOLERANCE[fmt.row_dtype]
-        atol = (tol * 0.1 if fmt.row_dtype != "fp32" else 1e-7) + STATE_ATOL[fmt.state_dtype]
-        torch.testing.assert_close(got, want, rtol=tol, atol=atol)
+        assert_matches_oracle(store, fmt)
         snap = all_rows(store, str(tmp_path / "s.parquet"))
         served = store.lookup(torch.from_numpy(snap["keys"])).rows.cpu().numpy()
         np.testing.assert_array_equal(snap["emb"], served)
