@@ -90,56 +90,59 @@ def _second_moment(
     return v, v.sqrt() / bc2_sqrt + ADAM_EPS
 
 
+def group_means(x: torch.Tensor, cols: int | None) -> torch.Tensor:
+    """Per-element values (N, dim) as a second moment of `cols` values per row (`StateField.cols`): all of them
+    when `cols` is dim; None: the row's mean, (N,); 2: column 0 and the mean of the other columns, (N, 2)."""
+    if cols == x.shape[1]:
+        return x
+    if cols is None:
+        return x.mean(dim=1)
+    return torch.stack([x[:, 0], x[:, 1:].mean(dim=1)], dim=1)
+
+
+def spread_groups(v: torch.Tensor, dim: int) -> torch.Tensor:
+    """A second moment as `group_means` keeps it, one value per element: (N, dim), or (N, 1) that broadcasts."""
+    if v.dim() == 1:
+        return v[:, None]
+    if v.shape[1] in (1, dim):
+        return v
+    return torch.cat([v[:, :1], v[:, 1:].expand(-1, dim - 1)], dim=1)
+
+
+def second_moment_field(rule: SparseOptimizer) -> StateField | None:
+    """The rule's `v`, the EMA of squared gradients (adam, the row-wise Adams, rmsprop), or None."""
+    return next((f for f in rule.state if f.name == "v"), None)
+
+
 class SparseAdam(SparseOptimizer):
-    """Lazy Adam; its subclasses share one second moment over groups of columns (`group_squares`, `spread`)."""
+    """Lazy Adam; its subclasses keep `v` over groups of columns (`group_means`), `m` per element."""
 
     name = "adam"
     state = (StateField("m", True, signed=True), StateField("v", True))
-
-    def group_squares(self, g: torch.Tensor) -> torch.Tensor:
-        """The squared gradients each stored value of `v` averages, (N, values of v per row)."""
-        return g * g
-
-    def spread(self, per_group: torch.Tensor, dim: int) -> torch.Tensor:
-        """Per-group values (N, groups) as one per element, (N, dim) (or broadcastable to it)."""
-        return per_group
 
     def step(
         self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
         lr: float, weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        b1 = ADAM_BETAS[0]
+        b1, dim = ADAM_BETAS[0], emb.shape[1]
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         m = torch.lerp(state["m"], g, 1 - b1)
         v_in = state["v"]
-        v, denom = _second_moment(v_in if v_in.dim() == 2 else v_in[:, None], self.group_squares(g), clock)
+        g_sq = group_means(g * g, self.state[1].cols(dim))  # state is (m, v)
+        v, denom = _second_moment(v_in.reshape(len(v_in), -1), g_sq.reshape(len(g_sq), -1), clock)
         t = clock.to(torch.float64)
         step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
-        return emb - step * (m / self.spread(denom, emb.shape[1])), {"m": m, "v": v.reshape(v_in.shape)}
+        return emb - step * (m / spread_groups(denom, dim)), {"m": m, "v": v.reshape(v_in.shape)}
 
 
 class PartialRowwiseAdam(SparseAdam):
     name = "partial_rowwise_adam"
     state = (StateField("m", True, signed=True), StateField("v", False))
 
-    def group_squares(self, g: torch.Tensor) -> torch.Tensor:
-        return (g * g).mean(dim=1, keepdim=True)  # (N, 1), broadcast over the row by the step
-
 
 class WideRowwiseAdam(SparseAdam):
     name = "wide_rowwise_adam"
     state = (StateField("m", True, signed=True), StateField("v", False, columns=2))
-
-    def group_squares(self, g: torch.Tensor) -> torch.Tensor:
-        return torch.stack([g[:, 0] * g[:, 0], (g[:, 1:] * g[:, 1:]).mean(dim=1)], dim=1)  # column 0, the rest
-
-    def spread(self, per_group: torch.Tensor, dim: int) -> torch.Tensor:
-        return spread_groups(per_group, dim)
-
-
-def spread_groups(per_group: torch.Tensor, dim: int) -> torch.Tensor:
-    """(N, 2) values of column 0 and of columns 1.. as (N, dim), one per element."""
-    return torch.cat([per_group[:, :1], per_group[:, 1:].expand(-1, dim - 1)], dim=1)
 
 
 class SparseRmsprop(SparseOptimizer):
@@ -184,9 +187,6 @@ OPTIMIZERS: dict[str, SparseOptimizer] = {
     o.name: o for o in (RowwiseAdagrad(), SparseAdam(), PartialRowwiseAdam(), WideRowwiseAdam(), SparseRmsprop(), SparseSgd())
 }
 """`optim.sparse_optimizer` name -> rule."""
-SECOND_MOMENT = ("adam", "partial_rowwise_adam", "wide_rowwise_adam", "rmsprop")
-"""The rules that keep Adam's second moment `v` (per element; per row for partial_rowwise_adam; for column 0 and
-for the rest for wide_rowwise_adam)."""
 
 
 def get_optimizer(name: str) -> SparseOptimizer:
@@ -219,23 +219,17 @@ def convert_state(
     t = clock.to(torch.float64)
     bc2 = (1 - torch.pow(torch.full_like(t, ADAM_BETAS[1]), t)).clamp_min(1e-12)
     v: torch.Tensor | None = None  # (N, dim): the second moment of each element, as src keeps or implies it
-    if src.name in SECOND_MOMENT:
-        sv = state["v"]
-        v = sv if sv.dim() == 2 and sv.shape[1] == dim else (
-            spread_groups(sv, dim) if sv.dim() == 2 else sv[:, None].expand(n, dim))
+    if second_moment_field(src) is not None:
+        v = spread_groups(state["v"], dim).expand(n, dim)
     elif src.name == "rowwise_adagrad":
         per = torch.where(clock > 0, state["acc"].to(torch.float64) / t.clamp_min(1) * bc2, 0.0).to(torch.float32)
         v = per[:, None].expand(n, dim)
+    dst_v = second_moment_field(dst)
     if v is not None and dst.name == "rowwise_adagrad":
         mean_v = v.to(torch.float64).mean(dim=1) / bc2
         return {"acc": torch.where(clock > 0, t * mean_v, 0.0).to(torch.float32)}
-    if v is not None and dst.name in SECOND_MOMENT:
-        if dst.name == "partial_rowwise_adam":
-            out = {"v": v.mean(dim=1)}
-        elif dst.name == "wide_rowwise_adam":
-            out = {"v": torch.stack([v[:, 0], v[:, 1:].mean(dim=1)], dim=1)}
-        else:
-            out = {"v": v.contiguous()}
+    if v is not None and dst_v is not None:
+        out = {"v": group_means(v, dst_v.cols(dim)).contiguous()}
         if any(f.name == "m" for f in dst.state):
             out["m"] = state["m"] if "m" in state else torch.zeros(n, dim, device=dev)
         return out

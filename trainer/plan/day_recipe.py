@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.embedding.config import StoreConfig
+from storage.embedding.sparse_optim import OPTIMIZERS, SparseAdam
 from trainer.config import OptimConfig
 from trainer.data import RankReader, read_schema, split_dir
 from trainer.model_dir import warm_start
@@ -31,7 +32,7 @@ from trainer.plan.recipe import Recipe, derive
 from trainer.plan.sparse_lr_search import MAX_ROWS, choose_sparse_lr
 
 KEY = "optim.sparse_lr"
-SEARCHED = ("adam", "wide_rowwise_adam", "partial_rowwise_adam")
+SEARCHED = tuple(name for name, rule in OPTIMIZERS.items() if isinstance(rule, SparseAdam))
 """Sparse optimizers whose small-day `sparse_lr` is searched (see the module docstring)."""
 
 

@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from storage.embedding.sparse_optim import ADAGRAD_EPS, ADAM_BETAS, ADAM_EPS
+from storage.embedding.sparse_optim import (
+    ADAGRAD_EPS,
+    ADAM_BETAS,
+    ADAM_EPS,
+    SparseAdam,
+    get_optimizer,
+)
 from trainer.config import OptimConfig
 from trainer.optim.schedule import lr_at
 
@@ -119,6 +125,7 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
     dense and bias weights (ids >= n_ids)."""
     b1, b2 = ADAM_BETAS
     rule = optim.sparse_optimizer
+    adam_like = isinstance(get_optimizer(rule), SparseAdam)
     w, m, v, clock = np.zeros(width), np.zeros(width), np.zeros(width), np.zeros(width)
     acc = np.zeros(width)  # row-wise AdaGrad's accumulator of the key weights
     rate_y = float(np.clip(y.mean(), 1e-4, 1 - 1e-4))
@@ -146,7 +153,7 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
             t = clock[touched]
             unit = m[touched] / (1 - b1**t) / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)  # Adam's step at lr 1
             key = touched < n_ids
-            if rule in ("adam", "wide_rowwise_adam", "partial_rowwise_adam"):  # one value per key: row-wise v is v
+            if adam_like:  # adam and the row-wise Adams: on one value per key, row-wise v is v
                 key_step = rate_keys * unit
             elif rule == "rmsprop":
                 key_step = rate_keys * g / (np.sqrt(v[touched] / (1 - b2**t)) + ADAM_EPS)
