@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -19,8 +20,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_ENV = "BENCH_RESULTS_DIR"
@@ -53,6 +57,43 @@ def row_format_overrides(name: str) -> dict[str, str]:
 
     fmt = RowFormat.parse(16, name)  # checks the name; the dim plays no part in the keys
     return {"optim.sparse_optimizer": fmt.optimizer, "store.row_dtype": fmt.row_dtype, "store.state_dtype": fmt.state_dtype}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A run of the default architecture with some config keys set: `bench.quality`'s `--row-formats` and
+    `--variants`, each compared with the default like any model."""
+
+    label: str
+    """The model's name in the tables: `attention [<label>]`."""
+    sets: dict[str, Any]
+    """The config values the variant adds to the product's config."""
+
+    @property
+    def folder(self) -> str:
+        """A folder name for its runs."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.label)
+
+    @staticmethod
+    def row_format(name: str) -> Variant:
+        """The default with the rows called `name` (`row_format_overrides`)."""
+        return Variant(name, row_format_overrides(name))
+
+    @staticmethod
+    def parse(text: str) -> Variant:
+        """`key=value[,key=value...]`, e.g. `vocab.min_count=1,optim.epochs=2` (values parsed as YAML, as
+        `ctrpipe --set` parses them): the label is the text itself.
+
+        Raises:
+            ValueError: an item is not `key=value`.
+        """
+        sets = {}
+        for item in text.split(","):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"a variant is key=value[,key=value...], e.g. vocab.min_count=1; got {item!r} in {text!r}")
+            sets[key.strip()] = yaml.safe_load(value.strip())
+        return Variant(text, sets)
 
 
 def environment() -> dict[str, Any]:

@@ -28,7 +28,8 @@ reports the mean and spread over seeds, and its difference from the default mode
 paired-bootstrap sd of that difference over the later rows (`bench.quality_stats`): a difference
 within 2 sd is one the sample cannot decide.
 
-`--row-formats optimizer/row_dtype[/state_dtype] ...` runs the default architecture again with each other row
+`--variants key=value[,key=value] ...` runs the default architecture again with each set of config keys (e.g.
+`vocab.min_count=1`), a row `attention [vocab.min_count=1]` each.  `--row-formats optimizer/row_dtype[/state_dtype] ...` runs the default architecture again with each other row
 format (`optim.sparse_optimizer`, `store.row_dtype`, `store.state_dtype` (fp32 when left out); e.g.
 `adam/fp32`, the rows before compact rows), a row
 `attention [adam/fp32]` each, compared with the default like any model.
@@ -44,13 +45,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench._common import add_smoke
+from bench._common import Variant, add_smoke
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 DATASETS = ("criteo", "avazu", "synthetic-100k", "synthetic-1000k")
 INTERACTIONS = 8
 """Planted pairwise interactions of the synthetic datasets (`ctrpipe generate --interactions`)."""
 OURS = "attention"
+LR_ARCH_NAME = "lr"
+"""The rolling protocol runs this project's `lr` arch beside the default when `--archs` names it (the default)."""
 BOUND = "planted-form fit (bound)"
 COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs_default", "vs_sd", "decided",
            "of_ceiling", "s")
@@ -58,28 +61,43 @@ COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs
 log = logging.getLogger("bench.quality")
 
 
-def product_config(files: Any, root: Path, *, arch: str, seed: int, row_format: str | None = None) -> Any:
+def product_config(files: Any, root: Path, *, arch: str, seed: int, variant: Variant | None = None) -> Any:
     """The run config a user's `ctrpipe backfill` of `files` has, with the seed and the architecture named (and
-    the row format, `optimizer/row_dtype`, when one other than the default is asked for)."""
+    a variant's keys, e.g. another row format, when one is asked for)."""
     from flows.config import RunConfig, with_overrides
 
     sets: dict[str, Any] = {
         "root": str(root), "input.url": files.url, "input.format": files.fmt, "optim.seed": seed, "model.arch": arch,
         "dask.processes": False, "dask.n_workers": 1,  # operational: the same result with any cluster
     }
-    if row_format:
-        from bench._common import row_format_overrides
-
-        sets |= row_format_overrides(row_format)
-    return with_overrides(RunConfig(), sets)
+    return with_overrides(RunConfig(), sets | (variant.sets if variant else {}))
 
 
-def run_product(files: Any, root: Path, *, arch: str, seed: int, row_format: str | None = None) -> dict[str, Any]:
+def model_name(arch: str, variant: Variant | None) -> str:
+    """A model's name in the tables: the arch, and the variant's label in brackets."""
+    return arch if variant is None else f"{arch} [{variant.label}]"
+
+
+def variants_of(args: argparse.Namespace) -> tuple[Variant, ...]:
+    """`--row-formats` and `--variants` as variants of the default architecture.
+
+    Raises:
+        ValueError: a variant is not `key=value[,key=value...]` or names a key the config does not have.
+    """
+    from flows.config import RunConfig, with_overrides
+
+    out = tuple(Variant.row_format(f) for f in args.row_formats) + tuple(Variant.parse(v) for v in args.variants)
+    for v in out:
+        with_overrides(RunConfig(), v.sets)  # an unknown key or a bad value fails here, before hours of runs
+    return out
+
+
+def run_product(files: Any, root: Path, *, arch: str, seed: int, variant: Variant | None = None) -> dict[str, Any]:
     """Every training day through `run_day`, then LATEST on the later day: labels, probabilities, day records."""
     from flows.cli.evaluate_file import score_log
     from flows.day.run import run_day
 
-    cfg = product_config(files, root, arch=arch, seed=seed, row_format=row_format)
+    cfg = product_config(files, root, arch=arch, seed=seed, variant=variant)
     records = [run_day(cfg, date).record for date in files.train_dates]
     labels, probs = score_log(cfg, "latest", files.later, files.fmt)
     return {"labels": labels, "probs": probs, "days": [_day(r) for r in records]}
@@ -92,8 +110,9 @@ def _day(record: Any) -> dict[str, Any]:
 
 
 def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], peers: bool, interactions: int,
-                row_formats: tuple[str, ...] = ()) -> tuple[list, dict]:
-    """Every model on one dataset; returns (table rows, raw results)."""
+                variants: tuple[Variant, ...] = ()) -> tuple[list, dict]:
+    """Every model on one dataset, and the default architecture again with each of `variants`; returns (table
+    rows, raw results)."""
     import time
 
     import numpy as np
@@ -108,13 +127,13 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
     seconds: dict[str, float] = {}
     raw: dict[str, Any] = {}
     labels = None
-    runs = [(arch, None) for arch in ([OURS] if synthetic else archs)] + [(OURS, f) for f in row_formats]
-    for arch, row_format in runs:
-        model = arch if row_format is None else f"{arch} [{row_format}]"
+    runs: list[tuple[str, Variant | None]] = [(arch, None) for arch in ([OURS] if synthetic else archs)]
+    for arch, variant in runs + [(OURS, v) for v in variants]:
+        model = model_name(arch, variant)
         for seed in seeds:
             t0 = time.perf_counter()
-            folder = work / (f"{arch}-{seed}" if row_format is None else f"{arch}-{row_format.replace('/', '-')}-{seed}")
-            r = run_product(files, folder, arch=arch, seed=seed, row_format=row_format)
+            folder = work / (f"{arch}-{seed}" if variant is None else f"{arch}-{variant.folder}-{seed}")
+            r = run_product(files, folder, arch=arch, seed=seed, variant=variant)
             seconds[model] = seconds.get(model, 0.0) + (time.perf_counter() - t0) / len(seeds)
             labels = r["labels"]
             models.setdefault(model, []).append(r["probs"])
@@ -227,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-formats", nargs="*", default=[],
                    help="other row formats to run the default architecture with, optimizer/row_dtype[/state_dtype] "
                         "(e.g. adam/fp32, adam/int8/log8)")
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="other configs to run the default architecture with, each key=value[,key=value...] "
+                        "(e.g. vocab.min_count=1)")
     p.add_argument("--protocol", choices=("later-day", "rolling"), default="later-day",
                    help="later-day: two training days, one later day; rolling: every real row, rolling origin")
     p.add_argument("--rolling-days", type=int, default=None,
@@ -235,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="quality")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
     args = p.parse_args(argv)
+    try:
+        variants = variants_of(args)
+    except ValueError as e:
+        p.error(str(e))
     if args.smoke:
         args.protocol = "rolling"
     if args.seeds is None:
@@ -247,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-quality-", dir=args.work) as tmp:
         work = Path(tmp)
         if args.protocol == "rolling":
-            return rolling(args, work)
+            return rolling(args, work, variants)
         if args.warm_start:
             rows = warm_start_check(work, days=args.days, rows_per_day=args.rows_per_day,
                                     interactions=args.interactions, seed=args.seeds[0])
@@ -257,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, raw = [], {}
         for name in args.datasets:
             r, x = run_dataset(name, work / name, archs=args.archs, seeds=args.seeds, peers=not args.no_peers,
-                               interactions=args.interactions, row_formats=tuple(args.row_formats))
+                               interactions=args.interactions, variants=variants)
             rows += r
             raw[name] = x
             print_table(_table(r, COLUMNS))
@@ -268,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rolling(args: argparse.Namespace, work: Path) -> int:
+def rolling(args: argparse.Namespace, work: Path, variants: tuple[Variant, ...] = ()) -> int:
     """`--protocol rolling`: `bench.quality_rolling` on the real samples named (default both), or its smoke size."""
     import dataclasses
 
@@ -281,8 +307,8 @@ def rolling(args: argparse.Namespace, work: Path) -> int:
     if args.rolling_days:
         given["days"] = args.rolling_days
     size = dataclasses.replace(size, **given)
-    results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers,
-                                         row_formats=tuple(args.row_formats)) for name in size.datasets}
+    results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers, variants=variants,
+                                         lr_arch=LR_ARCH_NAME in args.archs) for name in size.datasets}
     rows = [r for res in results.values() for r in res["rows"]]
     print_table(_table(rows, ROLLING_COLUMNS))
     print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "

@@ -12,8 +12,9 @@ registry's LATEST, the model a user serves, is scored on day k+1's file (`ctrpip
 origin are pooled: days 2..K, 8,000 of the 10,000 Criteo rows, against the 2,000 of the later-day
 protocol, whose paired sd (0.0038 there) is too wide to decide a 0.005 difference.
 
-`--row-formats` runs the default arch's chain again with each other row format (its rows warm-started
-from day to day in that format), on the same days.
+`--row-formats` and `--variants` run the default arch's chain again with each other row format or set of
+config keys (each chain warm-started from day to day in its own root), on the same days; `--archs` without
+`lr` leaves this project's `lr` arch out.
 
 Peers, on the same splits and rows:
 - this project's `lr` arch, through the same product path;
@@ -39,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench._common import Variant
 
 log = logging.getLogger("bench.quality")
 
@@ -79,15 +82,15 @@ def _registry_latest(cfg: Any) -> str | None:
     return ModelRegistry(cfg.layout()).latest()
 
 
-def product_chain(files: Any, root: Path, *, arch: str, seed: int, row_format: str | None = None) -> dict[str, Any]:
+def product_chain(files: Any, root: Path, *, arch: str, seed: int, variant: Variant | None = None) -> dict[str, Any]:
     """`run_day` on every day but the last, LATEST after day k scored on day k+1: per origin, (labels, probs)
-    or None when nothing was published yet, and each day's record.  `row_format` (optimizer/row_dtype[/state_dtype])
-    overrides the default rows; each day warm-starts the rows the day before stored in it."""
+    or None when nothing was published yet, and each day's record.  A `variant` (e.g. another row format) sets
+    its keys on every day; each day warm-starts from the day before in the same chain."""
     from bench.quality import _day, product_config
     from flows.cli.evaluate_file import score_log
     from flows.day.run import run_day
 
-    cfg = product_config(files, root, arch=arch, seed=seed, row_format=row_format)
+    cfg = product_config(files, root, arch=arch, seed=seed, variant=variant)
     dates = (*files.train_dates, files.later_date)
     scored: list[tuple[np.ndarray, np.ndarray] | None] = []
     days = []
@@ -105,9 +108,11 @@ def _peer_missing(module: str) -> str | None:
 
 
 def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool = True,
-                        data: Path | None = None, row_formats: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Every model on one sample's rolling origins, and the default arch again with each of `row_formats`;
-    returns the pooled results (JSON-ready)."""
+                        data: Path | None = None, variants: tuple[Variant, ...] = (),
+                        lr_arch: bool = True) -> dict[str, Any]:
+    """Every model on one sample's rolling origins (this project's `lr` arch when `lr_arch`), and the default
+    arch again with each of `variants`; returns the pooled results (JSON-ready)."""
+    from bench.quality import model_name
     from bench.quality_data import DATA, real_days, real_rows
     from bench.quality_stats import paired_bootstrap_sd
     from pipeline.ingest.parse import read_log_file
@@ -122,12 +127,12 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
     origins = list(range(1, size.days))  # origin k: trained on days 1..k, scored on day k+1
     chains: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
-    runs = [(arch, None) for arch in (OURS, LR_ARCH)] + [(OURS, f) for f in row_formats]
-    for arch, row_format in runs:
-        model = arch if row_format is None else f"{arch} [{row_format}]"
-        folder = arch if row_format is None else f"{arch}-{row_format.replace('/', '-')}"
+    runs: list[tuple[str, Variant | None]] = [(arch, None) for arch in ((OURS, LR_ARCH) if lr_arch else (OURS,))]
+    for arch, variant in runs + [(OURS, v) for v in variants]:
+        model = model_name(arch, variant)
+        folder = arch if variant is None else f"{arch}-{variant.folder}"
         t0 = time.perf_counter()
-        chains[model] = [product_chain(files, work / f"{folder}-{seed}", arch=arch, seed=seed, row_format=row_format)
+        chains[model] = [product_chain(files, work / f"{folder}-{seed}", arch=arch, seed=seed, variant=variant)
                          for seed in size.seeds]
         seconds[model] = (time.perf_counter() - t0) / len(size.seeds)
         log.info("%s %s: %d days through run_day", name, model, size.days - 1)

@@ -18,3 +18,26 @@ def test_a_sample_is_cut_into_consecutive_days_of_almost_equal_size() -> None:
 
 
 # Its smoke run (every origin pooled, every model on the same rows): tests/bench/test_smoke.py::check_quality.
+
+
+def test_a_variant_is_the_default_config_with_its_keys_set_and_named_by_them(tmp_path) -> None:
+    import argparse
+
+    from bench._common import Variant
+    from bench.quality import model_name, product_config, variants_of
+    from bench.quality_data import DayFiles
+
+    v = Variant.parse("vocab.min_count=1, optim.batch_size=64")
+    assert v.sets == {"vocab.min_count": 1, "optim.batch_size": 64}
+    assert model_name("attention", v) == "attention [vocab.min_count=1, optim.batch_size=64]"
+    assert "/" not in Variant.row_format("adam/fp32").folder and " " not in v.folder
+    files = DayFiles(name="criteo", fmt="criteo", url=str(tmp_path / "{date}.txt"), train_dates=("2024-01-01",),
+                     later_date="2024-01-02")
+    cfg = product_config(files, tmp_path, arch="attention", seed=3, variant=v)
+    assert (cfg.vocab.min_count, cfg.optim.batch_size, cfg.optim.seed) == (1, 64, 3)
+    args = argparse.Namespace(row_formats=["adam/fp32"], variants=["vocab.min_count=1"])
+    assert [x.label for x in variants_of(args)] == ["adam/fp32", "vocab.min_count=1"]
+    with pytest.raises(ValueError, match="key=value"):
+        Variant.parse("vocab.min_count")
+    with pytest.raises(ValueError, match="min_cnt"):  # a typo fails before any run, naming the key
+        variants_of(argparse.Namespace(row_formats=[], variants=["vocab.min_cnt=1"]))
