@@ -8,7 +8,10 @@
   train rows (in time order) after fitting on the rest;
 - deepctr-deepfm: DeepCTR-Torch's DeepFM with its default arguments (embedding_dim 4, dnn (256, 128),
   l2_reg_embedding 1e-5, Adam 1e-3, 1 epoch), batch 256; categorical values label-encoded on the train
-  rows (unseen -> 0), dense values log1p then min-max scaled on the train rows.
+  rows (unseen -> 0), dense values log1p then min-max scaled on the train rows;
+- deepctr-deepfm (time split), for `bench.quality_rolling`: the same model and inputs, its number of epochs
+  (one of DEEPFM_EPOCHS) chosen on the last fifth of the train rows (in time order) after fitting on the
+  rest, then refit from scratch on all of them: 1 epoch over a few thousand rows leaves DeepFM near chance.
 
 Each returns the click probabilities of the later rows, so the caller can pair them with the
 product's predictions on the same rows (`bench.quality_stats`).  Benchmark-only dependencies:
@@ -17,6 +20,8 @@ product's predictions on the same rows (`bench.quality_stats`).  Benchmark-only 
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,8 @@ LR_CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 CV_FOLDS = 5
 CV_ROWS = 100_000
 """Train rows the C is chosen on (the most recent ones); the refit uses every train row."""
+DEEPFM_EPOCHS = (1, 2, 4, 8, 16)
+"""The numbers of epochs the time-split DeepFM chooses from."""
 
 
 def cv_folds(train: pd.DataFrame, folds: int = CV_FOLDS) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
@@ -136,13 +143,68 @@ def _deepctr_inputs(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema)
     return columns, xa, xb
 
 
-def deepctr_deepfm(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int) -> tuple[np.ndarray, dict]:
-    """DeepCTR-Torch DeepFM with its defaults (1 epoch); returns (probabilities of `later`, {})."""
+def _deepfm(columns: list, seed: int) -> Any:
+    """DeepCTR-Torch's DeepFM with its default arguments, seeded."""
     from deepctr_torch.models import DeepFM
 
-    columns, xa, xb = _deepctr_inputs(train, later, schema)
     torch.manual_seed(seed)
     model = DeepFM(columns, columns, task="binary", seed=seed, device="cpu")
     model.compile("adam", "binary_crossentropy")
-    model.fit(xa, train["label"].to_numpy(np.float32), batch_size=256, epochs=1, verbose=0, shuffle=True)
-    return model.predict(xb, batch_size=4096).ravel().astype(np.float64), {}
+    return model
+
+
+def _deepfm_train(model: Any, x: dict, y: np.ndarray, *, done: int, epochs: int) -> None:
+    """Train `model` from epoch `done` to epoch `epochs` (DeepCTR-Torch's `initial_epoch`: its model and
+    optimizer carry over from one `fit` to the next), batch 256, quietly (its `fit` prints every call)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        model.fit(x, y.astype(np.float32), batch_size=256, epochs=epochs, initial_epoch=done, verbose=0,
+                  shuffle=True)
+
+
+def _deepfm_probs(model: Any, x: dict) -> np.ndarray:
+    # predict draws a seed from torch's global generator for its DataLoader: keep the generator where it
+    # was, so that training on after a prediction shuffles as one longer fit would.
+    with torch.random.fork_rng(devices=[]):
+        return model.predict(x, batch_size=4096).ravel().astype(np.float64)
+
+
+def deepctr_deepfm(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int) -> tuple[np.ndarray, dict]:
+    """DeepCTR-Torch DeepFM with its defaults (1 epoch); returns (probabilities of `later`, {})."""
+    columns, xa, xb = _deepctr_inputs(train, later, schema)
+    model = _deepfm(columns, seed)
+    _deepfm_train(model, xa, train["label"].to_numpy(), done=0, epochs=1)
+    return _deepfm_probs(model, xb), {}
+
+
+def deepctr_deepfm_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int,
+                              epochs: tuple[int, ...] = DEEPFM_EPOCHS,
+                              holdout: float = 0.2) -> tuple[np.ndarray, dict]:
+    """DeepFM (DeepCTR-Torch's defaults but the number of epochs) with its epochs chosen by an inner time split
+    of the train rows: one model trained on the first 1 - `holdout` of them (row order is time order), its log
+    loss on the rest measured after each count in `epochs`, the count of the lowest loss (the fewest on a
+    tie), then a model refit from scratch on every train row for that many epochs.  Inputs are prepared
+    (`_deepctr_inputs`) on the rows each model is fit on.
+
+    Returns:
+        (probabilities of `later`, {"epochs": the chosen count, "val_logloss": {count: log loss},
+        "holdout_rows": n}).
+
+    Raises:
+        ValueError: no epoch counts, or one below 1.
+    """
+    if not epochs or min(epochs) < 1:
+        raise ValueError(f"deepctr_deepfm_time_split needs epoch counts >= 1, got {epochs}")
+    cut = len(train) - max(1, int(len(train) * holdout))
+    fit, check = train.iloc[:cut], train.iloc[cut:]
+    columns, xa, xb = _deepctr_inputs(fit, check, schema)
+    model = _deepfm(columns, seed)
+    losses: dict[int, float] = {}
+    done = 0
+    for n in sorted(set(epochs)):  # one run to the most epochs, measured on the way
+        _deepfm_train(model, xa, fit["label"].to_numpy(), done=done, epochs=n)
+        losses[n], done = logloss(check["label"].to_numpy(), _deepfm_probs(model, xb)), n
+    chosen = min(losses, key=losses.__getitem__)  # counts ascending: a tie goes to the fewer epochs
+    columns, xa, xb = _deepctr_inputs(train, later, schema)
+    model = _deepfm(columns, seed)
+    _deepfm_train(model, xa, train["label"].to_numpy(), done=0, epochs=chosen)
+    return _deepfm_probs(model, xb), {"epochs": chosen, "val_logloss": losses, "holdout_rows": len(check)}

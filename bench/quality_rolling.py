@@ -20,7 +20,10 @@ Peers, on the same splits and rows:
 - this project's `lr` arch, through the same product path;
 - scikit-learn LR on hashed one-hot values, refit at every origin on the rows of days 1..k, C chosen by
   an inner time split of those rows (`bench.quality_peers.sklearn_lr_time_split`);
-- DeepCTR-Torch DeepFM with its defaults, fit at every origin on days 1..k.
+- DeepCTR-Torch DeepFM with its defaults but the number of epochs, refit at every origin on the rows of
+  days 1..k, its epochs chosen by an inner time split of those rows
+  (`bench.quality_peers.deepctr_deepfm_time_split`; the chosen ones, per seed and origin, are in the
+  result's `peers`, as the LR's C are).
 A peer whose package is not importable is skipped with a line saying so (`make bench-peers` installs them).
 
 Each model's predictions of the pooled rows give its pooled AUC (and the per-origin AUCs and their mean,
@@ -177,13 +180,24 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
         else:
             skipped["sklearn-lr"] = why
         if (why := _peer_missing("deepctr_torch")) is None:
-            from bench.quality_peers import deepctr_deepfm
+            from bench.quality_peers import DEEPFM_EPOCHS, deepctr_deepfm_time_split
+
+            def deepfm(seed: int) -> tuple[np.ndarray, list[int]]:
+                epochs: list[int] = []
+
+                def fit(train: Any, later: Any, k: int) -> np.ndarray:
+                    p, meta = deepctr_deepfm_time_split(train, later, schema, seed=seed)
+                    epochs.append(meta["epochs"])
+                    return p
+
+                return each_origin(fit), epochs
 
             t0 = time.perf_counter()
-            models["deepctr-deepfm"] = [
-                each_origin(lambda train, later, k, s=s: deepctr_deepfm(train, later, schema, seed=s)[0])
-                for s in size.seeds]
+            fits = [deepfm(s) for s in size.seeds]
+            models["deepctr-deepfm"] = [p for p, _ in fits]
             seconds["deepctr-deepfm"] = (time.perf_counter() - t0) / len(size.seeds)
+            info["deepctr-deepfm"] = {"epochs_per_origin": [e for _, e in fits], "seeds": list(size.seeds),
+                                      "epochs_tried": list(DEEPFM_EPOCHS)}
         else:
             skipped["deepctr-deepfm"] = why
     for peer, why in skipped.items():

@@ -1,4 +1,5 @@
-"""bench.quality_peers: the logistic regression's C is chosen by blocked K-fold CV over the train rows only."""
+"""bench.quality_peers: the peers choose their hyperparameters on the train rows only (the LR its C by blocked
+K-fold CV or an inner time split, DeepFM its epochs by an inner time split)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,32 @@ def test_the_lr_fit_on_the_columns_the_train_rows_use_is_the_fit_on_all_hashed_c
     y = frame["label"].iloc[:250].to_numpy()
     full = _lr(1.0).fit(X, y).predict_proba(later)[:, 1]
     np.testing.assert_allclose(_lr_probs(1.0, X, y, later), full, rtol=0, atol=1e-6)
+
+
+def test_the_time_split_deepfm_chooses_its_epochs_on_the_last_fifth_of_the_train_rows() -> None:
+    pytest.importorskip("deepctr_torch")
+    from bench.quality_peers import deepctr_deepfm_time_split
+    from pipeline.schema import get_schema
+
+    schema = get_schema("criteo")
+    frame = _rows(schema, np.random.default_rng(0), n=500, values=5, noise=1, threshold=2)
+    train, later = frame.iloc[:400], frame.iloc[400:]
+    probs, info = deepctr_deepfm_time_split(train, later, schema, seed=0, epochs=(8, 1, 2))
+    losses = info["val_logloss"]
+    assert list(losses) == [1, 2, 8] and info["holdout_rows"] == 80
+    assert info["epochs"] > 1  # 1 epoch (2 Adam steps on 320 rows) underfits the field
+    assert losses[info["epochs"]] == min(losses.values())
+    assert probs.shape == (100,) and np.all((probs > 0) & (probs < 1))
+    # measured on the way through one run = a run of that many epochs alone (same seed, same shuffles)
+    _, alone = deepctr_deepfm_time_split(train, later, schema, seed=0, epochs=(2,))
+    assert alone["val_logloss"] == {2: losses[2]}
+
+
+def test_the_time_split_deepfm_needs_epoch_counts_of_at_least_one() -> None:
+    from bench.quality_peers import deepctr_deepfm_time_split
+    from pipeline.schema import get_schema
+
+    frame = pd.DataFrame({"label": [0, 1]})
+    for epochs in ((), (0, 2)):
+        with pytest.raises(ValueError, match="epoch counts >= 1"):
+            deepctr_deepfm_time_split(frame, frame, get_schema("criteo"), seed=0, epochs=epochs)
