@@ -56,7 +56,7 @@ from trainer.plan.day_recipe import day_recipe
 from trainer.plan.parent_eval import ParentEval, parent_eval
 from trainer.plan.recipe import Recipe
 from trainer.spec import TrainSpec
-from trainer.world import resolve_world
+from trainer.world import resolve_world, uses_cuda, visible_gpus
 
 log = logging.getLogger("ctrpipe")
 
@@ -224,7 +224,8 @@ def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
     carry = parent_eval(enabled=cfg.optim.train_parent_eval, date=state.date, features_url=encoded.url,
                         published=published, evicted_url=warmed.plan.evict_url, storage_options=cfg.storage_options)
     recipe = day_recipe(cfg.optim, cfg.model, cfg.store, rows=encoded.rows_train + carry.rows, features_url=encoded.url,
-                        published=published, world_size=world.world_size, storage_options=cfg.storage_options)
+                        published=published, world_size=world.world_size, storage_options=cfg.storage_options,
+                        device="cuda" if uses_cuda(world, visible_gpus()) else "cpu")
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
         features_url=encoded.url, output_url=layout.run_model(state.date),

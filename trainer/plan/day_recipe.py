@@ -39,10 +39,11 @@ SEARCHED = tuple(name for name, rule in OPTIMIZERS.items() if isinstance(rule, S
 def day_recipe(
     optim: OptimConfig, model: ModelConfig, store: StoreConfig, *, rows: int, features_url: str,
     published: Published | None, world_size: int, storage_options: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> Recipe:
-    """The day's recipe (see the module docstring).  Reads the day's train rows only for a small day
-    whose rows start from zero."""
-    recipe = derive(optim, model, rows=rows, world_size=world_size)
+    """The day's recipe (see the module docstring) for ranks computing on `device` ("cpu" or "cuda").  Reads
+    the day's train rows only for a small day whose rows start from zero."""
+    recipe = derive(optim, model, rows=rows, world_size=world_size, device=device)
     if KEY not in recipe.derived or recipe.rows > MAX_ROWS or optim.sparse_optimizer not in SEARCHED:
         return recipe
     if published is not None and warm_start(published.meta, model, store).sparse:

@@ -6,8 +6,8 @@ day of a new model, a small traffic segment) at those values is a handful of ste
 network barely leaves its initialisation.  So every `auto` field of `OptimConfig` (and the model's
 dropout) is derived here, in this order, from the rows per rank n = rows // world_size:
 
-- batch_size: the largest power of two in [MIN_BATCH, MAX_BATCH] with which one pass over n rows
-  is at least BATCH_STEPS steps (MIN_BATCH when none is);
+- batch_size: the largest power of two in [MIN_BATCH, the device's MAX_BATCH] with which one pass over
+  n rows is at least BATCH_STEPS steps (MIN_BATCH when none is);
 - epochs: 1 when that pass is at least MIN_STEPS steps, else the passes that reach MIN_STEPS, at
   most MAX_EPOCHS.  More passes over the same rows overfit them: on the demo's synthetic days one
   pass of 71 steps beat two and three, and on synthetic days of 36,000 rows one pass of 141 steps
@@ -54,8 +54,10 @@ day: 704 steps at batch 512 beat 352 at 1024 by 0.005 AUC, and 1,407 at 256 adde
 MIN_STEPS = 50
 """Optimizer steps a day must reach: a day whose one pass has fewer takes more passes."""
 MIN_BATCH = 256
-MAX_BATCH = 1024
-"""The bounds of the derived batch size; MAX_BATCH is a production day's batch."""
+MAX_BATCH = {"cpu": 1024, "cuda": 8192}
+"""The largest derived batch per device type of the ranks: a CPU rank's production batch; a GPU rank needs
+larger ones to keep its device busy (issue 29: at 1024 an H200 is estimated under 5% busy), and its day
+reaches 8192 only where a pass still has BATCH_STEPS steps (4M rows a rank).  Not yet measured on a GPU."""
 MAX_EPOCHS = 3
 BASE_LR = 1e-3
 MAX_LR = 1e-2
@@ -125,11 +127,12 @@ class Recipe:
         return f"recipe for {self.rows:,} rows: {values} (* derived)"
 
 
-def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int) -> Recipe:
-    """Resolve every `auto` field of `optim` and `model` for a day of `rows` train rows over `world_size` ranks.
+def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int, device: str = "cpu") -> Recipe:
+    """Resolve every `auto` field of `optim` and `model` for a day of `rows` train rows over `world_size` ranks
+    computing on `device` ("cpu" or "cuda": the batch's upper bound, MAX_BATCH).
 
     Raises:
-        ValueError: rows < 1 or world_size < 1.
+        ValueError: rows < 1, world_size < 1 or an unknown device.
 
     Example::
 
@@ -138,6 +141,9 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
     """
     if rows < 1 or world_size < 1:
         raise ValueError(f"derive needs rows >= 1 and world_size >= 1, got rows={rows}, world_size={world_size}")
+    if device not in MAX_BATCH:
+        raise ValueError(f"derive knows the batch bounds of devices {sorted(MAX_BATCH)}, got {device!r}")
+    max_batch = MAX_BATCH[device]
     n = max(1, rows // world_size)  # a rank's share (trainer.data.rank_share drops the remainder)
     why: dict[str, str] = {}
     values: dict[str, Any] = {}
@@ -157,9 +163,9 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
         return -(-n // batch)
 
     batch = MIN_BATCH
-    while batch < MAX_BATCH and per_pass(batch * 2) >= BATCH_STEPS:
+    while batch < max_batch and per_pass(batch * 2) >= BATCH_STEPS:
         batch *= 2
-    batch = pick("batch_size", batch, f"{n:,} rows/rank: the largest batch in [{MIN_BATCH}, {MAX_BATCH}] whose "
+    batch = pick("batch_size", batch, f"{n:,} rows/rank on {device}: the largest batch in [{MIN_BATCH}, {max_batch}] whose "
                  f"pass has at least {BATCH_STEPS} steps (or the smallest)")
     one_pass = per_pass(batch)
     epochs = pick("epochs", min(MAX_EPOCHS, max(1, -(-MIN_STEPS // one_pass))),

@@ -53,6 +53,10 @@ def test_the_spec_holds_the_values_derived_for_the_days_rows(tmp_path: Path, fea
     assert spec.optim.epochs > 1 and spec.model.dropout > 0  # a small day takes several regularised passes
     big, _ = _spec(cfg, _state(cfg, 10**8, "/not-read"))
     assert (big.optim.epochs, big.optim.batch_size, big.model.dropout) == (1, 1024, 0.0)
+    # ranks computing on CUDA (here set, with gloo, on a machine without one) take the GPU's batch bounds
+    gpu = with_overrides(cfg, {"trainer.device": "cuda", "trainer.backend": "gloo"})
+    on_gpu, _ = _spec(gpu, _state(gpu, 10**8, "/not-read"))
+    assert on_gpu.optim.batch_size == 8192
 
 
 def test_the_run_identity_hashes_the_resolved_values_not_auto(tmp_path: Path, features: str) -> None:

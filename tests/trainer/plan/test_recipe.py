@@ -29,7 +29,7 @@ def test_every_auto_field_is_resolved_and_the_day_is_never_all_warm_up(rows: int
     assert set(r.derived) == {f"optim.{n}" for n in (*DERIVED_INTS, *DERIVED_FLOATS)} | {"model.dropout"}
     assert r.steps == _steps(rows, world, o.batch_size, o.epochs)
     assert 0 <= o.warmup_steps <= r.steps // 10 and o.warmup_steps <= recipe.WARMUP_CAP
-    assert recipe.MIN_BATCH <= o.batch_size <= recipe.MAX_BATCH and 1 <= o.epochs <= recipe.MAX_EPOCHS
+    assert recipe.MIN_BATCH <= o.batch_size <= recipe.MAX_BATCH["cpu"] and 1 <= o.epochs <= recipe.MAX_EPOCHS
     assert recipe.BASE_LR <= o.lr <= recipe.MAX_LR and o.sparse_lr <= recipe.BASE_SPARSE_LR
     # enough steps, unless the day is too small for MIN_STEPS even at the smallest batch and the most passes
     too_small = _steps(rows, world, recipe.MIN_BATCH, recipe.MAX_EPOCHS) < recipe.MIN_STEPS
@@ -51,6 +51,20 @@ def test_a_production_day_trains_with_the_production_values(world: int) -> None:
     o = r.optim
     assert (o.batch_size, o.epochs, o.lr, o.sparse_lr, o.embedding_l2, o.warmup_steps) == (1024, 1, 1e-3, 2e-2, 0.0, 100)
     assert r.model == ModelConfig(dropout=0.0)
+
+
+@pytest.mark.parametrize("rows", SIZES)
+def test_a_gpu_rank_gets_larger_batches_only_where_a_pass_keeps_its_steps(rows: int) -> None:
+    cpu = derive(OptimConfig(), ModelConfig(), rows=rows, world_size=1)
+    gpu = derive(OptimConfig(), ModelConfig(), rows=rows, world_size=1, device="cuda")
+    assert gpu.optim.batch_size <= recipe.MAX_BATCH["cuda"] and "on cuda" in gpu.why["optim.batch_size"]
+    if cpu.optim.batch_size < recipe.MAX_BATCH["cpu"]:  # a day too small for the CPU's largest batch: the same
+        assert gpu.optim == cpu.optim
+    else:
+        assert gpu.optim.batch_size >= cpu.optim.batch_size and gpu.steps >= recipe.BATCH_STEPS
+    assert derive(OptimConfig(), ModelConfig(), rows=10**8, world_size=1, device="cuda").optim.batch_size == 8192
+    with pytest.raises(ValueError, match="tpu"):
+        derive(OptimConfig(), ModelConfig(), rows=rows, world_size=1, device="tpu")
 
 
 def test_a_small_day_takes_several_passes_at_a_higher_dense_learning_rate() -> None:
