@@ -130,7 +130,7 @@ class OptimConfig:
     """
 
     batch_size: str | int = result_field(AUTO)
-    """Examples per step per rank; `auto`: 1024 (8192 on GPU ranks), smaller (down to 256) on a day too small for
+    """Examples per step per rank; `auto`: 1024 (8192 on GPU ranks), smaller (down to 128) on a day too small for
     enough steps."""
     epochs: str | int = result_field(AUTO)
     """Passes over the day's rows; `auto`: 1, more (up to 3) on a day of too few steps."""

@@ -53,7 +53,10 @@ BATCH_STEPS = 500
 day: 704 steps at batch 512 beat 352 at 1024 by 0.005 AUC, and 1,407 at 256 added nothing; docs/benchmarks.md)."""
 MIN_STEPS = 50
 """Optimizer steps a day must reach: a day whose one pass has fewer takes more passes."""
-MIN_BATCH = 256
+MIN_BATCH = 128
+"""The smallest derived batch.  On the shared samples' days of 1,800-2,000 train rows, 128 (3 passes of 15 steps)
+beat 256 (3 of 8) by 0.008 pooled AUC on Criteo and tied on Avazu (-0.0007, sd 0.0022), and took synthetic
+days of 36,000 rows from 0.7546 to 0.7570; 64 and 32 gained no more (docs/benchmarks.md)."""
 MAX_BATCH = {"cpu": 1024, "cuda": 8192}
 """The largest derived batch per device type of the ranks: a CPU rank's production batch; a GPU rank needs
 larger ones to keep its device busy (issue 29: at 1024 an H200 is estimated under 5% busy), and its day

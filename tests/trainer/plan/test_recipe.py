@@ -68,7 +68,7 @@ def test_a_gpu_rank_gets_larger_batches_only_where_a_pass_keeps_its_steps(rows: 
 
 
 def test_a_small_day_takes_several_passes_at_a_higher_dense_learning_rate() -> None:
-    r = derive(OptimConfig(), ModelConfig(), rows=3_600, world_size=1)  # the 4,000-row day, a tenth held out
+    r = derive(OptimConfig(), ModelConfig(), rows=1_800, world_size=1)  # a 2,000-row day, a tenth held out
     assert r.optim.batch_size == recipe.MIN_BATCH and r.optim.epochs == recipe.MAX_EPOCHS
     assert r.optim.lr == recipe.MAX_LR and r.optim.embedding_l2 > 0 and r.model.dropout > 0
     assert r.steps > 10 * 4  # not 4 steps
