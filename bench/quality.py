@@ -56,7 +56,7 @@ LR_ARCH_NAME = "lr"
 """The rolling protocol runs this project's `lr` arch beside the default when `--archs` names it (the default)."""
 BOUND = "planted-form fit (bound)"
 COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs_default", "vs_sd", "decided",
-           "of_ceiling", "s")
+           "of_ceiling", "train_s", "s")
 
 log = logging.getLogger("bench.quality")
 
@@ -106,7 +106,15 @@ def run_product(files: Any, root: Path, *, arch: str, seed: int, variant: Varian
 def _day(record: Any) -> dict[str, Any]:
     return {"date": record.date, "status": record.status, "auc": record.auc, "next_day_auc": record.next_day_auc,
             "rows_train": record.rows_train, "recipe": record.train.get("recipe", {}).get("values"),
-            "steps": record.train.get("steps"), "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0)}
+            "steps": record.train.get("steps"), "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0),
+            "train_s": record.seconds.get("train")}
+
+
+def train_seconds(chains: list[list[dict[str, Any]]]) -> float | None:
+    """The train stage's wall seconds summed over a chain's days, the mean over its seeds (`train_s`: what a
+    model costs to train, beside what it scores); None for a peer."""
+    per_chain = [sum(d.get("train_s") or 0.0 for d in days) for days in chains]
+    return float(sum(per_chain) / len(per_chain)) if per_chain else None
 
 
 def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], peers: bool, interactions: int,
@@ -172,6 +180,8 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
     ours = summarize(labels, models[OURS])["auc"]
     for model, runs in models.items():
         row = {"dataset": name, "model": model, "seeds": len(runs), **summarize(labels, runs), "s": seconds[model]}
+        if isinstance(raw.get(model), list):  # the product's chains: their train stages' seconds
+            row["train_s"] = train_seconds([r["days"] for r in raw[model]])
         if model != OURS:
             row["vs_default"] = row["auc"] - ours
             row["vs_sd"] = paired_bootstrap_sd(labels, runs, models[OURS])
@@ -289,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             print_table(_table(r, COLUMNS))
     print_table(_table(rows, COLUMNS))
     print("auc: mean over seeds on the later day; auc_sd: sd over seeds; vs_default: auc minus the default model's; "
-          "vs_sd: paired-bootstrap sd of that difference over the later rows; decided: |vs_default| > 2 vs_sd")
+          "vs_sd: paired-bootstrap sd of that difference over the later rows; decided: |vs_default| > 2 vs_sd; train_s: "
+          "the train stages' wall seconds over the training days (mean over seeds); s: the whole run's")
     print(f"results: {write_json(args.out, {'rows': rows, 'params': vars(args), 'raw': raw})}")
     return 0
 
@@ -313,12 +324,14 @@ def rolling(args: argparse.Namespace, work: Path, variants: tuple[Variant, ...] 
     print_table(_table(rows, ROLLING_COLUMNS))
     print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "
           "the mean of the origins' AUCs; vs_sd: "
-          "paired-bootstrap sd of vs_default over the pooled rows; decided: |vs_default| > 2 vs_sd")
+          "paired-bootstrap sd of vs_default over the pooled rows; decided: |vs_default| > 2 vs_sd; train_s: the train "
+          "stages' wall seconds over a chain's days (mean over seeds)")
     print(f"results: {write_json(args.out, {'protocol': 'rolling', 'size': dataclasses.asdict(size), 'datasets': results, 'rows': rows, 'params': vars(args)})}")
     return 0
 
 
-ROLLING_COLUMNS = ("dataset", "model", "seeds", "auc", "auc_origins", "logloss", "calib", "vs_default", "vs_sd", "decided", "s")
+ROLLING_COLUMNS = ("dataset", "model", "seeds", "auc", "auc_origins", "logloss", "calib", "vs_default", "vs_sd", "decided",
+                   "train_s", "s")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
                         lr_arch: bool = True) -> dict[str, Any]:
     """Every model on one sample's rolling origins (this project's `lr` arch when `lr_arch`), and the default
     arch again with each of `variants`; returns the pooled results (JSON-ready)."""
-    from bench.quality import model_name
+    from bench.quality import model_name, train_seconds
     from bench.quality_data import DATA, real_days, real_rows
     from bench.quality_stats import paired_bootstrap_sd
     from pipeline.ingest.parse import read_log_file
@@ -214,6 +214,8 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             "calib": float(np.mean([p.mean() / labels.mean() for p in runs])),
             "auc_per_origin": per_origin, "auc_origins": float(np.mean(per_origin)), "s": seconds[model],
         }
+        if model in chains:  # the product's chains: their train stages' seconds
+            row["train_s"] = train_seconds([c["days"] for c in chains[model]])
         if model != OURS:
             row["vs_default"] = row["auc"] - float(np.mean([auc(labels, p) for p in models[OURS]]))
             row["vs_sd"] = paired_bootstrap_sd(labels, runs, models[OURS])

@@ -121,6 +121,7 @@ def check_quality(out: str, results: Path) -> None:
     for peer in ("sklearn-lr", "deepctr-deepfm"):  # run, or skipped with the reason printed
         assert peer in rows or (peer in criteo["skipped"] and f"{peer} skipped" in out)
     assert {"attention", "lr"} <= set(rows)
+    assert rows["attention"]["train_s"] > 0 and "train_s" not in rows.get("sklearn-lr", {})  # the product's cost only
     for model, r in rows.items():
         assert 0.55 < r["auc"] < 0.9 and len(r["auc_per_origin"]) == 2
         if model != "attention":
