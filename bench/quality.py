@@ -29,10 +29,11 @@ paired-bootstrap sd of that difference over the later rows (`bench.quality_stats
 within 2 sd is one the sample cannot decide.
 
 `--variants key=value[,key=value] ...` runs the default architecture again with each set of config keys (e.g.
-`vocab.min_count=1`), a row `attention [vocab.min_count=1]` each.  `--row-formats optimizer/row_dtype[/state_dtype] ...` runs the default architecture again with each other row
-format (`optim.sparse_optimizer`, `store.row_dtype`, `store.state_dtype` (fp32 when left out); e.g.
-`adam/fp32`, the rows before compact rows), a row
-`attention [adam/fp32]` each, compared with the default like any model.
+`vocab.min_count=1`), a row `attention [vocab.min_count=1]` each, compared with the default like any model;
+`--row-formats optimizer/row_dtype[/state_dtype] ...` is the variant of another row format
+(`optim.sparse_optimizer`, `store.row_dtype`, `store.state_dtype` (fp32 when left out); e.g. `adam/fp32`, the
+rows before compact rows), a row `attention [adam/fp32]` each.  Each row of the product also gives `train_s`,
+its train stages' seconds: what its AUC costs.
 
 Benchmark-only dependencies: `make bench-peers`.  Results: bench/results/<--out>.json.
 """
@@ -52,8 +53,6 @@ DATASETS = ("criteo", "avazu", "synthetic-100k", "synthetic-1000k")
 INTERACTIONS = 8
 """Planted pairwise interactions of the synthetic datasets (`ctrpipe generate --interactions`)."""
 OURS = "attention"
-LR_ARCH_NAME = "lr"
-"""The rolling protocol runs this project's `lr` arch beside the default when `--archs` names it (the default)."""
 BOUND = "planted-form fit (bound)"
 COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs_default", "vs_sd", "decided",
            "of_ceiling", "train_s", "s")
@@ -111,8 +110,8 @@ def _day(record: Any) -> dict[str, Any]:
 
 
 def train_seconds(chains: list[list[dict[str, Any]]]) -> float | None:
-    """The train stage's wall seconds summed over a chain's days, the mean over its seeds (`train_s`: what a
-    model costs to train, beside what it scores); None for a peer."""
+    """The train stage's wall seconds summed over each chain's days (a product model's chains, one per seed),
+    their mean (`train_s`: what a model costs to train, beside what it scores); None without chains."""
     per_chain = [sum(d.get("train_s") or 0.0 for d in days) for days in chains]
     return float(sum(per_chain) / len(per_chain)) if per_chain else None
 
@@ -310,7 +309,7 @@ def rolling(args: argparse.Namespace, work: Path, variants: tuple[Variant, ...] 
     import dataclasses
 
     from bench._common import print_table, write_json
-    from bench.quality_rolling import SMOKE, RollingSize, run_rolling_dataset
+    from bench.quality_rolling import LR_ARCH, SMOKE, RollingSize, run_rolling_dataset
 
     size = SMOKE if args.smoke else RollingSize()
     given = {"datasets": tuple(d for d in args.datasets if d in ("criteo", "avazu")),
@@ -319,7 +318,7 @@ def rolling(args: argparse.Namespace, work: Path, variants: tuple[Variant, ...] 
         given["days"] = args.rolling_days
     size = dataclasses.replace(size, **given)
     results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers, variants=variants,
-                                         lr_arch=LR_ARCH_NAME in args.archs) for name in size.datasets}
+                                         lr_arch=LR_ARCH in args.archs) for name in size.datasets}
     rows = [r for res in results.values() for r in res["rows"]]
     print_table(_table(rows, ROLLING_COLUMNS))
     print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "

@@ -56,11 +56,12 @@ MIN_STEPS = 50
 MIN_BATCH = 128
 """The smallest derived batch.  On the shared samples' days of 1,800-2,000 train rows, 128 (3 passes of 15 steps)
 beat 256 (3 of 8) by 0.008 pooled AUC on Criteo and tied on Avazu (-0.0007, sd 0.0022), and took synthetic
-days of 36,000 rows from 0.7546 to 0.7570; 64 and 32 gained no more (docs/benchmarks.md)."""
+days of 36,000 rows from 0.7546 to 0.7570; 64 and 32 gained no more on average (docs/benchmarks.md)."""
 MAX_BATCH = {"cpu": 1024, "cuda": 8192}
 """The largest derived batch per device type of the ranks: a CPU rank's production batch; a GPU rank needs
-larger ones to keep its device busy (issue 29: at 1024 an H200 is estimated under 5% busy), and its day
-reaches 8192 only where a pass still has BATCH_STEPS steps (4M rows a rank).  Not yet measured on a GPU."""
+larger ones to spread each step's kernel launches and host work over more examples (issue 29's estimate for
+an H200 at 1024: the device busy under 5% of the step), and its day reaches 8192 only where a pass still has
+BATCH_STEPS steps (4M rows a rank).  Not yet measured on a GPU."""
 MAX_EPOCHS = 3
 BASE_LR = 1e-3
 MAX_LR = 1e-2
