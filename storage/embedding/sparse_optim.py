@@ -120,6 +120,12 @@ class SparseAdam(SparseOptimizer):
     name = "adam"
     state = (StateField("m", True, signed=True), StateField("v", True))
 
+    def v_cols(self, dim: int) -> int | None:
+        """Values of `v` per row (`StateField.cols` of the rule's `v`, whichever its place in `state`)."""
+        field = second_moment_field(self)
+        assert field is not None, f"{self.name} declares no v"  # every SparseAdam declares one
+        return field.cols(dim)
+
     def step(
         self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
         lr: float, weight_decay: float,
@@ -128,7 +134,7 @@ class SparseAdam(SparseOptimizer):
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         m = torch.lerp(state["m"], g, 1 - b1)
         v_in = state["v"]
-        g_sq = group_means(g * g, self.state[1].cols(dim))  # state is (m, v)
+        g_sq = group_means(g * g, self.v_cols(dim))
         v, denom = _second_moment(v_in.reshape(len(v_in), -1), g_sq.reshape(len(g_sq), -1), clock)
         t = clock.to(torch.float64)
         step = (lr / (1 - torch.pow(torch.full_like(t, b1), t))).to(torch.float32)[:, None]
