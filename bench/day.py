@@ -145,7 +145,7 @@ def run_plain_reference(features: Path, rows_train: int) -> dict[str, Any]:
     batch = int(recipe.optim.batch_size)
     kw = {"batch": batch, "dim": cfg.store.embedding_dim, "lr": recipe.optim.lr, "sparse_lr": recipe.optim.sparse_lr,
           "steps": -(-rows_train // batch), "config": model_fields(recipe.model),
-          "cross_lr_scale": recipe.optim.cross_lr_scale}
+          "cross_lr_scale": recipe.optim.cross_lr_scale, "wide_loss": recipe.optim.wide_loss}
     env = {**os.environ, **RANK_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", _PLAIN, str(features), json.dumps(kw)], env=env, cwd=REPO,
                           capture_output=True, text=True, check=False)

@@ -4,7 +4,8 @@
 
 Model and optimisation: the defaults a daily run trains with: `model` and `store` of
 `flows.config.RunConfig()`, and the `optim` values `trainer.plan.recipe.derive` gives for `--rows`
-train rows on N ranks (batch size, epochs, learning rates, dropout, the cross term's lr scale);
+train rows on N ranks (batch size, epochs, learning rates, dropout, the cross term's lr scale, the wide
+term's own loss, `trainer.train.ctr_loss`);
 `--batch` overrides the recipe's batch.  The plain loop and TorchRec train the same model with the
 1-rank recipe's values.
 
@@ -71,7 +72,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-import torch.nn.functional as F
 
 from bench._common import add_smoke, apply_smoke, report, train_spec
 from bench._mfu import mfu, model_mfu
@@ -83,6 +83,7 @@ from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.plan.recipe import Recipe, derive
+from trainer.train import ctr_loss
 
 SMOKE = {"rows": 1000, "procs": "1", "staleness": 0, "bf16": False, "repeat": 1}
 """`--smoke`: one rank, 1,000 rows (the recipe: 3 passes of 4 steps), no bf16, prefetch or staleness rows."""
@@ -188,7 +189,7 @@ def dense_groups(model: CTRModel, lr: float, cross_lr_scale: float) -> list[dict
 
 def run_plain(
     features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int, config: dict[str, Any] | None = None,
-    cross_lr_scale: float = 1.0,
+    cross_lr_scale: float = 1.0, wide_loss: float = 0.0,
 ) -> dict[str, Any]:
     """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam.
 
@@ -212,10 +213,10 @@ def run_plain(
         lo = (s % n) * batch
         ids = I[lo : lo + batch]
         emb = torch.stack([bags[f](ids[:, f], offsets) for f in range(26)], 1)  # (B, F, D)
-        loss = F.binary_cross_entropy_with_logits(model(D[lo : lo + batch], emb), L[lo : lo + batch])
+        loss, objective = ctr_loss(model, D[lo : lo + batch], emb, L[lo : lo + batch], wide_loss=wide_loss)
         opt_s.zero_grad()
         opt_d.zero_grad()
-        loss.backward()
+        objective.backward()
         opt_s.step()
         opt_d.step()
     train_s = time.perf_counter() - t0
@@ -262,7 +263,7 @@ def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
 
 def run_torchrec(
     features: Path, *, batch: int, dim: int, lr: float, steps: int, config: dict[str, Any] | None = None,
-    cross_lr_scale: float = 1.0, **_: Any,
+    cross_lr_scale: float = 1.0, wide_loss: float = 0.0, **_: Any,
 ) -> dict[str, Any] | str:
     """TorchRec's EmbeddingBagCollection under the same CTRModel, or a line saying why it was skipped."""
     try:
@@ -297,9 +298,9 @@ def run_torchrec(
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=names, values=I[lo : lo + batch].T.reshape(-1), lengths=lengths)
         pooled = ebc(kjt)
         emb = torch.stack([pooled[k] for k in names], 1)  # (B, F, D)
-        loss = F.binary_cross_entropy_with_logits(model(D[lo : lo + batch], emb), L[lo : lo + batch])
+        loss, objective = ctr_loss(model, D[lo : lo + batch], emb, L[lo : lo + batch], wide_loss=wide_loss)
         opt.zero_grad()
-        loss.backward()
+        objective.backward()
         opt.step()
     train_s = time.perf_counter() - t0
     return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
@@ -320,7 +321,8 @@ def run_pass(
     def refs() -> None:
         r = recipe_for(model, args.rows, 1, args.batch)
         kw = {"batch": r.optim.batch_size, "dim": store.embedding_dim, "lr": r.optim.lr, "sparse_lr": r.optim.sparse_lr,
-              "steps": r.steps, "config": model_fields(r.model), "cross_lr_scale": r.optim.cross_lr_scale}
+              "steps": r.steps, "config": model_fields(r.model), "cross_lr_scale": r.optim.cross_lr_scale,
+              "wide_loss": r.optim.wide_loss}
         out["plain torch"] = run_plain(features, **kw)
         out["plain torch fresh"] = run_fresh("run_plain", features, **kw)
         out["torchrec EBC"] = trec = run_torchrec(features, **kw)

@@ -85,6 +85,22 @@ StepHook = Callable[[StepInfo], None]
 the place to observe the loop, or, in the crash tests (tests/helpers/faults.py), to end the rank there."""
 
 
+def ctr_loss(model: CTRModel, dense: torch.Tensor, emb: torch.Tensor, labels: torch.Tensor, *,
+             wide_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the model's mean log loss, the objective a step minimises): the objective adds `wide_loss` times the
+    log loss of the wide term's own logit (`CTRModel.logits_and_wide`), so the wide part learns to predict
+    alone while the deep parts learn what it misses; the model's loss is what the step reports.  Without a wide
+    term, or at `wide_loss` 0, the objective is the model's loss (the same tensor)."""
+    if not wide_loss:
+        loss = F.binary_cross_entropy_with_logits(model(dense, emb).float(), labels)
+        return loss, loss
+    logits, wide = model.logits_and_wide(dense, emb)  # (B,), (B,) or None
+    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+    if wide is None:
+        return loss, loss
+    return loss, loss + wide_loss * F.binary_cross_entropy_with_logits(wide.float(), labels)
+
+
 def train_step(
     model: CTRModel,
     sparse: ShardedEmbedding,
@@ -96,6 +112,7 @@ def train_step(
     where: str = "",
     precision: Precision | None = None,
     check_loss: bool = True,
+    wide_loss: float = 0.0,
 ) -> torch.Tensor:
     """One synchronous step on this rank's batch; returns the batch's mean loss (detached).
 
@@ -108,6 +125,7 @@ def train_step(
 
     Args:
         precision: the dense network's autocast and loss scaling (default fp32: `trainer.precision`).
+        wide_loss: `optim.wide_loss`, the weight of the wide term's own loss in the objective (`ctr_loss`).
         check_loss: read the loss on the host and refuse a non-finite one before any update (the
             Trainer asks at its log points only: on CUDA the read waits for the GPU; a non-finite loss
             between them still stops at the store, which refuses non-finite gradients).
@@ -124,16 +142,15 @@ def train_step(
     emb = pool_rows(rows, cells, pooling)  # (B, F, D); a view of `rows` without bags
     dense, labels = staged_inputs(batch, dev)
     with precision.autocast():
-        logits = model(dense, emb)  # (B,)
-    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+        loss, objective = ctr_loss(model, dense, emb, labels, wide_loss=wide_loss)
     if check_loss:
-        value = loss.item()  # host read: the loss, where the Trainer checks it (see `check_loss`)
+        value = objective.item()  # host read: the loss, where the Trainer checks it (see `check_loss`)
         if not math.isfinite(value):
             raise NonFiniteLossError(
                 f"non-finite loss {value} at step {step} on rank {sparse.ctx.rank}{' (' + where + ')' if where else ''}"
             )
     opt.zero_grad()
-    precision.backward(loss)
+    precision.backward(objective)
     if rows.grad is None:  # cannot happen for a leaf that requires grad; guards refactors
         raise RuntimeError("embedding rows received no gradient")
     grad = cells_l2_grad(rows, precision.unscale(rows.grad), cells, pooling, embedding_l2)  # (N, D)
@@ -425,7 +442,7 @@ class Trainer:
                 set_step_lrs(self.opt, self.sparse, cfg, step=step, total_steps=total_steps)
                 loss = train_step(
                     self.model, self.sparse, self.opt, batch, step=step, embedding_l2=cfg.embedding_l2,
-                    where=self._where(step), precision=self.precision,
+                    where=self._where(step), precision=self.precision, wide_loss=cfg.wide_loss,
                     check_loss=step % run.log_every == 0 or step == total_steps,
                 )
                 progress.add(loss, len(batch))

@@ -17,7 +17,7 @@ from trainer.world import resolve_world
 
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
 _HET = {"staleness_bound", "cache_rows"}
-DAY_SIZED = {"batch_size": 1024, "epochs": 1, "lr": 1e-3, "sparse_lr": 2e-2, "embedding_l2": 0.0}
+DAY_SIZED = {"batch_size": 1024, "epochs": 1, "lr": 1e-3, "sparse_lr": 2e-2, "embedding_l2": 0.0, "wide_loss": 0.0}
 """The optim values `trainer.plan.recipe.derive` gives a production day: a test spec uses them unless the test
 sets them, so its steps do not grow with the recipe's small-day values; the warm-up stays derived."""
 

@@ -17,17 +17,20 @@ from storage.io import codec
 from storage.io.identity import Role, declarations, result_field, unclassified
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
+from trainer.plan.recipe import WIDE_LOSS, derive
 from trainer.spec import CarriedRows, TrainSpec
 
 ADAM, FP32 = "adam", "fp32"
 """The sparse optimizer and row dtype of the releases before compact rows: the specs of `PINNED` use them."""
+NO_WIDE_LOSS = 0.0
+"""`optim.wide_loss` of the releases before it (the model's loss alone): the specs of `PINNED` use it."""
 
 
 def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
         "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
-        "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM), "het": HetConfig(),
+        "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
         "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
@@ -75,7 +78,7 @@ OTHER_VALUE: dict[str, Any] = {
     "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
     "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
     "optim.lr_decay": "linear", "optim.min_lr_ratio": 0.0, "optim.k_steps": 1, "optim.train_parent_eval": False,
-    "optim.sparse_optimizer": "rowwise_adagrad",
+    "optim.sparse_optimizer": "rowwise_adagrad", "optim.wide_loss": 0.5,
     "het.staleness_bound": 2, "het.cache_rows": 10,
     "trainer.nproc_per_node": 2, "trainer.nnodes": 2, "trainer.node_rank": 1, "trainer.rdzv_endpoint": "h:29500",
     "trainer.backend": "gloo", "trainer.device": "cpu", "trainer.timeout_s": 5, "trainer.nccl_env": {"A": "B"},
@@ -127,6 +130,7 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     optim = codec.encode(spec.optim)
     optim.pop("train_parent_eval")
     optim.pop("sparse_optimizer")  # added later (compact rows), with the old rule as its neutral value
+    optim.pop("wide_loss")  # added later (issue 31), 0 (the model's loss alone) its neutral value
     parts = {
         "model": codec.encode(spec.model), "optim": optim, "het": codec.encode(spec.het),
         "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
@@ -143,7 +147,8 @@ CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", da
 FULL = {
     "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4),
     "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
-                         cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM),
+                         cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM,
+                         wide_loss=NO_WIDE_LOSS),
     "het": HetConfig(staleness_bound=2, cache_rows=1000),
     "trainer": TrainerConfig(nnodes=2, nproc_per_node=4, intra_group_size=2, rdzv_endpoint="h:1"),
     "store": StoreConfig(embedding_dim=16, init_std=0.02, row_dtype=FP32, state_dtype=FP32), "features_id": "enc-1",
@@ -167,7 +172,7 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
     assert spec.identity() == _identity_before_roles(spec) == pinned
 
 
-ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype")
+ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype", "optim.wide_loss")
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
 
@@ -191,6 +196,17 @@ def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_d
     assert StoreConfig().row_dtype != FP32, "the default rows are compact: a default spec hashes to a new tag"
 
 
+def test_a_day_without_the_wide_loss_keeps_its_tag_and_a_small_day_with_it_gets_another() -> None:
+    """A day started before `optim.wide_loss` existed (the model's loss alone), and a large day (`auto` is 0 there),
+    keep their tags on a rerun; a small day's objective (`auto`: WIDE_LOSS) trains another model: another tag."""
+    spec = _spec()
+    assert spec.optim.wide_loss == NO_WIDE_LOSS and spec.identity() == "eee1caf9f2"
+    assert derive(OptimConfig(), ModelConfig(), rows=10**6, world_size=1).optim.wide_loss == NO_WIDE_LOSS
+    small = derive(OptimConfig(), ModelConfig(), rows=2_000, world_size=1).optim.wide_loss
+    assert small == WIDE_LOSS != NO_WIDE_LOSS
+    assert _spec(optim=dataclasses.replace(spec.optim, wide_loss=small)).identity() != spec.identity()
+
+
 def test_precision_is_hashed_but_its_default_keeps_the_earlier_tags() -> None:
     spec = _spec()
     assert spec.trainer.precision == "auto" and spec.identity() == _identity_before_roles(spec) == "eee1caf9f2"
@@ -207,9 +223,10 @@ class _GrownOptim(OptimConfig):
 
 def test_a_field_added_at_its_neutral_value_keeps_the_tags() -> None:
     spec = _spec()
-    grown = _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM))
+    grown = _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS))
     assert grown.identity() == spec.identity() == "eee1caf9f2"
-    assert _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, label_smoothing=0.1)).identity() != spec.identity()
+    assert _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS,
+                                   label_smoothing=0.1)).identity() != spec.identity()
 
 
 def test_the_run_tag_is_date_parent_and_identity() -> None:

@@ -1,6 +1,6 @@
 """One training step: nothing of a step with a non-finite loss is applied; with bags of keys the fixed and
-bag keys are pulled together and the pushed row gradients are those of a plain torch reference; 2 gloo
-ranks train the same model as 1 rank on the concatenated batches."""
+bag keys are pulled together and the pushed row gradients are those of a plain torch reference (with the wide
+term's own loss, `optim.wide_loss`, too); 2 gloo ranks train the same model as 1 rank on the concatenated batches."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from trainer.distributed.context import init_distributed
 from trainer.distributed.routing import unique_keys
 from trainer.distributed.sharded_embedding import Pulled, ShardedEmbedding
 from trainer.models.config import ModelConfig
-from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
+from trainer.models.ctr_model import BIAS_SCALE, CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.train import NonFiniteLossError, train_step
 
@@ -103,6 +103,36 @@ def test_a_training_step_pushes_the_row_gradients_of_the_plain_torch_reference(m
     torch.testing.assert_close(sparse.pushed, ref_table.grad, rtol=1e-5, atol=1e-7)
     for (name, p), ref in zip(model.named_parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, ref.grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("arch", ["attention", "dnn"])
+def test_the_wide_loss_adds_the_wide_terms_own_log_loss_and_the_step_reports_the_models(arch: str) -> None:
+    """`optim.wide_loss` w: the gradients are those of loss + w * log loss(wide term + bias) (a model without a
+    wide term: of the loss alone), and the step returns the model's loss, not the objective."""
+    torch.manual_seed(5)
+    keys, lists = random_bag_batch(2)
+    batch = Batch(labels=torch.tensor([1.0, 0, 1, 0, 0, 1]), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),))
+    table, w = torch.randn(V, D), 0.7
+
+    ref_model, ref_table = bag_model("mean", arch), nn.Parameter(table.clone())
+    emb = reference_emb(ref_table, keys, lists, "mean")
+    loss = F.binary_cross_entropy_with_logits(ref_model(batch.dense, emb), batch.labels)
+    objective = loss
+    if arch == "attention":  # logistic regression on the key weights (column 0), the dense features and the bias
+        wide = ref_model.wide(batch.dense).squeeze(-1) + emb[:, :, 0].sum(1) + BIAS_SCALE * ref_model.bias
+        objective = loss + w * F.binary_cross_entropy_with_logits(wide, batch.labels)
+    objective.backward()
+
+    model, sparse = bag_model("mean", arch), _TableSparse(table.clone())
+    got = train_step(model, sparse, torch.optim.SGD(model.parameters(), lr=0.0), batch, step=1, wide_loss=w)  # type: ignore[arg-type]
+    torch.testing.assert_close(got, loss.detach())
+    torch.testing.assert_close(sparse.pushed, ref_table.grad, rtol=1e-5, atol=1e-7)
+    for (name, p), ref in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, ref.grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+    if arch == "attention":  # and it is not the model's loss alone
+        plain = _TableSparse(table.clone())
+        train_step(bag_model("mean", arch), plain, torch.optim.SGD(model.parameters(), lr=0.0), batch, step=1)  # type: ignore[arg-type]
+        assert not torch.allclose(plain.pushed, sparse.pushed)
 
 
 def test_bag_pooling_none_trains_on_the_first_keys_as_before() -> None:

@@ -177,13 +177,22 @@ class CTRModel(nn.Module):
         return self.cross_skipped
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self._logits(dense, emb, with_wide=False)[0]
+
+    def logits_and_wide(self, dense: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits (B,) and the wide term's own logit (B,): the wide term plus the bias, a logistic
+        regression on the same key weights (`optim.wide_loss` trains it to predict alone too); None for a
+        model without a wide term."""
+        return self._logits(dense, emb, with_wide=True)
+
+    def _logits(self, dense: torch.Tensor, emb: torch.Tensor, *, with_wide: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
             raise ValueError(
                 f"CTRModel expects dense (B, {self.num_dense}) and emb (B, {self.num_fields}, {self.dim}), "
                 f"got {tuple(dense.shape)} and {tuple(emb.shape)}"
             )
         if self.config.arch != "attention":
-            return self.net(dense, emb) + BIAS_SCALE * self.bias  # (B,)
+            return self.net(dense, emb) + BIAS_SCALE * self.bias, None  # (B,)
         if self.config.dense_buckets:
             emb = torch.cat([emb, self.dense_arch(dense)], dim=1)  # (B, F + n, D)
         fields = self.attention(emb)  # (B, F', D)
@@ -191,7 +200,9 @@ class CTRModel(nn.Module):
         logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
         if self.config.cross and not self.cross_skipped:
             logits = logits + self.cross(emb.reshape(emb.shape[0], -1))  # (B, F'*D) -> (B,)
-        if self.config.wide:
-            w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
-            logits = logits + self.wide(dense).squeeze(-1) + w  # (B,)
-        return logits
+        if not self.config.wide:
+            return logits, None
+        w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
+        wide_dense = self.wide(dense).squeeze(-1)  # (B,)
+        wide = wide_dense + w + BIAS_SCALE * self.bias if with_wide else None
+        return logits + wide_dense + w, wide  # (B,)

@@ -29,7 +29,10 @@ dropout) is derived here, in this order, from the rows per rank n = rows // worl
   crosses need rows to estimate.  Trained on days of 3,600-4,000 rows it cost the later day's AUC
   0.004-0.024 (the shared samples, synthetic days); from 7,200 rows a day it added 0.005-0.02
   (docs/benchmarks.md).  At 0 the term stays as it is: zero on a model that never trained it, whose
-  predictions are then those of the model without it.
+  predictions are then those of the model without it;
+- wide_loss: WIDE_LOSS on a day of fewer than CROSS_MIN_ROWS train rows, else 0: on a small day the wide
+  part (a logistic regression on the key weights inside the model) is trained to predict alone too, so
+  the deep parts learn only what it misses; on larger days that costs them (docs/benchmarks.md).
 
 An explicit value in the config always wins, and the fields after it are derived from it (a set
 batch size decides the epochs that reach MIN_STEPS); an explicit warm-up is only cut to the day's
@@ -75,7 +78,12 @@ MAX_DROPOUT = 0.5
 WARMUP_CAP = 100
 WARMUP_SHARE = 0.1
 CROSS_MIN_ROWS = 10_000
-"""Train rows from which a day trains the `model.cross` term (all ranks together)."""
+"""Train rows from which a day trains the `model.cross` term (all ranks together), and under which it trains the
+wide term's own loss (`optim.wide_loss`)."""
+WIDE_LOSS = 1.0
+"""`optim.wide_loss` of a day under CROSS_MIN_ROWS train rows.  On the shared samples' 2,000-row days 1 raised the
+pooled AUC by 0.0013 (Criteo) and 0.0030 (Avazu), both decided; on synthetic days of 36,000 rows it cost 0.0020
+(0.5: 0.0006), so larger days train the model's loss alone (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,8 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
          section="model")
     pick("cross_lr_scale", 1.0 if rows >= CROSS_MIN_ROWS else 0.0,
          f"{rows:,} train rows: 1 from {CROSS_MIN_ROWS:,} rows (enough to estimate crosses), else 0")
+    pick("wide_loss", WIDE_LOSS if rows < CROSS_MIN_ROWS else 0.0,
+         f"{rows:,} train rows: {WIDE_LOSS:g} under {CROSS_MIN_ROWS:,} rows (the wide part must predict alone), else 0")
     warmup = pick("warmup_steps", min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
                   f"{steps} steps: a tenth of them, at most {WARMUP_CAP}")
     if warmup > steps:  # an explicit warm-up longer than the day would never reach the learning rate

@@ -169,3 +169,26 @@ def test_hold_cross_skips_a_zero_term_with_the_same_logits_and_runs_a_trained_on
     without = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, cross=False), num_dense=3, num_fields=4, dim=4)
     assert without.hold_cross() is False
     assert CTRModel(ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0), num_dense=3, num_fields=4, dim=4).hold_cross() is False
+
+
+def test_the_wide_logit_is_the_wide_term_and_bias_alone_and_the_logits_are_forward() -> None:
+    """`logits_and_wide` gives what `forward` gives, and the wide term's own logit: it moves with the key
+    weights (column 0), the dense features' linear term and the bias, and with nothing the deep parts compute."""
+    torch.manual_seed(0)
+    model = CTRModel(ModelConfig(mlp_dims=(8,), dropout=0.0, dense_buckets=0, wide_scale=0.5), num_dense=3, num_fields=4, dim=4)
+    with torch.no_grad():
+        model.bias.fill_(0.3)
+    dense, emb = torch.randn(6, 3), torch.randn(6, 4, 4)
+    logits, wide = model.logits_and_wide(dense, emb)
+    assert torch.equal(logits, model(dense, emb))
+    assert wide is not None
+    want = model.wide(dense).squeeze(-1) + 0.5 * emb[:, :, 0].sum(1) + BIAS_SCALE * 0.3
+    torch.testing.assert_close(wide, want)
+    wide.sum().backward()
+    deep = [n for n, p in model.named_parameters() if not n.startswith(("wide.", "bias"))]
+    assert deep and all(p.grad is None for n, p in model.named_parameters() if n in deep)
+    assert model.bias.grad is not None and model.wide.weight.grad is not None
+    for config in (ModelConfig(mlp_dims=(8,), dropout=0.0, wide=False), ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0)):
+        plain = CTRModel(config, num_dense=3, num_fields=4, dim=4)
+        logits, wide = plain.logits_and_wide(dense, emb)
+        assert wide is None and torch.equal(logits, plain(dense, emb))

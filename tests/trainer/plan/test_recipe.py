@@ -77,14 +77,14 @@ def test_a_small_day_takes_several_passes_at_a_higher_dense_learning_rate() -> N
 @pytest.mark.parametrize("rows", SIZES)
 def test_explicit_values_are_kept_and_the_rest_follow_from_them(rows: int) -> None:
     given = {"batch_size": 64, "epochs": 2, "lr": 0.5, "sparse_lr": 0.25, "embedding_l2": 0.125, "warmup_steps": 7,
-             "cross_lr_scale": 0.5}
+             "cross_lr_scale": 0.5, "wide_loss": 0.25}
     for name, value in given.items():
         r = derive(OptimConfig(**{name: value}), ModelConfig(), rows=rows, world_size=2)
         if name == "warmup_steps":
             assert r.optim.warmup_steps == min(7, r.steps)
         else:
             assert getattr(r.optim, name) == value and r.why[f"optim.{name}"] == "set in the config"
-        assert f"optim.{name}" not in r.derived and len(r.derived) == 7
+        assert f"optim.{name}" not in r.derived and len(r.derived) == 8
     r = derive(OptimConfig(batch_size=64), ModelConfig(), rows=rows, world_size=1)
     assert r.steps == _steps(rows, 1, 64, r.optim.epochs)  # epochs derived from the given batch
     everything = derive(OptimConfig(**given), ModelConfig(dropout=0.25), rows=rows, world_size=1)
@@ -100,6 +100,16 @@ def test_the_cross_term_trains_only_on_days_with_the_rows_to_estimate_it(rows: i
         assert r.optim.cross_lr_scale == (1.0 if rows >= CROSS_MIN_ROWS else 0.0)
         assert f"{CROSS_MIN_ROWS:,}" in r.why["optim.cross_lr_scale"]
     assert derive(OptimConfig(cross_lr_scale=0.25), ModelConfig(), rows=rows, world_size=1).optim.cross_lr_scale == 0.25
+
+
+@pytest.mark.parametrize("rows", SIZES)
+def test_the_wide_term_learns_to_predict_alone_exactly_on_the_days_too_small_for_the_cross_term(rows: int) -> None:
+    for world in (1, 8):
+        r = derive(OptimConfig(), ModelConfig(), rows=rows, world_size=world)
+        assert r.optim.wide_loss == (recipe.WIDE_LOSS if rows < CROSS_MIN_ROWS else 0.0) and recipe.WIDE_LOSS > 0
+        assert (r.optim.wide_loss > 0) == (r.optim.cross_lr_scale == 0)
+        assert f"{CROSS_MIN_ROWS:,}" in r.why["optim.wide_loss"] and "optim.wide_loss" in r.derived
+    assert derive(OptimConfig(wide_loss=0.0), ModelConfig(), rows=rows, world_size=1).optim.wide_loss == 0.0
 
 
 @pytest.mark.parametrize("epochs", [2, 3, 10, 50])
