@@ -130,8 +130,8 @@ def test_the_wide_loss_adds_the_wide_terms_own_log_loss_and_the_step_reports_the
     for (name, p), ref in zip(model.named_parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, ref.grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
     if arch == "attention":  # and it is not the model's loss alone
-        plain = _TableSparse(table.clone())
-        train_step(bag_model("mean", arch), plain, torch.optim.SGD(model.parameters(), lr=0.0), batch, step=1)  # type: ignore[arg-type]
+        plain, other = _TableSparse(table.clone()), bag_model("mean", arch)
+        train_step(other, plain, torch.optim.SGD(other.parameters(), lr=0.0), batch, step=1)  # type: ignore[arg-type]
         assert not torch.allclose(plain.pushed, sparse.pushed)
 
 
