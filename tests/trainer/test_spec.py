@@ -24,13 +24,15 @@ ADAM, FP32 = "adam", "fp32"
 """The sparse optimizer and row dtype of the releases before compact rows: the specs of `PINNED` use them."""
 NO_WIDE_LOSS = 0.0
 """`optim.wide_loss` of the releases before it (the model's loss alone): the specs of `PINNED` use it."""
+ALL_TOKENS = "tokens"
+"""`model.cross_input` of the releases before it (every token crossed): the specs of `PINNED` use it."""
 
 
 def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
         "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
-        "model": ModelConfig(mlp_dims=(32, 16)), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
+        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
         "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
@@ -73,7 +75,7 @@ SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "het": HetConfig, "train
 OTHER_VALUE: dict[str, Any] = {
     "model.arch": "dnn", "model.num_heads": 4, "model.attention_layers": 2, "model.mlp_dims": (8,),
     "model.dropout": 0.1, "model.dense_buckets": 0, "model.dense_bucket_max": 5.0, "model.cross": False,
-    "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
+    "model.cross_input": "fields", "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
     "model.bag_pooling": "sum",
     "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
     "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
@@ -131,8 +133,10 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     optim.pop("train_parent_eval")
     optim.pop("sparse_optimizer")  # added later (compact rows), with the old rule as its neutral value
     optim.pop("wide_loss")  # added later (issue 31), 0 (the model's loss alone) its neutral value
+    model = codec.encode(spec.model)
+    model.pop("cross_input")  # added later (issue 29), the earlier cross term's input its neutral value
     parts = {
-        "model": codec.encode(spec.model), "optim": optim, "het": codec.encode(spec.het),
+        "model": model, "optim": optim, "het": codec.encode(spec.het),
         "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
         "world": {"nnodes": t.nnodes, "nproc_per_node": t.nproc_per_node, "intra_group_size": t.intra_group_size},
         "features": spec.features_id or spec.features_url, "init_model_url": spec.init_model_url,
@@ -145,7 +149,7 @@ def _identity_before_roles(spec: TrainSpec) -> str:
 CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", date="2024-01-01", rows=10,
                       evicted_url=None)
 FULL = {
-    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4),
+    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4, cross_input=ALL_TOKENS),
     "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
                          cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM,
                          wide_loss=NO_WIDE_LOSS),
@@ -159,7 +163,7 @@ PINNED = {  # computed by the code before the roles (git HEAD bce5d75), before t
     "default": (_spec, {}, "eee1caf9f2"),
     "full": (_spec, FULL, "a6fd8d91da"),
     "parent eval on": (_spec, FULL | {"optim": dataclasses.replace(FULL["optim"], train_parent_eval=True)}, "a6fd8d91da"),
-    "carried by url": (_spec, {"model": ModelConfig(), "trainer": TrainerConfig(nproc_per_node=1),
+    "carried by url": (_spec, {"model": ModelConfig(cross_input=ALL_TOKENS), "trainer": TrainerConfig(nproc_per_node=1),
                                "carried": dataclasses.replace(CARRIED, features_id="", evicted_url="/e")}, "c8af5b3610"),
 }
 
@@ -172,7 +176,8 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
     assert spec.identity() == _identity_before_roles(spec) == pinned
 
 
-ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype", "optim.wide_loss")
+ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype", "optim.wide_loss",
+               "model.cross_input")
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
 
@@ -194,6 +199,15 @@ def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_d
            _spec(store=dataclasses.replace(spec.store, state_dtype="log8")).identity()}
     assert len(ids) == 5
     assert StoreConfig().row_dtype != FP32, "the default rows are compact: a default spec hashes to a new tag"
+
+
+def test_a_cross_term_on_every_token_keeps_its_tag_and_the_default_on_the_fields_gets_another() -> None:
+    """A day started before `model.cross_input` existed (every token crossed) finds its checkpoints; the default
+    crosses the field tokens alone, another network, so it hashes to another tag."""
+    spec = _spec()
+    assert spec.model.cross_input == ALL_TOKENS and spec.identity() == "eee1caf9f2"
+    assert ModelConfig().cross_input == "fields"
+    assert _spec(model=dataclasses.replace(spec.model, cross_input="fields")).identity() != spec.identity()
 
 
 def test_a_day_without_the_wide_loss_keeps_its_tag_and_a_small_day_with_it_gets_another() -> None:

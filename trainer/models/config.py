@@ -9,6 +9,7 @@ from storage.io.identity import result_field, shape_changes, shape_field
 from trainer.config import AUTO
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
+CROSS_INPUTS = ("tokens", "fields")
 BAG_POOLINGS = ("mean", "sum", "none")
 
 
@@ -40,6 +41,15 @@ class ModelConfig:
     A model published before the term existed lacks its weights: the first day with it starts its dense
     part cold (embedding rows kept; the record says `architecture changed: model.cross`); `false` keeps
     the earlier network and its warm start."""
+    cross_input: str = shape_field("fields", neutral="tokens", before="tokens",
+                                   why="the cross term's input width: its saved layers would not fit")
+    """`attention` only: what the cross term crosses: `fields`, the sparse fields' tokens (F*D wide; the
+    dense features reach the logit through the attention, the MLP and the wide term), or `tokens`, the
+    field and dense bucket tokens (F'*D, the term before this key existed).  Its cost grows with the
+    square of the width: on Criteo's 26 fields and 13 bucket tokens `fields` is 0.44x its FLOPs, for the
+    same AUC at 36,000 and 360,000 rows a day (docs/benchmarks.md).  A model published with `tokens`
+    does not fit `fields`: the first day after the change starts its dense part cold (embedding rows
+    kept; the record says `architecture changed: model.cross_input`); `tokens` keeps its warm start."""
     cross_layers: int = shape_field(3)
     """Cross layers of `dcn_v2` and of the `attention` model's cross term."""
     cross_rank: int = shape_field(0)
@@ -66,6 +76,8 @@ class ModelConfig:
             raise ValueError("model.dense_bucket_max must be > 0, model.cross_layers and model.cross_rank >= 0")
         if self.bag_pooling not in BAG_POOLINGS:
             raise ValueError(f"model.bag_pooling must be one of {BAG_POOLINGS}, got {self.bag_pooling!r}")
+        if self.cross_input not in CROSS_INPUTS:
+            raise ValueError(f"model.cross_input must be one of {CROSS_INPUTS}, got {self.cross_input!r}")
         if self.arch not in ARCHS:
             raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.num_heads < 1 or self.attention_layers < 0:
@@ -87,7 +99,7 @@ class ModelConfig:
         return ["model.dropout"] if self.dropout == AUTO else []
 
 
-ATTENTION_ONLY = ("num_heads", "attention_layers", "cross", "wide", "wide_scale")
+ATTENTION_ONLY = ("num_heads", "attention_layers", "cross", "cross_input", "wide", "wide_scale")
 """The fields only the `attention` architecture reads (the reference archs build none of their modules)."""
 
 
@@ -107,7 +119,7 @@ def unread_fields(config: ModelConfig) -> tuple[str, ...]:
             unread.append("mlp_dims")
     else:
         if not config.cross:
-            unread += ["cross_layers", "cross_rank"]
+            unread += ["cross_input", "cross_layers", "cross_rank"]
         if not config.wide:
             unread.append("wide_scale")
     if not config.dense_buckets:  # no bucket tokens: the edges are never used

@@ -23,6 +23,7 @@ deepfm, dcn_v2) with the same signature.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainer.models.config import ModelConfig
@@ -74,9 +75,26 @@ class SequenceAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for attn, norm in zip(self.attn, self.norm, strict=True):
-            a, _ = attn(x, x, x, need_weights=False)  # (B, F, D)
-            x = norm(x + a)  # (B, F, D)
+            x = norm(x + self_attention(attn, x))  # (B, F, D)
         return x
+
+
+def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
+    """`attn(x, x, x, need_weights=False)[0]` for batch-first x (B, F, D), in plain matmuls.
+
+    The same parameters and arithmetic as `nn.MultiheadAttention` (its dropout on the attention
+    weights included), computed the way a short sequence is cheap on a CPU: one projection GEMM
+    and two batched matmuls over (B, H) instead of the fused kernel, which on 39 tokens of 8-wide
+    heads ran at a fifth of the matmul rate (docs/benchmarks.md, "bench.train since issue 29").
+    """
+    b, f, d = x.shape
+    h = attn.num_heads
+    qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)  # (B, F, 3D)
+    q, k, v = qkv.view(b, f, 3, h, d // h).permute(2, 0, 3, 1, 4)  # each (B, H, F, D/H)
+    weights = torch.matmul(q * (d // h) ** -0.5, k.transpose(-1, -2)).softmax(dim=-1)  # (B, H, F, F)
+    weights = F.dropout(weights, attn.dropout, attn.training)
+    out = torch.matmul(weights, v).transpose(1, 2).reshape(b, f, d)  # (B, F, D)
+    return attn.out_proj(out)
 
 
 class InteractionArch(nn.Module):
@@ -154,7 +172,8 @@ class CTRModel(nn.Module):
             self.wide = dense_linear(num_dense)
         if config.cross:  # on a forked RNG: every other draw (initial values, dropout) is as without it
             with torch.random.fork_rng(devices=[]):
-                self.cross = CrossTerm(in_dim=tokens * dim, num_layers=config.cross_layers, rank=config.cross_rank)
+                crossed = tokens if config.cross_input == "tokens" else num_fields
+                self.cross = CrossTerm(in_dim=crossed * dim, num_layers=config.cross_layers, rank=config.cross_rank)
 
     def hold_cross(self) -> bool:
         """Hold the cross term still for a day whose recipe does not train it (`optim.cross_lr_scale` 0).
@@ -199,7 +218,8 @@ class CTRModel(nn.Module):
         z = self.interaction(dense, fields)  # (B, n + F'*D)
         logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
         if self.config.cross and not self.cross_skipped:
-            logits = logits + self.cross(emb.reshape(emb.shape[0], -1))  # (B, F'*D) -> (B,)
+            crossed = emb if self.config.cross_input == "tokens" else emb[:, : self.num_fields]
+            logits = logits + self.cross(crossed.reshape(emb.shape[0], -1))  # (B, F'*D or F*D) -> (B,)
         if not self.config.wide:
             return logits, None
         w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)

@@ -15,6 +15,7 @@ from trainer.models.ctr_model import (
     CTRModel,
     InteractionArch,
     SequenceAttention,
+    self_attention,
 )
 from trainer.models.layers import OverArch
 
@@ -45,6 +46,34 @@ def test_sequence_attention_is_permutation_equivariant_over_fields() -> None:
     x = torch.randn(2, 5, 8)
     perm = torch.tensor([3, 0, 4, 1, 2])
     torch.testing.assert_close(att(x)[:, perm], att(x[:, perm]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_self_attention_is_torch_multihead_attention_in_values_and_gradients(heads: int) -> None:
+    """The plain-matmul attention computes what `nn.MultiheadAttention` computes, on its parameters: a model
+    saved before it loads and scores the same."""
+    torch.manual_seed(0)
+    attn = torch.nn.MultiheadAttention(8, heads, batch_first=True).eval()
+    x = torch.randn(6, 5, 8, requires_grad=True)
+    mine = self_attention(attn, x)
+    theirs = attn(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(mine)
+    (mine_x,) = torch.autograd.grad(mine, x, g)
+    (theirs_x,) = torch.autograd.grad(theirs, x, g)
+    torch.testing.assert_close(mine_x, theirs_x, rtol=1e-5, atol=1e-6)
+    mine_w = torch.autograd.grad(self_attention(attn, x), attn.in_proj_weight, g)[0]
+    theirs_w = torch.autograd.grad(attn(x, x, x, need_weights=False)[0], attn.in_proj_weight, g)[0]
+    torch.testing.assert_close(mine_w, theirs_w, rtol=1e-5, atol=1e-6)
+
+
+def test_self_attention_drops_attention_weights_only_in_training() -> None:
+    torch.manual_seed(0)
+    attn = torch.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
+    x = torch.randn(4, 5, 8)
+    assert not torch.allclose(self_attention(attn, x), self_attention(attn, x))  # two dropout masks
+    attn.eval()
+    torch.testing.assert_close(self_attention(attn, x), attn(x, x, x, need_weights=False)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_interaction_and_over_arch() -> None:
@@ -152,6 +181,25 @@ def test_a_model_trained_with_dropout_loads_into_one_without(arch: str) -> None:
 def test_a_model_with_dropout_auto_is_refused() -> None:
     with pytest.raises(ValueError, match=r"model.dropout is 'auto'"):
         CTRModel(ModelConfig(), num_dense=2, num_fields=3, dim=4)
+
+
+def test_a_cross_term_on_the_fields_alone_is_narrower_and_blind_to_the_bucket_tokens() -> None:
+    """`model.cross_input: fields` crosses the F field tokens, not the n dense bucket tokens: (F*D)^2 per layer
+    instead of ((F+n)*D)^2, and the bucket tokens reach the logit only through the attention and the MLP."""
+    config = ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4, cross_input="fields")
+    torch.manual_seed(0)
+    model = CTRModel(config, num_dense=3, num_fields=4, dim=4)
+    tokens = CTRModel(dataclasses.replace(config, cross_input="tokens"), num_dense=3, num_fields=4, dim=4)
+    assert model.cross.head.in_features == 4 * 4 and tokens.cross.head.in_features == (4 + 3) * 4
+    with torch.no_grad():
+        model.cross.head.weight.fill_(0.1)
+    dense, emb = torch.rand(5, 3), torch.randn(5, 4, 4)
+    crossed = model.cross(emb.reshape(5, -1))  # (B, F*D) -> (B,)
+    held = model(dense, emb) - crossed
+    model.cross.head.weight.data.zero_()
+    torch.testing.assert_close(model(dense, emb), held)  # the cross term's logit is that of the field tokens
+    with pytest.raises(ValueError, match="model.cross_input must be one of"):
+        ModelConfig(cross_input="dense")
 
 
 def test_hold_cross_skips_a_zero_term_with_the_same_logits_and_runs_a_trained_one() -> None:
