@@ -15,7 +15,8 @@ back to the owners.  Only the dense part below is data-parallel.
 
 F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
 feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit, and `model.cross`
-a DCN-V2 cross network's logit on the flattened tokens (B, F'*D) (`CrossTerm`).  `model.arch` other
+a DCN-V2 cross network's logit on the flattened field tokens (B, F*D), or on every token (B, F'*D) with
+`model.cross_input: tokens` (`CrossTerm`).  `model.arch` other
 than `attention` swaps the body for a reference architecture of `trainer.models.reference` (lr, dnn,
 deepfm, dcn_v2) with the same signature.
 """
@@ -84,8 +85,9 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor
 
     The same parameters and arithmetic as `nn.MultiheadAttention` (its dropout on the attention
     weights included), computed the way a short sequence is cheap on a CPU: one projection GEMM
-    and two batched matmuls over (B, H) instead of the fused kernel, which on 39 tokens of 8-wide
-    heads ran at a fifth of the matmul rate (docs/benchmarks.md, "bench.train since issue 29").
+    and two batched matmuls over (B, H).  On 39 tokens of 8-wide heads torch's fused kernel took
+    1.6x as long forward and backward (docs/benchmarks.md, "The cross term's input and the
+    attention kernel"), and a saved model loads unchanged.
     """
     b, f, d = x.shape
     h = attn.num_heads
