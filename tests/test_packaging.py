@@ -54,6 +54,8 @@ REVIEWED = frozenset({
     "torch.zeros", "torch.zeros_like",
     # int8 rows and log8 state (storage.embedding.quantize): basic since 1.x (Tensor.nextafter and amin/amax 1.7)
     "torch.exp2", "torch.floor", "torch.inf", "torch.log2", "torch.uint8",
+    # self-attention in plain matmuls (trainer.models.ctr_model.self_attention): basic since 1.x
+    "torch.matmul", "torch.nn.functional.dropout", "torch.nn.functional.linear",
 })
 """The torch names the runtime code uses, each present in torch {LOWER}."""
 

@@ -14,7 +14,7 @@ model.json outlives the code that wrote it (`read_published` reads it at the sta
 scorer reads a newer trainer's), so `ModelMeta` is its own record schema, read tolerantly
 (`storage.io.records`): the config sections are kept as plain data, and `model_cfg()` decodes
 `model_config` into today's `ModelConfig` when a network is built, skipping retired keys and giving new
-ones their defaults.
+ones the value they stood for before they existed (else their defaults).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from safetensors.torch import save as st_save
 
 from storage.embedding.config import StoreConfig
 from storage.io import codec, fsio, records
+from storage.io.identity import UNSET, declarations
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig, reshaping_changes
 from trainer.models.ctr_model import CTRModel
@@ -90,12 +91,18 @@ class ModelMeta:
                    trainer=codec.encode(trainer), **fields)
 
     def model_cfg(self) -> ModelConfig:
-        """`model_config` as today's `ModelConfig`: retired keys skipped, keys added since at their defaults.
+        """`model_config` as today's `ModelConfig`: retired keys skipped, keys added since at the value they
+        stood for before they existed (`before`/`neutral`, e.g. `cross_input: tokens`), else their defaults.
+        A default that changed with the key's arrival must not rebuild an old model with another shape.
 
         Raises:
             ConfigError: a value today's `ModelConfig` refuses (the message names the key).
         """
-        return codec.decode(ModelConfig, self.model_config, prefix="model.json: model_config.", unknown="ignore")
+        saved = dict(self.model_config)
+        for name, declared in declarations(ModelConfig).items():
+            if name not in saved and declared.absent_value is not UNSET:
+                saved[name] = declared.absent_value
+        return codec.decode(ModelConfig, saved, prefix="model.json: model_config.", unknown="ignore")
 
     @property
     def arch(self) -> str:

@@ -13,6 +13,7 @@ from storage.io.records import FormatError
 from tests.helpers.formats import newer, sample
 from trainer.model_dir import MODEL_FORMAT, ModelMeta, read_meta, warm_start
 from trainer.models.config import ModelConfig
+from trainer.models.ctr_model import CTRModel
 
 
 def _meta(cfg) -> ModelMeta:
@@ -75,6 +76,24 @@ def test_a_model_json_with_retired_keys_and_unknown_fields_is_read_and_still_bui
     assert ModelMeta.from_dict(data).model_cfg().num_heads == ModelConfig().num_heads
     cfg = demo("/tmp/x")
     assert warm_start(meta, cfg.model, cfg.store).reason  # a retired model key may have shaped it: start cold
+
+
+def test_a_model_json_from_before_a_key_whose_default_changed_builds_the_network_it_saved() -> None:
+    """A model saved before `model.cross_input` crossed every token: it is rebuilt so (its weights fit), and
+    today's default, the field tokens alone, is another shape: its next day starts the dense part cold."""
+    data = sample("model-v2.json")
+    data["model_config"].pop("cross_input", None)
+    meta = ModelMeta.from_dict(data)
+    assert meta.model_cfg().cross_input == "tokens" != ModelConfig().cross_input
+    tokens = CTRModel(meta.model_cfg(), num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim).state_dict()
+    fields = CTRModel(replace(meta.model_cfg(), cross_input="fields"), num_dense=meta.num_dense,
+                      num_fields=meta.num_fields, dim=meta.dim).state_dict()
+    assert tokens["cross.head.weight"].shape != fields["cross.head.weight"].shape
+    cfg = demo("/tmp/x")
+    ws = warm_start(meta, cfg.model, replace(cfg.store, embedding_dim=meta.dim))
+    assert not ws.dense and ws.sparse and "model.cross_input" in ws.reason
+    kept = warm_start(meta, replace(cfg.model, cross_input="tokens"), replace(cfg.store, embedding_dim=meta.dim))
+    assert "model.cross_input" not in kept.reason
 
 
 def test_a_model_json_of_a_newer_version_is_refused_naming_it():
