@@ -35,7 +35,7 @@ class ModelConfig:
         12.0, why="moves the bucket edges: the saved bucket tokens would mean other values")
     """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
     cross: bool = shape_field(True, before=False, why="a model saved before the field has no cross term")
-    """`attention` only: add a DCN-V2 cross network's logit on the flattened field and bucket tokens
+    """`attention` only: add a DCN-V2 cross network's logit on the flattened tokens `cross_input` names
     (`trainer.models.layers.CrossTerm`): explicit pairwise crosses of the embeddings, which the MLP only
     approximates.  Its output layer starts at zero; `optim.cross_lr_scale` decides whether a day trains it.
     A model published before the term existed lacks its weights: the first day with it starts its dense
