@@ -28,7 +28,7 @@ from safetensors.torch import save as st_save
 
 from storage.embedding.config import StoreConfig
 from storage.io import codec, fsio, records
-from storage.io.identity import UNSET, declarations
+from storage.io.identity import with_absent_values
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig, reshaping_changes
 from trainer.models.ctr_model import CTRModel
@@ -98,11 +98,8 @@ class ModelMeta:
         Raises:
             ConfigError: a value today's `ModelConfig` refuses (the message names the key).
         """
-        saved = dict(self.model_config)
-        for name, declared in declarations(ModelConfig).items():
-            if name not in saved and declared.absent_value is not UNSET:
-                saved[name] = declared.absent_value
-        return codec.decode(ModelConfig, saved, prefix="model.json: model_config.", unknown="ignore")
+        return codec.decode(ModelConfig, with_absent_values(self.model_config, ModelConfig),
+                            prefix="model.json: model_config.", unknown="ignore")
 
     @property
     def arch(self) -> str:

@@ -147,6 +147,17 @@ def _json(value: Any) -> Any:
     return value
 
 
+def with_absent_values(saved: Mapping[str, Any] | None, cls: type) -> dict[str, Any]:
+    """`saved` (plain data of a config of `cls`, written by some release) with every declared field it lacks
+    at the value it stood for before the field existed (`Declared.absent_value`), where one is declared:
+    what that release ran with.  Fields without one stay absent (a decoder gives them today's default)."""
+    filled = dict(saved or {})
+    for name, declared in _declared(cls).items():
+        if name not in filled and declared.absent_value is not UNSET:
+            filled[name] = declared.absent_value
+    return filled
+
+
 def shape_changes(saved: Mapping[str, Any] | None, ours: Any, *, prefix: str = "",
                   unread: Iterable[str] = ()) -> list[str]:
     """The keys (`prefix` + name) of the SHAPE fields whose saved value (plain data, e.g. a model.json
@@ -164,13 +175,6 @@ def shape_changes(saved: Mapping[str, Any] | None, ours: Any, *, prefix: str = "
     skip = set(unread)
     shaping = {n for n, d in declared.items() if d.role is Role.SHAPE and n not in skip}
     mine = {n: _json(getattr(ours, n)) for n in shaping}
-    theirs = {k: _json(v) for k, v in (saved or {}).items() if k in shaping or k not in declared}
-    changed = []
-    for name in sorted(set(mine) | set(theirs)):
-        if name in mine and name not in theirs:
-            absent = declared[name].absent_value
-            if absent is not UNSET and _json(absent) == mine[name]:
-                continue
-        if mine.get(name) != theirs.get(name):
-            changed.append(prefix + name)
-    return changed
+    filled = with_absent_values(saved, type(ours))
+    theirs = {k: _json(v) for k, v in filled.items() if k in shaping or k not in declared}
+    return [prefix + name for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
