@@ -94,6 +94,10 @@ def test_a_model_json_from_before_a_key_whose_default_changed_builds_the_network
     assert not ws.dense and ws.sparse and "model.cross_input" in ws.reason
     kept = warm_start(meta, replace(cfg.model, cross_input="tokens"), replace(cfg.store, embedding_dim=meta.dim))
     assert "model.cross_input" not in kept.reason
+    data["model_config"].pop("cross")  # a model from before the cross term: rebuilt without it
+    older = ModelMeta.from_dict(data).model_cfg()
+    assert older.cross is False and not hasattr(
+        CTRModel(older, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim), "cross")
 
 
 def test_a_model_json_of_a_newer_version_is_refused_naming_it():
