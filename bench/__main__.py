@@ -7,6 +7,7 @@ Each benchmark is also a command of its own with full-size defaults:
     python -m bench.vocab   [--rows N] [--days 7]        vocabulary window, incremental vs from scratch
     python -m bench.store   [--quick] [--parts ...]      key index, host gathers, SSD I/O, hit rates, 10^6..10^8 keys
     python -m bench.train   [--rows N] [--procs ...]     default model: examples/s, MFU vs a plain PyTorch loop, TorchRec
+    python -m bench.dense_step [--rows N ...]       the dense step alone: MFU, the attention's CPU kernel vs autograd
     python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
     python -m bench.het     [--procs 2,4] [--bounds ...] HET cache: sparse bytes/step, hit rate, AUC per staleness bound
     python -m bench.quality [--datasets ...] [--seeds ...] AUC/logloss vs sklearn LR, DeepFM; ceiling, planted-form bound
@@ -30,14 +31,15 @@ QUICK = [
     ["bench.vocab", "--rows", "100000", "--days", "7"],
     ["bench.store", "--quick"],
     ["bench.train", "--rows", "20000"],
+    ["bench.dense_step", "--rows", "100000", "--rounds", "5"],
     ["bench.comm", "--steps", "100", "--sizes-mb", "1,4"],
     ["bench.het", "--rows", "8000", "--procs", "2", "--bounds", "0,10"],
     ["bench.quality", "--datasets", "criteo", "synthetic-20k", "--archs", "attention", "--seeds", "0"],
 ]
 
 
-SMOKE = ["bench.ingest", "bench.vocab", "bench.store", "bench.train", "bench.comm", "bench.het", "bench.day",
-         "bench.serve", "bench.quality", "bench.quality_ladder", "bench.gpu_probe", "bench.capacity"]
+SMOKE = ["bench.ingest", "bench.vocab", "bench.store", "bench.train", "bench.dense_step", "bench.comm", "bench.het",
+         "bench.day", "bench.serve", "bench.quality", "bench.quality_ladder", "bench.gpu_probe", "bench.capacity"]
 """Every benchmark, each with a `--smoke` size, in the order `--smoke` runs them (capacity last: it reads the
 others' results).  bench.quality_ladder needs scikit-learn (`make bench-peers`, or the test extra)."""
 

@@ -81,6 +81,15 @@ def check_train(out: str, results: Path) -> None:
     assert "mfu" in out and "MFLOP/example" in out
 
 
+def check_dense_step(out: str, results: Path) -> None:
+    got = runs(load(results, "dense_step"))
+    plain, kernel = got["2,000 rows: plain formulation (autograd)"], got["2,000 rows: attention CPU kernel"]
+    assert plain["speedup_vs_plain"] == 1.0 and kernel["speedup_vs_plain"] > 0
+    for row in (plain, kernel):
+        assert row["batch"] == 128 and row["ms_per_step"] > 0 and row["mfu"] > 0, row  # the recipe's smallest batch
+        assert row["mflop_per_example"] > 0 and row["matmul_shape"].startswith("128x")
+
+
 def check_comm(out: str, results: Path) -> None:
     assert load(results, "comm_allreduce")["rows"][0]["two_phase_ms"] > 0
     k = load(results, "comm_kstep")["rows"]
@@ -151,7 +160,7 @@ def check_capacity(out: str, results: Path) -> None:
 
 CHECKS: dict[str, Callable[[str, Path], None]] = {
     "bench.ingest": check_ingest, "bench.vocab": check_vocab, "bench.store": check_store, "bench.train": check_train,
-    "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day, "bench.gpu_probe": check_gpu_probe,
+    "bench.dense_step": check_dense_step, "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day, "bench.gpu_probe": check_gpu_probe,
     "bench.capacity": check_capacity, "bench.serve": check_serve, "bench.quality": check_quality,
     "bench.quality_ladder": check_quality_ladder,
 }

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.models import attention_cpu
 from trainer.models.config import ModelConfig
 from trainer.models.layers import CrossTerm, OverArch, dense_linear
 from trainer.models.reference import REFERENCE_ARCHS, dense_arch
@@ -85,18 +86,26 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor
 
     The same parameters and arithmetic as `nn.MultiheadAttention` (its dropout on the attention
     weights included), computed the way a short sequence is cheap on a CPU: one projection GEMM
-    and two batched matmuls over (B, H).  On 39 tokens of 8-wide heads torch's fused kernel took
+    and batched matmuls over (B, H).  On 39 tokens of 8-wide heads torch's fused kernel took
     1.6x as long forward and backward (docs/benchmarks.md, "The cross term's input and the
-    attention kernel"), and a saved model loads unchanged.
+    attention kernel"), and a saved model loads unchanged.  A training step on a CPU in fp32 runs
+    `trainer.models.attention_cpu.attend`, whose backward takes the fast forms of the same products;
+    anything else (CUDA, bf16 autocast, eval, `torch.export`) runs `plain_attention`.
     """
-    b, f, d = x.shape
-    h = attn.num_heads
     qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)  # (B, F, 3D)
-    q, k, v = qkv.view(b, f, 3, h, d // h).permute(2, 0, 3, 1, 4)  # each (B, H, F, D/H)
-    weights = torch.matmul(q * (d // h) ** -0.5, k.transpose(-1, -2)).softmax(dim=-1)  # (B, H, F, F)
-    weights = F.dropout(weights, attn.dropout, attn.training)
-    out = torch.matmul(weights, v).transpose(1, 2).reshape(b, f, d)  # (B, F, D)
-    return attn.out_proj(out)
+    if attention_cpu.in_use(qkv, training=attn.training):
+        return attn.out_proj(attention_cpu.attend(qkv, attn.num_heads, attn.dropout))
+    return attn.out_proj(plain_attention(qkv, attn.num_heads, attn.dropout if attn.training else 0.0))
+
+
+def plain_attention(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
+    """Multi-head attention of projected tokens qkv (B, F, 3D) -> (B, F, D), `dropout` on the weights, by autograd."""
+    b, f, width = qkv.shape
+    d = width // 3
+    q, k, v = qkv.view(b, f, 3, heads, d // heads).permute(2, 0, 3, 1, 4)  # each (B, H, F, D/H)
+    weights = torch.matmul(q * (d // heads) ** -0.5, k.transpose(-1, -2)).softmax(dim=-1)  # (B, H, F, F)
+    weights = F.dropout(weights, dropout, dropout > 0)
+    return torch.matmul(weights, v).transpose(1, 2).reshape(b, f, d)  # (B, F, D)
 
 
 class InteractionArch(nn.Module):

@@ -48,12 +48,14 @@ def test_sequence_attention_is_permutation_equivariant_over_fields() -> None:
     torch.testing.assert_close(att(x)[:, perm], att(x[:, perm]), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("heads", [1, 2, 4])
-def test_self_attention_is_torch_multihead_attention_in_values_and_gradients(heads: int) -> None:
+def test_self_attention_is_torch_multihead_attention_in_values_and_gradients(heads: int, training: bool) -> None:
     """The plain-matmul attention computes what `nn.MultiheadAttention` computes, on its parameters: a model
-    saved before it loads and scores the same."""
+    saved before it loads and scores the same.  In training (no dropout here) a CPU runs the kernel of
+    `trainer.models.attention_cpu`, in eval the plain matmuls: both are checked."""
     torch.manual_seed(0)
-    attn = torch.nn.MultiheadAttention(8, heads, batch_first=True).eval()
+    attn = torch.nn.MultiheadAttention(8, heads, batch_first=True).train(training)
     x = torch.randn(6, 5, 8, requires_grad=True)
     mine = self_attention(attn, x)
     theirs = attn(x, x, x, need_weights=False)[0]

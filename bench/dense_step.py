@@ -1,0 +1,110 @@
+"""The dense step alone: the default model's forward + backward at the recipe's batch, its MFU, and the attention's
+CPU kernel against autograd's plain formulation in the same run.
+
+    python -m bench.dense_step [--rows 100000 900000] [--rounds 30] [--smoke]
+
+For each day size (train rows of one rank) the recipe (`trainer.plan.recipe.derive`) gives the batch and the
+model's dropout; the default model (`flows.config.RunConfig`) is built at that batch and runs forward + backward
+on random inputs (the embedding rows a leaf that gets its gradient, as in training), one torch thread.  Each
+round times 3 steps with `trainer.models.attention_cpu` in use and 3 inside `plain_formulation()`, in
+alternating order, in CPU seconds of this process (a shared machine's other load does not count, its clock
+changes do, hence the pairing); the table gives the medians and the median of the per-round ratios.
+
+MFU = FLOPs per example (counted, `bench._mfu`) x examples per CPU-second / the fp32 matmul rate one thread
+attains on the model's widest layer at the same batch (the best of readings before and after the rounds).
+This is the dense step's MFU, the issue's measure: the product's whole train stage (rows pulled and pushed,
+batches read) is `bench.day`'s and `bench.train`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench._common import add_smoke, apply_smoke, report
+from bench._mfu import model_mfu
+from bench.train import default_model, recipe_for
+from trainer.models.attention_cpu import plain_formulation
+from trainer.models.ctr_model import CTRModel
+
+SMOKE = {"rows": [2_000], "rounds": 2}
+STEPS = 3
+"""Steps per variant per round."""
+
+
+def time_steps(step: Any, plain: bool) -> float:
+    """CPU seconds per step over STEPS steps, with the kernel or the plain formulation."""
+    t0 = time.process_time()
+    if plain:
+        with plain_formulation():
+            for _ in range(STEPS):
+                step()
+    else:
+        for _ in range(STEPS):
+            step()
+    return (time.process_time() - t0) / STEPS
+
+
+def measure(rows: int, rounds: int) -> list[dict[str, Any]]:
+    """The rows of one day size: the kernel and the plain formulation."""
+    model, store = default_model()
+    recipe = recipe_for(model, rows, 1, None)
+    batch = int(recipe.optim.batch_size)
+    torch.manual_seed(0)
+    net = CTRModel(recipe.model, num_dense=13, num_fields=26, dim=store.embedding_dim).train()
+    dense = torch.randn(batch, 13)
+    emb = torch.randn(batch, 26, store.embedding_dim, requires_grad=True)
+    labels = torch.randint(0, 2, (batch,)).float()
+
+    def step() -> None:
+        net.zero_grad(set_to_none=True)
+        emb.grad = None
+        F.binary_cross_entropy_with_logits(net(dense, emb), labels).backward()
+
+    flops = model_mfu(net, dense, emb)
+    for plain in (False, True):  # warm-up: allocations, thread pool
+        time_steps(step, plain)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(rounds):
+        for plain in ((False, True) if r % 2 else (True, False)):
+            times[plain].append(time_steps(step, plain))
+    rate = max(flops["attainable_gflops"], model_mfu(net, dense, emb)["attainable_gflops"])
+    out = []
+    for plain, label in ((True, "plain formulation (autograd)"), (False, "attention CPU kernel")):
+        per_step = statistics.median(times[plain])
+        ratios = [p / t for p, t in zip(times[True], times[plain], strict=True)]
+        out.append({
+            "run": f"{rows:,} rows: {label}", "rows": rows, "batch": batch,
+            "ms_per_step": round(per_step * 1e3, 2), "examples_per_cpu_s": round(batch / per_step),
+            "speedup_vs_plain": round(statistics.median(ratios), 3),
+            "mfu": round(flops["flops_per_example"] * batch / per_step / (rate * 1e9), 3),
+            "mflop_per_example": round(flops["flops_per_example"] / 1e6, 2),
+            "attainable_gflops": round(rate, 1), "matmul_shape": flops["matmul_shape"],
+        })
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.dense_step", description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 900_000],
+                   help="train rows of one rank per day: the recipe's batch (100,000: 128; 900,000: 1024)")
+    p.add_argument("--rounds", type=int, default=30)
+    add_smoke(p)
+    args = apply_smoke(p.parse_args(argv), SMOKE)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    torch.set_num_threads(1)
+    rows = [row for n in args.rows for row in measure(n, args.rounds)]
+    report("dense_step", rows, params={"rows": args.rows, "rounds": args.rounds, "steps_per_round": STEPS},
+           notes=f"medians over {args.rounds} rounds of {STEPS} steps each, CPU seconds, 1 torch thread; "
+                 "speedup_vs_plain: the median of the per-round ratios; mfu: counted FLOPs x examples per CPU-second "
+                 "/ the attained fp32 matmul rate (matmul_shape, 1 thread, this run).")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The CPU attention kernel is the plain formulation: values, gradients, dropout draws and FLOPs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainer.models import attention_cpu
+from trainer.models.attention_cpu import attend
+from trainer.models.ctr_model import plain_attention
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 4 examples: the batches below span several blocks and end in a partial one."""
+    monkeypatch.setattr(attention_cpu, "BLOCK", 4)
+
+
+def projected(batch: int, tokens: int = 7, dim: int = 8) -> torch.Tensor:
+    return torch.randn(batch, tokens, 3 * dim, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 11])
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_values_and_gradients_are_the_plain_formulations(heads: int, batch: int) -> None:
+    torch.manual_seed(0)
+    qkv = projected(batch)
+    mine, plain = attend(qkv, heads, 0.0), plain_attention(qkv, heads, 0.0)
+    torch.testing.assert_close(mine, plain, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(mine)
+    (mine_g,) = torch.autograd.grad(mine, qkv, g)
+    (plain_g,) = torch.autograd.grad(plain, qkv, g)
+    torch.testing.assert_close(mine_g, plain_g, rtol=1e-12, atol=1e-12)
+
+
+def test_the_backward_passes_gradcheck() -> None:
+    torch.manual_seed(0)
+    assert torch.autograd.gradcheck(lambda qkv: attend(qkv, 2, 0.0), (projected(5, tokens=3, dim=4),))
+
+
+def test_a_seeded_dropout_drops_what_the_plain_formulation_drops() -> None:
+    """The mask is F.dropout's own draw over the whole (B, H, T, T) weights: a seeded run keeps its masks."""
+    torch.manual_seed(0)
+    qkv = projected(9)
+    g = torch.randn(9, 7, 8, dtype=torch.float64)
+    torch.manual_seed(1)
+    mine = attend(qkv, 2, 0.5)
+    (mine_g,) = torch.autograd.grad(mine, qkv, g)
+    torch.manual_seed(1)
+    plain = plain_attention(qkv, 2, 0.5)
+    (plain_g,) = torch.autograd.grad(plain, qkv, g)
+    torch.testing.assert_close(mine, plain, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mine_g, plain_g, rtol=1e-12, atol=1e-12)
+    torch.manual_seed(2)
+    assert not torch.allclose(attend(qkv, 2, 0.5), mine)  # another seed, another mask
+
+
+def test_it_counts_the_flops_of_the_plain_formulation() -> None:
+    """MFU divides counted FLOPs by time: the kernel's products are the same six per (example, head)."""
+
+    def flops(f: Callable[[torch.Tensor, int, float], torch.Tensor]) -> int:
+        qkv = projected(11).float().detach().requires_grad_()
+        with FlopCounterMode(display=False) as counter:
+            f(qkv, 2, 0.0).sum().backward()
+        return int(counter.get_total_flops())
+
+    assert flops(attend) == flops(plain_attention) > 0

@@ -1,0 +1,106 @@
+"""Self-attention over a short token sequence, forward and backward laid out for a CPU's small matmuls.
+
+The default model attends over 39 tokens with 8-wide heads: per (example, head) a 39x8 by 8x39 product
+for the scores and a 39x39 by 39x8 one for the weighted values, and their four backward products.  On
+one CPU thread MKL's batched matmul runs the products whose output is 8 rows wide (8x39 by 39x39) about
+2.5x as fast as the same FLOPs as 39x39 by 39x8, and autograd's own backward of the plain formulation
+picks the slow form for three of the six.  So here each head's q, k and v are held transposed,
+(N, head_dim, T), and the products and their backward are written out (one `torch.autograd.Function`)
+in the forms that are fast: `attend(...)` is `F.dropout(softmax(q k^T / sqrt(d)), p) v` in values and
+gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` examples, so one block's
+(T x T) weights stay in the core's L2 between its products, and the dropout mask is drawn once for the
+whole batch, with the draw `F.dropout` makes, so a seeded run drops what it dropped before.
+
+Measured on the default model at the 1M-row recipe (batch 512, 1 thread): docs/benchmarks.md, "The
+attention's CPU kernel".  `trainer.models.ctr_model.self_attention` calls this for a training forward
+on a CPU in fp32, and its plain matmuls elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["BLOCK", "attend", "in_use", "plain_formulation"]
+
+BLOCK = 128
+"""Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The default model's
+dense step at batch 512 against the plain formulation: blocks of 64 1.18x, 128 1.21x, 256 1.11x, one block 1.06x."""
+
+
+_enabled = True
+
+
+def in_use(qkv: torch.Tensor, *, training: bool) -> bool:
+    """Whether a forward of the projected tokens `qkv` runs `attend`: a training step with gradients, on a CPU,
+    in fp32 (under bf16 autocast the projection comes out bf16), unless inside `plain_formulation()`."""
+    return _enabled and training and torch.is_grad_enabled() and qkv.device.type == "cpu" and qkv.dtype == torch.float32
+
+
+@contextmanager
+def plain_formulation() -> Iterator[None]:
+    """Inside, every forward takes autograd's plain formulation: `bench.dense_step`'s baseline, in the same process."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+class _Attention(torch.autograd.Function):
+    """softmax(q^T k) v per (example, head), transposed: qt, kt, vt (N, d, T) -> out^T (N, d, T).
+
+    The queries come scaled; `keep` (N, T, T) is the dropout's scaled mask on the weights, or None.  Forward
+    and backward go block by block (`BLOCK` examples' worth of N), every product in its 8-row-output form,
+    into buffers allocated once: no per-block autograd nodes, splits or concatenations.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, keep: torch.Tensor | None,
+                block: int) -> torch.Tensor:
+        n, d, t = qt.shape
+        w = qt.new_empty(n, t, t)  # softmax weights, before dropout: what the backward needs
+        out = qt.new_empty(n, d, t)
+        for i in range(0, n, block):
+            b = slice(i, i + block)
+            wb = torch.softmax(torch.bmm(qt[b].transpose(1, 2), kt[b]), dim=-1, out=w[b])  # (b, Tq, Tk)
+            torch.bmm(vt[b], (wb if keep is None else wb * keep[b]).transpose(1, 2), out=out[b])
+        ctx.save_for_backward(qt, kt, vt, w, keep)
+        ctx.block = block
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        qt, kt, vt, w, keep = ctx.saved_tensors
+        go = go.contiguous()
+        gq, gk, gv = torch.empty_like(qt), torch.empty_like(kt), torch.empty_like(vt)
+        for i in range(0, qt.shape[0], ctx.block):
+            b = slice(i, i + ctx.block)
+            wb = w[b]
+            torch.bmm(go[b], wb if keep is None else wb * keep[b], out=gv[b])
+            gw = torch.bmm(go[b].transpose(1, 2), vt[b])  # (b, Tq, Tk): the weights' gradient
+            if keep is not None:
+                gw.mul_(keep[b])
+            gs = gw.sub_((gw * wb).sum(dim=-1, keepdim=True)).mul_(wb)  # the softmax's backward: the scores'
+            torch.bmm(kt[b], gs.transpose(1, 2), out=gq[b])
+            torch.bmm(qt[b], gs, out=gk[b])
+        return gq, gk, gv, None, None
+
+
+def attend(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
+    """Multi-head attention of the projected tokens qkv (B, T, 3D) (q, k, v side by side, each D = heads x
+    head_dim) -> (B, T, D) before the out-projection, with dropout `dropout` on the attention weights."""
+    b, t, width = qkv.shape
+    d = width // 3
+    hd = d // heads
+    keep = None
+    if dropout > 0:  # F.dropout's own draw on the (B, H, T, T) weights: the same mask for the same seed
+        keep = qkv.new_zeros(b, heads, t, t) if dropout >= 1 else qkv.new_empty(b, heads, t, t).bernoulli_(1 - dropout).div_(1 - dropout)
+        keep = keep.view(b * heads, t, t)
+    qkvt = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 4, 1).reshape(3, b * heads, hd, t)
+    out = _Attention.apply(qkvt[0] * hd**-0.5, qkvt[1], qkvt[2], keep, BLOCK * heads)  # (B*H, hd, T)
+    return out.view(b, heads, hd, t).permute(0, 3, 1, 2).reshape(b, t, d)
