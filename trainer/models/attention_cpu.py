@@ -11,8 +11,8 @@ gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` ex
 (T x T) weights stay in the core's L2 between its products, and the dropout mask is drawn once for the
 whole batch, with the draw `F.dropout` makes, so a seeded run drops what it dropped before.
 
-Measured on the default model at the 1M-row recipe (batch 512, 1 thread): docs/benchmarks.md, "The
-attention's CPU kernel".  `trainer.models.ctr_model.self_attention` calls this for a training forward
+Measured on the default model's dense step at the recipe's batches (`python -m bench.dense_step`, 1 thread):
+docs/benchmarks.md, "The attention's CPU kernel".  `trainer.models.ctr_model.self_attention` calls this for a training forward
 on a CPU in fp32, and its plain matmuls elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
 """
 
