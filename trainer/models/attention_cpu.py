@@ -52,19 +52,20 @@ def plain_formulation() -> Iterator[None]:
 
 
 class _Attention(torch.autograd.Function):
-    """softmax(q^T k) v per (example, head), transposed: qt, kt, vt (N, d, T) -> out^T (N, d, T).
+    """softmax(q^T k / sqrt(d)) v per (example, head), transposed: qkvt (3, N, d, T) -> out^T (N, d, T).
 
-    The queries come scaled; `keep` (N, T, T) is the dropout's scaled mask on the weights, or None.  Forward
-    and backward go block by block (`BLOCK` examples' worth of N), every product in its 8-row-output form,
-    into buffers allocated once: no per-block autograd nodes, splits or concatenations.
+    `keep` (N, T, T) is the dropout's scaled mask on the weights, or None.  Forward and backward go block by
+    block (`block` of N at a time), every product in its 8-row-output form, into buffers allocated once: no
+    per-block autograd nodes, and one gradient for q, k and v together (three slices' gradients would each
+    be zero-filled to the whole and summed).
     """
 
     @staticmethod
-    def forward(ctx: Any, qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, keep: torch.Tensor | None,
-                block: int) -> torch.Tensor:
-        n, d, t = qt.shape
-        w = qt.new_empty(n, t, t)  # softmax weights, before dropout: what the backward needs
-        out = qt.new_empty(n, d, t)
+    def forward(ctx: Any, qkvt: torch.Tensor, keep: torch.Tensor | None, block: int) -> torch.Tensor:
+        _, n, d, t = qkvt.shape
+        qt, kt, vt = qkvt[0] * d**-0.5, qkvt[1], qkvt[2]
+        w = qkvt.new_empty(n, t, t)  # softmax weights, before dropout: what the backward needs
+        out = qkvt.new_empty(n, d, t)
         for i in range(0, n, block):
             b = slice(i, i + block)
             wb = torch.softmax(torch.bmm(qt[b].transpose(1, 2), kt[b]), dim=-1, out=w[b])  # (b, Tq, Tk)
@@ -77,18 +78,19 @@ class _Attention(torch.autograd.Function):
     def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qt, kt, vt, w, keep = ctx.saved_tensors
         go = go.contiguous()
-        gq, gk, gv = torch.empty_like(qt), torch.empty_like(kt), torch.empty_like(vt)
+        g = qt.new_empty(3, *qt.shape)  # the gradients of q, k and v, as qkvt lays them out
         for i in range(0, qt.shape[0], ctx.block):
             b = slice(i, i + ctx.block)
             wb = w[b]
-            torch.bmm(go[b], wb if keep is None else wb * keep[b], out=gv[b])
+            torch.bmm(go[b], wb if keep is None else wb * keep[b], out=g[2, b])
             gw = torch.bmm(go[b].transpose(1, 2), vt[b])  # (b, Tq, Tk): the weights' gradient
             if keep is not None:
                 gw.mul_(keep[b])
             gs = gw.sub_((gw * wb).sum(dim=-1, keepdim=True)).mul_(wb)  # the softmax's backward: the scores'
-            torch.bmm(kt[b], gs.transpose(1, 2), out=gq[b])
-            torch.bmm(qt[b], gs, out=gk[b])
-        return gq, gk, gv, None, None
+            torch.bmm(kt[b], gs.transpose(1, 2), out=g[0, b])
+            torch.bmm(qt[b], gs, out=g[1, b])
+        g[0].mul_(qt.shape[1] ** -0.5)  # through the queries' scaling
+        return g, None, None
 
 
 def attend(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
@@ -102,5 +104,5 @@ def attend(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
         keep = qkv.new_zeros(b, heads, t, t) if dropout >= 1 else qkv.new_empty(b, heads, t, t).bernoulli_(1 - dropout).div_(1 - dropout)
         keep = keep.view(b * heads, t, t)
     qkvt = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 4, 1).reshape(3, b * heads, hd, t)
-    out = _Attention.apply(qkvt[0] * hd**-0.5, qkvt[1], qkvt[2], keep, BLOCK * heads)  # (B*H, hd, T)
+    out = _Attention.apply(qkvt, keep, BLOCK * heads)  # (B*H, hd, T)
     return out.view(b, heads, hd, t).permute(0, 3, 1, 2).reshape(b, t, d)
