@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ STEPS = 3
 """Steps per variant per round."""
 
 
-def time_steps(step: Any, plain: bool) -> float:
+def time_steps(step: Callable[[], None], plain: bool) -> float:
     """CPU seconds per step over STEPS steps, with the kernel or the plain formulation."""
     t0 = time.process_time()
     if plain:

@@ -160,7 +160,8 @@ def check_capacity(out: str, results: Path) -> None:
 
 CHECKS: dict[str, Callable[[str, Path], None]] = {
     "bench.ingest": check_ingest, "bench.vocab": check_vocab, "bench.store": check_store, "bench.train": check_train,
-    "bench.dense_step": check_dense_step, "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day, "bench.gpu_probe": check_gpu_probe,
+    "bench.dense_step": check_dense_step, "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day,
+    "bench.gpu_probe": check_gpu_probe,
     "bench.capacity": check_capacity, "bench.serve": check_serve, "bench.quality": check_quality,
     "bench.quality_ladder": check_quality_ladder,
 }

@@ -68,3 +68,18 @@ def test_it_counts_the_flops_of_the_plain_formulation() -> None:
         return int(counter.get_total_flops())
 
     assert flops(attend) == flops(plain_attention) > 0
+
+
+def test_it_runs_for_a_training_step_on_a_cpu_in_fp32_only() -> None:
+    """Eval, no-grad scoring, bf16 autocast (and CUDA, by the same check) keep the plain formulation."""
+    qkv = torch.randn(2, 3, 24)
+    assert attention_cpu.in_use(qkv, training=True)
+    assert not attention_cpu.in_use(qkv, training=False)
+    with torch.no_grad():
+        assert not attention_cpu.in_use(qkv, training=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        projected_bf16 = torch.nn.functional.linear(torch.randn(2, 3, 8), torch.randn(24, 8))
+    assert not attention_cpu.in_use(projected_bf16, training=True)
+    with attention_cpu.plain_formulation():
+        assert not attention_cpu.in_use(qkv, training=True)
+    assert attention_cpu.in_use(qkv, training=True)  # restored on leaving
