@@ -12,8 +12,8 @@ gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` ex
 whole batch, with the draw `F.dropout` makes, so a seeded run drops what it dropped before.
 
 Measured on the default model's dense step at the recipe's batches (`python -m bench.dense_step`, 1 thread):
-docs/benchmarks.md, "The attention's CPU kernel".  `trainer.models.ctr_model.self_attention` calls this for a training forward
-on a CPU in fp32, and its plain matmuls elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
+docs/benchmarks.md, "The attention's CPU kernel".  `trainer.models.ctr_model.self_attention` calls this for a
+training forward on a CPU in fp32, and its plain matmuls elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ __all__ = ["BLOCK", "attend", "in_use", "plain_formulation"]
 
 BLOCK = 128
 """Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The default model's
-dense step at batch 512 against the plain formulation: blocks of 64 1.18x, 128 1.21x, 256 1.11x, one block 1.06x."""
+dense step at batch 512 against the plain formulation (the kernel's first version): blocks of 64 1.18x, 128 1.21x,
+256 1.11x, one block 1.06x."""
 
 
 _enabled = True
