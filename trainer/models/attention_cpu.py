@@ -28,8 +28,8 @@ __all__ = ["BLOCK", "attend", "in_use", "plain_formulation"]
 
 BLOCK = 128
 """Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The default model's
-dense step at batch 512 against the plain formulation (the kernel's first version): blocks of 64 1.18x, 128 1.21x,
-256 1.11x, one block 1.06x."""
+dense step at batch 512 against the plain formulation (the kernel's first version, in a timing script): blocks of
+64 1.18x, 128 1.21x, 256 1.11x, one block 1.06x."""
 
 
 _enabled = True
