@@ -75,7 +75,7 @@ SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "het": HetConfig, "train
 OTHER_VALUE: dict[str, Any] = {
     "model.arch": "dnn", "model.num_heads": 4, "model.attention_layers": 2, "model.mlp_dims": (8,),
     "model.dropout": 0.1, "model.dense_buckets": 0, "model.dense_bucket_max": 5.0, "model.cross": False,
-    "model.cross_input": "fields", "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
+    "model.cross_input": "fields", "model.attention_input": "fields", "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
     "model.bag_pooling": "sum",
     "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
     "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
@@ -135,6 +135,7 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     optim.pop("wide_loss")  # added later (issue 31), 0 (the model's loss alone) its neutral value
     model = codec.encode(spec.model)
     model.pop("cross_input")  # added later (issue 29), the earlier cross term's input its neutral value
+    model.pop("attention_input", None)  # added later (issue 29), every token attended its neutral value
     parts = {
         "model": model, "optim": optim, "het": codec.encode(spec.het),
         "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
@@ -177,7 +178,7 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
 
 
 ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype", "optim.wide_loss",
-               "model.cross_input")
+               "model.cross_input", "model.attention_input")
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
 

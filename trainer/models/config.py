@@ -10,6 +10,7 @@ from trainer.config import AUTO
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 CROSS_INPUTS = ("tokens", "fields")
+ATTENTION_INPUTS = ("tokens", "fields")
 BAG_POOLINGS = ("mean", "sum", "none")
 
 
@@ -22,6 +23,10 @@ class ModelConfig:
     """Attention heads; must divide store.embedding_dim."""
     attention_layers: int = shape_field(1)
     """`attention` only: self-attention layers over the field (and dense bucket) tokens; 0 = none."""
+    attention_input: str = result_field("tokens", neutral="tokens")
+    """`attention` only: what the attention layers attend over: `tokens`, the field and dense bucket tokens
+    together, or `fields`, the sparse fields' tokens alone (the bucket tokens then reach the MLP as they
+    are).  Reshapes no parameter: a change keeps the warm start."""
     mlp_dims: tuple[int, ...] = shape_field((256, 128))
     """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
     dropout: str | float = result_field(AUTO)
@@ -76,6 +81,8 @@ class ModelConfig:
             raise ValueError("model.dense_bucket_max must be > 0, model.cross_layers and model.cross_rank >= 0")
         if self.bag_pooling not in BAG_POOLINGS:
             raise ValueError(f"model.bag_pooling must be one of {BAG_POOLINGS}, got {self.bag_pooling!r}")
+        if self.attention_input not in ATTENTION_INPUTS:
+            raise ValueError(f"model.attention_input must be one of {ATTENTION_INPUTS}, got {self.attention_input!r}")
         if self.cross_input not in CROSS_INPUTS:
             raise ValueError(f"model.cross_input must be one of {CROSS_INPUTS}, got {self.cross_input!r}")
         if self.arch not in ARCHS:
@@ -99,7 +106,7 @@ class ModelConfig:
         return ["model.dropout"] if self.dropout == AUTO else []
 
 
-ATTENTION_ONLY = ("num_heads", "attention_layers", "cross", "cross_input", "wide", "wide_scale")
+ATTENTION_ONLY = ("num_heads", "attention_layers", "attention_input", "cross", "cross_input", "wide", "wide_scale")
 """The fields only the `attention` architecture reads (the reference archs build none of their modules)."""
 
 
@@ -122,8 +129,10 @@ def unread_fields(config: ModelConfig) -> tuple[str, ...]:
             unread += ["cross_input", "cross_layers", "cross_rank"]
         if not config.wide:
             unread.append("wide_scale")
-    if not config.dense_buckets:  # no bucket tokens: the edges are never used
+    if not config.dense_buckets:  # no bucket tokens: the edges are never used, the attention sees the fields alone
         unread.append("dense_bucket_max")
+        if config.arch == "attention":
+            unread.append("attention_input")
     return tuple(unread)
 
 

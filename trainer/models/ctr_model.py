@@ -223,9 +223,15 @@ class CTRModel(nn.Module):
             )
         if self.config.arch != "attention":
             return self.net(dense, emb) + BIAS_SCALE * self.bias, None  # (B,)
-        if self.config.dense_buckets:
+        if not self.config.dense_buckets:
+            fields = self.attention(emb)  # (B, F, D)
+        elif self.config.attention_input == "fields":  # the bucket tokens join after the attention
+            buckets = self.dense_arch(dense)  # (B, n, D)
+            fields = torch.cat([self.attention(emb), buckets], dim=1)  # (B, F + n, D)
+            emb = torch.cat([emb, buckets], dim=1)
+        else:
             emb = torch.cat([emb, self.dense_arch(dense)], dim=1)  # (B, F + n, D)
-        fields = self.attention(emb)  # (B, F', D)
+            fields = self.attention(emb)  # (B, F', D)
         z = self.interaction(dense, fields)  # (B, n + F'*D)
         logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
         if self.config.cross and not self.cross_skipped:

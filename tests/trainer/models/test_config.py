@@ -28,8 +28,9 @@ def test_only_changes_that_reshape_parameters_are_reported() -> None:
     assert reshaping_changes({**saved, "gone": 1}, ModelConfig()) == ["model.gone"]  # a key of another version
 
 
-def test_dropout_and_bag_pooling_are_the_fields_that_reshape_nothing() -> None:
-    assert sorted(n for n, d in declarations(ModelConfig).items() if d.role is not Role.SHAPE) == ["bag_pooling", "dropout"]
+def test_dropout_bag_pooling_and_attention_input_are_the_fields_that_reshape_nothing() -> None:
+    assert sorted(n for n, d in declarations(ModelConfig).items() if d.role is not Role.SHAPE) == [
+        "attention_input", "bag_pooling", "dropout"]
 
 
 def test_a_model_saved_before_the_cross_term_lacks_it_only_where_it_is_read() -> None:
@@ -62,7 +63,7 @@ def _reshaping_changes_before_roles(saved: dict | None, ours: ModelConfig) -> li
     """`reshaping_changes` as it was before the fields declared roles (verbatim, with its SHAPE_FREE list)."""
     import dataclasses
 
-    shape_free = ("dropout", "bag_pooling")
+    shape_free = ("dropout", "bag_pooling", "attention_input")
     mine = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(ours).items() if k not in shape_free}
     theirs = {k: list(v) if isinstance(v, tuple) else v for k, v in (saved or {}).items() if k not in shape_free}
     return [f"model.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
