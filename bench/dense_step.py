@@ -5,7 +5,8 @@ CPU kernel against autograd's plain formulation in the same run.
 
 For each day size (train rows of one rank) the recipe (`trainer.plan.recipe.derive`) gives the batch and the
 model's dropout; the default model (`flows.config.RunConfig`) is built at that batch and runs forward + backward
-on random inputs (the embedding rows a leaf that gets its gradient, as in training), one torch thread.  Each
+on random inputs (the embedding rows a leaf that gets its gradient, as in training), one torch thread, with the
+ranks' glibc malloc settings (`trainer.malloc.tune_malloc`: without them each step faults in its pages again).  Each
 round times 3 steps with `trainer.models.attention_cpu` in use and 3 inside `plain_formulation()`, in
 alternating order, in CPU seconds of this process (a shared machine's other load does not count, its clock
 changes do, hence the pairing); the table gives the medians and the median of the per-round ratios.
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from bench._common import add_smoke, apply_smoke, report
 from bench._mfu import model_mfu
 from bench.train import default_model, recipe_for
+from trainer.malloc import tune_malloc
 from trainer.models.attention_cpu import plain_formulation
 from trainer.models.ctr_model import CTRModel
 
@@ -100,8 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(1)
+    malloc = tune_malloc()  # as a rank does at start (trainer.main)
     rows = [row for n in args.rows for row in measure(n, args.rounds)]
-    report("dense_step", rows, params={"rows": args.rows, "rounds": args.rounds, "steps_per_round": STEPS},
+    report("dense_step", rows, params={"rows": args.rows, "rounds": args.rounds, "steps_per_round": STEPS,
+                                       "malloc": [list(m) for m in malloc]},
            notes=f"medians over {args.rounds} rounds of {STEPS} steps each, CPU seconds, 1 torch thread; "
                  "speedup_vs_plain: the median of the per-round ratios; mfu: counted FLOPs x examples per CPU-second "
                  "/ the attained fp32 matmul rate (matmul_shape, 1 thread, this run).")

@@ -37,6 +37,18 @@ def test_dropout_and_bag_pooling_change_no_shape():
     assert (ws.dense, ws.sparse) == (True, True)
 
 
+def test_a_model_json_from_before_attention_input_attends_over_every_token_and_either_value_keeps_its_warm_start():
+    data = sample("model-v2.json")
+    data["model_config"].pop("attention_input", None)
+    meta = ModelMeta.from_dict(data)
+    assert meta.model_cfg().attention_input == "tokens"  # what it was trained with
+    cfg = demo("/tmp/x")
+    for value in ("tokens", "fields"):
+        ws = warm_start(meta, replace(cfg.model, cross_input="tokens", attention_input=value),
+                        replace(cfg.store, embedding_dim=meta.dim))
+        assert "model.attention_input" not in ws.reason
+
+
 def test_new_mlp_widths_start_dense_cold_but_keep_the_rows():
     cfg = demo("/tmp/x")
     new = with_overrides(cfg, {"model.mlp_dims": [16]})

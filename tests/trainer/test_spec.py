@@ -25,14 +25,15 @@ ADAM, FP32 = "adam", "fp32"
 NO_WIDE_LOSS = 0.0
 """`optim.wide_loss` of the releases before it (the model's loss alone): the specs of `PINNED` use it."""
 ALL_TOKENS = "tokens"
-"""`model.cross_input` of the releases before it (every token crossed): the specs of `PINNED` use it."""
+"""`model.cross_input` and `model.attention_input` of the releases before them (every token crossed and attended):
+the specs of `PINNED` use it."""
 
 
 def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
         "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
-        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
+        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS, attention_input=ALL_TOKENS), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
         "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
@@ -150,7 +151,7 @@ def _identity_before_roles(spec: TrainSpec) -> str:
 CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", date="2024-01-01", rows=10,
                       evicted_url=None)
 FULL = {
-    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4, cross_input=ALL_TOKENS),
+    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4, cross_input=ALL_TOKENS, attention_input=ALL_TOKENS),
     "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
                          cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM,
                          wide_loss=NO_WIDE_LOSS),
@@ -164,7 +165,7 @@ PINNED = {  # computed by the code before the roles (git HEAD bce5d75), before t
     "default": (_spec, {}, "eee1caf9f2"),
     "full": (_spec, FULL, "a6fd8d91da"),
     "parent eval on": (_spec, FULL | {"optim": dataclasses.replace(FULL["optim"], train_parent_eval=True)}, "a6fd8d91da"),
-    "carried by url": (_spec, {"model": ModelConfig(cross_input=ALL_TOKENS), "trainer": TrainerConfig(nproc_per_node=1),
+    "carried by url": (_spec, {"model": ModelConfig(cross_input=ALL_TOKENS, attention_input=ALL_TOKENS), "trainer": TrainerConfig(nproc_per_node=1),
                                "carried": dataclasses.replace(CARRIED, features_id="", evicted_url="/e")}, "c8af5b3610"),
 }
 
@@ -209,6 +210,15 @@ def test_a_cross_term_on_every_token_keeps_its_tag_and_the_default_on_the_fields
     assert spec.model.cross_input == ALL_TOKENS and spec.identity() == "eee1caf9f2"
     assert ModelConfig().cross_input == "fields"
     assert _spec(model=dataclasses.replace(spec.model, cross_input="fields")).identity() != spec.identity()
+
+
+def test_an_attention_over_every_token_keeps_its_tag_and_the_default_over_the_fields_gets_another() -> None:
+    """A day started before `model.attention_input` existed (every token attended) finds its checkpoints; the
+    default attends over the field tokens alone, another computation, so it hashes to another tag."""
+    spec = _spec()
+    assert spec.model.attention_input == ALL_TOKENS and spec.identity() == "eee1caf9f2"
+    assert ModelConfig().attention_input == "fields"
+    assert _spec(model=dataclasses.replace(spec.model, attention_input="fields")).identity() != spec.identity()
 
 
 def test_a_day_without_the_wide_loss_keeps_its_tag_and_a_small_day_with_it_gets_another() -> None:

@@ -223,6 +223,8 @@ class CTRModel(nn.Module):
             )
         if self.config.arch != "attention":
             return self.net(dense, emb) + BIAS_SCALE * self.bias, None  # (B,)
+        field_emb = emb  # (B, F, D): the cross term's input with `cross_input: fields`, unsliced (a slice's
+        # backward would zero-fill the whole (B, F', D) gradient and copy into it)
         if not self.config.dense_buckets:
             fields = self.attention(emb)  # (B, F, D)
         elif self.config.attention_input == "fields":  # the bucket tokens join after the attention
@@ -235,11 +237,13 @@ class CTRModel(nn.Module):
         z = self.interaction(dense, fields)  # (B, n + F'*D)
         logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
         if self.config.cross and not self.cross_skipped:
-            crossed = emb if self.config.cross_input == "tokens" else emb[:, : self.num_fields]
+            crossed = emb if self.config.cross_input == "tokens" else field_emb
             logits = logits + self.cross(crossed.reshape(emb.shape[0], -1))  # (B, F'*D or F*D) -> (B,)
         if not self.config.wide:
             return logits, None
-        w = self.config.wide_scale * emb[:, :, 0].sum(dim=1)  # (B, F') key and bucket weights -> (B,)
+        # the key and bucket weights e[0] summed, (B, F', D) -> (B,): summed before the select, whose backward
+        # then zero-fills (B, D), not (B, F', D)
+        w = self.config.wide_scale * emb.sum(dim=1)[:, 0]
         wide_dense = self.wide(dense).squeeze(-1)  # (B,)
         wide = wide_dense + w + BIAS_SCALE * self.bias if with_wide else None
         return logits + wide_dense + w, wide  # (B,)

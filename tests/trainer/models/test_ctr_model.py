@@ -204,6 +204,31 @@ def test_a_cross_term_on_the_fields_alone_is_narrower_and_blind_to_the_bucket_to
         ModelConfig(cross_input="dense")
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_an_attention_over_the_fields_alone_leaves_the_bucket_tokens_out_and_as_they_are(training: bool) -> None:
+    """`model.attention_input: fields`: the F field tokens attend over each other only, and the n dense bucket
+    tokens join them after the attention, as they are; the same parameters as `tokens`, so a saved model of
+    either loads into the other."""
+    config = ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4, attention_input="fields")
+    torch.manual_seed(0)
+    model = CTRModel(config, num_dense=3, num_fields=4, dim=4).train(training)
+    every = CTRModel(dataclasses.replace(config, attention_input="tokens"), num_dense=3, num_fields=4, dim=4)
+    every.load_state_dict(model.state_dict())
+    seen: list[torch.Tensor] = []
+    model.interaction.register_forward_hook(lambda _m, args, _out: seen.append(args[1]))
+    emb = torch.randn(5, 4, 4, requires_grad=True)
+    dense, other = torch.rand(5, 3), torch.rand(5, 3) * 5
+    model(dense, emb).sum().backward()
+    model(other, emb)
+    torch.testing.assert_close(seen[0][:, :4], model.attention(emb))  # the fields' attention, blind to the dense
+    torch.testing.assert_close(seen[1][:, :4], seen[0][:, :4])
+    torch.testing.assert_close(seen[0][:, 4:], model.dense_arch(dense))  # the bucket tokens, unattended
+    assert emb.grad is not None and emb.grad.abs().sum() > 0
+    assert not torch.allclose(every.train(training)(dense, emb), model(dense, emb))  # another computation
+    with pytest.raises(ValueError, match="model.attention_input must be one of"):
+        ModelConfig(attention_input="dense")
+
+
 def test_hold_cross_skips_a_zero_term_with_the_same_logits_and_runs_a_trained_one() -> None:
     torch.manual_seed(0)
     model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3, num_fields=4, dim=4)
