@@ -1,7 +1,7 @@
 """The dense step alone: the default model's forward + backward at the recipe's batch, its MFU, and the attention's
 CPU kernel against autograd's plain formulation in the same run.
 
-    python -m bench.dense_step [--rows 100000 900000] [--rounds 30] [--smoke]
+    python -m bench.dense_step [--rows 100000 900000] [--rounds 30] [--variants KEY=VALUE[,KEY=VALUE] ...] [--smoke]
 
 For each day size (train rows of one rank) the recipe (`trainer.plan.recipe.derive`) gives the batch and the
 model's dropout; the default model (`flows.config.RunConfig`) is built at that batch and runs forward + backward
@@ -9,7 +9,9 @@ on random inputs (the embedding rows a leaf that gets its gradient, as in traini
 ranks' glibc malloc settings (`trainer.malloc.tune_malloc`: without them each step faults in its pages again).  Each
 round times 3 steps with `trainer.models.attention_cpu` in use and 3 inside `plain_formulation()`, in
 alternating order, in CPU seconds of this process (a shared machine's other load does not count, its clock
-changes do, hence the pairing); the table gives the medians and the median of the per-round ratios.
+changes do, hence the pairing); the table gives the medians and the median of the per-round ratios.  Each of
+`--variants` (the default config with some keys set, e.g. `model.attention_input=tokens`) runs with the kernel in
+the same rounds, against the default (`speedup_vs_default`).
 
 MFU = FLOPs per example (counted, `bench._mfu`) x examples per CPU-second / the fp32 matmul rate one thread
 attains on the model's widest layer at the same batch (the best of readings before and after the rounds).
@@ -28,14 +30,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench._common import add_smoke, apply_smoke, report
+from bench._common import Variant, add_smoke, apply_smoke, report
 from bench._mfu import model_mfu
-from bench.train import default_model, recipe_for
+from bench.train import recipe_for
+from flows.config import RunConfig, with_overrides
+from storage.embedding.config import StoreConfig
 from trainer.malloc import tune_malloc
 from trainer.models.attention_cpu import plain_formulation
+from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
-SMOKE = {"rows": [2_000], "rounds": 2}
+SMOKE = {"rows": [2_000], "rounds": 2, "variants": ["model.attention_input=tokens"]}
 STEPS = 3
 """Steps per variant per round."""
 
@@ -53,9 +58,8 @@ def time_steps(step: Callable[[], None], plain: bool) -> float:
     return (time.process_time() - t0) / STEPS
 
 
-def measure(rows: int, rounds: int) -> list[dict[str, Any]]:
-    """The rows of one day size: the kernel and the plain formulation."""
-    model, store = default_model()
+def model_step(model: ModelConfig, store: StoreConfig, rows: int) -> tuple[Callable[[], None], CTRModel, tuple, int]:
+    """One dense step of `model` at the recipe's batch for `rows` rows of one rank: (step, net, inputs, batch)."""
     recipe = recipe_for(model, rows, 1, None)
     batch = int(recipe.optim.batch_size)
     torch.manual_seed(0)
@@ -69,25 +73,37 @@ def measure(rows: int, rounds: int) -> list[dict[str, Any]]:
         emb.grad = None
         F.binary_cross_entropy_with_logits(net(dense, emb), labels).backward()
 
-    flops = model_mfu(net, dense, emb)
-    for plain in (False, True):  # warm-up: allocations, thread pool
+    return step, net, (dense, emb), batch
+
+
+def measure(rows: int, rounds: int, variants: tuple[Variant, ...] = ()) -> list[dict[str, Any]]:
+    """The rows of one day size: the default model with the kernel, with the plain formulation, and each variant
+    (the default config with its keys set) with the kernel, all in the same rounds."""
+    cfg = RunConfig()
+    runs = [("plain formulation (autograd)", cfg, True), ("attention CPU kernel", cfg, False)]
+    runs += [(f"attention CPU kernel [{v.label}]", with_overrides(cfg, v.sets), False) for v in variants]
+    steps = [model_step(c.model, c.store, rows) for _, c, _ in runs]
+    flops = [model_mfu(net, *inputs) for _, net, inputs, _ in steps]
+    for (step, *_), (_, _, plain) in zip(steps, runs, strict=True):  # warm-up: allocations, thread pool
         time_steps(step, plain)
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: list[list[float]] = [[] for _ in runs]
+    order = list(range(len(runs)))
     for r in range(rounds):
-        for plain in ((False, True) if r % 2 else (True, False)):
-            times[plain].append(time_steps(step, plain))
-    rate = max(flops["attainable_gflops"], model_mfu(net, dense, emb)["attainable_gflops"])
+        for i in (order if r % 2 else order[::-1]):
+            times[i].append(time_steps(steps[i][0], runs[i][2]))
+    rate = max(max(f["attainable_gflops"] for f in flops), model_mfu(steps[1][1], *steps[1][2])["attainable_gflops"])
     out = []
-    for plain, label in ((True, "plain formulation (autograd)"), (False, "attention CPU kernel")):
-        per_step = statistics.median(times[plain])
-        ratios = [p / t for p, t in zip(times[True], times[plain], strict=True)]
+    for i, (label, _, _) in enumerate(runs):
+        batch = steps[i][3]
+        per_step = statistics.median(times[i])
         out.append({
             "run": f"{rows:,} rows: {label}", "rows": rows, "batch": batch,
             "ms_per_step": round(per_step * 1e3, 2), "examples_per_cpu_s": round(batch / per_step),
-            "speedup_vs_plain": round(statistics.median(ratios), 3),
-            "mfu": round(flops["flops_per_example"] * batch / per_step / (rate * 1e9), 3),
-            "mflop_per_example": round(flops["flops_per_example"] / 1e6, 2),
-            "attainable_gflops": round(rate, 1), "matmul_shape": flops["matmul_shape"],
+            "speedup_vs_plain": round(statistics.median(p / t for p, t in zip(times[0], times[i], strict=True)), 3),
+            "speedup_vs_default": round(statistics.median(d / t for d, t in zip(times[1], times[i], strict=True)), 3),
+            "mfu": round(flops[i]["flops_per_example"] * batch / per_step / (rate * 1e9), 3),
+            "mflop_per_example": round(flops[i]["flops_per_example"] / 1e6, 2),
+            "attainable_gflops": round(rate, 1), "matmul_shape": flops[i]["matmul_shape"],
         })
     return out
 
@@ -97,15 +113,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[100_000, 900_000],
                    help="train rows of one rank per day: the recipe's batch (100,000: 128; 900,000: 1024)")
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--variants", nargs="*", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="the default config with these keys set, timed with the kernel in the same rounds "
+                        "(e.g. model.attention_input=tokens)")
     add_smoke(p)
     args = apply_smoke(p.parse_args(argv), SMOKE)
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(1)
     malloc = tune_malloc()  # as a rank does at start (trainer.main)
-    rows = [row for n in args.rows for row in measure(n, args.rounds)]
+    variants = tuple(Variant.parse(v) for v in args.variants)
+    rows = [row for n in args.rows for row in measure(n, args.rounds, variants)]
     report("dense_step", rows, params={"rows": args.rows, "rounds": args.rounds, "steps_per_round": STEPS,
-                                       "malloc": [list(m) for m in malloc]},
+                                       "variants": args.variants, "malloc": [list(m) for m in malloc]},
            notes=f"medians over {args.rounds} rounds of {STEPS} steps each, CPU seconds, 1 torch thread; "
                  "speedup_vs_plain: the median of the per-round ratios; mfu: counted FLOPs x examples per CPU-second "
                  "/ the attained fp32 matmul rate (matmul_shape, 1 thread, this run).")

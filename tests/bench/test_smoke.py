@@ -84,8 +84,10 @@ def check_train(out: str, results: Path) -> None:
 def check_dense_step(out: str, results: Path) -> None:
     got = runs(load(results, "dense_step"))
     plain, kernel = got["2,000 rows: plain formulation (autograd)"], got["2,000 rows: attention CPU kernel"]
-    assert plain["speedup_vs_plain"] == 1.0 and kernel["speedup_vs_plain"] > 0
-    for row in (plain, kernel):
+    tokens = got["2,000 rows: attention CPU kernel [model.attention_input=tokens]"]  # the smoke run's one variant
+    assert plain["speedup_vs_plain"] == 1.0 and kernel["speedup_vs_plain"] > 0 and kernel["speedup_vs_default"] == 1.0
+    assert tokens["speedup_vs_default"] > 0 and tokens["mflop_per_example"] > kernel["mflop_per_example"]  # 39 tokens attend
+    for row in (plain, kernel, tokens):
         assert row["batch"] == 128 and row["ms_per_step"] > 0 and row["mfu"] > 0, row  # the recipe's smallest batch
         assert row["mflop_per_example"] > 0 and row["matmul_shape"].startswith("128x")
 

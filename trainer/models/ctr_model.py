@@ -5,16 +5,18 @@ its batch from the sharded embedding store (`trainer.distributed.sharded_embeddi
 and passes them in as a leaf tensor `emb` (B, F, D) whose gradient is pushed
 back to the owners.  Only the dense part below is data-parallel.
 
-    emb (B, F, D)                                   dense (B, n)
-      |                                               |  (only with model.dense_buckets > 0)
-      +--- cat ---------------- DenseArch (B, n_b, D) +
-      v                                               |
-    tokens (B, F', D) -> SequenceAttention -> (B, F', D)
-                                      |               |
+    emb (B, F, D) -> SequenceAttention -> (B, F, D)          dense (B, n)
+                                            |                  |  (only with model.dense_buckets > 0)
+                                            +-- cat ---------- DenseArch (B, n_b, D)
+                                            v
+                                      tokens (B, F', D)
+                                            |
                           InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
 
 F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
-feature) and 0 without.  `model.wide` adds a logistic-regression term to the logit, and `model.cross`
+feature) and 0 without.  The attention attends over the F field tokens, the bucket tokens joining them
+after it; with `model.attention_input: tokens` it attends over all F' (the cat before it).  `model.wide`
+adds a logistic-regression term to the logit, and `model.cross`
 a DCN-V2 cross network's logit on the flattened field tokens (B, F*D), or on every token (B, F'*D) with
 `model.cross_input: tokens` (`CrossTerm`).  `model.arch` other
 than `attention` swaps the body for a reference architecture of `trainer.models.reference` (lr, dnn,
