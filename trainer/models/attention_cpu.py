@@ -1,9 +1,10 @@
 """Self-attention over a short token sequence, forward and backward laid out for a CPU's small matmuls.
 
-The default model attends over 39 tokens with 8-wide heads: per (example, head) a 39x8 by 8x39 product
-for the scores and a 39x39 by 39x8 one for the weighted values, and their four backward products.  On
-one CPU thread MKL's batched matmul runs the products whose output is 8 rows wide (8x39 by 39x39) about
-2.5x as fast as the same FLOPs as 39x39 by 39x8, and autograd's own backward of the plain formulation
+The default model attends over its 26 field tokens with 8-wide heads (39 tokens, the dense bucket tokens too,
+with `model.attention_input: tokens`): per (example, head) a Tx8 by 8xT product for the scores and a TxT by
+Tx8 one for the weighted values, and their four backward products.  On one CPU thread MKL's batched matmul
+runs the products whose output is 8 rows wide (8x39 by 39x39) about 2.5x as fast as the same FLOPs as 39x39
+by 39x8 (measured at 39 tokens), and autograd's own backward of the plain formulation
 picks the slow form for three of the six.  So here each head's q, k and v are held transposed,
 (N, head_dim, T), and the products and their backward are written out (one `torch.autograd.Function`)
 in the forms that are fast: `attend(...)` is `F.dropout(softmax(q k^T / sqrt(d)), p) v` in values and
@@ -27,9 +28,10 @@ import torch
 __all__ = ["BLOCK", "attend", "in_use", "plain_formulation"]
 
 BLOCK = 128
-"""Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The default model's
-dense step at batch 512 against the plain formulation (the kernel's first version, in a timing script): blocks of
-64 1.18x, 128 1.21x, 256 1.11x, one block 1.06x."""
+"""Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The dense step at batch
+512 with 39 tokens against the plain formulation (the kernel's first version, in a timing script): blocks of 64
+1.18x, 128 1.21x, 256 1.11x, one block 1.06x.  With the default's 26 tokens at batch 1,024, blocks of 64 to 1,024
+were within +-3% of 128 (docs/benchmarks.md, "The attention over the field tokens")."""
 
 
 _enabled = True
