@@ -7,11 +7,12 @@ back to the owners.  Only the dense part below is data-parallel.
 
     emb (B, F, D) -> SequenceAttention -> (B, F, D)          dense (B, n)
                                             |                  |  (only with model.dense_buckets > 0)
-                                            +-- cat ---------- DenseArch (B, n_b, D)
-                                            v
-                                      tokens (B, F', D)
-                                            |
-                          InteractionArch(dense, .) -> (B, n + F'*D) -> OverArch -> logits (B,)
+                                            |                  DenseArch (B, n_b, D)
+                                            v                  v
+                InteractionArch.blocks: dense (B, n), (B, F*D), (B, n_b*D) -> OverArch -> logits (B,)
+
+The blocks are the MLP's input (B, n + F'*D), uncatted: its first layer takes each block by its own columns
+(`trainer.models.layers.concat_linear`).
 
 F' = F + n_b, where n_b = n with `model.dense_buckets > 0` (one learned bucket token per dense
 feature) and 0 without.  The attention attends over the F field tokens, the bucket tokens joining them
@@ -129,8 +130,13 @@ class InteractionArch(nn.Module):
         self.out_dim = num_dense + num_fields * dim
 
     def forward(self, dense: torch.Tensor, fields: torch.Tensor) -> torch.Tensor:
-        B = fields.shape[0]
-        return torch.cat([dense, fields.reshape(B, -1)], dim=1)  # (B, n + F*D)
+        return torch.cat(self.blocks(dense, fields), dim=1)  # (B, n + F*D)
+
+    def blocks(self, dense: torch.Tensor, *tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The joined vector's column blocks, uncatted: dense (B, n) and each (B, F_i, D) of `tokens` flattened
+        (B, F_i*D), the F_i summing to F.  `OverArch` takes them as they are (its first layer without their cat's
+        gradient)."""
+        return (dense, *(t.reshape(t.shape[0], -1) for t in tokens))
 
 
 class CTRModel(nn.Module):
@@ -225,27 +231,26 @@ class CTRModel(nn.Module):
             )
         if self.config.arch != "attention":
             return self.net(dense, emb) + BIAS_SCALE * self.bias, None  # (B,)
-        field_emb = emb  # (B, F, D): the cross term's input with `cross_input: fields`, unsliced (a slice's
-        # backward would zero-fill the whole (B, F', D) gradient and copy into it)
-        if not self.config.dense_buckets:
-            fields = self.attention(emb)  # (B, F, D)
-        elif self.config.attention_input == "fields":  # the bucket tokens join after the attention
-            buckets = self.dense_arch(dense)  # (B, n, D)
-            fields = torch.cat([self.attention(emb), buckets], dim=1)  # (B, F + n, D)
-            emb = torch.cat([emb, buckets], dim=1)
+        b = emb.shape[0]
+        buckets = self.dense_arch(dense) if self.config.dense_buckets else None  # (B, n, D)
+        every = "tokens" in (self.config.attention_input, self.config.cross_input)
+        tokens = emb if buckets is None or not every else torch.cat([emb, buckets], dim=1)  # (B, F', D): all the
+        # tokens, cat only where the attention or the cross term takes them all
+        if buckets is not None and self.config.attention_input == "fields":  # the bucket tokens join after it
+            blocks = self.interaction.blocks(dense, self.attention(emb), buckets)
         else:
-            emb = torch.cat([emb, self.dense_arch(dense)], dim=1)  # (B, F + n, D)
-            fields = self.attention(emb)  # (B, F', D)
-        z = self.interaction(dense, fields)  # (B, n + F'*D)
-        logits = self.over(z) + BIAS_SCALE * self.bias  # (B,)
+            blocks = self.interaction.blocks(dense, self.attention(tokens))
+        logits = self.over(blocks) + BIAS_SCALE * self.bias  # (B,): blocks (B, n), (B, F*D)[, (B, n*D)], no cat
         if self.config.cross and not self.cross_skipped:
-            crossed = emb if self.config.cross_input == "tokens" else field_emb
-            logits = logits + self.cross(crossed.reshape(emb.shape[0], -1))  # (B, F'*D or F*D) -> (B,)
+            crossed = tokens if self.config.cross_input == "tokens" else emb  # emb unsliced: a slice's backward
+            # would zero-fill the whole (B, F', D) gradient and copy into it
+            logits = logits + self.cross(crossed.reshape(b, -1))  # (B, F'*D or F*D) -> (B,)
         if not self.config.wide:
             return logits, None
-        # the key and bucket weights e[0] summed, (B, F', D) -> (B,): summed before the select, whose backward
-        # then zero-fills (B, D), not (B, F', D)
-        w = self.config.wide_scale * emb.sum(dim=1)[:, 0]
+        # the key and bucket weights e[0] summed, (B, F, D) -> (B,): summed before the select, whose backward
+        # then zero-fills (B, D), not (B, F, D)
+        w = emb.sum(dim=1)[:, 0] if buckets is None else emb.sum(dim=1)[:, 0] + buckets.sum(dim=1)[:, 0]
+        w = self.config.wide_scale * w
         wide_dense = self.wide(dense).squeeze(-1)  # (B,)
         wide = wide_dense + w + BIAS_SCALE * self.bias if with_wide else None
         return logits + wide_dense + w, wide  # (B,)

@@ -214,15 +214,15 @@ def test_an_attention_over_the_fields_alone_leaves_the_bucket_tokens_out_and_as_
     model = CTRModel(config, num_dense=3, num_fields=4, dim=4).train(training)
     every = CTRModel(dataclasses.replace(config, attention_input="tokens"), num_dense=3, num_fields=4, dim=4)
     every.load_state_dict(model.state_dict())
-    seen: list[torch.Tensor] = []
-    model.interaction.register_forward_hook(lambda _m, args, _out: seen.append(args[1]))
+    seen: list[tuple[torch.Tensor, ...]] = []  # the MLP's input blocks: dense, attended fields, bucket tokens
+    model.over.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
     emb = torch.randn(5, 4, 4, requires_grad=True)
     dense, other = torch.rand(5, 3), torch.rand(5, 3) * 5
     model(dense, emb).sum().backward()
     model(other, emb)
-    torch.testing.assert_close(seen[0][:, :4], model.attention(emb))  # the fields' attention, blind to the dense
-    torch.testing.assert_close(seen[1][:, :4], seen[0][:, :4])
-    torch.testing.assert_close(seen[0][:, 4:], model.dense_arch(dense))  # the bucket tokens, unattended
+    torch.testing.assert_close(seen[0][1], model.attention(emb).flatten(1))  # the fields' attention, blind to the dense
+    torch.testing.assert_close(seen[1][1], seen[0][1])
+    torch.testing.assert_close(seen[0][2], model.dense_arch(dense).flatten(1))  # the bucket tokens, unattended
     assert emb.grad is not None and emb.grad.abs().sum() > 0
     assert not torch.allclose(every.train(training)(dense, emb), model(dense, emb))  # another computation
     with pytest.raises(ValueError, match="model.attention_input must be one of"):

@@ -1,4 +1,5 @@
-"""The shared blocks: dense buckets and their tokens, the FM identity, the DCN-V2 cross layer (full and low rank)."""
+"""The shared blocks: dense buckets and their tokens, the MLP on column blocks, the FM identity, the DCN-V2 cross layer
+(full and low rank)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import pytest
 import torch
 
 from trainer.models.config import ModelConfig
-from trainer.models.layers import CrossNetV2, DenseArch, FactorizationMachine
+from trainer.models.layers import (
+    CrossNetV2,
+    DenseArch,
+    FactorizationMachine,
+    OverArch,
+    concat_linear,
+)
 from trainer.models.reference import DCNv2Arch
 
 
@@ -22,6 +29,45 @@ def test_dense_arch_buckets_and_tokens() -> None:
     assert DenseArch(num_dense=2, buckets=0, max_value=3.0, dim=8)(x).shape == (3, 0, 8)
     with pytest.raises(ValueError, match="dense_buckets must be 0"):
         DenseArch(num_dense=2, buckets=2, max_value=3.0, dim=8)
+
+
+def test_dense_arch_tokens_get_the_gradient_of_an_embedding_lookup() -> None:
+    torch.manual_seed(0)
+    arch = DenseArch(num_dense=3, buckets=4, max_value=3.0, dim=2)
+    x = torch.tensor([[0.0, 0.7, 9.0], [0.0, 2.9, 9.0]])
+    g = torch.randn(2, 3, 2)
+    (arch(x) * g).sum().backward()
+    lookup = torch.nn.Embedding.from_pretrained(arch.table.weight.detach().clone(), freeze=False)
+    (lookup(arch.bucket_ids(x) + arch.offsets) * g).sum().backward()
+    assert lookup.weight.grad is not None and arch.table.weight.grad is not None
+    torch.testing.assert_close(arch.table.weight.grad, lookup.weight.grad)  # row 0 (feature 0, bucket 0) summed twice
+    assert arch.table.weight.grad[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dense_grad", [False, True])
+def test_an_mlp_on_column_blocks_is_the_mlp_on_their_cat(dense_grad: bool) -> None:
+    """The blocks' values and every gradient (the weight's, the bias's, each block's that wants one) are those of the
+    cat; a block that wants no gradient gets none; without gradients the cat runs as is (what torch.export traces)."""
+    torch.manual_seed(0)
+    over = OverArch(in_dim=2 + 12, mlp_dims=(8, 4))
+    dense = torch.randn(5, 2, requires_grad=dense_grad)
+    a, b = torch.randn(5, 8, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    got = over((dense, a, b))
+    got.pow(2).sum().backward()
+    grads = [p.grad.clone() for p in over.parameters() if p.grad is not None] + [a.grad, b.grad, dense.grad]
+    over.zero_grad()
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in (dense, a, b)]
+    want = over(torch.cat(leaves, dim=1))
+    want.pow(2).sum().backward()
+    torch.testing.assert_close(got, want)
+    wanted = [p.grad for p in over.parameters() if p.grad is not None] + [leaves[1].grad, leaves[2].grad, leaves[0].grad]
+    assert len(grads) == len(wanted) == 3 * 2 + 3  # three layers weight and bias, three blocks
+    assert (grads[-1] is None) == (wanted[-1] is None) == (not dense_grad)
+    for g, w in zip(grads, wanted, strict=True):
+        if w is not None:
+            torch.testing.assert_close(g, w)
+    with torch.no_grad():
+        torch.testing.assert_close(concat_linear((dense, a, b), over.mlp[0]), over.mlp[0](torch.cat([dense, a, b], 1)))
 
 
 def test_factorization_machine_equals_pairwise_sum() -> None:
