@@ -89,6 +89,7 @@ def check_dense_step(out: str, results: Path) -> None:
     assert tokens["speedup_vs_default"] > 0 and tokens["mflop_per_example"] > kernel["mflop_per_example"]  # 39 tokens attend
     for row in (plain, kernel, tokens):
         assert row["batch"] == 128 and row["ms_per_step"] > 0 and row["mfu"] > 0, row  # the recipe's smallest batch
+        assert row["mfu_best"] >= row["mfu"], row  # the fastest round against the median
         assert row["mflop_per_example"] > 0 and row["matmul_shape"].startswith("128x")
 
 
