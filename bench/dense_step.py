@@ -17,8 +17,9 @@ MFU = FLOPs per example (counted, `bench._mfu`) x examples per CPU-second / the 
 attains on the model's widest layer at the same batch (the best of readings before and after the rounds).
 `mfu` takes the median step, `mfu_best` the fastest round's: a shared host's load slows both the step and the
 matmul reading, the step's memory-bound parts more (the same code read 0.56-0.66 within an hour at batch 1,024,
-docs/benchmarks.md), and the best against the best is the reading least moved by it.  This is the dense step's MFU, the issue's measure: the product's whole train stage (rows pulled and pushed,
-batches read) is `bench.day`'s and `bench.train`'s.
+docs/benchmarks.md), and the best against the best is the reading least moved by it.  This is the dense step's
+MFU, the issue's measure: the product's whole train stage (rows pulled and pushed, batches read) is `bench.day`'s
+and `bench.train`'s.
 """
 
 from __future__ import annotations

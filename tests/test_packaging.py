@@ -56,6 +56,9 @@ REVIEWED = frozenset({
     "torch.exp2", "torch.floor", "torch.inf", "torch.log2", "torch.uint8",
     # self-attention in plain matmuls (trainer.models.ctr_model.self_attention): basic since 1.x
     "torch.matmul", "torch.nn.functional.dropout", "torch.nn.functional.linear",
+    # the MLP's first layer on column blocks (trainer.models.layers.concat_linear): addmm since 1.x,
+    # is_autocast_enabled(device_type) since 2.4 (the device-agnostic autocast API)
+    "torch.addmm", "torch.is_autocast_enabled",
     # the CPU attention kernel (trainer.models.attention_cpu): autograd.Function, bmm and is_grad_enabled since
     # 1.x, softmax's out= variant (softmax.int_out) since 1.12
     "torch.autograd.Function", "torch.bmm", "torch.is_grad_enabled", "torch.softmax",

@@ -63,11 +63,12 @@ def concat_linear(parts: tuple[torch.Tensor, ...], linear: nn.Linear) -> torch.T
     Why: the default model's MLP input is 13 dense values and 39 tokens of 16 (637 wide); MKL runs the input
     gradient's (B, 256) @ (256, 637) about 1.3x as long as the (256, 624) product of the tokens' own columns, and
     the dense values need no gradient.  A forward with gradients on a CPU in fp32 runs `_ConcatLinear`; anything
-    else (CUDA, bf16 autocast, no gradient wanted, `torch.export`) the plain cat and linear.
+    else (CUDA, bf16 autocast, no gradient wanted, `torch.export`, a layer without bias) the plain cat and linear.
     """
-    x = parts[0]
-    if torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
-        return _ConcatLinear.apply(linear.weight, linear.bias, *parts)
+    x, bias = parts[0], linear.bias
+    if (bias is not None and torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")):
+        return _ConcatLinear.apply(linear.weight, bias, *parts)
     return F.linear(torch.cat(parts, dim=1), linear.weight, linear.bias)
 
 
