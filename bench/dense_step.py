@@ -1,5 +1,5 @@
 """The dense step alone: the default model's forward + backward at the recipe's batch, its MFU, and the attention's
-CPU kernel against autograd's plain formulation in the same run.
+CPU kernels against autograd's plain formulation in the same run.
 
     python -m bench.dense_step [--rows 100000 900000] [--rounds 30] [--variants KEY=VALUE[,KEY=VALUE] ...] [--smoke]
 
@@ -7,7 +7,9 @@ For each day size (train rows of one rank) the recipe (`trainer.plan.recipe.deri
 model's dropout; the default model (`flows.config.RunConfig`) is built at that batch and runs forward + backward
 on random inputs (the embedding rows a leaf that gets its gradient, as in training), one torch thread, with the
 ranks' glibc malloc settings (`trainer.malloc.tune_malloc`: without them each step faults in its pages again).  Each
-round times 3 steps with `trainer.models.attention_cpu` in use and 3 inside `plain_formulation()`, in
+round times 3 steps with the attention's kernel as training runs it (the compiled one of
+`trainer.models.attention_native` where a C compiler builds it), 3 with its torch-ops kernel (`torch_ops_kernel()`:
+the same as the first where nothing builds) and 3 with autograd's plain formulation (`plain_formulation()`), in
 alternating order, in CPU seconds of this process (a shared machine's other load does not count, its clock
 changes do, hence the pairing); the table gives the medians and the median of the per-round ratios.  Each of
 `--variants` (the default config with some keys set, e.g. `model.attention_input=tokens`) runs with the kernel in
@@ -16,7 +18,7 @@ the same rounds, against the default (`speedup_vs_default`).
 MFU = FLOPs per example (counted, `bench._mfu`) x examples per CPU-second / the fp32 matmul rate one thread
 attains on the model's widest layer at the same batch (the best of readings before and after the rounds).
 `mfu` takes the median step, `mfu_best` the fastest round's: a shared host's load slows both the step and the
-matmul reading, the step's memory-bound parts more (the same code read 0.56-0.66 within an hour at batch 1,024,
+matmul reading, the step's memory-bound parts more (the same code read 0.56-0.66 within 30 minutes at batch 1,024,
 docs/benchmarks.md), and the best against the best is the reading least moved by it.  This is the dense step's
 MFU, the issue's measure: the product's whole train stage (rows pulled and pushed, batches read) is `bench.day`'s
 and `bench.train`'s.
@@ -25,6 +27,7 @@ and `bench.train`'s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -39,7 +42,7 @@ from bench.train import recipe_for
 from flows.config import RunConfig, with_overrides
 from storage.embedding.config import StoreConfig
 from trainer.malloc import tune_malloc
-from trainer.models.attention_cpu import plain_formulation
+from trainer.models.attention_cpu import plain_formulation, torch_ops_kernel
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 
@@ -48,14 +51,12 @@ STEPS = 3
 """Steps per variant per round."""
 
 
-def time_steps(step: Callable[[], None], plain: bool) -> float:
-    """CPU seconds per step over STEPS steps, with the kernel or the plain formulation."""
+def time_steps(step: Callable[[], None], mode: str) -> float:
+    """CPU seconds per step over STEPS steps, the attention run by `mode`: "kernel" (the default path: the compiled
+    kernel where it builds), "torch-ops" (the torch-ops kernel) or "plain" (autograd's plain formulation)."""
+    context = {"plain": plain_formulation, "torch-ops": torch_ops_kernel, "kernel": contextlib.nullcontext}[mode]
     t0 = time.process_time()
-    if plain:
-        with plain_formulation():
-            for _ in range(STEPS):
-                step()
-    else:
+    with context():
         for _ in range(STEPS):
             step()
     return (time.process_time() - t0) / STEPS
@@ -80,15 +81,16 @@ def model_step(model: ModelConfig, store: StoreConfig, rows: int) -> tuple[Calla
 
 
 def measure(rows: int, rounds: int, variants: tuple[Variant, ...] = ()) -> list[dict[str, Any]]:
-    """The rows of one day size: the default model with the kernel, with the plain formulation, and each variant
-    (the default config with its keys set) with the kernel, all in the same rounds."""
+    """The rows of one day size: the default model with the kernel, with the plain formulation, with the torch-ops
+    kernel, and each variant (the default config with its keys set) with the kernel, all in the same rounds."""
     cfg = RunConfig()
-    runs = [("plain formulation (autograd)", cfg, True), ("attention CPU kernel", cfg, False)]
-    runs += [(f"attention CPU kernel [{v.label}]", with_overrides(cfg, v.sets), False) for v in variants]
+    runs = [("plain formulation (autograd)", cfg, "plain"), ("attention CPU kernel", cfg, "kernel"),
+            ("attention torch-ops kernel", cfg, "torch-ops")]
+    runs += [(f"attention CPU kernel [{v.label}]", with_overrides(cfg, v.sets), "kernel") for v in variants]
     steps = [model_step(c.model, c.store, rows) for _, c, _ in runs]
     flops = [model_mfu(net, *inputs) for _, net, inputs, _ in steps]
-    for (step, *_), (_, _, plain) in zip(steps, runs, strict=True):  # warm-up: allocations, thread pool
-        time_steps(step, plain)
+    for (step, *_), (_, _, mode) in zip(steps, runs, strict=True):  # warm-up: allocations, thread pool, the build
+        time_steps(step, mode)
     times: list[list[float]] = [[] for _ in runs]
     order = list(range(len(runs)))
     for r in range(rounds):

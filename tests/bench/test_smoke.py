@@ -87,7 +87,9 @@ def check_dense_step(out: str, results: Path) -> None:
     tokens = got["2,000 rows: attention CPU kernel [model.attention_input=tokens]"]  # the smoke run's one variant
     assert plain["speedup_vs_plain"] == 1.0 and kernel["speedup_vs_plain"] > 0 and kernel["speedup_vs_default"] == 1.0
     assert tokens["speedup_vs_default"] > 0 and tokens["mflop_per_example"] > kernel["mflop_per_example"]  # 39 tokens attend
-    for row in (plain, kernel, tokens):
+    ops = got["2,000 rows: attention torch-ops kernel"]  # the compiled kernel's fallback, timed beside it
+    assert ops["speedup_vs_default"] > 0 and ops["mflop_per_example"] == kernel["mflop_per_example"]
+    for row in (plain, kernel, tokens, ops):
         assert row["batch"] == 128 and row["ms_per_step"] > 0 and row["mfu"] > 0, row  # the recipe's smallest batch
         assert row["mfu_best"] >= row["mfu"], row  # the fastest round against the median
         assert row["mflop_per_example"] > 0 and row["matmul_shape"].startswith("128x")

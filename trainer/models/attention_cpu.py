@@ -12,8 +12,11 @@ gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` ex
 (T x T) weights stay in the core's L2 between its products, and the dropout mask is drawn once for the
 whole batch, with the draw `F.dropout` makes, so a seeded run drops what it dropped before.
 
+Where a C compiler builds it, `attend` runs the compiled kernel of `trainer.models.attention_native` instead (the
+same values to float rounding, about twice as fast again); this torch-ops kernel is its fallback.
+
 Measured on the default model's dense step at the recipe's batches (`python -m bench.dense_step`, 1 thread):
-docs/benchmarks.md, "The attention's CPU kernel".  `trainer.models.ctr_model.self_attention` calls this for a
+docs/benchmarks.md, "The attention's CPU kernel" and "The attention's compiled kernel".  `trainer.models.ctr_model.self_attention` calls this for a
 training forward on a CPU in fp32, and its plain matmuls elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
 """
 
@@ -25,7 +28,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "attend", "in_use", "plain_formulation"]
+from trainer.models import attention_native
+
+__all__ = ["BLOCK", "attend", "in_use", "plain_formulation", "torch_ops_kernel"]
 
 BLOCK = 128
 """Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The dense step at batch
@@ -35,12 +40,24 @@ were within +-3% of 128 (docs/benchmarks.md, "The attention over the field token
 
 
 _enabled = True
+_native = True
 
 
 def in_use(qkv: torch.Tensor, *, training: bool) -> bool:
     """Whether a forward of the projected tokens `qkv` runs `attend`: a training step with gradients, on a CPU,
     in fp32 (under bf16 autocast the projection comes out bf16), unless inside `plain_formulation()`."""
     return _enabled and training and torch.is_grad_enabled() and qkv.device.type == "cpu" and qkv.dtype == torch.float32
+
+
+@contextmanager
+def torch_ops_kernel() -> Iterator[None]:
+    """Inside, `attend` runs its torch-ops kernel even where the compiled one builds (`bench.dense_step`'s comparison)."""
+    global _native
+    before, _native = _native, False
+    try:
+        yield
+    finally:
+        _native = before
 
 
 @contextmanager
@@ -105,6 +122,12 @@ def attend(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
     keep = None
     if dropout > 0:  # F.dropout's own draw on the (B, H, T, T) weights: the same mask for the same seed
         keep = qkv.new_zeros(b, heads, t, t) if dropout >= 1 else qkv.new_empty(b, heads, t, t).bernoulli_(1 - dropout).div_(1 - dropout)
+    native = _native and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
+    lib = attention_native.kernel(t, heads, hd) if native else None
+    if lib is not None:  # the compiled kernel: the mask laid out (B, H, T_key, T_query), as it holds the weights
+        keep_t = None if keep is None else keep.transpose(-1, -2).contiguous()
+        return attention_native.NativeAttention.apply(qkv, keep_t, heads, lib)
+    if keep is not None:
         keep = keep.view(b * heads, t, t)
     qkvt = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 4, 1).reshape(3, b * heads, hd, t)
     out = _Attention.apply(qkvt, keep, BLOCK * heads)  # (B*H, hd, T)
