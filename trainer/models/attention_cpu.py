@@ -13,11 +13,12 @@ gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` ex
 whole batch, with the draw `F.dropout` makes, so a seeded run drops what it dropped before.
 
 Where a C compiler builds it, `attend` runs the compiled kernel of `trainer.models.attention_native` instead (the
-same values to float rounding, about twice as fast again); this torch-ops kernel is its fallback.
+same values to float rounding, its forward and backward about twice as fast); this torch-ops kernel is its fallback.
 
 Measured on the default model's dense step at the recipe's batches (`python -m bench.dense_step`, 1 thread):
-docs/benchmarks.md, "The attention's CPU kernel" and "The attention's compiled kernel".  `trainer.models.ctr_model.self_attention` calls this for a
-training forward on a CPU in fp32, and its plain matmuls elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
+docs/benchmarks.md, "The attention's CPU kernel" and "The attention's compiled kernel".
+`trainer.models.ctr_model.self_attention` calls this for a training forward on a CPU in fp32, and its plain matmuls
+elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
 """
 
 from __future__ import annotations
