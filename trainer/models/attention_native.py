@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,9 +79,12 @@ def kernel(tokens: int, heads: int, head_dim: int) -> ctypes.CDLL | None:
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             part = out.with_name(f"{out.name}.{os.getpid()}.part")
-            subprocess.run([cc, *FLAGS, *defines, "-o", str(part), str(SOURCE), "-lm"],
-                           capture_output=True, text=True, check=True, timeout=300)
-            os.replace(part, out)
+            try:
+                subprocess.run([cc, *FLAGS, *defines, "-o", str(part), str(SOURCE), "-lm"],
+                               capture_output=True, text=True, check=True, timeout=300)
+                os.replace(part, out)
+            finally:
+                part.unlink(missing_ok=True)  # a failed or killed build leaves no partial file behind
         lib = ctypes.CDLL(str(out))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
@@ -107,21 +111,20 @@ class NativeAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: object, qkv: torch.Tensor, keep_t: torch.Tensor | None, heads: int,
-                lib: ctypes.CDLL) -> torch.Tensor:
+    def forward(ctx: Any, qkv: torch.Tensor, keep_t: torch.Tensor | None, heads: int, lib: ctypes.CDLL) -> torch.Tensor:
         qkv = qkv.contiguous()
         b, t, width = qkv.shape
         out = qkv.new_empty(b, t, width // 3)
         w = qkv.new_empty(b, heads, t, t)
         lib.attention_forward(_ptr(qkv), _ptr(keep_t), _ptr(out), _ptr(w), b)
-        ctx.save_for_backward(qkv, keep_t, w)  # type: ignore[attr-defined]
-        ctx.lib = lib  # type: ignore[attr-defined]
+        ctx.save_for_backward(qkv, keep_t, w)
+        ctx.lib = lib
         return out
 
     @staticmethod
-    def backward(ctx: object, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        qkv, keep_t, w = ctx.saved_tensors  # type: ignore[attr-defined]
+    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        qkv, keep_t, w = ctx.saved_tensors
         go = go.contiguous()
         g = torch.empty_like(qkv)
-        ctx.lib.attention_backward(_ptr(qkv), _ptr(keep_t), _ptr(w), _ptr(go), _ptr(g), qkv.shape[0])  # type: ignore[attr-defined]
+        ctx.lib.attention_backward(_ptr(qkv), _ptr(keep_t), _ptr(w), _ptr(go), _ptr(g), qkv.shape[0])
         return g, None, None, None

@@ -88,15 +88,18 @@ def test_without_a_compiler_training_runs_the_torch_ops_kernel(monkeypatch: pyte
     torch.testing.assert_close(out, plain_attention(qkv, 2, 0.0), rtol=1e-5, atol=1e-6)
 
 
-def test_a_failing_build_is_logged_and_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+def test_a_failing_build_is_logged_and_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernel_dir: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     broken = tmp_path / "broken-cc"
-    broken.write_text("#!/bin/sh\necho 'broken-cc: cannot compile' >&2\nexit 1\n")
+    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'broken-cc 1.0'; exit 0; }\n"  # it names itself,
+                      "for a; do case $a in *.part) echo partial > \"$a\";; esac; done\n"  # starts writing,
+                      "echo 'broken-cc: cannot compile' >&2\nexit 1\n")  # and fails
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
     with caplog.at_level(logging.WARNING, logger=attention_native.__name__):
         assert attention_native.kernel(26, 2, 8) is None
-    assert any("failed" in r.getMessage() for r in caplog.records)
+    assert any("failed" in r.getMessage() and "cannot compile" in r.getMessage() for r in caplog.records)
+    assert not list(kernel_dir.glob("*"))  # no partial build left behind
 
 
 def test_it_can_be_turned_off_and_is_not_built_for_long_sequences_or_outside_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
