@@ -6,6 +6,10 @@
   row take hours on 2 cores), then refit on all of them;
 - sklearn-lr (time split), for `bench.quality_rolling`: the same model, C chosen on the last fifth of the
   train rows (in time order) after fitting on the rest;
+- sklearn-poly2 (time split), for `bench.quality_rolling`: the same, with every pair of a row's tokens
+  hashed in as a feature of its own (degree-2 polynomial LR, "Poly2"; the cross-product features of Wide &
+  Deep's wide part): the tokens are the `field=value` ones and each dense value's bucket (`_dense_bucket`),
+  741 pairs on a Criteo row; C from POLY2_CS, since so many features need a stronger L2;
 - deepctr-deepfm: DeepCTR-Torch's DeepFM with its default arguments (embedding_dim 4, dnn (256, 128),
   l2_reg_embedding 1e-5, Adam 1e-3, 1 epoch), batch 256; categorical values label-encoded on the train
   rows (unseen -> 0), dense values log1p then min-max scaled on the train rows;
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 from typing import Any
 
 import numpy as np
@@ -36,6 +41,10 @@ LR_CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 CV_FOLDS = 5
 CV_ROWS = 100_000
 """Train rows the C is chosen on (the most recent ones); the refit uses every train row."""
+POLY2_CS = (0.001, 0.003, 0.01, 0.03, 0.1)
+"""The inverse L2 strengths the Poly2 LR chooses from (on the shared samples' days it chose 0.003-0.03)."""
+POLY2_FEATURES = 2**22
+"""Hashed columns of the Poly2 LR: its pairs' tokens are ~200x the one-hot ones."""
 DEEPFM_EPOCHS = (1, 2, 4, 8, 16)
 """The numbers of epochs the time-split DeepFM chooses from."""
 
@@ -66,13 +75,34 @@ def _categorical_text(events: pd.DataFrame, column: str) -> pd.Series:
     return events[column].astype(object).where(events[column].notna(), "<na>").astype(str)
 
 
-def _hashed(events: pd.DataFrame, schema: LogSchema):
+def _tokens(events: pd.DataFrame, schema: LogSchema) -> list[list[str]]:
+    """Each row's `field=value` tokens."""
+    text = {c: _categorical_text(events, c) for c in schema.categorical}
+    return [[f"{c}={v}" for c, v in zip(schema.categorical, row, strict=True)] for row in zip(*text.values(), strict=True)]
+
+
+def _dense_bucket(events: pd.DataFrame, schema: LogSchema) -> list[list[str]]:
+    """Each row's dense values as tokens `column#b`, b = floor(2 log1p(value)) (a missing or negative value: 0)."""
+    buckets = np.floor(2 * _dense_log(events, schema)).astype(np.int64)
+    return [[f"{c}#{b}" for c, b in zip(schema.dense, row, strict=True)] for row in buckets]
+
+
+def _pairs(tokens: list[str]) -> list[str]:
+    """The tokens and every unordered pair of them, as `a&b`."""
+    return tokens + [f"{a}&{b}" for a, b in itertools.combinations(tokens, 2)]
+
+
+def _hashed(events: pd.DataFrame, schema: LogSchema, *, pairs: bool = False):
+    """The LR's design matrix: the hashed one-hot tokens and the log1p dense values; with `pairs`, the dense
+    buckets join the tokens and every pair of tokens is hashed in too (Poly2, POLY2_FEATURES columns)."""
     import scipy.sparse as sp
     from sklearn.feature_extraction import FeatureHasher
 
-    text = {c: _categorical_text(events, c) for c in schema.categorical}
-    tokens = [[f"{c}={v}" for c, v in zip(schema.categorical, row, strict=True)] for row in zip(*text.values(), strict=True)]
-    cat = FeatureHasher(n_features=2**20, input_type="string", alternate_sign=False).transform(tokens)
+    tokens = _tokens(events, schema)
+    if pairs:
+        tokens = [_pairs(t + d) for t, d in zip(tokens, _dense_bucket(events, schema), strict=True)]
+    width = POLY2_FEATURES if pairs else 2**20
+    cat = FeatureHasher(n_features=width, input_type="string", alternate_sign=False).transform(tokens)
     return sp.hstack([cat, sp.csr_matrix(_dense_log(events, schema))]).tocsr()
 
 
@@ -111,16 +141,18 @@ def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, f
 
 
 def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *,
-                          holdout: float = 0.2) -> tuple[np.ndarray, dict]:
-    """The hashed one-hot logistic regression with C chosen by an inner time split of the train rows: each C
-    fit on the first 1 - `holdout` of them (row order is time order), the C of the lowest log loss on the
-    rest, refit on every train row.  Returns (probabilities of `later`, {"C": chosen C, "holdout_rows": n})."""
+                          holdout: float = 0.2, pairs: bool = False) -> tuple[np.ndarray, dict]:
+    """The hashed one-hot logistic regression (with `pairs`, Poly2: `_hashed`) with C chosen by an inner time
+    split of the train rows: each C fit on the first 1 - `holdout` of them (row order is time order), the C
+    of the lowest log loss on the rest, refit on every train row.  Returns (probabilities of `later`,
+    {"C": chosen C, "holdout_rows": n})."""
     cut = len(train) - max(1, int(len(train) * holdout))
     fit, check = train.iloc[:cut], train.iloc[cut:]
-    Xa, Xb, ya = _hashed(fit, schema), _hashed(check, schema), fit["label"].to_numpy()
-    losses = {C: logloss(check["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb)) for C in LR_CS}
+    Xa, Xb, ya = _hashed(fit, schema, pairs=pairs), _hashed(check, schema, pairs=pairs), fit["label"].to_numpy()
+    losses = {C: logloss(check["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb)) for C in (POLY2_CS if pairs else LR_CS)}
     C = min(losses, key=losses.__getitem__)
-    probs = _lr_probs(C, _hashed(train, schema), train["label"].to_numpy(), _hashed(later, schema))
+    probs = _lr_probs(C, _hashed(train, schema, pairs=pairs), train["label"].to_numpy(),
+                      _hashed(later, schema, pairs=pairs))
     return probs, {"C": C, "holdout_rows": len(check)}
 
 

@@ -20,10 +20,14 @@ Peers, on the same splits and rows:
 - this project's `lr` arch, through the same product path;
 - scikit-learn LR on hashed one-hot values, refit at every origin on the rows of days 1..k, C chosen by
   an inner time split of those rows (`bench.quality_peers.sklearn_lr_time_split`);
+- the same LR with every pair of a row's tokens hashed in (`sklearn-poly2`, Poly2), fit the same way;
 - DeepCTR-Torch DeepFM with its defaults but the number of epochs, refit at every origin on the rows of
   days 1..k, its epochs chosen by an inner time split of those rows
   (`bench.quality_peers.deepctr_deepfm_time_split`; the chosen ones, per seed and origin, are in the
   result's `peers`, as the LR's C are).
+With the LRs comes one row that is not a peer but a probe, `probe: attention + sklearn-poly2`: per seed,
+the mean of the default's and the Poly2 LR's logits.  It measures what a second learner of another kind
+adds to the default on these days (issue 31; docs/benchmarks.md).
 A peer whose package is not importable is skipped with a line saying so (`make bench-peers` installs them).
 
 Each model's predictions of the pooled rows give its pooled AUC (and the per-origin AUCs and their mean,
@@ -65,6 +69,18 @@ class RollingSize:
 
 SMOKE = RollingSize(days=3, rows=3_300, datasets=("criteo",))
 """3 Criteo days of 1,100 rows (the gate needs min_eval_rows=100 eval rows, a tenth of a day): 2 origins."""
+
+
+POLY2 = "sklearn-poly2"
+BLEND = f"probe: {OURS} + {POLY2}"
+"""Not a peer: the mean of the default's and the Poly2 LR's logits, a probe of what a second, different learner
+adds to the default on these days (issue 31)."""
+
+
+def blend(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The probabilities whose logits are the means of those of `p` and `q` (clipped at 1e-7 from 0 and 1)."""
+    z = [np.log(np.clip(x, 1e-7, 1 - 1e-7)) - np.log1p(-np.clip(x, 1e-7, 1 - 1e-7)) for x in (p, q)]
+    return 1 / (1 + np.exp(-(z[0] + z[1]) / 2))
 
 
 def split_counts(rows: int, days: int) -> tuple[int, ...]:
@@ -177,8 +193,20 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             t0 = time.perf_counter()
             models["sklearn-lr"] = [each_origin(lr)]
             seconds["sklearn-lr"], info["sklearn-lr"] = time.perf_counter() - t0, {"C_per_origin": chosen}
+            chosen2: list[float] = []
+
+            def poly2(train: Any, later: Any, k: int) -> np.ndarray:
+                p, meta = sklearn_lr_time_split(train, later, schema, pairs=True)
+                chosen2.append(meta["C"])
+                return p
+
+            t0 = time.perf_counter()
+            models[POLY2] = [each_origin(poly2)]
+            seconds[POLY2], info[POLY2] = time.perf_counter() - t0, {"C_per_origin": chosen2}
+            models[BLEND] = [blend(p, models[POLY2][0]) for p in models[OURS]]
+            seconds[BLEND] = seconds[POLY2]
         else:
-            skipped["sklearn-lr"] = why
+            skipped["sklearn-lr"] = skipped[POLY2] = skipped[BLEND] = why
         if (why := _peer_missing("deepctr_torch")) is None:
             from bench.quality_peers import DEEPFM_EPOCHS, deepctr_deepfm_time_split
 

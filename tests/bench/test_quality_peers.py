@@ -53,6 +53,38 @@ def test_the_time_split_lr_chooses_c_on_the_last_fifth_of_the_train_rows() -> No
     assert ((probs > 0.5) == frame["label"].iloc[400:].to_numpy().astype(bool)).mean() > 0.7  # it learnt the field
 
 
+def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> None:
+    pytest.importorskip("sklearn")
+    from bench.quality_peers import POLY2_CS, sklearn_lr_time_split
+    from pipeline.schema import get_schema
+    from trainer.metrics import auc
+
+    schema = get_schema("criteo")
+    rng = np.random.default_rng(2)
+    frame = _rows(schema, rng, n=1_500, values=2, noise=1, threshold=0)
+    a, b = (frame[c].astype(int) for c in schema.categorical[:2])
+    frame["label"] = ((a ^ b) == (rng.random(len(frame)) < 0.9)).astype(int)  # the XOR of two fields, 10% flipped
+    train, later = frame.iloc[:1_200], frame.iloc[1_200:]
+    y = later["label"].to_numpy()
+    one_hot, _ = sklearn_lr_time_split(train, later, schema)
+    poly2, info = sklearn_lr_time_split(train, later, schema, pairs=True)
+    assert info["C"] in POLY2_CS
+    assert auc(y, poly2) > 0.75 and auc(y, one_hot) < 0.6  # each field alone says nothing; the pair says it (0.9 at best)
+
+
+def test_the_poly2_tokens_are_every_pair_of_the_fields_and_dense_buckets() -> None:
+    from bench.quality_peers import _dense_bucket, _pairs, _tokens
+    from pipeline.schema import get_schema
+
+    schema = get_schema("criteo")
+    frame = _rows(schema, np.random.default_rng(3), n=2, values=3, noise=0, threshold=1)
+    frame.loc[0, schema.dense[0]] = np.nan
+    tokens = [t + d for t, d in zip(_tokens(frame, schema), _dense_bucket(frame, schema), strict=True)]
+    assert len(tokens[0]) == 39 and tokens[0][26] == f"{schema.dense[0]}#0"  # a missing value: bucket 0
+    pairs = _pairs(tokens[0])
+    assert len(pairs) == 39 + 39 * 38 // 2 and f"{tokens[0][0]}&{tokens[0][38]}" in pairs
+
+
 def test_the_lr_fit_on_the_columns_the_train_rows_use_is_the_fit_on_all_hashed_columns() -> None:
     pytest.importorskip("sklearn")
     from bench.quality_peers import _hashed, _lr, _lr_probs

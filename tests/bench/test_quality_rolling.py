@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.quality_rolling import split_counts
+from bench.quality_rolling import blend, split_counts
 
 
 def test_a_sample_is_cut_into_consecutive_days_of_almost_equal_size() -> None:
@@ -15,6 +15,17 @@ def test_a_sample_is_cut_into_consecutive_days_of_almost_equal_size() -> None:
     assert sum(split_counts(3_301, 3)) == 3_301
     with pytest.raises(ValueError, match="rolling split"):
         split_counts(10, 1)
+
+
+def test_the_probe_blend_is_the_mean_of_two_models_logits() -> None:
+    import numpy as np
+
+    p, q = np.array([0.1, 0.5, 0.9, 0.3]), np.array([0.3, 0.5, 0.2, 0.3])
+    logit = np.log(p / (1 - p)) / 2 + np.log(q / (1 - q)) / 2
+    np.testing.assert_allclose(blend(p, q), 1 / (1 + np.exp(-logit)))
+    np.testing.assert_allclose(blend(p, p), p)
+    np.testing.assert_allclose(blend(p, q), blend(q, p))
+    assert np.isfinite(blend(np.array([0.0, 1.0]), np.array([0.5, 0.5]))).all()  # clipped, never inf - inf
 
 
 # Its smoke run (every origin pooled, every model on the same rows): tests/bench/test_smoke.py::check_quality.

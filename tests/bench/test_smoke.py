@@ -132,8 +132,11 @@ def check_quality(out: str, results: Path) -> None:
     assert split["rows_per_day"] == [1_100] * ROLLING_SMOKE.days and split["origins"] == [1, 2]
     assert split["pooled_rows"] == 2_200  # days 2 and 3: every row after the first day is scored once
     rows = {r["model"]: r for r in criteo["rows"]}
-    for peer in ("sklearn-lr", "deepctr-deepfm"):  # run, or skipped with the reason printed
-        assert peer in rows or (peer in criteo["skipped"] and f"{peer} skipped" in out)
+    for peer in ("sklearn-lr", "sklearn-poly2", "probe: attention + sklearn-poly2", "deepctr-deepfm"):
+        assert peer in rows or (peer in criteo["skipped"] and f"{peer} skipped" in out)  # run, or skipped: why
+    if "sklearn-poly2" in rows:
+        assert len(criteo["peers"]["sklearn-poly2"]["C_per_origin"]) == 2
+        assert rows["probe: attention + sklearn-poly2"]["seeds"] == rows["attention"]["seeds"]
     assert {"attention", "lr"} <= set(rows)
     assert rows["attention"]["train_s"] > 0 and "train_s" not in rows.get("sklearn-lr", {})  # the product's cost only
     for model, r in rows.items():
