@@ -249,7 +249,9 @@ class CTRModel(nn.Module):
             return logits, None
         # the key and bucket weights e[0] summed, (B, F, D) -> (B,): summed before the select, whose backward
         # then zero-fills (B, D), not (B, F, D)
-        w = emb.sum(dim=1)[:, 0] if buckets is None else emb.sum(dim=1)[:, 0] + buckets.sum(dim=1)[:, 0]
+        w = emb.sum(dim=1)[:, 0]
+        if buckets is not None:
+            w = w + buckets.sum(dim=1)[:, 0]
         w = self.config.wide_scale * w
         wide_dense = self.wide(dense).squeeze(-1)  # (B,)
         wide = wide_dense + w + BIAS_SCALE * self.bias if with_wide else None
