@@ -156,6 +156,30 @@ def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogS
     return probs, {"C": C, "holdout_rows": len(check)}
 
 
+def poly2_inputs(events: pd.DataFrame, schema: LogSchema, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The product Poly2's inputs of raw rows: `pair_ids` of each row's tokens (the product's keys of its raw
+    values, `pipeline.encode.keys.feature_keys`, and its dense buckets) and the log1p dense values."""
+    from pipeline.encode.keys import feature_keys
+    from trainer.models.poly2 import bucket_tokens, pair_ids
+
+    dense = _dense_log(events, schema)
+    keys = [feature_keys(j, events[c].to_numpy(object)) for j, c in enumerate(schema.categorical)]
+    tokens = np.concatenate([np.stack(keys, axis=1), bucket_tokens(dense, len(schema.categorical))], axis=1)
+    return pair_ids(tokens, bits), dense
+
+
+def poly2_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:
+    """The product's Poly2 LR (`trainer.models.poly2`, no scikit-learn), C by the same inner time split as
+    `sklearn_lr_time_split(pairs=True)`; returns (probabilities of `later`, {"C": chosen C})."""
+    from trainer.models.poly2 import Poly2Config, fit_time_split
+
+    config = Poly2Config(cs=POLY2_CS)
+    ids, dense = poly2_inputs(train, schema, config.bits)
+    model, _ = fit_time_split(ids, dense, train["label"].to_numpy(np.float64), config=config)
+    later_ids, later_dense = poly2_inputs(later, schema, config.bits)
+    return 1.0 / (1.0 + np.exp(-model.logits(later_ids, later_dense))), {"C": model.C}
+
+
 def _deepctr_inputs(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema):
     from deepctr_torch.inputs import DenseFeat, SparseFeat
 

@@ -25,9 +25,11 @@ Peers, on the same splits and rows:
   days 1..k, its epochs chosen by an inner time split of those rows
   (`bench.quality_peers.deepctr_deepfm_time_split`; the chosen ones, per seed and origin, are in the
   result's `peers`, as the LR's C are).
-With the LRs comes one row that is not a peer but a probe, `probe: attention + sklearn-poly2`: per seed,
-the mean of the default's and the Poly2 LR's logits.  It measures what a second learner of another kind
-adds to the default on these days (issue 31; docs/benchmarks.md).
+Beside the peers, two rows that are not peers: `poly2`, this project's own Poly2 LR (`trainer.models.poly2`,
+no scikit-learn; the learner of the companion the product is to blend in on small days), fit as the
+`sklearn-poly2` peer is (`bench.quality_peers.poly2_time_split`); and a probe, `probe: attention + poly2`:
+per seed, the mean of the default's and that Poly2's logits.  They measure what a second learner of another
+kind adds to the default on these days (issue 31; docs/benchmarks.md).  Neither needs a peer package.
 A peer whose package is not importable is skipped with a line saying so (`make bench-peers` installs them).
 
 Each model's predictions of the pooled rows give its pooled AUC (and the per-origin AUCs and their mean,
@@ -72,9 +74,11 @@ SMOKE = RollingSize(days=3, rows=3_300, datasets=("criteo",))
 
 
 POLY2 = "sklearn-poly2"
-BLEND = f"probe: {OURS} + {POLY2}"
-"""Not a peer: the mean of the default's and the Poly2 LR's logits, a probe of what a second, different learner
-adds to the default on these days (issue 31)."""
+OWN_POLY2 = "poly2"
+"""Not a peer: this project's Poly2 LR (`trainer.models.poly2`), fit as the `sklearn-poly2` peer is."""
+BLEND = f"probe: {OURS} + {OWN_POLY2}"
+"""Not a peer: the mean of the default's and `poly2`'s logits, a probe of what a second, different learner adds
+to the default on these days (issue 31)."""
 
 
 def blend(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -180,6 +184,20 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
         def each_origin(fit: Any) -> np.ndarray:
             return np.concatenate([fit(pd.concat(day_rows[:k], ignore_index=True), day_rows[k], k) for k in kept])
 
+        from bench.quality_peers import poly2_time_split
+
+        chosen_own: list[float] = []
+
+        def own_poly2(train: Any, later: Any, k: int) -> np.ndarray:
+            p, meta = poly2_time_split(train, later, schema)
+            chosen_own.append(meta["C"])
+            return p
+
+        t0 = time.perf_counter()
+        models[OWN_POLY2] = [each_origin(own_poly2)]
+        seconds[OWN_POLY2], info[OWN_POLY2] = time.perf_counter() - t0, {"C_per_origin": chosen_own}
+        models[BLEND] = [blend(p, models[OWN_POLY2][0]) for p in models[OURS]]
+        seconds[BLEND] = seconds[OWN_POLY2]
         if (why := _peer_missing("sklearn")) is None:
             from bench.quality_peers import sklearn_lr_time_split
 
@@ -203,10 +221,8 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             t0 = time.perf_counter()
             models[POLY2] = [each_origin(poly2)]
             seconds[POLY2], info[POLY2] = time.perf_counter() - t0, {"C_per_origin": chosen2}
-            models[BLEND] = [blend(p, models[POLY2][0]) for p in models[OURS]]
-            seconds[BLEND] = seconds[POLY2]
         else:
-            skipped["sklearn-lr"] = skipped[POLY2] = skipped[BLEND] = why
+            skipped["sklearn-lr"] = skipped[POLY2] = why
         if (why := _peer_missing("deepctr_torch")) is None:
             from bench.quality_peers import DEEPFM_EPOCHS, deepctr_deepfm_time_split
 

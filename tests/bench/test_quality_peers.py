@@ -72,6 +72,22 @@ def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> No
     assert auc(y, poly2) > 0.75 and auc(y, one_hot) < 0.6  # each field alone says nothing; the pair says it (0.9 at best)
 
 
+def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> None:
+    from bench.quality_peers import POLY2_CS, poly2_inputs, poly2_time_split
+    from pipeline.schema import get_schema
+    from trainer.metrics import auc
+
+    schema = get_schema("criteo")
+    rng = np.random.default_rng(2)
+    frame = _rows(schema, rng, n=1_500, values=2, noise=1, threshold=0)
+    a, b = (frame[c].astype(int) for c in schema.categorical[:2])
+    frame["label"] = ((a ^ b) == (rng.random(len(frame)) < 0.9)).astype(int)
+    ids, dense = poly2_inputs(frame.iloc[:3], schema, 22)
+    assert ids.shape == (3, 39 + 39 * 38 // 2) and dense.shape == (3, 13)  # 26 fields and 13 dense buckets, paired
+    probs, info = poly2_time_split(frame.iloc[:1_200], frame.iloc[1_200:], schema)
+    assert info["C"] in POLY2_CS and probs.shape == (300,)
+    assert auc(frame["label"].iloc[1_200:].to_numpy(), probs) > 0.75
+
 def test_the_poly2_tokens_are_every_pair_of_the_fields_and_dense_buckets() -> None:
     from bench.quality_peers import _dense_bucket, _pairs, _tokens
     from pipeline.schema import get_schema

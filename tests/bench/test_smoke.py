@@ -132,12 +132,14 @@ def check_quality(out: str, results: Path) -> None:
     assert split["rows_per_day"] == [1_100] * ROLLING_SMOKE.days and split["origins"] == [1, 2]
     assert split["pooled_rows"] == 2_200  # days 2 and 3: every row after the first day is scored once
     rows = {r["model"]: r for r in criteo["rows"]}
-    for peer in ("sklearn-lr", "sklearn-poly2", "probe: attention + sklearn-poly2", "deepctr-deepfm"):
+    for peer in ("sklearn-lr", "sklearn-poly2", "deepctr-deepfm"):
         assert peer in rows or (peer in criteo["skipped"] and f"{peer} skipped" in out)  # run, or skipped: why
     if "sklearn-poly2" in rows:
         assert len(criteo["peers"]["sklearn-poly2"]["C_per_origin"]) == 2
-        assert rows["probe: attention + sklearn-poly2"]["seeds"] == rows["attention"]["seeds"]
-    assert {"attention", "lr"} <= set(rows)
+    # this project's Poly2 and the probe need no peer package: always there
+    assert len(criteo["peers"]["poly2"]["C_per_origin"]) == 2
+    assert rows["probe: attention + poly2"]["seeds"] == rows["attention"]["seeds"]
+    assert {"attention", "lr", "poly2"} <= set(rows)
     assert rows["attention"]["train_s"] > 0 and "train_s" not in rows.get("sklearn-lr", {})  # the product's cost only
     for model, r in rows.items():
         assert 0.55 < r["auc"] < 0.9 and len(r["auc_per_origin"]) == 2

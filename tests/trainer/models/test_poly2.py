@@ -1,0 +1,126 @@
+"""The Poly2 LR: its buckets, its fit (the liblinear objective's minimum), and its C by time split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
+from trainer.metrics import auc
+from trainer.models.poly2 import (
+    Poly2Config,
+    bucket_tokens,
+    fit,
+    fit_time_split,
+    pair_ids,
+)
+
+
+def xor_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of two binary fields and a noise field; the click is likely when the first two differ."""
+    rng = np.random.default_rng(seed)
+    a, b, c = rng.integers(0, 2, n), rng.integers(0, 2, n), rng.integers(0, 50, n)
+    tokens = np.stack([a + 2, (1 << FIELD_SHIFT) | (b + 2), (2 << FIELD_SHIFT) | (c + 2)], axis=1).astype(np.int64)
+    y = (rng.random(n) < np.where(a != b, 0.8, 0.2)).astype(np.float64)
+    return tokens, y
+
+
+def objective_gradient(model, ids: np.ndarray, dense: np.ndarray, y: np.ndarray) -> float:
+    """|C X^T (p - y) + w| over every weight the fit has (buckets, dense, bias), relative to |C X^T y|."""
+    z = model.logits(ids, dense)
+    r = 1 / (1 + np.exp(-z)) - y
+    pos = np.searchsorted(model.buckets, ids)
+    g_b = np.bincount(pos.ravel(), np.repeat(r, ids.shape[1]), model.buckets.size) * model.C + model.weights
+    g_d = model.C * dense.T @ r + model.dense_weights
+    g_0 = model.C * r.sum() + model.bias
+    scale = model.C * np.abs(np.bincount(pos.ravel(), np.repeat(y, ids.shape[1]))).sum()
+    return float(np.sqrt((g_b @ g_b) + (g_d @ g_d) + g_0**2) / scale)
+
+
+def test_pair_ids_are_every_token_and_every_pair_hashed_into_the_buckets() -> None:
+    tokens, _ = xor_rows(100, 0)
+    ids = pair_ids(tokens, 12)
+    assert ids.shape == (100, 3 + 3)
+    assert ids.min() >= 0 and ids.max() < 2**12
+    np.testing.assert_array_equal(ids, pair_ids(tokens.copy(), 12))  # deterministic
+    # a row's pair ids depend on its own tokens only
+    np.testing.assert_array_equal(pair_ids(tokens[:10], 12), ids[:10])
+
+
+def test_the_same_value_in_another_field_is_another_token_and_pairs_differ() -> None:
+    t = np.array([[5, (1 << FIELD_SHIFT) | 7]], dtype=np.int64)
+    swapped = np.array([[7, (1 << FIELD_SHIFT) | 5]], dtype=np.int64)
+    assert not np.array_equal(pair_ids(t, 22), pair_ids(swapped, 22))
+
+
+def test_bucket_tokens_carry_the_field_and_the_half_log_bucket() -> None:
+    dense = np.log1p(np.array([[0.0, 3.0], [np.nan, -0.5], [100.0, 1.0]]))
+    t = bucket_tokens(dense, 26)
+    np.testing.assert_array_equal(t >> FIELD_SHIFT, [[26, 27]] * 3)
+    np.testing.assert_array_equal(t & ((1 << FIELD_SHIFT) - 1), [[2, 4], [2, 2], [11, 3]])
+    with pytest.raises(ValueError, match="exceed"):
+        bucket_tokens(np.zeros((1, 3)), MAX_FIELDS - 2)
+
+
+def test_the_fit_learns_a_pair_that_no_single_token_carries() -> None:
+    tokens, y = xor_rows(4000, 0)
+    later, y_later = xor_rows(2000, 1)
+    none = np.zeros((len(y), 0))
+    model = fit(pair_ids(tokens, 16), none, y, 1.0)
+    assert auc(y_later, model.logits(pair_ids(later, 16), np.zeros((len(y_later), 0)))) > 0.75
+    # the tokens alone (their pairs' columns dropped) carry nothing
+    alone = fit(pair_ids(tokens, 16)[:, :3], none, y, 1.0)
+    assert auc(y_later, alone.logits(pair_ids(later, 16)[:, :3], np.zeros((len(y_later), 0)))) < 0.6
+
+
+def test_the_fit_is_the_minimum_of_the_l2_log_loss() -> None:
+    tokens, y = xor_rows(3000, 2)
+    rng = np.random.default_rng(3)
+    dense = np.log1p(rng.exponential(2.0, (len(y), 2)))
+    ids = pair_ids(tokens, 14)
+    model = fit(ids, dense, y, 0.1)
+    assert objective_gradient(model, ids, dense, y) < 1e-5
+    # one Newton step is not the answer: the stopping rule, not the step count, ended the fit
+    early = fit(ids, dense, y, 0.1, config=Poly2Config(newton_steps=1))
+    assert objective_gradient(early, ids, dense, y) > 1e-3
+
+
+def test_the_fit_is_scikit_learns_liblinear_fit() -> None:
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    sp = pytest.importorskip("scipy.sparse")
+    tokens, y = xor_rows(2000, 4)
+    dense = np.log1p(np.random.default_rng(5).exponential(2.0, (len(y), 2)))
+    ids = pair_ids(tokens, 14)
+    model = fit(ids, dense, y, 0.3)
+    used, col = np.unique(ids, return_inverse=True)
+    onehot = sp.csr_matrix((np.ones(ids.size), (np.repeat(np.arange(len(y)), ids.shape[1]), col.ravel())),
+                           shape=(len(y), used.size))
+    ref = sklearn.LogisticRegression(C=0.3, solver="liblinear", tol=1e-8, max_iter=10_000).fit(
+        sp.hstack([onehot, sp.csr_matrix(dense)]).tocsr(), y)
+    np.testing.assert_allclose(model.weights, ref.coef_[0][:used.size], atol=2e-4)
+    np.testing.assert_allclose(model.dense_weights, ref.coef_[0][used.size:], atol=2e-4)
+    assert model.bias == pytest.approx(ref.intercept_[0], abs=2e-4)
+
+
+def test_buckets_no_fit_row_used_weigh_nothing() -> None:
+    tokens, y = xor_rows(500, 6)
+    model = fit(pair_ids(tokens, 20), np.zeros((len(y), 0)), y, 1.0)
+    unseen = np.full((2, 6), 2**20 - 1, dtype=np.int64)
+    assert unseen[0, 0] not in model.buckets
+    np.testing.assert_allclose(model.logits(unseen, np.zeros((2, 0))), model.bias)
+
+
+def test_the_time_split_chooses_the_c_of_the_lowest_held_out_loss_and_refits_every_row() -> None:
+    tokens, y = xor_rows(3000, 7)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(1e-4, 1.0), holdout=0.25))
+    assert set(losses) == {1e-4, 1.0}
+    assert model.C == min(losses, key=losses.__getitem__) == 1.0  # 1e-4 leaves the XOR unlearnt
+    refit = fit(ids, none, y, 1.0)
+    np.testing.assert_allclose(model.weights, refit.weights)
+
+
+@pytest.mark.parametrize(("key", "value"), [("bits", 40), ("cs", ()), ("cs", (0.0,)), ("holdout", 1.0)])
+def test_bad_settings_are_refused_naming_the_setting(key: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"poly2 {key}"):
+        Poly2Config(**{key: value})  # type: ignore[arg-type]

@@ -1,0 +1,204 @@
+"""A degree-2 polynomial logistic regression ("Poly2"): a weight per token and per pair of a row's tokens.
+
+Why it is here: on small days, the mean of its logit and the default model's gains on both real samples
+(issue 31, docs/benchmarks.md "A second learner beside the default").  The two err on different rows: the
+default is trained by Adam through a warm-started chain, a day at a time; this is a converged full-batch fit,
+with a strong L2, of every row it is given.  It is the learner of the companion that is to be blended into the
+product's logit on small days; today `bench.quality_rolling`'s probe row is its one caller.
+
+Pure numpy, no scikit-learn (not a runtime dependency): tokens are int64 keys (`pipeline.encode.keys`: the
+field in the top bits), the pairs are hashed into 2^bits buckets, and the objective is scikit-learn's liblinear
+one (C times the summed log loss plus half the squared weights, the intercept penalised too), minimised by a
+truncated Newton method (conjugate gradients on Hessian-vector products, a backtracking line search): a row's
+design is a fixed number of buckets, so X v is a gather and X^T u a bincount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Poly2Config:
+    """How a Poly2 LR is fit."""
+
+    bits: int = 22
+    """Hash buckets, 2^bits, shared by the tokens and their pairs."""
+    cs: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
+    """Inverse L2 strengths tried by `fit_time_split` (scikit-learn's C)."""
+    holdout: float = 0.2
+    """The last share of the rows (row order is time order) that chooses C."""
+    newton_steps: int = 30
+    tol: float = 1e-6
+    """Stop when the gradient's norm is below tol times its norm at the start."""
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.bits <= 30:
+            raise ValueError(f"poly2 bits must be in [8, 30], got {self.bits}")
+        if not self.cs or min(self.cs) <= 0:
+            raise ValueError(f"poly2 cs must be positive, got {self.cs}")
+        if not 0 < self.holdout < 1:
+            raise ValueError(f"poly2 holdout must be in (0, 1), got {self.holdout}")
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * _M1
+    z = z ^ (z >> np.uint64(27))
+    z = z * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def bucket_tokens(log_dense: np.ndarray, first_field: int) -> np.ndarray:
+    """(N, n) int64 tokens of dense values already in log1p: column c's token is field `first_field` + c with
+    the bucket floor(2 x) (a NaN or negative value: bucket 0) as its hash part."""
+    n = log_dense.shape[1]
+    if first_field < 0 or first_field + n > MAX_FIELDS:
+        raise ValueError(f"dense bucket fields {first_field}..{first_field + n - 1} exceed {MAX_FIELDS} fields")
+    b = np.floor(2 * np.nan_to_num(np.maximum(log_dense, 0.0), nan=0.0)).astype(np.int64)
+    fields = (np.arange(first_field, first_field + n, dtype=np.int64) << FIELD_SHIFT)[None, :]
+    return fields | (b + 2)
+
+
+def pair_ids(tokens: np.ndarray, bits: int) -> np.ndarray:
+    """(N, T) int64 tokens -> (N, T + T(T-1)/2) int64 bucket ids in [0, 2^bits): each token's and each unordered
+    pair's (i < j by column).  Tokens carry their field, so a value's pairs differ by the field they pair with."""
+    t = np.ascontiguousarray(tokens, dtype=np.int64).view(np.uint64)
+    i, j = np.triu_indices(t.shape[1], 1)
+    shift = np.uint64(64 - bits)
+    with np.errstate(over="ignore"):
+        single = _mix(t + _GOLDEN)
+        pairs = _mix(single[:, i] * np.uint64(31) + _mix(t[:, j]))
+    return (np.concatenate([single, pairs], axis=1) >> shift).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Poly2:
+    """A fit Poly2 LR: the weights of the buckets some fit row used (every other bucket's weight is 0)."""
+
+    buckets: np.ndarray
+    """Sorted int64 bucket ids."""
+    weights: np.ndarray
+    """float64, aligned with `buckets`."""
+    dense_weights: np.ndarray
+    """float64 (n,): the weights of the log1p dense values."""
+    bias: float
+    C: float
+
+    def logits(self, ids: np.ndarray, log_dense: np.ndarray) -> np.ndarray:
+        """(N,) float64 logits of rows given as `pair_ids` (N, P) and log1p dense values (N, n)."""
+        pos = np.minimum(np.searchsorted(self.buckets, ids), max(self.buckets.size - 1, 0))
+        w = np.where(self.buckets[pos] == ids, self.weights[pos], 0.0) if self.buckets.size else np.zeros(ids.shape)
+        return w.sum(axis=1) + log_dense @ self.dense_weights + self.bias
+
+
+class _Design:
+    """X = [one-hot of the compact bucket ids | dense | 1]: X v and X^T u without a sparse matrix."""
+
+    def __init__(self, cols: np.ndarray, dense: np.ndarray, width: int) -> None:
+        self.cols, self.dense, self.width = cols, dense, width
+        self.nd = dense.shape[1]
+
+    @property
+    def size(self) -> int:
+        return self.width + self.nd + 1
+
+    def matvec(self, v: np.ndarray) -> np.ndarray:
+        return v[self.cols].sum(axis=1) + self.dense @ v[self.width:self.width + self.nd] + v[-1]
+
+    def rmatvec(self, u: np.ndarray) -> np.ndarray:
+        out = np.empty(self.size)
+        out[:self.width] = np.bincount(self.cols.ravel(), np.repeat(u, self.cols.shape[1]), self.width)
+        out[self.width:self.width + self.nd] = self.dense.T @ u
+        out[-1] = u.sum()
+        return out
+
+
+def _objective(C: float, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    return float(C * (np.logaddexp(0.0, z) - y * z).sum() + 0.5 * w @ w)
+
+
+def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
+        config: Poly2Config = Poly2Config()) -> Poly2:
+    """The Poly2 LR of rows `ids` (N, P) (`pair_ids`), log1p dense values (N, n) and 0/1 labels, at inverse L2 C.
+
+    Raises:
+        ValueError: no rows, or shapes that disagree.
+    """
+    n = len(labels)
+    if n == 0 or ids.shape[0] != n or log_dense.shape[0] != n:
+        raise ValueError(f"poly2 fit needs rows: ids {ids.shape}, dense {log_dense.shape}, labels ({n},)")
+    buckets, inverse = np.unique(ids, return_inverse=True)
+    X = _Design(inverse.reshape(ids.shape).astype(np.int64), np.asarray(log_dense, dtype=np.float64), buckets.size)
+    y = np.asarray(labels, dtype=np.float64)
+    w = np.zeros(X.size)
+    g0 = None
+    for _ in range(config.newton_steps):
+        z = X.matvec(w)
+        p = 1.0 / (1.0 + np.exp(-z))
+        g = C * X.rmatvec(p - y) + w
+        gn = float(np.linalg.norm(g))
+        g0 = gn if g0 is None else g0
+        if gn <= config.tol * g0:
+            break
+        d = _newton_direction(X, C * p * (1.0 - p), g, gn)
+        f0, slope, step = _objective(C, z, y, w), float(g @ d), 1.0
+        while step > 1e-6:  # backtracking (Armijo): a full Newton step is almost always taken
+            trial = w + step * d
+            if _objective(C, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
+                break
+            step *= 0.5
+        w = trial
+    return Poly2(buckets=buckets, weights=w[:buckets.size].copy(), dense_weights=w[buckets.size:-1].copy(),
+                 bias=float(w[-1]), C=C)
+
+
+def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: float, *, iters: int = 250) -> np.ndarray:
+    """Conjugate gradients on H d = -g, H = X^T diag(curvature) X + I, to a residual of 0.1 |g| (truncated Newton)."""
+    d = np.zeros_like(g)
+    r = -g
+    p = r.copy()
+    rs = float(r @ r)
+    for _ in range(iters):
+        Hp = X.rmatvec(curvature * X.matvec(p)) + p
+        a = rs / float(p @ Hp)
+        d += a * p
+        r -= a * Hp
+        rs_next = float(r @ r)
+        if np.sqrt(rs_next) <= 0.1 * gn:
+            break
+        p = r + (rs_next / rs) * p
+        rs = rs_next
+    return d
+
+
+def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Mean log loss of logits."""
+    y = np.asarray(labels, dtype=np.float64)
+    return float((np.logaddexp(0.0, logits) - y * logits).mean())
+
+
+def fit_time_split(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
+                   config: Poly2Config = Poly2Config()) -> tuple[Poly2, dict[float, float]]:
+    """The Poly2 LR with C chosen by an inner time split: each C of `config.cs` fit on the first 1 - holdout of
+    the rows (row order is time order), the C of the lowest log loss on the rest, refit on every row.
+
+    Returns:
+        (the refit model, {C: held-out log loss}).
+    """
+    n = len(labels)
+    cut = n - max(1, int(n * config.holdout))
+    if cut < 1:
+        raise ValueError(f"poly2 time split needs at least 2 rows, got {n}")
+    losses = {C: log_loss(labels[cut:], fit(ids[:cut], log_dense[:cut], labels[:cut], C, config=config)
+                          .logits(ids[cut:], log_dense[cut:])) for C in config.cs}
+    best = min(losses, key=losses.__getitem__)
+    return fit(ids, log_dense, labels, best, config=config), losses
