@@ -32,8 +32,9 @@ from storage.embedding.base import EmbeddingStore
 from storage.io import fsio, version
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, load_working_set
-from trainer import checkpoint, model_dir
+from trainer import checkpoint, companion, model_dir
 from trainer.config import TrainerConfig
+from trainer.data import FeatureSchema
 from trainer.distributed.context import DistContext, init_distributed
 from trainer.lifetime import exit_when_orphaned
 from trainer.malloc import tune_malloc
@@ -173,13 +174,17 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             },
         )
         schema = trainer.schema
+        companion_record = None
+        if spec.model.companion != "off":
+            fitted, companion_record = fit_companion(spec, schema)
+            companion.save(fsio.join(staging_url, companion.FILE), fitted, so)
         meta = ModelMeta.of(
             model_name=spec.model_name, model_config=spec.model, dim=spec.store.embedding_dim,
             init_std=spec.store.init_std, num_dense=schema.num_dense, num_fields=schema.num_fields,
             fields=schema.fields, dense_columns=schema.dense_columns, key_columns=schema.key_columns,
             bag_columns=schema.bag_columns, vocab_date=spec.vocab_date, run_tag=spec.run_tag,
             features_url=spec.features_url, init_model_url=spec.init_model_url, optim=spec.optim, het=spec.het,
-            trainer=spec.trainer, train=summary.to_dict(), recipe=spec.recipe,
+            trainer=spec.trainer, train=summary.to_dict(), recipe=spec.recipe, companion=companion_record,
         )
         model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
         model_dir.write_tensors(
@@ -199,6 +204,15 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             checkpoint.remove_checkpoints(spec.checkpoint_url, so)
     # no rank exits before the commit: the launcher of every node reads the committed model.json
     ctx.barrier()
+
+
+def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Companion, dict[str, Any]]:
+    """The day's companion (`trainer.companion`), fit on its lineage's rows: the start model's record names them."""
+    so = spec.storage_options
+    parent = model_dir.read_meta(spec.init_model_url, so) if spec.init_model_url else None
+    return companion.fit_for_spec(
+        spec.features_url, schema, spec.model.companion_rows, parent=parent.companion if parent else None,
+        parent_features_url=parent.features_url if parent else None, storage_options=so)
 
 
 def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:

@@ -4,6 +4,7 @@
     dense.safetensors        the dense network's state_dict
     dense_optim.safetensors  `<param>.exp_avg`, `<param>.exp_avg_sq` per parameter, and `step`
     sparse/part-RRRRR.parquet  rank R's embedding rows: key, emb, m, v, clock (storage.embedding.snapshot)
+    companion.safetensors    with `model.companion`: the companion's weights (`trainer.companion`)
     _SUCCESS.json            written last (on an object store the files sit under its data prefix)
 
 Safetensors, JSON and Parquet only: a model directory never holds pickles.  `ModelMeta` is the one
@@ -37,9 +38,13 @@ MODEL_JSON = "model.json"
 DENSE = "dense.safetensors"
 DENSE_OPTIM = "dense_optim.safetensors"
 SPARSE = "sparse"
-MODEL = records.RecordFormat("ctr-pipeline-model", 2, fix="retrain the model (or read it with the release that wrote it)")
-"""model.json: version 2 is what today's code writes and every model on disk holds."""
-MODEL_FORMAT = MODEL.tag
+MODEL = records.RecordFormat("ctr-pipeline-model", 3, reads=(2, 3),
+                             fix="retrain the model (or read it with the release that wrote it)")
+"""model.json: version 2 is a model without a companion (what every model before it held), version 3 one with
+a companion (`ModelMeta.companion`, `trainer.companion`), which a reader must blend into every score: a
+release that reads version 2 alone refuses it instead of scoring without it."""
+MODEL_FORMAT = f"{MODEL.name}/2"
+WITH_COMPANION = MODEL.tag
 
 join = fsio.join
 
@@ -82,6 +87,9 @@ class ModelMeta:
     """Train statistics (steps, examples, losses, rates, communication, store counters)."""
     recipe: dict[str, Any] = field(default_factory=dict)
     """The `optim` values derived for the day's size and why (`trainer.plan.recipe.Recipe.record`)."""
+    companion: dict[str, Any] | None = None
+    """The companion's record (`trainer.companion.fit_for_spec`: kind, C, rows, sources), or None: without one
+    the model scores by its network alone."""
 
     @classmethod
     def of(cls, *, model_config: ModelConfig, optim: OptimConfig, het: HetConfig, trainer: TrainerConfig,
@@ -106,7 +114,7 @@ class ModelMeta:
         return self.model_cfg().arch
 
     def to_dict(self) -> dict[str, Any]:
-        return {**codec.encode(self), "format": MODEL.tag}
+        return {**codec.encode(self), "format": WITH_COMPANION if self.companion else MODEL_FORMAT}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = MODEL_JSON) -> ModelMeta:

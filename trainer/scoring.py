@@ -30,6 +30,9 @@ from storage.embedding.snapshot import read_snapshot, snapshot_files
 from storage.io import fsio
 from trainer import model_dir
 from trainer.bags import FieldBags, Jagged, expand_cells, pool_rows
+from trainer.companion import FILE as COMPANION_FILE
+from trainer.companion import Companion, blend
+from trainer.companion import load as load_companion
 from trainer.data import FeatureSchema, list_parts
 from trainer.group_metrics import group_auc
 from trainer.metrics import StreamingMetrics, slice_metrics
@@ -91,6 +94,8 @@ class LoadedModel:
     meta: ModelMeta
     device: torch.device = torch.device("cpu")
     """Where the dense network scores."""
+    companion: Companion | None = None
+    """The second learner blended into every score (`trainer.companion`), or None."""
 
 
 def scoring_device(device: str | torch.device = "auto") -> torch.device:
@@ -126,7 +131,9 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     ).for_pooling(cfg.bag_pooling)
     emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=meta.init_std)
     dev = scoring_device(device)
-    return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev)
+    second = load_companion(fsio.join(model_url, COMPANION_FILE), storage_options) if meta.companion else None
+    return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev,
+                       companion=second)
 
 
 @torch.inference_mode()
@@ -139,7 +146,7 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
         KeyError: a column the model needs is missing.
     """
     return score_features(loaded.model, loaded.embeddings.lookup, loaded.schema, loaded.model.config.bag_pooling,
-                          features, batch_size=batch_size, device=loaded.device)
+                          features, batch_size=batch_size, device=loaded.device, companion=loaded.companion)
 
 
 @torch.no_grad()
@@ -152,6 +159,7 @@ def score_features(
     *,
     batch_size: int = 8192,
     device: torch.device = torch.device("cpu"),
+    companion: Companion | None = None,
 ) -> np.ndarray:
     """`score` with any network (the trained module or an exported program) and any row lookup.
 
@@ -164,6 +172,7 @@ def score_features(
         schema: the model's columns (`FeatureSchema.for_pooling` applied).
         pooling: `model.bag_pooling`.
         device: where `net` scores (the rows and dense features are copied there).
+        companion: a second learner whose logit is averaged with the network's (`trainer.companion`).
     """
     s = schema
     missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
@@ -176,7 +185,7 @@ def score_features(
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
     return score_arrays(net, lookup, schema, pooling, dense_all, keys_all, bags_all, batch_size=batch_size,
-                        device=device)
+                        device=device, companion=companion)
 
 
 @torch.no_grad()
@@ -191,9 +200,11 @@ def score_arrays(
     *,
     batch_size: int = 8192,
     device: torch.device = torch.device("cpu"),
+    companion: Companion | None = None,
 ) -> np.ndarray:
     """`score_features` on the columns as arrays: dense (N, n) float32 (None without dense columns), keys (N, F)
-    int64, one `Jagged` per bag column.  The online scorer's small batches come here without a frame."""
+    int64, one `Jagged` per bag column.  The online scorer's small batches come here without a frame.  With a
+    `companion`, a row's logit is the mean of the network's and the companion's (`trainer.companion.blend`)."""
     s = schema
     n = len(keys_all)
     out = np.empty(n, dtype=np.float64)
@@ -205,7 +216,12 @@ def score_arrays(
         cells = expand_cells(keys, bags)  # the keys of every (example, field) cell, as in training
         emb = pool_rows(host_to_device(lookup(cells.keys), device), cells, pooling)  # (B, F, D)
         dense = torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
-        out[lo:hi] = torch.sigmoid(net(host_to_device(dense, device), emb)).double().cpu().numpy()
+        z = net(host_to_device(dense, device), emb)
+        if companion is None:
+            out[lo:hi] = torch.sigmoid(z).double().cpu().numpy()
+        else:
+            second = companion.logits(keys_all[lo:hi], dense_all[lo:hi] if dense_all is not None else None)
+            out[lo:hi] = 1.0 / (1.0 + np.exp(-blend(z.double().cpu().numpy(), second)))
     return out
 
 

@@ -194,7 +194,9 @@ class TrainOutcome:
 
     def summary(self) -> str:
         carried = self.parent_eval.summary() if self.parent_version else ""  # nothing to say before a first model
-        return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}"
+        c = self.result.meta.companion
+        second = f"; companion: {c['kind']} fit on {c['rows']} rows, C {c['C']}, {c['fit_s']:.1f} s" if c else ""
+        return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}{second}"
 
     def record(self) -> dict[str, Any]:
         r, t = self.result, self.result.train
@@ -202,7 +204,8 @@ class TrainOutcome:
                 "examples_per_s": t.examples_per_s, "world_size": t.world_size, "wall_s": r.wall_s,
                 "backend": t.backend, "device": t.device,
                 "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
-                "run_tag": self.run_tag, "recipe": self.recipe.record(), "parent_eval": self.parent_eval.record()}
+                "run_tag": self.run_tag, "recipe": self.recipe.record(), "parent_eval": self.parent_eval.record(),
+                "companion": r.meta.companion}
 
 
 @dataclass(frozen=True)

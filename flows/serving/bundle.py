@@ -10,10 +10,11 @@
     rows/keys.npy        int64 ascending: the keys of the rows (of a delta: the changed rows)
     rows/emb.npy         float32 or float16 (N, D): their vectors, no optimizer state
     evicted.npy          a delta only: int64 ascending, keys of the base absent from the target
+    companion.safetensors  a model with a companion only (`trainer.companion`): its weights, whole in a delta too
     _SUCCESS.json        the commit point (`storage.io.fsio`; on an object store the files sit under v-<token>/)
 
 Only documented formats (JSON, NumPy `.npy` read with `allow_pickle=False`, torch.export's `.pt2`,
-ONNX), so a bundle is read without this package's classes and never unpickled.  `.npy` rather
+ONNX, safetensors), so a bundle is read without this package's classes and never unpickled.  `.npy` rather
 than Parquet for the rows: `--mmap` maps `rows/emb.npy` as it lies.  Readers check every file's
 size and sha256 against the manifest before using it (`BundleReader.read`).
 
@@ -47,6 +48,7 @@ ADMITTED = "admitted.npy"
 KEYS = "rows/keys.npy"
 EMB = "rows/emb.npy"
 EVICTED = "evicted.npy"
+COMPANION = "companion.safetensors"
 KINDS = ("full", "delta")
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from flows.serving.bundle import (
     ADMITTED,
+    COMPANION,
     EMB,
     EVICTED,
     FEATURE_SPEC,
@@ -52,10 +53,23 @@ class ExportError(RuntimeError):
     """A version cannot be exported as asked (the message says why and what to do)."""
 
 
-def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes | None = None) -> dict[str, bytes]:
-    """The files every bundle holds besides its rows: model.json, the network(s), the feature spec."""
+def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes | None = None,
+                companion: bytes | None = None) -> dict[str, bytes]:
+    """The files every bundle holds besides its rows: model.json, the network(s), the feature spec, and the
+    companion's weights when the model has one.
+
+    Raises:
+        ExportError: ONNX asked of a model with a companion (the ONNX file would score without it), or a
+            companion's record without its weights.
+    """
     import json
 
+    if meta.companion and onnx is not None:
+        raise ExportError("the model blends a companion (model.companion) that an ONNX network does not carry: a "
+                          "server of dense.onnx alone would score without it; export without --onnx, or train with "
+                          "model.companion=off")
+    if bool(meta.companion) != (companion is not None):
+        raise ExportError("model.json and the companion's weights disagree: retrain the model")
     files = {
         MODEL_JSON: json.dumps(meta.to_dict(), indent=2, sort_keys=True).encode(),
         PROGRAM: program,
@@ -64,6 +78,8 @@ def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes 
     }
     if onnx is not None:
         files[ONNX] = onnx
+    if companion is not None:
+        files[COMPANION] = companion
     return files
 
 
@@ -81,10 +97,10 @@ def version_rows(layout: Layout, version: str) -> export.SparseRows:
 
 
 def write_full_bundle(url: str, *, meta: ModelMeta, spec: FeatureSpec, program: bytes, rows: export.SparseRows,
-                      manifest: dict[str, Any], onnx: bytes | None = None,
+                      manifest: dict[str, Any], onnx: bytes | None = None, companion: bytes | None = None,
                       storage_options: dict | None = None) -> dict[str, Any]:
     """Commit a full bundle of a network and its rows at `url` (the manifest gets the row counts and digest)."""
-    files = {**model_files(meta, spec, program, onnx), **row_files(rows)}
+    files = {**model_files(meta, spec, program, onnx, companion), **row_files(rows)}
     manifest = {"kind": "full", "dim": meta.dim, "init_std": meta.init_std, "base_version": None, **manifest,
                 "rows": len(rows), "table_rows": len(rows), "rows_digest": export.rows_digest(rows)}
     return write_bundle(url, files, manifest, storage_options)
@@ -119,6 +135,14 @@ class VersionExport:
                               f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}")
         self.rows = version_rows(self.layout, self.version)
         self._program: bytes | None = None
+        self.companion: bytes | None = None
+        if self.meta.companion:
+            fs, path = fsio.get_fs(fsio.join(self.url, COMPANION), so)
+            if not fs.exists(path):
+                raise ExportError(f"{self.version}: model.json names a companion but {COMPANION} is missing; "
+                                  "retrain the model")
+            with fs.open(path, "rb") as f:
+                self.companion = f.read()
 
     def _format(self) -> str:
         fmt = self.lineage.input_format
@@ -152,7 +176,16 @@ class VersionExport:
         return self._program
 
     def _common(self, *, onnx: bool) -> dict[str, bytes]:
-        return model_files(self.meta, self.spec, self.program(), export.onnx_bytes(self.network) if onnx else None)
+        self._refuse_onnx_with_companion(onnx)
+        return model_files(self.meta, self.spec, self.program(), export.onnx_bytes(self.network) if onnx else None,
+                           self.companion)
+
+    def _refuse_onnx_with_companion(self, onnx: bool) -> None:
+        """Before the (slow) ONNX export: `model_files` would refuse its result."""
+        if onnx and self.companion is not None:
+            raise ExportError(f"{self.version} blends a companion (model.companion) that an ONNX network does not "
+                              "carry: a server of dense.onnx alone would score without it; export without --onnx, "
+                              "or train with model.companion=off")
 
     def _manifest(self, kind: str, table: export.SparseRows, dtype: str) -> dict[str, Any]:
         return {
@@ -170,10 +203,11 @@ class VersionExport:
     def write_full(self, out_url: str, *, dtype: str = "float32", onnx: bool = False,
                    dtype_auc: dict[str, Any] | None = None) -> dict[str, Any]:
         """A full bundle of the version at `out_url`; returns its manifest."""
+        self._refuse_onnx_with_companion(onnx)
         table = export.cast_rows(self.rows, dtype)
         return write_full_bundle(out_url, meta=self.meta, spec=self.spec, program=self.program(), rows=table,
                                  manifest={**self._manifest("full", table, dtype), "dtype_auc": dtype_auc},
-                                 onnx=export.onnx_bytes(self.network) if onnx else None,
+                                 onnx=export.onnx_bytes(self.network) if onnx else None, companion=self.companion,
                                  storage_options=self.layout.storage_options)
 
     def write_delta(self, out_url: str, base: str, *, dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
@@ -194,6 +228,7 @@ class VersionExport:
         """AUC of the version on its own eval rows with float32 rows and with `dtype` rows (None for float32)."""
         if dtype == "float32":
             return None
+        from trainer.companion import from_bytes
         from trainer.data import FeatureSchema
         from trainer.scoring import FrozenEmbeddings, LoadedModel, evaluate_model
 
@@ -205,7 +240,9 @@ class VersionExport:
         for d in ("float32", dtype):
             table = FrozenEmbeddings(self.rows.keys, export.cast_rows(self.rows, d).emb, dim=m.dim, init_std=m.init_std)
             try:
-                got = evaluate_model(LoadedModel(self.network, table, schema, m), eval_url, self.layout.storage_options)
+                second = from_bytes(self.companion, COMPANION) if self.companion is not None else None
+                got = evaluate_model(LoadedModel(self.network, table, schema, m, companion=second), eval_url,
+                                     self.layout.storage_options)
             except FileNotFoundError as exc:
                 return {"error": f"the version's eval rows are gone: {exc}"}
             result[d], result["rows"] = got["auc"], got["rows"]

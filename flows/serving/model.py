@@ -2,7 +2,7 @@
 
 The server holds a `ServingModel` per version (two while it switches).  It needs only the bundle:
 `torch.export.load` for the network, the `.npy` rows, `feature_spec.json` + `admitted.npy` for
-the feature path, model.json for the columns (`ServingMeta`: only what the scorer uses, read
+the feature path, `companion.safetensors` when the model has a companion, model.json for the columns (`ServingMeta`: only what the scorer uses, read
 tolerantly, so an older scorer loads a newer trainer's bundle).  Scoring goes through
 `trainer.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
 
@@ -27,6 +27,7 @@ import torch
 
 from flows.serving.bundle import (
     ADMITTED,
+    COMPANION,
     EMB,
     FEATURE_SPEC,
     KEYS,
@@ -40,6 +41,8 @@ from flows.serving.small import SmallBatch, fits, small_batch
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
+from trainer.companion import Companion
+from trainer.companion import from_bytes as companion_from_bytes
 from trainer.data import FeatureSchema
 from trainer.export import load_program
 from trainer.model_dir import MODEL
@@ -69,6 +72,8 @@ class ServingMeta:
     """The `model.*` values trained with, as plain data (shown, never decoded here)."""
     vocab_date: str | None = None
     run_tag: str = ""
+    companion: dict[str, Any] | None = None
+    """The companion's record when the model has one (its weights: the bundle's `companion.safetensors`)."""
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> ServingMeta:
@@ -133,6 +138,8 @@ class ServingModel:
     table: Any
     """`lookup(keys (N,) int64) -> (N, D) float32`: a `FrozenEmbeddings` or an `MmapTable`."""
     schema: FeatureSchema
+    companion: Companion | None = None
+    """The second learner blended into every score (`trainer.companion`), or None."""
     loaded_s: float = 0.0
     loaded_at: float = field(default_factory=time.time)
     small_path: bool = field(init=False)
@@ -154,7 +161,7 @@ class ServingModel:
         lookup: Callable[..., Any] = self.table.lookup
         if times is not None:
             net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
-        return score_features(net, lookup, self.schema, self.spec.bag_pooling, features)
+        return score_features(net, lookup, self.schema, self.spec.bag_pooling, features, companion=self.companion)
 
     def score_small(self, batch: SmallBatch, times: StageTimes | None = None) -> np.ndarray:
         """`score_features` of a `SmallBatch`'s arrays (no frame in between)."""
@@ -163,7 +170,7 @@ class ServingModel:
         if times is not None:
             net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
         return score_arrays(net, lookup, self.schema, self.spec.bag_pooling, batch.dense if batch.dense.shape[1] else None,
-                            batch.keys, [])
+                            batch.keys, [], companion=self.companion)
 
     def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
         """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""
@@ -269,8 +276,14 @@ def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> S
         table = memory_table(chain_table(readers), init_std=meta.init_std)
     schema = FeatureSchema(dense_columns=meta.dense_columns, key_columns=meta.key_columns, fields=meta.fields,
                            bag_columns=meta.bag_columns).for_pooling(spec.bag_pooling)
+    second = None
+    if meta.companion:
+        try:
+            second = companion_from_bytes(last.read(COMPANION), f"{last.url}/{COMPANION}")
+        except ValueError as exc:
+            raise BundleError(str(exc)) from None
     model = ServingModel(version=last.version, manifest=last.manifest, spec=spec, net=net, table=table,
-                         schema=schema, loaded_s=time.perf_counter() - t0)
+                         schema=schema, companion=second, loaded_s=time.perf_counter() - t0)
     smoke_check(model)
     return model
 

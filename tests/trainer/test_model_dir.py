@@ -112,10 +112,19 @@ def test_a_model_json_from_before_a_key_whose_default_changed_builds_the_network
         CTRModel(older, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim), "cross")
 
 
+def test_a_model_with_a_companion_is_version_3_and_one_without_stays_version_2():
+    data = sample("model-v3.json")
+    meta = ModelMeta.from_dict(data)
+    assert meta.companion is not None and meta.companion["kind"] == "poly2"
+    assert [s["split"] for s in meta.companion["sources"]] == ["train", "eval", "train"]
+    assert meta.to_dict()["format"] == "ctr-pipeline-model/3" and meta.model_cfg().companion == "poly2"
+    without = replace(meta, companion=None)
+    assert without.to_dict()["format"] == MODEL_FORMAT == "ctr-pipeline-model/2"
+
 def test_a_model_json_of_a_newer_version_is_refused_naming_it():
-    with pytest.raises(FormatError, match=r"/r/model.json has format 'ctr-pipeline-model/3', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2: upgrade"):
-        ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/3"}, where="/r/model.json")
+    with pytest.raises(FormatError, match=r"/r/model.json has format 'ctr-pipeline-model/4', written by a newer "
+                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3: upgrade"):
+        ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/4"}, where="/r/model.json")
     with pytest.raises(FormatError, match="ctr-pipeline-model/1', too old .*: retrain the model"):
         ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/1"})
 

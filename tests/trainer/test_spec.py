@@ -77,7 +77,7 @@ OTHER_VALUE: dict[str, Any] = {
     "model.arch": "dnn", "model.num_heads": 4, "model.attention_layers": 2, "model.mlp_dims": (8,),
     "model.dropout": 0.1, "model.dense_buckets": 0, "model.dense_bucket_max": 5.0, "model.cross": False,
     "model.cross_input": "fields", "model.attention_input": "fields", "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
-    "model.bag_pooling": "sum",
+    "model.bag_pooling": "sum", "model.companion": "poly2", "model.companion_rows": 1000,
     "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
     "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
     "optim.lr_decay": "linear", "optim.min_lr_ratio": 0.0, "optim.k_steps": 1, "optim.train_parent_eval": False,
@@ -137,6 +137,8 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     model = codec.encode(spec.model)
     model.pop("cross_input")  # added later (issue 29), the earlier cross term's input its neutral value
     model.pop("attention_input", None)  # added later (issue 29), every token attended its neutral value
+    model.pop("companion")  # added later (issue 31), none its neutral value
+    model.pop("companion_rows")  # added with it, its default its neutral value
     parts = {
         "model": model, "optim": optim, "het": codec.encode(spec.het),
         "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
@@ -179,7 +181,7 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
 
 
 ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype", "optim.wide_loss",
-               "model.cross_input", "model.attention_input")
+               "model.cross_input", "model.attention_input", "model.companion", "model.companion_rows")
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
 
@@ -187,6 +189,14 @@ ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype",
 def test_the_identity_is_the_earlier_one_whatever_field_changes(key: str) -> None:
     for spec in _pair(key):
         assert spec.identity() == _identity_before_roles(spec)
+
+
+def test_a_companion_changes_the_tag_and_none_keeps_the_earlier_one() -> None:
+    spec = _spec()
+    assert spec.model.companion == "off" and spec.identity() == "eee1caf9f2"
+    on = _spec(model=dataclasses.replace(spec.model, companion="poly2"))
+    fewer = _spec(model=dataclasses.replace(spec.model, companion="poly2", companion_rows=1000))
+    assert len({spec.identity(), on.identity(), fewer.identity()}) == 3
 
 
 def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_default_gets_its_own() -> None:

@@ -12,6 +12,7 @@ ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 CROSS_INPUTS = ("tokens", "fields")
 ATTENTION_INPUTS = ("tokens", "fields")
 BAG_POOLINGS = ("mean", "sum", "none")
+COMPANIONS = ("off", "poly2")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +75,15 @@ class ModelConfig:
     """How a multi-valued field's bag of keys (`bag_j` in features) becomes the field's one embedding row:
     `mean` or `sum` of the bag's rows (an empty bag uses the missing key's row), or `none` to ignore the
     bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
+    companion: str = result_field("off", neutral="off", why="blends a second learner's logit into every score")
+    """A second learner beside the network, its logit averaged with the network's by every scorer: `poly2`, a
+    logistic regression with a weight per key and per pair of a row's keys and dense buckets, fit to
+    convergence after the day's training on every row so far (`trainer.companion`; the newest
+    `companion_rows`), C by a time split of them; `off`, none.  On the small real days it gains over the
+    network alone (docs/benchmarks.md, issue 31); its fit's cost grows with the rows.  Reshapes no
+    parameter: a change keeps the warm start."""
+    companion_rows: int = result_field(50_000, neutral=50_000, why="which rows the companion is fit on")
+    """The most rows the companion is fit on: the newest ones of the days so far (today's train rows first)."""
 
     def __post_init__(self) -> None:
         if self.dense_buckets < 0 or 0 < self.dense_buckets < 3:
@@ -88,6 +98,10 @@ class ModelConfig:
             raise ValueError(f"model.attention_input must be one of {ATTENTION_INPUTS}, got {self.attention_input!r}")
         if self.cross_input not in CROSS_INPUTS:
             raise ValueError(f"model.cross_input must be one of {CROSS_INPUTS}, got {self.cross_input!r}")
+        if self.companion not in COMPANIONS:
+            raise ValueError(f"model.companion must be one of {COMPANIONS}, got {self.companion!r}")
+        if self.companion_rows < 100:
+            raise ValueError(f"model.companion_rows must be >= 100, got {self.companion_rows}")
         if self.arch not in ARCHS:
             raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.num_heads < 1 or self.attention_layers < 0:

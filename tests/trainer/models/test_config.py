@@ -28,9 +28,15 @@ def test_only_changes_that_reshape_parameters_are_reported() -> None:
     assert reshaping_changes({**saved, "gone": 1}, ModelConfig()) == ["model.gone"]  # a key of another version
 
 
-def test_dropout_bag_pooling_and_attention_input_are_the_fields_that_reshape_nothing() -> None:
+def test_dropout_bag_pooling_attention_input_and_the_companion_are_the_fields_that_reshape_nothing() -> None:
     assert sorted(n for n, d in declarations(ModelConfig).items() if d.role is not Role.SHAPE) == [
-        "attention_input", "bag_pooling", "dropout"]
+        "attention_input", "bag_pooling", "companion", "companion_rows", "dropout"]
+
+
+@pytest.mark.parametrize(("key", "value"), [("companion", "gbdt"), ("companion_rows", 10)])
+def test_a_bad_companion_setting_is_refused_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"model.{key} must be"):
+        ModelConfig(**{key: value})  # type: ignore[arg-type]
 
 
 def test_a_model_saved_before_the_cross_term_lacks_it_only_where_it_is_read() -> None:

@@ -1,0 +1,113 @@
+"""The companion: which rows it is fit on (the lineage's, newest first, never past the cap), its inputs, its
+file, and the blend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from storage.key_layout import FIELD_SHIFT
+from trainer import companion
+from trainer.data import FeatureSchema
+from trainer.models.poly2 import Poly2Config
+
+SCHEMA = FeatureSchema(dense_columns=("d_0",), key_columns=("k_0", "k_1"), fields=("C1", "C2"))
+FAST = Poly2Config(bits=14, cs=(0.1, 1.0))
+
+
+def write_split(root, name: str, split: str, first: int, n: int, seed: int = 0) -> str:
+    """A features directory `root/name` whose `split` holds rows numbered first..first+n-1 (d_0 is the number)."""
+    rng = np.random.default_rng(seed + first)
+    a, b = rng.integers(0, 3, n), rng.integers(0, 3, n)
+    frame = pd.DataFrame({
+        "label": (rng.random(n) < np.where(a == b, 0.7, 0.2)).astype(np.float32),
+        "d_0": np.arange(first, first + n, dtype=np.float32),
+        "k_0": (a + 2).astype(np.int64), "k_1": ((1 << FIELD_SHIFT) | (b + 2)).astype(np.int64),
+    })
+    (root / name / split).mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(np.array_split(np.arange(n), 2)):  # two parts: read in name order
+        frame.iloc[part].to_parquet(root / name / split / f"part-{i:05d}.parquet")
+    return str(root / name)
+
+
+def test_the_sources_are_the_parents_then_its_eval_rows_then_the_days_train_rows():
+    parent = {"sources": [{"features_url": "f1", "split": "train", "rows": 10},
+                          {"features_url": "f1", "split": "eval", "rows": 2}]}
+    assert companion.candidate_sources(parent, "f2", "f3") == [
+        ("f1", "train", 10), ("f1", "eval", 2), ("f2", "eval", None), ("f3", "train", None)]
+    assert companion.candidate_sources(None, None, "f1") == [("f1", "train", None)]  # a first day
+
+
+def test_rows_are_the_newest_under_the_cap_in_time_order(tmp_path):
+    day1 = write_split(tmp_path, "d1", "train", 0, 50)
+    write_split(tmp_path, "d1", "eval", 50, 10)
+    day2 = write_split(tmp_path, "d2", "train", 60, 40)
+    candidates = [(day1, "train", 50), (day1, "eval", None), (day2, "train", None)]
+    keys, dense, labels, sources, skipped = companion.read_rows(candidates, SCHEMA, 70)
+    # the day's 40 train rows, the 10 eval rows before them, and the newest 20 of the 50 before those
+    np.testing.assert_array_equal(dense[:, 0], np.arange(30, 100))
+    assert keys.shape == (70, 2) and labels.shape == (70,) and skipped == []
+    assert [(s.split, s.rows) for s in sources] == [("train", 20), ("eval", 10), ("train", 40)]
+    *_, every, _ = companion.read_rows(candidates, SCHEMA, 10_000)
+    assert [s.rows for s in every] == [50, 10, 40]
+    # a parent's source keeps the rows it had then, even if the directory holds more now
+    *_, capped, _ = companion.read_rows([(day1, "train", 5), (day2, "train", None)], SCHEMA, 10_000)
+    assert [s.rows for s in capped] == [5, 40]
+
+
+def test_a_source_that_is_gone_is_skipped_and_named_and_no_rows_at_all_is_refused(tmp_path):
+    gone = str(tmp_path / "deleted")
+    day = write_split(tmp_path, "d2", "train", 0, 40)
+    _, _, labels, sources, skipped = companion.read_rows([(gone, "train", 5), (day, "train", None)], SCHEMA, 100)
+    assert len(labels) == 40 and [s.features_url for s in sources] == [day] and skipped == [f"{gone} (train)"]
+    _, record = companion.fit_for_spec(day, SCHEMA, 100, parent={"sources": [
+        {"features_url": gone, "split": "train", "rows": 5}]}, parent_features_url=None, config=FAST)
+    assert record["skipped_sources"] == [f"{gone} (train)"] and record["rows"] == 40
+    with pytest.raises(FileNotFoundError, match="no rows to fit.*deleted"):
+        companion.read_rows([(gone, "train", None)], SCHEMA, 100)
+
+
+def test_the_fit_and_its_file_score_the_same_and_its_record_says_what_it_did(tmp_path):
+    day = write_split(tmp_path, "d1", "train", 0, 600)
+    fitted, record = companion.fit_for_spec(day, SCHEMA, 10_000, parent=None, parent_features_url=None, config=FAST)
+    assert record["kind"] == "poly2" and record["rows"] == 600 and record["C"] in FAST.cs
+    assert set(record["holdout_logloss"]) == {"0.1", "1.0"} and record["bits"] == 14
+    assert record["sources"] == [{"features_url": day, "split": "train", "rows": 600}]
+    keys, dense, labels, _, _ = companion.read_rows([(day, "train", None)], SCHEMA, 10_000)
+    z = fitted.logits(keys, dense)
+    companion.save(str(tmp_path / "c.safetensors"), fitted)
+    again = companion.load(str(tmp_path / "c.safetensors"))
+    np.testing.assert_array_equal(again.logits(keys, dense), z)  # the saved (float32) weights are the ones fit
+    from trainer.metrics import auc
+
+    assert auc(labels, z) > 0.65  # it learnt the pair a == b
+
+
+def test_a_bad_or_missing_file_is_refused_saying_retrain(tmp_path):
+    with pytest.raises(FileNotFoundError, match="names a companion; retrain"):
+        companion.load(str(tmp_path / "missing.safetensors"))
+    with pytest.raises(ValueError, match="x.safetensors is not a companion file.*retrain"):
+        companion.from_bytes(b"not safetensors", "x.safetensors")
+
+
+def test_rows_of_one_label_are_refused(tmp_path):
+    day = write_split(tmp_path, "d1", "train", 0, 50)
+    frame = pd.read_parquet(f"{day}/train/part-00000.parquet")
+    frame["label"] = 0.0
+    frame.to_parquet(f"{day}/train/part-00000.parquet")
+    pd.read_parquet(f"{day}/train/part-00001.parquet").assign(label=0.0).to_parquet(f"{day}/train/part-00001.parquet")
+    with pytest.raises(ValueError, match="all of one label.*model.companion=off"):
+        companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=None, config=FAST)
+
+
+def test_the_inputs_bucket_the_dense_columns_after_the_key_fields():
+    keys = np.array([[2, (1 << FIELD_SHIFT) | 5]], dtype=np.int64)
+    ids, d = companion.inputs(keys, np.array([[np.log1p(3.0)]], dtype=np.float32), 20)
+    assert ids.shape == (1, 3 + 3) and d.dtype == np.float64  # 2 keys and 1 bucket token, and their 3 pairs
+    no_dense, d0 = companion.inputs(keys, None, 20)
+    assert no_dense.shape == (1, 2 + 1) and d0.shape == (1, 0)
+
+
+def test_the_blend_is_the_mean_logit():
+    np.testing.assert_allclose(companion.blend(np.array([1.0, -3.0]), np.array([3.0, 1.0])), [2.0, -1.0])

@@ -1,0 +1,241 @@
+"""The companion: a Poly2 LR fit beside the network on every row so far, its logit averaged into every score.
+
+`model.companion: poly2`.  After a day's training rank 0 fits it (`fit_for_spec`) on the newest
+`model.companion_rows` rows of, oldest first: the rows the parent's companion was fit on, the parent's eval
+rows, and the day's train rows.  The day's eval rows never: the gate scores the model on them.  The row
+sources follow the model's lineage (model.json `companion.sources`), so the fit depends on the run's inputs
+(`TrainSpec.identity`: the features, the model started from, the model config) and on which of those rows are
+still on disk (a source deleted since is skipped and named: `read_rows`).
+
+Why a second learner: on small days the mean of the network's logit and a converged, strongly regularised
+Poly2 fit of every row so far gains over the network alone on both real samples, where no change inside the
+network did (issue 31, docs/benchmarks.md).  The inputs are the feature rows as the network reads them: the
+key columns (a bag field's first key) and the log1p dense columns, bucketed (`trainer.models.poly2`).
+
+Stored as `companion.safetensors` in the model directory and the serving bundle (`save`, `load`); every
+scorer blends through `trainer.scoring.score_arrays`.  A model with a companion is written as model.json
+version 3, which releases that cannot blend it refuse (`trainer.model_dir.MODEL`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from storage.io import fsio
+from trainer.data import FeatureSchema, list_parts
+from trainer.models.poly2 import (
+    Poly2,
+    Poly2Config,
+    bucket_tokens,
+    fit_time_split,
+    pair_ids,
+)
+
+log = logging.getLogger(__name__)
+
+FILE = "companion.safetensors"
+KIND = "poly2"
+CONFIG = Poly2Config()
+"""The fit's settings: 2^22 buckets, C from 0.001..0.1 by a time split of the last fifth of the rows (what the
+benchmarks measured)."""
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A fit companion as a scorer uses it: logits of feature rows."""
+
+    poly2: Poly2
+    bits: int
+
+    def logits(self, keys: np.ndarray, dense: np.ndarray | None) -> np.ndarray:
+        """(N,) float64 logits of rows given as key columns (N, F) int64 and log1p dense columns (N, n) or None."""
+        ids, log_dense = inputs(keys, dense, self.bits)
+        return self.poly2.logits(ids, log_dense)
+
+
+def inputs(keys: np.ndarray, dense: np.ndarray | None, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Poly2's inputs of feature rows: the pair ids of each row's keys and dense buckets (the buckets take
+    the field numbers after the keys'), and the log1p dense values as float64."""
+    keys = np.asarray(keys, dtype=np.int64)
+    d = np.zeros((len(keys), 0)) if dense is None else np.asarray(dense, dtype=np.float64)
+    tokens = np.concatenate([keys, bucket_tokens(d, keys.shape[1])], axis=1)
+    return pair_ids(tokens, bits), d
+
+
+def blend(network_logits: np.ndarray, companion_logits: np.ndarray) -> np.ndarray:
+    """The score's logit: the mean of the network's and the companion's (the weight the benchmarks chose)."""
+    return (network_logits + companion_logits) / 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowSource:
+    """Rows a companion was fit on: the newest `rows` of a features directory's split."""
+
+    features_url: str
+    split: str
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"features_url": self.features_url, "split": self.split, "rows": self.rows}
+
+
+def candidate_sources(parent: dict[str, Any] | None, parent_features_url: str | None,
+                      features_url: str) -> list[tuple[str, str, int | None]]:
+    """(features_url, split, most rows or None for all), oldest first: the parent companion's sources, the
+    parent's eval rows, the day's train rows."""
+    out: list[tuple[str, str, int | None]] = []
+    if parent:
+        out += [(s["features_url"], s["split"], int(s["rows"])) for s in parent.get("sources", [])]
+    if parent_features_url:
+        out.append((parent_features_url, "eval", None))
+    out.append((features_url, "train", None))
+    return out
+
+
+def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSchema, max_rows: int,
+              storage_options: dict | None = None
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
+    """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order.
+
+    A source whose rows are gone (features deleted by hand) is skipped and named: the companion is fit on the
+    rows still there rather than failing an unattended day.
+
+    Returns:
+        (keys (N, F) int64, dense (N, n) float32 or None, labels (N,) float64, the sources as read, oldest
+        first, and the skipped ones as `url (split)`).
+
+    Raises:
+        FileNotFoundError: no source has rows.
+    """
+    cols = ["label", *schema.dense_columns, *schema.key_columns]
+    parts: list[tuple[Any, RowSource]] = []
+    skipped: list[str] = []
+    left = max_rows
+    for url, split, most in reversed(candidates):
+        if left <= 0:
+            break
+        try:
+            files = list_parts(fsio.join(fsio.data_url(url, storage_options), split), storage_options)
+        except FileNotFoundError:
+            log.warning("companion: the rows of %s (%s) are gone; fitting without them", url, split)
+            skipped.append(f"{url} ({split})")
+            continue
+        fs, _ = fsio.get_fs(url, storage_options)
+        tables = []
+        for f in files:
+            with fs.open(f, "rb") as fh:
+                tables.append(pq.read_table(fh, columns=cols).to_pandas())
+        frame = pd.concat(tables, ignore_index=True)
+        take = min(len(frame), left, most if most is not None else len(frame))
+        frame = frame.iloc[len(frame) - take:]
+        parts.append((frame, RowSource(features_url=url, split=split, rows=take)))
+        left -= take
+    if not parts:
+        raise FileNotFoundError(f"the companion has no rows to fit: {', '.join(skipped)} are gone")
+    parts.reverse()
+    rows = pd.concat([p for p, _ in parts], ignore_index=True)
+    keys = rows[list(schema.key_columns)].to_numpy(np.int64)
+    dense = rows[list(schema.dense_columns)].to_numpy(np.float32) if schema.dense_columns else None
+    return keys, dense, rows["label"].to_numpy(np.float64), [s for _, s in parts], skipped
+
+
+def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
+             config: Poly2Config = CONFIG) -> tuple[Companion, dict[str, Any]]:
+    """The companion of rows in time order, C by the time split; returns it and its record for model.json."""
+    t0 = time.perf_counter()
+    ids, log_dense = inputs(keys, dense, config.bits)
+    poly2, losses = fit_time_split(ids, log_dense, labels, config=config)
+    # the scorer uses the weights as saved (float32): the record's numbers are the saved model's
+    saved = _rounded(poly2)
+    record = {"kind": KIND, "bits": config.bits, "C": saved.C, "rows": int(len(labels)),
+              "buckets": int(saved.buckets.size), "holdout_logloss": {str(c): v for c, v in losses.items()},
+              "fit_s": round(time.perf_counter() - t0, 3)}
+    return Companion(saved, config.bits), record
+
+
+def fit_for_spec(features_url: str, schema: FeatureSchema, max_rows: int, *, parent: dict[str, Any] | None,
+                 parent_features_url: str | None, storage_options: dict | None = None,
+                 config: Poly2Config = CONFIG) -> tuple[Companion, dict[str, Any]]:
+    """The day's companion: fit on the newest `max_rows` rows of its lineage (`candidate_sources`).
+
+    Args:
+        features_url: the day's committed features (their train rows).
+        parent: the start model's companion record (model.json `companion`), or None.
+        parent_features_url: the start model's features (their eval rows), or None without a start model.
+    """
+    candidates = candidate_sources(parent, parent_features_url, features_url)
+    keys, dense, labels, sources, skipped = read_rows(candidates, schema, max_rows, storage_options)
+    if labels.min() == labels.max():
+        raise ValueError(f"the companion's {len(labels)} rows are all of one label: nothing to fit; "
+                         "set model.companion=off for this day")
+    companion, record = fit_rows(keys, dense, labels, config=config)
+    record["sources"] = [s.to_dict() for s in sources]
+    if skipped:
+        record["skipped_sources"] = skipped
+    log.info("companion: poly2 fit on %d rows of %d sources, C %s, %.1f s", len(labels), len(sources),
+             record["C"], record["fit_s"])
+    return companion, record
+
+
+def _rounded(p: Poly2) -> Poly2:
+    return Poly2(buckets=p.buckets, weights=p.weights.astype(np.float32).astype(np.float64),
+                 dense_weights=p.dense_weights.astype(np.float32).astype(np.float64),
+                 bias=float(np.float32(p.bias)), C=p.C)
+
+
+def to_bytes(companion: Companion) -> bytes:
+    """The companion as a safetensors file (no pickles)."""
+    p = companion.poly2
+    return st_save({"buckets": np.ascontiguousarray(p.buckets, dtype=np.int64),
+                    "weights": p.weights.astype(np.float32),
+                    "dense_weights": p.dense_weights.astype(np.float32),
+                    "bias": np.array([p.bias], dtype=np.float32),
+                    "C": np.array([p.C], dtype=np.float64),
+                    "bits": np.array([companion.bits], dtype=np.int64)})
+
+
+def from_bytes(data: bytes | bytearray, where: str) -> Companion:
+    """A companion from `to_bytes`'s file.
+
+    Raises:
+        ValueError: the file is not a companion (the message names `where`).
+    """
+    try:
+        t = st_load(bytes(data))
+        poly2 = Poly2(buckets=t["buckets"].astype(np.int64), weights=t["weights"].astype(np.float64),
+                      dense_weights=t["dense_weights"].astype(np.float64), bias=float(t["bias"][0]),
+                      C=float(t["C"][0]))
+        bits = int(t["bits"][0])
+    except Exception as exc:  # safetensors raises its own types on a bad file
+        raise ValueError(f"{where} is not a companion file ({type(exc).__name__}: {exc}); retrain the model") from None
+    if poly2.buckets.shape != poly2.weights.shape:
+        raise ValueError(f"{where}: {poly2.buckets.size} buckets but {poly2.weights.size} weights; retrain the model")
+    return Companion(poly2, bits)
+
+
+def save(url: str, companion: Companion, storage_options: dict | None = None) -> None:
+    fs, path = fsio.get_fs(url, storage_options)
+    with fs.open(path, "wb") as f:
+        f.write(to_bytes(companion))
+
+
+def load(url: str, storage_options: dict | None = None) -> Companion:
+    """The companion file at `url`.
+
+    Raises:
+        FileNotFoundError: no file there (a model.json that names a companion needs it).
+    """
+    fs, path = fsio.get_fs(url, storage_options)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{url} is missing: the model's model.json names a companion; retrain the model")
+    with fs.open(path, "rb") as f:
+        return from_bytes(f.read(), url)
