@@ -86,6 +86,9 @@ class RunConfig:
             validate_model_name(self.model_name)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.model.companion != "off" and not self.encode.raw_keys:
+            raise ConfigError(f"model.companion={self.model.companion} reads each value's own key: set "
+                              "encode.raw_keys=true too (the features then carry r_<j> beside k_<j>)")
         if self.store.embedding_dim % self.model.num_heads:
             raise ConfigError(
                 f"model.num_heads ({self.model.num_heads}) must divide store.embedding_dim ({self.store.embedding_dim})"
@@ -98,7 +101,10 @@ class RunConfig:
         models on one root share them exactly when those configs are equal.
         """
         vocab_key = _digest({"format": self.input.format, "vocab": codec.encode(self.vocab)})
-        features_key = _digest({"vocab": vocab_key, "encode": codec.encode(self.encode)})
+        encode = codec.encode(self.encode)
+        if not self.encode.raw_keys:  # the features of before the key: their folder keeps its name
+            encode.pop("raw_keys")
+        features_key = _digest({"vocab": vocab_key, "encode": encode})
         return Layout(self.root, self.model_name, self.storage_options, self.store.local_dir,
                       vocab_key=vocab_key, features_key=features_key)
 

@@ -155,6 +155,9 @@ class VocabConfig:
 class EncodeConfig:
     eval_fraction: float = 0.1
     """The last share of the day, in time order, held out for evaluation."""
+    raw_keys: bool = False
+    """Also write each field's key before the OOV rule (`r_<j>`, the value's own key): the input of
+    `model.companion`, which needs it.  26 more int64 columns on Criteo; off, the features are as before."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eval_fraction < 1.0:

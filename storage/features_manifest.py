@@ -37,7 +37,7 @@ from storage.io.records import (
 
 __all__ = [
     "FEATURES_FORMAT", "FeaturesManifest", "FormatError", "Duplicates", "PartRows", "bag_column", "bag_key_column",
-    "column_index", "columns_of", "dense_column", "key_column", "read_features_manifest",
+    "column_index", "columns_of", "dense_column", "key_column", "raw_column", "raw_columns", "read_features_manifest",
 ]
 
 # ---- column names --------------------------------------------------------------------------------
@@ -54,6 +54,27 @@ def dense_column(i: int) -> str:
 def key_column(j: int) -> str:
     """The key column of categorical field j: `k_<j>` (int64; a multi-valued field's first value)."""
     return f"k_{j}"
+
+
+def raw_column(j: int) -> str:
+    """The raw key column of categorical field j: `r_<j>` (int64), the key of the value itself before the OOV rule
+    (written with `encode.raw_keys`, the companion's input; a multi-valued field's first value)."""
+    return f"r_{j}"
+
+
+def raw_columns(key_columns: Iterable[str]) -> tuple[str, ...]:
+    """The raw key columns of key columns: `k_<j>` -> `r_<j>`.
+
+    Raises:
+        ValueError: a name that is not a key column.
+    """
+    out = []
+    for c in key_columns:
+        j = column_index(c, "key")
+        if j is None:
+            raise ValueError(f"{c!r} is not a key column (k_<j>)")
+        out.append(raw_column(j))
+    return tuple(out)
 
 
 def bag_column(j: int) -> str:

@@ -9,8 +9,10 @@ still on disk (a source deleted since is skipped and named: `read_rows`).
 
 Why a second learner: on small days the mean of the network's logit and a converged, strongly regularised
 Poly2 fit of every row so far gains over the network alone on both real samples, where no change inside the
-network did (issue 31, docs/benchmarks.md).  The inputs are the feature rows as the network reads them: the
-key columns (a bag field's first key) and the log1p dense columns, bucketed (`trainer.models.poly2`).
+network did (issue 31, docs/benchmarks.md).  Its inputs are the values' own keys, admitted or not (`r_<j>`,
+written with `encode.raw_keys`; a bag field's first value): a value too rare for a row of the network's still
+gets a weight, and its pairs theirs, as a hashed LR's do; and the log1p dense columns, bucketed
+(`trainer.models.poly2`).
 
 Stored as `companion.safetensors` in the model directory and the serving bundle (`save`, `load`); every
 scorer blends through `trainer.scoring.score_arrays`.  A model with a companion is written as model.json
@@ -30,6 +32,7 @@ import pyarrow.parquet as pq
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from storage.features_manifest import raw_columns
 from storage.io import fsio
 from trainer.data import FeatureSchema, list_parts
 from trainer.models.poly2 import (
@@ -104,19 +107,22 @@ def candidate_sources(parent: dict[str, Any] | None, parent_features_url: str | 
 def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSchema, max_rows: int,
               storage_options: dict | None = None
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
-    """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order.
+    """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order:
+    the values' own keys (`r_<j>`, `encode.raw_keys`), the dense columns and the labels.
 
     A source whose rows are gone (features deleted by hand) is skipped and named: the companion is fit on the
     rows still there rather than failing an unattended day.
 
     Returns:
-        (keys (N, F) int64, dense (N, n) float32 or None, labels (N,) float64, the sources as read, oldest
+        (own keys (N, F) int64, dense (N, n) float32 or None, labels (N,) float64, the sources as read, oldest
         first, and the skipped ones as `url (split)`).
 
     Raises:
         FileNotFoundError: no source has rows.
+        ValueError: a source's rows lack the own keys (encoded without `encode.raw_keys`).
     """
-    cols = ["label", *schema.dense_columns, *schema.key_columns]
+    raw = list(raw_columns(schema.key_columns))
+    cols = ["label", *schema.dense_columns, *raw]
     parts: list[tuple[Any, RowSource]] = []
     skipped: list[str] = []
     left = max_rows
@@ -133,6 +139,11 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
         tables = []
         for f in files:
             with fs.open(f, "rb") as fh:
+                names = pq.ParquetFile(fh).schema_arrow.names
+                if not set(raw) <= set(names):
+                    raise ValueError(f"the companion's rows {f} lack the values' own keys (r_<j>): they were encoded "
+                                     "without encode.raw_keys; encode that date again with encode.raw_keys=true "
+                                     "(`--force`), or set model.companion=off")
                 tables.append(pq.read_table(fh, columns=cols).to_pandas())
         frame = pd.concat(tables, ignore_index=True)
         take = min(len(frame), left, most if most is not None else len(frame))
@@ -143,7 +154,7 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
         raise FileNotFoundError(f"the companion has no rows to fit: {', '.join(skipped)} are gone")
     parts.reverse()
     rows = pd.concat([p for p, _ in parts], ignore_index=True)
-    keys = rows[list(schema.key_columns)].to_numpy(np.int64)
+    keys = rows[raw].to_numpy(np.int64)
     dense = rows[list(schema.dense_columns)].to_numpy(np.float32) if schema.dense_columns else None
     return keys, dense, rows["label"].to_numpy(np.float64), [s for _, s in parts], skipped
 

@@ -27,6 +27,7 @@ import torch
 from storage.embedding.row_init import init_rows
 from storage.embedding.rows import host_to_device
 from storage.embedding.snapshot import read_snapshot, snapshot_files
+from storage.features_manifest import raw_columns
 from storage.io import fsio
 from trainer import model_dir
 from trainer.bags import FieldBags, Jagged, expand_cells, pool_rows
@@ -172,20 +173,25 @@ def score_features(
         schema: the model's columns (`FeatureSchema.for_pooling` applied).
         pooling: `model.bag_pooling`.
         device: where `net` scores (the rows and dense features are copied there).
-        companion: a second learner whose logit is averaged with the network's (`trainer.companion`).
+        companion: a second learner whose logit is averaged with the network's (`trainer.companion`); it reads
+            the values' own keys, the `r_<j>` columns (`encode.raw_keys`).
     """
     s = schema
-    missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns) if c not in features.columns]
+    raw = raw_columns(s.key_columns) if companion is not None else ()
+    missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns, *raw) if c not in features.columns]
     if missing:
-        raise KeyError(f"feature rows lack columns {missing} the model was trained with")
+        what = " (a model with a companion reads the r_<j> columns: encode with encode.raw_keys=true)" if \
+            set(missing) & set(raw) else ""
+        raise KeyError(f"feature rows lack columns {missing} the model was trained with{what}")
     # C order: a frame's columns come out column-major, and the network's bucketize wants contiguous rows
     dense_all = np.ascontiguousarray(features[list(s.dense_columns)].to_numpy(np.float32)) if s.dense_columns else None
     keys_all = features[list(s.key_columns)].to_numpy(np.int64)
     bags_all = [
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
+    raw_all = features[list(raw)].to_numpy(np.int64) if raw else None
     return score_arrays(net, lookup, schema, pooling, dense_all, keys_all, bags_all, batch_size=batch_size,
-                        device=device, companion=companion)
+                        device=device, companion=companion, raw_all=raw_all)
 
 
 @torch.no_grad()
@@ -201,10 +207,18 @@ def score_arrays(
     batch_size: int = 8192,
     device: torch.device = torch.device("cpu"),
     companion: Companion | None = None,
+    raw_all: np.ndarray | None = None,
 ) -> np.ndarray:
     """`score_features` on the columns as arrays: dense (N, n) float32 (None without dense columns), keys (N, F)
     int64, one `Jagged` per bag column.  The online scorer's small batches come here without a frame.  With a
-    `companion`, a row's logit is the mean of the network's and the companion's (`trainer.companion.blend`)."""
+    `companion`, a row's logit is the mean of the network's and the companion's (`trainer.companion.blend`), which
+    reads the values' own keys `raw_all` (N, F) int64.
+
+    Raises:
+        ValueError: a companion without `raw_all`.
+    """
+    if companion is not None and raw_all is None:
+        raise ValueError("a model with a companion scores rows with their own keys (r_<j>): none were given")
     s = schema
     n = len(keys_all)
     out = np.empty(n, dtype=np.float64)
@@ -220,7 +234,8 @@ def score_arrays(
         if companion is None:
             out[lo:hi] = torch.sigmoid(z).double().cpu().numpy()
         else:
-            second = companion.logits(keys_all[lo:hi], dense_all[lo:hi] if dense_all is not None else None)
+            assert raw_all is not None
+            second = companion.logits(raw_all[lo:hi], dense_all[lo:hi] if dense_all is not None else None)
             out[lo:hi] = 1.0 / (1.0 + np.exp(-blend(z.double().cpu().numpy(), second)))
     return out
 
@@ -291,7 +306,8 @@ def _feature_frames(
     features = fsio.data_url(features, storage_options)  # a features/date=D directory: its files
     fs, path = fsio.get_fs(features, storage_options)
     s = loaded.schema
-    cols = list(dict.fromkeys(["label", *s.dense_columns, *s.key_columns, *s.bag_columns, *extra]))
+    raw = raw_columns(s.key_columns) if loaded.companion is not None else ()
+    cols = list(dict.fromkeys(["label", *s.dense_columns, *s.key_columns, *s.bag_columns, *raw, *extra]))
     if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
         files = list_parts(features, storage_options)
     else:

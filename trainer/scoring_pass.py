@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from storage.features_manifest import raw_columns
 from storage.io import fsio
 from trainer.data import list_parts
 from trainer.group_metrics import GroupAUC, group_auc, paired_group_se
@@ -42,6 +43,7 @@ def feature_columns(models: Sequence[LoadedModel]) -> list[str]:
     for m in models:
         s = m.schema
         cols += [*s.dense_columns, *s.key_columns, *s.bag_columns]
+        cols += raw_columns(s.key_columns) if m.companion is not None else []
     return list(dict.fromkeys(cols))
 
 

@@ -74,7 +74,7 @@ def encode_log(
         )
     if meta.vocab_date is None:
         raise ValueError(f"model {version} records no vocab_date: its admitted keys are unknown")
-    features = encode_frame(events, schema, load_admitted(layout, meta.vocab_date))
+    features = encode_frame(events, schema, load_admitted(layout, meta.vocab_date), raw_keys=bool(meta.companion))
     lines = events["order"].to_numpy() & ((1 << ORDER_FILE_SHIFT) - 1)
     return EncodedLog(version, url, features, lines, int(len(quarantine)))
 

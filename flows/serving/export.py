@@ -129,7 +129,7 @@ class VersionExport:
         cfg = self.meta.model_cfg()
         self.spec = FeatureSpec(schema=get_schema(self._format()), admitted=self._admitted(),
                                 bag_pooling=cfg.bag_pooling, dense_buckets=cfg.dense_buckets,
-                                dense_bucket_max=cfg.dense_bucket_max)
+                                dense_bucket_max=cfg.dense_bucket_max, raw_keys=bool(self.meta.companion))
         if list(self.spec.schema.categorical) != list(self.meta.fields):
             raise ExportError(f"{self.version} was trained on fields {list(self.meta.fields)}, but its input format "
                               f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}")

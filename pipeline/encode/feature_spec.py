@@ -60,6 +60,7 @@ class FeatureSpec:
         bag_pooling: `model.bag_pooling` of the model (how bags become one row per field).
         dense_buckets: `model.dense_buckets` (applied inside the exported network; recorded here).
         dense_bucket_max: `model.dense_bucket_max`.
+        raw_keys: also give every value's own key (`r_<j>`): a model with a companion reads them.
     """
 
     schema: LogSchema
@@ -67,6 +68,7 @@ class FeatureSpec:
     bag_pooling: str = "mean"
     dense_buckets: int = 0
     dense_bucket_max: float = 0.0
+    raw_keys: bool = False
 
     def __post_init__(self) -> None:
         keys = np.ascontiguousarray(self.admitted, dtype=np.int64)
@@ -89,7 +91,8 @@ class FeatureSpec:
             else:
                 kept.append(i)
         if not kept:
-            return Parsed(features=encode_frame(_no_events(self.schema), self.schema, self.admitted),
+            return Parsed(features=encode_frame(_no_events(self.schema), self.schema, self.admitted,
+                                                raw_keys=self.raw_keys),
                           index=np.zeros(0, np.int64), errors=errors)
         data = ("\n".join(lines[i] for i in kept) + "\n").encode("utf-8", "surrogatepass")
         chunk = parse_chunk(data, schema=self.schema, file="request", first_line=_FIRST_LINE)
@@ -97,7 +100,8 @@ class FeatureSpec:
         errors += [(int(at[line - _FIRST_LINE]), reason)
                    for line, reason in zip(chunk.quarantine["line"], chunk.quarantine["reason"], strict=True)]
         lines_of = (chunk.events["order"].to_numpy(np.int64) & ((1 << ORDER_FILE_SHIFT) - 1)) - _FIRST_LINE
-        return Parsed(features=encode_frame(chunk.events, self.schema, self.admitted), index=at[lines_of],
+        return Parsed(features=encode_frame(chunk.events, self.schema, self.admitted, raw_keys=self.raw_keys),
+                      index=at[lines_of],
                       errors=sorted(errors))
 
     def rows_to_lines(self, rows: Sequence[Any]) -> tuple[list[str | None], list[tuple[int, str]]]:
@@ -163,6 +167,7 @@ class FeatureSpec:
             "dense_bucket_max": self.dense_bucket_max,
             "bag_columns": bag_columns(s),
             "bag_pooling": self.bag_pooling,
+            **({"raw_keys": True} if self.raw_keys else {}),
         }
 
     @classmethod
@@ -183,7 +188,8 @@ class FeatureSpec:
             for k, v in raw.items() if k in fields
         })
         return cls(schema=schema, admitted=admitted, bag_pooling=data["bag_pooling"],
-                   dense_buckets=int(data["dense_buckets"]), dense_bucket_max=float(data["dense_bucket_max"]))
+                   dense_buckets=int(data["dense_buckets"]), dense_bucket_max=float(data["dense_bucket_max"]),
+                   raw_keys=bool(data.get("raw_keys", False)))
 
 
 def _schema_dict(schema: LogSchema) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 `encode_frame` is the pure row transform (docs/ARCHITECTURE.md, "features"):
 label float32, d_i = log1p(max(x, 0)) with missing -> 0, k_j = the value's key
-when admitted, else the field's OOV key, or its missing key.
+when admitted, else the field's OOV key, or its missing key; with `raw_keys`
+(`encode.raw_keys`, the companion's input), r_j = the value's own key, admitted
+or not (the missing key for a missing value).
 
 The day is split in time order: the first (1 - eval_fraction) of the rows
 train, the rest evaluate, less the eval rows that exactly copy a train row of
@@ -58,6 +60,7 @@ from storage.features_manifest import (
     bag_column,
     dense_column,
     key_column,
+    raw_column,
     read_features_manifest,
 )
 from storage.io.dates import validate_date
@@ -110,21 +113,24 @@ def bag_columns(schema: LogSchema) -> list[str]:
     return [bag_column(j) for j, name in enumerate(schema.categorical) if name in multi]
 
 
-def features_schema(schema: LogSchema) -> pa.Schema:
+def features_schema(schema: LogSchema, *, raw_keys: bool = False) -> pa.Schema:
     return pa.schema(
         [("label", pa.float32())]
         + [(c, pa.float32()) for c in dense_columns(schema)]
         + [(c, pa.int64()) for c in key_columns(schema)]
         + [(c, pa.list_(pa.int64())) for c in bag_columns(schema)]
+        + ([(raw_column(j), pa.int64()) for j in range(len(schema.categorical))] if raw_keys else [])
     )
 
 
-def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> pd.DataFrame:
+def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray, *,
+                 raw_keys: bool = False) -> pd.DataFrame:
     """Features of `events` rows given the sorted admitted keys (see the module docstring)."""
-    return encode_rows(events, schema, admitted)[0]
+    return encode_rows(events, schema, admitted, raw_keys=raw_keys)[0]
 
 
-def encode_rows(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+def encode_rows(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray, *,
+                raw_keys: bool = False) -> tuple[pd.DataFrame, np.ndarray]:
     """`encode_frame` and the rows' content hashes (`pipeline.encode.row_copies.row_hashes`, from the same keys)."""
     cols: dict[str, Any] = {"label": events["label"].to_numpy(np.float32)}  # arrays; a bag column: a list of them
     for i, name in enumerate(schema.dense):
@@ -134,10 +140,11 @@ def encode_rows(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray) -
     raw: dict[int, np.ndarray] = {}
     for j, name in enumerate(schema.categorical):
         if name in multi:
-            cols[key_column(j)], cols[bag_column(j)] = _encode_bags(j, events[name], admitted)
+            cols[key_column(j)], cols[bag_column(j)], cols[raw_column(j)] = _encode_bags(j, events[name], admitted)
             continue
         cols[key_column(j)], raw[j] = _encode_values(j, events[name], admitted)
-    out = pd.DataFrame({c: cols[c] for c in features_schema(schema).names})
+        cols[raw_column(j)] = raw[j]
+    out = pd.DataFrame({c: cols[c] for c in features_schema(schema, raw_keys=raw_keys).names})
     return out, row_copies.row_hashes(events, schema, raw)
 
 
@@ -158,21 +165,24 @@ def _encode_values(j: int, values, admitted: np.ndarray) -> tuple[np.ndarray, np
     return out, own
 
 
-def _encode_bags(j: int, lists, admitted: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(first value's key per row, bag of keys per row) of a multi-valued field; empty values are dropped."""
+def _encode_bags(j: int, lists, admitted: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """(first value's key per row, bag of keys per row, first value's own key per row) of a multi-valued field;
+    empty values are dropped."""
     arr = pa.array(list(lists), type=pa.list_(pa.string())) if not isinstance(lists, pa.Array) else lists
     flat = pc.list_flatten(arr)
     lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    keys = _encode_values(j, flat.to_pandas(), admitted)[0]
+    keys, own = _encode_values(j, flat.to_pandas(), admitted)
     row_of = np.repeat(np.arange(len(lengths)), lengths)
     keep = keys != missing_key(j)  # "" inside a list is not a value
-    keys, row_of = keys[keep], row_of[keep]
+    keys, own, row_of = keys[keep], own[keep], row_of[keep]
     bounds = np.searchsorted(row_of, np.arange(len(lengths) + 1))
     bags = [keys[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
     first = np.full(len(lengths), missing_key(j), dtype=np.int64)
+    first_own = first.copy()
     has = bounds[1:] > bounds[:-1]
     first[has] = keys[bounds[:-1][has]]
-    return first, bags
+    first_own[has] = own[bounds[:-1][has]]
+    return first, bags, first_own
 
 
 def eval_size(rows: int, eval_fraction: float) -> int:
@@ -232,6 +242,8 @@ def encode_date(
     _, final = layout.fs(layout.features(date))
     done = read_features_manifest(fs, final)
     source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.run_id, "eval_fraction": encode.eval_fraction}
+    if encode.raw_keys:  # absent otherwise: features encoded before the key existed are still these features
+        source["raw_keys"] = True
     if done and not force and done.source == source:
         return _result(done, skipped=True, url=done.data_dir(layout.features(date)))
 
@@ -265,7 +277,7 @@ def encode_date(
             fs.makedirs(join(stage, split), exist_ok=True)
         futures = [
             client.submit(_encode_part, path, i, rule, admitted, eval_set, fs=fs, schema=schema, stage=stage,
-                          sample_bits=bits, pure=False)
+                          sample_bits=bits, raw_keys=encode.raw_keys, pure=False)
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
         ]
         done_parts = gather(client, futures, what=f"encode {date}: parts")
@@ -366,7 +378,7 @@ def _eval_hashes(path: str, rule: tuple, *, fs: fsspec.AbstractFileSystem, schem
 
 def _encode_part(
     path: str, index: int, rule: tuple, admitted: np.ndarray, eval_set: np.ndarray, *, fs: fsspec.AbstractFileSystem,
-    schema: LogSchema, stage: str, sample_bits: int,
+    schema: LogSchema, stage: str, sample_bits: int, raw_keys: bool = False,
 ) -> dict:
     """Dask task: encode one events partition, write its train/eval parts, count its train keys.
 
@@ -375,9 +387,9 @@ def _encode_part(
     with fs.open(path, "rb") as f:
         events = pq.read_table(f).to_pandas()
     train = _train_mask(events, rule)
-    features, hashes = encode_rows(events, schema, admitted)
+    features, hashes = encode_rows(events, schema, admitted, raw_keys=raw_keys)
     name = f"part-{index:05d}.parquet"
-    out_schema = features_schema(schema)
+    out_schema = features_schema(schema, raw_keys=raw_keys)
     for split, mask in (("train", train), ("eval", ~train)):
         if mask.any():
             table = pa.Table.from_pandas(features[mask], schema=out_schema, preserve_index=False)

@@ -92,3 +92,13 @@ def test_the_shipped_production_example_loads():
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         by_name("nope")
+
+
+def test_a_companion_needs_the_values_own_keys_and_they_get_features_of_their_own():
+    with pytest.raises(ConfigError, match="model.companion=poly2 reads each value's own key: set encode.raw_keys=true"):
+        load_config(overrides=["model.companion=poly2"])
+    on = load_config(overrides=["model.companion=poly2", "encode.raw_keys=true", "root=/r"])
+    plain = load_config(overrides=["root=/r"])
+    assert plain.layout().features_key == "05892cef4c"  # the key of before encode.raw_keys: the same features
+    assert on.layout().features_key != plain.layout().features_key
+    assert on.layout().vocab_key == plain.layout().vocab_key  # one vocabulary for both

@@ -16,15 +16,18 @@ SCHEMA = FeatureSchema(dense_columns=("d_0",), key_columns=("k_0", "k_1"), field
 FAST = Poly2Config(bits=14, cs=(0.1, 1.0))
 
 
-def write_split(root, name: str, split: str, first: int, n: int, seed: int = 0) -> str:
-    """A features directory `root/name` whose `split` holds rows numbered first..first+n-1 (d_0 is the number)."""
+def write_split(root, name: str, split: str, first: int, n: int, seed: int = 0, *, raw_keys: bool = True) -> str:
+    """A features directory `root/name` whose `split` holds rows numbered first..first+n-1 (d_0 is the number);
+    every value is OOV in k_j, its own key in r_j (with `raw_keys`)."""
     rng = np.random.default_rng(seed + first)
     a, b = rng.integers(0, 3, n), rng.integers(0, 3, n)
     frame = pd.DataFrame({
         "label": (rng.random(n) < np.where(a == b, 0.7, 0.2)).astype(np.float32),
         "d_0": np.arange(first, first + n, dtype=np.float32),
-        "k_0": (a + 2).astype(np.int64), "k_1": ((1 << FIELD_SHIFT) | (b + 2)).astype(np.int64),
+        "k_0": np.zeros(n, np.int64), "k_1": np.full(n, 1 << FIELD_SHIFT, np.int64),
     })
+    if raw_keys:
+        frame["r_0"], frame["r_1"] = (a + 2).astype(np.int64), ((1 << FIELD_SHIFT) | (b + 2)).astype(np.int64)
     (root / name / split).mkdir(parents=True, exist_ok=True)
     for i, part in enumerate(np.array_split(np.arange(n), 2)):  # two parts: read in name order
         frame.iloc[part].to_parquet(root / name / split / f"part-{i:05d}.parquet")
@@ -81,7 +84,13 @@ def test_the_fit_and_its_file_score_the_same_and_its_record_says_what_it_did(tmp
     np.testing.assert_array_equal(again.logits(keys, dense), z)  # the saved (float32) weights are the ones fit
     from trainer.metrics import auc
 
-    assert auc(labels, z) > 0.65  # it learnt the pair a == b
+    assert auc(labels, z) > 0.65  # it learnt the pair a == b from the own keys (every k_j is the OOV key)
+
+
+def test_rows_without_the_values_own_keys_are_refused_saying_how_to_encode_them(tmp_path):
+    day = write_split(tmp_path, "d1", "train", 0, 50, raw_keys=False)
+    with pytest.raises(ValueError, match="lack the values' own keys.*encode.raw_keys=true"):
+        companion.read_rows([(day, "train", None)], SCHEMA, 100)
 
 
 def test_a_bad_or_missing_file_is_refused_saying_retrain(tmp_path):

@@ -17,6 +17,7 @@ import torch
 from flows.day.run import run_day
 from flows.serving.bundle import COMPANION, BundleReader
 from flows.serving.export import ExportError, VersionExport
+from storage.features_manifest import raw_columns
 from storage.io.registry import ModelRegistry
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, day_config, score_server
@@ -36,7 +37,8 @@ def two_days(shared_data, tmp_path_factory):
     (tmp / "raw").mkdir()
     for k, date in enumerate(DATES):
         (tmp / "raw" / f"day_{date}.tsv").write_text("\n".join(lines[k * ROWS:(k + 1) * ROWS]) + "\n")
-    cfg = day_config(tmp / "root", str(tmp / "raw" / "day_{date}.tsv"), **{"model.companion": "poly2"})
+    cfg = day_config(tmp / "root", str(tmp / "raw" / "day_{date}.tsv"),
+                     **{"model.companion": "poly2", "encode.raw_keys": True})
     records = [run_day(cfg, d).record for d in DATES]
     assert [r.status for r in records] == ["published", "published"]
     return tmp, cfg, lines, records
@@ -72,14 +74,18 @@ def test_every_score_is_the_mean_of_the_networks_and_the_companions_logits(two_d
     got = score(loaded, frame)
     s = loaded.schema
     keys = frame[list(s.key_columns)].to_numpy(np.int64)
+    own = frame[list(raw_columns(s.key_columns))].to_numpy(np.int64)
+    assert (own != keys).any()  # rare values: the OOV key for the network, their own for the companion
     dense = frame[list(s.dense_columns)].to_numpy(np.float32).copy()
     with torch.no_grad():
         emb = loaded.embeddings.lookup(torch.from_numpy(keys.ravel())).reshape(len(frame), len(s.key_columns), -1)
         network = loaded.model(torch.from_numpy(dense), emb).double().numpy()
-    want = 1 / (1 + np.exp(-blend(network, loaded.companion.logits(keys, dense))))
+    want = 1 / (1 + np.exp(-blend(network, loaded.companion.logits(own, dense))))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)  # the network's float32 sums, batched otherwise
     assert np.abs(got - 1 / (1 + np.exp(-network))).max() > 1e-3  # the companion moves the scores
     assert evaluate_model(loaded, frame)["rows"] == len(frame)
+    with pytest.raises(KeyError, match=r"lack columns \['r_0'.*encode.raw_keys=true"):
+        score(loaded, frame.drop(columns=list(raw_columns(s.key_columns))))
 
 
 def test_served_scores_equal_evaluate_predictions_with_the_companion(two_days):
@@ -107,6 +113,7 @@ def test_the_bundle_carries_the_companion_and_onnx_is_refused(two_days):
     bundle = BundleReader(layout.bundle(version), layout.storage_options)
     assert bundle.has(COMPANION)
     assert json.loads(bundle.read("model.json"))["companion"]["kind"] == "poly2"
+    assert json.loads(bundle.read("feature_spec.json"))["raw_keys"] is True  # the server encodes the own keys
     export = VersionExport(layout, version)
     with pytest.raises(ExportError, match="companion.*ONNX.*without --onnx"):
         export.write_full(str(layout.root) + "/onnx-bundle", onnx=True)

@@ -82,6 +82,10 @@ def test_the_spec_round_trips_through_its_json_file():
     back = FeatureSpec.from_dict(data, np.array([3, 9, 20], np.int64))
     assert back.schema == schema and back.bag_pooling == "sum" and back.admitted.tolist() == [3, 9, 20]
     assert data["field_order"] == list(schema.categorical) and data["admitted_keys"] == 3
+    assert "raw_keys" not in data and not back.raw_keys  # as a spec of before the key
+    raw = FeatureSpec(schema=schema, admitted=np.array([3], np.int64), raw_keys=True)
+    assert FeatureSpec.from_dict(json.loads(json.dumps(raw.to_dict())), raw.admitted).raw_keys
+    assert "r_0" in raw.parse_lines([]).features.columns
     with pytest.raises(ValueError, match="admitted keys"):
         FeatureSpec.from_dict(data, np.array([3], np.int64))
     with pytest.raises(ValueError, match="sorted"):

@@ -44,6 +44,16 @@ def test_keys_are_admitted_keys_else_the_field_oov_key_else_the_missing_key():
     assert f[[f"k_{j}" for j in range(26)]].dtypes.eq(np.int64).all()
 
 
+def test_raw_keys_are_every_values_own_key_whether_admitted_or_not():
+    admitted = np.sort(feature_keys(0, ["known"]))
+    f = encode_frame(one_row(C1="known", C2="rare"), CRITEO, admitted, raw_keys=True)
+    assert f["r_0"].iloc[0] == f["k_0"].iloc[0] == admitted[0]
+    assert f["k_1"].iloc[0] == oov_key(1) and f["r_1"].iloc[0] == feature_keys(1, ["rare"])[0]
+    assert f["r_2"].iloc[0] == f["k_2"].iloc[0] == missing_key(2)
+    assert list(f.columns[-26:]) == [f"r_{j}" for j in range(26)]
+    assert not any(c.startswith("r_") for c in encode_frame(one_row(), CRITEO, admitted).columns)  # off: as before
+
+
 def test_split_sizes_hold_out_the_rounded_eval_fraction():
     assert eval_size(1000, 0.1) == 100 and eval_size(2, 0.1) == 1 and eval_size(3, 0.9) == 2
     assert positional_split([1500, 1500, 1000], 3600) == [1500, 1500, 600]
@@ -82,6 +92,23 @@ def test_a_day_is_encoded_into_time_ordered_train_and_eval(vocab_root, client):
     assert set(key_counts["key"]) == set(np.unique(train[[f"k_{j}" for j in range(26)]].to_numpy()))
     again = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
     assert again.skipped
+    assert not any(c.startswith("r_") for c in train.columns)
+
+
+def test_raw_keys_are_written_beside_the_keys_and_a_change_encodes_again(vocab_root, client, tmp_path):
+    root, date = vocab_root
+    shutil.copytree(root / "events", tmp_path / "events")
+    shutil.copytree(root / "vocab", tmp_path / "vocab")
+    layout = Layout(str(tmp_path))
+    plain = encode_date(date, layout=layout, encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
+    r = encode_date(date, layout=layout, encode=EncodeConfig(eval_fraction=0.3, raw_keys=True), fmt="criteo",
+                    client=client)
+    assert not plain.skipped and not r.skipped  # another encoding of the same day: not the features on disk
+    train = pd.read_parquet(tmp_path / "features" / f"date={date}" / "train")
+    keys, own = train[[f"k_{j}" for j in range(26)]].to_numpy(), train[[f"r_{j}" for j in range(26)]].to_numpy()
+    admitted = own == keys
+    assert admitted.any() and not admitted.all()  # the OOV key where a value is not admitted, its own key in r_j
+    assert ((keys == own) | (keys & ((1 << 56) - 1) == 0)).all()
 
 
 def test_encode_needs_the_vocabulary(vocab_root, client, tmp_path):
