@@ -53,6 +53,13 @@ class ExportError(RuntimeError):
     """A version cannot be exported as asked (the message says why and what to do)."""
 
 
+def onnx_refused(what: str) -> ExportError:
+    """The refusal of an ONNX network of a model with a companion, which the ONNX file cannot carry."""
+    return ExportError(f"{what} blends a companion (model.companion) that an ONNX network does not carry: a server "
+                       "of dense.onnx alone would score without it; export without --onnx, or train with "
+                       "model.companion=off")
+
+
 def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes | None = None,
                 companion: bytes | None = None) -> dict[str, bytes]:
     """The files every bundle holds besides its rows: model.json, the network(s), the feature spec, and the
@@ -65,9 +72,7 @@ def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes 
     import json
 
     if meta.companion and onnx is not None:
-        raise ExportError("the model blends a companion (model.companion) that an ONNX network does not carry: a "
-                          "server of dense.onnx alone would score without it; export without --onnx, or train with "
-                          "model.companion=off")
+        raise onnx_refused("the model")
     if bool(meta.companion) != (companion is not None):
         raise ExportError("model.json and the companion's weights disagree: retrain the model")
     files = {
@@ -183,9 +188,7 @@ class VersionExport:
     def _refuse_onnx_with_companion(self, onnx: bool) -> None:
         """Before the (slow) ONNX export: `model_files` would refuse its result."""
         if onnx and self.companion is not None:
-            raise ExportError(f"{self.version} blends a companion (model.companion) that an ONNX network does not "
-                              "carry: a server of dense.onnx alone would score without it; export without --onnx, "
-                              "or train with model.companion=off")
+            raise onnx_refused(self.version)
 
     def _manifest(self, kind: str, table: export.SparseRows, dtype: str) -> dict[str, Any]:
         return {

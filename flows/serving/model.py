@@ -2,8 +2,9 @@
 
 The server holds a `ServingModel` per version (two while it switches).  It needs only the bundle:
 `torch.export.load` for the network, the `.npy` rows, `feature_spec.json` + `admitted.npy` for
-the feature path, `companion.safetensors` when the model has a companion, model.json for the columns (`ServingMeta`: only what the scorer uses, read
-tolerantly, so an older scorer loads a newer trainer's bundle).  Scoring goes through
+the feature path, `companion.safetensors` when the model has a companion, model.json for the
+columns (`ServingMeta`: only what the scorer uses, read tolerantly, so an older scorer loads a
+newer trainer's bundle; a model with a companion is a model.json version it refuses).  Scoring goes through
 `trainer.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
 
 `score_batch` scores several requests in one pass (the micro-batcher's call): their lines are

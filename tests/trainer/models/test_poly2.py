@@ -102,6 +102,16 @@ def test_the_fit_is_scikit_learns_liblinear_fit() -> None:
     assert model.bias == pytest.approx(ref.intercept_[0], abs=2e-4)
 
 
+def test_a_warm_start_reaches_the_same_minimum() -> None:
+    tokens, y = xor_rows(3000, 8)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    cold = fit(ids, none, y, 0.3)
+    warm = fit(ids, none, y, 0.3, start=fit(ids[:2000], none[:2000], y[:2000], 0.1))
+    np.testing.assert_allclose(warm.weights, cold.weights, rtol=0, atol=1e-4)
+    assert warm.bias == pytest.approx(cold.bias, abs=1e-4)
+    assert objective_gradient(warm, ids, none, y) < 1e-5
+
+
 def test_buckets_no_fit_row_used_weigh_nothing() -> None:
     tokens, y = xor_rows(500, 6)
     model = fit(pair_ids(tokens, 20), np.zeros((len(y), 0)), y, 1.0)
@@ -116,8 +126,8 @@ def test_the_time_split_chooses_the_c_of_the_lowest_held_out_loss_and_refits_eve
     model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(1e-4, 1.0), holdout=0.25))
     assert set(losses) == {1e-4, 1.0}
     assert model.C == min(losses, key=losses.__getitem__) == 1.0  # 1e-4 leaves the XOR unlearnt
-    refit = fit(ids, none, y, 1.0)
-    np.testing.assert_allclose(model.weights, refit.weights)
+    refit = fit(ids, none, y, 1.0)  # from zero weights: the same minimum as the refit started from the split's fit
+    np.testing.assert_allclose(model.weights, refit.weights, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize(("key", "value"), [("bits", 40), ("cs", ()), ("cs", (0.0,)), ("holdout", 1.0)])
