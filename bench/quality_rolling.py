@@ -41,6 +41,7 @@ refused) serves nothing and is left out for every model, and listed.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import time
@@ -186,41 +187,28 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
 
         from bench.quality_peers import poly2_time_split
 
-        chosen_own: list[float] = []
+        def time_split(model: str, fit: Any) -> None:
+            """`fit(train, later, schema) -> (probabilities, {"C": ...})` refit at every origin: its predictions,
+            seconds and the C it chose at each origin."""
+            chosen: list[float] = []
 
-        def own_poly2(train: Any, later: Any, k: int) -> np.ndarray:
-            p, meta = poly2_time_split(train, later, schema)
-            chosen_own.append(meta["C"])
-            return p
+            def at_origin(train: Any, later: Any, k: int) -> np.ndarray:
+                p, meta = fit(train, later, schema)
+                chosen.append(meta["C"])
+                return p
 
-        t0 = time.perf_counter()
-        models[OWN_POLY2] = [each_origin(own_poly2)]
-        seconds[OWN_POLY2], info[OWN_POLY2] = time.perf_counter() - t0, {"C_per_origin": chosen_own}
+            t0 = time.perf_counter()
+            models[model] = [each_origin(at_origin)]
+            seconds[model], info[model] = time.perf_counter() - t0, {"C_per_origin": chosen}
+
+        time_split(OWN_POLY2, poly2_time_split)
         models[BLEND] = [blend(p, models[OWN_POLY2][0]) for p in models[OURS]]
         seconds[BLEND] = seconds[OWN_POLY2]
         if (why := _peer_missing("sklearn")) is None:
             from bench.quality_peers import sklearn_lr_time_split
 
-            chosen: list[float] = []
-
-            def lr(train: Any, later: Any, k: int) -> np.ndarray:
-                p, meta = sklearn_lr_time_split(train, later, schema)
-                chosen.append(meta["C"])
-                return p
-
-            t0 = time.perf_counter()
-            models["sklearn-lr"] = [each_origin(lr)]
-            seconds["sklearn-lr"], info["sklearn-lr"] = time.perf_counter() - t0, {"C_per_origin": chosen}
-            chosen2: list[float] = []
-
-            def poly2(train: Any, later: Any, k: int) -> np.ndarray:
-                p, meta = sklearn_lr_time_split(train, later, schema, pairs=True)
-                chosen2.append(meta["C"])
-                return p
-
-            t0 = time.perf_counter()
-            models[POLY2] = [each_origin(poly2)]
-            seconds[POLY2], info[POLY2] = time.perf_counter() - t0, {"C_per_origin": chosen2}
+            time_split("sklearn-lr", sklearn_lr_time_split)
+            time_split(POLY2, functools.partial(sklearn_lr_time_split, pairs=True))
         else:
             skipped["sklearn-lr"] = skipped[POLY2] = why
         if (why := _peer_missing("deepctr_torch")) is None:
