@@ -17,6 +17,7 @@ import torch
 from flows.day.run import run_day
 from flows.serving.bundle import COMPANION, BundleReader
 from flows.serving.export import ExportError, VersionExport
+from flows.serving.model import load_model as load_bundle
 from storage.features_manifest import raw_columns
 from storage.io.registry import ModelRegistry
 from tests.helpers.procs import free_port
@@ -27,7 +28,7 @@ from trainer.scoring import evaluate_model, load_model, score
 
 pytestmark = pytest.mark.slow
 DATES = ("2026-04-01", "2026-04-02")
-ROWS = 3_000  # a day: the first 6,000 rows of the shared head, in order
+ROWS = 2_000  # a day: the first 4,000 rows of the shared head, in order
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_served_scores_equal_evaluate_predictions_with_the_companion(two_days):
     port = free_port()
     with score_server([*cli_args(cfg), "--model", "latest"], port, tmp / "server.log"):
         status, body = call(port, "POST", "/v1/score", {"lines": later})
-        one_status, one = call(port, "POST", "/v1/score", {"lines": later[:1]})  # the small-batch path
+        one_status, one = call(port, "POST", "/v1/score", {"lines": later[:1]})  # a batch of one line
     assert status == 200 and body["errors"] == [] and one_status == 200
     np.testing.assert_allclose(body["scores"], pred["score"].to_numpy(), atol=1e-6, rtol=0)
     assert one["scores"][0] == pytest.approx(pred["score"].iloc[0], abs=1e-6)
@@ -114,6 +115,8 @@ def test_the_bundle_carries_the_companion_and_onnx_is_refused(two_days):
     assert bundle.has(COMPANION)
     assert json.loads(bundle.read("model.json"))["companion"]["kind"] == "poly2"
     assert json.loads(bundle.read("feature_spec.json"))["raw_keys"] is True  # the server encodes the own keys
+    served = load_bundle([bundle])
+    assert served.companion is not None and not served.small_path  # the small path's arrays lack the own keys
     export = VersionExport(layout, version)
     with pytest.raises(ExportError, match="companion.*ONNX.*without --onnx"):
         export.write_full(str(layout.root) + "/onnx-bundle", onnx=True)
