@@ -3,8 +3,8 @@
 Why it is here: on small days, the mean of its logit and the default model's gains on both real samples
 (issue 31, docs/benchmarks.md "A second learner beside the default").  The two err on different rows: the
 default is trained by Adam through a warm-started chain, a day at a time; this is a converged full-batch fit,
-with a strong L2, of every row it is given.  It is the learner of the companion that is to be blended into the
-product's logit on small days; today `bench.quality_rolling`'s probe row is its one caller.
+with a strong L2, of every row it is given.  It is the learner of `model.companion: poly2` (`trainer.companion`),
+and of `bench.quality_rolling`'s `poly2` row and probe.
 
 Pure numpy, no scikit-learn (not a runtime dependency): tokens are int64 keys (`pipeline.encode.keys`: the
 field in the top bits), the pairs are hashed into 2^bits buckets, and the objective is scikit-learn's liblinear
