@@ -157,15 +157,13 @@ def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogS
 
 
 def poly2_inputs(events: pd.DataFrame, schema: LogSchema, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """The product Poly2's inputs of raw rows: `pair_ids` of each row's tokens (the product's keys of its raw
-    values, `pipeline.encode.keys.feature_keys`, and its dense buckets) and the log1p dense values."""
+    """The product Poly2's inputs of raw rows, as the companion makes them (`trainer.companion.inputs`): the
+    product's keys of the raw values (`pipeline.encode.keys.feature_keys`) and the log1p dense values."""
     from pipeline.encode.keys import feature_keys
-    from trainer.models.poly2 import bucket_tokens, pair_ids
+    from trainer.companion import inputs
 
-    dense = _dense_log(events, schema)
     keys = [feature_keys(j, events[c].to_numpy(object)) for j, c in enumerate(schema.categorical)]
-    tokens = np.concatenate([np.stack(keys, axis=1), bucket_tokens(dense, len(schema.categorical))], axis=1)
-    return pair_ids(tokens, bits), dense
+    return inputs(np.stack(keys, axis=1), _dense_log(events, schema), bits)
 
 
 def poly2_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:

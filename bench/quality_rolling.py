@@ -83,9 +83,12 @@ to the default on these days (issue 31)."""
 
 
 def blend(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """The probabilities whose logits are the means of those of `p` and `q` (clipped at 1e-7 from 0 and 1)."""
+    """The probabilities of `p` and `q` blended as the companion's scorer blends logits (`trainer.companion.blend`,
+    their mean); probabilities clipped at 1e-7 from 0 and 1."""
+    from trainer.companion import blend as blend_logits
+
     z = [np.log(np.clip(x, 1e-7, 1 - 1e-7)) - np.log1p(-np.clip(x, 1e-7, 1 - 1e-7)) for x in (p, q)]
-    return 1 / (1 + np.exp(-(z[0] + z[1]) / 2))
+    return 1 / (1 + np.exp(-blend_logits(z[0], z[1])))
 
 
 def split_counts(rows: int, days: int) -> tuple[int, ...]:

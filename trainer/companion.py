@@ -136,17 +136,20 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
             skipped.append(f"{url} ({split})")
             continue
         fs, _ = fsio.get_fs(url, storage_options)
-        tables = []
-        for f in files:
+        want = left if most is None else min(left, most)
+        tables: list[pd.DataFrame] = []
+        for f in reversed(files):  # the newest part first: a large source is read only as far as its rows are taken
             with fs.open(f, "rb") as fh:
                 names = pq.ParquetFile(fh).schema_arrow.names
                 if not set(raw) <= set(names):
                     raise ValueError(f"the companion's rows {f} lack the values' own keys (r_<j>): they were encoded "
                                      "without encode.raw_keys; encode that date again with encode.raw_keys=true "
                                      "(`--force`), or set model.companion=off")
-                tables.append(pq.read_table(fh, columns=cols).to_pandas())
+                tables.insert(0, pq.read_table(fh, columns=cols).to_pandas())
+            if sum(len(t) for t in tables) >= want:
+                break
         frame = pd.concat(tables, ignore_index=True)
-        take = min(len(frame), left, most if most is not None else len(frame))
+        take = min(len(frame), want)
         frame = frame.iloc[len(frame) - take:]
         parts.append((frame, RowSource(features_url=url, split=split, rows=take)))
         left -= take

@@ -98,6 +98,13 @@ class LoadedModel:
     companion: Companion | None = None
     """The second learner blended into every score (`trainer.companion`), or None."""
 
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """The feature columns `score` reads: the network's, and the own keys `r_<j>` when it has a companion."""
+        s = self.schema
+        raw = raw_columns(s.key_columns) if self.companion is not None else ()
+        return (*s.dense_columns, *s.key_columns, *s.bag_columns, *raw)
+
 
 def scoring_device(device: str | torch.device = "auto") -> torch.device:
     """`auto`: the training device when there is one (CUDA), else the CPU."""
@@ -305,9 +312,7 @@ def _feature_frames(
         return
     features = fsio.data_url(features, storage_options)  # a features/date=D directory: its files
     fs, path = fsio.get_fs(features, storage_options)
-    s = loaded.schema
-    raw = raw_columns(s.key_columns) if loaded.companion is not None else ()
-    cols = list(dict.fromkeys(["label", *s.dense_columns, *s.key_columns, *s.bag_columns, *raw, *extra]))
+    cols = list(dict.fromkeys(["label", *loaded.input_columns, *extra]))
     if fs.isdir(path) and any(p.endswith(".parquet") for p in fs.ls(path, detail=False)):
         files = list_parts(features, storage_options)
     else:

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from storage.features_manifest import raw_columns
 from storage.io import fsio
 from trainer.data import list_parts
 from trainer.group_metrics import GroupAUC, group_auc, paired_group_se
@@ -39,12 +38,7 @@ def core_count() -> int:
 
 def feature_columns(models: Sequence[LoadedModel]) -> list[str]:
     """`label` and every column one of `models` reads, in schema order, each once."""
-    cols = ["label"]
-    for m in models:
-        s = m.schema
-        cols += [*s.dense_columns, *s.key_columns, *s.bag_columns]
-        cols += raw_columns(s.key_columns) if m.companion is not None else []
-    return list(dict.fromkeys(cols))
+    return list(dict.fromkeys(["label", *(c for m in models for c in m.input_columns)]))
 
 
 def read_split(url: str, columns: Sequence[str], storage_options: dict | None = None) -> Iterator[pd.DataFrame]:

@@ -44,6 +44,9 @@ from storage.io import fsio
 from storage.io.layout import Layout
 from storage.io.registry import Lineage, ModelRegistry, RegistryError
 from trainer import export, model_dir
+from trainer.companion import Companion
+from trainer.companion import load as load_companion
+from trainer.companion import to_bytes as companion_bytes
 from trainer.model_dir import ModelMeta
 
 log = logging.getLogger("ctrpipe")
@@ -140,14 +143,12 @@ class VersionExport:
                               f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}")
         self.rows = version_rows(self.layout, self.version)
         self._program: bytes | None = None
-        self.companion: bytes | None = None
+        self.companion: Companion | None = None
         if self.meta.companion:
-            fs, path = fsio.get_fs(fsio.join(self.url, COMPANION), so)
-            if not fs.exists(path):
-                raise ExportError(f"{self.version}: model.json names a companion but {COMPANION} is missing; "
-                                  "retrain the model")
-            with fs.open(path, "rb") as f:
-                self.companion = f.read()
+            try:  # read as every scorer reads it, so a missing or broken file is refused here, not when served
+                self.companion = load_companion(fsio.join(self.url, COMPANION), so)
+            except (FileNotFoundError, ValueError) as exc:
+                raise ExportError(f"{self.version}: {exc}") from None
 
     def _format(self) -> str:
         fmt = self.lineage.input_format
@@ -183,7 +184,10 @@ class VersionExport:
     def _common(self, *, onnx: bool) -> dict[str, bytes]:
         self._refuse_onnx_with_companion(onnx)
         return model_files(self.meta, self.spec, self.program(), export.onnx_bytes(self.network) if onnx else None,
-                           self.companion)
+                           self._companion_bytes())
+
+    def _companion_bytes(self) -> bytes | None:
+        return companion_bytes(self.companion) if self.companion is not None else None
 
     def _refuse_onnx_with_companion(self, onnx: bool) -> None:
         """Before the (slow) ONNX export: `model_files` would refuse its result."""
@@ -210,7 +214,8 @@ class VersionExport:
         table = export.cast_rows(self.rows, dtype)
         return write_full_bundle(out_url, meta=self.meta, spec=self.spec, program=self.program(), rows=table,
                                  manifest={**self._manifest("full", table, dtype), "dtype_auc": dtype_auc},
-                                 onnx=export.onnx_bytes(self.network) if onnx else None, companion=self.companion,
+                                 onnx=export.onnx_bytes(self.network) if onnx else None,
+                                 companion=self._companion_bytes(),
                                  storage_options=self.layout.storage_options)
 
     def write_delta(self, out_url: str, base: str, *, dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
@@ -231,7 +236,6 @@ class VersionExport:
         """AUC of the version on its own eval rows with float32 rows and with `dtype` rows (None for float32)."""
         if dtype == "float32":
             return None
-        from trainer.companion import from_bytes
         from trainer.data import FeatureSchema
         from trainer.scoring import FrozenEmbeddings, LoadedModel, evaluate_model
 
@@ -243,8 +247,7 @@ class VersionExport:
         for d in ("float32", dtype):
             table = FrozenEmbeddings(self.rows.keys, export.cast_rows(self.rows, d).emb, dim=m.dim, init_std=m.init_std)
             try:
-                second = from_bytes(self.companion, COMPANION) if self.companion is not None else None
-                got = evaluate_model(LoadedModel(self.network, table, schema, m, companion=second), eval_url,
+                got = evaluate_model(LoadedModel(self.network, table, schema, m, companion=self.companion), eval_url,
                                      self.layout.storage_options)
             except FileNotFoundError as exc:
                 return {"error": f"the version's eval rows are gone: {exc}"}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
+from trainer.metrics import logloss
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -128,6 +129,10 @@ class _Design:
         return out
 
 
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
 def _objective(C: float, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     return float(C * (np.logaddexp(0.0, z) - y * z).sum() + 0.5 * w @ w)
 
@@ -156,7 +161,7 @@ def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
     g0 = float(np.linalg.norm(C * X.rmatvec(0.5 - y)))  # the gradient at zero weights
     for _ in range(config.newton_steps):
         z = X.matvec(w)
-        p = 1.0 / (1.0 + np.exp(-z))
+        p = _sigmoid(z)
         g = C * X.rmatvec(p - y) + w
         gn = float(np.linalg.norm(g))
         if gn <= config.tol * g0:
@@ -192,12 +197,6 @@ def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: floa
     return d
 
 
-def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
-    """Mean log loss of logits."""
-    y = np.asarray(labels, dtype=np.float64)
-    return float((np.logaddexp(0.0, logits) - y * logits).mean())
-
-
 def fit_time_split(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
                    config: Poly2Config = Poly2Config()) -> tuple[Poly2, dict[float, float]]:
     """The Poly2 LR with C chosen by an inner time split: each C of `config.cs` fit on the first 1 - holdout of
@@ -215,6 +214,6 @@ def fit_time_split(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *
     before: Poly2 | None = None
     for C in sorted(config.cs):
         before = fits[C] = fit(ids[:cut], log_dense[:cut], labels[:cut], C, config=config, start=before)
-    losses = {C: log_loss(labels[cut:], fits[C].logits(ids[cut:], log_dense[cut:])) for C in config.cs}
+    losses = {C: logloss(labels[cut:], _sigmoid(fits[C].logits(ids[cut:], log_dense[cut:]))) for C in config.cs}
     best = min(losses, key=losses.__getitem__)
     return fit(ids, log_dense, labels, best, config=config, start=fits[best]), losses
