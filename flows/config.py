@@ -86,9 +86,10 @@ class RunConfig:
             validate_model_name(self.model_name)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if self.model.companion != "off" and not self.encode.raw_keys:
-            raise ConfigError(f"model.companion={self.model.companion} reads each value's own key: set "
-                              "encode.raw_keys=true too (the features then carry r_<j> beside k_<j>)")
+        if self.model.companion == "poly2" and not self.encode.raw_keys:
+            raise ConfigError("model.companion=poly2 reads each value's own key on every day: set encode.raw_keys=true "
+                              "too (the features then carry r_<j> beside k_<j>), or model.companion=auto (a "
+                              "companion on the days encoded with them)")
         if self.store.embedding_dim % self.model.num_heads:
             raise ConfigError(
                 f"model.num_heads ({self.model.num_heads}) must divide store.embedding_dim ({self.store.embedding_dim})"
@@ -104,6 +105,8 @@ class RunConfig:
         encode = codec.encode(self.encode)
         if not self.encode.raw_keys:  # the features of before the key: their folder keeps its name
             encode.pop("raw_keys")
+        # which days carry the own keys is each day's manifest `source` (a change re-encodes those days)
+        encode.pop("raw_keys_up_to")
         features_key = _digest({"vocab": vocab_key, "encode": encode})
         return Layout(self.root, self.model_name, self.storage_options, self.store.local_dir,
                       vocab_key=vocab_key, features_key=features_key)

@@ -156,9 +156,21 @@ class EncodeConfig:
     eval_fraction: float = 0.1
     """The last share of the day, in time order, held out for evaluation."""
     raw_keys: bool = False
-    """Also write each field's key before the OOV rule (`r_<j>`, the value's own key): the input of
-    `model.companion`, which needs it.  26 more int64 columns on Criteo; off, the features are as before."""
+    """Write each field's key before the OOV rule (`r_<j>`, the value's own key) on every day: the input of
+    `model.companion`.  26 more int64 columns on Criteo; off, they are written on small days only
+    (`raw_keys_up_to`)."""
+    raw_keys_up_to: int = 1_000_000
+    """Also write them on every day of at most this many rows (0: only with `raw_keys`): the days whose models
+    `model.companion: auto` may give a companion, at a cost a small day does not notice.  Which days have them
+    is the features manifest's `raw_keys`; a change re-encodes the days it moves."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError(f"encode.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.raw_keys_up_to < 0:
+            raise ValueError(f"encode.raw_keys_up_to must be >= 0 (0: only with encode.raw_keys), "
+                             f"got {self.raw_keys_up_to}")
+
+    def raw_keys_for(self, rows: int) -> bool:
+        """Whether a day of `rows` rows is encoded with the values' own keys."""
+        return self.raw_keys or rows <= self.raw_keys_up_to

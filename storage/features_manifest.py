@@ -41,8 +41,8 @@ __all__ = [
 ]
 
 # ---- column names --------------------------------------------------------------------------------
-ColumnKind = Literal["dense", "key", "bag"]
-_PREFIX: dict[str, str] = {"dense": "d_", "key": "k_", "bag": "bag_"}
+ColumnKind = Literal["dense", "key", "bag", "raw"]
+_PREFIX: dict[str, str] = {"dense": "d_", "key": "k_", "bag": "bag_", "raw": "r_"}
 _PATTERN = {kind: re.compile(rf"^{prefix}(\d+)$") for kind, prefix in _PREFIX.items()}
 
 
@@ -165,6 +165,8 @@ class FeaturesManifest:
     vocab_run_id: str | None = None
     """The run of the vocabulary the keys were admitted by (its manifest's `run_id`)."""
     eval_fraction: float | None = None
+    raw_keys: bool = False
+    """The rows carry each value's own key `r_<j>` (`encode.raw_keys`, `encode.raw_keys_up_to`)."""
     run_id: str = ""
     """Identifies the committed content (a new one each time the day is encoded)."""
     code_version: str = ""
@@ -183,8 +185,11 @@ class FeaturesManifest:
     @property
     def source(self) -> dict[str, Any]:
         """What the features were made from: a committed day with the same source is not encoded again."""
-        return {"events_run_id": self.events_run_id, "vocab_run_id": self.vocab_run_id,
-                "eval_fraction": self.eval_fraction}
+        out: dict[str, Any] = {"events_run_id": self.events_run_id, "vocab_run_id": self.vocab_run_id,
+                               "eval_fraction": self.eval_fraction}
+        if self.raw_keys:  # absent otherwise: features encoded before the key existed are still these features
+            out["raw_keys"] = True
+        return out
 
     def data_dir(self, final: str) -> str:
         """Where the files of the directory `final` this manifest commits are (`storage.io.fsio.data_dir`)."""

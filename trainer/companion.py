@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from storage.features_manifest import raw_columns
+from storage.features_manifest import FeaturesManifest, raw_columns
 from storage.io import fsio
 from trainer.data import FeatureSchema, list_parts
 from trainer.models.poly2 import (
@@ -104,14 +104,34 @@ def candidate_sources(parent: dict[str, Any] | None, parent_features_url: str | 
     return out
 
 
+def why_none(mode: str, max_rows: int, features: FeaturesManifest) -> str | None:
+    """Why the day's model gets no companion (`model.companion`, `companion_rows`), or None when it gets one.
+
+    `auto` gives one to a day of at most `max_rows` train rows encoded with the values' own keys; `poly2` to
+    every day (its rows' keys are checked when they are read).
+    """
+    if mode == "off":
+        return "model.companion is off"
+    if mode == "poly2":
+        return None
+    if features.rows_train > max_rows:
+        return (f"the day's {features.rows_train:,} train rows are more than model.companion_rows ({max_rows:,}): "
+                "the network sees more rows a day than a companion would")
+    if not features.raw_keys:
+        return ("the day's features carry no own keys r_<j> (a day of more rows than encode.raw_keys_up_to, or "
+                "encoded before them)")
+    return None
+
+
 def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSchema, max_rows: int,
-              storage_options: dict | None = None
+              storage_options: dict | None = None, *, without_keys: str = "raise"
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
     """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order:
     the values' own keys (`r_<j>`, `encode.raw_keys`), the dense columns and the labels.
 
     A source whose rows are gone (features deleted by hand) is skipped and named: the companion is fit on the
-    rows still there rather than failing an unattended day.
+    rows still there rather than failing an unattended day.  So is, with `without_keys="skip"`
+    (`model.companion: auto`), a source encoded without the own keys (a large day of the lineage).
 
     Returns:
         (own keys (N, F) int64, dense (N, n) float32 or None, labels (N,) float64, the sources as read, oldest
@@ -119,7 +139,8 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
 
     Raises:
         FileNotFoundError: no source has rows.
-        ValueError: a source's rows lack the own keys (encoded without `encode.raw_keys`).
+        ValueError: a source's rows lack the own keys (encoded without `encode.raw_keys`), with
+            `without_keys="raise"` (`model.companion: poly2`).
     """
     raw = list(raw_columns(schema.key_columns))
     cols = ["label", *schema.dense_columns, *raw]
@@ -142,19 +163,25 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
             with fs.open(f, "rb") as fh:
                 names = pq.ParquetFile(fh).schema_arrow.names
                 if not set(raw) <= set(names):
+                    if without_keys == "skip":
+                        break
                     raise ValueError(f"the companion's rows {f} lack the values' own keys (r_<j>): they were encoded "
                                      "without encode.raw_keys; encode that date again with encode.raw_keys=true "
-                                     "(`--force`), or set model.companion=off")
+                                     "(`--force`), or set model.companion=auto")
                 tables.insert(0, pq.read_table(fh, columns=cols).to_pandas())
             if sum(len(t) for t in tables) >= want:
                 break
+        if not tables:
+            log.warning("companion: the rows of %s (%s) carry no own keys r_<j>; fitting without them", url, split)
+            skipped.append(f"{url} ({split}): no own keys")
+            continue
         frame = pd.concat(tables, ignore_index=True)
         take = min(len(frame), want)
         frame = frame.iloc[len(frame) - take:]
         parts.append((frame, RowSource(features_url=url, split=split, rows=take)))
         left -= take
     if not parts:
-        raise FileNotFoundError(f"the companion has no rows to fit: {', '.join(skipped)} are gone")
+        raise FileNotFoundError(f"the companion has no rows to fit: every source was skipped ({'; '.join(skipped)})")
     parts.reverse()
     rows = pd.concat([p for p, _ in parts], ignore_index=True)
     keys = rows[raw].to_numpy(np.int64)
@@ -178,19 +205,28 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
 
 def fit_for_spec(features_url: str, schema: FeatureSchema, max_rows: int, *, parent: dict[str, Any] | None,
                  parent_features_url: str | None, storage_options: dict | None = None,
-                 config: Poly2Config = CONFIG) -> tuple[Companion, dict[str, Any]]:
+                 config: Poly2Config = CONFIG, auto: bool = False) -> tuple[Companion, dict[str, Any]] | None:
     """The day's companion: fit on the newest `max_rows` rows of its lineage (`candidate_sources`).
 
     Args:
         features_url: the day's committed features (their train rows).
         parent: the start model's companion record (model.json `companion`), or None.
         parent_features_url: the start model's features (their eval rows), or None without a start model.
+        auto: `model.companion: auto`: a source without the own keys is skipped, and rows of one label give
+            no companion (None), where `poly2` raises.
+
+    Raises:
+        ValueError: with `auto` false, a source without the own keys, or rows of one label.
     """
     candidates = candidate_sources(parent, parent_features_url, features_url)
-    keys, dense, labels, sources, skipped = read_rows(candidates, schema, max_rows, storage_options)
+    keys, dense, labels, sources, skipped = read_rows(candidates, schema, max_rows, storage_options,
+                                                      without_keys="skip" if auto else "raise")
     if labels.min() == labels.max():
+        if auto:
+            log.info("companion: none for this model: its %d rows are all of one label", len(labels))
+            return None
         raise ValueError(f"the companion's {len(labels)} rows are all of one label: nothing to fit; "
-                         "set model.companion=off for this day")
+                         "set model.companion=auto (no companion on such a day)")
     companion, record = fit_rows(keys, dense, labels, config=config)
     record["sources"] = [s.to_dict() for s in sources]
     if skipped:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from storage.embedding.base import EmbeddingStore
+from storage.features_manifest import read_features_manifest
 from storage.io import fsio, version
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, load_working_set
@@ -175,9 +176,10 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         )
         schema = trainer.schema
         companion_record = None
-        if spec.model.companion != "off":
-            fitted, companion_record = fit_companion(spec, schema)
-            companion.save(fsio.join(staging_url, companion.FILE), fitted, so)
+        fitted = fit_companion(spec, schema)
+        if fitted is not None:
+            companion.save(fsio.join(staging_url, companion.FILE), fitted[0], so)
+            companion_record = fitted[1]
         meta = ModelMeta.of(
             model_name=spec.model_name, model_config=spec.model, dim=spec.store.embedding_dim,
             init_std=spec.store.init_std, num_dense=schema.num_dense, num_fields=schema.num_fields,
@@ -206,13 +208,23 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
     ctx.barrier()
 
 
-def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Companion, dict[str, Any]]:
-    """The day's companion (`trainer.companion`), fit on its lineage's rows: the start model's record names them."""
+def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Companion, dict[str, Any]] | None:
+    """The day's companion (`trainer.companion`) and its record, fit on its lineage's rows (the start model's
+    record names them), or None when the day gets none (`companion.why_none`)."""
     so = spec.storage_options
+    fs, path = fsio.get_fs(spec.features_url, so)
+    features = read_features_manifest(fs, path)
+    if features is None:
+        raise FileNotFoundError(f"{spec.features_url} is not committed: run the encode stage first")
+    why = companion.why_none(spec.model.companion, spec.model.companion_rows, features)
+    if why is not None:
+        log.info("companion: none for this model: %s", why)
+        return None
     parent = model_dir.read_meta(spec.init_model_url, so) if spec.init_model_url else None
     return companion.fit_for_spec(
         spec.features_url, schema, spec.model.companion_rows, parent=parent.companion if parent else None,
-        parent_features_url=parent.features_url if parent else None, storage_options=so)
+        parent_features_url=parent.features_url if parent else None, storage_options=so,
+        auto=spec.model.companion == "auto")
 
 
 def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:

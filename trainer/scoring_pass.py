@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from storage.features_manifest import columns_of
 from storage.io import fsio
 from trainer.data import list_parts
 from trainer.group_metrics import GroupAUC, group_auc, paired_group_se
@@ -39,6 +40,17 @@ def core_count() -> int:
 def feature_columns(models: Sequence[LoadedModel]) -> list[str]:
     """`label` and every column one of `models` reads, in schema order, each once."""
     return list(dict.fromkeys(["label", *(c for m in models for c in m.input_columns)]))
+
+
+def has_own_keys(url: str, storage_options: dict | None = None) -> bool:
+    """Whether the feature Parquet files under `url` carry the values' own keys `r_<j>` (what a companion reads;
+    one encode writes all of a day's parts alike, so the first part answers)."""
+    fs, _ = fsio.get_fs(url, storage_options)
+    parts = list_parts(url, storage_options)
+    if not parts:
+        return False
+    with fs.open(parts[0], "rb") as fh:
+        return bool(columns_of(pq.ParquetFile(fh).schema_arrow.names, "raw"))
 
 
 def read_split(url: str, columns: Sequence[str], storage_options: dict | None = None) -> Iterator[pd.DataFrame]:

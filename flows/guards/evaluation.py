@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from storage.io import fsio
@@ -105,9 +105,14 @@ class Evaluation:
     versus_groups: dict[str, dict[Any, float]] = field(default_factory=dict)
     """Per field of `publish.group_fields()`: value -> the standard error of the two models' AUC
     difference on that value's eval rows, paired (the slice and GAUC checks' noise level)."""
+    published_companion_left_out: bool = False
+    """The published model has a companion but the day's rows carry no own keys `r_<j>` (a day of more rows
+    than `encode.raw_keys_up_to`): it was scored by its network alone, as the candidate of such a day is."""
 
     def summary(self) -> str:
         pub = f"; published {self.published_version} AUC {self.published.auc:.4f}" if self.published else ""
+        if self.published_companion_left_out:
+            pub += " (its network alone: the day's rows carry no own keys for its companion)"
         if self.next_day:
             lo, hi = self.next_day.ci95
             pub += f", next-day {self.next_day.auc:.4f} [{lo:.4f}, {hi:.4f}] on {self.next_day.metrics.rows} rows"
@@ -149,6 +154,7 @@ def evaluate_day(
         core_count,
         evaluate_together,
         feature_columns,
+        has_own_keys,
         read_split,
         sample_rows,
     )
@@ -156,8 +162,12 @@ def evaluate_day(
     t0 = time.perf_counter()
     threads = cfg.threads or core_count()
     models = [load_model(candidate_url, storage_options)]
+    left_out = False
     if published:
-        models.append(load_model(published.url, storage_options))
+        old = load_model(published.url, storage_options)
+        if old.companion is not None and not has_own_keys(fsio.join(features_url, "eval"), storage_options):
+            old, left_out = replace(old, companion=None), True
+        models.append(old)
     eval_rows = read_split(fsio.join(features_url, "eval"), feature_columns(models), storage_options)
     groups = groups or {}
     on_eval = evaluate_together(models, eval_rows, batch_size=cfg.batch_size, threads=threads, groups=tuple(groups),
@@ -181,4 +191,4 @@ def evaluate_day(
                      for c, se in on_eval[1].group_se_versus_first.items()}
     return Evaluation(new, EvalMetrics.of(on_eval[1].result()), next_day, published.version,
                       scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1], versus,
-                      versus_groups)
+                      versus_groups, left_out)

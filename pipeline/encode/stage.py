@@ -241,8 +241,9 @@ def encode_date(
         raise FileNotFoundError(f"no committed vocabulary for {date} at {layout.vocab(date)}: run build_vocab first")
     _, final = layout.fs(layout.features(date))
     done = read_features_manifest(fs, final)
+    raw_keys = encode.raw_keys_for(events["rows_written"])
     source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.run_id, "eval_fraction": encode.eval_fraction}
-    if encode.raw_keys:  # absent otherwise: features encoded before the key existed are still these features
+    if raw_keys:  # absent otherwise: features encoded before the key existed are still these features
         source["raw_keys"] = True
     if done and not force and done.source == source:
         return _result(done, skipped=True, url=done.data_dir(layout.features(date)))
@@ -277,7 +278,7 @@ def encode_date(
             fs.makedirs(join(stage, split), exist_ok=True)
         futures = [
             client.submit(_encode_part, path, i, rule, admitted, eval_set, fs=fs, schema=schema, stage=stage,
-                          sample_bits=bits, raw_keys=encode.raw_keys, pure=False)
+                          sample_bits=bits, raw_keys=raw_keys, pure=False)
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
         ]
         done_parts = gather(client, futures, what=f"encode {date}: parts")
@@ -316,6 +317,7 @@ def encode_date(
             events_run_id=events.get("run_id"),
             vocab_run_id=vocab.run_id,
             eval_fraction=encode.eval_fraction,
+            raw_keys=raw_keys,
             run_id=uuid.uuid4().hex,
             code_version=code_version(),
         )

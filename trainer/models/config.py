@@ -12,7 +12,7 @@ ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 CROSS_INPUTS = ("tokens", "fields")
 ATTENTION_INPUTS = ("tokens", "fields")
 BAG_POOLINGS = ("mean", "sum", "none")
-COMPANIONS = ("off", "poly2")
+COMPANIONS = ("auto", "poly2", "off")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,16 +75,19 @@ class ModelConfig:
     """How a multi-valued field's bag of keys (`bag_j` in features) becomes the field's one embedding row:
     `mean` or `sum` of the bag's rows (an empty bag uses the missing key's row), or `none` to ignore the
     bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
-    companion: str = result_field("off", neutral="off", why="blends a second learner's logit into every score")
-    """A second learner beside the network, its logit averaged with the network's by every scorer: `poly2`, a
+    companion: str = result_field("auto", neutral="off", why="blends a second learner's logit into every score")
+    """A second learner beside the network, its logit averaged with the network's by every scorer: a Poly2
     logistic regression with a weight per key and per pair of a row's keys and dense buckets, fit to
     convergence after the day's training on every row so far but the day's eval rows (`trainer.companion`;
-    the newest `companion_rows`), C by a time split of them; `off`, none.  It reads each value's own key, so it
-    needs `encode.raw_keys: true`.  On the small real days it gains over the network alone (Criteo +0.0033,
-    Avazu +0.0037, both decided; docs/benchmarks.md, issue 31); its fit's cost grows with the rows.  Reshapes
-    no parameter: a change keeps the warm start."""
+    the newest `companion_rows`), C by a time split of them.  It reads each value's own key (`r_<j>`).  `auto`:
+    on a day of at most `companion_rows` train rows whose features carry the own keys (`encode.raw_keys_up_to`),
+    none on other days; `poly2`: on every day (needs `encode.raw_keys: true`); `off`: never.  On the small
+    real days it gains over the network alone (Criteo +0.0033, Avazu +0.0037, both decided; docs/benchmarks.md,
+    issue 31); its fit's cost grows with the rows.  Reshapes no parameter: a change keeps the warm start."""
     companion_rows: int = result_field(50_000, neutral=50_000, why="which rows the companion is fit on")
-    """The most rows the companion is fit on: the newest ones of the days so far (today's train rows first)."""
+    """The most rows the companion is fit on: the newest ones of the days so far (today's train rows first).
+    With `companion: auto`, a day of more train rows than this gets no companion: the network then sees more
+    rows a day than the companion would."""
 
     def __post_init__(self) -> None:
         if self.dense_buckets < 0 or 0 < self.dense_buckets < 3:
