@@ -159,7 +159,7 @@ class EncodeConfig:
     """Write each field's key before the OOV rule (`r_<j>`, the value's own key) on every day: the input of
     `model.companion`.  26 more int64 columns on Criteo; off, they are written on small days only
     (`raw_keys_up_to`)."""
-    raw_keys_up_to: int = 1_000_000
+    raw_keys_up_to: int = 100_000
     """Also write them on every day of at most this many rows (0: only with `raw_keys`): the days whose models
     `model.companion: auto` may give a companion, at a cost a small day does not notice.  Which days have them
     is the features manifest's `raw_keys`; a change re-encodes the days it moves."""

@@ -95,10 +95,18 @@ def test_unknown_preset():
 
 
 def test_a_companion_needs_the_values_own_keys_and_they_get_features_of_their_own():
-    with pytest.raises(ConfigError, match="model.companion=poly2 reads each value's own key: set encode.raw_keys=true"):
+    with pytest.raises(ConfigError, match="model.companion=poly2 reads each value's own key on every day: set "
+                       "encode.raw_keys=true"):
         load_config(overrides=["model.companion=poly2"])
+    assert load_config().model.companion == "auto"  # by default: on the days that have them
+    with pytest.raises(ConfigError, match=r"model.companion_rows \(200000\) is more than encode.raw_keys_up_to "
+                       r"\(100000\).*raise encode.raw_keys_up_to"):
+        load_config(overrides=["model.companion_rows=200000"])
+    assert load_config(overrides=["model.companion_rows=200000", "encode.raw_keys_up_to=200000"])
     on = load_config(overrides=["model.companion=poly2", "encode.raw_keys=true", "root=/r"])
     plain = load_config(overrides=["root=/r"])
     assert plain.layout().features_key == "05892cef4c"  # the key of before encode.raw_keys: the same features
     assert on.layout().features_key != plain.layout().features_key
     assert on.layout().vocab_key == plain.layout().vocab_key  # one vocabulary for both
+    # which small days carry them is each day's manifest's: the threshold names no folder
+    assert load_config(overrides=["root=/r", "encode.raw_keys_up_to=0"]).layout().features_key == "05892cef4c"

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from storage.features_manifest import FeaturesManifest
 from storage.key_layout import FIELD_SHIFT
 from trainer import companion
 from trainer.data import FeatureSchema
@@ -67,7 +68,7 @@ def test_a_source_that_is_gone_is_skipped_and_named_and_no_rows_at_all_is_refuse
     _, record = companion.fit_for_spec(day, SCHEMA, 100, parent={"sources": [
         {"features_url": gone, "split": "train", "rows": 5}]}, parent_features_url=None, config=FAST)
     assert record["skipped_sources"] == [f"{gone} (train)"] and record["rows"] == 40
-    with pytest.raises(FileNotFoundError, match="no rows to fit.*deleted"):
+    with pytest.raises(FileNotFoundError, match="no rows to fit: every source was skipped.*deleted"):
         companion.read_rows([(gone, "train", None)], SCHEMA, 100)
 
 
@@ -106,8 +107,29 @@ def test_rows_of_one_label_are_refused(tmp_path):
     frame["label"] = 0.0
     frame.to_parquet(f"{day}/train/part-00000.parquet")
     pd.read_parquet(f"{day}/train/part-00001.parquet").assign(label=0.0).to_parquet(f"{day}/train/part-00001.parquet")
-    with pytest.raises(ValueError, match="all of one label.*model.companion=off"):
+    with pytest.raises(ValueError, match="all of one label.*model.companion=auto"):
         companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=None, config=FAST)
+    # auto: such a day gets no companion, and trains
+    assert companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=None, config=FAST,
+                                  auto=True) is None
+
+
+def test_auto_gives_a_companion_to_small_days_encoded_with_their_own_keys():
+    small = FeaturesManifest(rows_train=900, raw_keys=True)
+    assert companion.why_none("auto", 1_000, small) is None
+    assert "more than model.companion_rows (800)" in companion.why_none("auto", 800, small)
+    assert "no own keys" in companion.why_none("auto", 1_000, FeaturesManifest(rows_train=900, raw_keys=False))
+    assert companion.why_none("poly2", 800, small) is None  # poly2: every day (its rows are checked when read)
+    assert companion.why_none("off", 1_000, small) == "model.companion is off"
+
+
+def test_auto_fits_past_a_lineage_day_without_own_keys_and_names_it(tmp_path):
+    big = write_split(tmp_path, "big", "eval", 0, 30, raw_keys=False)  # the parent's day: encoded without them
+    day = write_split(tmp_path, "d2", "train", 30, 40)
+    _, record = companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=big, config=FAST, auto=True)
+    assert record["rows"] == 40 and record["skipped_sources"] == [f"{big} (eval): no own keys"]
+    with pytest.raises(ValueError, match="lack the values' own keys"):  # poly2 asked for them on every day
+        companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=big, config=FAST)
 
 
 def test_the_inputs_bucket_the_dense_columns_after_the_key_fields():

@@ -33,7 +33,7 @@ def _spec(**kw) -> TrainSpec:
     base = {
         "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
         "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
-        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS, attention_input=ALL_TOKENS), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
+        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS, attention_input=ALL_TOKENS, companion="off"), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
         "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
@@ -153,7 +153,8 @@ def _identity_before_roles(spec: TrainSpec) -> str:
 CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", date="2024-01-01", rows=10,
                       evicted_url=None)
 FULL = {
-    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4, cross_input=ALL_TOKENS, attention_input=ALL_TOKENS),
+    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4, cross_input=ALL_TOKENS, attention_input=ALL_TOKENS,
+                         companion="off"),
     "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
                          cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM,
                          wide_loss=NO_WIDE_LOSS),
@@ -167,7 +168,7 @@ PINNED = {  # computed by the code before the roles (git HEAD bce5d75), before t
     "default": (_spec, {}, "eee1caf9f2"),
     "full": (_spec, FULL, "a6fd8d91da"),
     "parent eval on": (_spec, FULL | {"optim": dataclasses.replace(FULL["optim"], train_parent_eval=True)}, "a6fd8d91da"),
-    "carried by url": (_spec, {"model": ModelConfig(cross_input=ALL_TOKENS, attention_input=ALL_TOKENS), "trainer": TrainerConfig(nproc_per_node=1),
+    "carried by url": (_spec, {"model": ModelConfig(cross_input=ALL_TOKENS, attention_input=ALL_TOKENS, companion="off"), "trainer": TrainerConfig(nproc_per_node=1),
                                "carried": dataclasses.replace(CARRIED, features_id="", evicted_url="/e")}, "c8af5b3610"),
 }
 
@@ -196,7 +197,9 @@ def test_a_companion_changes_the_tag_and_none_keeps_the_earlier_one() -> None:
     assert spec.model.companion == "off" and spec.identity() == "eee1caf9f2"
     on = _spec(model=dataclasses.replace(spec.model, companion="poly2"))
     fewer = _spec(model=dataclasses.replace(spec.model, companion="poly2", companion_rows=1000))
-    assert len({spec.identity(), on.identity(), fewer.identity()}) == 3
+    auto = _spec(model=dataclasses.replace(spec.model, companion="auto"))  # the default since: its own tags
+    assert len({spec.identity(), on.identity(), fewer.identity(), auto.identity()}) == 4
+    assert ModelConfig().companion == "auto"
 
 
 def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_default_gets_its_own() -> None:

@@ -9,16 +9,21 @@ traffic: DeLong's on the rows scored, which keeps its width when the sample is e
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from flows.guards.evaluation import Z95, EvaluateConfig, evaluate_day
 from flows.guards.noise import hanley_mcneil_se
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
-from trainer.model_dir import read_meta
+from trainer import companion
+from trainer.model_dir import read_meta, write_meta
+from trainer.models.poly2 import Poly2Config
 from trainer.plan.published import Published
-from trainer.scoring import evaluate_model
+from trainer.scoring import evaluate_model, load_model
 from trainer.scoring_pass import read_split
 
 DATE = "2026-01-02"
@@ -109,3 +114,20 @@ def test_a_sample_of_every_train_row_is_the_exact_next_day_auc_with_its_delong_i
 def test_bad_evaluate_settings_name_the_key(kw: dict, key: str) -> None:
     with pytest.raises(ValueError, match=f"evaluate.{key}"):
         EvaluateConfig(**kw)
+
+
+def test_a_published_companion_is_left_out_on_a_day_without_own_keys(day: dict) -> None:
+    """A day of more rows than `encode.raw_keys_up_to` after a small one: the published model's companion has no
+    own keys to read, so both models are compared by their networks (the candidate of such a day has none)."""
+    pub = day["published"].url
+    before = _evaluate(day, EvaluateConfig())
+    rng = np.random.default_rng(0)
+    keys, labels = rng.integers(0, 50, (400, 2)), (rng.random(400) < 0.3).astype(np.float64)
+    fitted, record = companion.fit_rows(keys, None, labels, config=Poly2Config(bits=14, cs=(1.0,)))
+    companion.save(f"{pub}/{companion.FILE}", fitted)
+    write_meta(LocalFileSystem(), pub, replace(read_meta(pub), companion={**record, "sources": []}))
+    assert load_model(pub).companion is not None
+    ev = _evaluate(day, EvaluateConfig(), published=Published("v00001", pub, read_meta(pub)))
+    assert ev.published_companion_left_out and not before.published_companion_left_out
+    assert ev.published.auc == before.published.auc and ev.new.auc == before.new.auc
+    assert "its network alone" in ev.summary() and "its network alone" not in before.summary()

@@ -5,6 +5,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
 from pipeline.encode.keys import feature_keys, missing_key, oov_key
@@ -19,6 +20,7 @@ from pipeline.ingest.parse import parse_chunk
 from pipeline.ingest.stage import ingest_date
 from pipeline.schema import AVAZU, CRITEO
 from pipeline.vocab.stage import build_vocab
+from storage.features_manifest import read_features_manifest
 from storage.io.fsio import SUCCESS
 from storage.io.layout import Layout
 
@@ -91,24 +93,34 @@ def test_a_day_is_encoded_into_time_ordered_train_and_eval(vocab_root, client):
     assert key_counts["count"].sum() == 2800 * 26 and key_counts["count"].is_monotonic_decreasing
     assert set(key_counts["key"]) == set(np.unique(train[[f"k_{j}" for j in range(26)]].to_numpy()))
     again = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
-    assert again.skipped
-    assert not any(c.startswith("r_") for c in train.columns)
+    assert again.skipped  # the rerun of a day with its own keys (`raw_keys`) is the same encoding: skipped
+    # a day of 4,000 rows is under encode.raw_keys_up_to: its rows carry every value's own key too
+    assert [c for c in train.columns if c.startswith("r_")] == [f"r_{j}" for j in range(26)] and manifest["raw_keys"]
 
 
-def test_raw_keys_are_written_beside_the_keys_and_a_change_encodes_again(vocab_root, client, tmp_path):
+def test_raw_keys_are_written_beside_the_keys_on_small_days_and_a_change_encodes_again(vocab_root, client, tmp_path):
     root, date = vocab_root
     shutil.copytree(root / "events", tmp_path / "events")
     shutil.copytree(root / "vocab", tmp_path / "vocab")
     layout = Layout(str(tmp_path))
-    plain = encode_date(date, layout=layout, encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
-    r = encode_date(date, layout=layout, encode=EncodeConfig(eval_fraction=0.3, raw_keys=True), fmt="criteo",
-                    client=client)
-    assert not plain.skipped and not r.skipped  # another encoding of the same day: not the features on disk
-    train = pd.read_parquet(tmp_path / "features" / f"date={date}" / "train")
+    day = tmp_path / "features" / f"date={date}"
+
+    def encode(**kw):
+        r = encode_date(date, layout=layout, encode=EncodeConfig(eval_fraction=0.3, **kw), fmt="criteo", client=client)
+        manifest = read_features_manifest(LocalFileSystem(), str(day))
+        return r, pd.read_parquet(day / "train"), manifest
+
+    plain, train, manifest = encode(raw_keys_up_to=3_999)  # a day of 4,000 rows: more than the threshold
+    assert not plain.skipped and not manifest.raw_keys and not any(c.startswith("r_") for c in train.columns)
+    r, train, manifest = encode(raw_keys_up_to=4_000)
+    assert not r.skipped and manifest.raw_keys  # another encoding of the same day: not the features on disk
     keys, own = train[[f"k_{j}" for j in range(26)]].to_numpy(), train[[f"r_{j}" for j in range(26)]].to_numpy()
     admitted = own == keys
     assert admitted.any() and not admitted.all()  # the OOV key where a value is not admitted, its own key in r_j
     assert ((keys == own) | (keys & ((1 << 56) - 1) == 0)).all()
+    # the same encoding asked for another way: every day (raw_keys), or under the default threshold
+    assert encode(raw_keys=True, raw_keys_up_to=0)[0].skipped and encode()[0].skipped
+    assert not encode(raw_keys_up_to=0)[0].skipped  # and back
 
 
 def test_encode_needs_the_vocabulary(vocab_root, client, tmp_path):
