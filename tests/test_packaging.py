@@ -34,6 +34,7 @@ REVIEWED = frozenset({
     "torch.cuda.get_rng_state", "torch.cuda.is_available", "torch.cuda.nccl.version", "torch.cuda.set_device",
     "torch.cuda.set_rng_state", "torch.cuda.stream", "torch.cumsum", "torch.device", "torch.distributed",
     "torch.dtype", "torch.iinfo", "torch.int16", "torch.int32",  # compact rows (storage.embedding.row_format): basic since 1.x
+    "torch.sparse_csr_tensor",  # the companion's Poly2 fit (trainer.models.poly2): check_invariants= since 2.0
     "torch.distributed.PrefixStore", "torch.distributed.ProcessGroup", "torch.distributed.ReduceOp.SUM",
     "torch.distributed.all_gather_object", "torch.distributed.all_reduce", "torch.distributed.all_to_all_single",
     "torch.distributed.barrier", "torch.distributed.broadcast", "torch.distributed.broadcast_object_list",

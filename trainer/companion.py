@@ -32,7 +32,11 @@ import pyarrow.parquet as pq
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from storage.features_manifest import FeaturesManifest, raw_columns
+from storage.features_manifest import (
+    FeaturesManifest,
+    raw_columns,
+    read_features_manifest,
+)
 from storage.io import fsio
 from trainer.data import FeatureSchema, list_parts
 from trainer.models.poly2 import (
@@ -124,14 +128,17 @@ def why_none(mode: str, max_rows: int, features: FeaturesManifest) -> str | None
 
 
 def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSchema, max_rows: int,
-              storage_options: dict | None = None, *, without_keys: str = "raise"
+              storage_options: dict | None = None, *, without_keys: str = "raise", day: str | None = None
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
     """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order:
     the values' own keys (`r_<j>`, `encode.raw_keys`), the dense columns and the labels.
 
     A source whose rows are gone (features deleted by hand) is skipped and named: the companion is fit on the
     rows still there rather than failing an unattended day.  So is, with `without_keys="skip"`
-    (`model.companion: auto`), a source encoded without the own keys (a large day of the lineage).
+    (`model.companion: auto`), a source encoded without the own keys (a large day of the lineage).  With `day`
+    (the date of the last candidate, the day's train rows), so is every other source not of an earlier date: a
+    rerun of a day, or a backfill of an older one, must not fit the day's eval rows (the gate's) or its train
+    rows twice.
 
     Returns:
         (own keys (N, F) int64, dense (N, n) float32 or None, labels (N,) float64, the sources as read, oldest
@@ -147,9 +154,14 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
     parts: list[tuple[Any, RowSource]] = []
     skipped: list[str] = []
     left = max_rows
-    for url, split, most in reversed(candidates):
+    for i, (url, split, most) in enumerate(reversed(candidates)):
         if left <= 0:
             break
+        if i and day is not None and (when := _date_of(url, storage_options)) is not None and when >= day:
+            log.warning("companion: the rows of %s (%s) are of %s, not before the day's %s; fitting without them",
+                        url, split, when, day)
+            skipped.append(f"{url} ({split}): not before {day}")
+            continue
         try:
             files = list_parts(fsio.join(fsio.data_url(url, storage_options), split), storage_options)
         except FileNotFoundError:
@@ -189,6 +201,16 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
     return keys, dense, rows["label"].to_numpy(np.float64), [s for _, s in parts], skipped
 
 
+def _date_of(url: str, storage_options: dict | None) -> str | None:
+    """The date of the committed features directory `url` (its manifest's), or None when it has none."""
+    fs, path = fsio.get_fs(url, storage_options)
+    try:
+        manifest = read_features_manifest(fs, path)
+    except FileNotFoundError:
+        return None
+    return manifest.date if manifest is not None else None
+
+
 def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
              config: Poly2Config = CONFIG) -> tuple[Companion, dict[str, Any]]:
     """The companion of rows in time order, C by the time split; returns it and its record for model.json."""
@@ -220,7 +242,8 @@ def fit_for_spec(features_url: str, schema: FeatureSchema, max_rows: int, *, par
     """
     candidates = candidate_sources(parent, parent_features_url, features_url)
     keys, dense, labels, sources, skipped = read_rows(candidates, schema, max_rows, storage_options,
-                                                      without_keys="skip" if auto else "raise")
+                                                      without_keys="skip" if auto else "raise",
+                                                      day=_date_of(features_url, storage_options))
     if labels.min() == labels.max():
         if auto:
             log.info("companion: none for this model: its %d rows are all of one label", len(labels))

@@ -195,7 +195,7 @@ class TrainOutcome:
     def summary(self) -> str:
         carried = self.parent_eval.summary() if self.parent_version else ""  # nothing to say before a first model
         c = self.result.meta.companion
-        second = f"; companion: {c['kind']} fit on {c['rows']} rows, C {c['C']}, {c['fit_s']:.1f} s" if c else ""
+        second = f"; companion: {c['rows']:,} rows, C {c['C']:g}, {c['fit_s']:.1f} s" if c else ""
         return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}{second}"
 
     def record(self) -> dict[str, Any]:

@@ -53,7 +53,10 @@ def test_todays_manifest_without_a_version_reads_as_version_1() -> None:
     assert m.key_columns == tuple(f"k_{j}" for j in range(26)) and m.dense_columns == tuple(f"d_{i}" for i in range(13))
     assert m.eval_part_rows == (PartRows("part-00001.parquet", 200),) and m.bag_columns == () and m.format == "criteo"
     assert m.duplicates == Duplicates(share=0.0, sampled_rows=2000, sample_bits=0) and m.eval_fraction == 0.1
-    assert json.loads(json.dumps(m.to_dict())) == {**TODAY, "manifest_format": "ctr-pipeline-features/1"}
+    # written back with the fields added since at their defaults (`raw_keys`: no own keys r_<j>)
+    assert json.loads(json.dumps(m.to_dict())) == {**TODAY, "manifest_format": "ctr-pipeline-features/1",
+                                                   "raw_keys": False}
+    assert "raw_keys" not in m.source  # its encoding is the one of before the key: not encoded again
 
 
 def test_a_hand_made_manifest_with_only_columns_reads() -> None:

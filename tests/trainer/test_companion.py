@@ -3,11 +3,14 @@ file, and the blend."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from storage.features_manifest import FeaturesManifest
+from storage.io.fsio import SUCCESS
 from storage.key_layout import FIELD_SHIFT
 from trainer import companion
 from trainer.data import FeatureSchema
@@ -142,3 +145,23 @@ def test_the_inputs_bucket_the_dense_columns_after_the_key_fields():
 
 def test_the_blend_is_the_mean_logit():
     np.testing.assert_allclose(companion.blend(np.array([1.0, -3.0]), np.array([3.0, 1.0])), [2.0, -1.0])
+
+
+def test_a_rerun_or_an_older_day_never_fits_the_days_eval_rows_or_its_train_rows_twice(tmp_path):
+    """The parent of a rerun was trained on the same date: its eval rows are the gate's rows of today."""
+    def dated(name: str, date: str) -> str:
+        url = write_split(tmp_path, name, "train", 0, 40)
+        write_split(tmp_path, name, "eval", 40, 10)
+        (tmp_path / name / SUCCESS).write_text(json.dumps(FeaturesManifest(date=date).to_dict()))
+        return url
+
+    older, today, newer = dated("d1", "2026-01-01"), dated("d2", "2026-01-02"), dated("d3", "2026-01-03")
+    parent = {"sources": [{"features_url": older, "split": "train", "rows": 40},
+                          {"features_url": today, "split": "train", "rows": 40}]}
+    _, record = companion.fit_for_spec(today, SCHEMA, 1_000, parent=parent, parent_features_url=today, config=FAST)
+    assert [(s["features_url"], s["split"]) for s in record["sources"]] == [(older, "train"), (today, "train")]
+    assert record["rows"] == 80 and record["skipped_sources"] == [
+        f"{today} (eval): not before 2026-01-02", f"{today} (train): not before 2026-01-02"]
+    # a backfill of an older day from a newer parent: the newer day's rows are later than the day's
+    _, back = companion.fit_for_spec(older, SCHEMA, 1_000, parent=None, parent_features_url=newer, config=FAST)
+    assert back["rows"] == 40 and back["skipped_sources"] == [f"{newer} (eval): not before 2026-01-01"]

@@ -27,7 +27,7 @@ COMMANDS = ("demo", "generate", "run", "backfill", "evaluate", "models", "export
             "warm-node")
 DEMO_DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 DEMO_ROWS = 3000
-SCREEN_LINES, SCREEN_WIDTH = 60, 300
+SCREEN_LINES, SCREEN_WIDTH = 60, 345  # the longest: a day's train line, with its recipe and companion
 CRITEO_SCHEMA = (
     "name: criteo_copy\ncolumns: [label, {dense}, {cat}]\nlabel: label\ninteger: [{dense}]\ncategorical: [{cat}]\n"
     "min_fields: 14\n"

@@ -143,7 +143,7 @@ def test_avazu_is_split_by_hour_then_order(tmp_path, client):
     assert (r.rows_train, r.rows_eval) == (15, 5)
     events = pd.read_parquet(tmp_path / "root" / "events" / "date=2014-10-21")
     evals = pd.read_parquet(tmp_path / "root" / "features" / "date=2014-10-21" / "eval")
-    assert evals.shape[1] == 1 + 21 and len(evals) == 5  # no dense columns for Avazu
+    assert evals.shape[1] == 1 + 21 + 21 and len(evals) == 5  # no dense columns for Avazu; k_j and r_j
     hour3 = events[events["ts"] == events["ts"].max()]
     assert len(hour3) == 5 and evals["label"].tolist() == hour3.sort_values("order")["label"].astype(float).tolist()
 
