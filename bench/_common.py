@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_ENV = "BENCH_RESULTS_DIR"
 """Environment variable naming another folder for the results (the smoke test's temporary one)."""
@@ -87,12 +85,14 @@ class Variant:
         Raises:
             ValueError: an item is not `key=value`.
         """
+        from flows.config import parse_yaml
+
         sets = {}
         for item in text.split(","):
             key, eq, value = item.partition("=")
             if not eq or not key.strip():
                 raise ValueError(f"a variant is key=value[,key=value...], e.g. vocab.min_count=1; got {item!r} in {text!r}")
-            sets[key.strip()] = yaml.safe_load(value.strip())
+            sets[key.strip()] = parse_yaml(value.strip())  # as `ctrpipe --set` reads it
         return Variant(text, sets)
 
 

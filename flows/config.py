@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from storage.io.registry import RegistryConfig
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 
-__all__ = ["ConfigError", "RunConfig", "check_format", "from_dict", "load_config", "with_overrides"]
+__all__ = ["ConfigError", "RunConfig", "check_format", "from_dict", "load_config", "parse_yaml", "with_overrides"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,6 +122,28 @@ class RunConfig:
         return codec.encode(self)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans, true and false only: `off`, `on`, `yes` and `no` stay words, so
+    `model.companion: off` or `checks.volume.action: off` read as written (PyYAML's YAML 1.1 made them false)."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+def parse_yaml(text: str) -> Any:
+    """A config file's or a `--set` value's YAML (`_ConfigLoader`).
+
+    Raises:
+        yaml.YAMLError: not YAML.
+    """
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -139,7 +162,7 @@ def load_config(
     data: dict[str, Any] = base.to_dict() if base is not None else {}
     if path:
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
+            loaded = parse_yaml(Path(path).read_text()) or {}
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
         except yaml.YAMLError as exc:
@@ -151,7 +174,7 @@ def load_config(
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
-        _set_path(data, key.strip().split("."), yaml.safe_load(raw) if raw != "" else "")
+        _set_path(data, key.strip().split("."), parse_yaml(raw) if raw != "" else "")
     cfg = from_dict(data)
     check_format(cfg.input.format, key="input.format")
     return cfg

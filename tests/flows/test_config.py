@@ -110,3 +110,14 @@ def test_a_companion_needs_the_values_own_keys_and_they_get_features_of_their_ow
     assert on.layout().vocab_key == plain.layout().vocab_key  # one vocabulary for both
     # which small days carry them is each day's manifest's: the threshold names no folder
     assert load_config(overrides=["root=/r", "encode.raw_keys_up_to=0"]).layout().features_key == "05892cef4c"
+
+
+def test_words_that_yaml_1_1_made_booleans_stay_words_in_files_and_overrides(tmp_path):
+    """`off`, `on`, `yes` and `no` are values of string keys (`model.companion`, a check's action): YAML 1.2's
+    booleans, true and false alone, keep them what the user wrote."""
+    (tmp_path / "c.yaml").write_text("model:\n  companion: off\nchecks:\n  volume:\n    action: off\n")
+    cfg = load_config(tmp_path / "c.yaml", ["encode.raw_keys=true"])
+    assert cfg.model.companion == "off" and cfg.checks.volume.action == "off" and cfg.encode.raw_keys is True
+    assert load_config(overrides=["model.companion=off"]).model.companion == "off"
+    with pytest.raises(ConfigError, match="encode.raw_keys must be true or false, got 'yes'"):
+        load_config(overrides=["encode.raw_keys=yes"])
