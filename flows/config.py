@@ -91,12 +91,6 @@ class RunConfig:
             raise ConfigError("model.companion=poly2 reads each value's own key on every day: set encode.raw_keys=true "
                               "too (the features then carry r_<j> beside k_<j>), or model.companion=auto (a "
                               "companion on the days encoded with them)")
-        if self.model.companion == "auto" and not self.encode.raw_keys and \
-                0 < self.encode.raw_keys_up_to < self.model.companion_rows:  # 0: no own keys, so no companion
-            raise ConfigError(f"model.companion_rows ({self.model.companion_rows}) is more than "
-                              f"encode.raw_keys_up_to ({self.encode.raw_keys_up_to}): a day of more rows than that "
-                              "has no own keys for a companion; raise encode.raw_keys_up_to to at least "
-                              "model.companion_rows")
         if self.store.embedding_dim % self.model.num_heads:
             raise ConfigError(
                 f"model.num_heads ({self.model.num_heads}) must divide store.embedding_dim ({self.store.embedding_dim})"

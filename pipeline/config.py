@@ -159,10 +159,10 @@ class EncodeConfig:
     """Write each field's key before the OOV rule (`r_<j>`, the value's own key) on every day: the input of
     `model.companion`.  26 more int64 columns on Criteo; off, they are written on small days only
     (`raw_keys_up_to`)."""
-    raw_keys_up_to: int = 100_000
+    raw_keys_up_to: int = 20_000
     """Also write them on every day of at most this many rows (0: only with `raw_keys`): the days whose models
-    `model.companion: auto` may give a companion, at a cost a small day does not notice.  Which days have them
-    is the features manifest's `raw_keys`; a change re-encodes the days it moves."""
+    `model.companion: auto` may give a companion (fewer than 10,000 train rows), at a cost a small day does not
+    notice.  Which days have them is the features manifest's `raw_keys`; a change re-encodes the days it moves."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eval_fraction < 1.0:

@@ -1,11 +1,13 @@
 """The companion: a Poly2 LR fit beside the network on every row so far, its logit averaged into every score.
 
-`model.companion: poly2`.  After a day's training rank 0 fits it (`fit_for_spec`) on the newest
-`model.companion_rows` rows of, oldest first: the rows the parent's companion was fit on, the parent's eval
-rows, and the day's train rows.  The day's eval rows never: the gate scores the model on them.  The row
-sources follow the model's lineage (model.json `companion.sources`), so the fit depends on the run's inputs
-(`TrainSpec.identity`: the features, the model started from, the model config) and on which of those rows are
-still on disk (a source deleted since is skipped and named: `read_rows`).
+`model.companion`: `auto` (the default) on a small day with own keys (`why_none`), `poly2` on every day.  After a
+day's training rank 0 fits it (`fit_for_spec`) on the newest `model.companion_rows` rows of, oldest first: the
+rows the parent's companion was fit on, the parent's eval rows, and the day's train rows.  The day's eval rows
+never: the gate scores the model on them; so no source of the day's date or later but its train rows (a
+rerun's parent is the same date's model).  The row sources follow the model's lineage (model.json
+`companion.sources`), so the fit depends on the run's inputs (`TrainSpec.identity`: the features, the model
+started from, the model config) and on which of those rows are still on disk (a source deleted since is skipped
+and named: `read_rows`).
 
 Why a second learner: on small days the mean of the network's logit and a converged, strongly regularised
 Poly2 fit of every row so far gains over the network alone on both real samples, where no change inside the
@@ -46,6 +48,7 @@ from trainer.models.poly2 import (
     fit_time_split,
     pair_ids,
 )
+from trainer.plan.recipe import CROSS_MIN_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -108,19 +111,21 @@ def candidate_sources(parent: dict[str, Any] | None, parent_features_url: str | 
     return out
 
 
-def why_none(mode: str, max_rows: int, features: FeaturesManifest) -> str | None:
-    """Why the day's model gets no companion (`model.companion`, `companion_rows`), or None when it gets one.
+def why_none(mode: str, features: FeaturesManifest) -> str | None:
+    """Why the day's model gets no companion (`model.companion`), or None when it gets one.
 
-    `auto` gives one to a day of at most `max_rows` train rows encoded with the values' own keys; `poly2` to
-    every day (its rows' keys are checked when they are read).
+    `auto` gives one to a day of fewer than `CROSS_MIN_ROWS` train rows encoded with the values' own keys: the
+    days too small for the network's cross term, where the companion gained on both real samples; on synthetic
+    days of 36,000 rows it cost 0.0013 (not decided) and 7x the train stage's time (docs/benchmarks.md).  `poly2`
+    gives one to every day (its rows' keys are checked when they are read).
     """
     if mode == "off":
         return "model.companion is off"
     if mode == "poly2":
         return None
-    if features.rows_train > max_rows:
-        return (f"the day's {features.rows_train:,} train rows are more than model.companion_rows ({max_rows:,}): "
-                "the network sees more rows a day than a companion would")
+    if features.rows_train >= CROSS_MIN_ROWS:
+        return (f"the day's {features.rows_train:,} train rows are not fewer than {CROSS_MIN_ROWS:,}: a day that "
+                "large trains the network's cross term, and the companion stays out (model.companion=poly2 to fit one)")
     if not features.raw_keys:
         return ("the day's features carry no own keys r_<j> (a day of more rows than encode.raw_keys_up_to, or "
                 "encoded before them)")

@@ -216,7 +216,7 @@ def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Com
     features = read_features_manifest(fs, path)
     if features is None:
         raise FileNotFoundError(f"{spec.features_url} is not committed: run the encode stage first")
-    why = companion.why_none(spec.model.companion, spec.model.companion_rows, features)
+    why = companion.why_none(spec.model.companion, features)
     if why is not None:
         log.info("companion: none for this model: %s", why)
         return None

@@ -99,10 +99,6 @@ def test_a_companion_needs_the_values_own_keys_and_they_get_features_of_their_ow
                        "encode.raw_keys=true"):
         load_config(overrides=["model.companion=poly2"])
     assert load_config().model.companion == "auto"  # by default: on the days that have them
-    with pytest.raises(ConfigError, match=r"model.companion_rows \(200000\) is more than encode.raw_keys_up_to "
-                       r"\(100000\).*raise encode.raw_keys_up_to"):
-        load_config(overrides=["model.companion_rows=200000"])
-    assert load_config(overrides=["model.companion_rows=200000", "encode.raw_keys_up_to=200000"])
     on = load_config(overrides=["model.companion=poly2", "encode.raw_keys=true", "root=/r"])
     plain = load_config(overrides=["root=/r"])
     assert plain.layout().features_key == "05892cef4c"  # the key of before encode.raw_keys: the same features

@@ -15,6 +15,7 @@ from storage.key_layout import FIELD_SHIFT
 from trainer import companion
 from trainer.data import FeatureSchema
 from trainer.models.poly2 import Poly2Config
+from trainer.plan.recipe import CROSS_MIN_ROWS
 
 SCHEMA = FeatureSchema(dense_columns=("d_0",), key_columns=("k_0", "k_1"), fields=("C1", "C2"))
 FAST = Poly2Config(bits=14, cs=(0.1, 1.0))
@@ -117,13 +118,14 @@ def test_rows_of_one_label_are_refused(tmp_path):
                                   auto=True) is None
 
 
-def test_auto_gives_a_companion_to_small_days_encoded_with_their_own_keys():
-    small = FeaturesManifest(rows_train=900, raw_keys=True)
-    assert companion.why_none("auto", 1_000, small) is None
-    assert "more than model.companion_rows (800)" in companion.why_none("auto", 800, small)
-    assert "no own keys" in companion.why_none("auto", 1_000, FeaturesManifest(rows_train=900, raw_keys=False))
-    assert companion.why_none("poly2", 800, small) is None  # poly2: every day (its rows are checked when read)
-    assert companion.why_none("off", 1_000, small) == "model.companion is off"
+def test_auto_gives_a_companion_to_days_too_small_for_the_cross_term_encoded_with_their_own_keys():
+    small = FeaturesManifest(rows_train=CROSS_MIN_ROWS - 1, raw_keys=True)
+    large = FeaturesManifest(rows_train=CROSS_MIN_ROWS, raw_keys=True)
+    assert companion.why_none("auto", small) is None
+    assert "10,000 train rows are not fewer than 10,000" in companion.why_none("auto", large)
+    assert "no own keys" in companion.why_none("auto", FeaturesManifest(rows_train=900, raw_keys=False))
+    assert companion.why_none("poly2", large) is None  # poly2: every day (its rows are checked when read)
+    assert companion.why_none("off", small) == "model.companion is off"
 
 
 def test_auto_fits_past_a_lineage_day_without_own_keys_and_names_it(tmp_path):
