@@ -148,8 +148,7 @@ class ServingModel:
 
     def __post_init__(self) -> None:
         s = self.schema
-        # the small path's arrays hold the admitted keys alone: a companion reads the values' own keys too
-        self.small_path = self.companion is None and fits(self.spec, s.dense_columns, s.key_columns, s.bag_columns)
+        self.small_path = fits(self.spec, s.dense_columns, s.key_columns, s.bag_columns)
 
     def parse(self, *, lines: list[str] | None = None, rows: list[Any] | None = None) -> Parsed:
         """Lines or rows -> the training inputs (`FeatureSpec.parse_lines` / `parse_rows`)."""
@@ -172,7 +171,7 @@ class ServingModel:
         if times is not None:
             net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
         return score_arrays(net, lookup, self.schema, self.spec.bag_pooling, batch.dense if batch.dense.shape[1] else None,
-                            batch.keys, [])
+                            batch.keys, [], companion=self.companion, raw_all=batch.own)
 
     def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
         """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""

@@ -23,6 +23,7 @@ import pandas as pd
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from pipeline.encode.keys import FIELD_SHIFT, hash_value, missing_key, oov_key
 from pipeline.encode.stage import dense_columns, features_schema, key_columns
+from storage.features_manifest import raw_column
 
 SMALL_BATCH = 32
 """Most lines a batch may have for this path; above it the vectorised feature path is the faster."""
@@ -40,13 +41,16 @@ class SmallBatch:
     """(B, n) float32, C order: log1p(max(x, 0)), missing -> 0."""
     keys: np.ndarray
     """(B, F) int64: admitted, OOV or missing keys."""
+    own: np.ndarray
+    """(B, F) int64: each value's own key, admitted or not, or the missing key (`r_<j>`, a companion's input)."""
 
     def frame(self, spec: FeatureSpec) -> pd.DataFrame:
         """The frame `FeatureSpec.parse_lines` gives for the same lines."""
         s = spec.schema
         cols = {"label": self.label, **{c: self.dense[:, i] for i, c in enumerate(dense_columns(s))},
-                **{c: self.keys[:, j] for j, c in enumerate(key_columns(s))}}
-        return pd.DataFrame({name: cols[name] for name in features_schema(s).names})
+                **{c: self.keys[:, j] for j, c in enumerate(key_columns(s))},
+                **{raw_column(j): self.own[:, j] for j in range(self.own.shape[1])}}
+        return pd.DataFrame({name: cols[name] for name in features_schema(s, raw_keys=spec.raw_keys).names})
 
 
 def small_features(lines: Sequence[str], spec: FeatureSpec) -> Parsed | None:
@@ -115,4 +119,5 @@ def small_batch(lines: Sequence[str], spec: FeatureSpec) -> SmallBatch | None:
     oov = np.array([oov_key(j) for j in range(len(cat_at))], np.int64)
     missing = np.array([missing_key(j) for j in range(len(cat_at))], np.int64)
     out = np.where(present, np.where(known, keys, oov), missing).astype(np.int64)
-    return SmallBatch(label=np.asarray(labels, np.float32), dense=np.ascontiguousarray(d), keys=out)
+    own = np.where(present, keys, missing).astype(np.int64)
+    return SmallBatch(label=np.asarray(labels, np.float32), dense=np.ascontiguousarray(d), keys=out, own=own)

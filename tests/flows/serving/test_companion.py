@@ -116,7 +116,7 @@ def test_the_bundle_carries_the_companion_and_onnx_is_refused(two_days):
     assert json.loads(bundle.read("model.json"))["companion"]["kind"] == "poly2"
     assert json.loads(bundle.read("feature_spec.json"))["raw_keys"] is True  # the server encodes the own keys
     served = load_bundle([bundle])
-    assert served.companion is not None and not served.small_path  # the small path's arrays lack the own keys
+    assert served.companion is not None and served.small_path  # its arrays carry the own keys too
     export = VersionExport(layout, version)
     with pytest.raises(ExportError, match="companion.*ONNX.*without --onnx"):
         export.write_full(str(layout.root) + "/onnx-bundle", onnx=True)

@@ -76,3 +76,45 @@ def test_a_small_batch_is_scored_exactly_as_its_frame_would_be(tmp_path):
     served = model.score_batch([ScoreRequest("lines", lines[:3]), ScoreRequest("lines", lines[3:])])
     framed = model.score_features(model.spec.parse_lines(lines).features)
     assert served[0].scores + served[1].scores == framed.tolist()
+
+
+def test_real_criteo_lines_with_own_keys_get_the_feature_paths_frame_exactly(shared_data):
+    """A model with a companion reads the values' own keys `r_<j>`: the small path gives them too."""
+    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_text().splitlines()[:640]
+    base = _spec(lines)
+    spec = FeatureSpec(schema=CRITEO, admitted=base.admitted, raw_keys=True)
+    taken = 0
+    for lo in range(0, len(lines), SMALL_BATCH):
+        batch = lines[lo : lo + SMALL_BATCH]
+        small, full = small_features(batch, spec), spec.parse_lines(batch)
+        if small is None:
+            continue
+        taken += 1
+        pd.testing.assert_frame_equal(small.features, full.features, check_exact=True)
+        own = small.features[[f"r_{j}" for j in range(26)]].to_numpy()
+        assert (own != small.features[[f"k_{j}" for j in range(26)]].to_numpy()).any()  # OOV values keep theirs
+    assert taken > 0
+
+
+def test_a_small_batch_of_a_model_with_a_companion_is_scored_exactly_as_its_frame_would_be(tmp_path):
+    import dataclasses
+
+    from flows.serving.bundle import BundleReader
+    from flows.serving.model import ScoreRequest, load_model
+    from tests.helpers.serving import criteo_line, write_tiny_bundle
+    from trainer import companion
+    from trainer.models.poly2 import Poly2Config
+
+    write_tiny_bundle(str(tmp_path / "b"))
+    plain = load_model([BundleReader(str(tmp_path / "b"))])
+    lines = [criteo_line(i, label=i % 2) for i in range(8)]
+    spec = dataclasses.replace(plain.spec, raw_keys=True)
+    rows = spec.parse_lines(lines).features
+    own, dense = rows[[f"r_{j}" for j in range(26)]].to_numpy(), rows[[f"d_{i}" for i in range(13)]].to_numpy()
+    fitted, _ = companion.fit_rows(own, dense, np.arange(8) % 2, config=Poly2Config(bits=14, cs=(1.0,)))
+    model = dataclasses.replace(plain, spec=spec, companion=fitted)
+    assert model.small_path
+    served = model.score_batch([ScoreRequest("lines", lines[:3]), ScoreRequest("lines", lines[3:])])
+    framed = model.score_features(spec.parse_lines(lines).features)
+    assert served[0].scores + served[1].scores == framed.tolist()
+    assert framed.tolist() != plain.score_features(plain.spec.parse_lines(lines).features).tolist()  # it blends
