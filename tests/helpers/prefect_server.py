@@ -13,15 +13,17 @@ from pathlib import Path
 
 
 def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
-    """A run config for days cut from the real Criteo sample (`raw/day_D.tsv`): a tiny model, one Dask thread;
-    `sections` are merged into the config's sections."""
+    """A run config for days cut from the real Criteo sample (`raw/day_D.tsv`): a tiny model without the
+    companion (its fit is most of a small day's training; these tests are about the orchestration, and the demo
+    and tests/flows/serving/test_companion.py run it), one Dask thread; `sections` are merged into the config's
+    sections."""
     cfg = {
         "root": str(root),
         "input": {"url": str(raw / "day_{date}.tsv"), "format": "criteo"},
         "dask": {"processes": False, "n_workers": 1},
         "vocab": {"min_count": 2},
         "store": {"embedding_dim": 8, "host_budget_mb": 64},
-        "model": {"mlp_dims": [32, 16]},
+        "model": {"mlp_dims": [32, 16], "companion": "off"},
         "optim": {"batch_size": 256, "k_steps": 5},
         "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50,
                     "calibration_range": [0.5, 2.0]},  # ~330 eval rows after a dozen steps
