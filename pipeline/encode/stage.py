@@ -242,9 +242,9 @@ def encode_date(
     _, final = layout.fs(layout.features(date))
     done = read_features_manifest(fs, final)
     raw_keys = encode.raw_keys_for(events["rows_written"])
-    source = {"events_run_id": events.get("run_id"), "vocab_run_id": vocab.run_id, "eval_fraction": encode.eval_fraction}
-    if raw_keys:  # absent otherwise: features encoded before the key existed are still these features
-        source["raw_keys"] = True
+    # the manifest's own rule says what a committed day was made from (one rule, so a rerun compares like with like)
+    source = FeaturesManifest(events_run_id=events.get("run_id"), vocab_run_id=vocab.run_id,
+                              eval_fraction=encode.eval_fraction, raw_keys=raw_keys).source
     if done and not force and done.source == source:
         return _result(done, skipped=True, url=done.data_dir(layout.features(date)))
 
