@@ -3,14 +3,15 @@
 Why it is here: on small days, the mean of its logit and the default model's gains on both real samples
 (issue 31, docs/benchmarks.md "A second learner beside the default").  The two err on different rows: the
 default is trained by Adam through a warm-started chain, a day at a time; this is a converged full-batch fit,
-with a strong L2, of every row it is given.  It is the learner of `model.companion: poly2` (`trainer.companion`),
-and of `bench.quality_rolling`'s `poly2` row and probe.
+with a strong L2, of every row it is given.  It is the learner of `model.companion` (`trainer.companion`), and
+of `bench.quality_rolling`'s `poly2` row and probe.
 
-Pure numpy, no scikit-learn (not a runtime dependency): tokens are int64 keys (`pipeline.encode.keys`: the
-field in the top bits), the pairs are hashed into 2^bits buckets, and the objective is scikit-learn's liblinear
-one (C times the summed log loss plus half the squared weights, the intercept penalised too), minimised by a
-truncated Newton method (conjugate gradients on Hessian-vector products, a backtracking line search): a row's
-design is a fixed number of buckets, so X v is a gather and X^T u a bincount.
+numpy and torch's sparse CSR products, no scikit-learn (not a runtime dependency): tokens are int64 keys
+(`pipeline.encode.keys`: the field in the top bits), the pairs are hashed into 2^bits buckets, and the objective
+is scikit-learn's liblinear one (C times the summed log loss plus half the squared weights, the intercept
+penalised too), minimised by a truncated Newton method (conjugate gradients on Hessian-vector products, a
+backtracking line search): a row's design is a fixed number of buckets with value 1, so X v and X^T u are
+products with a CSR matrix of ones (`_Design`).
 """
 
 from __future__ import annotations

@@ -134,3 +134,17 @@ def test_the_time_split_chooses_the_c_of_the_lowest_held_out_loss_and_refits_eve
 def test_bad_settings_are_refused_naming_the_setting(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"poly2 {key}"):
         Poly2Config(**{key: value})  # type: ignore[arg-type]
+
+
+def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
+    """Ascending Cs until one's held-out loss is above the best so far: the Cs it fit are a prefix of the grid, the
+    last of them is worse than the best, and the best is the one a search of every C would choose."""
+    tokens, y = xor_rows(1500, 7)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    grid = (1e-4, 1e-2, 1.0, 1e2, 1e4, 1e6)
+    model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=grid, holdout=0.25))
+    fit_cs = list(losses)
+    assert fit_cs == list(grid[:len(fit_cs)]) and len(fit_cs) < len(grid)  # it stopped early here
+    assert losses[fit_cs[-1]] > min(losses.values()) and min(losses, key=losses.__getitem__) == model.C
+    every = {C: fit_time_split(ids, none, y, config=Poly2Config(cs=(C,), holdout=0.25))[1][C] for C in grid}
+    assert min(every, key=every.__getitem__) == model.C  # the early stop lost nothing on this grid
