@@ -158,9 +158,16 @@ def _objective(C: float, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
 
 
 class _Rows:
-    """Rows ready to fit: their compact buckets, design and labels (built once for every C fit on them)."""
+    """Rows ready to fit: their columns (compact bucket numbers, in bucket order), design and labels (built once
+    for every C fit on them)."""
 
-    def __init__(self, ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> None:
+    def __init__(self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> None:
+        self.cols, self.buckets = cols, buckets
+        self.X = _Design(cols, log_dense, buckets.size)
+        self.y = labels
+
+    @classmethod
+    def of(cls, ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> _Rows:
         n = len(labels)
         if n == 0 or ids.shape[0] != n or log_dense.shape[0] != n:
             raise ValueError(f"poly2 fit needs rows: ids {ids.shape}, dense {log_dense.shape}, labels ({n},)")
@@ -168,9 +175,18 @@ class _Rows:
         order = np.argsort(found)                                                       # took 7x longer on 5M ids
         rank = np.empty(order.size, dtype=np.int64)
         rank[order] = np.arange(order.size)
-        self.buckets = found[order]
-        self.X = _Design(rank[codes].reshape(ids.shape), np.asarray(log_dense, dtype=np.float64), self.buckets.size)
-        self.y = np.asarray(labels, dtype=np.float64)
+        return cls(rank[codes].reshape(ids.shape), found[order], np.asarray(log_dense, dtype=np.float64),
+                   np.asarray(labels, dtype=np.float64))
+
+    def head(self, cut: int) -> tuple[_Rows, np.ndarray, np.ndarray]:
+        """The first `cut` rows on the buckets they use; which of these rows' buckets those are (a mask); and the
+        other rows' columns in the head's numbering (-1: a bucket the head has not, whose weight there is 0)."""
+        used = np.zeros(self.buckets.size, dtype=bool)
+        used[self.cols[:cut]] = True
+        number = np.cumsum(used) - 1
+        rest = self.cols[cut:]
+        head = _Rows(number[self.cols[:cut]], self.buckets[used], self.X.dense[:cut], self.y[:cut])
+        return head, used, np.where(used[rest], number[rest], -1)
 
     def start(self, model: Poly2 | None) -> np.ndarray:
         """The weight vector of `model` on these rows' buckets (0 where it has none), or zeros."""
@@ -196,7 +212,7 @@ def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
     Raises:
         ValueError: no rows, or shapes that disagree.
     """
-    rows = _Rows(ids, log_dense, labels)
+    rows = _Rows.of(ids, log_dense, labels)
     return rows.model(_minimise(rows, C, rows.start(start), config), C)
 
 
@@ -223,20 +239,25 @@ def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config) -> np.n
 
 
 def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: float, *, iters: int = 250) -> np.ndarray:
-    """Conjugate gradients on H d = -g, H = X^T diag(curvature) X + I, to a residual of 0.1 |g| (truncated Newton)."""
+    """Conjugate gradients on H d = -g, H = X^T diag(curvature) X + I, to a residual of 0.1 |g| (truncated Newton).
+
+    The vectors hold a weight per bucket (millions): they are updated in place, with one scratch vector."""
     d = np.zeros_like(g)
     r = -g
     p = r.copy()
+    scratch = np.empty_like(g)
     rs = float(r @ r)
     for _ in range(iters):
-        Hp = X.rmatvec(curvature * X.matvec(p)) + p
+        Hp = X.rmatvec(curvature * X.matvec(p))
+        Hp += p
         a = rs / float(p @ Hp)
-        d += a * p
-        r -= a * Hp
+        d += np.multiply(p, a, out=scratch)
+        r -= np.multiply(Hp, a, out=scratch)
         rs_next = float(r @ r)
         if np.sqrt(rs_next) <= 0.1 * gn:
             break
-        p = r + (rs_next / rs) * p
+        p *= rs_next / rs
+        p += r
         rs = rs_next
     return d
 
@@ -248,6 +269,9 @@ def fit_time_split(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *
     loss on the rest is above the best so far (the loss over C has one minimum in every fit measured, and the
     large Cs are the slow fits); the best C is then refit on every row, from its weights.
 
+    The rows' buckets are numbered once: the first rows' fits use the buckets they have, and score the rest
+    by the same numbers (no lookup of the ids again).
+
     Returns:
         (the refit model, {C: held-out log loss} of the Cs fit).
     """
@@ -255,16 +279,22 @@ def fit_time_split(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *
     cut = n - max(1, int(n * config.holdout))
     if cut < 1:
         raise ValueError(f"poly2 time split needs at least 2 rows, got {n}")
-    head = _Rows(ids[:cut], log_dense[:cut], labels[:cut])
+    rows = _Rows.of(ids, log_dense, labels)
+    head, used, rest = rows.head(cut)
     w = head.start(None)
     losses: dict[float, float] = {}
-    best: Poly2 | None = None
+    best: tuple[float, np.ndarray] | None = None
     for C in sorted(config.cs):
         w = _minimise(head, C, w, config)
-        model = head.model(w, C)
-        losses[C] = logloss(labels[cut:], _sigmoid(model.logits(ids[cut:], log_dense[cut:])))
-        if best is not None and losses[C] > losses[best.C]:
+        k = head.buckets.size
+        z = np.append(w[:k], 0.0)[rest].sum(axis=1) + rows.X.dense[cut:] @ w[k:-1] + w[-1]
+        losses[C] = logloss(rows.y[cut:], _sigmoid(z))
+        if best is not None and losses[C] > losses[best[0]]:
             break
-        best = model
+        best = (C, w)
     assert best is not None
-    return fit(ids, log_dense, labels, best.C, config=config, start=best), losses
+    C, w = best
+    start = np.zeros(rows.X.size)
+    start[:rows.buckets.size][used] = w[:head.buckets.size]
+    start[rows.buckets.size:] = w[head.buckets.size:]
+    return rows.model(_minimise(rows, C, start, config), C), losses

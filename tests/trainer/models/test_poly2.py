@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
-from trainer.metrics import auc
+from trainer.metrics import auc, logloss
 from trainer.models.poly2 import (
     Poly2Config,
     bucket_tokens,
@@ -148,3 +149,29 @@ def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
     assert losses[fit_cs[-1]] > min(losses.values()) and min(losses, key=losses.__getitem__) == model.C
     every = {C: fit_time_split(ids, none, y, config=Poly2Config(cs=(C,), holdout=0.25))[1][C] for C in grid}
     assert min(every, key=every.__getitem__) == model.C  # the early stop lost nothing on this grid
+
+
+def test_the_held_out_loss_is_the_first_rows_fit_scored_on_the_rest_unseen_buckets_weighing_nothing() -> None:
+    tokens, y = xor_rows(1200, 9)
+    rare = (3 << FIELD_SHIFT) | np.random.default_rng(9).integers(2, 10**6, len(y))  # a value of almost every row
+    ids, none = pair_ids(np.column_stack([tokens, rare]), 20), np.zeros((len(y), 0))
+    _, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(0.3,), holdout=0.25))
+    head = fit(ids[:900], none[:900], y[:900], 0.3)
+    assert not np.isin(ids[900:], head.buckets).all()  # the rest has buckets the first rows never had
+    p = 1 / (1 + np.exp(-head.logits(ids[900:], none[900:])))
+    assert losses[0.3] == pytest.approx(logloss(y[900:], p), abs=1e-9)
+
+
+def test_the_weights_do_not_depend_on_the_number_of_threads() -> None:
+    tokens, y = xor_rows(2000, 10)
+    ids, dense = pair_ids(tokens, 14), np.random.default_rng(0).random((len(y), 2))
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = fit_time_split(ids, dense, y)
+        torch.set_num_threads(2)
+        two, _ = fit_time_split(ids, dense, y)
+    finally:
+        torch.set_num_threads(saved)
+    np.testing.assert_array_equal(one.weights, two.weights)
+    np.testing.assert_array_equal(one.dense_weights, two.dense_weights)
