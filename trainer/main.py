@@ -17,11 +17,13 @@ destroy the process groups.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -176,7 +178,8 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
         )
         schema = trainer.schema
         companion_record = None
-        fitted = fit_companion(spec, schema)
+        with _every_core():  # the node's other ranks wait at the barrier below: the fit may take their cores
+            fitted = fit_companion(spec, schema)
         if fitted is not None:
             companion.save(fsio.join(staging_url, companion.FILE), fitted[0], so)
             companion_record = fitted[1]
@@ -225,6 +228,21 @@ def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Com
         spec.features_url, schema, spec.model.companion_rows, parent=parent.companion if parent else None,
         parent_features_url=parent.features_url if parent else None, storage_options=so,
         auto=spec.model.companion == "auto")
+
+
+@contextlib.contextmanager
+def _every_core() -> Iterator[None]:
+    """torch's threads raised to every core this rank may run on, then put back.
+
+    A rank trains on one thread (`trainer.launch.spec_env`); the companion's fit runs on rank 0 alone, and its
+    sparse products take more threads (1.4x less time on two cores: docs/benchmarks.md).  The products' sums
+    are per row, in a fixed order, so the fit's weights do not depend on how many threads there were."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(max(saved, len(os.sched_getaffinity(0))))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:

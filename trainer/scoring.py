@@ -243,7 +243,7 @@ def score_arrays(
         else:
             assert raw_all is not None
             second = companion.logits(raw_all[lo:hi], dense_all[lo:hi] if dense_all is not None else None)
-            out[lo:hi] = 1.0 / (1.0 + np.exp(-blend(z.double().cpu().numpy(), second)))
+            out[lo:hi] = torch.sigmoid(torch.from_numpy(blend(z.double().cpu().numpy(), second))).numpy()
     return out
 
 

@@ -14,7 +14,7 @@ from storage.io.fsio import SUCCESS
 from storage.key_layout import FIELD_SHIFT
 from trainer import companion
 from trainer.data import FeatureSchema
-from trainer.models.poly2 import Poly2Config
+from trainer.models.poly2 import Poly2Config, fit
 from trainer.plan.recipe import CROSS_MIN_ROWS
 
 SCHEMA = FeatureSchema(dense_columns=("d_0",), key_columns=("k_0", "k_1"), fields=("C1", "C2"))
@@ -90,6 +90,37 @@ def test_the_fit_and_its_file_score_the_same_and_its_record_says_what_it_did(tmp
     from trainer.metrics import auc
 
     assert auc(labels, z) > 0.65  # it learnt the pair a == b from the own keys (every k_j is the OOV key)
+
+
+def test_a_day_keeps_its_parents_c_until_its_rows_double_or_a_week_of_fits_has_used_it():
+    parent = {"kind": "poly2", "bits": 22, "C": 0.003, "C_chosen": {"rows": 4_000, "fits_ago": 0}}
+    assert companion.kept_c(parent, 7_999) == {"C": 0.003, "rows": 4_000, "fits_ago": 0}
+    assert companion.kept_c(parent, 8_000) is None  # twice the rows: the split chooses again
+    week = {**parent, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 2}}
+    assert companion.kept_c(week, 4_000) is not None
+    assert companion.kept_c({**week, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 1}}, 4_000) is None
+    # no parent, a parent whose C was chosen before the record said how, or on another grid: the split
+    assert companion.kept_c(None, 100) is None
+    assert companion.kept_c({k: v for k, v in parent.items() if k != "C_chosen"}, 100) is None
+    assert companion.kept_c({**parent, "C": 0.002}, 100) is None
+    assert companion.kept_c({**parent, "bits": 14}, 100) is None
+
+
+def test_a_kept_c_is_refit_on_the_days_rows_and_the_record_says_when_it_was_chosen(tmp_path):
+    day1 = write_split(tmp_path, "d1", "train", 0, 600)
+    day2 = write_split(tmp_path, "d2", "train", 600, 300)
+    _, first = companion.fit_for_spec(day1, SCHEMA, 10_000, parent=None, parent_features_url=None, config=FAST)
+    assert first["C_chosen"] == {"rows": 600, "fits_ago": 0} and len(first["holdout_logloss"]) >= 1
+    kept = {**first, "C": 1.0 if first["C"] == 0.1 else 0.1}  # the other C of the grid: kept, not chosen again
+    fitted, second = companion.fit_for_spec(day2, SCHEMA, 10_000, parent=kept, parent_features_url=None,
+                                            config=FAST)
+    assert second["rows"] == 900 and second["C"] == kept["C"] and second["holdout_logloss"] == {}
+    assert second["C_chosen"] == {"rows": 600, "fits_ago": 1} and second["C"] == fitted.poly2.C
+    # its weights are that C's minimum on the day's rows: the same as a fit from nothing at that C
+    keys, dense, labels, _, _ = companion.read_rows(companion.candidate_sources(kept, None, day2), SCHEMA, 10_000)
+    ids, log_dense = companion.inputs(keys, dense, FAST.bits)
+    cold = fit(ids, log_dense, labels, kept["C"], config=FAST)
+    np.testing.assert_allclose(fitted.logits(keys, dense), cold.logits(ids, log_dense), atol=1e-4)
 
 
 def test_rows_without_the_values_own_keys_are_refused_saying_how_to_encode_them(tmp_path):
