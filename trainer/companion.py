@@ -7,7 +7,8 @@ never: the gate scores the model on them; so no source of the day's date or late
 rerun's parent is the same date's model).  The row sources follow the model's lineage (model.json
 `companion.sources`), so the fit depends on the run's inputs (`TrainSpec.identity`: the features, the model
 started from, the model config) and on which of those rows are still on disk (a source deleted since is skipped
-and named: `read_rows`).
+and named: `read_rows`).  Its C is the time split's, kept by the days after (`kept_c`) until their rows double
+or a week of fits has used it: a kept C is one fit, where the split makes two or more before that one.
 
 Why a second learner: on small days the mean of the network's logit and a converged, strongly regularised
 Poly2 fit of every row so far gains over the network alone on both real samples, where no change inside the
