@@ -85,7 +85,10 @@ def test_descendants_are_found_across_sessions_and_stopped():
     """)], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while len(found := descendants(outer.pid)) < 1 and time.monotonic() < deadline:
+        # until the child has run its command: between its fork and its exec it is there with an empty one
+        while not ((found := descendants(outer.pid)) and "time.sleep(300)" in procs.command(found[0].pid)):
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.05)
         assert len(found) == 1 and "time.sleep(300)" in procs.command(found[0].pid)
         stop(found, grace_s=5)
