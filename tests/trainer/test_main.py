@@ -1,13 +1,17 @@
 """A rank (`python -m trainer.main`) imports only what it uses: no Prefect, Dask or pipeline code, and it
-starts on a host without the ingest-only ISA-L package."""
+starts on a host without the ingest-only ISA-L package.  Rank 0 fits the companion on every core."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import torch
+
 from tests.helpers.host_reads import REPO
+from trainer.main import _every_core
 
 NOT_A_RANKS = ("pipeline", "flows", "prefect", "dask", "distributed", "isal")
 
@@ -23,3 +27,14 @@ def test_a_rank_imports_no_orchestration_or_ingest_package() -> None:
     out = subprocess.run([sys.executable, "-c", _PROBE % (NOT_A_RANKS,)], cwd=REPO, capture_output=True, text=True,
                          timeout=120, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == [], "a rank must not import them (python -X importtime -m trainer.main)"
+
+
+def test_rank_zeros_companion_fit_takes_every_core_and_gives_them_back() -> None:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a rank trains (trainer.launch.spec_env)
+    try:
+        with _every_core():
+            assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(saved)
