@@ -235,7 +235,7 @@ def _every_core() -> Iterator[None]:
     """torch's threads raised to every core this rank may run on, then put back.
 
     A rank trains on one thread (`trainer.launch.spec_env`); the companion's fit runs on rank 0 alone, and its
-    sparse products take more threads (1.4x less time on two cores: docs/benchmarks.md).  The products' sums
+    sparse products take more threads (1.3-1.6x less time on two cores: docs/benchmarks.md).  The products' sums
     are per row, in a fixed order, so the fit's weights do not depend on how many threads there were."""
     saved = torch.get_num_threads()
     torch.set_num_threads(max(saved, len(os.sched_getaffinity(0))))

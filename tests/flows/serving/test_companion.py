@@ -61,6 +61,10 @@ def test_the_companion_is_fit_on_the_lineages_rows_and_never_the_days_eval_rows(
     assert rows[0] == day1[0]["rows"] == records[0].rows_train and rows[1] == records[0].rows_eval
     assert rows[2] == records[1].rows_train and sum(rows) == 2 * ROWS - records[1].rows_eval
     assert second.companion["C"] in (0.001, 0.003, 0.01, 0.03, 0.1)
+    # the C: the split's on the first day; the second day's rows are twice those, so the split chose again
+    assert first.companion["C_chosen"] == {"rows": first.companion["rows"], "fits_ago": 0}
+    assert second.companion["rows"] >= 2 * first.companion["rows"]
+    assert second.companion["C_chosen"] == {"rows": second.companion["rows"], "fits_ago": 0}
     assert records[1].train["companion"] == second.companion  # the day's record says what was fit
 
 
