@@ -17,13 +17,12 @@ destroy the process groups.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ from trainer.malloc import tune_malloc
 from trainer.model_dir import ModelMeta
 from trainer.spec import TrainSpec
 from trainer.summary import TrainSummary
+from trainer.threads import core_count, torch_threads
 from trainer.train import StepHook, Trainer, TrainStats
 
 log = logging.getLogger("trainer.main")
@@ -230,19 +230,13 @@ def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Com
         auto=spec.model.companion == "auto")
 
 
-@contextlib.contextmanager
-def _every_core() -> Iterator[None]:
+def _every_core() -> AbstractContextManager[None]:
     """torch's threads raised to every core this rank may run on, then put back.
 
     A rank trains on one thread (`trainer.launch.spec_env`); the companion's fit runs on rank 0 alone, and its
     sparse products take more threads (1.3-1.6x less time on two cores: docs/benchmarks.md).  The products' sums
     are per row, in a fixed order, so the fit's weights do not depend on how many threads there were."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(max(saved, len(os.sched_getaffinity(0))))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
+    return torch_threads(max(torch.get_num_threads(), core_count()))
 
 
 def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:

@@ -12,7 +12,6 @@ same rows for the same seed, reading one part at a time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from storage.features_manifest import columns_of
 from storage.io import fsio
@@ -30,11 +28,7 @@ from trainer.group_metrics import GroupAUC, group_auc, paired_group_se
 from trainer.metrics import StreamingAUC, StreamingMetrics
 from trainer.paired import Difference, PairedDifference
 from trainer.scoring import LoadedModel, score
-
-
-def core_count() -> int:
-    """Cores this process may run on (its CPU affinity, which a container's limit narrows)."""
-    return len(os.sched_getaffinity(0))
+from trainer.threads import core_count, torch_threads
 
 
 def feature_columns(models: Sequence[LoadedModel]) -> list[str]:
@@ -140,31 +134,27 @@ def evaluate_together(
     kept_groups: list[pd.DataFrame] = []
     pairs = [PairedDifference() for _ in models[1:]] if paired else []
     slices = -(-threads // max(1, len(models)))  # per model and frame
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)  # the pool's threads are the parallelism: no intra-op threads on top
-    try:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="score") as pool:
-            for frame in frames:
-                cuts = np.linspace(0, len(frame), slices + 1).astype(np.int64)
-                jobs = [
-                    [pool.submit(score, m, frame.iloc[a:b], batch_size=batch_size)
-                     for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
-                    for m in models
-                ]
-                labels = frame["label"].to_numpy(np.float64)
-                scores = []
-                for acc, keep, parts in zip(metrics, kept, jobs, strict=True):
-                    probs = np.concatenate([j.result() for j in parts]) if parts else labels[:0]
-                    acc.update(labels, probs)
-                    scores.append(probs)
-                    if groups:
-                        keep.append(probs)
-                for pair, probs in zip(pairs, scores[1:], strict=False):  # no pairs without `paired`
-                    pair.update(labels, scores[0], probs)
+    # the pool's threads are the parallelism: no intra-op threads on top
+    with torch_threads(1), ThreadPoolExecutor(max_workers=threads, thread_name_prefix="score") as pool:
+        for frame in frames:
+            cuts = np.linspace(0, len(frame), slices + 1).astype(np.int64)
+            jobs = [
+                [pool.submit(score, m, frame.iloc[a:b], batch_size=batch_size)
+                 for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+                for m in models
+            ]
+            labels = frame["label"].to_numpy(np.float64)
+            scores = []
+            for acc, keep, parts in zip(metrics, kept, jobs, strict=True):
+                probs = np.concatenate([j.result() for j in parts]) if parts else labels[:0]
+                acc.update(labels, probs)
+                scores.append(probs)
                 if groups:
-                    kept_groups.append(frame[["label", *groups]])
-    finally:
-        torch.set_num_threads(saved)
+                    keep.append(probs)
+            for pair, probs in zip(pairs, scores[1:], strict=False):  # no pairs without `paired`
+                pair.update(labels, scores[0], probs)
+            if groups:
+                kept_groups.append(frame[["label", *groups]])
     versus = [None] + [p.result() if p.rows else None for p in pairs] if paired else [None] * len(models)
     if not groups or not kept_groups:
         return [Scored(m, {}, v) for m, v in zip(metrics, versus, strict=True)]

@@ -151,13 +151,13 @@ def evaluate_day(
     # here, not at the top: `flows.config` imports this module, and every CLI command loads the config
     from trainer.scoring import load_model
     from trainer.scoring_pass import (
-        core_count,
         evaluate_together,
         feature_columns,
         has_own_keys,
         read_split,
         sample_rows,
     )
+    from trainer.threads import core_count
 
     t0 = time.perf_counter()
     threads = cfg.threads or core_count()

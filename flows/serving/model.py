@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from trainer.data import FeatureSchema
 from trainer.export import load_program
 from trainer.model_dir import MODEL
 from trainer.scoring import score_arrays, score_features
+from trainer.threads import torch_threads
 
 log = logging.getLogger("ctrpipe.serve")
 
@@ -235,17 +236,8 @@ SERIAL_ROWS = 256
 and a join per operator (milliseconds on a busy machine), and a bigger batch splits its work among them."""
 
 
-@contextmanager
-def _threads_for(rows: int) -> Iterator[None]:
-    threads = torch.get_num_threads()
-    if rows >= SERIAL_ROWS or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+def _threads_for(rows: int) -> AbstractContextManager[None]:
+    return nullcontext() if rows >= SERIAL_ROWS else torch_threads(1)
 
 
 def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> ServingModel:
