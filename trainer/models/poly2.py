@@ -137,6 +137,11 @@ class _Design:
     def size(self) -> int:
         return self.width + self.nd + 1
 
+    @property
+    def cols(self) -> np.ndarray:
+        """(N, per row) the rows' columns: a view of X's CSR indices (int32 or int64), no copy."""
+        return self._x.col_indices().numpy().reshape(self._x.shape[0], -1)
+
     def matvec(self, v: np.ndarray) -> np.ndarray:
         onehot = (self._x @ torch.from_numpy(np.ascontiguousarray(v[:self.width]))).numpy()
         return onehot + self.dense @ v[self.width:self.width + self.nd] + v[-1]
@@ -162,8 +167,8 @@ class _Rows:
     for every C fit on them)."""
 
     def __init__(self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> None:
-        self.cols, self.buckets = cols, buckets
-        self.X = _Design(cols, log_dense, buckets.size)
+        self.buckets = buckets
+        self.X = _Design(cols, log_dense, buckets.size)  # it keeps the columns (`X.cols`): no second copy here
         self.y = labels
 
     @classmethod
@@ -181,11 +186,12 @@ class _Rows:
     def head(self, cut: int) -> tuple[_Rows, np.ndarray, np.ndarray]:
         """The first `cut` rows on the buckets they use; which of these rows' buckets those are (a mask); and the
         other rows' columns in the head's numbering (-1: a bucket the head has not, whose weight there is 0)."""
+        cols = self.X.cols
         used = np.zeros(self.buckets.size, dtype=bool)
-        used[self.cols[:cut]] = True
+        used[cols[:cut]] = True
         number = np.cumsum(used) - 1
-        rest = self.cols[cut:]
-        head = _Rows(number[self.cols[:cut]], self.buckets[used], self.X.dense[:cut], self.y[:cut])
+        rest = cols[cut:]
+        head = _Rows(number[cols[:cut]], self.buckets[used], self.X.dense[:cut], self.y[:cut])
         return head, used, np.where(used[rest], number[rest], -1)
 
     def start(self, model: Poly2 | None) -> np.ndarray:
