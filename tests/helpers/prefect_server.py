@@ -14,9 +14,9 @@ from pathlib import Path
 
 def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
     """A run config for days cut from the real Criteo sample (`raw/day_D.tsv`): a tiny model without the
-    companion (its fit is most of a small day's training; these tests are about the orchestration, and the demo
-    and tests/flows/serving/test_companion.py run it), one Dask thread; `sections` are merged into the config's
-    sections."""
+    companion (its fit is a large share of a small day's training; these tests are about the orchestration, and
+    the demo and tests/flows/serving/test_companion.py run it), one Dask thread; `sections` are merged into the
+    config's sections."""
     cfg = {
         "root": str(root),
         "input": {"url": str(raw / "day_{date}.tsv"), "format": "criteo"},
