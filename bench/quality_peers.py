@@ -35,6 +35,7 @@ import torch
 
 from pipeline.schema import LogSchema
 from trainer.metrics import logloss
+from trainer.models.key_counts import KeyCounts
 
 LR_CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 """The inverse L2 strengths the logistic regression chooses from."""
@@ -156,25 +157,34 @@ def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogS
     return probs, {"C": C, "holdout_rows": len(check)}
 
 
-def poly2_inputs(events: pd.DataFrame, schema: LogSchema, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """The product Poly2's inputs of raw rows, as the companion makes them (`trainer.companion.inputs`): the
-    product's keys of the raw values (`pipeline.encode.keys.feature_keys`) and the log1p dense values."""
+def poly2_keys(events: pd.DataFrame, schema: LogSchema) -> np.ndarray:
+    """(N, F) int64: the product's keys of raw rows' values (`pipeline.encode.keys.feature_keys`)."""
     from pipeline.encode.keys import feature_keys
+
+    return np.stack([feature_keys(j, events[c].to_numpy(object)) for j, c in enumerate(schema.categorical)], axis=1)
+
+
+def poly2_inputs(events: pd.DataFrame, schema: LogSchema, bits: int, counts: KeyCounts | None = None, *,
+                 fit_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The product Poly2's inputs of raw rows, as the companion makes them (`trainer.companion.inputs`): the
+    product's keys of the raw values, their count classes in `counts` (`trainer.models.key_counts.KeyCounts`,
+    or none), and the log1p dense values."""
     from trainer.companion import inputs
 
-    keys = [feature_keys(j, events[c].to_numpy(object)) for j, c in enumerate(schema.categorical)]
-    return inputs(np.stack(keys, axis=1), _dense_log(events, schema), bits)
+    return inputs(poly2_keys(events, schema), _dense_log(events, schema), bits, counts, fit_rows=fit_rows)
 
 
 def poly2_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:
-    """The product's Poly2 LR (`trainer.models.poly2`, no scikit-learn), C by the same inner time split as
-    `sklearn_lr_time_split(pairs=True)`; returns (probabilities of `later`, {"C": chosen C})."""
+    """The product's Poly2 LR (`trainer.models.poly2`, no scikit-learn) on the companion's inputs (the train
+    rows' key counts too), C by the same inner time split as `sklearn_lr_time_split(pairs=True)`; returns
+    (probabilities of `later`, {"C": chosen C})."""
     from trainer.models.poly2 import Poly2Config, fit_time_split
 
     config = Poly2Config(cs=POLY2_CS)
-    ids, dense = poly2_inputs(train, schema, config.bits)
+    counts = KeyCounts.of(poly2_keys(train, schema))
+    ids, dense = poly2_inputs(train, schema, config.bits, counts, fit_rows=True)
     model, _ = fit_time_split(ids, dense, train["label"].to_numpy(np.float64), config=config)
-    later_ids, later_dense = poly2_inputs(later, schema, config.bits)
+    later_ids, later_dense = poly2_inputs(later, schema, config.bits, counts)
     return 1.0 / (1.0 + np.exp(-model.logits(later_ids, later_dense))), {"C": model.C}
 
 

@@ -14,12 +14,14 @@ Why a second learner: on small days the mean of the network's logit and a conver
 Poly2 fit of every row so far gains over the network alone on both real samples, where no change inside the
 network did (issue 31, docs/benchmarks.md).  Its inputs are the values' own keys, admitted or not (`r_<j>`,
 written with `encode.raw_keys`; a bag field's first value): a value too rare for a row of the network's still
-gets a weight, and its pairs theirs, as a hashed LR's do; and the log1p dense columns, bucketed
-(`trainer.models.poly2`).
+gets a weight, and its pairs theirs, as a hashed LR's do; the log1p dense columns, bucketed
+(`trainer.models.poly2`); and each key's count class in the fit rows (`trainer.models.key_counts`), so a value
+too rare for a weight of its own still says how rare it is.
 
-Stored as `companion.safetensors` in the model directory and the serving bundle (`save`, `load`); every
+Stored as `companion.safetensors` (the weights, and the fit rows' key counts a scorer counts against) in the
+model directory and the serving bundle (`save`, `load`); every
 scorer blends through `trainer.scoring.score_arrays`.  A model with a companion is written as model.json
-version 3, which releases that cannot blend it refuse (`trainer.model_dir.MODEL`).
+version 4, which releases that cannot blend it with its counts refuse (`trainer.model_dir.MODEL`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from storage.features_manifest import (
 )
 from storage.io import fsio
 from trainer.data import FeatureSchema, list_parts
+from trainer.models.key_counts import KeyCounts
 from trainer.models.poly2 import (
     Poly2,
     Poly2Config,
@@ -49,6 +52,7 @@ from trainer.models.poly2 import (
     fit,
     fit_time_split,
     pair_ids,
+    single_ids,
 )
 from trainer.plan.recipe import CROSS_MIN_ROWS
 
@@ -56,6 +60,9 @@ log = logging.getLogger(__name__)
 
 FILE = "companion.safetensors"
 KIND = "poly2"
+INPUTS = "pairs+counts"
+"""model.json `companion.inputs`: the tokens and their pairs, and each key's count class (`KeyCounts`).  A record
+without it is a companion of the pairs alone (before the counts), which scores so and whose C is not kept."""
 CONFIG = Poly2Config()
 """The fit's settings: 2^22 buckets, C from 0.001..0.1 by a time split of the last fifth of the rows (what the
 benchmarks measured)."""
@@ -71,20 +78,28 @@ class Companion:
 
     poly2: Poly2
     bits: int
+    counts: KeyCounts | None
+    """The fit rows' key counts; None for a companion of the pairs alone (a file written before them)."""
 
     def logits(self, keys: np.ndarray, dense: np.ndarray | None) -> np.ndarray:
         """(N,) float64 logits of rows given as key columns (N, F) int64 and log1p dense columns (N, n) or None."""
-        ids, log_dense = inputs(keys, dense, self.bits)
+        ids, log_dense = inputs(keys, dense, self.bits, self.counts)
         return self.poly2.logits(ids, log_dense)
 
 
-def inputs(keys: np.ndarray, dense: np.ndarray | None, bits: int) -> tuple[np.ndarray, np.ndarray]:
+def inputs(keys: np.ndarray, dense: np.ndarray | None, bits: int, counts: KeyCounts | None, *,
+           fit_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The Poly2's inputs of feature rows: the pair ids of each row's keys and dense buckets (the buckets take
-    the field numbers after the keys'), and the log1p dense values as float64."""
+    the field numbers after the keys'), then with `counts` each key's count class alone (the fields after the
+    buckets'; `fit_rows`: the rows `counts` were counted on, each left out of its own count); and the log1p
+    dense values as float64."""
     keys = np.asarray(keys, dtype=np.int64)
     d = np.zeros((len(keys), 0)) if dense is None else np.asarray(dense, dtype=np.float64)
-    tokens = np.concatenate([keys, bucket_tokens(d, keys.shape[1])], axis=1)
-    return pair_ids(tokens, bits), d
+    ids = pair_ids(np.concatenate([keys, bucket_tokens(d, keys.shape[1])], axis=1), bits)
+    if counts is not None:
+        classes = counts.tokens(keys, keys.shape[1] + d.shape[1], leave_one_out=fit_rows)
+        ids = np.concatenate([ids, single_ids(classes, bits)], axis=1)
+    return ids, d
 
 
 def blend(network_logits: np.ndarray, companion_logits: np.ndarray) -> np.ndarray:
@@ -230,7 +245,8 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
     these rows: a third of the time split's work (its three fits on the first rows, then the refit).
     """
     t0 = time.perf_counter()
-    ids, log_dense = inputs(keys, dense, config.bits)
+    counts = KeyCounts.of(keys)
+    ids, log_dense = inputs(keys, dense, config.bits, counts, fit_rows=True)
     if chosen is None:
         poly2, losses = fit_time_split(ids, log_dense, labels, config=config)
         chosen = {"rows": int(len(labels)), "fits_ago": 0}
@@ -239,10 +255,10 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
         chosen = {"rows": int(chosen["rows"]), "fits_ago": int(chosen["fits_ago"]) + 1}
     # the scorer uses the weights as saved (float32): the record's numbers are the saved model's
     saved = _rounded(poly2)
-    record = {"kind": KIND, "bits": config.bits, "C": saved.C, "C_chosen": chosen, "rows": int(len(labels)),
+    record = {"kind": KIND, "bits": config.bits, "inputs": INPUTS, "C": saved.C, "C_chosen": chosen, "rows": int(len(labels)),
               "buckets": int(saved.buckets.size), "holdout_logloss": {str(c): v for c, v in losses.items()},
               "fit_s": round(time.perf_counter() - t0, 3)}
-    return Companion(saved, config.bits), record
+    return Companion(saved, config.bits, counts), record
 
 
 def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFIG) -> dict[str, Any] | None:
@@ -250,11 +266,12 @@ def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFI
     it; None when the time split chooses again.
 
     The split chooses again once the rows are `C_SEARCH_GROWTH` times those it chose on, after `C_SEARCH_FITS`
-    fits, or when the parent chose its C otherwise (a record before `C_chosen`, other buckets, a C off the grid).
+    fits, or when the parent chose its C otherwise (a record before `C_chosen`, other buckets or inputs, a C off
+    the grid).
     On both real samples' lineages the split chose one C from day 2 to day 4 (Criteo 0.003, Avazu 0.01), so a kept
     C changed no AUC there (docs/benchmarks.md, "The companion's fit, cheaper").
     """
-    if not parent or parent.get("kind") != KIND or parent.get("bits") != config.bits:
+    if not parent or parent.get("kind") != KIND or parent.get("bits") != config.bits or parent.get("inputs") != INPUTS:
         return None
     chosen = parent.get("C_chosen")
     if not isinstance(chosen, dict) or parent.get("C") not in config.cs:
@@ -314,7 +331,9 @@ def to_bytes(companion: Companion) -> bytes:
                     "dense_weights": p.dense_weights.astype(np.float32),
                     "bias": np.array([p.bias], dtype=np.float32),
                     "C": np.array([p.C], dtype=np.float64),
-                    "bits": np.array([companion.bits], dtype=np.int64)})
+                    "bits": np.array([companion.bits], dtype=np.int64),
+                    **({} if companion.counts is None else {"count_keys": companion.counts.keys,
+                                                            "count_values": companion.counts.counts.astype(np.int32)})})
 
 
 def from_bytes(data: bytes | bytearray, where: str) -> Companion:
@@ -329,11 +348,13 @@ def from_bytes(data: bytes | bytearray, where: str) -> Companion:
                       dense_weights=t["dense_weights"].astype(np.float64), bias=float(t["bias"][0]),
                       C=float(t["C"][0]))
         bits = int(t["bits"][0])
+        counts = (KeyCounts(t["count_keys"].astype(np.int64), t["count_values"].astype(np.int64))
+                  if "count_keys" in t else None)
     except Exception as exc:  # safetensors raises its own types on a bad file
         raise ValueError(f"{where} is not a companion file ({type(exc).__name__}: {exc}); retrain the model") from None
     if poly2.buckets.shape != poly2.weights.shape:
         raise ValueError(f"{where}: {poly2.buckets.size} buckets but {poly2.weights.size} weights; retrain the model")
-    return Companion(poly2, bits)
+    return Companion(poly2, bits, counts)
 
 
 def save(url: str, companion: Companion, storage_options: dict | None = None) -> None:

@@ -38,11 +38,14 @@ MODEL_JSON = "model.json"
 DENSE = "dense.safetensors"
 DENSE_OPTIM = "dense_optim.safetensors"
 SPARSE = "sparse"
-MODEL = records.RecordFormat("ctr-pipeline-model", 3, reads=(2, 3),
+MODEL = records.RecordFormat("ctr-pipeline-model", 4, reads=(2, 3, 4),
                              fix="retrain the model (or read it with the release that wrote it)")
-"""model.json: version 2 is a model without a companion (what every model before it held), version 3 one with
-a companion (`ModelMeta.companion`, `trainer.companion`), which a reader must blend into every score: a
-release that reads version 2 alone refuses it instead of scoring without it."""
+"""model.json: version 2 is a model without a companion (what every model before it held); version 3 one with
+a companion of the pairs alone (`ModelMeta.companion`, `trainer.companion`); version 4 one whose companion also
+counts its keys (`trainer.models.key_counts`: the counts are in its file).  A reader must blend the companion
+into every score, with its counts: a release that reads version 2 alone refuses 3 and 4, and one that reads up
+to 3 refuses 4, instead of scoring without them.  This code writes 2 or 4; a version 3 model scores as it was
+fit (its companion's file has no counts)."""
 MODEL_FORMAT = f"{MODEL.name}/2"
 WITH_COMPANION = MODEL.tag
 

@@ -73,9 +73,10 @@ def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> No
 
 
 def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> None:
-    from bench.quality_peers import POLY2_CS, poly2_inputs, poly2_time_split
+    from bench.quality_peers import POLY2_CS, poly2_inputs, poly2_keys, poly2_time_split
     from pipeline.schema import get_schema
     from trainer.metrics import auc
+    from trainer.models.key_counts import KeyCounts
 
     schema = get_schema("criteo")
     rng = np.random.default_rng(2)
@@ -84,6 +85,9 @@ def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> No
     frame["label"] = ((a ^ b) == (rng.random(len(frame)) < 0.9)).astype(int)
     ids, dense = poly2_inputs(frame.iloc[:3], schema, 22)
     assert ids.shape == (3, 39 + 39 * 38 // 2) and dense.shape == (3, 13)  # 26 fields and 13 dense buckets, paired
+    counts = KeyCounts.of(poly2_keys(frame, schema))
+    counted, _ = poly2_inputs(frame.iloc[:3], schema, 22, counts, fit_rows=True)
+    assert counted.shape == (3, ids.shape[1] + 26) and np.array_equal(counted[:, :ids.shape[1]], ids)
     probs, info = poly2_time_split(frame.iloc[:1_200], frame.iloc[1_200:], schema)
     assert info["C"] in POLY2_CS and probs.shape == (300,)
     assert auc(frame["label"].iloc[1_200:].to_numpy(), probs) > 0.75

@@ -14,6 +14,7 @@ from storage.io.fsio import SUCCESS
 from storage.key_layout import FIELD_SHIFT
 from trainer import companion
 from trainer.data import FeatureSchema
+from trainer.models.key_counts import KeyCounts
 from trainer.models.poly2 import Poly2Config, fit
 from trainer.plan.recipe import CROSS_MIN_ROWS
 
@@ -93,7 +94,8 @@ def test_the_fit_and_its_file_score_the_same_and_its_record_says_what_it_did(tmp
 
 
 def test_a_day_keeps_its_parents_c_until_its_rows_double_or_a_week_of_fits_has_used_it():
-    parent = {"kind": "poly2", "bits": 22, "C": 0.003, "C_chosen": {"rows": 4_000, "fits_ago": 0}}
+    parent = {"kind": "poly2", "bits": 22, "inputs": companion.INPUTS, "C": 0.003,
+              "C_chosen": {"rows": 4_000, "fits_ago": 0}}
     assert companion.kept_c(parent, 7_999) == {"C": 0.003, "rows": 4_000, "fits_ago": 0}
     assert companion.kept_c(parent, 8_000) is None  # twice the rows: the split chooses again
     week = {**parent, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 2}}
@@ -104,6 +106,7 @@ def test_a_day_keeps_its_parents_c_until_its_rows_double_or_a_week_of_fits_has_u
     assert companion.kept_c({k: v for k, v in parent.items() if k != "C_chosen"}, 100) is None
     assert companion.kept_c({**parent, "C": 0.002}, 100) is None
     assert companion.kept_c({**parent, "bits": 14}, 100) is None
+    assert companion.kept_c({k: v for k, v in parent.items() if k != "inputs"}, 100) is None  # pairs alone: no counts
 
 
 def test_a_kept_c_is_refit_on_the_days_rows_and_the_record_says_when_it_was_chosen(tmp_path):
@@ -118,7 +121,7 @@ def test_a_kept_c_is_refit_on_the_days_rows_and_the_record_says_when_it_was_chos
     assert second["C_chosen"] == {"rows": 600, "fits_ago": 1} and second["C"] == fitted.poly2.C
     # its weights are that C's minimum on the day's rows: the same as a fit from nothing at that C
     keys, dense, labels, _, _ = companion.read_rows(companion.candidate_sources(kept, None, day2), SCHEMA, 10_000)
-    ids, log_dense = companion.inputs(keys, dense, FAST.bits)
+    ids, log_dense = companion.inputs(keys, dense, FAST.bits, KeyCounts.of(keys), fit_rows=True)
     cold = fit(ids, log_dense, labels, kept["C"], config=FAST)
     np.testing.assert_allclose(fitted.logits(keys, dense), cold.logits(ids, log_dense), atol=1e-4)
 
@@ -168,12 +171,37 @@ def test_auto_fits_past_a_lineage_day_without_own_keys_and_names_it(tmp_path):
         companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=big, config=FAST)
 
 
-def test_the_inputs_bucket_the_dense_columns_after_the_key_fields():
+def test_the_inputs_bucket_the_dense_columns_after_the_key_fields_and_count_the_keys_after_those():
     keys = np.array([[2, (1 << FIELD_SHIFT) | 5]], dtype=np.int64)
-    ids, d = companion.inputs(keys, np.array([[np.log1p(3.0)]], dtype=np.float32), 20)
+    ids, d = companion.inputs(keys, np.array([[np.log1p(3.0)]], dtype=np.float32), 20, None)
     assert ids.shape == (1, 3 + 3) and d.dtype == np.float64  # 2 keys and 1 bucket token, and their 3 pairs
-    no_dense, d0 = companion.inputs(keys, None, 20)
+    no_dense, d0 = companion.inputs(keys, None, 20, None)
     assert no_dense.shape == (1, 2 + 1) and d0.shape == (1, 0)
+    counted, _ = companion.inputs(keys, np.array([[1.0]]), 20, KeyCounts.of(keys))
+    assert counted.shape == (1, 6 + 2)  # and each key's count class, alone (no pairs)
+    np.testing.assert_array_equal(counted[:, :6], ids)
+    classes = KeyCounts.of(keys).tokens(keys, 3, leave_one_out=False) >> FIELD_SHIFT
+    np.testing.assert_array_equal(classes, [[3, 4]])  # the fields after the 2 keys' and the bucket's
+
+
+def test_a_fit_counts_its_rows_keys_and_a_scorer_counts_against_the_fit_rows_only(tmp_path):
+    """A value seen once in the fit rows is, left out of its own count, a value never seen: the class a later
+    row's new value gets.  The counts travel in the file, and a file of the pairs alone scores as before."""
+    day = write_split(tmp_path, "d1", "train", 0, 300)
+    fitted, record = companion.fit_for_spec(day, SCHEMA, 1_000, parent=None, parent_features_url=None, config=FAST)
+    keys, dense, *_ = companion.read_rows([(day, "train", None)], SCHEMA, 1_000)
+    assert record["inputs"] == companion.INPUTS and fitted.counts is not None
+    assert fitted.counts.count(keys).min() >= 1 and fitted.counts.counts.sum() == keys.size
+    again = companion.from_bytes(companion.to_bytes(fitted), "c.safetensors")
+    assert again.counts is not None and np.array_equal(again.counts.keys, fitted.counts.keys)
+    np.testing.assert_array_equal(again.logits(keys, dense), fitted.logits(keys, dense))
+    pairs_only = companion.Companion(fitted.poly2, fitted.bits, None)  # as a file before the counts loads
+    assert companion.from_bytes(companion.to_bytes(pairs_only), "old.safetensors").counts is None
+    assert not np.allclose(pairs_only.logits(keys, dense), fitted.logits(keys, dense))  # the classes weigh
+    new = np.array([[999, (1 << FIELD_SHIFT) | 999]], dtype=np.int64)
+    once = np.array([[7, (1 << FIELD_SHIFT) | 8]], dtype=np.int64)
+    counts = KeyCounts.of(np.concatenate([once, keys]))
+    np.testing.assert_array_equal(counts.tokens(once, 3, leave_one_out=True), counts.tokens(new, 3, leave_one_out=False))
 
 
 def test_the_blend_is_the_mean_logit():

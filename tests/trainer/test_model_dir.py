@@ -11,6 +11,7 @@ from flows.presets import demo
 from storage.io import codec, fsio
 from storage.io.records import FormatError
 from tests.helpers.formats import newer, sample
+from trainer.companion import INPUTS
 from trainer.model_dir import MODEL_FORMAT, ModelMeta, read_meta, warm_start
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
@@ -112,19 +113,23 @@ def test_a_model_json_from_before_a_key_whose_default_changed_builds_the_network
         CTRModel(older, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim), "cross")
 
 
-def test_a_model_with_a_companion_is_version_3_and_one_without_stays_version_2():
-    data = sample("model-v3.json")
+def test_a_model_with_a_companion_is_version_4_one_without_stays_version_2_and_version_3_is_read():
+    data = sample("model-v4.json")
     meta = ModelMeta.from_dict(data)
-    assert meta.companion is not None and meta.companion["kind"] == "poly2"
+    assert meta.companion is not None and meta.companion["kind"] == "poly2" and meta.companion["inputs"] == INPUTS
     assert [s["split"] for s in meta.companion["sources"]] == ["train", "eval", "train"]
-    assert meta.to_dict()["format"] == "ctr-pipeline-model/3" and meta.model_cfg().companion == "poly2"
+    assert meta.to_dict()["format"] == "ctr-pipeline-model/4" and meta.model_cfg().companion == "auto"
     without = replace(meta, companion=None)
     assert without.to_dict()["format"] == MODEL_FORMAT == "ctr-pipeline-model/2"
+    older = ModelMeta.from_dict(sample("model-v3.json"))  # a companion of the pairs alone (before the counts)
+    assert older.companion is not None and "inputs" not in older.companion and older.model_cfg().companion == "poly2"
+
 
 def test_a_model_json_of_a_newer_version_is_refused_naming_it():
-    with pytest.raises(FormatError, match=r"/r/model.json has format 'ctr-pipeline-model/4', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3: upgrade"):
-        ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/4"}, where="/r/model.json")
+    with pytest.raises(FormatError, match=r"/r/model.json has format 'ctr-pipeline-model/5', written by a newer "
+                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3, "
+                                          r"ctr-pipeline-model/4: upgrade"):
+        ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/5"}, where="/r/model.json")
     with pytest.raises(FormatError, match="ctr-pipeline-model/1', too old .*: retrain the model"):
         ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/1"})
 

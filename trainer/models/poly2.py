@@ -86,6 +86,13 @@ def pair_ids(tokens: np.ndarray, bits: int) -> np.ndarray:
     return (np.concatenate([single, pairs], axis=1) >> shift).astype(np.int64)
 
 
+def single_ids(tokens: np.ndarray, bits: int) -> np.ndarray:
+    """(N, T) int64 tokens -> (N, T) bucket ids: each token's alone, the first T columns of `pair_ids`."""
+    t = np.ascontiguousarray(tokens, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        return (_mix(t + _GOLDEN) >> np.uint64(64 - bits)).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class Poly2:
     """A fit Poly2 LR: the weights of the buckets some fit row used (every other bucket's weight is 0)."""

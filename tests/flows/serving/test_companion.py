@@ -50,7 +50,8 @@ def test_the_companion_is_fit_on_the_lineages_rows_and_never_the_days_eval_rows(
     layout = cfg.layout()
     registry = ModelRegistry(layout)
     first, second = (read_meta(registry.url(v), layout.storage_options) for v in registry.versions())
-    assert second.format == "ctr-pipeline-model/3" and second.companion is not None
+    assert second.format == "ctr-pipeline-model/4" and second.companion is not None
+    assert second.companion["inputs"] == "pairs+counts"
     assert [(s["split"], s["features_url"]) for s in second.companion["sources"]] == [
         ("train", first.features_url), ("eval", first.features_url), ("train", second.features_url)]
     day1 = first.companion["sources"]

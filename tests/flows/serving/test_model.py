@@ -77,9 +77,10 @@ def test_a_bundle_whose_model_json_has_retired_keys_and_new_fields_loads_and_sco
 def test_a_bundle_whose_model_json_is_of_a_newer_version_is_refused_naming_it(tmp_path):
     write_tiny_bundle(str(tmp_path / "b"))
     data = json.loads((tmp_path / "b" / MODEL_JSON).read_text())
-    _replace_file(tmp_path / "b", MODEL_JSON, json.dumps({**data, "format": "ctr-pipeline-model/4"}).encode())
-    with pytest.raises(BundleError, match=r"model.json has format 'ctr-pipeline-model/4', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3: upgrade"):
+    _replace_file(tmp_path / "b", MODEL_JSON, json.dumps({**data, "format": "ctr-pipeline-model/5"}).encode())
+    with pytest.raises(BundleError, match=r"model.json has format 'ctr-pipeline-model/5', written by a newer "
+                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3, "
+                                          r"ctr-pipeline-model/4: upgrade"):
         load_model([BundleReader(str(tmp_path / "b"))])
 
 
