@@ -77,13 +77,13 @@ class ModelConfig:
     bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
     companion: str = result_field("auto", neutral="off", why="blends a second learner's logit into every score")
     """A second learner beside the network, its logit averaged with the network's by every scorer: a Poly2
-    logistic regression with a weight per key and per pair of a row's keys and dense buckets, fit to
-    convergence after the day's training on every row so far but the day's eval rows (`trainer.companion`;
+    logistic regression with a weight per key, per pair of a row's keys and dense buckets, and per field for
+    how often the key was seen in its rows (`trainer.models.key_counts`), fit to convergence after the day's training on every row so far but the day's eval rows (`trainer.companion`;
     the newest `companion_rows`), C by a time split of them.  It reads each value's own key (`r_<j>`).  `auto`:
     on a day of fewer than 10,000 train rows (`trainer.plan.recipe.CROSS_MIN_ROWS`, the days too small for the
     cross term) whose features carry the own keys (`encode.raw_keys_up_to`), none on larger days; `poly2`: on
     every day (needs `encode.raw_keys: true`); `off`: never.  On the small real days it gains over the network
-    alone (Criteo +0.0033, Avazu +0.0037, both decided); on synthetic 36,000-row days it did not (-0.0013, not
+    alone (Criteo +0.0032, Avazu +0.0049, both decided); on synthetic 36,000-row days it did not (-0.0013, not
     decided) at 7x the train stage's time (docs/benchmarks.md, issue 31); its fit's cost grows with the rows.
     Reshapes no parameter: a change keeps the warm start."""
     companion_rows: int = result_field(50_000, neutral=50_000, why="which rows the companion is fit on")
