@@ -86,13 +86,17 @@ def test_the_fit_is_the_minimum_of_the_l2_log_loss() -> None:
     assert objective_gradient(early, ids, dense, y) > 1e-3
 
 
+TIGHT = Poly2Config(tol=1e-8)
+"""Fits to the minimum (the tests of the method): the default stops at scikit-learn's liblinear tolerance."""
+
+
 def test_the_fit_is_scikit_learns_liblinear_fit() -> None:
     sklearn = pytest.importorskip("sklearn.linear_model")
     sp = pytest.importorskip("scipy.sparse")
     tokens, y = xor_rows(2000, 4)
     dense = np.log1p(np.random.default_rng(5).exponential(2.0, (len(y), 2)))
     ids = pair_ids(tokens, 14)
-    model = fit(ids, dense, y, 0.3)
+    model = fit(ids, dense, y, 0.3, config=TIGHT)
     used, col = np.unique(ids, return_inverse=True)
     onehot = sp.csr_matrix((np.ones(ids.size), (np.repeat(np.arange(len(y)), ids.shape[1]), col.ravel())),
                            shape=(len(y), used.size))
@@ -106,11 +110,19 @@ def test_the_fit_is_scikit_learns_liblinear_fit() -> None:
 def test_a_warm_start_reaches_the_same_minimum() -> None:
     tokens, y = xor_rows(3000, 8)
     ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
-    cold = fit(ids, none, y, 0.3)
-    warm = fit(ids, none, y, 0.3, start=fit(ids[:2000], none[:2000], y[:2000], 0.1))
+    cold = fit(ids, none, y, 0.3, config=TIGHT)
+    warm = fit(ids, none, y, 0.3, config=TIGHT, start=fit(ids[:2000], none[:2000], y[:2000], 0.1))
     np.testing.assert_allclose(warm.weights, cold.weights, rtol=0, atol=1e-4)
     assert warm.bias == pytest.approx(cold.bias, abs=1e-4)
     assert objective_gradient(warm, ids, none, y) < 1e-5
+
+
+def test_the_default_tolerance_stops_near_the_minimum() -> None:
+    tokens, y = xor_rows(3000, 8)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    stopped, minimum = fit(ids, none, y, 0.3), fit(ids, none, y, 0.3, config=TIGHT)
+    gap = np.abs(stopped.logits(ids, none) - minimum.logits(ids, none)).max()
+    assert 0 < gap < 0.01  # stopped short of the minimum, by less than a hundredth of a logit
 
 
 def test_buckets_no_fit_row_used_weigh_nothing() -> None:
@@ -124,10 +136,10 @@ def test_buckets_no_fit_row_used_weigh_nothing() -> None:
 def test_the_time_split_chooses_the_c_of_the_lowest_held_out_loss_and_refits_every_row() -> None:
     tokens, y = xor_rows(3000, 7)
     ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
-    model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(1e-4, 1.0), holdout=0.25))
+    model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(1e-4, 1.0), holdout=0.25, tol=1e-8))
     assert set(losses) == {1e-4, 1.0}
     assert model.C == min(losses, key=losses.__getitem__) == 1.0  # 1e-4 leaves the XOR unlearnt
-    refit = fit(ids, none, y, 1.0)  # from zero weights: the same minimum as the refit started from the split's fit
+    refit = fit(ids, none, y, 1.0, config=TIGHT)  # from zero weights: the minimum the split's refit reached
     np.testing.assert_allclose(model.weights, refit.weights, rtol=0, atol=1e-4)
 
 
