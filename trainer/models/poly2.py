@@ -42,10 +42,10 @@ class Poly2Config:
     """The last share of the rows (row order is time order) that chooses C."""
     newton_steps: int = 30
     tol: float = 1e-4
-    """Stop when the gradient's norm is below tol times its norm at zero weights (liblinear's rule, so a warm
-    start stops at the same point as a cold one; 1e-4 is scikit-learn's liblinear default).  Against 1e-6 it
-    fits in 1.4-1.5x less time, with the same C and logits within 0.003, on the real samples' lineages
-    (docs/benchmarks.md, "The companion counts its keys")."""
+    """Stop when the gradient's norm is below tol times its norm at zero weights (liblinear's rule: measured
+    against zero weights, so a warm start stops as near the minimum as a cold one; 1e-4 is scikit-learn's
+    liblinear default).  Against 1e-6 it fits in 1.4-1.5x less time, with the same C and logits within 0.003,
+    on the real samples' lineages (docs/benchmarks.md, "The companion counts its keys")."""
 
     def __post_init__(self) -> None:
         if not 8 <= self.bits <= 30:
