@@ -90,15 +90,14 @@ class Companion:
 def inputs(keys: np.ndarray, dense: np.ndarray | None, bits: int, counts: KeyCounts | None, *,
            fit_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The Poly2's inputs of feature rows: the pair ids of each row's keys and dense buckets (the buckets take
-    the field numbers after the keys'), then with `counts` each key's count class alone (the fields after the
-    buckets'; `fit_rows`: the rows `counts` were counted on, each left out of its own count); and the log1p
-    dense values as float64."""
+    the field numbers after the keys'), then with `counts` each key's count token alone (`KeyCounts.tokens`;
+    `fit_rows`: the rows `counts` were counted on, each left out of its own count); and the log1p dense values
+    as float64."""
     keys = np.asarray(keys, dtype=np.int64)
     d = np.zeros((len(keys), 0)) if dense is None else np.asarray(dense, dtype=np.float64)
     ids = pair_ids(np.concatenate([keys, bucket_tokens(d, keys.shape[1])], axis=1), bits)
     if counts is not None:
-        classes = counts.tokens(keys, keys.shape[1] + d.shape[1], leave_one_out=fit_rows)
-        ids = np.concatenate([ids, single_ids(classes, bits)], axis=1)
+        ids = np.concatenate([ids, single_ids(counts.tokens(keys, leave_one_out=fit_rows), bits)], axis=1)
     return ids, d
 
 

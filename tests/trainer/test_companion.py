@@ -180,8 +180,7 @@ def test_the_inputs_bucket_the_dense_columns_after_the_key_fields_and_count_the_
     counted, _ = companion.inputs(keys, np.array([[1.0]]), 20, KeyCounts.of(keys))
     assert counted.shape == (1, 6 + 2)  # and each key's count class, alone (no pairs)
     np.testing.assert_array_equal(counted[:, :6], ids)
-    classes = KeyCounts.of(keys).tokens(keys, 3, leave_one_out=False) >> FIELD_SHIFT
-    np.testing.assert_array_equal(classes, [[3, 4]])  # the fields after the 2 keys' and the bucket's
+    np.testing.assert_array_equal(KeyCounts.of(keys).tokens(keys, leave_one_out=False) >> FIELD_SHIFT, [[0, 1]])
 
 
 def test_a_fit_counts_its_rows_keys_and_a_scorer_counts_against_the_fit_rows_only(tmp_path):
@@ -201,7 +200,7 @@ def test_a_fit_counts_its_rows_keys_and_a_scorer_counts_against_the_fit_rows_onl
     new = np.array([[999, (1 << FIELD_SHIFT) | 999]], dtype=np.int64)
     once = np.array([[7, (1 << FIELD_SHIFT) | 8]], dtype=np.int64)
     counts = KeyCounts.of(np.concatenate([once, keys]))
-    np.testing.assert_array_equal(counts.tokens(once, 3, leave_one_out=True), counts.tokens(new, 3, leave_one_out=False))
+    np.testing.assert_array_equal(counts.tokens(once, leave_one_out=True), counts.tokens(new, leave_one_out=False))
 
 
 def test_the_blend_is_the_mean_logit():

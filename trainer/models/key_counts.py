@@ -9,6 +9,10 @@ companion counts its keys").
 
 A fit row's count leaves that row out (`leave_one_out`): a value seen once in the fit rows is then a value
 never seen, as it is for a row scored later, which is counted against the fit rows only.
+
+A count token is a key of the value's own field whose hash part is `COUNT_HASH` plus the class: no new field
+numbers, so a schema of up to `MAX_FIELDS` fields keeps working.  A real value's 56-bit hash is one of them
+with odds of about 2^-52, and would then share a bucket, as hashed tokens do.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
+from storage.key_layout import FIELD_SHIFT
+
+COUNT_HASH = 1 << (FIELD_SHIFT - 1)
+"""The hash part of a count token of class 0; class c's is COUNT_HASH + c."""
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,10 @@ class KeyCounts:
         pos = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
         return np.where(self.keys[pos] == keys, self.counts[pos], 0)
 
-    def tokens(self, keys: np.ndarray, first_field: int, *, leave_one_out: bool) -> np.ndarray:
-        """(N, F) int64 tokens of rows' keys (N, F): column j's is field `first_field` + j with the count class
+    def tokens(self, keys: np.ndarray, *, leave_one_out: bool) -> np.ndarray:
+        """The count token of each key (any shape): the key's field, and `COUNT_HASH` plus the count class
         floor(log2(1 + count)) as its hash part; `leave_one_out` for the fit's own rows (each is in its count)."""
-        f = keys.shape[1]
-        if first_field < 0 or first_field + f > MAX_FIELDS:
-            raise ValueError(f"count token fields {first_field}..{first_field + f - 1} exceed {MAX_FIELDS} fields")
+        keys = np.asarray(keys, dtype=np.int64)
         n = self.count(keys) - (1 if leave_one_out else 0)
         cls = np.floor(np.log2(1.0 + np.maximum(n, 0))).astype(np.int64)
-        fields = (np.arange(first_field, first_field + f, dtype=np.int64) << FIELD_SHIFT)[None, :]
-        return fields | (cls + 2)
+        return ((keys >> FIELD_SHIFT) << FIELD_SHIFT) | (COUNT_HASH + cls)
