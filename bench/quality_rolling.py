@@ -26,8 +26,9 @@ Peers, on the same splits and rows:
   (`bench.quality_peers.deepctr_deepfm_time_split`; the chosen ones, per seed and origin, are in the
   result's `peers`, as the LR's C are).
 Beside the peers, two rows that are not peers: `poly2`, this project's own Poly2 LR (`trainer.models.poly2`,
-no scikit-learn; the learner of the companion the product is to blend in on small days), fit as the
-`sklearn-poly2` peer is (`bench.quality_peers.poly2_time_split`); and a probe, `probe: attention + poly2`:
+no scikit-learn; the learner of the companion the product blends in on small days), on the companion's
+inputs (the pairs and the train rows' key counts) with C chosen as the `sklearn-poly2` peer's is
+(`bench.quality_peers.poly2_time_split`); and a probe, `probe: attention + poly2`:
 per seed, the mean of the default's and that Poly2's logits.  They measure what a second learner of another
 kind adds to the default on these days (issue 31; docs/benchmarks.md).  Neither needs a peer package.
 A peer whose package is not importable is skipped with a line saying so (`make bench-peers` installs them).
@@ -76,7 +77,8 @@ SMOKE = RollingSize(days=3, rows=3_300, datasets=("criteo",))
 
 POLY2 = "sklearn-poly2"
 OWN_POLY2 = "poly2"
-"""Not a peer: this project's Poly2 LR (`trainer.models.poly2`), fit as the `sklearn-poly2` peer is."""
+"""Not a peer: this project's Poly2 LR (`trainer.models.poly2`) on the companion's inputs, its C chosen as the
+`sklearn-poly2` peer's is."""
 BLEND = f"probe: {OURS} + {OWN_POLY2}"
 """Not a peer: the mean of the default's and `poly2`'s logits, a probe of what a second, different learner adds
 to the default on these days (issue 31)."""
