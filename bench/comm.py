@@ -195,7 +195,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
         cfg = spec.trainer
         path = tmp / f"spec-k{k}-n{node}.json"
         spec.write(path)
-        cmd = torchrun_command(cfg, str(path), run_id=f"bench-k{k}")
+        cmd = torchrun_command(cfg, str(path), run_id=f"bench-k{k}", log_dir=str(tmp / f"torchrun-k{k}-n{node}"))
         if netns:  # advertise the namespace's address, not the (shared) hostname, to the other node
             cmd = [*node_prefix(node, netns), *cmd[:3], "--local_addr", ADDRS[node],
                    "--rdzv_conf", f"is_host={node == 0}".lower(), *cmd[3:]]

@@ -29,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -99,8 +100,10 @@ class TrainResult:
                 f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}{again}")
 
 
-def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe") -> list[str]:
-    """The argv of the torchrun job (standalone on one node, c10d rendezvous on several)."""
+def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe",
+                     log_dir: str | None = None) -> list[str]:
+    """The argv of the torchrun job (standalone on one node, c10d rendezvous on several); `log_dir`: torchrun's
+    own folder (without it torchrun makes a `torchelastic_*` one in the temp dir and leaves it there)."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         cmd += ["--standalone", "--nnodes", "1"]
@@ -110,6 +113,8 @@ def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpi
             "--rdzv_endpoint", cfg.rdzv_endpoint, "--rdzv_id", run_id,
         ]
     cmd += ["--nproc_per_node", str(cfg.nproc_per_node), "--max_restarts", str(cfg.max_restarts)]
+    if log_dir:
+        cmd += ["--log-dir", log_dir]
     cmd += ["-m", "trainer.main", "--spec", spec_path]
     return cmd
 
@@ -239,11 +244,14 @@ def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = 
         fs, path = fsio.get_fs(spec_copy_url, spec.storage_options)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         fsio.write_text_atomic(fs, path, Path(spec_path).read_text())
-    cmd = torchrun_command(trainer, spec_path, run_id=f"ctrpipe-{spec.model_name}-{spec.run_tag}".replace("/", "-"))
-    log.info("launching: %s", " ".join(cmd))
+    run_id = f"ctrpipe-{spec.model_name}-{spec.run_tag}".replace("/", "-")
     t0 = time.perf_counter()
     nccl: list[str] = []
-    code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
+    # torchrun's folder (empty unless a rank's output is redirected) goes with the job: a daily run left one a day
+    with tempfile.TemporaryDirectory(prefix="ctrpipe-torchrun-", ignore_cleanup_errors=True) as torchrun_dir:
+        cmd = torchrun_command(trainer, spec_path, run_id=run_id, log_dir=torchrun_dir)
+        log.info("launching: %s", " ".join(cmd))
+        code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
     if nccl:
         log.info("NCCL transport:\n%s", "\n".join(nccl))
     wall = time.perf_counter() - t0

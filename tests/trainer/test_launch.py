@@ -5,6 +5,7 @@ rendezvous) train the same model as one node with 4 ranks."""
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 from pathlib import Path
 
@@ -159,18 +160,25 @@ def test_warm_start_loads_the_previous_dense_weights(trained) -> None:
     assert 2 * 123_456_789 in pq.read_table(out / "sparse" / "part-00000.parquet").column("key").to_numpy()
 
 
-def test_failed_training_raises_with_the_output_tail(tmp_path: Path) -> None:
+def test_failed_training_raises_with_the_output_tail_and_leaves_no_torchrun_folder(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "features" / "train").mkdir(parents=True)  # not committed: no _SUCCESS.json
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the launcher's and torchrun's temp dir
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     with pytest.raises(TrainingError, match="not committed") as err:
         train(tmp_path, tmp_path / "features", tmp_path / "model", nproc_per_node=1)
     assert err.value.returncode not in (0, None)
     assert not (tmp_path / "model").exists()
+    assert list(temp.iterdir()) == []  # torchrun's folder went with the job (a torchelastic_* one was left a run)
 
 
 def test_torchrun_command_shapes() -> None:
     single = torchrun_command(TrainerConfig(nproc_per_node=4), "/s.json")
     assert "--standalone" in single and single[single.index("--nproc_per_node") + 1] == "4"
-    assert single[-4:] == ["-m", "trainer.main", "--spec", "/s.json"]
+    assert single[-4:] == ["-m", "trainer.main", "--spec", "/s.json"] and "--log-dir" not in single
+    logged = torchrun_command(TrainerConfig(), "/s.json", log_dir="/t/run")
+    assert logged[logged.index("--log-dir") + 1] == "/t/run" and logged[-4:] == single[-4:]
     multi = torchrun_command(TrainerConfig(nnodes=2, node_rank=1, rdzv_endpoint="h:29400"), "/s.json", run_id="x")
     assert "--standalone" not in multi
     assert multi[multi.index("--rdzv_endpoint") + 1] == "h:29400" and multi[multi.index("--node_rank") + 1] == "1"
