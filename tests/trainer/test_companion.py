@@ -171,7 +171,7 @@ def test_auto_fits_past_a_lineage_day_without_own_keys_and_names_it(tmp_path):
         companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=big, config=FAST)
 
 
-def test_the_inputs_bucket_the_dense_columns_after_the_key_fields_and_count_the_keys_after_those():
+def test_the_inputs_bucket_the_dense_columns_after_the_key_fields_and_add_each_keys_count_token_alone():
     keys = np.array([[2, (1 << FIELD_SHIFT) | 5]], dtype=np.int64)
     ids, d = companion.inputs(keys, np.array([[np.log1p(3.0)]], dtype=np.float32), 20, None)
     assert ids.shape == (1, 3 + 3) and d.dtype == np.float64  # 2 keys and 1 bucket token, and their 3 pairs
@@ -180,7 +180,7 @@ def test_the_inputs_bucket_the_dense_columns_after_the_key_fields_and_count_the_
     counted, _ = companion.inputs(keys, np.array([[1.0]]), 20, KeyCounts.of(keys))
     assert counted.shape == (1, 6 + 2)  # and each key's count class, alone (no pairs)
     np.testing.assert_array_equal(counted[:, :6], ids)
-    np.testing.assert_array_equal(KeyCounts.of(keys).tokens(keys, leave_one_out=False) >> FIELD_SHIFT, [[0, 1]])
+    np.testing.assert_array_equal(KeyCounts.of(keys).tokens(keys, leave_one_out=False) >> FIELD_SHIFT, [[0, 1]])  # own fields
 
 
 def test_a_fit_counts_its_rows_keys_and_a_scorer_counts_against_the_fit_rows_only(tmp_path):
