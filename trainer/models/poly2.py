@@ -83,7 +83,7 @@ def pair_ids(tokens: np.ndarray, bits: int) -> np.ndarray:
     i, j = np.triu_indices(t.shape[1], 1)
     shift = np.uint64(64 - bits)
     with np.errstate(over="ignore"):
-        single = _mix(t + _GOLDEN)
+        single = _single_hash(t)
         pairs = _mix(single[:, i] * np.uint64(31) + _mix(t[:, j]))
     return (np.concatenate([single, pairs], axis=1) >> shift).astype(np.int64)
 
@@ -92,7 +92,12 @@ def single_ids(tokens: np.ndarray, bits: int) -> np.ndarray:
     """(N, T) int64 tokens -> (N, T) bucket ids: each token's alone, the first T columns of `pair_ids`."""
     t = np.ascontiguousarray(tokens, dtype=np.int64).view(np.uint64)
     with np.errstate(over="ignore"):
-        return (_mix(t + _GOLDEN) >> np.uint64(64 - bits)).astype(np.int64)
+        return (_single_hash(t) >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def _single_hash(t: np.ndarray) -> np.ndarray:
+    """A token's 64-bit hash (uint64 in, uint64 out; the caller silences overflow)."""
+    return _mix(t + _GOLDEN)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from trainer.models.poly2 import (
     fit,
     fit_time_split,
     pair_ids,
+    single_ids,
 )
 
 
@@ -84,6 +85,11 @@ def test_the_fit_is_the_minimum_of_the_l2_log_loss() -> None:
     # one Newton step is not the answer: the stopping rule, not the step count, ended the fit
     early = fit(ids, dense, y, 0.1, config=Poly2Config(newton_steps=1))
     assert objective_gradient(early, ids, dense, y) > 1e-3
+
+
+def test_a_tokens_single_id_is_its_column_of_the_pair_ids() -> None:
+    tokens = np.random.default_rng(4).integers(0, 1 << 62, (5, 4))
+    np.testing.assert_array_equal(single_ids(tokens, 14), pair_ids(tokens, 14)[:, :4])
 
 
 TIGHT = Poly2Config(tol=1e-8)
