@@ -19,9 +19,9 @@ gets a weight, and its pairs theirs, as a hashed LR's do; the log1p dense column
 too rare for a weight of its own still says how rare it is.
 
 Stored as `companion.safetensors` (the weights, and the fit rows' key counts a scorer counts against) in the
-model directory and the serving bundle (`save`, `load`); every
-scorer blends through `trainer.scoring.score_arrays`.  A model with a companion is written as model.json
-version 4, which releases that cannot blend it with its counts refuse (`trainer.model_dir.MODEL`).
+model directory and the serving bundle (`save`, `load`); every scorer blends through
+`trainer.scoring.score_arrays`.  A model with a companion is written as model.json version 4, which releases
+that cannot blend it with its counts refuse (`trainer.model_dir.MODEL`).
 """
 
 from __future__ import annotations
@@ -254,8 +254,8 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
         chosen = {"rows": int(chosen["rows"]), "fits_ago": int(chosen["fits_ago"]) + 1}
     # the scorer uses the weights as saved (float32): the record's numbers are the saved model's
     saved = _rounded(poly2)
-    record = {"kind": KIND, "bits": config.bits, "inputs": INPUTS, "C": saved.C, "C_chosen": chosen, "rows": int(len(labels)),
-              "buckets": int(saved.buckets.size), "holdout_logloss": {str(c): v for c, v in losses.items()},
+    record = {"kind": KIND, "bits": config.bits, "inputs": INPUTS, "C": saved.C, "C_chosen": chosen,
+              "rows": int(len(labels)), "buckets": int(saved.buckets.size), "holdout_logloss": {str(c): v for c, v in losses.items()},
               "fit_s": round(time.perf_counter() - t0, 3)}
     return Companion(saved, config.bits, counts), record
 
@@ -270,7 +270,7 @@ def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFI
     On both real samples' lineages the split chose one C from day 2 to day 4 (Criteo 0.003, Avazu 0.01), so a kept
     C changed no AUC there (docs/benchmarks.md, "The companion's fit, cheaper").
     """
-    if not parent or parent.get("kind") != KIND or parent.get("bits") != config.bits or parent.get("inputs") != INPUTS:
+    if not parent or (parent.get("kind"), parent.get("bits"), parent.get("inputs")) != (KIND, config.bits, INPUTS):
         return None
     chosen = parent.get("C_chosen")
     if not isinstance(chosen, dict) or parent.get("C") not in config.cs:

@@ -251,7 +251,8 @@ def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = 
     with tempfile.TemporaryDirectory(prefix="ctrpipe-torchrun-", ignore_cleanup_errors=True) as torchrun_dir:
         cmd = torchrun_command(trainer, spec_path, run_id=run_id, log_dir=torchrun_dir)
         log.info("launching: %s", " ".join(cmd))
-        code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
+        code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO),
+                                    nccl=nccl)
     if nccl:
         log.info("NCCL transport:\n%s", "\n".join(nccl))
     wall = time.perf_counter() - t0

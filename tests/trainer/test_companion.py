@@ -180,7 +180,8 @@ def test_the_inputs_bucket_the_dense_columns_after_the_key_fields_and_add_each_k
     counted, _ = companion.inputs(keys, np.array([[1.0]]), 20, KeyCounts.of(keys))
     assert counted.shape == (1, 6 + 2)  # and each key's count class, alone (no pairs)
     np.testing.assert_array_equal(counted[:, :6], ids)
-    np.testing.assert_array_equal(KeyCounts.of(keys).tokens(keys, leave_one_out=False) >> FIELD_SHIFT, [[0, 1]])  # own fields
+    own_fields = KeyCounts.of(keys).tokens(keys, leave_one_out=False) >> FIELD_SHIFT
+    np.testing.assert_array_equal(own_fields, [[0, 1]])
 
 
 def test_a_fit_counts_its_rows_keys_and_a_scorer_counts_against_the_fit_rows_only(tmp_path):

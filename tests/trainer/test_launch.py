@@ -160,7 +160,8 @@ def test_warm_start_loads_the_previous_dense_weights(trained) -> None:
     assert 2 * 123_456_789 in pq.read_table(out / "sparse" / "part-00000.parquet").column("key").to_numpy()
 
 
-def test_failed_training_raises_with_the_output_tail_and_leaves_no_torchrun_folder(tmp_path: Path, monkeypatch) -> None:
+def test_failed_training_raises_with_the_output_tail_and_leaves_no_torchrun_folder(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
     (tmp_path / "features" / "train").mkdir(parents=True)  # not committed: no _SUCCESS.json
     temp = tmp_path / "temp"
     temp.mkdir()
