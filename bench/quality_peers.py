@@ -174,16 +174,16 @@ def poly2_inputs(events: pd.DataFrame, schema: LogSchema, bits: int, counts: Key
     return inputs(poly2_keys(events, schema), _dense_log(events, schema), bits, counts, fit_rows=fit_rows)
 
 
-def poly2_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:
+def poly2_fit(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:
     """The product's Poly2 LR (`trainer.models.poly2`, no scikit-learn) on the companion's inputs (the train
-    rows' key counts too), C by the same inner time split as `sklearn_lr_time_split(pairs=True)`; returns
+    rows' key counts too), C chosen as the companion chooses it (`trainer.models.poly2.fit_cv`); returns
     (probabilities of `later`, {"C": chosen C})."""
-    from trainer.models.poly2 import Poly2Config, fit_time_split
+    from trainer.models.poly2 import Poly2Config, fit_cv
 
     config = Poly2Config(cs=POLY2_CS)
     counts = KeyCounts.of(poly2_keys(train, schema))
     ids, dense = poly2_inputs(train, schema, config.bits, counts, fit_rows=True)
-    model, _ = fit_time_split(ids, dense, train["label"].to_numpy(np.float64), config=config)
+    model, _ = fit_cv(ids, dense, train["label"].to_numpy(np.float64), config=config)
     later_ids, later_dense = poly2_inputs(later, schema, config.bits, counts)
     return 1.0 / (1.0 + np.exp(-model.logits(later_ids, later_dense))), {"C": model.C}
 

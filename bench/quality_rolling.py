@@ -27,8 +27,8 @@ Peers, on the same splits and rows:
   result's `peers`, as the LR's C are).
 Beside the peers, two rows that are not peers: `poly2`, this project's own Poly2 LR (`trainer.models.poly2`,
 no scikit-learn; the learner of the companion the product blends in on small days), on the companion's
-inputs (the pairs and the train rows' key counts) with C chosen as the `sklearn-poly2` peer's is
-(`bench.quality_peers.poly2_time_split`); and a probe, `probe: attention + poly2`:
+inputs (the pairs and the train rows' key counts) with C chosen as the companion chooses it
+(`bench.quality_peers.poly2_fit`); and a probe, `probe: attention + poly2`:
 per seed, the mean of the default's and that Poly2's logits.  They measure what a second learner of another
 kind adds to the default on these days (issue 31; docs/benchmarks.md).  Neither needs a peer package.
 A peer whose package is not importable is skipped with a line saying so (`make bench-peers` installs them).
@@ -190,9 +190,9 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
         def each_origin(fit: Any) -> np.ndarray:
             return np.concatenate([fit(pd.concat(day_rows[:k], ignore_index=True), day_rows[k], k) for k in kept])
 
-        from bench.quality_peers import poly2_time_split
+        from bench.quality_peers import poly2_fit
 
-        def time_split(model: str, fit: Any) -> None:
+        def refit_each_origin(model: str, fit: Any) -> None:
             """`fit(train, later, schema) -> (probabilities, {"C": ...})` refit at every origin: its predictions,
             seconds and the C it chose at each origin."""
             chosen: list[float] = []
@@ -206,14 +206,14 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             models[model] = [each_origin(at_origin)]
             seconds[model], info[model] = time.perf_counter() - t0, {"C_per_origin": chosen}
 
-        time_split(OWN_POLY2, poly2_time_split)
+        refit_each_origin(OWN_POLY2, poly2_fit)
         models[BLEND] = [blend(p, models[OWN_POLY2][0]) for p in models[OURS]]
         seconds[BLEND] = seconds[OWN_POLY2]
         if (why := _peer_missing("sklearn")) is None:
             from bench.quality_peers import sklearn_lr_time_split
 
-            time_split("sklearn-lr", sklearn_lr_time_split)
-            time_split(POLY2, functools.partial(sklearn_lr_time_split, pairs=True))
+            refit_each_origin("sklearn-lr", sklearn_lr_time_split)
+            refit_each_origin(POLY2, functools.partial(sklearn_lr_time_split, pairs=True))
         else:
             skipped["sklearn-lr"] = skipped[POLY2] = why
         if (why := _peer_missing("deepctr_torch")) is None:

@@ -7,8 +7,9 @@ never: the gate scores the model on them; so no source of the day's date or late
 rerun's parent is the same date's model).  The row sources follow the model's lineage (model.json
 `companion.sources`), so the fit depends on the run's inputs (`TrainSpec.identity`: the features, the model
 started from, the model config) and on which of those rows are still on disk (a source deleted since is skipped
-and named: `read_rows`).  Its C is the time split's, kept by the days after (`kept_c`) until their rows double
-or a week of fits has used it: a kept C is one fit, where the split makes two or more before that one.
+and named: `read_rows`).  Its C is chosen by cross-validation of the rows (`fit_cv`), and kept by the days after
+(`kept_c`) until their rows double or a week of fits has used it: a kept C is one fit, where the choice makes
+six or more before that one (three folds, two Cs at the fewest).
 
 Why a second learner: on small days the mean of the network's logit and a converged, strongly regularised
 Poly2 fit of every row so far gains over the network alone on both real samples, where no change inside the
@@ -50,7 +51,7 @@ from trainer.models.poly2 import (
     Poly2Config,
     bucket_tokens,
     fit,
-    fit_time_split,
+    fit_cv,
     pair_ids,
     single_ids,
 )
@@ -64,8 +65,8 @@ INPUTS = "pairs+counts"
 """model.json `companion.inputs`: the tokens and their pairs, and each key's count class (`KeyCounts`).  A record
 without it is a companion of the pairs alone (before the counts), which scores so and whose C is not kept."""
 CONFIG = Poly2Config()
-"""The fit's settings: 2^22 buckets, C from 0.001..0.1 by a time split of the last fifth of the rows (what the
-benchmarks measured)."""
+"""The fit's settings: 2^22 buckets, C from 0.001..0.1 by 3-fold cross-validation of the rows (what the benchmarks
+measured)."""
 C_SEARCH_GROWTH = 2
 """A day's fit keeps its parent's C until its rows are this many times those the C was chosen on (`kept_c`)."""
 C_SEARCH_FITS = 7
@@ -240,14 +241,15 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
              config: Poly2Config = CONFIG, chosen: dict[str, Any] | None = None) -> tuple[Companion, dict[str, Any]]:
     """The companion of rows in time order, and its record for model.json.
 
-    Its C is the time split's (`fit_time_split`), or, with `chosen` (the parent's C, `kept_c`), that C refit on
-    these rows: a third of the time split's work (its three fits on the first rows, then the refit).
+    Its C is cross-validation's (`fit_cv`), or, with `chosen` (the parent's C, `kept_c`), that C refit on these
+    rows: the refit alone, where the choice makes three fits per C tried (three or four Cs on the real samples)
+    before it.
     """
     t0 = time.perf_counter()
     counts = KeyCounts.of(keys)
     ids, log_dense = inputs(keys, dense, config.bits, counts, fit_rows=True)
     if chosen is None:
-        poly2, losses = fit_time_split(ids, log_dense, labels, config=config)
+        poly2, losses = fit_cv(ids, log_dense, labels, config=config)
         chosen = {"rows": int(len(labels)), "fits_ago": 0}
     else:
         poly2, losses = fit(ids, log_dense, labels, float(chosen["C"]), config=config), {}
@@ -262,12 +264,12 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
 
 def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFIG) -> dict[str, Any] | None:
     """The parent companion's C and when it was chosen (`{"C", "rows", "fits_ago"}`), when the day's fit keeps
-    it; None when the time split chooses again.
+    it; None when cross-validation chooses again.
 
-    The split chooses again once the rows are `C_SEARCH_GROWTH` times those it chose on, after `C_SEARCH_FITS`
+    It chooses again once the rows are `C_SEARCH_GROWTH` times those it chose on, after `C_SEARCH_FITS`
     fits, or when the parent chose its C otherwise (a record before `C_chosen`, other buckets or inputs, a C off
     the grid).
-    On both real samples' lineages the split chose one C from day 2 to day 4 (Criteo 0.003, Avazu 0.01), so a kept
+    On both real samples' lineages the time split that chose before chose one C from day 2 to day 4 (Criteo 0.003, Avazu 0.01), so a kept
     C changed no AUC there (docs/benchmarks.md, "The companion's fit, cheaper").
     """
     if not parent or (parent.get("kind"), parent.get("bits"), parent.get("inputs")) != (KIND, config.bits, INPUTS):
@@ -309,8 +311,8 @@ def fit_for_spec(features_url: str, schema: FeatureSchema, max_rows: int, *, par
     record["sources"] = [s.to_dict() for s in sources]
     if skipped:
         record["skipped_sources"] = skipped
-    how = ("by the time split" if not record["C_chosen"]["fits_ago"]
-           else f"kept from the split on {record['C_chosen']['rows']:,} rows")
+    how = ("by cross-validation" if not record["C_chosen"]["fits_ago"]
+           else f"kept from the choice on {record['C_chosen']['rows']:,} rows")
     log.info("companion: poly2 fit on %d rows of %d sources, C %s (%s), %.1f s", len(labels), len(sources),
              record["C"], how, record["fit_s"])
     return companion, record

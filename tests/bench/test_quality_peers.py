@@ -73,7 +73,7 @@ def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> No
 
 
 def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> None:
-    from bench.quality_peers import POLY2_CS, poly2_inputs, poly2_keys, poly2_time_split
+    from bench.quality_peers import POLY2_CS, poly2_fit, poly2_inputs, poly2_keys
     from pipeline.schema import get_schema
     from trainer.metrics import auc
     from trainer.models.key_counts import KeyCounts
@@ -88,7 +88,7 @@ def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> No
     counts = KeyCounts.of(poly2_keys(frame, schema))
     counted, _ = poly2_inputs(frame.iloc[:3], schema, 22, counts, fit_rows=True)
     assert counted.shape == (3, ids.shape[1] + 26) and np.array_equal(counted[:, :ids.shape[1]], ids)
-    probs, info = poly2_time_split(frame.iloc[:1_200], frame.iloc[1_200:], schema)
+    probs, info = poly2_fit(frame.iloc[:1_200], frame.iloc[1_200:], schema)
     assert info["C"] in POLY2_CS and probs.shape == (300,)
     assert auc(frame["label"].iloc[1_200:].to_numpy(), probs) > 0.75
 

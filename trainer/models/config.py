@@ -80,7 +80,7 @@ class ModelConfig:
     logistic regression with a weight per key, per pair of a row's keys and dense buckets, and per field for
     how often the key was seen in its rows (`trainer.models.key_counts`), fit to convergence after the day's
     training on every row so far but the day's eval rows (`trainer.companion`; the newest `companion_rows`), C
-    by a time split of them.  It reads each value's own key (`r_<j>`).  `auto`:
+    by 3-fold cross-validation of them.  It reads each value's own key (`r_<j>`).  `auto`:
     on a day of fewer than 10,000 train rows (`trainer.plan.recipe.CROSS_MIN_ROWS`, the days too small for the
     cross term) whose features carry the own keys (`encode.raw_keys_up_to`), none on larger days; `poly2`: on
     every day (needs `encode.raw_keys: true`); `off`: never.  On the small real days it gains over the network

@@ -37,9 +37,10 @@ class Poly2Config:
     bits: int = 22
     """Hash buckets, 2^bits, shared by the tokens and their pairs."""
     cs: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
-    """Inverse L2 strengths tried by `fit_time_split` (scikit-learn's C)."""
-    holdout: float = 0.2
-    """The last share of the rows (row order is time order) that chooses C."""
+    """Inverse L2 strengths tried by `fit_cv` (scikit-learn's C)."""
+    folds: int = 3
+    """`fit_cv`'s blocks of rows, each left out of one fit: 3 chose as 5 did on both real samples' lineages, in
+    0.6x the time (docs/benchmarks.md, "The companion's C by cross-validation")."""
     newton_steps: int = 30
     tol: float = 1e-4
     """Stop when the gradient's norm is below tol times its norm at zero weights (liblinear's rule: measured
@@ -52,8 +53,8 @@ class Poly2Config:
             raise ValueError(f"poly2 bits must be in [8, 30], got {self.bits}")
         if not self.cs or min(self.cs) <= 0:
             raise ValueError(f"poly2 cs must be positive, got {self.cs}")
-        if not 0 < self.holdout < 1:
-            raise ValueError(f"poly2 holdout must be in (0, 1), got {self.holdout}")
+        if self.folds < 2:
+            raise ValueError(f"poly2 folds must be >= 2 (each fold leaves out a block of rows), got {self.folds}")
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -172,8 +173,8 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _objective(C: float, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
-    return float(C * (np.logaddexp(0.0, z) - y * z).sum() + 0.5 * w @ w)
+def _objective(C: float | np.ndarray, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    return float((C * (np.logaddexp(0.0, z) - y * z)).sum() + 0.5 * w @ w)
 
 
 class _Rows:
@@ -196,17 +197,6 @@ class _Rows:
         rank[order] = np.arange(order.size)
         return cls(rank[codes].reshape(ids.shape), found[order], np.asarray(log_dense, dtype=np.float64),
                    np.asarray(labels, dtype=np.float64))
-
-    def head(self, cut: int) -> tuple[_Rows, np.ndarray, np.ndarray]:
-        """The first `cut` rows on the buckets they use; which of these rows' buckets those are (a mask); and the
-        other rows' columns in the head's numbering (-1: a bucket the head has not, whose weight there is 0)."""
-        cols = self.X.cols
-        used = np.zeros(self.buckets.size, dtype=bool)
-        used[cols[:cut]] = True
-        number = np.cumsum(used) - 1
-        rest = cols[cut:]
-        head = _Rows(number[cols[:cut]], self.buckets[used], self.X.dense[:cut], self.y[:cut])
-        return head, used, np.where(used[rest], number[rest], -1)
 
     def start(self, model: Poly2 | None) -> np.ndarray:
         """The weight vector of `model` on these rows' buckets (0 where it has none), or zeros."""
@@ -236,22 +226,26 @@ def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
     return rows.model(_minimise(rows, C, rows.start(start), config), C)
 
 
-def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config) -> np.ndarray:
-    """Truncated Newton from `w` on liblinear's objective at C; the minimising weights."""
+def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config, mask: np.ndarray | None = None) -> np.ndarray:
+    """Truncated Newton from `w` on liblinear's objective at C; the minimising weights.
+
+    `mask` (float 0/1 per row): only the rows of 1 count, so a fold's fit needs no design of its own; a bucket
+    only left-out rows use keeps the weight it starts with (its gradient is that weight: 0 from zeros)."""
     X, y = rows.X, rows.y
-    g0 = float(np.linalg.norm(C * X.rmatvec(0.5 - y)))  # the gradient at zero weights
+    Cm = C if mask is None else C * mask
+    g0 = float(np.linalg.norm(X.rmatvec(Cm * (0.5 - y))))  # the gradient at zero weights
     for _ in range(config.newton_steps):
         z = X.matvec(w)
         p = _sigmoid(z)
-        g = C * X.rmatvec(p - y) + w
+        g = X.rmatvec(Cm * (p - y)) + w
         gn = float(np.linalg.norm(g))
         if gn <= config.tol * g0:
             break
-        d = _newton_direction(X, C * p * (1.0 - p), g, gn)
-        f0, slope, step = _objective(C, z, y, w), float(g @ d), 1.0
+        d = _newton_direction(X, Cm * p * (1.0 - p), g, gn)
+        f0, slope, step = _objective(Cm, z, y, w), float(g @ d), 1.0
         while step > 1e-6:  # backtracking (Armijo): a full Newton step is almost always taken
             trial = w + step * d
-            if _objective(C, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
+            if _objective(Cm, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
                 break
             step *= 0.5
         w = trial
@@ -282,39 +276,41 @@ def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: floa
     return d
 
 
-def fit_time_split(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
-                   config: Poly2Config = Poly2Config()) -> tuple[Poly2, dict[float, float]]:
-    """The Poly2 LR with C chosen by an inner time split: the Cs of `config.cs` fit in ascending order on the
-    first 1 - holdout of the rows (row order is time order), each from the one before's weights, until one's log
-    loss on the rest is above the best so far (the loss over C has one minimum in every fit measured, and the
-    large Cs are the slow fits); the best C is then refit on every row, from its weights.
+def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
+           config: Poly2Config = Poly2Config()) -> tuple[Poly2, dict[float, float]]:
+    """The Poly2 LR with C chosen by cross-validation: the rows are cut, in row order, into `config.folds`
+    blocks, each left out of one fit of the others; the Cs of `config.cs` are tried in ascending order (each
+    fold from its weights at the C before) until one's log loss over every left-out row is above the best so
+    far (the loss over C has one minimum in every fit measured, and the large Cs are the slow fits); the best C
+    is then refit on every row, from the mean of its folds' weights.
 
-    The rows' buckets are numbered once: the first rows' fits use the buckets they have, and score the rest
-    by the same numbers (no lookup of the ids again).
+    Every row is left out once, so the choice rests on all the rows, not on a last fifth: on a lineage's first
+    small day that fifth is a few hundred rows, and its choice was the noisiest of the chain's
+    (docs/benchmarks.md, "The companion's C by cross-validation").  A fold's fit is the full rows' with its
+    block masked out (`_minimise`'s `mask`): the rows' design is built once.
 
     Returns:
-        (the refit model, {C: held-out log loss} of the Cs fit).
+        (the refit model, {C: left-out log loss} of the Cs fit).
     """
     n = len(labels)
-    cut = n - max(1, int(n * config.holdout))
-    if cut < 1:
-        raise ValueError(f"poly2 time split needs at least 2 rows, got {n}")
+    if n < config.folds:
+        raise ValueError(f"poly2 cross-validation needs at least {config.folds} rows (config.folds), got {n}")
     rows = _Rows.of(ids, log_dense, labels)
-    head, used, rest = rows.head(cut)
-    w = head.start(None)
+    edges = np.linspace(0, n, config.folds + 1).astype(np.int64)
+    weights = [np.zeros(rows.X.size) for _ in range(config.folds)]
     losses: dict[float, float] = {}
     best: tuple[float, np.ndarray] | None = None
     for C in sorted(config.cs):
-        w = _minimise(head, C, w, config)
-        k = head.buckets.size
-        z = np.append(w[:k], 0.0)[rest].sum(axis=1) + rows.X.dense[cut:] @ w[k:-1] + w[-1]
-        losses[C] = logloss(rows.y[cut:], _sigmoid(z))
+        z = np.empty(n)
+        for j, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+            mask = np.ones(n)
+            mask[lo:hi] = 0.0
+            weights[j] = _minimise(rows, C, weights[j], config, mask)
+            z[lo:hi] = rows.X.matvec(weights[j])[lo:hi]
+        losses[C] = logloss(rows.y, _sigmoid(z))
         if best is not None and losses[C] > losses[best[0]]:
             break
-        best = (C, w)
+        best = (C, np.mean(weights, axis=0))
     assert best is not None
-    C, w = best
-    start = np.zeros(rows.X.size)
-    start[:rows.buckets.size][used] = w[:head.buckets.size]
-    start[rows.buckets.size:] = w[head.buckets.size:]
+    C, start = best
     return rows.model(_minimise(rows, C, start, config), C), losses

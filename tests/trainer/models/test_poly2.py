@@ -1,4 +1,4 @@
-"""The Poly2 LR: its buckets, its fit (the liblinear objective's minimum), and its C by time split."""
+"""The Poly2 LR: its buckets, its fit (the liblinear objective's minimum), and its C by cross-validation."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from trainer.models.poly2 import (
     Poly2Config,
     bucket_tokens,
     fit,
-    fit_time_split,
+    fit_cv,
     pair_ids,
     single_ids,
 )
@@ -139,45 +139,56 @@ def test_buckets_no_fit_row_used_weigh_nothing() -> None:
     np.testing.assert_allclose(model.logits(unseen, np.zeros((2, 0))), model.bias)
 
 
-def test_the_time_split_chooses_the_c_of_the_lowest_held_out_loss_and_refits_every_row() -> None:
+def test_cross_validation_chooses_the_c_of_the_lowest_left_out_loss_and_refits_every_row() -> None:
     tokens, y = xor_rows(3000, 7)
     ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
-    model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(1e-4, 1.0), holdout=0.25, tol=1e-8))
+    model, losses = fit_cv(ids, none, y, config=Poly2Config(cs=(1e-4, 1.0), tol=1e-8))
     assert set(losses) == {1e-4, 1.0}
     assert model.C == min(losses, key=losses.__getitem__) == 1.0  # 1e-4 leaves the XOR unlearnt
-    refit = fit(ids, none, y, 1.0, config=TIGHT)  # from zero weights: the minimum the split's refit reached
+    refit = fit(ids, none, y, 1.0, config=TIGHT)  # from zero weights: the minimum the refit reached
     np.testing.assert_allclose(model.weights, refit.weights, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize(("key", "value"), [("bits", 40), ("cs", ()), ("cs", (0.0,)), ("holdout", 1.0)])
+@pytest.mark.parametrize(("key", "value"), [("bits", 40), ("cs", ()), ("cs", (0.0,)), ("folds", 1)])
 def test_bad_settings_are_refused_naming_the_setting(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"poly2 {key}"):
         Poly2Config(**{key: value})  # type: ignore[arg-type]
 
 
+def test_cross_validation_needs_a_row_per_fold() -> None:
+    tokens, y = xor_rows(2, 7)
+    with pytest.raises(ValueError, match="at least 3 rows"):
+        fit_cv(pair_ids(tokens, 14), np.zeros((2, 0)), y)
+
+
 def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
-    """Ascending Cs until one's held-out loss is above the best so far: the Cs it fit are a prefix of the grid, the
+    """Ascending Cs until one's left-out loss is above the best so far: the Cs it fit are a prefix of the grid, the
     last of them is worse than the best, and the best is the one a search of every C would choose."""
     tokens, y = xor_rows(1500, 7)
     ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
     grid = (1e-4, 1e-2, 1.0, 1e2, 1e4, 1e6)
-    model, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=grid, holdout=0.25))
+    model, losses = fit_cv(ids, none, y, config=Poly2Config(cs=grid))
     fit_cs = list(losses)
     assert fit_cs == list(grid[:len(fit_cs)]) and len(fit_cs) < len(grid)  # it stopped early here
     assert losses[fit_cs[-1]] > min(losses.values()) and min(losses, key=losses.__getitem__) == model.C
-    every = {C: fit_time_split(ids, none, y, config=Poly2Config(cs=(C,), holdout=0.25))[1][C] for C in grid}
+    every = {C: fit_cv(ids, none, y, config=Poly2Config(cs=(C,)))[1][C] for C in grid}
     assert min(every, key=every.__getitem__) == model.C  # the early stop lost nothing on this grid
 
 
-def test_the_held_out_loss_is_the_first_rows_fit_scored_on_the_rest_unseen_buckets_weighing_nothing() -> None:
+def test_the_left_out_loss_is_each_blocks_score_by_a_fit_of_the_others_unseen_buckets_weighing_nothing() -> None:
+    """Each of the 3 blocks of rows, in row order, is scored by a fit of the other rows alone (the masked fit of
+    all the rows is that fit); the loss is over every row."""
     tokens, y = xor_rows(1200, 9)
     rare = (3 << FIELD_SHIFT) | np.random.default_rng(9).integers(2, 10**6, len(y))  # a value of almost every row
     ids, none = pair_ids(np.column_stack([tokens, rare]), 20), np.zeros((len(y), 0))
-    _, losses = fit_time_split(ids, none, y, config=Poly2Config(cs=(0.3,), holdout=0.25))
-    head = fit(ids[:900], none[:900], y[:900], 0.3)
-    assert not np.isin(ids[900:], head.buckets).all()  # the rest has buckets the first rows never had
-    p = 1 / (1 + np.exp(-head.logits(ids[900:], none[900:])))
-    assert losses[0.3] == pytest.approx(logloss(y[900:], p), abs=1e-9)
+    _, losses = fit_cv(ids, none, y, config=Poly2Config(cs=(0.3,), folds=3, tol=1e-8))
+    z = np.empty(len(y))
+    for lo, hi in ((0, 400), (400, 800), (800, 1200)):
+        others = np.r_[0:lo, hi:len(y)]
+        model = fit(ids[others], none[others], y[others], 0.3, config=TIGHT)
+        assert not np.isin(ids[lo:hi], model.buckets).all()  # the block has buckets the other rows never had
+        z[lo:hi] = model.logits(ids[lo:hi], none[lo:hi])
+    assert losses[0.3] == pytest.approx(logloss(y, 1 / (1 + np.exp(-z))), abs=1e-6)
 
 
 def test_the_weights_do_not_depend_on_the_number_of_threads() -> None:
@@ -186,9 +197,9 @@ def test_the_weights_do_not_depend_on_the_number_of_threads() -> None:
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one, _ = fit_time_split(ids, dense, y)
+        one, _ = fit_cv(ids, dense, y)
         torch.set_num_threads(2)
-        two, _ = fit_time_split(ids, dense, y)
+        two, _ = fit_cv(ids, dense, y)
     finally:
         torch.set_num_threads(saved)
     np.testing.assert_array_equal(one.weights, two.weights)
