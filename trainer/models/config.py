@@ -84,7 +84,7 @@ class ModelConfig:
     on a day of fewer than 10,000 train rows (`trainer.plan.recipe.CROSS_MIN_ROWS`, the days too small for the
     cross term) whose features carry the own keys (`encode.raw_keys_up_to`), none on larger days; `poly2`: on
     every day (needs `encode.raw_keys: true`); `off`: never.  On the small real days it gains over the network
-    alone (Criteo +0.0032, Avazu +0.0049, both decided); on synthetic 36,000-row days it did not (-0.0013, not
+    alone (Criteo +0.0032, Avazu +0.0059, both decided); on synthetic 36,000-row days it did not (-0.0013, not
     decided) at 7x the train stage's time (docs/benchmarks.md, issue 31); its fit's cost grows with the rows.
     Reshapes no parameter: a change keeps the warm start."""
     companion_rows: int = result_field(50_000, neutral=50_000, why="which rows the companion is fit on")

@@ -177,7 +177,10 @@ def test_rerun_of_a_completed_date_changes_nothing(three_days):
 def test_a_degraded_model_is_refused_and_latest_stays(three_days):
     root, cfg, _ = three_days
     generate_days(str(root / "raw"), 1, ROWS, seed=7, start_date="2026-01-04")
-    bad = with_overrides(cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0})
+    # the network alone: what the gate must refuse is its divergence, and a companion on the lineage's 23,000
+    # rows would cost this test most of its time (the companion's own runs: tests/trainer/test_companion.py)
+    bad = with_overrides(cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0,
+                               "model.companion": "off"})
     state = daily_retrain("2026-01-04", config=bad.to_dict(), return_state=True)
     assert state.is_failed() and state.name == "PublishRefused"
     record = read_record(cfg.layout(), "2026-01-04")
