@@ -78,7 +78,7 @@ SMOKE = RollingSize(days=3, rows=3_300, datasets=("criteo",))
 POLY2 = "sklearn-poly2"
 OWN_POLY2 = "poly2"
 """Not a peer: this project's Poly2 LR (`trainer.models.poly2`) on the companion's inputs, its C chosen as the
-`sklearn-poly2` peer's is."""
+companion chooses it (`trainer.models.poly2.fit_cv`)."""
 BLEND = f"probe: {OURS} + {OWN_POLY2}"
 """Not a peer: the mean of the default's and `poly2`'s logits, a probe of what a second, different learner adds
 to the default on these days (issue 31)."""

@@ -269,8 +269,8 @@ def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFI
     It chooses again once the rows are `C_SEARCH_GROWTH` times those it chose on, after `C_SEARCH_FITS`
     fits, or when the parent chose its C otherwise (a record before `C_chosen`, other buckets or inputs, a C off
     the grid).
-    On both real samples' lineages the time split that chose before chose one C from day 2 to day 4 (Criteo 0.003, Avazu 0.01), so a kept
-    C changed no AUC there (docs/benchmarks.md, "The companion's fit, cheaper").
+    On both real samples' lineages the time split that chose before chose one C from day 2 to day 4 (Criteo
+    0.003, Avazu 0.01), so a kept C changed no AUC there (docs/benchmarks.md, "The companion's fit, cheaper").
     """
     if not parent or (parent.get("kind"), parent.get("bits"), parent.get("inputs")) != (KIND, config.bits, INPUTS):
         return None

@@ -226,11 +226,13 @@ def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
     return rows.model(_minimise(rows, C, rows.start(start), config), C)
 
 
-def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config, mask: np.ndarray | None = None) -> np.ndarray:
+def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config,
+              mask: np.ndarray | None = None) -> np.ndarray:
     """Truncated Newton from `w` on liblinear's objective at C; the minimising weights.
 
-    `mask` (float 0/1 per row): only the rows of 1 count, so a fold's fit needs no design of its own; a bucket
-    only left-out rows use keeps the weight it starts with (its gradient is that weight: 0 from zeros)."""
+    `mask` (float 0/1 per row): only the rows of 1 count, so a fold's fit needs no design of its own.  A bucket
+    that only rows of 0 use has its own weight as its gradient, so its minimum is 0, as in a fit of the counted
+    rows alone (where it has no weight)."""
     X, y = rows.X, rows.y
     Cm = C if mask is None else C * mask
     g0 = float(np.linalg.norm(X.rmatvec(Cm * (0.5 - y))))  # the gradient at zero weights
