@@ -40,7 +40,7 @@ class Poly2Config:
     """Inverse L2 strengths tried by `fit_cv` (scikit-learn's C)."""
     folds: int = 3
     """`fit_cv`'s blocks of rows, each left out of one fit: 3 chose as 5 did on both real samples' lineages, in
-    0.6x the time (docs/benchmarks.md, "The companion's C by cross-validation")."""
+    about half the time (docs/benchmarks.md, "The companion's C by cross-validation")."""
     newton_steps: int = 30
     tol: float = 1e-4
     """Stop when the gradient's norm is below tol times its norm at zero weights (liblinear's rule: measured
@@ -173,8 +173,42 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _objective(C: float | np.ndarray, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
-    return float((C * (np.logaddexp(0.0, z) - y * z)).sum() + 0.5 * w @ w)
+def _objective(C: float, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    return float(C * (np.logaddexp(0.0, z) - y * z).sum() + 0.5 * w @ w)
+
+
+def _numbered(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the rows' columns: each id's number among the sorted distinct ids, the sorted distinct ids)."""
+    n = len(labels)
+    if n == 0 or ids.shape[0] != n or log_dense.shape[0] != n:
+        raise ValueError(f"poly2 fit needs rows: ids {ids.shape}, dense {log_dense.shape}, labels ({n},)")
+    codes, found = pd.factorize(np.ascontiguousarray(ids, dtype=np.int64).ravel())  # hashing: np.unique's sort
+    order = np.argsort(found)                                                       # took 7x longer on 5M ids
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return rank[codes].reshape(ids.shape), found[order]
+
+
+class _Fold:
+    """The rows but a block [lo, hi), on the buckets they use (`rows`), and the block's columns in their numbering
+    (-1: a bucket no other row has, whose weight in the fold's fit is 0): a fit of the other rows, scored on the
+    block, with no lookup of the ids again."""
+
+    def __init__(self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray,
+                 lo: int, hi: int) -> None:
+        keep = np.concatenate([cols[:lo], cols[hi:]])
+        self.used = np.zeros(buckets.size, dtype=bool)
+        self.used[keep] = True
+        number = np.cumsum(self.used) - 1
+        self.rows = _Rows(number[keep], buckets[self.used], np.concatenate([log_dense[:lo], log_dense[hi:]]),
+                          np.concatenate([labels[:lo], labels[hi:]]))
+        block = cols[lo:hi]
+        self.block = np.where(self.used[block], number[block], -1)
+        self.block_dense = log_dense[lo:hi]
+
+    def block_logits(self, w: np.ndarray) -> np.ndarray:
+        k = self.rows.buckets.size
+        return np.append(w[:k], 0.0)[self.block].sum(axis=1) + self.block_dense @ w[k:-1] + w[-1]
 
 
 class _Rows:
@@ -188,15 +222,8 @@ class _Rows:
 
     @classmethod
     def of(cls, ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> _Rows:
-        n = len(labels)
-        if n == 0 or ids.shape[0] != n or log_dense.shape[0] != n:
-            raise ValueError(f"poly2 fit needs rows: ids {ids.shape}, dense {log_dense.shape}, labels ({n},)")
-        codes, found = pd.factorize(np.ascontiguousarray(ids, dtype=np.int64).ravel())  # hashing: np.unique's sort
-        order = np.argsort(found)                                                       # took 7x longer on 5M ids
-        rank = np.empty(order.size, dtype=np.int64)
-        rank[order] = np.arange(order.size)
-        return cls(rank[codes].reshape(ids.shape), found[order], np.asarray(log_dense, dtype=np.float64),
-                   np.asarray(labels, dtype=np.float64))
+        cols, buckets = _numbered(ids, log_dense, labels)
+        return cls(cols, buckets, np.asarray(log_dense, dtype=np.float64), np.asarray(labels, dtype=np.float64))
 
     def start(self, model: Poly2 | None) -> np.ndarray:
         """The weight vector of `model` on these rows' buckets (0 where it has none), or zeros."""
@@ -226,28 +253,22 @@ def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
     return rows.model(_minimise(rows, C, rows.start(start), config), C)
 
 
-def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config,
-              mask: np.ndarray | None = None) -> np.ndarray:
-    """Truncated Newton from `w` on liblinear's objective at C; the minimising weights.
-
-    `mask` (float 0/1 per row): only the rows of 1 count, so a fold's fit needs no design of its own.  A bucket
-    that only rows of 0 use has its own weight as its gradient, so its minimum is 0, as in a fit of the counted
-    rows alone (where it has no weight)."""
+def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config) -> np.ndarray:
+    """Truncated Newton from `w` on liblinear's objective at C; the minimising weights."""
     X, y = rows.X, rows.y
-    Cm = C if mask is None else C * mask
-    g0 = float(np.linalg.norm(X.rmatvec(Cm * (0.5 - y))))  # the gradient at zero weights
+    g0 = float(np.linalg.norm(C * X.rmatvec(0.5 - y)))  # the gradient at zero weights
     for _ in range(config.newton_steps):
         z = X.matvec(w)
         p = _sigmoid(z)
-        g = X.rmatvec(Cm * (p - y)) + w
+        g = C * X.rmatvec(p - y) + w
         gn = float(np.linalg.norm(g))
         if gn <= config.tol * g0:
             break
-        d = _newton_direction(X, Cm * p * (1.0 - p), g, gn)
-        f0, slope, step = _objective(Cm, z, y, w), float(g @ d), 1.0
+        d = _newton_direction(X, C * p * (1.0 - p), g, gn)
+        f0, slope, step = _objective(C, z, y, w), float(g @ d), 1.0
         while step > 1e-6:  # backtracking (Armijo): a full Newton step is almost always taken
             trial = w + step * d
-            if _objective(Cm, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
+            if _objective(C, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
                 break
             step *= 0.5
         w = trial
@@ -288,8 +309,10 @@ def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
 
     Every row is left out once, so the choice rests on all the rows, not on a last fifth: on a lineage's first
     small day that fifth is a few hundred rows, and its choice was the noisiest of the chain's
-    (docs/benchmarks.md, "The companion's C by cross-validation").  A fold's fit is the full rows' with its
-    block masked out (`_minimise`'s `mask`): the rows' design is built once.
+    (docs/benchmarks.md, "The companion's C by cross-validation").  The buckets are numbered once for all the
+    rows; each fold is the other rows on the buckets they use (`_Fold`), and scores its block by the same
+    numbers.  The folds' designs (each of the rows but a block: twice the rows' design in all, with 3 folds) are
+    freed before the refit's is built.
 
     Returns:
         (the refit model, {C: left-out log loss} of the Cs fit).
@@ -297,22 +320,29 @@ def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
     n = len(labels)
     if n < config.folds:
         raise ValueError(f"poly2 cross-validation needs at least {config.folds} rows (config.folds), got {n}")
-    rows = _Rows.of(ids, log_dense, labels)
+    cols, buckets = _numbered(ids, log_dense, labels)
+    dense, y = np.asarray(log_dense, dtype=np.float64), np.asarray(labels, dtype=np.float64)
     edges = np.linspace(0, n, config.folds + 1).astype(np.int64)
-    weights = [np.zeros(rows.X.size) for _ in range(config.folds)]
+    folds = [_Fold(cols, buckets, dense, y, lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    weights = [f.rows.start(None) for f in folds]
     losses: dict[float, float] = {}
-    best: tuple[float, np.ndarray] | None = None
+    best: tuple[float, list[np.ndarray]] | None = None
     for C in sorted(config.cs):
         z = np.empty(n)
-        for j, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
-            mask = np.ones(n)
-            mask[lo:hi] = 0.0
-            weights[j] = _minimise(rows, C, weights[j], config, mask)
-            z[lo:hi] = rows.X.matvec(weights[j])[lo:hi]
-        losses[C] = logloss(rows.y, _sigmoid(z))
+        for j, (fold, lo, hi) in enumerate(zip(folds, edges[:-1], edges[1:], strict=True)):
+            weights[j] = _minimise(fold.rows, C, weights[j], config)
+            z[lo:hi] = fold.block_logits(weights[j])
+        losses[C] = logloss(y, _sigmoid(z))
         if best is not None and losses[C] > losses[best[0]]:
             break
-        best = (C, np.mean(weights, axis=0))
+        best = (C, list(weights))
     assert best is not None
-    C, start = best
+    C, chosen = best
+    start = np.zeros(buckets.size + dense.shape[1] + 1)  # the mean of the folds' weights, 0 where a fold has none
+    for fold, w in zip(folds, chosen, strict=True):
+        k = fold.rows.buckets.size
+        start[:buckets.size][fold.used] += w[:k] / len(folds)
+        start[buckets.size:] += w[k:] / len(folds)
+    del folds, weights
+    rows = _Rows(cols, buckets, dense, y)
     return rows.model(_minimise(rows, C, start, config), C), losses
