@@ -152,11 +152,6 @@ class _Design:
     def size(self) -> int:
         return self.width + self.nd + 1
 
-    @property
-    def cols(self) -> np.ndarray:
-        """(N, per row) the rows' columns: a view of X's CSR indices (int32 or int64), no copy."""
-        return self._x.col_indices().numpy().reshape(self._x.shape[0], -1)
-
     def matvec(self, v: np.ndarray) -> np.ndarray:
         onehot = (self._x @ torch.from_numpy(np.ascontiguousarray(v[:self.width]))).numpy()
         return onehot + self.dense @ v[self.width:self.width + self.nd] + v[-1]
@@ -217,7 +212,7 @@ class _Rows:
 
     def __init__(self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> None:
         self.buckets = buckets
-        self.X = _Design(cols, log_dense, buckets.size)  # it keeps the columns (`X.cols`): no second copy here
+        self.X = _Design(cols, log_dense, buckets.size)
         self.y = labels
 
     @classmethod

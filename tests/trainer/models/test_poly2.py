@@ -176,8 +176,8 @@ def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
 
 
 def test_the_left_out_loss_is_each_blocks_score_by_a_fit_of_the_others_unseen_buckets_weighing_nothing() -> None:
-    """Each of the 3 blocks of rows, in row order, is scored by a fit of the other rows alone (the masked fit of
-    all the rows is that fit); the loss is over every row."""
+    """Each of the 3 blocks of rows, in row order, is scored by a fit of the other rows alone; the loss is over
+    every row."""
     tokens, y = xor_rows(1200, 9)
     rare = (3 << FIELD_SHIFT) | np.random.default_rng(9).integers(2, 10**6, len(y))  # a value of almost every row
     ids, none = pair_ids(np.column_stack([tokens, rare]), 20), np.zeros((len(y), 0))
