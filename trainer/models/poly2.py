@@ -191,6 +191,7 @@ class _Fold:
 
     def __init__(self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray,
                  lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
         keep = np.concatenate([cols[:lo], cols[hi:]])
         self.used = np.zeros(buckets.size, dtype=bool)
         self.used[keep] = True
@@ -318,15 +319,15 @@ def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
     cols, buckets = _numbered(ids, log_dense, labels)
     dense, y = np.asarray(log_dense, dtype=np.float64), np.asarray(labels, dtype=np.float64)
     edges = np.linspace(0, n, config.folds + 1).astype(np.int64)
-    folds = [_Fold(cols, buckets, dense, y, lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    folds = [_Fold(cols, buckets, dense, y, int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
     weights = [f.rows.start(None) for f in folds]
     losses: dict[float, float] = {}
     best: tuple[float, list[np.ndarray]] | None = None
     for C in sorted(config.cs):
         z = np.empty(n)
-        for j, (fold, lo, hi) in enumerate(zip(folds, edges[:-1], edges[1:], strict=True)):
+        for j, fold in enumerate(folds):
             weights[j] = _minimise(fold.rows, C, weights[j], config)
-            z[lo:hi] = fold.block_logits(weights[j])
+            z[fold.lo:fold.hi] = fold.block_logits(weights[j])
         losses[C] = logloss(y, _sigmoid(z))
         if best is not None and losses[C] > losses[best[0]]:
             break
