@@ -257,8 +257,8 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
     # the scorer uses the weights as saved (float32): the record's numbers are the saved model's
     saved = _rounded(poly2)
     record = {"kind": KIND, "bits": config.bits, "inputs": INPUTS, "C": saved.C, "C_chosen": chosen,
-              "rows": int(len(labels)), "buckets": int(saved.buckets.size), "holdout_logloss": {str(c): v for c, v in losses.items()},
-              "fit_s": round(time.perf_counter() - t0, 3)}
+              "rows": int(len(labels)), "buckets": int(saved.buckets.size),
+              "holdout_logloss": {str(c): v for c, v in losses.items()}, "fit_s": round(time.perf_counter() - t0, 3)}
     return Companion(saved, config.bits, counts), record
 
 

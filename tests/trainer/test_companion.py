@@ -97,7 +97,7 @@ def test_a_day_keeps_its_parents_c_until_its_rows_double_or_a_week_of_fits_has_u
     parent = {"kind": "poly2", "bits": 22, "inputs": companion.INPUTS, "C": 0.003,
               "C_chosen": {"rows": 4_000, "fits_ago": 0}}
     assert companion.kept_c(parent, 7_999) == {"C": 0.003, "rows": 4_000, "fits_ago": 0}
-    assert companion.kept_c(parent, 8_000) is None  # twice the rows: the split chooses again
+    assert companion.kept_c(parent, 8_000) is None  # twice the rows: cross-validation chooses again
     week = {**parent, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 2}}
     assert companion.kept_c(week, 4_000) is not None
     assert companion.kept_c({**week, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 1}}, 4_000) is None

@@ -154,7 +154,7 @@ def test_the_companions_c_is_chosen_again_when_the_rows_double_and_kept_in_betwe
     assert all(r is not None for r in records)  # days of 6,000 generated rows: a companion each (auto)
     rows = [r["rows"] for r in records]
     chosen = [r["C_chosen"] for r in records]
-    # day 2's rows are twice day 1's: the split again; day 3's are fewer than twice day 2's: day 2's C, refit
+    # day 2's rows are twice day 1's: chosen again; day 3's are fewer than twice day 2's: day 2's C, refit
     assert rows[1] >= 2 * rows[0] and rows[2] < 2 * rows[1], rows
     assert chosen[:2] == [{"rows": rows[0], "fits_ago": 0}, {"rows": rows[1], "fits_ago": 0}]
     assert chosen[2] == {"rows": rows[1], "fits_ago": 1} and records[2]["C"] == records[1]["C"]
