@@ -26,8 +26,9 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(VENV)/bin/ctrpipe demo --root $(CURDIR)/demo-data --days 3
 
-# ruff and mypy, as configured in pyproject.toml (mypy strict on storage/ and trainer/distributed/); seconds.
+# ruff (the format and the 120-column rule included) and mypy, as configured in pyproject.toml; seconds.
 lint: install-test
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 

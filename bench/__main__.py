@@ -6,11 +6,13 @@ Each benchmark is also a command of its own with full-size defaults:
     python -m bench.ingest  [--rows N ...] [--plain] [--repeat K]  ingest vs pyarrow CSV->Parquet, worker memory
     python -m bench.vocab   [--rows N] [--days 7]        vocabulary window, incremental vs from scratch
     python -m bench.store   [--quick] [--parts ...]      key index, host gathers, SSD I/O, hit rates, 10^6..10^8 keys
-    python -m bench.train   [--rows N] [--procs ...]     default model: examples/s, MFU vs a plain PyTorch loop, TorchRec
+    python -m bench.train   [--rows N] [--procs ...]     default model: examples/s, MFU vs a plain PyTorch loop,
+    TorchRec
     python -m bench.dense_step [--rows N ...]       the dense step alone: MFU, the attention's CPU kernel vs autograd
     python -m bench.comm    [--steps N] [--ks ...]       flat vs two-phase allreduce; k-step Adam sync cost and AUC
     python -m bench.het     [--procs 2,4] [--bounds ...] HET cache: sparse bytes/step, hit rate, AUC per staleness bound
-    python -m bench.quality [--datasets ...] [--seeds ...] AUC/logloss vs sklearn LR, DeepFM; ceiling, planted-form bound
+    python -m bench.quality [--datasets ...] [--seeds ...] AUC/logloss vs sklearn LR, DeepFM; ceiling, planted-form
+    bound
     python -m bench.day     [--rows N ...] [--days 3]    the day through `ctrpipe backfill`: per stage, vs a bare script
     python -m bench.capacity                             a terabyte day on paper, from bench/results/*.json
     python -m bench.gpu_probe --out probe.json           the trainer's checks on a GPU (`make gpu-check`)
@@ -38,8 +40,21 @@ QUICK = [
 ]
 
 
-SMOKE = ["bench.ingest", "bench.vocab", "bench.store", "bench.train", "bench.dense_step", "bench.comm", "bench.het",
-         "bench.day", "bench.serve", "bench.quality", "bench.quality_ladder", "bench.gpu_probe", "bench.capacity"]
+SMOKE = [
+    "bench.ingest",
+    "bench.vocab",
+    "bench.store",
+    "bench.train",
+    "bench.dense_step",
+    "bench.comm",
+    "bench.het",
+    "bench.day",
+    "bench.serve",
+    "bench.quality",
+    "bench.quality_ladder",
+    "bench.gpu_probe",
+    "bench.capacity",
+]
 """Every benchmark, each with a `--smoke` size, in the order `--smoke` runs them (capacity last: it reads the
 others' results).  bench.quality_ladder needs scikit-learn (`make bench-peers`, or the test extra)."""
 

@@ -54,7 +54,11 @@ def row_format_overrides(name: str) -> dict[str, str]:
     from storage.embedding.row_format import RowFormat
 
     fmt = RowFormat.parse(16, name)  # checks the name; the dim plays no part in the keys
-    return {"optim.sparse_optimizer": fmt.optimizer, "store.row_dtype": fmt.row_dtype, "store.state_dtype": fmt.state_dtype}
+    return {
+        "optim.sparse_optimizer": fmt.optimizer,
+        "store.row_dtype": fmt.row_dtype,
+        "store.state_dtype": fmt.state_dtype,
+    }
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,9 @@ class Variant:
         for item in text.split(","):
             key, eq, value = item.partition("=")
             if not eq or not key.strip():
-                raise ValueError(f"a variant is key=value[,key=value...], e.g. vocab.min_count=1; got {item!r} in {text!r}")
+                raise ValueError(
+                    f"a variant is key=value[,key=value...], e.g. vocab.min_count=1; got {item!r} in {text!r}"
+                )
             sets[key.strip()] = parse_yaml(value.strip())  # as `ctrpipe --set` reads it
         return Variant(text, sets)
 
@@ -245,8 +251,14 @@ def timer() -> Iterator[dict[str, float]]:
         out["s"] = time.perf_counter() - t0
 
 
-def report(name: str, rows: Sequence[dict[str, Any]], *, params: dict[str, Any], notes: str = "",
-           columns: Sequence[str] | None = None) -> Path:
+def report(
+    name: str,
+    rows: Sequence[dict[str, Any]],
+    *,
+    params: dict[str, Any],
+    notes: str = "",
+    columns: Sequence[str] | None = None,
+) -> Path:
     """Print the table (and notes) and write `bench/results/<name>.json` with params and the environment."""
     print(f"\n== {name} ==")
     print_table(rows, columns)
@@ -257,8 +269,9 @@ def report(name: str, rows: Sequence[dict[str, Any]], *, params: dict[str, Any],
     return path
 
 
-def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, *, store: Any, model: Any,
-               run_tag: str, **kw: Any) -> Any:
+def train_spec(
+    features: Path | str, output: Path | str, local_dir: Path | str, *, store: Any, model: Any, run_tag: str, **kw: Any
+) -> Any:
     """A one-node train spec for a bench run: `kw` are `trainer.*`, `optim.*` and `het.*` keys by name; the
     `optim` values left `auto` are derived for the features' train rows (`trainer.plan.recipe`), as a daily run does."""
     import dataclasses
@@ -282,7 +295,15 @@ def train_spec(features: Path | str, output: Path | str, local_dir: Path | str, 
     recipe = derive(built["optim"], model, rows=rows, world_size=built["trainer"].world_size)
     built["optim"] = recipe.optim
     return TrainSpec(
-        features_url=str(features), output_url=str(output), init_model_url=None, local_dir=str(local_dir),
-        model_name="ctr", storage_options=None, store=store, model=recipe.model, run_tag=run_tag, vocab_date=None,
+        features_url=str(features),
+        output_url=str(output),
+        init_model_url=None,
+        local_dir=str(local_dir),
+        model_name="ctr",
+        storage_options=None,
+        store=store,
+        model=recipe.model,
+        run_tag=run_tag,
+        vocab_date=None,
         **built,
     )

@@ -84,11 +84,14 @@ def model_mfu(model: nn.Module, *inputs: torch.Tensor, seconds: float = 0.3) -> 
     k, n = largest_linear(model)
     m = inputs[0].shape[0]
     rate = matmul_flops_per_s(m, k, n, seconds=seconds)
-    return {"flops_per_example": both, "forward_flops_per_example": forward, "attainable_gflops": rate / 1e9,
-            "matmul_shape": f"{m}x{k}x{n}"}
+    return {
+        "flops_per_example": both,
+        "forward_flops_per_example": forward,
+        "attainable_gflops": rate / 1e9,
+        "matmul_shape": f"{m}x{k}x{n}",
+    }
 
 
 def mfu(examples_per_s: float, flops_per_example: float, attainable_gflops: float) -> float:
     """Share of the attainable matmul rate a training loop's examples/s amounts to."""
     return examples_per_s * flops_per_example / (attainable_gflops * 1e9)
-

@@ -84,8 +84,9 @@ def setup_netns(rate: str, delay: str) -> str | None:
         tc = ["ip", "netns", "exec", NS[i], "tc", "qdisc", "add", "dev", IFACES[i], "root"]
         netem = subprocess.run([*tc, "netem", "delay", delay, "rate", rate], capture_output=True, text=True)
         if netem.returncode:
-            tbf = subprocess.run([*tc, "tbf", "rate", rate, "burst", "512kb", "latency", "50ms"],
-                                 capture_output=True, text=True)
+            tbf = subprocess.run(
+                [*tc, "tbf", "rate", rate, "burst", "512kb", "latency", "50ms"], capture_output=True, text=True
+            )
             if tbf.returncode:
                 teardown_netns()
                 return f"tc netem and tbf both failed: {netem.stderr.strip()} / {tbf.stderr.strip()}"
@@ -156,11 +157,25 @@ def bench_allreduce(sizes_mb: list[int], reps: int, netns: bool) -> list[dict[st
     for rank in range(4):
         node = rank // 2
         env = node_env(node, netns) | {
-            "MASTER_ADDR": master, "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "4",
-            "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": str(rank % 2),
+            "LOCAL_WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1",
         }
-        cmd = [*node_prefix(node, netns), sys.executable, "-m", "bench.comm", "--worker", str(rank),
-               ",".join(map(str, sizes_mb)), str(reps), str(out)]
+        cmd = [
+            *node_prefix(node, netns),
+            sys.executable,
+            "-m",
+            "bench.comm",
+            "--worker",
+            str(rank),
+            ",".join(map(str, sizes_mb)),
+            str(reps),
+            str(out),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[1])))
     codes = [p.wait(timeout=1800) for p in procs]
     if any(codes):
@@ -187,22 +202,49 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
     procs = []
     for node in (0, 1):
         spec = train_spec(
-            features, out, tmp / "local" / f"k{k}", store=StoreConfig(embedding_dim=16, host_budget_mb=256),
-            model=MODEL, run_tag=f"k{k}", backend="gloo", device="cpu",
-            nproc_per_node=2, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, k_steps=k, timeout_s=1800,
-            log_every=10_000, checkpoint_every=0, intra_group_size=2, **steps_cfg,
+            features,
+            out,
+            tmp / "local" / f"k{k}",
+            store=StoreConfig(embedding_dim=16, host_budget_mb=256),
+            model=MODEL,
+            run_tag=f"k{k}",
+            backend="gloo",
+            device="cpu",
+            nproc_per_node=2,
+            nnodes=2,
+            node_rank=node,
+            rdzv_endpoint=endpoint,
+            k_steps=k,
+            timeout_s=1800,
+            log_every=10_000,
+            checkpoint_every=0,
+            intra_group_size=2,
+            **steps_cfg,
         )
         cfg = spec.trainer
         path = tmp / f"spec-k{k}-n{node}.json"
         spec.write(path)
         cmd = torchrun_command(cfg, str(path), run_id=f"bench-k{k}", log_dir=str(tmp / f"torchrun-k{k}-n{node}"))
         if netns:  # advertise the namespace's address, not the (shared) hostname, to the other node
-            cmd = [*node_prefix(node, netns), *cmd[:3], "--local_addr", ADDRS[node],
-                   "--rdzv_conf", f"is_host={node == 0}".lower(), *cmd[3:]]
+            cmd = [
+                *node_prefix(node, netns),
+                *cmd[:3],
+                "--local_addr",
+                ADDRS[node],
+                "--rdzv_conf",
+                f"is_host={node == 0}".lower(),
+                *cmd[3:],
+            ]
         env = trainer_env(cfg) | ({"GLOO_SOCKET_IFNAME": IFACES[node]} if netns else {})
         log = open(tmp / f"k{k}-n{node}.log", "w")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=str(Path(__file__).resolve().parents[1])), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[1])
+                ),
+                log,
+            )
+        )
     for p, log in procs:
         code = p.wait(timeout=3600)
         log.close()
@@ -220,18 +262,26 @@ def bench_k(ks: list[int], steps: int, batch: int, netns: bool, eval_rows: int =
     try:
         features = write_synthetic_features(tmp / "features", 4 * batch * steps, eval_rows=eval_rows)
         for k in ks:
-            meta = train_two_nodes(tmp, features, k, {"batch_size": batch, "epochs": 1, "lr": 1e-3, "sparse_lr": 1e-2}, netns)
+            meta = train_two_nodes(
+                tmp, features, k, {"batch_size": batch, "epochs": 1, "lr": 1e-3, "sparse_lr": 1e-2}, netns
+            )
             st = meta["train"]
             auc = evaluate_model(str(tmp / "runs" / f"k{k}" / "model"), str(features))["auc"]
             per = 1000 / max(1, st["steps"])
-            rows.append({
-                "k": k, "steps": st["steps"], "merges": st["dense_merges"],
-                "sync_MB_per_1k_steps": st["dense_sync_bytes"] / 4 * per / 2**20,  # per rank
-                "sync_s_per_1k_steps": st["dense_sync_s"] * per,
-                "comm_share": st["dense_sync_s"] / st["train_s"],
-                "sparse_MB_per_step": st["sparse_bytes_per_step"] / 2**20,
-                "auc": auc, "examples_per_s": st["examples_per_s"], "paper_comm_share": PAPER.get(k, ""),
-            })
+            rows.append(
+                {
+                    "k": k,
+                    "steps": st["steps"],
+                    "merges": st["dense_merges"],
+                    "sync_MB_per_1k_steps": st["dense_sync_bytes"] / 4 * per / 2**20,  # per rank
+                    "sync_s_per_1k_steps": st["dense_sync_s"] * per,
+                    "comm_share": st["dense_sync_s"] / st["train_s"],
+                    "sparse_MB_per_step": st["sparse_bytes_per_step"] / 2**20,
+                    "auc": auc,
+                    "examples_per_s": st["examples_per_s"],
+                    "paper_comm_share": PAPER.get(k, ""),
+                }
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
@@ -259,22 +309,43 @@ def main(argv: list[str] | None = None) -> None:
     args = apply_smoke(p.parse_args(argv), SMOKE)
     why = "--no-netns given" if args.no_netns else setup_netns(args.rate, args.delay)
     netns = why is None
-    link = f"network namespaces joined by a veth pair, tc {SHAPER['kind']}" if netns else (
-        f"loopback (network namespaces skipped: {why})")
+    link = (
+        f"network namespaces joined by a veth pair, tc {SHAPER['kind']}"
+        if netns
+        else (f"loopback (network namespaces skipped: {why})")
+    )
     print(f"link between the 2 nodes: {link}")
     try:
         sizes = [int(x) for x in args.sizes_mb.split(",")]
         ar = bench_allreduce(sizes, args.reps, netns)
-        report("comm_allreduce", ar, params={"sizes_mb": sizes, "reps": args.reps, "link": link},
-               notes="median of reps; 4 ranks = 2 nodes x 2 (intra_group_size=2), gloo",
-               columns=["size_MB", "flat_ms", "two_phase_ms", "two_phase_vs_flat"])
+        report(
+            "comm_allreduce",
+            ar,
+            params={"sizes_mb": sizes, "reps": args.reps, "link": link},
+            notes="median of reps; 4 ranks = 2 nodes x 2 (intra_group_size=2), gloo",
+            columns=["size_MB", "flat_ms", "two_phase_ms", "two_phase_vs_flat"],
+        )
         ks = [int(x) for x in args.ks.split(",")]
         kr = bench_k(ks, args.steps, args.batch, netns, args.eval_rows)
-        report("comm_kstep", kr, params={"ks": ks, "steps": args.steps, "batch_per_rank": args.batch, "link": link},
-               notes="paper (arXiv 2201.05500): communication share 18.1% at k=10 -> 1.2% at k=200, AUC unchanged; "
-                     "ours: dense sync seconds / training-loop seconds, per rank, on this machine's link",
-               columns=["k", "steps", "merges", "sync_MB_per_1k_steps", "sync_s_per_1k_steps", "comm_share",
-                        "paper_comm_share", "auc", "sparse_MB_per_step", "examples_per_s"])
+        report(
+            "comm_kstep",
+            kr,
+            params={"ks": ks, "steps": args.steps, "batch_per_rank": args.batch, "link": link},
+            notes="paper (arXiv 2201.05500): communication share 18.1% at k=10 -> 1.2% at k=200, AUC unchanged; "
+            "ours: dense sync seconds / training-loop seconds, per rank, on this machine's link",
+            columns=[
+                "k",
+                "steps",
+                "merges",
+                "sync_MB_per_1k_steps",
+                "sync_s_per_1k_steps",
+                "comm_share",
+                "paper_comm_share",
+                "auc",
+                "sparse_MB_per_step",
+                "examples_per_s",
+            ],
+        )
     finally:
         if netns:
             teardown_netns()

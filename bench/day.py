@@ -95,12 +95,29 @@ def run_backfill(rows: int, days: int, work: Path, row_format: str | None = None
     end = shift_date(START, days - 1)
     if not (raw / f"day_{end}.tsv.gz").exists():
         generate_days(str(raw), days, rows, seed=0, start_date=START)
-    env = {**os.environ, "PREFECT_HOME": str(work / f"prefect-{tag}"), "TMPDIR": str(work),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
-    sets = {"root": str(root), "input.url": f"{raw}/day_{{date}}.tsv.gz",
-            **(row_format_overrides(row_format) if row_format else {})}
-    cmd = [sys.executable, "-m", "flows.cli.main", "backfill", "--start", START, "--end", end,
-           *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(work / f"prefect-{tag}"),
+        "TMPDIR": str(work),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+    sets = {
+        "root": str(root),
+        "input.url": f"{raw}/day_{{date}}.tsv.gz",
+        **(row_format_overrides(row_format) if row_format else {}),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli.main",
+        "backfill",
+        "--start",
+        START,
+        "--end",
+        end,
+        *(a for k, v in sets.items() for a in ("--set", f"{k}={v}")),
+    ]
     log_path = work / f"backfill-{tag}.log"
     t0 = time.time()
     with open(log_path, "w") as log:
@@ -121,7 +138,9 @@ def run_backfill(rows: int, days: int, work: Path, row_format: str | None = None
 
 
 def day_row(rows: int, day: int, record: DayRecord, written: float, tree: ProcessTree) -> dict[str, Any]:
-    """One day: each part's seconds and CPU seconds; the parts ran one after another, ending when the record was written."""
+    """One day: each part's seconds and CPU seconds; the parts ran one after another, ending when the record was
+    written.
+    """
     t = written - record.wall_s
     row: dict[str, Any] = {"rows": rows, "day": day, "wall": record.wall_s, "seconds": {}, "cpu_s": {}}
     for part, s in record.seconds.items():
@@ -143,12 +162,25 @@ def run_plain_reference(features: Path, rows_train: int) -> dict[str, Any]:
     cfg = RunConfig()
     recipe = derive(cfg.optim, cfg.model, rows=rows_train, world_size=1)
     batch = int(recipe.optim.batch_size)
-    kw = {"batch": batch, "dim": cfg.store.embedding_dim, "lr": recipe.optim.lr, "sparse_lr": recipe.optim.sparse_lr,
-          "steps": -(-rows_train // batch), "config": model_fields(recipe.model),
-          "cross_lr_scale": recipe.optim.cross_lr_scale, "wide_loss": recipe.optim.wide_loss}
+    kw = {
+        "batch": batch,
+        "dim": cfg.store.embedding_dim,
+        "lr": recipe.optim.lr,
+        "sparse_lr": recipe.optim.sparse_lr,
+        "steps": -(-rows_train // batch),
+        "config": model_fields(recipe.model),
+        "cross_lr_scale": recipe.optim.cross_lr_scale,
+        "wide_loss": recipe.optim.wide_loss,
+    }
     env = {**os.environ, **RANK_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _PLAIN, str(features), json.dumps(kw)], env=env, cwd=REPO,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _PLAIN, str(features), json.dumps(kw)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode:
         raise RuntimeError(f"the plain PyTorch reference failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -161,9 +193,14 @@ def reference(run: dict[str, Any], work: Path) -> dict[str, Any]:
     layout = RunConfig(root=str(run["root"])).layout()
     record = read_record(layout, date)
     plain = run_plain_reference(Path(layout.features(date)), record.rows_train)
-    return {"convert_s": converted["seconds"], "train_s": plain["total_s"], "loop_s": plain["train_s"],
-            "total_s": converted["seconds"] + plain["total_s"], "steps": plain["steps"],
-            "loop_examples_per_s": plain["examples_per_s"]}
+    return {
+        "convert_s": converted["seconds"],
+        "train_s": plain["total_s"],
+        "loop_s": plain["train_s"],
+        "total_s": converted["seconds"] + plain["total_s"],
+        "steps": plain["steps"],
+        "loop_examples_per_s": plain["examples_per_s"],
+    }
 
 
 def add_mfu(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -178,7 +215,9 @@ def add_mfu(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) ->
                 probes[batch] = probe_flops(model, cfg.store, batch)
             p = probes[batch]
             rate = d["train_examples_per_s"]
-            d["train_mfu"] = mfu(rate / d["world_size"], p["flops_per_example"], p["attainable_gflops"]) if rate else None
+            d["train_mfu"] = (
+                mfu(rate / d["world_size"], p["flops_per_example"], p["attainable_gflops"]) if rate else None
+            )
     for n, r in refs.items():
         batch = next((d["batch"] for d in runs[n]["days"] if d["batch"]), None)
         p = probes.get(batch) or next(iter(probes.values()))
@@ -215,8 +254,13 @@ def summarise(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) 
     walls = {n: statistics.fmean(d["wall"] for d in runs[n]["days"][1:] or runs[n]["days"]) for n in sizes}
     shares = {n: steady(runs[n]["days"], "seconds")["train"] / walls[n] for n in sizes}
     if 1_000_000 in shares:
-        goals.append(("training share of the day at 1M rows (days 2..)", f"{shares[1_000_000]:.1%}",
-                      shares[1_000_000] >= GOAL_TRAIN_SHARE))
+        goals.append(
+            (
+                "training share of the day at 1M rows (days 2..)",
+                f"{shares[1_000_000]:.1%}",
+                shares[1_000_000] >= GOAL_TRAIN_SHARE,
+            )
+        )
     stages = {s.name for s in STAGES}  # the goal is about stages; the overheads do not grow with rows
     worst = [(r["part"], r["exponent"]) for r in parts_rows if r["part"] in stages and r.get("exponent") is not None]
     if worst:
@@ -228,16 +272,24 @@ def summarise(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]]) 
     return {"parts": parts_rows, "walls": walls, "train_share": shares, "vs_reference": vs, "goals": goals}
 
 
-def compare_formats(runs: dict[int, dict[str, Any]], others: dict[tuple[int, str], dict[str, Any]]) -> list[dict[str, Any]]:
+def compare_formats(
+    runs: dict[int, dict[str, Any]], others: dict[tuple[int, str], dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Per size, the default rows and each other format: train seconds, train examples/s, the day's wall time
     (means over days 2..), the rank's peak RSS, and the ratios to the default's."""
+
     def row(n: int, name: str, run: dict[str, Any]) -> dict[str, Any]:
         later = run["days"][1:] or run["days"]
-        return {"rows": n, "format": name, "train_s": statistics.fmean(d["seconds"]["train"] for d in later),
-                "train_ex_per_s": statistics.fmean(d["train_examples_per_s"] or 0.0 for d in later),
-                "wall_s": statistics.fmean(d["wall"] for d in later),
-                "auc": statistics.fmean(a) if (a := [d["auc"] for d in later if d["auc"] is not None]) else None,
-                "rank_peak_mib": mib(run["peak_rss"].get("rank", 0))}
+        return {
+            "rows": n,
+            "format": name,
+            "train_s": statistics.fmean(d["seconds"]["train"] for d in later),
+            "train_ex_per_s": statistics.fmean(d["train_examples_per_s"] or 0.0 for d in later),
+            "wall_s": statistics.fmean(d["wall"] for d in later),
+            "auc": statistics.fmean(a) if (a := [d["auc"] for d in later if d["auc"] is not None]) else None,
+            "rank_peak_mib": mib(run["peak_rss"].get("rank", 0)),
+        }
+
     table = []
     for n in sorted(runs):
         if not any(k[0] == n for k in others):
@@ -249,18 +301,29 @@ def compare_formats(runs: dict[int, dict[str, Any]], others: dict[tuple[int, str
         for (m, f), run in others.items():
             if m == n:
                 r = row(n, f, run)
-                r |= {"train_ex_per_s vs_default": r["train_ex_per_s"] / base["train_ex_per_s"],
-                      "wall vs_default": r["wall_s"] / base["wall_s"]}
+                r |= {
+                    "train_ex_per_s vs_default": r["train_ex_per_s"] / base["train_ex_per_s"],
+                    "wall vs_default": r["wall_s"] / base["wall_s"],
+                }
                 table.append(r)
     return table
 
 
 def print_report(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]], summary: dict[str, Any]) -> None:
-    per_day = [{"rows": d["rows"], "day": d["day"], **{p: d["seconds"].get(p, 0.0) for p in PARTS},
-                "wall": d["wall"], "train share": d["train_share"],
-                "eval rows/s": (d["evaluate"] or {}).get("rows_per_s", 0.0), "train ex/s": d["train_examples_per_s"],
-                "train mfu": d.get("train_mfu")}
-               for n in sorted(runs) for d in runs[n]["days"]]
+    per_day = [
+        {
+            "rows": d["rows"],
+            "day": d["day"],
+            **{p: d["seconds"].get(p, 0.0) for p in PARTS},
+            "wall": d["wall"],
+            "train share": d["train_share"],
+            "eval rows/s": (d["evaluate"] or {}).get("rows_per_s", 0.0),
+            "train ex/s": d["train_examples_per_s"],
+            "train mfu": d.get("train_mfu"),
+        }
+        for n in sorted(runs)
+        for d in runs[n]["days"]
+    ]
     print("\n== bench.day: seconds per day ==")
     print_table(per_day)
     print("\n== per part, days 2.. (s, share of the day, CPU s of the process tree; growth exponent) ==")
@@ -269,8 +332,12 @@ def print_report(runs: dict[int, dict[str, Any]], refs: dict[int, dict[str, Any]
     print_table([{"rows": n, **{k: mib(runs[n]["peak_rss"].get(k, 0)) for k in KINDS}} for n in sorted(runs)])
     if refs:
         print("\n== bare-minimum reference (pyarrow CSV->Parquet + plain PyTorch loop) ==")
-        print_table([{"rows": n, **r, "our day": summary["walls"][n], "vs_reference": summary["vs_reference"][n]}
-                     for n, r in sorted(refs.items())])
+        print_table(
+            [
+                {"rows": n, **r, "our day": summary["walls"][n], "vs_reference": summary["vs_reference"][n]}
+                for n, r in sorted(refs.items())
+            ]
+        )
     print("\n== goals ==")
     print_table([{"goal": g, "measured": m, "met": "yes" if ok else "NO"} for g, m, ok in summary["goals"]])
 
@@ -281,14 +348,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--no-reference", dest="reference", action="store_false")
     p.add_argument("--work", help="working folder (default: a fresh temporary one, removed afterwards)")
-    p.add_argument("--row-formats", nargs="*", default=[],
-                   help="other row formats (optimizer/row_dtype[/state_dtype], e.g. adam/fp32) whose backfill runs "
-                        "on the same days after the default's; table 'row formats' compares them with it")
+    p.add_argument(
+        "--row-formats",
+        nargs="*",
+        default=[],
+        help="other row formats (optimizer/row_dtype[/state_dtype], e.g. adam/fp32) whose backfill runs "
+        "on the same days after the default's; table 'row formats' compares them with it",
+    )
     add_smoke(p)
     args = apply_smoke(p.parse_args(argv), SMOKE)
     sizes = sorted(set(args.rows or [1_000_000, 5_000_000]))
     if args.days < 2:
-        raise ValueError(f"--days must be >= 2 (day 1 trains cold; the goals are about the days after), got {args.days}")
+        raise ValueError(
+            f"--days must be >= 2 (day 1 trains cold; the goals are about the days after), got {args.days}"
+        )
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-day-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -308,18 +381,30 @@ def main(argv: list[str] | None = None) -> None:
             print("\n== row formats: the same days with other rows (days 2..; vs_default = this / the default's) ==")
             print_table(formats)
         first = next(iter(flops.values()))
-        print(f"train mfu: examples/s per rank x {first['flops_per_example'] / 1e6:.2f} MFLOP/example / "
-              + ", ".join(f"{p['attainable_gflops']:.1f} GFLOP/s (fp32 matmul {p['matmul_shape']})" for p in flops.values())
-              + ", 1 thread, this run")
+        print(
+            f"train mfu: examples/s per rank x {first['flops_per_example'] / 1e6:.2f} MFLOP/example / "
+            + ", ".join(
+                f"{p['attainable_gflops']:.1f} GFLOP/s (fp32 matmul {p['matmul_shape']})" for p in flops.values()
+            )
+            + ", 1 thread, this run"
+        )
         for run in (*runs.values(), *others.values()):
             del run["raw"], run["root"]
-        path = write_json("day", {
-            "benchmark": "day", "params": {"rows": sizes, "days": args.days, "recipe": "default", "smoke": args.smoke},
-            "flops": flops,
-            "runs": {str(n): r for n, r in runs.items()}, "reference": {str(n): r for n, r in refs.items()},
-            "row_formats": {"runs": {f"{n} {f}": r for (n, f), r in others.items()}, "table": formats},
-            "summary": {**summary, "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in summary["goals"]]},
-        })
+        path = write_json(
+            "day",
+            {
+                "benchmark": "day",
+                "params": {"rows": sizes, "days": args.days, "recipe": "default", "smoke": args.smoke},
+                "flops": flops,
+                "runs": {str(n): r for n, r in runs.items()},
+                "reference": {str(n): r for n, r in refs.items()},
+                "row_formats": {"runs": {f"{n} {f}": r for (n, f), r in others.items()}, "table": formats},
+                "summary": {
+                    **summary,
+                    "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in summary["goals"]],
+                },
+            },
+        )
         print(f"results: {path}")
     finally:
         if not args.work:

@@ -84,8 +84,11 @@ def measure(rows: int, rounds: int, variants: tuple[Variant, ...] = ()) -> list[
     """The rows of one day size: the default model with the kernel, with the plain formulation, with the torch-ops
     kernel, and each variant (the default config with its keys set) with the kernel, all in the same rounds."""
     cfg = RunConfig()
-    runs = [("plain formulation (autograd)", cfg, "plain"), ("attention CPU kernel", cfg, "kernel"),
-            ("attention torch-ops kernel", cfg, "torch-ops")]
+    runs = [
+        ("plain formulation (autograd)", cfg, "plain"),
+        ("attention CPU kernel", cfg, "kernel"),
+        ("attention torch-ops kernel", cfg, "torch-ops"),
+    ]
     runs += [(f"attention CPU kernel [{v.label}]", with_overrides(cfg, v.sets), "kernel") for v in variants]
     steps = [model_step(c.model, c.store, rows) for _, c, _ in runs]
     flops = [model_mfu(net, *inputs) for _, net, inputs, _ in steps]
@@ -94,34 +97,52 @@ def measure(rows: int, rounds: int, variants: tuple[Variant, ...] = ()) -> list[
     times: list[list[float]] = [[] for _ in runs]
     order = list(range(len(runs)))
     for r in range(rounds):
-        for i in (order if r % 2 else order[::-1]):
+        for i in order if r % 2 else order[::-1]:
             times[i].append(time_steps(steps[i][0], runs[i][2]))
     rate = max(max(f["attainable_gflops"] for f in flops), model_mfu(steps[1][1], *steps[1][2])["attainable_gflops"])
     out = []
     for i, (label, _, _) in enumerate(runs):
         batch = steps[i][3]
         per_step = statistics.median(times[i])
-        out.append({
-            "run": f"{rows:,} rows: {label}", "rows": rows, "batch": batch,
-            "ms_per_step": round(per_step * 1e3, 2), "examples_per_cpu_s": round(batch / per_step),
-            "speedup_vs_plain": round(statistics.median(p / t for p, t in zip(times[0], times[i], strict=True)), 3),
-            "speedup_vs_default": round(statistics.median(d / t for d, t in zip(times[1], times[i], strict=True)), 3),
-            "mfu": round(flops[i]["flops_per_example"] * batch / per_step / (rate * 1e9), 3),
-            "mfu_best": round(flops[i]["flops_per_example"] * batch / min(times[i]) / (rate * 1e9), 3),
-            "mflop_per_example": round(flops[i]["flops_per_example"] / 1e6, 2),
-            "attainable_gflops": round(rate, 1), "matmul_shape": flops[i]["matmul_shape"],
-        })
+        out.append(
+            {
+                "run": f"{rows:,} rows: {label}",
+                "rows": rows,
+                "batch": batch,
+                "ms_per_step": round(per_step * 1e3, 2),
+                "examples_per_cpu_s": round(batch / per_step),
+                "speedup_vs_plain": round(statistics.median(p / t for p, t in zip(times[0], times[i], strict=True)), 3),
+                "speedup_vs_default": round(
+                    statistics.median(d / t for d, t in zip(times[1], times[i], strict=True)), 3
+                ),
+                "mfu": round(flops[i]["flops_per_example"] * batch / per_step / (rate * 1e9), 3),
+                "mfu_best": round(flops[i]["flops_per_example"] * batch / min(times[i]) / (rate * 1e9), 3),
+                "mflop_per_example": round(flops[i]["flops_per_example"] / 1e6, 2),
+                "attainable_gflops": round(rate, 1),
+                "matmul_shape": flops[i]["matmul_shape"],
+            }
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.dense_step", description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 900_000],
-                   help="train rows of one rank per day: the recipe's batch (100,000: 128; 900,000: 1024)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[100_000, 900_000],
+        help="train rows of one rank per day: the recipe's batch (100,000: 128; 900,000: 1024)",
+    )
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--variants", nargs="*", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
-                   help="the default config with these keys set, timed with the kernel in the same rounds "
-                        "(e.g. model.attention_input=tokens)")
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="the default config with these keys set, timed with the kernel in the same rounds "
+        "(e.g. model.attention_input=tokens)",
+    )
     add_smoke(p)
     args = apply_smoke(p.parse_args(argv), SMOKE)
     if args.rounds < 1:
@@ -130,11 +151,20 @@ def main(argv: list[str] | None = None) -> None:
     malloc = tune_malloc()  # as a rank does at start (trainer.main)
     variants = tuple(Variant.parse(v) for v in args.variants)
     rows = [row for n in args.rows for row in measure(n, args.rounds, variants)]
-    report("dense_step", rows, params={"rows": args.rows, "rounds": args.rounds, "steps_per_round": STEPS,
-                                       "variants": args.variants, "malloc": [list(m) for m in malloc]},
-           notes=f"medians over {args.rounds} rounds of {STEPS} steps each, CPU seconds, 1 torch thread; "
-                 "speedup_vs_plain: the median of the per-round ratios; mfu: counted FLOPs x examples per CPU-second "
-                 "/ the attained fp32 matmul rate (matmul_shape, 1 thread, this run); mfu_best: of the fastest round.")
+    report(
+        "dense_step",
+        rows,
+        params={
+            "rows": args.rows,
+            "rounds": args.rounds,
+            "steps_per_round": STEPS,
+            "variants": args.variants,
+            "malloc": [list(m) for m in malloc],
+        },
+        notes=f"medians over {args.rounds} rounds of {STEPS} steps each, CPU seconds, 1 torch thread; "
+        "speedup_vs_plain: the median of the per-round ratios; mfu: counted FLOPs x examples per CPU-second "
+        "/ the attained fp32 matmul rate (matmul_shape, 1 thread, this run); mfu_best: of the fastest round.",
+    )
 
 
 if __name__ == "__main__":

@@ -80,15 +80,25 @@ class Rank:
         self.model = CTRModel(ModelConfig(dropout=0.0), num_dense=DENSE, num_fields=FIELDS, dim=DIM).to(self.ctx.device)
         self.opt = KStepAdam(self.model.named_parameters(), self.ctx, k=10, lr=1e-3)
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TMPDIR"))
-        self.store = open_shard(os.path.join(self.dir, "shard"),
-                                StoreConfig(embedding_dim=DIM, device_cache_rows=device_cache_rows),
-                                optimizer=OptimConfig().sparse_optimizer, device=self.ctx.device)
+        self.store = open_shard(
+            os.path.join(self.dir, "shard"),
+            StoreConfig(embedding_dim=DIM, device_cache_rows=device_cache_rows),
+            optimizer=OptimConfig().sparse_optimizer,
+            device=self.ctx.device,
+        )
         self.sparse = ShardedEmbedding(self.store, self.ctx, lr=0.02)
         self.model.train()
 
     def step(self, batch: Batch, step: int, precision: str = "fp32", check_loss: bool = False) -> torch.Tensor:
-        loss = train_step(self.model, self.sparse, self.opt, batch, step=step,
-                          precision=Precision(precision, self.ctx.device), check_loss=check_loss)
+        loss = train_step(
+            self.model,
+            self.sparse,
+            self.opt,
+            batch,
+            step=step,
+            precision=Precision(precision, self.ctx.device),
+            check_loss=check_loss,
+        )
         self.opt.maybe_merge(step)
         return loss
 
@@ -146,9 +156,13 @@ def section_nccl(device: str) -> dict[str, Any]:
         dist.all_reduce(t, group=group)
         dist.broadcast(t, src=0, group=group)
         torch.cuda.synchronize()
-        return {"counts": recv.tolist(), "rows_ok": bool(torch.equal(x, y)), "objects_ok": objs == [{"rank": 0}],
-                "two_phase_ok": bool(torch.equal(t, torch.ones(3, device=dev))),
-                "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))}
+        return {
+            "counts": recv.tolist(),
+            "rows_ok": bool(torch.equal(x, y)),
+            "objects_ok": objs == [{"rank": 0}],
+            "two_phase_ok": bool(torch.equal(t, torch.ones(3, device=dev))),
+            "nccl_version": ".".join(map(str, torch.cuda.nccl.version())),
+        }
     finally:
         dist.destroy_process_group()
 
@@ -173,7 +187,10 @@ def section_host_reads(device: str) -> dict[str, Any]:
                     torch.cuda.set_sync_debug_mode("default")
         sync(rank.ctx.device)
         syncs = collections.Counter(_where(w.filename, w.lineno) for w in caught if "synchroniz" in str(w.message))
-        out[label] = {"cuda_syncs": sum(syncs.values()) if cuda else "n/a (CPU)", "sync_sites": dict(syncs.most_common())}
+        out[label] = {
+            "cuda_syncs": sum(syncs.values()) if cuda else "n/a (CPU)",
+            "sync_sites": dict(syncs.most_common()),
+        }
         rank.close()
     return out
 
@@ -192,7 +209,9 @@ def section_phases(device: str) -> dict[str, Any]:
             rows = pulled.rows.requires_grad_(True)
             sync(d)
             t.append(time.perf_counter())
-            loss = F.binary_cross_entropy_with_logits(rank.model(b.dense.to(d), pool_rows(rows, cells, "mean")), b.labels.to(d))
+            loss = F.binary_cross_entropy_with_logits(
+                rank.model(b.dense.to(d), pool_rows(rows, cells, "mean")), b.labels.to(d)
+            )
             sync(d)
             t.append(time.perf_counter())
             rank.opt.zero_grad()
@@ -228,7 +247,9 @@ def section_throughput(device: str, steps: int = 40) -> dict[str, Any]:
         sync(rank.ctx.device)
         dt = time.perf_counter() - t0
         out[f"{dev}{'+device_cache' if rows else ''} {prec}"] = {
-            "examples_per_s": round((steps - 3) * len(bs[0]) / dt, 1), "ms_per_step": round(dt * 1000 / (steps - 3), 2)}
+            "examples_per_s": round((steps - 3) * len(bs[0]) / dt, 1),
+            "ms_per_step": round(dt * 1000 / (steps - 3), 2),
+        }
         rank.close()
     return out
 
@@ -250,9 +271,11 @@ def section_determinism(device: str, steps: int = 12) -> dict[str, Any]:
             rank.close()
         (l1, p1, e1), (l2, p2, e2) = runs
         out["deterministic" if deterministic else "default"] = {
-            "losses_equal": l1 == l2, "dense_bitwise_equal": all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True)),
+            "losses_equal": l1 == l2,
+            "dense_bitwise_equal": all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True)),
             "rows_bitwise_equal": bool(np.array_equal(e1, e2)),
-            "max_row_diff": float(np.abs(e1 - e2).max()) if e1.shape == e2.shape else None}
+            "max_row_diff": float(np.abs(e1 - e2).max()) if e1.shape == e2.shape else None,
+        }
     return out
 
 
@@ -277,19 +300,29 @@ def section_restore_memory(device: str) -> dict[str, Any]:
 
 
 SECTIONS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {
-    "world": (section_world, False), "nccl": (section_nccl, True), "host_reads": (section_host_reads, False),
-    "phases": (section_phases, False), "throughput": (section_throughput, False),
-    "determinism": (section_determinism, False), "restore_memory": (section_restore_memory, True),
+    "world": (section_world, False),
+    "nccl": (section_nccl, True),
+    "host_reads": (section_host_reads, False),
+    "phases": (section_phases, False),
+    "throughput": (section_throughput, False),
+    "determinism": (section_determinism, False),
+    "restore_memory": (section_restore_memory, True),
 }
 """name -> (function of the device, needs CUDA)."""
 SMOKE_SECTIONS = ("world", "nccl", "phases", "restore_memory")
 """The sections `--smoke` runs on CPU: every kind (CUDA-only ones report skipped), none of the long ones."""
 
 
-def run_probe(device: str, out: str, *, sections: list[str] | None = None, deadline: float | None = None) -> dict[str, Any]:
+def run_probe(
+    device: str, out: str, *, sections: list[str] | None = None, deadline: float | None = None
+) -> dict[str, Any]:
     """Run the sections in order, writing `out` (JSON) after each; a section's error is reported, not raised."""
-    res: dict[str, Any] = {"device": device, "cuda_available": torch.cuda.is_available(), "torch": torch.__version__,
-                           "torch_cuda": torch.version.cuda}
+    res: dict[str, Any] = {
+        "device": device,
+        "cuda_available": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+    }
     for name in sections or list(SECTIONS):
         fn, needs_cuda = SECTIONS[name]
         t0 = time.time()

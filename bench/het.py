@@ -44,15 +44,31 @@ def run_one(tmp: Path, features: Path, *, procs: int, bound: int, batch: int, di
     tag = f"w{procs}b{bound}"
     out = tmp / "runs" / tag / "model"
     spec = train_spec(
-        features, out, tmp / "local" / tag, store=StoreConfig(embedding_dim=dim, init_std=0.01, host_budget_mb=256),
-        model=MODEL, run_tag=tag, backend="gloo", device="cpu", nproc_per_node=procs, batch_size=batch, epochs=1,
-        timeout_s=1800, log_every=10_000, checkpoint_every=0, staleness_bound=bound, lr=1e-3, sparse_lr=2e-2,
+        features,
+        out,
+        tmp / "local" / tag,
+        store=StoreConfig(embedding_dim=dim, init_std=0.01, host_budget_mb=256),
+        model=MODEL,
+        run_tag=tag,
+        backend="gloo",
+        device="cpu",
+        nproc_per_node=procs,
+        batch_size=batch,
+        epochs=1,
+        timeout_s=1800,
+        log_every=10_000,
+        checkpoint_every=0,
+        staleness_bound=bound,
+        lr=1e-3,
+        sparse_lr=2e-2,
     )
     res = run_training(spec, work_dir=str(tmp / "work"))
     t, st = res.train, res.train.stats
     kinds = st.get("sparse_bytes_per_step_by_kind", {})
     return {
-        "procs": procs, "bound": bound, "steps": t.steps,
+        "procs": procs,
+        "bound": bound,
+        "steps": t.steps,
         "sparse_KB_per_step": st["sparse_bytes_per_step"] / 1024,
         "uncached_KB_per_step": st.get("sparse_bytes_per_step_uncached", 0.0) / 1024,
         **{f"{k}_KB": v / 1024 for k, v in kinds.items()},
@@ -90,15 +106,36 @@ def main(argv: list[str] | None = None) -> None:
                 r["auc_minus_b0"] = r["auc"] - base["auc"]
                 rows.append(r)
         report(
-            "het", rows,
-            params={"rows": args.rows, "eval_rows": args.eval_rows, "batch_per_rank": args.batch, "dim": args.dim,
-                    "bounds": bounds, "model": str(MODEL)},
+            "het",
+            rows,
+            params={
+                "rows": args.rows,
+                "eval_rows": args.eval_rows,
+                "batch_per_rank": args.batch,
+                "dim": args.dim,
+                "bounds": bounds,
+                "model": str(MODEL),
+            },
             notes="bytes: between ranks only (a rank's own keys never leave it), sent + received, all ranks; "
-                  "uncached: what bound 0 moves for the same keys; hit_rate: cache hits / remote rows looked up; "
-                  "gloo on one machine, so steps/s measures CPU cost, not a network",
-            columns=["procs", "bound", "steps", "sparse_KB_per_step", "bytes_vs_b0", "uncached_KB_per_step",
-                     "pull_keys_KB", "pull_rows_KB", "push_KB", "clock_KB", "hit_rate", "steps_per_s",
-                     "speed_vs_b0", "auc", "auc_minus_b0"],
+            "uncached: what bound 0 moves for the same keys; hit_rate: cache hits / remote rows looked up; "
+            "gloo on one machine, so steps/s measures CPU cost, not a network",
+            columns=[
+                "procs",
+                "bound",
+                "steps",
+                "sparse_KB_per_step",
+                "bytes_vs_b0",
+                "uncached_KB_per_step",
+                "pull_keys_KB",
+                "pull_rows_KB",
+                "push_KB",
+                "clock_KB",
+                "hit_rate",
+                "steps_per_s",
+                "speed_vs_b0",
+                "auc",
+                "auc_minus_b0",
+            ],
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

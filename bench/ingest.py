@@ -128,16 +128,26 @@ def task_peak(rows: int, work: Path, ingest: IngestConfig) -> dict:
     out = work / "task-root"
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, **worker_environ()}
-    done = subprocess.run([sys.executable, "-c", _TASK, str(path), str(out), DATE, str(ingest.rows_per_partition)],
-                          capture_output=True, text=True, check=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", _TASK, str(path), str(out), DATE, str(ingest.rows_per_partition)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
     shutil.rmtree(out, ignore_errors=True)
     path.unlink()
     r = json.loads(done.stdout.strip().splitlines()[-1])
     if r["rows"] != rows:
         raise RuntimeError(f"the task wrote {r['rows']} rows, expected {rows}")
-    return {"rows_per_file": rows, "rows_per_partition": ingest.rows_per_partition, "seconds": r["seconds"],
-            "base_rss_mib": mib(r["base_rss"]), "peak_rss_mib": mib(r["peak_rss"]),
-            "task_growth_mib": mib(r["peak_rss"] - r["base_rss"])}
+    return {
+        "rows_per_file": rows,
+        "rows_per_partition": ingest.rows_per_partition,
+        "seconds": r["seconds"],
+        "base_rss_mib": mib(r["base_rss"]),
+        "peak_rss_mib": mib(r["peak_rss"]),
+        "task_growth_mib": mib(r["peak_rss"] - r["base_rss"]),
+    }
 
 
 def write_inputs(directory: Path, rows: int, *, plain: bool) -> tuple[list[Path], Path | None]:
@@ -209,18 +219,28 @@ def compare(rows: int, input_name: str, raw_bytes: int, gz_bytes: int, ref: list
     for name, runs in ((f"reference {input_name}", ref), (f"project {input_name}", proj)):
         s = statistics.median(r["seconds"] for r in runs)
         is_proj = runs is proj
-        out.append({
-            "rows": rows, "input": input_name, "run": name, "seconds": s, "rows_per_s": rows / s,
-            "MB_per_s_raw": raw_bytes / 1e6 / s, "MB_per_s_gz": gz_bytes / 1e6 / s,
-            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
-            "ratio": statistics.median(ratios) if is_proj else 1.0,
-            "ratios": [round(x, 3) for x in ratios] if is_proj else [],
-            "peak_rss_mib": mib(max(r["peak_rss"] for r in runs)),
-            "detail": "" if not is_proj else (
-                f"tasks={runs[0]['tasks']} parts={runs[0]['parts']} slow_chunks={runs[0]['slow_chunks']} "
-                f"import={statistics.median(r['worker_import_s'] for r in runs):.2f}s"),
-            **({"per_worker_rss_mib": runs[-1]["per_worker_rss_mib"]} if is_proj else {}),
-        })
+        out.append(
+            {
+                "rows": rows,
+                "input": input_name,
+                "run": name,
+                "seconds": s,
+                "rows_per_s": rows / s,
+                "MB_per_s_raw": raw_bytes / 1e6 / s,
+                "MB_per_s_gz": gz_bytes / 1e6 / s,
+                "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+                "ratio": statistics.median(ratios) if is_proj else 1.0,
+                "ratios": [round(x, 3) for x in ratios] if is_proj else [],
+                "peak_rss_mib": mib(max(r["peak_rss"] for r in runs)),
+                "detail": ""
+                if not is_proj
+                else (
+                    f"tasks={runs[0]['tasks']} parts={runs[0]['parts']} slow_chunks={runs[0]['slow_chunks']} "
+                    f"import={statistics.median(r['worker_import_s'] for r in runs):.2f}s"
+                ),
+                **({"per_worker_rss_mib": runs[-1]["per_worker_rss_mib"]} if is_proj else {}),
+            }
+        )
     return out
 
 
@@ -238,8 +258,11 @@ def bench_rows(rows: int, work: Path, *, plain: bool, workers: int, block_size: 
         ref, proj = [], []
         for _ in range(repeat):
             ref.append(run_reference([plain_path], work / "ref"))
-            proj.append(run_project(str(data / "plain-{date}.tsv"), work / "root", rows,
-                                    IngestConfig(block_size=block_size), workers))
+            proj.append(
+                run_project(
+                    str(data / "plain-{date}.tsv"), work / "root", rows, IngestConfig(block_size=block_size), workers
+                )
+            )
         out += compare(rows, "1 x plain", plain_path.stat().st_size, 0, ref, proj)
     return out
 
@@ -250,15 +273,24 @@ SMOKE = {"rows": [20_000], "plain": True, "workers": 1, "repeat": 1, "task_rows"
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, action="append",
-                        help="rows per run (repeatable; default 5000000 unless only --task-rows is given)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        action="append",
+        help="rows per run (repeatable; default 5000000 unless only --task-rows is given)",
+    )
     parser.add_argument("--plain", action="store_true", help="also ingest one uncompressed file split in byte ranges")
     parser.add_argument("--workers", type=int, default=0, help="Dask workers (default: one per core, max 4)")
     parser.add_argument("--block-size", type=int, default=64 << 20, help="byte-range size for --plain")
     parser.add_argument("--workdir", default="", help="where inputs and outputs go (default: a temp dir, removed)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each reference/project pair (medians shown)")
-    parser.add_argument("--task-rows", type=int, action="append", default=[],
-                        help="also measure one ingest task alone on one gzip file of this many rows (repeatable)")
+    parser.add_argument(
+        "--task-rows",
+        type=int,
+        action="append",
+        default=[],
+        help="also measure one ingest task alone on one gzip file of this many rows (repeatable)",
+    )
     add_smoke(parser)
     args = apply_smoke(parser.parse_args(argv), SMOKE)
     workers = args.workers or local_worker_count(DaskConfig())
@@ -270,16 +302,32 @@ def main(argv: list[str] | None = None) -> None:
             print_table(tasks)
             print()
         for rows in args.rows or ([] if args.task_rows else [5_000_000]):
-            results += bench_rows(rows, work, plain=args.plain, workers=workers, block_size=args.block_size,
-                                  repeat=args.repeat)
-            print_table(results, ["rows", "input", "run", "seconds", "rows_per_s", "MB_per_s_raw", "cpu_s", "ratio",
-                                  "peak_rss_mib", "detail"])
+            results += bench_rows(
+                rows, work, plain=args.plain, workers=workers, block_size=args.block_size, repeat=args.repeat
+            )
+            print_table(
+                results,
+                [
+                    "rows",
+                    "input",
+                    "run",
+                    "seconds",
+                    "rows_per_s",
+                    "MB_per_s_raw",
+                    "cpu_s",
+                    "ratio",
+                    "peak_rss_mib",
+                    "detail",
+                ],
+            )
             print()
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    path = write_json("ingest", {"workers": workers, "files_per_day": FILES, "repeat": args.repeat, "results": results,
-                                 "task_peaks": tasks})
+    path = write_json(
+        "ingest",
+        {"workers": workers, "files_per_day": FILES, "repeat": args.repeat, "results": results, "task_peaks": tasks},
+    )
     print(f"wrote {path}")
 
 

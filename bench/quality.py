@@ -4,7 +4,8 @@
     python -m bench.quality --datasets criteo avazu --archs attention lr --seeds 0 1 2
     python -m bench.quality --warm-start                      # a 7-day backfill vs day 7 alone, on day 8
     python -m bench.quality --datasets criteo --archs attention --no-peers --row-formats adam/fp32
-    python -m bench.quality --protocol rolling               # every shared real row, rolling origin (bench.quality_rolling)
+    python -m bench.quality --protocol rolling               # every shared real row, rolling origin
+    (bench.quality_rolling)
     python -m bench.quality --smoke                           # the rolling protocol's small form, for tests
 
 For each dataset (`bench.quality_data`: the shared Criteo and Avazu samples as two training days and
@@ -54,8 +55,21 @@ INTERACTIONS = 8
 """Planted pairwise interactions of the synthetic datasets (`ctrpipe generate --interactions`)."""
 OURS = "attention"
 BOUND = "planted-form fit (bound)"
-COLUMNS = ("dataset", "model", "seeds", "auc", "auc_sd", "logloss", "calib", "vs_default", "vs_sd", "decided",
-           "of_ceiling", "train_s", "s")
+COLUMNS = (
+    "dataset",
+    "model",
+    "seeds",
+    "auc",
+    "auc_sd",
+    "logloss",
+    "calib",
+    "vs_default",
+    "vs_sd",
+    "decided",
+    "of_ceiling",
+    "train_s",
+    "s",
+)
 
 log = logging.getLogger("bench.quality")
 
@@ -66,8 +80,13 @@ def product_config(files: Any, root: Path, *, arch: str, seed: int, variant: Var
     from flows.config import RunConfig, with_overrides
 
     sets: dict[str, Any] = {
-        "root": str(root), "input.url": files.url, "input.format": files.fmt, "optim.seed": seed, "model.arch": arch,
-        "dask.processes": False, "dask.n_workers": 1,  # operational: the same result with any cluster
+        "root": str(root),
+        "input.url": files.url,
+        "input.format": files.fmt,
+        "optim.seed": seed,
+        "model.arch": arch,
+        "dask.processes": False,
+        "dask.n_workers": 1,  # operational: the same result with any cluster
     }
     return with_overrides(RunConfig(), sets | (variant.sets if variant else {}))
 
@@ -103,10 +122,17 @@ def run_product(files: Any, root: Path, *, arch: str, seed: int, variant: Varian
 
 
 def _day(record: Any) -> dict[str, Any]:
-    return {"date": record.date, "status": record.status, "auc": record.auc, "next_day_auc": record.next_day_auc,
-            "rows_train": record.rows_train, "recipe": record.train.get("recipe", {}).get("values"),
-            "steps": record.train.get("steps"), "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0),
-            "train_s": record.seconds.get("train")}
+    return {
+        "date": record.date,
+        "status": record.status,
+        "auc": record.auc,
+        "next_day_auc": record.next_day_auc,
+        "rows_train": record.rows_train,
+        "recipe": record.train.get("recipe", {}).get("values"),
+        "steps": record.train.get("steps"),
+        "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0),
+        "train_s": record.seconds.get("train"),
+    }
 
 
 def train_seconds(chains: list[list[dict[str, Any]]]) -> float | None:
@@ -116,8 +142,16 @@ def train_seconds(chains: list[list[dict[str, Any]]]) -> float | None:
     return float(sum(per_chain) / len(per_chain)) if per_chain else None
 
 
-def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], peers: bool, interactions: int,
-                variants: tuple[Variant, ...] = ()) -> tuple[list, dict]:
+def run_dataset(
+    name: str,
+    work: Path,
+    *,
+    archs: list[str],
+    seeds: list[int],
+    peers: bool,
+    interactions: int,
+    variants: tuple[Variant, ...] = (),
+) -> tuple[list, dict]:
     """Every model on one dataset, and the default architecture again with each of `variants`; returns (table
     rows, raw results)."""
     import time
@@ -174,8 +208,15 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
     ceiling = auc(labels, files.truth) if synthetic else None
     rows = []
     if synthetic:
-        rows.append({"dataset": name, "model": "truth (ceiling)", "seeds": 1, **summarize(labels, [files.truth]),
-                     "of_ceiling": 1.0})
+        rows.append(
+            {
+                "dataset": name,
+                "model": "truth (ceiling)",
+                "seeds": 1,
+                **summarize(labels, [files.truth]),
+                "of_ceiling": 1.0,
+            }
+        )
     ours = summarize(labels, models[OURS])["auc"]
     for model, runs in models.items():
         row = {"dataset": name, "model": model, "seeds": len(runs), **summarize(labels, runs), "s": seconds[model]}
@@ -188,8 +229,10 @@ def run_dataset(name: str, work: Path, *, archs: list[str], seeds: list[int], pe
         if ceiling:
             row["of_ceiling"] = row["auc"] / ceiling
         rows.append(row)
-    return rows, {"files": {"train_dates": files.train_dates, "later": files.later_date, "rows": len(labels)},
-                  "runs": raw}
+    return rows, {
+        "files": {"train_dates": files.train_dates, "later": files.later_date, "rows": len(labels)},
+        "runs": raw,
+    }
 
 
 def _schema(fmt: str) -> Any:
@@ -210,16 +253,24 @@ def warm_start_check(work: Path, *, days: int, rows_per_day: int, interactions: 
     from trainer.metrics import auc
 
     gen = generate_days(str(work / "raw"), days + 1, rows_per_day, seed=0, interactions=interactions, with_truth=True)
-    files = DayFiles("warm-start", "criteo", str(work / "raw" / "day_{date}.tsv.gz"), tuple(d.date for d in gen[:-1]),
-                     gen[-1].date)
+    files = DayFiles(
+        "warm-start", "criteo", str(work / "raw" / "day_{date}.tsv.gz"), tuple(d.date for d in gen[:-1]), gen[-1].date
+    )
     later = files.later
     rows = []
     chain = product_config(files, work / "backfill", arch=OURS, seed=seed)
     for date in files.train_dates:
         record = run_day(chain, date).record
         y, p = score_log(chain, "latest", later, "criteo")
-        rows.append({"model": f"backfill day {date}", "auc": record.auc, "next_day_auc": record.next_day_auc,
-                     "later_auc": auc(y, p), "status": record.status})
+        rows.append(
+            {
+                "model": f"backfill day {date}",
+                "auc": record.auc,
+                "next_day_auc": record.next_day_auc,
+                "later_auc": auc(y, p),
+                "status": record.status,
+            }
+        )
     y, p = score_log(chain, "latest", later, "criteo")
     rows.append({"model": f"backfill of {days} days, on {gen[-1].date}", "later_auc": auc(y, p)})
     alone = product_config(files, work / "alone", arch=OURS, seed=seed)
@@ -235,6 +286,7 @@ def warm_start_check(work: Path, *, days: int, rows_per_day: int, interactions: 
 
 def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> list[dict[str, Any]]:
     """Rows for printing: AUC-like numbers with 4 decimals."""
+
     def cell(r: dict[str, Any], c: str) -> Any:
         v = r.get(c, "")
         return (f"{v:.0f}" if c == "s" else f"{v:.4f}") if isinstance(v, float) else v
@@ -249,19 +301,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="*", type=int, default=None, help="default 0 1 2 (--protocol rolling: 0)")
     p.add_argument("--interactions", type=int, default=INTERACTIONS, help="planted pairs of the synthetic data")
     p.add_argument("--no-peers", action="store_true", help="skip scikit-learn and DeepCTR-Torch")
-    p.add_argument("--warm-start", action="store_true", help="only the warm-start check: a backfill vs its last day alone")
+    p.add_argument(
+        "--warm-start", action="store_true", help="only the warm-start check: a backfill vs its last day alone"
+    )
     p.add_argument("--days", type=int, default=7, help="days of the --warm-start backfill")
     p.add_argument("--rows-per-day", type=int, default=20_000, help="rows per day of the --warm-start backfill")
-    p.add_argument("--row-formats", nargs="*", default=[],
-                   help="other row formats to run the default architecture with, optimizer/row_dtype[/state_dtype] "
-                        "(e.g. adam/fp32, adam/int8/log8)")
-    p.add_argument("--variants", nargs="*", default=[],
-                   help="other configs to run the default architecture with, each key=value[,key=value...] "
-                        "(e.g. vocab.min_count=1)")
-    p.add_argument("--protocol", choices=("later-day", "rolling"), default="later-day",
-                   help="later-day: two training days, one later day; rolling: every real row, rolling origin")
-    p.add_argument("--rolling-days", type=int, default=None,
-                   help="day files each real sample is cut into for --protocol rolling (default 5)")
+    p.add_argument(
+        "--row-formats",
+        nargs="*",
+        default=[],
+        help="other row formats to run the default architecture with, optimizer/row_dtype[/state_dtype] "
+        "(e.g. adam/fp32, adam/int8/log8)",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="other configs to run the default architecture with, each key=value[,key=value...] "
+        "(e.g. vocab.min_count=1)",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=("later-day", "rolling"),
+        default="later-day",
+        help="later-day: two training days, one later day; rolling: every real row, rolling origin",
+    )
+    p.add_argument(
+        "--rolling-days",
+        type=int,
+        default=None,
+        help="day files each real sample is cut into for --protocol rolling (default 5)",
+    )
     add_smoke(p)  # the rolling protocol on 3 small Criteo days (tests/bench/test_smoke.py)
     p.add_argument("--out", default="quality")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
@@ -284,22 +354,32 @@ def main(argv: list[str] | None = None) -> int:
         if args.protocol == "rolling":
             return rolling(args, work, variants)
         if args.warm_start:
-            rows = warm_start_check(work, days=args.days, rows_per_day=args.rows_per_day,
-                                    interactions=args.interactions, seed=args.seeds[0])
+            rows = warm_start_check(
+                work, days=args.days, rows_per_day=args.rows_per_day, interactions=args.interactions, seed=args.seeds[0]
+            )
             print_table(_table(rows, ("model", "auc", "next_day_auc", "later_auc", "status")))
             print(f"results: {write_json(args.out + '-warm-start', {'rows': rows, 'params': vars(args)})}")
             return 0
         rows, raw = [], {}
         for name in args.datasets:
-            r, x = run_dataset(name, work / name, archs=args.archs, seeds=args.seeds, peers=not args.no_peers,
-                               interactions=args.interactions, variants=variants)
+            r, x = run_dataset(
+                name,
+                work / name,
+                archs=args.archs,
+                seeds=args.seeds,
+                peers=not args.no_peers,
+                interactions=args.interactions,
+                variants=variants,
+            )
             rows += r
             raw[name] = x
             print_table(_table(r, COLUMNS))
     print_table(_table(rows, COLUMNS))
-    print("auc: mean over seeds on the later day; auc_sd: sd over seeds; vs_default: auc minus the default model's; "
-          "vs_sd: paired-bootstrap sd of that difference over the later rows; decided: |vs_default| > 2 vs_sd; train_s: "
-          "the train stages' wall seconds over the training days (mean over seeds); s: the whole run's")
+    print(
+        "auc: mean over seeds on the later day; auc_sd: sd over seeds; vs_default: auc minus the default model's; "
+        "vs_sd: paired-bootstrap sd of that difference over the later rows; decided: |vs_default| > 2 vs_sd; train_s: "
+        "the train stages' wall seconds over the training days (mean over seeds); s: the whole run's"
+    )
     print(f"results: {write_json(args.out, {'rows': rows, 'params': vars(args), 'raw': raw})}")
     return 0
 
@@ -312,25 +392,53 @@ def rolling(args: argparse.Namespace, work: Path, variants: tuple[Variant, ...] 
     from bench.quality_rolling import LR_ARCH, SMOKE, RollingSize, run_rolling_dataset
 
     size = SMOKE if args.smoke else RollingSize()
-    given = {"datasets": tuple(d for d in args.datasets if d in ("criteo", "avazu")),
-             "seeds": tuple(args.seeds)} if not args.smoke else {}
+    given = (
+        {"datasets": tuple(d for d in args.datasets if d in ("criteo", "avazu")), "seeds": tuple(args.seeds)}
+        if not args.smoke
+        else {}
+    )
     if args.rolling_days:
         given["days"] = args.rolling_days
     size = dataclasses.replace(size, **given)
-    results = {name: run_rolling_dataset(name, work / name, size, peers=not args.no_peers, variants=variants,
-                                         lr_arch=LR_ARCH in args.archs) for name in size.datasets}
+    results = {
+        name: run_rolling_dataset(
+            name, work / name, size, peers=not args.no_peers, variants=variants, lr_arch=LR_ARCH in args.archs
+        )
+        for name in size.datasets
+    }
     rows = [r for res in results.values() for r in res["rows"]]
     print_table(_table(rows, ROLLING_COLUMNS))
-    print("auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "
-          "the mean of the origins' AUCs; vs_sd: "
-          "paired-bootstrap sd of vs_default over the pooled rows; decided: |vs_default| > 2 vs_sd; train_s: the train "
-          "stages' wall seconds over a chain's days (mean over seeds)")
-    print(f"results: {write_json(args.out, {'protocol': 'rolling', 'size': dataclasses.asdict(size), 'datasets': results, 'rows': rows, 'params': vars(args)})}")
+    print(
+        "auc: pooled over the origins' scored days (each model refit or retrained at every origin); auc_origins: "
+        "the mean of the origins' AUCs; vs_sd: "
+        "paired-bootstrap sd of vs_default over the pooled rows; decided: |vs_default| > 2 vs_sd; train_s: the train "
+        "stages' wall seconds over a chain's days (mean over seeds)"
+    )
+    payload = {
+        "protocol": "rolling",
+        "size": dataclasses.asdict(size),
+        "datasets": results,
+        "rows": rows,
+        "params": vars(args),
+    }
+    print(f"results: {write_json(args.out, payload)}")
     return 0
 
 
-ROLLING_COLUMNS = ("dataset", "model", "seeds", "auc", "auc_origins", "logloss", "calib", "vs_default", "vs_sd", "decided",
-                   "train_s", "s")
+ROLLING_COLUMNS = (
+    "dataset",
+    "model",
+    "seeds",
+    "auc",
+    "auc_origins",
+    "logloss",
+    "calib",
+    "vs_default",
+    "vs_sd",
+    "decided",
+    "train_s",
+    "s",
+)
 
 
 if __name__ == "__main__":

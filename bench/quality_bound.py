@@ -58,8 +58,14 @@ class PlantedForm:
 def planted_form(seed: int, interactions: int) -> PlantedForm:
     pairs, triple = generate.planted_interactions(seed, interactions)
     latent = tuple(sorted({*(f for p in pairs for f in p), *(triple or ())}))
-    return PlantedForm(tuple(sorted(generate.WEIGHTED_FIELDS)), latent, pairs, triple,
-                       generate.INTERACTION[:2], tuple(sorted(generate.DENSE_EFFECTS)))
+    return PlantedForm(
+        tuple(sorted(generate.WEIGHTED_FIELDS)),
+        latent,
+        pairs,
+        triple,
+        generate.INTERACTION[:2],
+        tuple(sorted(generate.DENSE_EFFECTS)),
+    )
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,7 @@ class Encoded:
     label: torch.Tensor
 
 
-def encode(train: pd.DataFrame, later: pd.DataFrame,
-           form: PlantedForm) -> tuple[Encoded, Encoded, dict[int, pd.Index]]:
+def encode(train: pd.DataFrame, later: pd.DataFrame, form: PlantedForm) -> tuple[Encoded, Encoded, dict[int, pd.Index]]:
     """Index every value of the training rows per field (row i + 1 of a table is `vocab[field][i]`; the
     planted pair's table is `vocab[-1]`, of codes `index_a * 2**20 + index_b`); returns both row sets
     and `vocab`."""
@@ -96,10 +101,12 @@ def encode(train: pd.DataFrame, later: pd.DataFrame,
             x = frame[f"I{i + 1}"]
             v = (np.log1p(np.maximum(x.fillna(0).to_numpy(np.float64), 0)) - generate.DENSE_LOG_MEAN[i]) / 1.2
             z.append(np.where(x.isna().to_numpy(), 0.0, v))
-        return Encoded({j: torch.as_tensor(v, dtype=torch.int64) for j, v in ids.items()},
-                       torch.as_tensor(np.maximum(pair, 0), dtype=torch.int64),
-                       torch.as_tensor(np.stack(z, 1), dtype=torch.float32),
-                       torch.as_tensor(frame["label"].to_numpy(np.float32)))
+        return Encoded(
+            {j: torch.as_tensor(v, dtype=torch.int64) for j, v in ids.items()},
+            torch.as_tensor(np.maximum(pair, 0), dtype=torch.int64),
+            torch.as_tensor(np.stack(z, 1), dtype=torch.float32),
+            torch.as_tensor(frame["label"].to_numpy(np.float32)),
+        )
 
     return rows(train, out["train"], pair_idx[0]), rows(later, out["later"], pair_idx[1]), vocab
 
@@ -107,8 +114,7 @@ def encode(train: pd.DataFrame, later: pd.DataFrame,
 class PlantedFormModel(nn.Module):
     """logit = b + <c, z> + u[pair] + sum_weighted w_f + sum_pairs <V_a, V_b> + alpha * sum_k V_a V_b V_c."""
 
-    def __init__(self, form: PlantedForm, vocab: dict[int, pd.Index], *,
-                 latent_dim: int = generate.LATENT_DIM) -> None:
+    def __init__(self, form: PlantedForm, vocab: dict[int, pd.Index], *, latent_dim: int = generate.LATENT_DIM) -> None:
         super().__init__()
         self.form = form
         sizes = {j: len(v) + 1 for j, v in vocab.items()}
@@ -140,12 +146,21 @@ class PlantedFormModel(nn.Module):
         if self.form.triple:
             a, b, c = self.form.triple
             logit = logit + self.alpha * (v[a] * v[b] * v[c]).sum(1)
-        return logit, sum((t ** 2).sum() for t in looked)
+        return logit, sum((t**2).sum() for t in looked)
 
 
-def train_planted_form(form: PlantedForm, vocab: dict[int, pd.Index], rows: Encoded, index: torch.Tensor, *,
-                       l2: float, epochs: int, seed: int, score: Encoded | None = None,
-                       score_index: torch.Tensor | None = None) -> tuple[nn.Module, list[float]]:
+def train_planted_form(
+    form: PlantedForm,
+    vocab: dict[int, pd.Index],
+    rows: Encoded,
+    index: torch.Tensor,
+    *,
+    l2: float,
+    epochs: int,
+    seed: int,
+    score: Encoded | None = None,
+    score_index: torch.Tensor | None = None,
+) -> tuple[nn.Module, list[float]]:
     """Adam over `index` for `epochs` shuffled passes; the AUC on (`score`, `score_index`) after each."""
     from trainer.metrics import auc
 
@@ -158,7 +173,7 @@ def train_planted_form(form: PlantedForm, vocab: dict[int, pd.Index], rows: Enco
     for _ in range(epochs):
         order = index[torch.randperm(len(index), generator=gen)]
         for start in range(0, len(order), size):
-            batch = order[start:start + size]
+            batch = order[start : start + size]
             logit, sq = model(rows, batch)
             loss = nn.functional.binary_cross_entropy_with_logits(logit, rows.label[batch]) + l2 * sq / len(batch)
             opt.zero_grad()
@@ -174,8 +189,9 @@ def train_planted_form(form: PlantedForm, vocab: dict[int, pd.Index], rows: Enco
     return model, aucs
 
 
-def planted_form_fit(train: pd.DataFrame, later: pd.DataFrame, *, seed: int, interactions: int,
-                     fit_seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+def planted_form_fit(
+    train: pd.DataFrame, later: pd.DataFrame, *, seed: int, interactions: int, fit_seed: int = 0
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Probabilities of `later`'s rows from the planted-form model fit on `train` (rows in time order).
 
     `seed` and `interactions` are the generator's (they name the form); `fit_seed` the fit's own.
@@ -185,14 +201,24 @@ def planted_form_fit(train: pd.DataFrame, later: pd.DataFrame, *, seed: int, int
     tr, te, vocab = encode(train, later, form)
     n = len(tr.label)
     fit_idx, held = torch.arange(n - n // 10), torch.arange(n - n // 10, n)
-    scores = {l2: train_planted_form(form, vocab, tr, fit_idx, l2=l2, epochs=MAX_EPOCHS, seed=fit_seed, score=tr,
-                                     score_index=held)[1] for l2 in L2S}
-    l2, epochs = max(((l2, e + 1) for l2, s in scores.items() for e in range(len(s))),
-                     key=lambda k: scores[k[0]][k[1] - 1])
+    scores = {
+        l2: train_planted_form(
+            form, vocab, tr, fit_idx, l2=l2, epochs=MAX_EPOCHS, seed=fit_seed, score=tr, score_index=held
+        )[1]
+        for l2 in L2S
+    }
+    l2, epochs = max(
+        ((l2, e + 1) for l2, s in scores.items() for e in range(len(s))), key=lambda k: scores[k[0]][k[1] - 1]
+    )
     model, _ = train_planted_form(form, vocab, tr, torch.arange(n), l2=l2, epochs=epochs, seed=fit_seed)
     with torch.no_grad():
         probs = torch.sigmoid(model(te)[0]).double().numpy()
     unseen = {f"C{j + 1}": float((te.ids[j] == 0).double().mean()) for j in form.latent}
     held_out = {str(k): [round(a, 4) for a in v] for k, v in scores.items()}
-    return probs, {"l2": l2, "epochs": epochs, "held_out_auc": held_out, "later_unseen_or_missing": unseen,
-                   "s": time.perf_counter() - t0}
+    return probs, {
+        "l2": l2,
+        "epochs": epochs,
+        "held_out_auc": held_out,
+        "later_unseen_or_missing": unseen,
+        "s": time.perf_counter() - t0,
+    }

@@ -65,7 +65,7 @@ class DayFiles:
 
         days = [read_log_file(self.path(d), self.fmt)[0] for d in self.train_dates]
         last = days[-1]
-        return pd.concat([*days[:-1], last.iloc[:len(last) - eval_size(len(last), eval_fraction)]], ignore_index=True)
+        return pd.concat([*days[:-1], last.iloc[: len(last) - eval_size(len(last), eval_fraction)]], ignore_index=True)
 
 
 def real_rows(name: str, *, data: Path = DATA) -> int:
@@ -97,7 +97,7 @@ def real_days(name: str, out: Path, *, data: Path = DATA, counts: tuple[int, ...
     suffix = ".csv" if fmt == "avazu" else ".tsv"
     start = 0
     for date, n in zip(dates, counts, strict=True):
-        rows = body[start:start + n]
+        rows = body[start : start + n]
         start += n
         if fmt == "avazu":  # hour YYMMDDHH: keep the hour, take the file's date
             yymmdd = date[2:4] + date[5:7] + date[8:10]
@@ -109,11 +109,19 @@ def real_days(name: str, out: Path, *, data: Path = DATA, counts: tuple[int, ...
 def synthetic_days(rows: int, out: Path, *, interactions: int, seed: int = 0) -> DayFiles:
     """Write `rows` synthetic rows as two training days (0.4 each) and a later day (0.2), with its truth."""
     counts = (round(rows * 0.4), round(rows * 0.4), rows - 2 * round(rows * 0.4))
-    days = generate_days(str(out), 3, counts, seed=seed, start_date=SYNTHETIC_START, with_truth=True,
-                         interactions=interactions)
+    days = generate_days(
+        str(out), 3, counts, seed=seed, start_date=SYNTHETIC_START, with_truth=True, interactions=interactions
+    )
     truth = np.load(out / f"day_{days[-1].date}.truth.npy").astype(np.float64)
-    return DayFiles(f"synthetic-{rows // 1000}k", "criteo", str(out / "day_{date}.tsv.gz"),
-                    tuple(d.date for d in days[:-1]), days[-1].date, truth, seed)
+    return DayFiles(
+        f"synthetic-{rows // 1000}k",
+        "criteo",
+        str(out / "day_{date}.tsv.gz"),
+        tuple(d.date for d in days[:-1]),
+        days[-1].date,
+        truth,
+        seed,
+    )
 
 
 def dataset_days(name: str, out: Path, *, interactions: int) -> DayFiles:

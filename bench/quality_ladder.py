@@ -14,7 +14,8 @@ step at a time from a batch fit's setting to the product's daily one:
 6. day 1's eval tenth trained first on day 2, once its gate has used it (`trainer.plan.parent_eval`).
 
 Row 6 at the sparse lr `trainer.plan.sparse_lr_search` chose is the LR the product could be, trained as
-it trains; row 5 is the product before it trained its parent's eval rows.  Bench-only (scikit-learn's hasher, scipy): `make bench-peers`.  Seconds per row.
+it trains; row 5 is the product before it trained its parent's eval rows.  Bench-only (scikit-learn's hasher, scipy):
+`make bench-peers`.  Seconds per row.
 """
 
 from __future__ import annotations
@@ -37,8 +38,14 @@ from trainer.metrics import auc
 LRS = (0.0115, 0.023, 0.046)
 EVAL_FRACTION = 0.1
 BATCH, PASSES, WARMUP, L2, MIN_RATIO = 256, 3, 4, 0.1, 0.1
-STEPS = ("1 all rows, shuffled, one vocab", "2 in time order", "3 without the eval tenths", "4 day by day",
-         "5 a vocab per day", "6 + the parent's eval tenth (the product)")
+STEPS = (
+    "1 all rows, shuffled, one vocab",
+    "2 in time order",
+    "3 without the eval tenths",
+    "4 day by day",
+    "5 a vocab per day",
+    "6 + the parent's eval tenth (the product)",
+)
 
 
 @dataclass(frozen=True)
@@ -79,15 +86,20 @@ def build(name: str, work: Path) -> Ladder:
     starts = np.cumsum([0, *(len(f) for f in frames)])
     days = [np.arange(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)]
     kept = [d[: len(d) - eval_size(len(d), EVAL_FRACTION)] for d in days]
-    held = [d[len(k):] for d, k in zip(days, kept, strict=True)]
+    held = [d[len(k) :] for d, k in zip(days, kept, strict=True)]
     carried = [kept[0], *(np.concatenate([h, k]) for h, k in zip(held, kept[1:], strict=False))]
     fields = tuple(schema.categorical)
     whole = _vocab(train, fields)
     # day k's rows are encoded with the vocabulary of days 1..k; the later day with the last one
-    per_day_train = pd.concat([_apply(f, _vocab(pd.concat(frames[: k + 1]), fields)) for k, f in enumerate(frames)],
-                              ignore_index=True)
+    per_day_train = pd.concat(
+        [_apply(f, _vocab(pd.concat(frames[: k + 1]), fields)) for k, f in enumerate(frames)], ignore_index=True
+    )
     return Ladder(
-        days, kept, carried, train["label"].to_numpy(float), later["label"].to_numpy(float),
+        days,
+        kept,
+        carried,
+        train["label"].to_numpy(float),
+        later["label"].to_numpy(float),
         (_hashed(_apply(train, whole), schema), _hashed(_apply(later, whole), schema)),
         (_hashed(per_day_train, schema), _hashed(_apply(later, whole), schema)),
     )
@@ -105,11 +117,15 @@ def train_lr(x, y: np.ndarray, segments: list[np.ndarray], *, lr: float, shuffle
         for _ in range(PASSES):
             order = rng.permutation(rows) if shuffle else rows
             for lo in range(0, len(order), BATCH):
-                idx = order[lo:lo + BATCH]
+                idx = order[lo : lo + BATCH]
                 xb, yb = x[idx], y[idx]
                 step += 1
                 t = (step - WARMUP) / max(1, total - WARMUP)
-                at = lr * step / WARMUP if step <= WARMUP else lr * (MIN_RATIO + (1 - MIN_RATIO) * 0.5 * (1 + np.cos(np.pi * t)))
+                at = (
+                    lr * step / WARMUP
+                    if step <= WARMUP
+                    else lr * (MIN_RATIO + (1 - MIN_RATIO) * 0.5 * (1 + np.cos(np.pi * t)))
+                )
                 r = 1 / (1 + np.exp(-(xb @ w + bias))) - yb
                 g = xb.T @ r / len(idx)
                 touched = np.unique(xb.indices)
@@ -126,8 +142,12 @@ def train_lr(x, y: np.ndarray, segments: list[np.ndarray], *, lr: float, shuffle
 def ladder_rows(name: str, lad: Ladder, lrs: tuple[float, ...] = LRS) -> list[dict]:
     every, kept = np.concatenate(lad.days), np.concatenate(lad.kept)
     plans = [  # (matrices, segments, shuffle) of each step
-        (lad.one_vocab, [every], True), (lad.one_vocab, [every], False), (lad.one_vocab, [kept], False),
-        (lad.one_vocab, lad.kept, False), (lad.per_day, lad.kept, False), (lad.per_day, lad.carried, False),
+        (lad.one_vocab, [every], True),
+        (lad.one_vocab, [every], False),
+        (lad.one_vocab, [kept], False),
+        (lad.one_vocab, lad.kept, False),
+        (lad.per_day, lad.kept, False),
+        (lad.per_day, lad.carried, False),
     ]
     rows = []
     for step, ((x, x_later), segments, shuffle) in zip(STEPS, plans, strict=True):

@@ -1,7 +1,8 @@
 """The peers `bench.quality` compares the product with, fit on the rows the product was given.
 
 - sklearn-lr: scikit-learn LogisticRegression on hashed one-hot `field=value` features (FeatureHasher,
-  2^20; fit on the columns the train rows use, `_lr_probs`) plus the log1p dense values; C chosen by blocked K-fold cross-validation over the train rows
+  2^20; fit on the columns the train rows use, `_lr_probs`) plus the log1p dense values; C chosen by blocked K-fold
+  cross-validation over the train rows
   only (`cv_folds`, log loss; over the last CV_ROWS of them on a larger day, where 30 fits of every
   row take hours on 2 cores), then refit on all of them;
 - sklearn-lr (time split), for `bench.quality_rolling`: the same model, C chosen on the last fifth of the
@@ -79,7 +80,9 @@ def _categorical_text(events: pd.DataFrame, column: str) -> pd.Series:
 def _tokens(events: pd.DataFrame, schema: LogSchema) -> list[list[str]]:
     """Each row's `field=value` tokens."""
     text = {c: _categorical_text(events, c) for c in schema.categorical}
-    return [[f"{c}={v}" for c, v in zip(schema.categorical, row, strict=True)] for row in zip(*text.values(), strict=True)]
+    return [
+        [f"{c}={v}" for c, v in zip(schema.categorical, row, strict=True)] for row in zip(*text.values(), strict=True)
+    ]
 
 
 def _dense_bucket(events: pd.DataFrame, schema: LogSchema) -> list[list[str]]:
@@ -124,8 +127,9 @@ def _lr_probs(C: float, X: Any, y: np.ndarray, later: Any) -> np.ndarray:
     return _lr(C).fit(X[:, used], y).predict_proba(later[:, used])[:, 1]
 
 
-def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, folds: int = CV_FOLDS,
-               cv_rows: int = CV_ROWS) -> tuple[np.ndarray, dict]:
+def sklearn_lr(
+    train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, folds: int = CV_FOLDS, cv_rows: int = CV_ROWS
+) -> tuple[np.ndarray, dict]:
     """Hashed one-hot logistic regression; returns (probabilities of `later`, {"C": chosen C, "cv_rows": n}).
 
     liblinear is deterministic, so one fit serves every seed.
@@ -141,8 +145,9 @@ def sklearn_lr(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, f
     return probs, {"C": C, "cv_rows": len(tail)}
 
 
-def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *,
-                          holdout: float = 0.2, pairs: bool = False) -> tuple[np.ndarray, dict]:
+def sklearn_lr_time_split(
+    train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, holdout: float = 0.2, pairs: bool = False
+) -> tuple[np.ndarray, dict]:
     """The hashed one-hot logistic regression (with `pairs`, Poly2: `_hashed`) with C chosen by an inner time
     split of the train rows: each C fit on the first 1 - `holdout` of them (row order is time order), the C
     of the lowest log loss on the rest, refit on every train row.  Returns (probabilities of `later`,
@@ -152,8 +157,9 @@ def sklearn_lr_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogS
     Xa, Xb, ya = _hashed(fit, schema, pairs=pairs), _hashed(check, schema, pairs=pairs), fit["label"].to_numpy()
     losses = {C: logloss(check["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb)) for C in (POLY2_CS if pairs else LR_CS)}
     C = min(losses, key=losses.__getitem__)
-    probs = _lr_probs(C, _hashed(train, schema, pairs=pairs), train["label"].to_numpy(),
-                      _hashed(later, schema, pairs=pairs))
+    probs = _lr_probs(
+        C, _hashed(train, schema, pairs=pairs), train["label"].to_numpy(), _hashed(later, schema, pairs=pairs)
+    )
     return probs, {"C": C, "holdout_rows": len(check)}
 
 
@@ -164,8 +170,9 @@ def poly2_keys(events: pd.DataFrame, schema: LogSchema) -> np.ndarray:
     return np.stack([feature_keys(j, events[c].to_numpy(object)) for j, c in enumerate(schema.categorical)], axis=1)
 
 
-def poly2_inputs(events: pd.DataFrame, schema: LogSchema, bits: int, counts: KeyCounts | None = None, *,
-                 fit_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def poly2_inputs(
+    events: pd.DataFrame, schema: LogSchema, bits: int, counts: KeyCounts | None = None, *, fit_rows: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """The product Poly2's inputs of raw rows, as the companion makes them (`trainer.companion.inputs`): the
     product's keys of the raw values, their count classes in `counts` (`trainer.models.key_counts.KeyCounts`,
     or none), and the log1p dense values."""
@@ -221,8 +228,7 @@ def _deepfm_train(model: Any, x: dict, y: np.ndarray, *, done: int, epochs: int)
     """Train `model` from epoch `done` to epoch `epochs` (DeepCTR-Torch's `initial_epoch`: its model and
     optimizer carry over from one `fit` to the next), batch 256, quietly (its `fit` prints every call)."""
     with contextlib.redirect_stdout(io.StringIO()):
-        model.fit(x, y.astype(np.float32), batch_size=256, epochs=epochs, initial_epoch=done, verbose=0,
-                  shuffle=True)
+        model.fit(x, y.astype(np.float32), batch_size=256, epochs=epochs, initial_epoch=done, verbose=0, shuffle=True)
 
 
 def _deepfm_probs(model: Any, x: dict) -> np.ndarray:
@@ -232,7 +238,9 @@ def _deepfm_probs(model: Any, x: dict) -> np.ndarray:
         return model.predict(x, batch_size=4096).ravel().astype(np.float64)
 
 
-def deepctr_deepfm(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int) -> tuple[np.ndarray, dict]:
+def deepctr_deepfm(
+    train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int
+) -> tuple[np.ndarray, dict]:
     """DeepCTR-Torch DeepFM with its defaults (1 epoch); returns (probabilities of `later`, {})."""
     columns, xa, xb = _deepctr_inputs(train, later, schema)
     model = _deepfm(columns, seed)
@@ -240,9 +248,15 @@ def deepctr_deepfm(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, 
     return _deepfm_probs(model, xb), {}
 
 
-def deepctr_deepfm_time_split(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, seed: int,
-                              epochs: tuple[int, ...] = DEEPFM_EPOCHS,
-                              holdout: float = 0.2) -> tuple[np.ndarray, dict]:
+def deepctr_deepfm_time_split(
+    train: pd.DataFrame,
+    later: pd.DataFrame,
+    schema: LogSchema,
+    *,
+    seed: int,
+    epochs: tuple[int, ...] = DEEPFM_EPOCHS,
+    holdout: float = 0.2,
+) -> tuple[np.ndarray, dict]:
     """DeepFM (DeepCTR-Torch's defaults but the number of epochs) with its epochs chosen by an inner time split
     of the train rows: one model trained on the first 1 - `holdout` of them (row order is time order), its log
     loss on the rest measured after each count in `epochs`, the count of the lowest loss (the fewest on a

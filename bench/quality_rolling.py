@@ -136,9 +136,16 @@ def _peer_missing(module: str) -> str | None:
     return None
 
 
-def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool = True,
-                        data: Path | None = None, variants: tuple[Variant, ...] = (),
-                        lr_arch: bool = True) -> dict[str, Any]:
+def run_rolling_dataset(
+    name: str,
+    work: Path,
+    size: RollingSize,
+    *,
+    peers: bool = True,
+    data: Path | None = None,
+    variants: tuple[Variant, ...] = (),
+    lr_arch: bool = True,
+) -> dict[str, Any]:
     """Every model on one sample's rolling origins (this project's `lr` arch when `lr_arch`), and the default
     arch again with each of `variants`; returns the pooled results (JSON-ready)."""
     from bench.quality import model_name, train_seconds
@@ -161,8 +168,10 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
         model = model_name(arch, variant)
         folder = arch if variant is None else f"{arch}-{variant.folder}"
         t0 = time.perf_counter()
-        chains[model] = [product_chain(files, work / f"{folder}-{seed}", arch=arch, seed=seed, variant=variant)
-                         for seed in size.seeds]
+        chains[model] = [
+            product_chain(files, work / f"{folder}-{seed}", arch=arch, seed=seed, variant=variant)
+            for seed in size.seeds
+        ]
         seconds[model] = (time.perf_counter() - t0) / len(size.seeds)
         log.info("%s %s: %d days through run_day", name, model, size.days - 1)
     kept = [k for k in origins if all(c["scored"][k - 1] is not None for runs in chains.values() for c in runs)]
@@ -177,7 +186,8 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             if not np.array_equal(y, labels):
                 raise RuntimeError(f"{name} {arch}: the rows the product scored differ from the day files' rows")
     models: dict[str, list[np.ndarray]] = {
-        arch: [np.concatenate([c["scored"][k - 1][1] for k in kept]) for c in runs] for arch, runs in chains.items()}
+        arch: [np.concatenate([c["scored"][k - 1][1] for k in kept]) for c in runs] for arch, runs in chains.items()
+    }
     skipped: dict[str, str] = {}
     info: dict[str, Any] = {}
     if peers:
@@ -233,8 +243,11 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             fits = [deepfm(s) for s in size.seeds]
             models["deepctr-deepfm"] = [p for p, _ in fits]
             seconds["deepctr-deepfm"] = (time.perf_counter() - t0) / len(size.seeds)
-            info["deepctr-deepfm"] = {"epochs_per_origin": [e for _, e in fits], "seeds": list(size.seeds),
-                                      "epochs_tried": list(DEEPFM_EPOCHS)}
+            info["deepctr-deepfm"] = {
+                "epochs_per_origin": [e for _, e in fits],
+                "seeds": list(size.seeds),
+                "epochs_tried": list(DEEPFM_EPOCHS),
+            }
         else:
             skipped["deepctr-deepfm"] = why
     for peer, why in skipped.items():
@@ -242,14 +255,20 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
     bounds = np.cumsum([0] + [counts[k] for k in kept])
     table = []
     for model, runs in models.items():
-        per_origin = [float(np.mean([auc(labels[a:b], p[a:b]) for p in runs]))
-                      for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        per_origin = [
+            float(np.mean([auc(labels[a:b], p[a:b]) for p in runs]))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
         row: dict[str, Any] = {
-            "dataset": name, "model": model, "seeds": len(runs),
+            "dataset": name,
+            "model": model,
+            "seeds": len(runs),
             "auc": float(np.mean([auc(labels, p) for p in runs])),
             "logloss": float(np.mean([logloss(labels, p) for p in runs])),
             "calib": float(np.mean([p.mean() / labels.mean() for p in runs])),
-            "auc_per_origin": per_origin, "auc_origins": float(np.mean(per_origin)), "s": seconds[model],
+            "auc_per_origin": per_origin,
+            "auc_origins": float(np.mean(per_origin)),
+            "s": seconds[model],
         }
         if model in chains:  # the product's chains: their train stages' seconds
             row["train_s"] = train_seconds([c["days"] for c in chains[model]])
@@ -259,8 +278,17 @@ def run_rolling_dataset(name: str, work: Path, size: RollingSize, *, peers: bool
             row["decided"] = "yes" if abs(row["vs_default"]) > 2 * row["vs_sd"] else "no"
         table.append(row)
     return {
-        "rows": table, "skipped": skipped, "peers": info,
-        "split": {"days": size.days, "rows_per_day": list(counts), "rows_used": rows, "rows_in_sample": total,
-                  "origins": kept, "origins_without_a_model": dropped, "pooled_rows": int(labels.size)},
+        "rows": table,
+        "skipped": skipped,
+        "peers": info,
+        "split": {
+            "days": size.days,
+            "rows_per_day": list(counts),
+            "rows_used": rows,
+            "rows_in_sample": total,
+            "origins": kept,
+            "origins_without_a_model": dropped,
+            "pooled_rows": int(labels.size),
+        },
         "days": {arch: [c["days"] for c in runs] for arch, runs in chains.items()},
     }

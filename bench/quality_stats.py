@@ -53,7 +53,9 @@ def summarize(labels: np.ndarray, runs: list[np.ndarray]) -> dict[str, float]:
     """AUC mean and population sd over seeds, their range, mean log loss and calibration (mean p / click rate)."""
     aucs = [auc(labels, p) for p in runs]
     return {
-        "auc": statistics.fmean(aucs), "auc_sd": statistics.pstdev(aucs), "auc_range": max(aucs) - min(aucs),
+        "auc": statistics.fmean(aucs),
+        "auc_sd": statistics.pstdev(aucs),
+        "auc_range": max(aucs) - min(aucs),
         "logloss": statistics.fmean(logloss(labels, p) for p in runs),
         "calib": statistics.fmean(float(p.mean() / labels.mean()) for p in runs),
     }

@@ -58,7 +58,8 @@ def synthetic_lines(n: int, seed: int = 0) -> list[str]:
 
 
 def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int, version: str = "v00001") -> dict:
-    """A full bundle whose admitted keys are the values of `lines` seen twice, padded with random keys to `keys` rows."""
+    """A full bundle whose admitted keys are the values of `lines`
+    seen twice, padded with random keys to `keys` rows."""
     import torch
 
     from flows.serving.export import write_full_bundle
@@ -84,15 +85,40 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
     cfg = ModelConfig(num_heads=2, mlp_dims=(64, 32), dropout=0.0)
     torch.manual_seed(seed)
     net = CTRModel(cfg, num_dense=13, num_fields=26, dim=dim).eval()
-    meta = ModelMeta.of(model_name="ctr", model_config=cfg, dim=dim, init_std=0.05, num_dense=13, num_fields=26,
-                     fields=schema.categorical, dense_columns=tuple(f"d_{i}" for i in range(13)),
-                     key_columns=tuple(f"k_{j}" for j in range(26)), vocab_date="2026-01-01", run_tag="bench",
-                     features_url="", init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig())
-    spec = FeatureSpec(schema=schema, admitted=admitted, bag_pooling=cfg.bag_pooling, dense_buckets=cfg.dense_buckets,
-                       dense_bucket_max=cfg.dense_bucket_max)
+    meta = ModelMeta.of(
+        model_name="ctr",
+        model_config=cfg,
+        dim=dim,
+        init_std=0.05,
+        num_dense=13,
+        num_fields=26,
+        fields=schema.categorical,
+        dense_columns=tuple(f"d_{i}" for i in range(13)),
+        key_columns=tuple(f"k_{j}" for j in range(26)),
+        vocab_date="2026-01-01",
+        run_tag="bench",
+        features_url="",
+        init_model_url=None,
+        optim=OptimConfig(),
+        het=HetConfig(),
+        trainer=TrainerConfig(),
+    )
+    spec = FeatureSpec(
+        schema=schema,
+        admitted=admitted,
+        bag_pooling=cfg.bag_pooling,
+        dense_buckets=cfg.dense_buckets,
+        dense_bucket_max=cfg.dense_bucket_max,
+    )
     program = export.program_bytes(export.export_program(net))
-    write_full_bundle(str(out), meta=meta, spec=spec, program=program, rows=rows,
-                      manifest={"version": version, "model_name": "ctr", "dtype": "float32", "metrics": {}})
+    write_full_bundle(
+        str(out),
+        meta=meta,
+        spec=spec,
+        program=program,
+        rows=rows,
+        manifest={"version": version, "model_name": "ctr", "dtype": "float32", "metrics": {}},
+    )
     return {"meta": meta, "net": net, "rows": rows}
 
 
@@ -108,7 +134,11 @@ def write_registry_version(out: Path, made: dict) -> None:
     fs, path = fsio.get_fs(str(out))
     with fsio.staged(fs, path) as stage:
         model_dir.write_tensors(f"{stage}/{model_dir.DENSE}", made["net"].state_dict())
-        optim = {f"{k}.{m}": torch.zeros_like(v) for k, v in made["net"].state_dict().items() for m in ("exp_avg", "exp_avg_sq")}
+        optim = {
+            f"{k}.{m}": torch.zeros_like(v)
+            for k, v in made["net"].state_dict().items()
+            for m in ("exp_avg", "exp_avg_sq")
+        }
         model_dir.write_tensors(f"{stage}/{model_dir.DENSE_OPTIM}", {**optim, "step": torch.tensor(1)})
         rows = made["rows"]
         fmt = RowFormat(rows.emb.shape[1])
@@ -164,16 +194,28 @@ def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> di
         lat, parts = pool.submit(loop).result()
     p50, p99 = percentiles(lat)
     total = sum(lat)
-    return {"req_s": len(lat) / total, "rows_s": len(lat) * batch / total, "p50_ms": p50, "p99_ms": p99,
-            **stage_ms(times.seconds, len(lat)), "path_parse_ms": parts["parse"], "path_encode_ms": parts["encode"]}
+    return {
+        "req_s": len(lat) / total,
+        "rows_s": len(lat) * batch / total,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        **stage_ms(times.seconds, len(lat)),
+        "path_parse_ms": parts["parse"],
+        "path_encode_ms": parts["encode"],
+    }
 
 
 def stage_ms(seconds: dict[str, float], requests: int) -> dict[str, float]:
     """Mean milliseconds per request of each scoring stage (`StageTimes.seconds`, summed over `requests`)."""
     n = max(requests, 1)
     ms = {k: v / n * 1000 for k, v in seconds.items()}
-    return {"prepare_ms": ms["prepare"], "features_ms": ms["features"], "lookup_ms": ms["lookup"],
-            "forward_ms": ms["forward"], "other_score_ms": ms["score"] - ms["lookup"] - ms["forward"]}
+    return {
+        "prepare_ms": ms["prepare"],
+        "features_ms": ms["features"],
+        "lookup_ms": ms["lookup"],
+        "forward_ms": ms["forward"],
+        "other_score_ms": ms["score"] - ms["lookup"] - ms["forward"],
+    }
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -192,23 +234,29 @@ def scrape(port: int) -> dict[str, float]:
 
 def server_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Per request: mean latency, queue wait and stage shares, from two `/metrics` scrapes around a cell."""
+
     def d(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     requests = d("ctrpipe_score_latency_seconds_count")
-    stages = {k: d(f'ctrpipe_score_stage_seconds_total{{stage="{k}"}}') for k in
-              ("prepare", "features", "lookup", "forward", "score")}
-    out = {"mean_ms": d("ctrpipe_score_latency_seconds_sum") / max(requests, 1) * 1000,
-           "wait_ms": d("ctrpipe_score_batch_wait_seconds_total") / max(requests, 1) * 1000,
-           "rows_per_batch": d('ctrpipe_score_rows_total{outcome="scored"}') / max(d("ctrpipe_score_batches_total"), 1),
-           **stage_ms(stages, int(requests))}
+    stages = {
+        k: d(f'ctrpipe_score_stage_seconds_total{{stage="{k}"}}')
+        for k in ("prepare", "features", "lookup", "forward", "score")
+    }
+    out = {
+        "mean_ms": d("ctrpipe_score_latency_seconds_sum") / max(requests, 1) * 1000,
+        "wait_ms": d("ctrpipe_score_batch_wait_seconds_total") / max(requests, 1) * 1000,
+        "rows_per_batch": d('ctrpipe_score_rows_total{outcome="scored"}') / max(d("ctrpipe_score_batches_total"), 1),
+        **stage_ms(stages, int(requests)),
+    }
     scoring = (stages["prepare"] + stages["features"] + stages["score"]) / max(requests, 1) * 1000
     out["http_other_ms"] = out["mean_ms"] - out["wait_ms"] - scoring  # HTTP, JSON, the event loop, thread handoffs
     return out
 
 
-def http_load(port: int, lines: list[str], *, batch: int, clients: int, seconds: float,
-              versions: list[str] | None = None) -> dict[str, Any]:
+def http_load(
+    port: int, lines: list[str], *, batch: int, clients: int, seconds: float, versions: list[str] | None = None
+) -> dict[str, Any]:
     lat: list[float] = []
     failures: list[Any] = []
     lock = threading.Lock()
@@ -248,15 +296,26 @@ def http_load(port: int, lines: list[str], *, batch: int, clients: int, seconds:
         t.join()
     wall = time.perf_counter() - t0
     p50, p99 = percentiles(lat) if lat else (float("nan"), float("nan"))
-    return {"req_s": len(lat) / wall, "rows_s": len(lat) * batch / wall, "p50_ms": p50, "p99_ms": p99,
-            "failed": len(failures)}
+    return {
+        "req_s": len(lat) / wall,
+        "rows_s": len(lat) * batch / wall,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "failed": len(failures),
+    }
 
 
 def start_server(args: list[str], port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(_REPO)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli.main", "score-server", *args, "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=_REPO, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli.main", "score-server", *args, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=_REPO,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -314,9 +373,20 @@ def memory_rows(tmp: Path, keys: int, dim: int) -> list[dict[str, Any]]:
     for mode, arg in (("in memory", "-"), ("--mmap", str(tmp / "mmap-cache"))):
         _, text = run_child(f"import sys; sys.path.insert(0, {str(_REPO)!r})\n" + _MEMORY_CHILD, str(bundle), arg)
         load_s, rss, anon, file_, peak = (float(x) for x in text.split())
-        out.append({"part": "memory", "mode": mode, "keys": keys, "dim": dim, "load_s": load_s,
-                    "rss_MiB": rss / 2**20, "anon_MiB": anon / 2**20, "file_MiB": file_ / 2**20,
-                    "peak_MiB": peak / 2**20, "rows_MiB": keys * dim * 4 / 2**20})
+        out.append(
+            {
+                "part": "memory",
+                "mode": mode,
+                "keys": keys,
+                "dim": dim,
+                "load_s": load_s,
+                "rss_MiB": rss / 2**20,
+                "anon_MiB": anon / 2**20,
+                "file_MiB": file_ / 2**20,
+                "peak_MiB": peak / 2**20,
+                "rows_MiB": keys * dim * 4 / 2**20,
+            }
+        )
     shutil.rmtree(bundle, ignore_errors=True)
     return out
 
@@ -332,8 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mmap-dim", type=int, default=16)
     p.add_argument("--parts", default="http,reload,size", help="which parts to run (the memory part: --mmap-keys)")
     add_smoke(p)  # every part, tiny: 10^4 keys, half-second cells, 1 and 4 clients, 10^5 mapped keys
-    args = apply_smoke(p.parse_args(argv), {"keys": 10_000, "seconds": 0.5, "batches": "1,32", "clients": "1,4",
-                                            "mmap_keys": 100_000})
+    args = apply_smoke(
+        p.parse_args(argv), {"keys": 10_000, "seconds": 0.5, "batches": "1,32", "clients": "1,4", "mmap_keys": 100_000}
+    )
     parts = set(args.parts.split(","))
     batches = [int(x) for x in args.batches.split(",")]
     clients = [int(x) for x in args.clients.split(",")]
@@ -357,21 +428,57 @@ def main(argv: list[str] | None = None) -> None:
             rows += memory_rows(tmp, args.mmap_keys, args.mmap_dim)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    cols = ["part", "mode", "batch", "clients", "keys", "req_s", "rows_s", "p50_ms", "p99_ms", "failed", "x_in_process",
-            "p50_added_ms", "p99_added_ms", "mean_ms", "wait_ms", "prepare_ms", "features_ms", "path_parse_ms",
-            "path_encode_ms", "lookup_ms", "forward_ms", "other_score_ms", "http_other_ms", "rows_per_batch",
-            "switched", "bytes", "x_registry", "load_s", "rss_MiB", "anon_MiB", "file_MiB", "peak_MiB"]
-    report("serve", rows, params=vars(args), columns=cols,
-           notes="x_in_process: HTTP rows/s over in-process rows/s at the same batch; *_added_ms: HTTP minus in-process "
-                 "latency.  Breakdown (ms per request, means): wait in the batcher's queue, prepare, features (parse + "
-                 "encode; path_parse/path_encode: the feature path's halves timed apart), lookup, forward, other "
-                 "scoring, http_other (HTTP, JSON, event loop, handoffs).  Goals: >= 0.5x at 32 clients x 32 lines; "
-                 "batch 1 adds <= ~2 ms p50, ~10 ms p99; 0 failed requests during the reload.  Clients, server and "
-                 "baseline share this machine's cores.")
+    cols = [
+        "part",
+        "mode",
+        "batch",
+        "clients",
+        "keys",
+        "req_s",
+        "rows_s",
+        "p50_ms",
+        "p99_ms",
+        "failed",
+        "x_in_process",
+        "p50_added_ms",
+        "p99_added_ms",
+        "mean_ms",
+        "wait_ms",
+        "prepare_ms",
+        "features_ms",
+        "path_parse_ms",
+        "path_encode_ms",
+        "lookup_ms",
+        "forward_ms",
+        "other_score_ms",
+        "http_other_ms",
+        "rows_per_batch",
+        "switched",
+        "bytes",
+        "x_registry",
+        "load_s",
+        "rss_MiB",
+        "anon_MiB",
+        "file_MiB",
+        "peak_MiB",
+    ]
+    report(
+        "serve",
+        rows,
+        params=vars(args),
+        columns=cols,
+        notes="x_in_process: HTTP rows/s over in-process rows/s at the same batch; *_added_ms: HTTP minus in-process "
+        "latency.  Breakdown (ms per request, means): wait in the batcher's queue, prepare, features (parse + "
+        "encode; path_parse/path_encode: the feature path's halves timed apart), lookup, forward, other "
+        "scoring, http_other (HTTP, JSON, event loop, handoffs).  Goals: >= 0.5x at 32 clients x 32 lines; "
+        "batch 1 adds <= ~2 ms p50, ~10 ms p99; 0 failed requests during the reload.  Clients, server and "
+        "baseline share this machine's cores.",
+    )
 
 
-def http_rows(bundle: Path, lines: list[str], batches: list[int], clients: list[int], seconds: float,
-              tmp: Path) -> list[dict[str, Any]]:
+def http_rows(
+    bundle: Path, lines: list[str], batches: list[int], clients: list[int], seconds: float, tmp: Path
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     base = {b: in_process(bundle, lines, b, seconds) for b in batches}
     port = free_port()
@@ -383,11 +490,18 @@ def http_rows(bundle: Path, lines: list[str], batches: list[int], clients: list[
             for c in clients:
                 before = scrape(port)
                 r = http_load(port, lines, batch=b, clients=c, seconds=seconds)
-                rows.append({"part": "http", "batch": b, "clients": c, **r,
-                             "x_in_process": r["rows_s"] / base[b]["rows_s"],
-                             "p50_added_ms": r["p50_ms"] - base[b]["p50_ms"],
-                             "p99_added_ms": r["p99_ms"] - base[b]["p99_ms"],
-                             **server_breakdown(before, scrape(port))})
+                rows.append(
+                    {
+                        "part": "http",
+                        "batch": b,
+                        "clients": c,
+                        **r,
+                        "x_in_process": r["rows_s"] / base[b]["rows_s"],
+                        "p50_added_ms": r["p50_ms"] - base[b]["p50_ms"],
+                        "p99_added_ms": r["p99_ms"] - base[b]["p99_ms"],
+                        **server_breakdown(before, scrape(port)),
+                    }
+                )
     finally:
         stop(proc)
     return rows
@@ -396,8 +510,9 @@ def http_rows(bundle: Path, lines: list[str], batches: list[int], clients: list[
 def reload_rows(root: Path, lines: list[str], seconds: float, tmp: Path) -> list[dict[str, Any]]:
     """Reload under load: 8 clients while the pointer moves to v00002."""
     port = free_port()
-    proc = start_server(["--set", f"root={root}", "--model", "latest", "--reload-every", "0.5"], port,
-                        tmp / "reload.log")
+    proc = start_server(
+        ["--set", f"root={root}", "--model", "latest", "--reload-every", "0.5"], port, tmp / "reload.log"
+    )
     try:
         versions: list[str] = []
         mover = threading.Timer(1.5, lambda: (root / "bundles" / "ctr" / "LATEST").write_text("v00002\n"))
@@ -405,8 +520,17 @@ def reload_rows(root: Path, lines: list[str], seconds: float, tmp: Path) -> list
         r = http_load(port, lines, batch=32, clients=8, seconds=max(seconds, 5.0), versions=versions)
     finally:
         stop(proc)
-    return [{"part": "reload", "batch": 32, "clients": 8, **r, "switched": "v00002" in versions,
-             "served_v1": versions.count("v00001"), "served_v2": versions.count("v00002")}]
+    return [
+        {
+            "part": "reload",
+            "batch": 32,
+            "clients": 8,
+            **r,
+            "switched": "v00002" in versions,
+            "served_v1": versions.count("v00001"),
+            "served_v2": versions.count("v00002"),
+        }
+    ]
 
 
 def size_rows(bundle: Path, made: dict, keys: int, tmp: Path) -> list[dict[str, Any]]:
@@ -422,10 +546,23 @@ def size_rows(bundle: Path, made: dict, keys: int, tmp: Path) -> list[dict[str, 
     t0 = time.perf_counter()
     load_model([BundleReader(str(bundle))])
     bundle_s = time.perf_counter() - t0
-    return [{"part": "size", "mode": "registry version", "keys": keys, "bytes": tree_bytes(tmp / "registry-v"),
-             "load_s": reg_s},
-            {"part": "size", "mode": "bundle", "keys": keys, "bytes": tree_bytes(bundle), "load_s": bundle_s,
-             "x_registry": tree_bytes(bundle) / tree_bytes(tmp / "registry-v")}]
+    return [
+        {
+            "part": "size",
+            "mode": "registry version",
+            "keys": keys,
+            "bytes": tree_bytes(tmp / "registry-v"),
+            "load_s": reg_s,
+        },
+        {
+            "part": "size",
+            "mode": "bundle",
+            "keys": keys,
+            "bytes": tree_bytes(bundle),
+            "load_s": bundle_s,
+            "x_registry": tree_bytes(bundle) / tree_bytes(tmp / "registry-v"),
+        },
+    ]
 
 
 if __name__ == "__main__":

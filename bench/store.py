@@ -17,7 +17,9 @@ Parts (``--parts``, default all):
   hold more rows of a smaller format).
 - ``scale``: tables of 10^6 .. --max-keys rows (dim 16) built on SSD and queried through a HostStore, each
   in a fresh process under a 2 GiB host budget, per row format (`--formats`: the fp32 + Adam rows of before
-  as the baseline, the default rows, int8 rows with Adam's moments in log8, and int8 rows with row-wise AdaGrad): bytes per key on SSD and in DRAM, rows per 4 KiB unit,
+  as the baseline, the default rows, int8 rows with Adam's moments in log8, and int8 rows with row-wise
+  AdaGrad): bytes per key on SSD and in
+  DRAM, rows per 4 KiB unit,
   build rate, peak RSS, index bytes, SSD read and update cost per key.
 
 The host, ssd and index parts use the default row format (`StoreConfig()`, `OptimConfig().sparse_optimizer`).
@@ -108,8 +110,13 @@ def bench_index(n_keys: int, batches: list[int]) -> None:
     pidx.get_indexer(keys[:1])  # builds pandas' hash table
     t_pd = time.perf_counter() - t0
     rows = [
-        {"op": "build", "batch": keys.size, "ours_per_s": keys.size / t_ours, "pandas_per_s": keys.size / t_pd,
-         "ratio": t_pd / t_ours}
+        {
+            "op": "build",
+            "batch": keys.size,
+            "ours_per_s": keys.size / t_ours,
+            "pandas_per_s": keys.size / t_pd,
+            "ratio": t_pd / t_ours,
+        }
     ]
     for b in batches:
         # Many distinct batches (4M keys in all) for hits and misses alike: one batch repeated
@@ -161,30 +168,55 @@ def bench_host(n_rows: int, batches: list[int], total: int = 1 << 20) -> None:
         idxs = [torch.from_numpy(p) for p in pos]
         torch.testing.assert_close(host.lookup(qs[0]).rows, host._buf.gather_emb(host._cache.map.lookup(keys[pos[0]])))
         dense_np = dense.numpy()
-        ours, base, take = paired_rates(lambda qs=qs: [host.lookup(q).rows for q in qs],
-                                        lambda idxs=idxs: [dense.index_select(0, i) for i in idxs],
-                                        lambda pos=pos, dense_np=dense_np: [np.take(dense_np, p, axis=0) for p in pos],
-                                        items=b * n_batches)
-        rows.append({"op": "lookup (emb rows)", "batch": b, "ours_rows_per_s": ours,
-                     "index_select_rows_per_s": base, "ratio": ours / base,
-                     "np_take_rows_per_s": take, "ratio_vs_np_take": ours / take})
+        ours, base, take = paired_rates(
+            lambda qs=qs: [host.lookup(q).rows for q in qs],
+            lambda idxs=idxs: [dense.index_select(0, i) for i in idxs],
+            lambda pos=pos, dense_np=dense_np: [np.take(dense_np, p, axis=0) for p in pos],
+            items=b * n_batches,
+        )
+        rows.append(
+            {
+                "op": "lookup (emb rows)",
+                "batch": b,
+                "ours_rows_per_s": ours,
+                "index_select_rows_per_s": base,
+                "ratio": ours / base,
+                "np_take_rows_per_s": take,
+                "ratio_vs_np_take": ours / take,
+            }
+        )
         # full rows (weights, optimizer state, clock), what moves between tiers; the baseline gathers as many bytes
         full = DEFAULT.fresh(dense).tensors()
         full_np = [t.numpy() for t in full]
         uniq = [np.unique(keys[p]) for p in pos]
-        ours, base, take = paired_rates(lambda uniq=uniq: [host.read_rows(k) for k in uniq],
-                                        lambda idxs=idxs, full=full: [[t.index_select(0, i) for t in full] for i in idxs],
-                                        lambda pos=pos, full_np=full_np: [[np.take(a, p, axis=0) for a in full_np] for p in pos],
-                                        items=b * n_batches)
-        rows.append({"op": "read_rows (full rows)", "batch": b, "ours_rows_per_s": ours,
-                     "index_select_rows_per_s": base, "ratio": ours / base,
-                     "np_take_rows_per_s": take, "ratio_vs_np_take": ours / take})
-    report("store_host", rows, params={"rows": n_rows, "dim": DIM, "row_format": DEFAULT.name,
-                                       "torch_threads": torch.get_num_threads()},
-           notes=("HostStore path = key check + hash index + LFU bookkeeping + gather; ~1M rows per point in "
-                  "distinct batches, ours, index_select and np.take timed in turn (best of 5); goal: ratio (vs "
-                  "torch.index_select) >= 0.5.  np.take on the same dense array, one thread, is the stricter "
-                  "ceiling on a busy machine (torch's intra-op threads wake slowly there)"))
+        ours, base, take = paired_rates(
+            lambda uniq=uniq: [host.read_rows(k) for k in uniq],
+            lambda idxs=idxs, full=full: [[t.index_select(0, i) for t in full] for i in idxs],
+            lambda pos=pos, full_np=full_np: [[np.take(a, p, axis=0) for a in full_np] for p in pos],
+            items=b * n_batches,
+        )
+        rows.append(
+            {
+                "op": "read_rows (full rows)",
+                "batch": b,
+                "ours_rows_per_s": ours,
+                "index_select_rows_per_s": base,
+                "ratio": ours / base,
+                "np_take_rows_per_s": take,
+                "ratio_vs_np_take": ours / take,
+            }
+        )
+    report(
+        "store_host",
+        rows,
+        params={"rows": n_rows, "dim": DIM, "row_format": DEFAULT.name, "torch_threads": torch.get_num_threads()},
+        notes=(
+            "HostStore path = key check + hash index + LFU bookkeeping + gather; ~1M rows per point in "
+            "distinct batches, ours, index_select and np.take timed in turn (best of 5); goal: ratio (vs "
+            "torch.index_select) >= 0.5.  np.take on the same dense array, one thread, is the stricter "
+            "ceiling on a busy machine (torch's intra-op threads wake slowly there)"
+        ),
+    )
 
 
 # -- ssd -------------------------------------------------------------------------------------
@@ -273,19 +305,37 @@ def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int 
         d = {k: store.stats()["ssd"].get(k, 0) - c0[k] for k in counters}
         if units / t > best["write"]:
             best["write"] = units / t
-            per["write"] = {"rows_per_s": n_q / t, "units_per_s": units / t, "MB_per_s": units * ub / t / 1e6,
-                            "payload_MB_per_s": n_q * rb / t / 1e6,
-                            "device_MB_per_s": (d["bytes_read"] + d["bytes_written"]) / t / 1e6,
-                            "gc_rows_per_row": d["gc_rows"] / n_q, "gc_units_read_per_row": d["gc_units"] / n_q}
+            per["write"] = {
+                "rows_per_s": n_q / t,
+                "units_per_s": units / t,
+                "MB_per_s": units * ub / t / 1e6,
+                "payload_MB_per_s": n_q * rb / t / 1e6,
+                "device_MB_per_s": (d["bytes_read"] + d["bytes_written"]) / t / 1e6,
+                "gc_rows_per_row": d["gc_rows"] / n_q,
+                "gc_units_read_per_row": d["gc_units"] / n_q,
+            }
     raw = best["raw"]
     rows = [
-        {"op": "read_rows (random)", **per["read"], "raw_4k_reads_per_s": raw,
-         "ratio_units_vs_raw": per["read"]["units_per_s"] / raw, "ratio_rows_vs_raw": per["read"]["rows_per_s"] / raw},
-        {"op": "write_rows (random)", **per["write"], "raw_4k_reads_per_s": raw,
-         "ratio_units_vs_raw": per["write"]["units_per_s"] / raw,
-         "ratio_rows_vs_raw": per["write"]["rows_per_s"] / raw},
-        {"op": "fill (sequential)", "rows_per_s": n_rows / t_fill, "units_per_s": fill_bytes / 4096 / t_fill,
-         "MB_per_s": fill_bytes / t_fill / 1e6},
+        {
+            "op": "read_rows (random)",
+            **per["read"],
+            "raw_4k_reads_per_s": raw,
+            "ratio_units_vs_raw": per["read"]["units_per_s"] / raw,
+            "ratio_rows_vs_raw": per["read"]["rows_per_s"] / raw,
+        },
+        {
+            "op": "write_rows (random)",
+            **per["write"],
+            "raw_4k_reads_per_s": raw,
+            "ratio_units_vs_raw": per["write"]["units_per_s"] / raw,
+            "ratio_rows_vs_raw": per["write"]["rows_per_s"] / raw,
+        },
+        {
+            "op": "fill (sequential)",
+            "rows_per_s": n_rows / t_fill,
+            "units_per_s": fill_bytes / 4096 / t_fill,
+            "MB_per_s": fill_bytes / t_fill / 1e6,
+        },
     ]
     live_bytes = len(store) * rb
     file_bytes = store.file_bytes
@@ -294,10 +344,21 @@ def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int 
     report(
         "store_ssd",
         rows,
-        params={"rows": n_rows, "dim": DIM, "row_format": DEFAULT.name, "batch": batch, "batches_per_repeat": n_batches, "repeat": repeat,
-                "threads": threads, "fill_file_bytes": fill_bytes, "file_bytes": file_bytes,
-                "space_amplification": file_bytes / live_bytes, "record_bytes": rb, "rows_per_unit": rpu,
-                "gc_threshold": getattr(store, "gc_threshold", None)},
+        params={
+            "rows": n_rows,
+            "dim": DIM,
+            "row_format": DEFAULT.name,
+            "batch": batch,
+            "batches_per_repeat": n_batches,
+            "repeat": repeat,
+            "threads": threads,
+            "fill_file_bytes": fill_bytes,
+            "file_bytes": file_bytes,
+            "space_amplification": file_bytes / live_bytes,
+            "record_bytes": rb,
+            "rows_per_unit": rpu,
+            "gc_threshold": getattr(store, "gc_threshold", None),
+        },
         notes=(
             "units/s: distinct 4 KiB units the batch's rows sat in (a random read costs one each), vs the raw "
             "O_DIRECT loop's random 4 KiB reads/s over the same file (same threads); after a warm-up of "
@@ -355,11 +416,21 @@ def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
         for pct in (1, 5, 15, 30):
             cap = max(1, int(distinct * pct / 100))
             rates = {p: simulate_hit_rates(stream, cap, p, batch=batch_rows * fields) for p in ("lfu", "lru")}
-            rows.append({"stream": name, "lookups": int(stream.size), "distinct": int(distinct),
-                         "top10%_share": share, "capacity_%": pct, "capacity_rows": cap,
-                         "lfu_hit": rates["lfu"]["distinct"], "lru_hit": rates["lru"]["distinct"],
-                         "lfu_hit_per_access": rates["lfu"]["access"], "lru_hit_per_access": rates["lru"]["access"],
-                         "HET_lfu_hit": 0.97 if pct == 15 else ""})
+            rows.append(
+                {
+                    "stream": name,
+                    "lookups": int(stream.size),
+                    "distinct": int(distinct),
+                    "top10%_share": share,
+                    "capacity_%": pct,
+                    "capacity_rows": cap,
+                    "lfu_hit": rates["lfu"]["distinct"],
+                    "lru_hit": rates["lru"]["distinct"],
+                    "lfu_hit_per_access": rates["lfu"]["access"],
+                    "lru_hit_per_access": rates["lru"]["access"],
+                    "HET_lfu_hit": 0.97 if pct == 15 else "",
+                }
+            )
     # the same host budget in bytes, per row format: compact rows fit more keys
     from storage.embedding.host import host_row_bytes
 
@@ -371,17 +442,28 @@ def bench_hitrate(criteo: str, synth_rows: int, batch_rows: int) -> None:
             for fmt in FORMATS:
                 cap = max(1, budget // host_row_bytes(fmt))
                 r = simulate_hit_rates(stream, cap, "lfu", batch=batch_rows * fields)
-                by_bytes.append({"stream": name, "budget_%_of_fp32_adam_table": pct, "budget_MB": budget / 2**20,
-                                 "row_format": fmt.name, "host_bytes_per_row": host_row_bytes(fmt),
-                                 "capacity_rows": cap, "capacity_%": 100 * cap / distinct,
-                                 "lfu_hit": r["distinct"], "lfu_hit_per_access": r["access"]})
+                by_bytes.append(
+                    {
+                        "stream": name,
+                        "budget_%_of_fp32_adam_table": pct,
+                        "budget_MB": budget / 2**20,
+                        "row_format": fmt.name,
+                        "host_bytes_per_row": host_row_bytes(fmt),
+                        "capacity_rows": cap,
+                        "capacity_%": 100 * cap / distinct,
+                        "lfu_hit": r["distinct"],
+                        "lfu_hit_per_access": r["access"],
+                    }
+                )
     report(
         "store_hitrate_bytes",
         by_bytes,
         params={"batch_keys": batch_rows * fields, "formats": [f.name for f in FORMATS]},
-        notes=("A host tier of a fixed budget in bytes (1/5/15% of the distinct keys' fp32 + Adam rows): rows it "
-               "holds per format (payload + 64 B of bookkeeping each, `storage.embedding.host.host_row_bytes`) "
-               "and the LFU hit rate of the key stream through it (`slot_cache.simulate_hit_rates`)."),
+        notes=(
+            "A host tier of a fixed budget in bytes (1/5/15% of the distinct keys' fp32 + Adam rows): rows it "
+            "holds per format (payload + 64 B of bookkeeping each, `storage.embedding.host.host_row_bytes`) "
+            "and the LFU hit rate of the key stream through it (`slot_cache.simulate_hit_rates`)."
+        ),
     )
     report(
         "store_hitrate",
@@ -478,8 +560,9 @@ print(json.dumps({
 """
 
 
-def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbatch: int,
-                formats: list[RowFormat]) -> None:
+def bench_scale(
+    sizes: list[int], workdir: Path, budget: int, queries: int, qbatch: int, formats: list[RowFormat]
+) -> None:
     from storage.embedding.ssd_format import RecordLayout
 
     rows = []
@@ -492,8 +575,18 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
             print(f"scale: skipping {n:,} keys of {fmt.name}: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
             continue
         print(f"scale: {n:,} keys of {fmt.name} ...", flush=True)
-        cmd = [sys.executable, "-c", _SCALE_CHILD, str(n), str(DIM), str(shard), str(budget), str(queries), str(qbatch),
-               fmt.name]
+        cmd = [
+            sys.executable,
+            "-c",
+            _SCALE_CHILD,
+            str(n),
+            str(DIM),
+            str(shard),
+            str(budget),
+            str(queries),
+            str(qbatch),
+            fmt.name,
+        ]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
         except subprocess.CalledProcessError as exc:
@@ -515,8 +608,13 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
     report(
         "store_scale",
         rows,
-        params={"dim": DIM, "host_budget_bytes": budget, "queries": queries, "query_batch": qbatch,
-                "formats": [f.name for f in formats]},
+        params={
+            "dim": DIM,
+            "host_budget_bytes": budget,
+            "queries": queries,
+            "query_batch": qbatch,
+            "formats": [f.name for f in formats],
+        },
         notes=(
             "Each size and row format in a fresh process (the fp32 + Adam baseline first): SsdStore built in "
             "256k-row batches, closed and reopened (index read back), then HostStore(budget) over it takes "
@@ -529,13 +627,36 @@ def bench_scale(sizes: list[int], workdir: Path, budget: int, queries: int, qbat
 
 
 SIZES = {
-    "full": {"index": 10_000_000, "host": 2_000_000, "gathered": 1 << 20, "ssd": 4_000_000, "hitrate": 10_000_000, "scale": 10**7,
-             "queries": 1 << 20},
-    "quick": {"index": 1_000_000, "host": 200_000, "gathered": 1 << 20, "ssd": 200_000, "hitrate": 1_000_000, "scale": 10**6,
-              "queries": 1 << 18},
-    "smoke": {"index": 20_000, "host": 20_000, "gathered": 1 << 14, "ssd": 20_000, "hitrate": 20_000, "scale": 10**4, "queries": 1 << 12},
+    "full": {
+        "index": 10_000_000,
+        "host": 2_000_000,
+        "gathered": 1 << 20,
+        "ssd": 4_000_000,
+        "hitrate": 10_000_000,
+        "scale": 10**7,
+        "queries": 1 << 20,
+    },
+    "quick": {
+        "index": 1_000_000,
+        "host": 200_000,
+        "gathered": 1 << 20,
+        "ssd": 200_000,
+        "hitrate": 1_000_000,
+        "scale": 10**6,
+        "queries": 1 << 18,
+    },
+    "smoke": {
+        "index": 20_000,
+        "host": 20_000,
+        "gathered": 1 << 14,
+        "ssd": 20_000,
+        "hitrate": 20_000,
+        "scale": 10**4,
+        "queries": 1 << 12,
+    },
 }
-"""Keys / rows / lookups per part (`gathered`: rows looked up per host batch size): the default, `--quick` (a minute or so) and `--smoke` (seconds; the first
+"""Keys / rows / lookups per part (`gathered`: rows looked up per host batch size): the default, `--quick` (a minute or
+so) and `--smoke` (seconds; the first
 row format only)."""
 
 
@@ -543,15 +664,23 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (a minute or so)")
     add_smoke(ap)
-    ap.add_argument("--parts", nargs="+", default=["index,host,ssd,hitrate,scale"],
-                    help="parts to run, space- or comma-separated (index host ssd hitrate scale)")
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=["index,host,ssd,hitrate,scale"],
+        help="parts to run, space- or comma-separated (index host ssd hitrate scale)",
+    )
     ap.add_argument("--max-keys", type=int, default=None, help="largest table of the scale part (default 10^7)")
     ap.add_argument("--workdir", default=None, help="directory for SSD files (default: a temp dir under /work or /tmp)")
     ap.add_argument("--threads", type=int, default=4, help="I/O threads for the SSD part")
     ap.add_argument("--criteo", default="/work/shared/data/criteo/train_head_10k.tsv")
-    ap.add_argument("--formats", nargs="+", default=[f.name for f in FORMATS],
-                    help="row formats of the scale part, optimizer/row_dtype[/state_dtype] (default: fp32 Adam, the "
-                         "default, adam/int8/log8, rowwise_adagrad/int8)")
+    ap.add_argument(
+        "--formats",
+        nargs="+",
+        default=[f.name for f in FORMATS],
+        help="row formats of the scale part, optimizer/row_dtype[/state_dtype] (default: fp32 Adam, the "
+        "default, adam/int8/log8, rowwise_adagrad/int8)",
+    )
     args = ap.parse_args(argv)
     formats = [RowFormat.parse(DIM, f) for f in args.formats]
     parts = {p for arg in args.parts for p in arg.split(",") if p}
@@ -579,6 +708,7 @@ def main(argv: list[str] | None = None) -> None:
             if max_keys not in sizes:
                 sizes.append(max_keys)
             bench_scale(sizes, work, HOST_CAP_BYTES, size["queries"], 1 << 14, formats)
+
 
 if __name__ == "__main__":
     main()

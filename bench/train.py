@@ -1,4 +1,5 @@
-"""Training throughput and MFU of the default model: our trainer at 1, 2, 4 processes beside a plain PyTorch loop and TorchRec.
+"""Training throughput and MFU of the default model: our trainer at 1, 2, 4 processes beside a plain PyTorch loop and
+TorchRec.
 
     python -m bench.train [--rows 100000] [--batch N] [--procs 1,2,4] [--repeat 1] [--smoke]
 
@@ -105,8 +106,11 @@ def recipe_for(model: ModelConfig, rows: int, world_size: int, batch: int | None
 def events_frame(table: pa.Table, schema: LogSchema) -> pd.DataFrame:
     """A generated day (`pipeline.generate.generate_day`: label, I1..I13, C1..C26) as the events rows ingest
     writes (`LogSchema.events_schema`): no timestamp (Criteo has none), `order` the line number, dense float32."""
-    columns = {"label": table.column("label").cast(pa.int8()), "ts": pa.nulls(len(table), pa.int64()),
-               "order": pa.array(np.arange(len(table), dtype=np.int64))}
+    columns = {
+        "label": table.column("label").cast(pa.int8()),
+        "ts": pa.nulls(len(table), pa.int64()),
+        "order": pa.array(np.arange(len(table), dtype=np.int64)),
+    }
     columns |= {name: table.column(name).cast(pa.float32()) for name in schema.dense}
     columns |= {name: table.column(name) for name in schema.categorical}
     return pa.table(columns, schema=schema.events_schema()).to_pandas()
@@ -128,22 +132,42 @@ def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int
     features = encode_frame(events, schema, uniq[counts >= 2])
     for split, frame in (("train", features.iloc[:rows]), ("eval", features.iloc[rows:])):
         (root / split).mkdir(parents=True)
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), root / split / "part-00000.parquet",
-                       row_group_size=16384)
-    manifest = FeaturesManifest(rows_train=rows, rows_eval=eval_rows, dense_columns=tuple(dense_columns(schema)),
-                                key_columns=tuple(key_columns(schema)), fields=tuple(schema.categorical))
+        pq.write_table(
+            pa.Table.from_pandas(frame, preserve_index=False), root / split / "part-00000.parquet", row_group_size=16384
+        )
+    manifest = FeaturesManifest(
+        rows_train=rows,
+        rows_eval=eval_rows,
+        dense_columns=tuple(dense_columns(schema)),
+        key_columns=tuple(key_columns(schema)),
+        fields=tuple(schema.categorical),
+    )
     (root / "_SUCCESS.json").write_text(json.dumps(manifest.to_dict()))
     return root
 
 
 def run_ours(tmp: Path, features: Path, tag: str, store: StoreConfig, model: ModelConfig, **kw: Any) -> dict[str, Any]:
-    spec = train_spec(features, tmp / "runs" / tag / "model", tmp / "local" / tag, store=store, model=model,
-                      run_tag=tag, backend="gloo", device="cpu", timeout_s=1800, log_every=10_000,
-                      checkpoint_every=0, **kw)
+    spec = train_spec(
+        features,
+        tmp / "runs" / tag / "model",
+        tmp / "local" / tag,
+        store=store,
+        model=model,
+        run_tag=tag,
+        backend="gloo",
+        device="cpu",
+        timeout_s=1800,
+        log_every=10_000,
+        checkpoint_every=0,
+        **kw,
+    )
     res = run_training(spec, work_dir=str(tmp / "work"))
     return {
-        "examples_per_s": res.train.examples_per_s, "steps": res.train.steps, "train_s": res.train.train_s,
-        "final_loss": res.train.final_loss, "sparse_MB_per_step": res.train.stats["sparse_bytes_per_step"] / 2**20,
+        "examples_per_s": res.train.examples_per_s,
+        "steps": res.train.steps,
+        "train_s": res.train.train_s,
+        "final_loss": res.train.final_loss,
+        "sparse_MB_per_step": res.train.stats["sparse_bytes_per_step"] / 2**20,
         "wall_s": res.wall_s,
     }
 
@@ -188,8 +212,16 @@ def dense_groups(model: CTRModel, lr: float, cross_lr_scale: float) -> list[dict
 
 
 def run_plain(
-    features: Path, *, batch: int, dim: int, lr: float, sparse_lr: float, steps: int, config: dict[str, Any] | None = None,
-    cross_lr_scale: float = 1.0, wide_loss: float = 0.0,
+    features: Path,
+    *,
+    batch: int,
+    dim: int,
+    lr: float,
+    sparse_lr: float,
+    steps: int,
+    config: dict[str, Any] | None = None,
+    cross_lr_scale: float = 1.0,
+    wide_loss: float = 0.0,
 ) -> dict[str, Any]:
     """One process: EmbeddingBag(sparse=True) per field + SparseAdam, the same CTRModel + Adam.
 
@@ -220,7 +252,12 @@ def run_plain(
         opt_s.step()
         opt_d.step()
     train_s = time.perf_counter() - t0
-    return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
+    return {
+        "examples_per_s": steps * batch / train_s,
+        "steps": steps,
+        "train_s": train_s,
+        "final_loss": float(loss.detach()),
+    }
 
 
 def model_config(fields: dict[str, Any] | None) -> ModelConfig:
@@ -249,12 +286,18 @@ def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
     These rows give a reference the same start as a rank, so `ours w1` against them measures the
     training step, not the malloc settings.
     """
-    code = (f"import json, sys, torch; from pathlib import Path; from bench.train import {fn}; "
-            f"torch.set_num_threads(1); print(json.dumps({fn}(Path(sys.argv[1]), **json.loads(sys.argv[2]))))")
+    code = (
+        f"import json, sys, torch; from pathlib import Path; from bench.train import {fn}; "
+        f"torch.set_num_threads(1); print(json.dumps({fn}(Path(sys.argv[1]), **json.loads(sys.argv[2]))))"
+    )
     env = {**os.environ, **RANK_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", code, str(features), json.dumps(kw)], env=env, cwd=Path(__file__).resolve().parents[1],
-        capture_output=True, text=True, check=False,
+        [sys.executable, "-c", code, str(features), json.dumps(kw)],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode:
         raise RuntimeError(f"{fn} in a fresh process failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
@@ -262,8 +305,16 @@ def run_fresh(fn: str, features: Path, **kw: Any) -> dict[str, Any] | str:
 
 
 def run_torchrec(
-    features: Path, *, batch: int, dim: int, lr: float, steps: int, config: dict[str, Any] | None = None,
-    cross_lr_scale: float = 1.0, wide_loss: float = 0.0, **_: Any,
+    features: Path,
+    *,
+    batch: int,
+    dim: int,
+    lr: float,
+    steps: int,
+    config: dict[str, Any] | None = None,
+    cross_lr_scale: float = 1.0,
+    wide_loss: float = 0.0,
+    **_: Any,
 ) -> dict[str, Any] | str:
     """TorchRec's EmbeddingBagCollection under the same CTRModel, or a line saying why it was skipped."""
     try:
@@ -285,8 +336,9 @@ def run_torchrec(
     model = CTRModel(model_config(config), num_dense=13, num_fields=26, dim=dim)
     # unsharded EBC weights get dense gradients: plain Adam over everything (TorchRec's fused sparse
     # optimizers need DistributedModelParallel sharding)
-    opt = torch.optim.Adam([{"params": list(ebc.parameters()), "lr": lr}, *dense_groups(model, lr, cross_lr_scale)],
-                           lr=lr)
+    opt = torch.optim.Adam(
+        [{"params": list(ebc.parameters()), "lr": lr}, *dense_groups(model, lr, cross_lr_scale)], lr=lr
+    )
     L, D, I = torch.from_numpy(labels), torch.from_numpy(dense), torch.from_numpy(idx)
     names = [f"f{f}" for f in range(26)]
     lengths = torch.ones(26 * batch, dtype=torch.int32)
@@ -303,11 +355,22 @@ def run_torchrec(
         objective.backward()
         opt.step()
     train_s = time.perf_counter() - t0
-    return {"examples_per_s": steps * batch / train_s, "steps": steps, "train_s": train_s, "final_loss": float(loss.detach())}
+    return {
+        "examples_per_s": steps * batch / train_s,
+        "steps": steps,
+        "train_s": train_s,
+        "final_loss": float(loss.detach()),
+    }
 
 
 def run_pass(
-    tmp: Path, features: Path, store: StoreConfig, model: ModelConfig, args: argparse.Namespace, *, suffix: str,
+    tmp: Path,
+    features: Path,
+    store: StoreConfig,
+    model: ModelConfig,
+    args: argparse.Namespace,
+    *,
+    suffix: str,
     refs_first: bool,
 ) -> dict[str, dict[str, Any] | str]:
     """Every row once (a tag `suffix` keeps this pass's model and SSD directories apart): name -> result.
@@ -320,9 +383,16 @@ def run_pass(
 
     def refs() -> None:
         r = recipe_for(model, args.rows, 1, args.batch)
-        kw = {"batch": r.optim.batch_size, "dim": store.embedding_dim, "lr": r.optim.lr, "sparse_lr": r.optim.sparse_lr,
-              "steps": r.steps, "config": model_fields(r.model), "cross_lr_scale": r.optim.cross_lr_scale,
-              "wide_loss": r.optim.wide_loss}
+        kw = {
+            "batch": r.optim.batch_size,
+            "dim": store.embedding_dim,
+            "lr": r.optim.lr,
+            "sparse_lr": r.optim.sparse_lr,
+            "steps": r.steps,
+            "config": model_fields(r.model),
+            "cross_lr_scale": r.optim.cross_lr_scale,
+            "wide_loss": r.optim.wide_loss,
+        }
         out["plain torch"] = run_plain(features, **kw)
         out["plain torch fresh"] = run_fresh("run_plain", features, **kw)
         out["torchrec EBC"] = trec = run_torchrec(features, **kw)
@@ -332,11 +402,14 @@ def run_pass(
     if refs_first:
         refs()
     for n in procs:
-        out[f"reader alone w{n}"] = run_reader(features, batch=recipe_for(model, args.rows, n, args.batch).optim.batch_size,
-                                               world_size=n)
+        out[f"reader alone w{n}"] = run_reader(
+            features, batch=recipe_for(model, args.rows, n, args.batch).optim.batch_size, world_size=n
+        )
         out[f"ours w{n}"] = run_ours(tmp, features, f"w{n}{suffix}", store, model, nproc_per_node=n, **common)
         if args.bf16:
-            bf16 = run_ours(tmp, features, f"w{n}bf{suffix}", store, model, nproc_per_node=n, precision="bf16", **common)
+            bf16 = run_ours(
+                tmp, features, f"w{n}bf{suffix}", store, model, nproc_per_node=n, precision="bf16", **common
+            )
             out[f"ours w{n}"]["bf16_examples_per_s"] = bf16["examples_per_s"]
         if n in (1, 2) and not args.smoke:  # the default ("auto") runs without the reader thread on CPU: measure it
             out[f"ours w{n} prefetch=2"] = run_ours(
@@ -364,11 +437,17 @@ def summarise(passes: list[dict[str, dict[str, Any] | str]]) -> list[dict[str, A
             continue
         ratios = [g["examples_per_s"] / p["plain torch"]["examples_per_s"] for g, p in zip(got, passes, strict=True)]
         mid = sorted(range(len(got)), key=lambda i: got[i]["examples_per_s"])[len(got) // 2]
-        row = {"run": name, **got[mid], "examples_per_s": float(np.median([g["examples_per_s"] for g in got])),
-               "vs_plain": float(np.median(ratios))}
+        row = {
+            "run": name,
+            **got[mid],
+            "examples_per_s": float(np.median([g["examples_per_s"] for g in got])),
+            "vs_plain": float(np.median(ratios)),
+        }
         if name.startswith("reader alone w"):  # against one rank of the trainer with the same share
             n = int(name.removeprefix("reader alone w"))
-            rank_rates = [p[f"ours w{n}"]["examples_per_s"] / n for p in passes if isinstance(p.get(f"ours w{n}"), dict)]
+            rank_rates = [
+                p[f"ours w{n}"]["examples_per_s"] / n for p in passes if isinstance(p.get(f"ours w{n}"), dict)
+            ]
             row["vs_rank_step"] = row["examples_per_s"] / float(np.median(rank_rates))
             del row["vs_plain"]  # reading alone is not a training loop
         elif len(passes) > 1:
@@ -437,19 +516,42 @@ def main(argv: list[str] | None = None) -> None:
             f"{flops['attainable_gflops']:.1f} GFLOP/s (fp32 matmul {flops['matmul_shape']}, 1 thread, this run)."
         )
         if args.repeat > 1:
-            notes += (f"\n{args.repeat} passes (references first in every other one): median examples/s; vs_plain is "
-                      "the median (vs_plain_range min..max) of the ratio to the plain loop of the same pass.")
+            notes += (
+                f"\n{args.repeat} passes (references first in every other one): median examples/s; vs_plain is "
+                "the median (vs_plain_range min..max) of the ratio to the plain loop of the same pass."
+            )
         if isinstance(trec, str):
             notes += f"\nTorchRec: {trec}"
         report(
-            "train", rows,
-            params={"rows": args.rows, "batch": batch, "dim": store.embedding_dim,
-                    "model": str(recipe.model), "recipe": recipe.record(), "staleness": args.staleness,
-                    "repeat": args.repeat, "smoke": args.smoke, **flops},
+            "train",
+            rows,
+            params={
+                "rows": args.rows,
+                "batch": batch,
+                "dim": store.embedding_dim,
+                "model": str(recipe.model),
+                "recipe": recipe.record(),
+                "staleness": args.staleness,
+                "repeat": args.repeat,
+                "smoke": args.smoke,
+                **flops,
+            },
             notes=notes,
-            columns=["run", "examples_per_s", "vs_plain", *(["vs_plain_range"] if args.repeat > 1 else []), "mfu",
-                     "vs_rank_step", "bf16_examples_per_s", "bf16_vs_fp32",
-                     "steps", "train_s", "final_loss", "sparse_MB_per_step", "note"],
+            columns=[
+                "run",
+                "examples_per_s",
+                "vs_plain",
+                *(["vs_plain_range"] if args.repeat > 1 else []),
+                "mfu",
+                "vs_rank_step",
+                "bf16_examples_per_s",
+                "bf16_vs_fp32",
+                "steps",
+                "train_s",
+                "final_loss",
+                "sparse_MB_per_step",
+                "note",
+            ],
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -80,8 +80,11 @@ def write_events(root: Path, dates: list[str], rows: int, new_share: float, seed
         parts = []
         for p, start in enumerate(range(0, rows, PART_ROWS)):
             n = min(PART_ROWS, rows - start)
-            cols = {"label": pa.array(rng.integers(0, 2, n).astype(np.int8)), "ts": pa.nulls(n, pa.int64()),
-                    "order": pa.array(np.arange(start, start + n, dtype=np.int64))}
+            cols = {
+                "label": pa.array(rng.integers(0, 2, n).astype(np.int8)),
+                "ts": pa.nulls(n, pa.int64()),
+                "order": pa.array(np.arange(start, start + n, dtype=np.int64)),
+            }
             for name in CRITEO.dense:
                 cols[name] = pa.array(rng.random(n).astype(np.float32))
             for j, name in enumerate(CRITEO.categorical):
@@ -94,8 +97,11 @@ def write_events(root: Path, dates: list[str], rows: int, new_share: float, seed
             pq.write_table(pa.table(cols, schema=schema), out / name)
             parts.append({"name": name, "rows": n})
         fs, _ = get_fs(str(root))
-        write_manifest(fs, str(out / "_SUCCESS.json"), {"date": date, "format": "criteo", "rows_written": rows,
-                                                         "parts": parts, "run_id": f"bench-{date}"})
+        write_manifest(
+            fs,
+            str(out / "_SUCCESS.json"),
+            {"date": date, "format": "criteo", "rows_written": rows, "parts": parts, "run_id": f"bench-{date}"},
+        )
 
 
 def cpu_seconds() -> float:
@@ -124,8 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-share", type=float, default=0.1, help="share of values unique to their day")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--buckets", type=int, default=0, help="vocab.merge_buckets (0: from the data)")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="rounds of the single-day measurements (incremental, window, count; least CPU kept)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="rounds of the single-day measurements (incremental, window, count; least CPU kept)",
+    )
     parser.add_argument("--workdir", default="")
     add_smoke(parser)
     args = apply_smoke(parser.parse_args(argv), SMOKE)
@@ -148,10 +158,17 @@ def main(argv: list[str] | None = None) -> None:
             seconds = time.perf_counter() - t0
         cpu = sum(client.run(cpu_seconds).values()) + cpu_seconds() - cpu0
         print(f"{run}: {seconds:.1f}s wall, {cpu:.1f}s cpu", flush=True)
-        row = {"run": run, "seconds": seconds, "cpu_s": cpu, "rows_per_s": rows / seconds,
-               "driver_peak_mib": mib(proc_memory()["peak_rss"]),
-               "driver_growth_mib": mib(proc_memory()["peak_rss"] - base),
-               "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values()), **phases(out), **extra}
+        row = {
+            "run": run,
+            "seconds": seconds,
+            "cpu_s": cpu,
+            "rows_per_s": rows / seconds,
+            "driver_peak_mib": mib(proc_memory()["peak_rss"]),
+            "driver_growth_mib": mib(proc_memory()["peak_rss"] - base),
+            "worker_peak_mib": max(mib(v) for v in mem.peak_bytes.values()),
+            **phases(out),
+            **extra,
+        }
         old = best.get(run)
         if old is None or seconds < old["seconds"]:
             best[run] = row
@@ -181,50 +198,98 @@ def main(argv: list[str] | None = None) -> None:
             def count(days: list[str]) -> int:
                 paths = sorted(str(p) for d in days for p in Path(Layout(str(work)).events(d)).glob("part-*.parquet"))
                 outs = [str(scratch_dir / f"part-{i:05d}.parquet") for i in range(len(paths))]
-                return sum(client.gather(client.map(count_part, paths, outs, fs=fs, fields=list(CRITEO.categorical),
-                                                    pure=False)))
+                return sum(
+                    client.gather(
+                        client.map(count_part, paths, outs, fs=fs, fields=list(CRITEO.categorical), pure=False)
+                    )
+                )
 
-            chain, _ = measure(f"chain: {args.days} daily builds", args.days * args.rows, lambda: [build(d) for d in dates],
-                               merge="window, then delta", count_s=None, merge_s=None)
+            chain, _ = measure(
+                f"chain: {args.days} daily builds",
+                args.days * args.rows,
+                lambda: [build(d) for d in dates],
+                merge="window, then delta",
+                count_s=None,
+                merge_s=None,
+            )
             last = chain[-1]
             best[f"chain: {args.days} daily builds"]["keys_in_window"] = last.seen
             # The single-day runs alternate, so each round's ratios compare runs made under the same load.
             for _ in range(args.repeat):
-                _, inc = measure("incremental update of the last day", args.rows,
-                                 lambda: (build(dates[-1], force=True), manifest()), keys_in_window=last.seen)
+                _, inc = measure(
+                    "incremental update of the last day",
+                    args.rows,
+                    lambda: (build(dates[-1], force=True), manifest()),
+                    keys_in_window=last.seen,
+                )
                 best["incremental update of the last day"]["merge"] = manifest().merge
-                _, win = measure("window re-merge of the last day", args.rows,
-                                 lambda: (build(dates[-1], force=True, incremental=False), manifest()),
-                                 keys_in_window=last.seen)
+                _, win = measure(
+                    "window re-merge of the last day",
+                    args.rows,
+                    lambda: (build(dates[-1], force=True, incremental=False), manifest()),
+                    keys_in_window=last.seen,
+                )
                 best["window re-merge of the last day"]["merge"] = manifest().merge
-                _, one = measure("count one day only (floor)", args.rows, lambda: count(dates[-1:]), keys_in_window=0,
-                                 merge="-")
+                _, one = measure(
+                    "count one day only (floor)", args.rows, lambda: count(dates[-1:]), keys_in_window=0, merge="-"
+                )
                 rounds.append({"incremental": inc, "window": win, "count": one})
             buckets = manifest().buckets
-            measure(f"count all {window} days (non-incremental)", window * args.rows, lambda: count(dates[-window:]),
-                    keys_in_window=0, merge="-")
+            measure(
+                f"count all {window} days (non-incremental)",
+                window * args.rows,
+                lambda: count(dates[-window:]),
+                keys_in_window=0,
+                merge="-",
+            )
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     rows_out = list(best.values())
 
     def ratio(i: int) -> str:  # wall and CPU of row i over the one-day count's
-        return f"{rows_out[i]['seconds'] / rows_out[3]['seconds']:.2f} wall, {rows_out[i]['cpu_s'] / rows_out[3]['cpu_s']:.2f} cpu"
+        wall, cpu = rows_out[i]["seconds"] / rows_out[3]["seconds"], rows_out[i]["cpu_s"] / rows_out[3]["cpu_s"]
+        return f"{wall:.2f} wall, {cpu:.2f} cpu"
 
     same_round = sorted(r["incremental"] / r["count"] for r in rounds)
     merge_cpu = sorted(r["incremental"] - r["count"] for r in rounds)
-    notes = (f"{buckets} buckets, {last.seen:,} keys in the window; incremental / one-day count = {ratio(1)}; "
-             f"same-round incremental / count cpu: {', '.join(f'{x:.2f}' for x in same_round)} "
-             f"(median {statistics.median(same_round):.2f}); same-round incremental - count cpu (merge, evicted, "
-             f"report, commit): median {statistics.median(merge_cpu):.2f}s; "
-             f"window re-merge / one-day count = {ratio(2)}; {window}-day count / one-day count = {ratio(4)}; "
-             f"chain / {args.days} = {rows_out[0]['seconds'] / args.days:.1f}s per day")
-    report("vocab", rows_out, params={"rows_per_day": args.rows, "days": args.days,
-                                      "window_days": window, "new_share": args.new_share, "rounds": rounds,
-                                      "workers": workers, "merge_buckets": buckets, "repeat": args.repeat,
-                                      "worker_memory_limit": "6GiB"}, notes=notes,
-           columns=["run", "merge", "seconds", "count_s", "merge_s", "cpu_s", "rows_per_s", "keys_in_window",
-                    "driver_peak_mib", "driver_growth_mib", "worker_peak_mib"])
+    notes = (
+        f"{buckets} buckets, {last.seen:,} keys in the window; incremental / one-day count = {ratio(1)}; "
+        f"same-round incremental / count cpu: {', '.join(f'{x:.2f}' for x in same_round)} "
+        f"(median {statistics.median(same_round):.2f}); same-round incremental - count cpu (merge, evicted, "
+        f"report, commit): median {statistics.median(merge_cpu):.2f}s; "
+        f"window re-merge / one-day count = {ratio(2)}; {window}-day count / one-day count = {ratio(4)}; "
+        f"chain / {args.days} = {rows_out[0]['seconds'] / args.days:.1f}s per day"
+    )
+    report(
+        "vocab",
+        rows_out,
+        params={
+            "rows_per_day": args.rows,
+            "days": args.days,
+            "window_days": window,
+            "new_share": args.new_share,
+            "rounds": rounds,
+            "workers": workers,
+            "merge_buckets": buckets,
+            "repeat": args.repeat,
+            "worker_memory_limit": "6GiB",
+        },
+        notes=notes,
+        columns=[
+            "run",
+            "merge",
+            "seconds",
+            "count_s",
+            "merge_s",
+            "cpu_s",
+            "rows_per_s",
+            "keys_in_window",
+            "driver_peak_mib",
+            "driver_growth_mib",
+            "worker_peak_mib",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ __all__ = ["ConfigError", "RunConfig", "check_format", "from_dict", "load_config
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunConfig:
     root: str = "./ctr-data"
-    """Storage root URL (local folder or fsspec URL such as s3://bucket/prefix); everything a run commits lives under it."""
+    """Storage root URL (local folder or fsspec URL such as s3://bucket/prefix); everything a run commits lives under
+    it.
+    """
     storage_options: dict | None = None
     """fsspec options for the root (e.g. an S3 endpoint); credentials belong in the environment, not here."""
     model_name: str = "ctr"
@@ -88,9 +90,11 @@ class RunConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.model.companion == "poly2" and not self.encode.raw_keys:
-            raise ConfigError("model.companion=poly2 reads each value's own key on every day: set encode.raw_keys=true "
-                              "too (the features then carry r_<j> beside k_<j>), or model.companion=auto (a "
-                              "companion on the days encoded with them)")
+            raise ConfigError(
+                "model.companion=poly2 reads each value's own key on every day: set encode.raw_keys=true "
+                "too (the features then carry r_<j> beside k_<j>), or model.companion=auto (a "
+                "companion on the days encoded with them)"
+            )
         if self.store.embedding_dim % self.model.num_heads:
             raise ConfigError(
                 f"model.num_heads ({self.model.num_heads}) must divide store.embedding_dim ({self.store.embedding_dim})"
@@ -109,8 +113,14 @@ class RunConfig:
         # which days carry the own keys is each day's manifest `source` (a change re-encodes those days)
         encode.pop("raw_keys_up_to")
         features_key = _digest({"vocab": vocab_key, "encode": encode})
-        return Layout(self.root, self.model_name, self.storage_options, self.store.local_dir,
-                      vocab_key=vocab_key, features_key=features_key)
+        return Layout(
+            self.root,
+            self.model_name,
+            self.storage_options,
+            self.store.local_dir,
+            vocab_key=vocab_key,
+            features_key=features_key,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return codec.encode(self)
@@ -125,8 +135,9 @@ _ConfigLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                    list("tTfF"))
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def parse_yaml(text: str) -> Any:

@@ -65,8 +65,13 @@ def field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     body = node.body
     for stmt, nxt in zip(body, body[1:], strict=False):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
@@ -110,8 +115,14 @@ def sections() -> list[Section]:
         tp: type = hints[f.name]
         value = getattr(default, f.name)
         if dataclasses.is_dataclass(tp):
-            out.append(Section(f.name, docs.get(f.name, ""), f"{tp.__module__}.{tp.__qualname__}",
-                               tuple(_leaves(value, f"{f.name}.", ""))))
+            out.append(
+                Section(
+                    f.name,
+                    docs.get(f.name, ""),
+                    f"{tp.__module__}.{tp.__qualname__}",
+                    tuple(_leaves(value, f"{f.name}.", "")),
+                )
+            )
         else:
             top.append(Key(f.name, str(f.type), _plain(value), docs.get(f.name, "")))
     return [Section("", "Keys outside any section.", "flows.config.RunConfig", tuple(top)), *out]

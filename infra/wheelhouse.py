@@ -63,8 +63,19 @@ def download_command(
     dest: str, requirements: list[str], *, python_version: str, platforms: tuple[str, ...], python: str = sys.executable
 ) -> list[str]:
     """`pip download` of `requirements` (and what they need) as binary wheels for another interpreter."""
-    cmd = [python, "-m", "pip", "download", "--only-binary=:all:", "--dest", dest,
-           "--python-version", python_version, "--implementation", "cp"]
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--dest",
+        dest,
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+    ]
     for p in platforms:
         cmd += ["--platform", p]
     return cmd + requirements
@@ -73,10 +84,17 @@ def download_command(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dest", required=True, help="folder to put the wheels in")
-    ap.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}",
-                    help="the target interpreter's X.Y (default: this one's)")
-    ap.add_argument("--platform", action="append", default=None,
-                    help="wheel platform tags to accept (repeatable; default the manylinux x86_64 ones)")
+    ap.add_argument(
+        "--python-version",
+        default=f"{sys.version_info.major}.{sys.version_info.minor}",
+        help="the target interpreter's X.Y (default: this one's)",
+    )
+    ap.add_argument(
+        "--platform",
+        action="append",
+        default=None,
+        help="wheel platform tags to accept (repeatable; default the manylinux x86_64 ones)",
+    )
     ap.add_argument("--extra", action="append", default=[], help="also an optional extra (e.g. s3)")
     args = ap.parse_args(argv)
     text = (REPO / "pyproject.toml").read_text()

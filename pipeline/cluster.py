@@ -47,8 +47,11 @@ def finished(client: Client, futures: Sequence[Future], *, what: str) -> Iterato
         except TimeoutError:
             client.cancel(pending)
             states = _worker_states(client)
-            paused = (" A paused worker is over 80% of dask.memory_limit: raise it, or run fewer threads per worker."
-                      if "paused" in states else "")
+            paused = (
+                " A paused worker is over 80% of dask.memory_limit: raise it, or run fewer threads per worker."
+                if "paused" in states
+                else ""
+            )
             raise StageStalled(
                 f"{what}: no Dask task finished in {stall:g} s, {len(pending)} of {len(futures)} still pending; "
                 f"workers: {states}.{paused} Set dask.stall_timeout_s to wait longer for slow tasks"
@@ -106,10 +109,7 @@ def worker_environ() -> dict[str, str]:
     reused from the heap, at the cost of at most the trim threshold more resident memory per
     idle worker.
     """
-    env = {
-        k: str(v)
-        for k, v in (dask.config.get(PRE_SPAWN_ENVIRON, default=None) or {}).items()
-    }
+    env = {k: str(v) for k, v in (dask.config.get(PRE_SPAWN_ENVIRON, default=None) or {}).items()}
     inherited = env.get("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", ""))
     quiet = f"ignore:{SLOW_SCRATCH}:UserWarning"
     env["PYTHONWARNINGS"] = f"{inherited},{quiet}" if inherited else quiet

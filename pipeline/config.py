@@ -10,7 +10,9 @@ import re
 from dataclasses import dataclass, field
 
 FORMATS = ("criteo", "avazu")
-_SCHEDULER_ADDRESS = re.compile(r"^((tcp|tls|ws|wss|ucx)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}/?$|^inproc://\S+$")
+_SCHEDULER_ADDRESS = re.compile(
+    r"^((tcp|tls|ws|wss|ucx)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}/?$|^inproc://\S+$"
+)
 """A Dask scheduler address: [protocol://]host:port (what `distributed.Client` connects to)."""
 _SIZE = re.compile(r"^\d+(\.\d+)?\s*([kMGTP]i?B|[kKMGTP]|B)?$", re.IGNORECASE)
 """A byte size as `dask.utils.parse_bytes` reads it: 4GiB, 512MB, 2 GB, 1000 (bytes)."""
@@ -47,7 +49,9 @@ class InputConfig:
         if self.poll_s <= 0:
             raise ValueError(f"input.poll_s must be > 0 seconds, got {self.poll_s}")
         if "/" in self.done_file or self.done_file in (".", ".."):
-            raise ValueError(f"input.done_file must be a file name (it sits next to the day's files), got {self.done_file!r}")
+            raise ValueError(
+                f"input.done_file must be a file name (it sits next to the day's files), got {self.done_file!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,7 +104,9 @@ class DaskConfig:
                 f"cluster), got {self.address!r}"
             )
         if self.memory_limit != "auto" and not _SIZE.match(self.memory_limit.strip()):
-            raise ValueError(f"dask.memory_limit must be a size such as 4GiB or 512MB, or auto, got {self.memory_limit!r}")
+            raise ValueError(
+                f"dask.memory_limit must be a size such as 4GiB or 512MB, or auto, got {self.memory_limit!r}"
+            )
         if self.n_workers < 0:
             raise ValueError(f"dask.n_workers must be >= 0, got {self.n_workers}")
         if self.threads_per_worker < 1:
@@ -135,14 +141,18 @@ class VocabConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"vocab.{name} must be >= 1, got {getattr(self, name)}")
         if not isinstance(self.min_count_per_field, dict):
-            raise ValueError(f"vocab.min_count_per_field must map field name -> count, got {self.min_count_per_field!r}")
+            raise ValueError(
+                f"vocab.min_count_per_field must map field name -> count, got {self.min_count_per_field!r}"
+            )
         for name, n in self.min_count_per_field.items():
             if not isinstance(name, str) or isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"vocab.min_count_per_field[{name!r}] must be an int >= 1, got {n!r}")
         if not 0.0 < self.decay <= 1.0:
             raise ValueError(f"vocab.decay must be in (0, 1], got {self.decay}")
         if not 0 <= self.merge_buckets <= 65536:
-            raise ValueError(f"vocab.merge_buckets must be in [0, 65536] (0 = from the data size), got {self.merge_buckets}")
+            raise ValueError(
+                f"vocab.merge_buckets must be in [0, 65536] (0 = from the data size), got {self.merge_buckets}"
+            )
         if self.max_keys_per_field < 0:
             raise ValueError(f"vocab.max_keys_per_field must be >= 0 (0 = no cap), got {self.max_keys_per_field}")
 
@@ -168,8 +178,9 @@ class EncodeConfig:
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError(f"encode.eval_fraction must be in (0, 1), got {self.eval_fraction}")
         if self.raw_keys_up_to < 0:
-            raise ValueError(f"encode.raw_keys_up_to must be >= 0 (0: only with encode.raw_keys), "
-                             f"got {self.raw_keys_up_to}")
+            raise ValueError(
+                f"encode.raw_keys_up_to must be >= 0 (0: only with encode.raw_keys), got {self.raw_keys_up_to}"
+            )
 
     def raw_keys_for(self, rows: int) -> bool:
         """Whether a day of `rows` rows is encoded with the values' own keys."""

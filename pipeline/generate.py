@@ -40,9 +40,32 @@ N_DENSE = 13
 N_CATEGORICAL = 26
 # Distinct values per categorical field (Criteo-like spread: 3 .. 200k).
 CARDINALITY = (
-    1400, 560, 200_000, 80_000, 300, 24, 12_000, 630, 3, 40_000,
-    5_000, 150_000, 3_000, 27, 14_000, 120_000, 10, 4_500, 2_100, 4,
-    160_000, 18, 15, 60_000, 90, 45_000,
+    1400,
+    560,
+    200_000,
+    80_000,
+    300,
+    24,
+    12_000,
+    630,
+    3,
+    40_000,
+    5_000,
+    150_000,
+    3_000,
+    27,
+    14_000,
+    120_000,
+    10,
+    4_500,
+    2_100,
+    4,
+    160_000,
+    18,
+    15,
+    60_000,
+    90,
+    45_000,
 )
 ZIPF_EXPONENT = 1.25
 """Rank-frequency exponent: with it the top 10% of keys take ~90% of lookups."""
@@ -51,9 +74,32 @@ HEAD_SHARE = 0.3
 DAILY_SHIFT = 0.02
 """The sliding tail moves by this share of the field's cardinality per day."""
 MISSING_RATE = (
-    0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0,
-    0.0, 0.03, 0.0, 0.0, 0.0, 0.03, 0.0, 0.0, 0.44, 0.44,
-    0.03, 0.0, 0.76, 0.03, 0.44, 0.03,
+    0.0,
+    0.0,
+    0.03,
+    0.03,
+    0.0,
+    0.12,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.03,
+    0.0,
+    0.0,
+    0.0,
+    0.03,
+    0.0,
+    0.0,
+    0.44,
+    0.44,
+    0.03,
+    0.0,
+    0.76,
+    0.03,
+    0.44,
+    0.03,
 )
 DENSE_MISSING_RATE = (0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0, 0.04, 0.45, 0.04, 0.77, 0.22)
 DENSE_LOG_MEAN = (0.8, 2.0, 1.6, 1.5, 8.0, 3.5, 1.5, 2.3, 3.7, 0.3, 1.0, 0.3, 1.7)
@@ -102,8 +148,10 @@ def generate_days(
     """
     counts = (rows_per_day,) * days if isinstance(rows_per_day, int) else tuple(rows_per_day)
     if days < 1 or len(counts) != days or min(counts) < 1:
-        raise ValueError(f"days and rows_per_day must be >= 1 (one count, or one per day), got days={days}, "
-                         f"rows_per_day={rows_per_day}")
+        raise ValueError(
+            f"days and rows_per_day must be >= 1 (one count, or one per day), got days={days}, "
+            f"rows_per_day={rows_per_day}"
+        )
     first = _dt.date.fromisoformat(validate_date(start_date))
     fs, base = get_fs(out, storage_options)
     fs.makedirs(base, exist_ok=True)
@@ -112,9 +160,10 @@ def generate_days(
         date = (first + _dt.timedelta(days=d)).isoformat()
         table, prob = generate_day(d, rows, seed=seed, interactions=interactions)
         path = join(out, f"day_{date}.tsv.gz")
-        with fs.open(join(base, f"day_{date}.tsv.gz"), "wb") as raw, gzip.GzipFile(
-            fileobj=raw, mode="wb", compresslevel=1, mtime=0
-        ) as f:
+        with (
+            fs.open(join(base, f"day_{date}.tsv.gz"), "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f,
+        ):
             options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
             pacsv.write_csv(table, f, options)
         if with_truth:

@@ -19,9 +19,30 @@ import pyarrow as pa
 _CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
 _CRITEO_CATEGORICAL = tuple(f"C{i}" for i in range(1, 27))
 _AVAZU_COLUMNS = (
-    "id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category",
-    "app_id", "app_domain", "app_category", "device_id", "device_ip", "device_model",
-    "device_type", "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
+    "id",
+    "click",
+    "hour",
+    "C1",
+    "banner_pos",
+    "site_id",
+    "site_domain",
+    "site_category",
+    "app_id",
+    "app_domain",
+    "app_category",
+    "device_id",
+    "device_ip",
+    "device_model",
+    "device_type",
+    "device_conn_type",
+    "C14",
+    "C15",
+    "C16",
+    "C17",
+    "C18",
+    "C19",
+    "C20",
+    "C21",
 )
 
 
@@ -82,8 +103,10 @@ class LogSchema:
             if name not in self.categorical:
                 raise ValueError(f"schema {self.name}: multi-valued column {name!r} must be categorical")
             if not inner or inner == self.separator:
-                raise ValueError(f"schema {self.name}: multi-valued column {name!r} needs an inner separator "
-                                 f"other than the field separator {self.separator!r}")
+                raise ValueError(
+                    f"schema {self.name}: multi-valued column {name!r} needs an inner separator "
+                    f"other than the field separator {self.separator!r}"
+                )
         if not set(self.floats) <= set(self.dense):
             raise ValueError(f"schema {self.name}: float columns {self.floats} must be dense columns")
 
@@ -196,8 +219,19 @@ def yaml_error_text(exc: Exception) -> str:
     return f"not valid YAML{where}: {problem}"
 
 
-_SCHEMA_KEYS = {"name", "separator", "header", "columns", "label", "timestamp", "integer", "float", "categorical",
-                "multi_valued", "min_fields"}
+_SCHEMA_KEYS = {
+    "name",
+    "separator",
+    "header",
+    "columns",
+    "label",
+    "timestamp",
+    "integer",
+    "float",
+    "categorical",
+    "multi_valued",
+    "min_fields",
+}
 
 
 def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "schema") -> LogSchema:

@@ -36,8 +36,20 @@ from storage.io.records import (
 )
 
 __all__ = [
-    "FEATURES_FORMAT", "FeaturesManifest", "FormatError", "Duplicates", "PartRows", "bag_column", "bag_key_column",
-    "column_index", "columns_of", "dense_column", "key_column", "raw_column", "raw_columns", "read_features_manifest",
+    "FEATURES_FORMAT",
+    "FeaturesManifest",
+    "FormatError",
+    "Duplicates",
+    "PartRows",
+    "bag_column",
+    "bag_key_column",
+    "column_index",
+    "columns_of",
+    "dense_column",
+    "key_column",
+    "raw_column",
+    "raw_columns",
+    "read_features_manifest",
 ]
 
 # ---- column names --------------------------------------------------------------------------------
@@ -108,9 +120,12 @@ def bag_key_column(bag: str) -> str:
 
 # ---- the manifest -------------------------------------------------------------------------------
 FEATURES_FORMAT = RecordFormat(
-    "ctr-pipeline-features", 1, absent=1,
+    "ctr-pipeline-features",
+    1,
+    absent=1,
     fix="run the encode stage again for that date (`--force`)",
-    newer="upgrade ctr-pipeline here to read it, or run the encode stage of this version again for that date (`--force`)",
+    newer="upgrade ctr-pipeline here to read it, or run the encode stage of this version again for that date"
+    " (`--force`)",
 )
 """The manifest's format: version 1 is what `pipeline.encode.stage` has always written."""
 
@@ -176,7 +191,10 @@ class FeaturesManifest:
 
     def __post_init__(self) -> None:
         listed: tuple[tuple[ColumnKind, tuple[str, ...] | None], ...] = (
-            ("dense", self.dense_columns), ("key", self.key_columns), ("bag", self.bag_columns))
+            ("dense", self.dense_columns),
+            ("key", self.key_columns),
+            ("bag", self.bag_columns),
+        )
         for kind, columns in listed:
             bad = [c for c in columns or () if column_index(c, kind) is None]
             if bad:
@@ -185,8 +203,11 @@ class FeaturesManifest:
     @property
     def source(self) -> dict[str, Any]:
         """What the features were made from: a committed day with the same source is not encoded again."""
-        out: dict[str, Any] = {"events_run_id": self.events_run_id, "vocab_run_id": self.vocab_run_id,
-                               "eval_fraction": self.eval_fraction}
+        out: dict[str, Any] = {
+            "events_run_id": self.events_run_id,
+            "vocab_run_id": self.vocab_run_id,
+            "eval_fraction": self.eval_fraction,
+        }
         if self.raw_keys:  # absent otherwise: features encoded before the key existed are still these features
             out["raw_keys"] = True
         return out

@@ -86,9 +86,16 @@ class WarmPlan:
 
     def cold(self) -> WarmPlan:
         """The same plan starting from empty shards (the published rows do not fit this run)."""
-        return WarmPlan(date=self.date, world_size=self.world_size, sparse_optimizer=self.sparse_optimizer,
-                        published_version=None, snapshot_url=None,
-                        snapshot_tag=None, evict_url=self.evict_url, working_set_url=self.working_set_url)
+        return WarmPlan(
+            date=self.date,
+            world_size=self.world_size,
+            sparse_optimizer=self.sparse_optimizer,
+            published_version=None,
+            snapshot_url=None,
+            snapshot_tag=None,
+            evict_url=self.evict_url,
+            working_set_url=self.working_set_url,
+        )
 
 
 def is_warm(shard_dir: str | Path, token: str) -> bool:
@@ -148,7 +155,9 @@ def _restore_many(
     src = snapshot_format(url, storage_options)
     dims = {s.dim for s in shards.values()}
     if src is not None and dims != {src.dim}:
-        raise ValueError(f"snapshot {url} has dim {src.dim}, the shards have dim {sorted(dims)}; fix store.embedding_dim")
+        raise ValueError(
+            f"snapshot {url} has dim {src.dim}, the shards have dim {sorted(dims)}; fix store.embedding_dim"
+        )
     for s in shards.values():
         s.wipe()
     ranks = np.array(sorted(shards), dtype=np.int64)
@@ -276,22 +285,39 @@ def warm_shards(
     }
 
 
-def warm_plan_shards(plan: WarmPlan, node: NodeLayout, ranks: list[int], store: StoreConfig,
-                     storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+def warm_plan_shards(
+    plan: WarmPlan,
+    node: NodeLayout,
+    ranks: list[int],
+    store: StoreConfig,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """`warm_shards` for `plan` on `ranks` of this node, then mark each shard warm for the plan."""
     report = warm_shards(
-        node=node, world_size=plan.world_size, ranks=ranks, store=store, optimizer=plan.sparse_optimizer,
+        node=node,
+        world_size=plan.world_size,
+        ranks=ranks,
+        store=store,
+        optimizer=plan.sparse_optimizer,
         snapshot_url=plan.snapshot_url,
-        snapshot_tag=plan.snapshot_tag, evict_keys=read_keys(plan.evict_url, storage_options),
-        working_set=read_keys(plan.working_set_url, storage_options), storage_options=storage_options,
+        snapshot_tag=plan.snapshot_tag,
+        evict_keys=read_keys(plan.evict_url, storage_options),
+        working_set=read_keys(plan.working_set_url, storage_options),
+        storage_options=storage_options,
     )
     for rank in ranks:
         mark_warm(node.shard(rank, plan.world_size), plan.token)
     return report
 
 
-def ensure_warm(plan: WarmPlan | None, node: NodeLayout, *, rank: int, store: StoreConfig,
-                storage_options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def ensure_warm(
+    plan: WarmPlan | None,
+    node: NodeLayout,
+    *,
+    rank: int,
+    store: StoreConfig,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
     """Warm this rank's shard unless its token says it already holds `plan` (None: nothing to do).
 
     The flow's warm stage warms the shards of the node it runs on; on any other node of a

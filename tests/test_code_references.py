@@ -33,7 +33,7 @@ def references(source: str) -> list[tuple[int, str]]:
         if tok.type == tokenize.NL:
             continue
         if tok.type == tokenize.STRING and prev in _BEFORE_STATEMENT:
-            after = next((t for t in tokens[i + 1:] if t.type not in _SKIPPED), None)
+            after = next((t for t in tokens[i + 1 :] if t.type not in _SKIPPED), None)
             if after is None or after.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
                 found += [(tok.start[0] + line - 1, name) for line, name in backticked(tok.string)]
         prev = tok.type
@@ -65,20 +65,26 @@ def test_the_scanner_reads_docstrings_and_comments_only(tmp_path):
         "X = 1\n"
         '"""An attribute\'s docstring: `trainer.nproc_per_node`."""\n'
         'Y = "`flows.not_a_docstring`"\n'
-        "f(\"`flows.an_argument`\")\n"
+        'f("`flows.an_argument`")\n'
         "def g():\n"
         '    """`storage.io.layout.Nope` <- stale"""\n'
         "    return 1  # see `pipeline.ingest` and `runs/<model>/` and `bench/results/x.json`\n"
     )
     assert references(source) == [
-        (1, "flows.config.RunConfig"), (3, "flows/gone.py"), (5, "trainer.nproc_per_node"),
-        (9, "storage.io.layout.Nope"), (10, "pipeline.ingest"),
+        (1, "flows.config.RunConfig"),
+        (3, "flows/gone.py"),
+        (5, "trainer.nproc_per_node"),
+        (9, "storage.io.layout.Nope"),
+        (10, "pipeline.ingest"),
     ]
     assert [exists(name) for _, name in references(source)] == [True, False, True, False, True]
     path = tmp_path / "x.py"
     path.write_text(source + "# a hook `tests.helpers.faults:crash_at_step`, `tests.helpers.faults:nope`\n")
-    assert stale_references([path]) == (7, [
-        f"{path}:3: `flows/gone.py` does not resolve",
-        f"{path}:9: `storage.io.layout.Nope` does not resolve",
-        f"{path}:11: `tests.helpers.faults:nope` does not resolve",
-    ])
+    assert stale_references([path]) == (
+        7,
+        [
+            f"{path}:3: `flows/gone.py` does not resolve",
+            f"{path}:9: `storage.io.layout.Nope` does not resolve",
+            f"{path}:11: `tests.helpers.faults:nope` does not resolve",
+        ],
+    )

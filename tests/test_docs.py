@@ -1,4 +1,5 @@
-"""The README, docs/*.md and infra/**/README.md: their links resolve, and every backticked Python name or repository path in
+"""The README, docs/*.md and infra/**/README.md: their links resolve, and every backticked Python name or repository
+path in
 them still exists.
 
 What counts as a name or a path, and what resolves, is tests/helpers/references.py's rule (shared with
@@ -112,8 +113,12 @@ def test_the_checker_sees_what_it_should(tmp_path):
     )
     assert anchors(doc) == {"a-b-c"}
     assert [t for _, t in names(doc)] == [
-        "flows.config.RunConfig", "flows.config.Nope", "trainer.nproc_per_node", "flows/config.py",
-        "flows/gone.py", "bench.capacity",
+        "flows.config.RunConfig",
+        "flows.config.Nope",
+        "trainer.nproc_per_node",
+        "flows/config.py",
+        "flows/gone.py",
+        "bench.capacity",
     ]
     assert resolves("flows.config.RunConfig") and not resolves("flows.config.Nope")
     assert "trainer.nproc_per_node" in config_keys()

@@ -68,15 +68,33 @@ def _previous_release(dest: Path) -> Path:
     """The previous release's source tree at `dest` (the packages and the test helpers its script uses)."""
     if not (REPO / ".git").exists():
         pytest.skip(f"{REPO} is not a git checkout: the previous release's code comes from its history")
-    have = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
-                          capture_output=True)
-    assert have.returncode == 0, (f"commit {PREVIOUS_RELEASE} is not in this clone's history; "
-                                  "fetch it (git fetch --unshallow) to run the upgrade test")
+    have = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"], capture_output=True
+    )
+    assert have.returncode == 0, (
+        f"commit {PREVIOUS_RELEASE} is not in this clone's history; "
+        "fetch it (git fetch --unshallow) to run the upgrade test"
+    )
     archive = dest.with_suffix(".tar")
     with archive.open("wb") as out:
-        subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS_RELEASE,
-                        "flows", "pipeline", "trainer", "storage", "tests/__init__.py", "tests/helpers"],
-                       stdout=out, check=True)
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "archive",
+                "--format=tar",
+                PREVIOUS_RELEASE,
+                "flows",
+                "pipeline",
+                "trainer",
+                "storage",
+                "tests/__init__.py",
+                "tests/helpers",
+            ],
+            stdout=out,
+            check=True,
+        )
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
     return dest
@@ -88,8 +106,14 @@ def old_root(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("upgrade")
     old = _previous_release(tmp / "previous-release")
     env = {**os.environ, "PYTHONPATH": str(old)}
-    done = subprocess.run([sys.executable, "-c", OLD_DAY, str(tmp), ",".join(DAYS), json.dumps(LINES)],
-                          cwd=old, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", OLD_DAY, str(tmp), ",".join(DAYS), json.dumps(LINES)],
+        cwd=old,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     old_run = json.loads(done.stdout.strip().splitlines()[-1])
     assert old_run["status"] == "published" and old_run["version"] == "v00001", old_run
@@ -134,8 +158,9 @@ def test_models_list_and_show_read_the_old_and_new_versions(old_root):
         run_day(cfg, DAYS[1])
 
     def ctrpipe(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cli.main", *args, *cli_args(cfg)], capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "flows.cli.main", *args, *cli_args(cfg)], capture_output=True, text=True, timeout=300
+        )
 
     listed = ctrpipe("models", "list")
     assert listed.returncode == 0, listed.stderr

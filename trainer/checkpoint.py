@@ -123,7 +123,9 @@ def write_checkpoint_json(url: str, meta: dict[str, Any], storage_options: dict 
     fsio.write_json(fs, fsio.join(path, CHECKPOINT_JSON), meta)
 
 
-def remove_checkpoints(checkpoint_url: str, storage_options: dict | None = None, *, keep_step: int | None = None) -> None:
+def remove_checkpoints(
+    checkpoint_url: str, storage_options: dict | None = None, *, keep_step: int | None = None
+) -> None:
     """Delete every step directory (complete or not) except `keep_step`'s; `keep_step=None` deletes the whole dir."""
     fs, path = fsio.get_fs(checkpoint_url, storage_options)
     if not fs.exists(path):

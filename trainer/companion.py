@@ -88,8 +88,9 @@ class Companion:
         return self.poly2.logits(ids, log_dense)
 
 
-def inputs(keys: np.ndarray, dense: np.ndarray | None, bits: int, counts: KeyCounts | None, *,
-           fit_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def inputs(
+    keys: np.ndarray, dense: np.ndarray | None, bits: int, counts: KeyCounts | None, *, fit_rows: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """The Poly2's inputs of feature rows: the pair ids of each row's keys and dense buckets (the buckets take
     the field numbers after the keys'), then with `counts` each key's count token alone (`KeyCounts.tokens`;
     `fit_rows`: the rows `counts` were counted on, each left out of its own count); and the log1p dense values
@@ -119,8 +120,9 @@ class RowSource:
         return {"features_url": self.features_url, "split": self.split, "rows": self.rows}
 
 
-def candidate_sources(parent: dict[str, Any] | None, parent_features_url: str | None,
-                      features_url: str) -> list[tuple[str, str, int | None]]:
+def candidate_sources(
+    parent: dict[str, Any] | None, parent_features_url: str | None, features_url: str
+) -> list[tuple[str, str, int | None]]:
     """(features_url, split, most rows or None for all), oldest first: the parent companion's sources, the
     parent's eval rows, the day's train rows."""
     out: list[tuple[str, str, int | None]] = []
@@ -145,17 +147,27 @@ def why_none(mode: str, features: FeaturesManifest) -> str | None:
     if mode == "poly2":
         return None
     if features.rows_train >= CROSS_MIN_ROWS:
-        return (f"the day's {features.rows_train:,} train rows are not fewer than {CROSS_MIN_ROWS:,}: a day that "
-                "large trains the network's cross term, and the companion stays out (model.companion=poly2 to fit one)")
+        return (
+            f"the day's {features.rows_train:,} train rows are not fewer than {CROSS_MIN_ROWS:,}: a day that "
+            "large trains the network's cross term, and the companion stays out (model.companion=poly2 to fit one)"
+        )
     if not features.raw_keys:
-        return ("the day's features carry no own keys r_<j> (a day of more rows than encode.raw_keys_up_to, or "
-                "encoded before them)")
+        return (
+            "the day's features carry no own keys r_<j> (a day of more rows than encode.raw_keys_up_to, or "
+            "encoded before them)"
+        )
     return None
 
 
-def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSchema, max_rows: int,
-              storage_options: dict | None = None, *, without_keys: str = "raise", day: str | None = None
-              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
+def read_rows(
+    candidates: list[tuple[str, str, int | None]],
+    schema: FeatureSchema,
+    max_rows: int,
+    storage_options: dict | None = None,
+    *,
+    without_keys: str = "raise",
+    day: str | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
     """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order:
     the values' own keys (`r_<j>`, `encode.raw_keys`), the dense columns and the labels.
 
@@ -184,8 +196,13 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
         if left <= 0:
             break
         if i and day is not None and (when := _date_of(url, storage_options)) is not None and when >= day:
-            log.warning("companion: the rows of %s (%s) are of %s, not before the day's %s; fitting without them",
-                        url, split, when, day)
+            log.warning(
+                "companion: the rows of %s (%s) are of %s, not before the day's %s; fitting without them",
+                url,
+                split,
+                when,
+                day,
+            )
             skipped.append(f"{url} ({split}): not before {day}")
             continue
         try:
@@ -203,9 +220,11 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
                 if not set(raw) <= set(names):
                     if without_keys == "skip":
                         break
-                    raise ValueError(f"the companion's rows {f} lack the values' own keys (r_<j>): they were encoded "
-                                     "without encode.raw_keys; encode that date again with encode.raw_keys=true "
-                                     "(`--force`), or set model.companion=auto")
+                    raise ValueError(
+                        f"the companion's rows {f} lack the values' own keys (r_<j>): they were encoded "
+                        "without encode.raw_keys; encode that date again with encode.raw_keys=true "
+                        "(`--force`), or set model.companion=auto"
+                    )
                 tables.insert(0, pq.read_table(fh, columns=cols).to_pandas())
             if sum(len(t) for t in tables) >= want:
                 break
@@ -215,7 +234,7 @@ def read_rows(candidates: list[tuple[str, str, int | None]], schema: FeatureSche
             continue
         frame = pd.concat(tables, ignore_index=True)
         take = min(len(frame), want)
-        frame = frame.iloc[len(frame) - take:]
+        frame = frame.iloc[len(frame) - take :]
         parts.append((frame, RowSource(features_url=url, split=split, rows=take)))
         left -= take
     if not parts:
@@ -237,8 +256,14 @@ def _date_of(url: str, storage_options: dict | None) -> str | None:
     return manifest.date if manifest is not None else None
 
 
-def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
-             config: Poly2Config = CONFIG, chosen: dict[str, Any] | None = None) -> tuple[Companion, dict[str, Any]]:
+def fit_rows(
+    keys: np.ndarray,
+    dense: np.ndarray | None,
+    labels: np.ndarray,
+    *,
+    config: Poly2Config = CONFIG,
+    chosen: dict[str, Any] | None = None,
+) -> tuple[Companion, dict[str, Any]]:
     """The companion of rows in time order, and its record for model.json.
 
     Its C is cross-validation's (`fit_cv`), or, with `chosen` (the parent's C, `kept_c`), that C refit on these
@@ -256,9 +281,17 @@ def fit_rows(keys: np.ndarray, dense: np.ndarray | None, labels: np.ndarray, *,
         chosen = {"rows": int(chosen["rows"]), "fits_ago": int(chosen["fits_ago"]) + 1}
     # the scorer uses the weights as saved (float32): the record's numbers are the saved model's
     saved = _rounded(poly2)
-    record = {"kind": KIND, "bits": config.bits, "inputs": INPUTS, "C": saved.C, "C_chosen": chosen,
-              "rows": int(len(labels)), "buckets": int(saved.buckets.size),
-              "holdout_logloss": {str(c): v for c, v in losses.items()}, "fit_s": round(time.perf_counter() - t0, 3)}
+    record = {
+        "kind": KIND,
+        "bits": config.bits,
+        "inputs": INPUTS,
+        "C": saved.C,
+        "C_chosen": chosen,
+        "rows": int(len(labels)),
+        "buckets": int(saved.buckets.size),
+        "holdout_logloss": {str(c): v for c, v in losses.items()},
+        "fit_s": round(time.perf_counter() - t0, 3),
+    }
     return Companion(saved, config.bits, counts), record
 
 
@@ -282,9 +315,17 @@ def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFI
     return {"C": float(parent["C"]), "rows": int(chosen["rows"]), "fits_ago": int(chosen["fits_ago"])}
 
 
-def fit_for_spec(features_url: str, schema: FeatureSchema, max_rows: int, *, parent: dict[str, Any] | None,
-                 parent_features_url: str | None, storage_options: dict | None = None,
-                 config: Poly2Config = CONFIG, auto: bool = False) -> tuple[Companion, dict[str, Any]] | None:
+def fit_for_spec(
+    features_url: str,
+    schema: FeatureSchema,
+    max_rows: int,
+    *,
+    parent: dict[str, Any] | None,
+    parent_features_url: str | None,
+    storage_options: dict | None = None,
+    config: Poly2Config = CONFIG,
+    auto: bool = False,
+) -> tuple[Companion, dict[str, Any]] | None:
     """The day's companion: fit on the newest `max_rows` rows of its lineage (`candidate_sources`).
 
     Args:
@@ -298,43 +339,70 @@ def fit_for_spec(features_url: str, schema: FeatureSchema, max_rows: int, *, par
         ValueError: with `auto` false, a source without the own keys, or rows of one label.
     """
     candidates = candidate_sources(parent, parent_features_url, features_url)
-    keys, dense, labels, sources, skipped = read_rows(candidates, schema, max_rows, storage_options,
-                                                      without_keys="skip" if auto else "raise",
-                                                      day=_date_of(features_url, storage_options))
+    keys, dense, labels, sources, skipped = read_rows(
+        candidates,
+        schema,
+        max_rows,
+        storage_options,
+        without_keys="skip" if auto else "raise",
+        day=_date_of(features_url, storage_options),
+    )
     if labels.min() == labels.max():
         if auto:
             log.info("companion: none for this model: its %d rows are all of one label", len(labels))
             return None
-        raise ValueError(f"the companion's {len(labels)} rows are all of one label: nothing to fit; "
-                         "set model.companion=auto (no companion on such a day)")
+        raise ValueError(
+            f"the companion's {len(labels)} rows are all of one label: nothing to fit; "
+            "set model.companion=auto (no companion on such a day)"
+        )
     companion, record = fit_rows(keys, dense, labels, config=config, chosen=kept_c(parent, len(labels), config))
     record["sources"] = [s.to_dict() for s in sources]
     if skipped:
         record["skipped_sources"] = skipped
-    how = ("by cross-validation" if not record["C_chosen"]["fits_ago"]
-           else f"kept from the choice on {record['C_chosen']['rows']:,} rows")
-    log.info("companion: poly2 fit on %d rows of %d sources, C %s (%s), %.1f s", len(labels), len(sources),
-             record["C"], how, record["fit_s"])
+    how = (
+        "by cross-validation"
+        if not record["C_chosen"]["fits_ago"]
+        else f"kept from the choice on {record['C_chosen']['rows']:,} rows"
+    )
+    log.info(
+        "companion: poly2 fit on %d rows of %d sources, C %s (%s), %.1f s",
+        len(labels),
+        len(sources),
+        record["C"],
+        how,
+        record["fit_s"],
+    )
     return companion, record
 
 
 def _rounded(p: Poly2) -> Poly2:
-    return Poly2(buckets=p.buckets, weights=p.weights.astype(np.float32).astype(np.float64),
-                 dense_weights=p.dense_weights.astype(np.float32).astype(np.float64),
-                 bias=float(np.float32(p.bias)), C=p.C)
+    return Poly2(
+        buckets=p.buckets,
+        weights=p.weights.astype(np.float32).astype(np.float64),
+        dense_weights=p.dense_weights.astype(np.float32).astype(np.float64),
+        bias=float(np.float32(p.bias)),
+        C=p.C,
+    )
 
 
 def to_bytes(companion: Companion) -> bytes:
     """The companion as a safetensors file (no pickles)."""
     p = companion.poly2
-    return st_save({"buckets": np.ascontiguousarray(p.buckets, dtype=np.int64),
-                    "weights": p.weights.astype(np.float32),
-                    "dense_weights": p.dense_weights.astype(np.float32),
-                    "bias": np.array([p.bias], dtype=np.float32),
-                    "C": np.array([p.C], dtype=np.float64),
-                    "bits": np.array([companion.bits], dtype=np.int64),
-                    **({} if companion.counts is None else {"count_keys": companion.counts.keys,
-                                                            "count_values": companion.counts.counts.astype(np.int32)})})
+    return st_save(
+        {
+            "buckets": np.ascontiguousarray(p.buckets, dtype=np.int64),
+            "weights": p.weights.astype(np.float32),
+            "dense_weights": p.dense_weights.astype(np.float32),
+            "bias": np.array([p.bias], dtype=np.float32),
+            "C": np.array([p.C], dtype=np.float64),
+            "bits": np.array([companion.bits], dtype=np.int64),
+            **(
+                {}
+                if companion.counts is None
+                else {"count_keys": companion.counts.keys, "count_values": companion.counts.counts.astype(np.int32)}
+            ),
+        }
+    )
 
 
 def from_bytes(data: bytes | bytearray, where: str) -> Companion:
@@ -345,12 +413,19 @@ def from_bytes(data: bytes | bytearray, where: str) -> Companion:
     """
     try:
         t = st_load(bytes(data))
-        poly2 = Poly2(buckets=t["buckets"].astype(np.int64), weights=t["weights"].astype(np.float64),
-                      dense_weights=t["dense_weights"].astype(np.float64), bias=float(t["bias"][0]),
-                      C=float(t["C"][0]))
+        poly2 = Poly2(
+            buckets=t["buckets"].astype(np.int64),
+            weights=t["weights"].astype(np.float64),
+            dense_weights=t["dense_weights"].astype(np.float64),
+            bias=float(t["bias"][0]),
+            C=float(t["C"][0]),
+        )
         bits = int(t["bits"][0])
-        counts = (KeyCounts(t["count_keys"].astype(np.int64), t["count_values"].astype(np.int64))
-                  if "count_keys" in t else None)
+        counts = (
+            KeyCounts(t["count_keys"].astype(np.int64), t["count_values"].astype(np.int64))
+            if "count_keys" in t
+            else None
+        )
     except Exception as exc:  # safetensors raises its own types on a bad file
         raise ValueError(f"{where} is not a companion file ({type(exc).__name__}: {exc}); retrain the model") from None
     if poly2.buckets.shape != poly2.weights.shape:

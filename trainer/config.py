@@ -34,7 +34,8 @@ class TrainerConfig:
     except the world's shape, `nnodes` x `nproc_per_node` and `intra_group_size`)."""
 
     nproc_per_node: str | int = result_field(
-        "auto", why="the world's shape: the rows each rank reads and the k-step averages")
+        "auto", why="the world's shape: the rows each rank reads and the k-step averages"
+    )
     """Training processes per node, launched by torchrun.  `auto`: one per visible GPU on a CUDA node,
     one on CPU (`trainer.world.resolve_world`); with NCCL at most the node's GPUs (checked at launch)."""
     nnodes: int = result_field(1, why="the world's shape")
@@ -46,7 +47,8 @@ class TrainerConfig:
     backend: str = run_field("auto", why="collectives differ in rounding only")
     """`auto` picks NCCL when CUDA is available, else gloo."""
     device: str = run_field(
-        "auto", why="devices differ in rounding only; the checkpoint fingerprint checks the resolved precision")
+        "auto", why="devices differ in rounding only; the checkpoint fingerprint checks the resolved precision"
+    )
     """`cuda`, `cpu`, or `auto`: CUDA when a GPU is visible, else the CPU (`trainer.world`)."""
     timeout_s: int = run_field(3600)
     """The training subprocess is killed after this long."""
@@ -69,7 +71,8 @@ class TrainerConfig:
     max_restarts: int = run_field(0)
     """torchrun `--max-restarts`: times the job's workers are restarted (from the last checkpoint) after a failure."""
     precision: str = result_field(
-        "auto", neutral="auto", why="autocast changes the numerics; `auto` is what runs had before it was hashed")
+        "auto", neutral="auto", why="autocast changes the numerics; `auto` is what runs had before it was hashed"
+    )
     """Arithmetic of the dense network (`trainer.precision`): `fp32`, `bf16` or `fp16` autocast with fp32
     master weights and Adam state (fp16 adds loss scaling); `auto` = bf16 on CUDA, fp32 on CPU."""
     deterministic: bool = run_field(False, why="the same sums in a fixed order: it changes rounding only")
@@ -152,8 +155,10 @@ class OptimConfig:
     rows (Criteo -0.0006, Avazu -0.0003, the 1M-row days -0.0006); fbgemm's one-moment-per-row rule lost 0.039 on
     Criteo, because the wide weight's gradient set the deep columns' step; rmsprop lost 0.0066 on Avazu."""
     sparse_lr: str | float = result_field(AUTO)
-    """Learning rate of the embedding rows (for `optim.sparse_optimizer`); `auto`: 2e-2, lower when the day takes several passes.
-    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), with Adam rows (`adam` or a row-wise Adam), `auto` picks
+    """Learning rate of the embedding rows (for `optim.sparse_optimizer`); `auto`: 2e-2, lower when the day takes
+    several passes.
+    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), with Adam rows (`adam` or a
+    row-wise Adam), `auto` picks
     among 0.5x-4x of that value by 5-fold validation of a per-key logistic regression on its rows
     (`trainer.plan.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
     factor (`trainer.plan.day_recipe`)."""
@@ -186,7 +191,8 @@ class OptimConfig:
     k_steps: int = result_field(10)
     """Dense parameters and both Adam moments are averaged across ranks every k steps (1 = synchronous)."""
     train_parent_eval: bool = run_field(
-        True, why="it changes the model only through TrainSpec.carried, which the identity hashes")
+        True, why="it changes the model only through TrainSpec.carried, which the identity hashes"
+    )
     """Train first on the eval rows of the model the day starts from: its gate has used them, and they are
     its day's latest rows (`trainer.plan.parent_eval`); false trains on the day's own train rows only.
     Only a published model's rows are carried, only forward in time, with the keys today's vocabulary
@@ -198,7 +204,9 @@ class OptimConfig:
         for name in DERIVED_FLOATS:
             _set_number(self, name, float)
         if self.sparse_optimizer not in OPTIMIZERS:
-            raise ValueError(f"optim.sparse_optimizer must be one of {sorted(OPTIMIZERS)}, got {self.sparse_optimizer!r}")
+            raise ValueError(
+                f"optim.sparse_optimizer must be one of {sorted(OPTIMIZERS)}, got {self.sparse_optimizer!r}"
+            )
         if self.k_steps < 1:
             raise ValueError(f"optim.k_steps must be >= 1, got {self.k_steps}")
         for name in ("batch_size", "epochs"):

@@ -47,6 +47,7 @@ from trainer.stateful import require_keys
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class FeatureSchema:
     """Column names of a features directory (from its manifest, else from the Parquet schema)."""
@@ -58,8 +59,9 @@ class FeatureSchema:
     """`bag_j` list<int64> columns of multi-valued fields; bag_j belongs to key column k_j."""
 
     def __post_init__(self) -> None:
-        orphans = [c for c in self.bag_columns
-                   if column_index(c, "bag") is None or bag_key_column(c) not in self.key_columns]
+        orphans = [
+            c for c in self.bag_columns if column_index(c, "bag") is None or bag_key_column(c) not in self.key_columns
+        ]
         if orphans:
             raise ValueError(
                 f"bag columns {orphans} have no key column k_j among {list(self.key_columns)}; "
@@ -120,7 +122,9 @@ def rank_share(total_rows: int, rank: int, world_size: int) -> RankShare:
         raise ValueError(f"rank {rank} outside world of {world_size}")
     per_rank = total_rows // world_size
     return RankShare(
-        start=rank * per_rank, stop=(rank + 1) * per_rank, total_rows=total_rows,
+        start=rank * per_rank,
+        stop=(rank + 1) * per_rank,
+        total_rows=total_rows,
         dropped=total_rows - per_rank * world_size,
     )
 
@@ -171,7 +175,10 @@ def read_schema(features_url: str, storage_options: dict | None = None, *, split
         raise ValueError(f"{features_url} has no key columns (k_0..k_F-1)")
     fields = manifest.fields or keys
     return FeatureSchema(
-        dense_columns=tuple(dense), key_columns=tuple(keys), fields=tuple(fields), bag_columns=tuple(bags or ()),
+        dense_columns=tuple(dense),
+        key_columns=tuple(keys),
+        fields=tuple(fields),
+        bag_columns=tuple(bags or ()),
     )
 
 
@@ -198,7 +205,8 @@ class Source:
 
     url: str
     evicted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    """Sorted int64 keys to read as OOV: for a parent's eval rows, the day's evicted keys (`storage.key_layout.to_oov`)."""
+    """Sorted int64 keys to read as OOV: for a parent's eval rows, the day's evicted keys (`storage.key_layout.to_oov`).
+    """
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
@@ -237,7 +245,9 @@ class _Rows:
 
     def to_batch(self, bag_fields: tuple[int, ...]) -> Batch:
         return Batch(
-            labels=_tensor(self.labels), dense=_tensor(self.dense), keys=_tensor(self.keys),
+            labels=_tensor(self.labels),
+            dense=_tensor(self.dense),
+            keys=_tensor(self.keys),
             bags=tuple(FieldBags.from_jagged(f, b) for f, b in zip(bag_fields, self.bags, strict=True)),
         )
 
@@ -355,7 +365,11 @@ class RankReader:
 
     @contextmanager
     def stream(
-        self, epochs: int, *, depth: int = 0, on_start: Callable[[], Any] | None = None,
+        self,
+        epochs: int,
+        *,
+        depth: int = 0,
+        on_start: Callable[[], Any] | None = None,
         prepare: Callable[[Batch], Batch] | None = None,
     ) -> Iterator[Iterator[Batch]]:
         """The batches from `position` to the end of epoch `epochs`, read `depth` ahead by a `Prefetcher`
@@ -438,7 +452,9 @@ class Prefetcher:
         on_start: called first inside the thread.
     """
 
-    def __init__(self, make_iter: Callable[[], Iterable[Any]], *, depth: int = 2, on_start: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, make_iter: Callable[[], Iterable[Any]], *, depth: int = 2, on_start: Callable[[], Any] | None = None
+    ) -> None:
         if depth < 0:
             raise ValueError(f"prefetch depth must be >= 0, got {depth}")
 

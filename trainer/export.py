@@ -99,8 +99,13 @@ def onnx_bytes(model: CTRModel) -> bytes:
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     with torch.no_grad():
         program = torch.onnx.export(
-            model, (dense, emb), input_names=["dense", "emb"], output_names=["logits"],
-            dynamic_shapes=({0: batch}, {0: batch}), dynamo=True, verbose=False,
+            model,
+            (dense, emb),
+            input_names=["dense", "emb"],
+            output_names=["logits"],
+            dynamic_shapes=({0: batch}, {0: batch}),
+            dynamo=True,
+            verbose=False,
         )
     assert program is not None  # dynamo=True returns the ONNXProgram
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,8 +162,10 @@ def delta_rows(target: SparseRows, base: SparseRows) -> RowDelta:
         ValueError: the tables differ in width or dtype, or a clock is missing.
     """
     if target.emb.dtype != base.emb.dtype or target.dim != base.dim:
-        raise ValueError(f"delta needs rows of one width and dtype, got {target.emb.dtype}x{target.dim} "
-                         f"and {base.emb.dtype}x{base.dim}")
+        raise ValueError(
+            f"delta needs rows of one width and dtype, got {target.emb.dtype}x{target.dim} "
+            f"and {base.emb.dtype}x{base.dim}"
+        )
     if target.clock is None or base.clock is None:
         raise ValueError("delta_rows needs the per-row clocks of both tables (read_rows of the registry versions)")
     pos = np.minimum(np.searchsorted(base.keys, target.keys), max(len(base) - 1, 0))
@@ -171,8 +178,9 @@ def delta_rows(target: SparseRows, base: SparseRows) -> RowDelta:
     changed = clock_moved | value_moved
     kept = np.isin(base.keys, target.keys, assume_unique=True)
     rows = SparseRows(target.keys[changed], target.emb[changed], target.clock[changed])
-    return RowDelta(rows=rows, evicted=base.keys[~kept], by_clock=int(clock_moved.sum()),
-                    by_value=int(value_moved.sum()))
+    return RowDelta(
+        rows=rows, evicted=base.keys[~kept], by_clock=int(clock_moved.sum()), by_value=int(value_moved.sum())
+    )
 
 
 def apply_delta(base: SparseRows, rows: SparseRows, evicted: np.ndarray) -> SparseRows:

@@ -35,8 +35,10 @@ class GroupAUC:
     def slices(self, min_rows: int) -> dict[Any, tuple[int, float]]:
         """value -> (rows, AUC) of the groups with at least `min_rows` rows."""
         big = self.rows >= min_rows
-        return {v.item(): (int(n), float(a)) for v, n, a in zip(self.values[big], self.rows[big], self.auc[big],
-                                                                strict=True)}
+        return {
+            v.item(): (int(n), float(a))
+            for v, n, a in zip(self.values[big], self.rows[big], self.auc[big], strict=True)
+        }
 
 
 def group_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> GroupAUC:
@@ -83,7 +85,9 @@ def _midranks(scores: np.ndarray, key: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def paired_group_se(labels: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def paired_group_se(
+    labels: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per group (sorted by value, as `group_auc`): DeLong's standard error of AUC(a) - AUC(b) on the group's
     rows, two models scoring the same rows (NaN for a group with fewer than two clicks or non-clicks).
 
@@ -94,7 +98,9 @@ def paired_group_se(labels: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np
     y = np.asarray(labels, np.float64).ravel()
     values, g = np.unique(np.asarray(groups).ravel(), return_inverse=True)
     pos = y > 0.5
-    cls = g * 2 + pos  # group and class: a positive's rank among its group's positives, a negative's among its negatives
+    cls = (
+        g * 2 + pos
+    )  # group and class: a positive's rank among its group's positives, a negative's among its negatives
     m = np.bincount(g, weights=pos, minlength=len(values))
     n = np.bincount(g, weights=~pos, minlength=len(values))
     diff = np.zeros(len(y))

@@ -94,14 +94,22 @@ class TrainResult:
     def summary(self) -> str:
         t = self.train
         # a rerun after a stop says what it reused: the committed candidate, or a checkpoint it resumed from
-        again = (" (the candidate a stopped run committed, reused)" if self.wall_s == 0 else
-                 f" (resumed from the checkpoint at step {t.resumed_from_step})" if t.resumed_from_step else "")
-        return (f"train: {t.steps} steps on {t.world_size} rank(s), {t.examples} examples, "
-                f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}{again}")
+        again = (
+            " (the candidate a stopped run committed, reused)"
+            if self.wall_s == 0
+            else f" (resumed from the checkpoint at step {t.resumed_from_step})"
+            if t.resumed_from_step
+            else ""
+        )
+        return (
+            f"train: {t.steps} steps on {t.world_size} rank(s), {t.examples} examples, "
+            f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}{again}"
+        )
 
 
-def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe",
-                     log_dir: str | None = None) -> list[str]:
+def torchrun_command(
+    cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpipe", log_dir: str | None = None
+) -> list[str]:
     """The argv of the torchrun job (standalone on one node, c10d rendezvous on several); `log_dir`: torchrun's
     own folder (without it torchrun makes a `torchelastic_*` one in the temp dir and leaves it there)."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
@@ -109,8 +117,16 @@ def torchrun_command(cfg: TrainerConfig, spec_path: str, *, run_id: str = "ctrpi
         cmd += ["--standalone", "--nnodes", "1"]
     else:
         cmd += [
-            "--nnodes", str(cfg.nnodes), "--node_rank", str(cfg.node_rank), "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", cfg.rdzv_endpoint, "--rdzv_id", run_id,
+            "--nnodes",
+            str(cfg.nnodes),
+            "--node_rank",
+            str(cfg.node_rank),
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            cfg.rdzv_endpoint,
+            "--rdzv_id",
+            run_id,
         ]
     cmd += ["--nproc_per_node", str(cfg.nproc_per_node), "--max_restarts", str(cfg.max_restarts)]
     if log_dir:
@@ -178,8 +194,15 @@ def _run_streaming(
     """
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True, preexec_fn=die_with_parent(),  # a killed flow takes its job with it
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),  # a killed flow takes its job with it
     )
 
     def pump() -> None:
@@ -251,13 +274,14 @@ def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = 
     with tempfile.TemporaryDirectory(prefix="ctrpipe-torchrun-", ignore_cleanup_errors=True) as torchrun_dir:
         cmd = torchrun_command(trainer, spec_path, run_id=run_id, log_dir=torchrun_dir)
         log.info("launching: %s", " ".join(cmd))
-        code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO),
-                                    nccl=nccl)
+        code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
     if nccl:
         log.info("NCCL transport:\n%s", "\n".join(nccl))
     wall = time.perf_counter() - t0
     if code is None:
-        raise TrainingError(f"training timed out after {trainer.timeout_s}s (trainer.timeout_s)", returncode=None, tail=tail)
+        raise TrainingError(
+            f"training timed out after {trainer.timeout_s}s (trainer.timeout_s)", returncode=None, tail=tail
+        )
     if code != 0:
         raise TrainingError(f"training failed with exit code {code}", returncode=code, tail=tail)
     meta = model_dir.read_meta(spec.output_url, spec.storage_options)

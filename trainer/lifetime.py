@@ -73,8 +73,11 @@ def exit_when_orphaned(*, poll_s: float = ORPHAN_POLL_S, code: int = 1) -> threa
         stop = threading.Event()
         while not stop.wait(poll_s):
             if os.getppid() != parent:
-                print(f"rank {os.environ.get('RANK', '?')}: the torchrun agent (pid {parent}) is gone; exiting",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"rank {os.environ.get('RANK', '?')}: the torchrun agent (pid {parent}) is gone; exiting",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(code)
 
     thread = threading.Thread(target=watch, name="exit-when-orphaned", daemon=True)

@@ -57,7 +57,9 @@ inherit it from the launcher's environment; e.g. the crash tests' fault, `tests.
 def _setup_logging() -> None:
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stdout, force=True,
+        level=logging.INFO,
+        stream=sys.stdout,
+        force=True,
         format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s %(message)s",
     )
 
@@ -71,7 +73,13 @@ def report_environment(ctx: DistContext, cfg: TrainerConfig) -> None:
     nccl = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     log.info(
         "rank %d/%d local %d/%d backend %s device %s place %s",
-        ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.backend, ctx.device, ctx.places[ctx.rank],
+        ctx.rank,
+        ctx.world_size,
+        ctx.local_rank,
+        ctx.local_world_size,
+        ctx.backend,
+        ctx.device,
+        ctx.places[ctx.rank],
     )
     if ctx.rank == 0:
         log.info("two-phase groups %s leaders %s", list(ctx.topology.groups), list(ctx.topology.leaders))
@@ -79,8 +87,10 @@ def report_environment(ctx: DistContext, cfg: TrainerConfig) -> None:
         if ctx.backend == "none" and cfg.backend == "nccl":
             log.info("one rank: no process group, so NCCL is not exercised (backend none)")
         if ctx.backend == "nccl":
-            log.info("NCCL version %s; NCCL_DEBUG=INFO lines of the ranks say which transport (NET/IB, GDR) it uses",
-                     ".".join(map(str, torch.cuda.nccl.version())))
+            log.info(
+                "NCCL version %s; NCCL_DEBUG=INFO lines of the ranks say which transport (NET/IB, GDR) it uses",
+                ".".join(map(str, torch.cuda.nccl.version())),
+            )
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     log.info("cpu affinity %s (socket %d)", affinity, ctx.socket)
 
@@ -133,10 +143,16 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
     sparse_rows = store.snapshot(part, storage_options=so)
 
     mine = {
-        "rows": sparse_rows, "sparse_bytes": trainer.sparse.sparse_bytes, "sparse_s": trainer.sparse.seconds,
-        "dense_sync_bytes": trainer.opt.sync_bytes, "dense_sync_s": trainer.opt.sync_seconds,
-        "examples": stats.examples, "loss_sum": stats.loss_sum, "final_loss": stats.final_loss,
-        "train_s": stats.train_s, "store": store.stats(),
+        "rows": sparse_rows,
+        "sparse_bytes": trainer.sparse.sparse_bytes,
+        "sparse_s": trainer.sparse.seconds,
+        "dense_sync_bytes": trainer.opt.sync_bytes,
+        "dense_sync_s": trainer.opt.sync_seconds,
+        "examples": stats.examples,
+        "loss_sum": stats.loss_sum,
+        "final_loss": stats.final_loss,
+        "train_s": stats.train_s,
+        "store": store.stats(),
         "cache": trainer.sparse.cache.stats() if trainer.sparse.cache is not None else None,
         "sparse_comm": trainer.sparse.comm_stats(),
     }
@@ -184,24 +200,40 @@ def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, traine
             companion.save(fsio.join(staging_url, companion.FILE), fitted[0], so)
             companion_record = fitted[1]
         meta = ModelMeta.of(
-            model_name=spec.model_name, model_config=spec.model, dim=spec.store.embedding_dim,
-            init_std=spec.store.init_std, num_dense=schema.num_dense, num_fields=schema.num_fields,
-            fields=schema.fields, dense_columns=schema.dense_columns, key_columns=schema.key_columns,
-            bag_columns=schema.bag_columns, vocab_date=spec.vocab_date, run_tag=spec.run_tag,
-            features_url=spec.features_url, init_model_url=spec.init_model_url, optim=spec.optim, het=spec.het,
-            trainer=spec.trainer, train=summary.to_dict(), recipe=spec.recipe, companion=companion_record,
+            model_name=spec.model_name,
+            model_config=spec.model,
+            dim=spec.store.embedding_dim,
+            init_std=spec.store.init_std,
+            num_dense=schema.num_dense,
+            num_fields=schema.num_fields,
+            fields=schema.fields,
+            dense_columns=schema.dense_columns,
+            key_columns=schema.key_columns,
+            bag_columns=schema.bag_columns,
+            vocab_date=spec.vocab_date,
+            run_tag=spec.run_tag,
+            features_url=spec.features_url,
+            init_model_url=spec.init_model_url,
+            optim=spec.optim,
+            het=spec.het,
+            trainer=spec.trainer,
+            train=summary.to_dict(),
+            recipe=spec.recipe,
+            companion=companion_record,
         )
         model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
-        model_dir.write_tensors(
-            fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(), so
-        )
+        model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(), so)
         model_dir.write_meta(fs, staging, meta)
     ctx.barrier()  # every sparse part is written before the commit
     if ctx.rank == 0:
         manifest = {
-            "run_tag": spec.run_tag, "vocab_date": spec.vocab_date, "world_size": ctx.world_size,
-            "sparse_parts": ctx.world_size, "sparse_rows": sparse_rows,
-            "steps": stats.steps, "code_version": version.code_version(),
+            "run_tag": spec.run_tag,
+            "vocab_date": spec.vocab_date,
+            "world_size": ctx.world_size,
+            "sparse_parts": ctx.world_size,
+            "sparse_rows": sparse_rows,
+            "steps": stats.steps,
+            "code_version": version.code_version(),
         }
         fsio.commit_dir(fs, staging, final, manifest)
         log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, summary.examples)
@@ -225,9 +257,14 @@ def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Com
         return None
     parent = model_dir.read_meta(spec.init_model_url, so) if spec.init_model_url else None
     return companion.fit_for_spec(
-        spec.features_url, schema, spec.model.companion_rows, parent=parent.companion if parent else None,
-        parent_features_url=parent.features_url if parent else None, storage_options=so,
-        auto=spec.model.companion == "auto")
+        spec.features_url,
+        schema,
+        spec.model.companion_rows,
+        parent=parent.companion if parent else None,
+        parent_features_url=parent.features_url if parent else None,
+        storage_options=so,
+        auto=spec.model.companion == "auto",
+    )
 
 
 def _every_core() -> AbstractContextManager[None]:
@@ -275,10 +312,15 @@ def step_hooks(names: str | None = None) -> list[StepHook]:
 def run(spec: TrainSpec) -> None:
     """Train one rank of `spec` inside an initialised torchrun environment."""
     so = spec.storage_options  # committed directories -> their files (an object store's data prefix)
-    carried = spec.carried and dataclasses.replace(spec.carried, features_url=fsio.data_url(spec.carried.features_url, so))
-    spec = dataclasses.replace(spec, features_url=fsio.data_url(spec.features_url, so),
-                               init_model_url=spec.init_model_url and fsio.data_url(spec.init_model_url, so),
-                               carried=carried)
+    carried = spec.carried and dataclasses.replace(
+        spec.carried, features_url=fsio.data_url(spec.carried.features_url, so)
+    )
+    spec = dataclasses.replace(
+        spec,
+        features_url=fsio.data_url(spec.features_url, so),
+        init_model_url=spec.init_model_url and fsio.data_url(spec.init_model_url, so),
+        carried=carried,
+    )
     ctx = init_distributed(spec.trainer)
     store: EmbeddingStore | None = None
     try:

@@ -76,7 +76,11 @@ def calibration(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
     if y.size == 0:
         raise ValueError("calibration of an empty set")
     mean_pred, rate = float(p.mean()), float(y.mean())
-    return {"mean_prediction": mean_pred, "click_rate": rate, "calibration": mean_pred / rate if rate > 0 else float("nan")}
+    return {
+        "mean_prediction": mean_pred,
+        "click_rate": rate,
+        "calibration": mean_pred / rate if rate > 0 else float("nan"),
+    }
 
 
 class StreamingAUC:
@@ -224,8 +228,13 @@ def reliability_rows(counts: np.ndarray, psum: np.ndarray, ysum: np.ndarray) -> 
     with np.errstate(invalid="ignore", divide="ignore"):
         mp, cr = psum / counts, ysum / counts
     return [
-        {"lo": i / bins, "hi": (i + 1) / bins, "count": int(counts[i]),
-         "mean_prediction": float(mp[i]), "click_rate": float(cr[i])}
+        {
+            "lo": i / bins,
+            "hi": (i + 1) / bins,
+            "count": int(counts[i]),
+            "mean_prediction": float(mp[i]),
+            "click_rate": float(cr[i]),
+        }
         for i in range(bins)
     ]
 
@@ -256,9 +265,13 @@ class EvalMetrics:
     def of(cls, result: dict[str, Any]) -> EvalMetrics:
         """From `evaluate_model`'s dict (extra keys, such as `slices`, are left out)."""
         return cls(
-            auc=float(result["auc"]), logloss=float(result["logloss"]), rows=int(result["rows"]),
-            mean_prediction=float(result["mean_prediction"]), click_rate=float(result["click_rate"]),
-            calibration=float(result["calibration"]), ece=float(result["ece"]),
+            auc=float(result["auc"]),
+            logloss=float(result["logloss"]),
+            rows=int(result["rows"]),
+            mean_prediction=float(result["mean_prediction"]),
+            click_rate=float(result["click_rate"]),
+            calibration=float(result["calibration"]),
+            ece=float(result["ece"]),
             reliability=tuple(result.get("reliability", ())),
         )
 
@@ -318,10 +331,14 @@ class StreamingMetrics:
         mean_pred, rate = float(self.psum.sum() / self.rows), float(self.ysum.sum() / self.rows)
         table = reliability_rows(self.counts, self.psum, self.ysum)
         return {
-            "auc": self.auc.result(), "logloss": self.loss_sum / self.rows, "rows": self.rows,
-            "mean_prediction": mean_pred, "click_rate": rate,
+            "auc": self.auc.result(),
+            "logloss": self.loss_sum / self.rows,
+            "rows": self.rows,
+            "mean_prediction": mean_pred,
+            "click_rate": rate,
             "calibration": mean_pred / rate if rate > 0 else float("nan"),
-            "ece": expected_calibration_error(table), "reliability": table,
+            "ece": expected_calibration_error(table),
+            "reliability": table,
         }
 
 
@@ -343,8 +360,13 @@ def slice_metrics(
         m = g == values[i]
         ys, ps = y[m], p[m]
         both = 0 < ys.sum() < ys.size
-        out.append({
-            "value": values[i].item(), "rows": int(counts[i]), "auc": auc(ys, ps) if both else float("nan"),
-            "logloss": logloss(ys, ps), **calibration(ys, ps),
-        })
+        out.append(
+            {
+                "value": values[i].item(),
+                "rows": int(counts[i]),
+                "auc": auc(ys, ps) if both else float("nan"),
+                "logloss": logloss(ys, ps),
+                **calibration(ys, ps),
+            }
+        )
     return out

@@ -38,8 +38,9 @@ MODEL_JSON = "model.json"
 DENSE = "dense.safetensors"
 DENSE_OPTIM = "dense_optim.safetensors"
 SPARSE = "sparse"
-MODEL = records.RecordFormat("ctr-pipeline-model", 4, reads=(2, 3, 4),
-                             fix="retrain the model (or read it with the release that wrote it)")
+MODEL = records.RecordFormat(
+    "ctr-pipeline-model", 4, reads=(2, 3, 4), fix="retrain the model (or read it with the release that wrote it)"
+)
 """model.json: version 2 is a model without a companion (what every model before it held); version 3 one with
 a companion of the pairs alone (`ModelMeta.companion`, `trainer.companion`); version 4 one whose companion also
 counts its keys (`trainer.models.key_counts`: the counts are in its file).  A reader must blend the companion
@@ -95,11 +96,17 @@ class ModelMeta:
     the model scores by its network alone."""
 
     @classmethod
-    def of(cls, *, model_config: ModelConfig, optim: OptimConfig, het: HetConfig, trainer: TrainerConfig,
-           **fields: Any) -> ModelMeta:
+    def of(
+        cls, *, model_config: ModelConfig, optim: OptimConfig, het: HetConfig, trainer: TrainerConfig, **fields: Any
+    ) -> ModelMeta:
         """The record of a model trained with these live config sections (stored as plain data)."""
-        return cls(model_config=codec.encode(model_config), optim=codec.encode(optim), het=codec.encode(het),
-                   trainer=codec.encode(trainer), **fields)
+        return cls(
+            model_config=codec.encode(model_config),
+            optim=codec.encode(optim),
+            het=codec.encode(het),
+            trainer=codec.encode(trainer),
+            **fields,
+        )
 
     def model_cfg(self) -> ModelConfig:
         """`model_config` as today's `ModelConfig`: retired keys skipped, keys added since at the value they
@@ -109,8 +116,12 @@ class ModelMeta:
         Raises:
             ConfigError: a value today's `ModelConfig` refuses (the message names the key).
         """
-        return codec.decode(ModelConfig, with_absent_values(self.model_config, ModelConfig),
-                            prefix="model.json: model_config.", unknown="ignore")
+        return codec.decode(
+            ModelConfig,
+            with_absent_values(self.model_config, ModelConfig),
+            prefix="model.json: model_config.",
+            unknown="ignore",
+        )
 
     @property
     def arch(self) -> str:

@@ -74,12 +74,14 @@ class PairedDifference:
         a = np.asarray(first, dtype=np.float64).ravel()
         b = np.asarray(second, dtype=np.float64).ravel()
         if not y.shape == a.shape == b.shape:
-            raise ValueError(f"labels ({y.size}) and the two models' probabilities ({a.size}, {b.size}) differ in length")
+            raise ValueError(
+                f"labels ({y.size}) and the two models' probabilities ({a.size}, {b.size}) differ in length"
+            )
         d = _row_loss(y, a) - _row_loss(y, b)
         self._sum += float(d.sum())
         self._sum_sq += float((d * d).sum())
         start = (-self.rows) % self._stride  # the first row of this batch at a multiple of the stride
-        keep = np.stack([y, a, b], axis=1)[start::self._stride]
+        keep = np.stack([y, a, b], axis=1)[start :: self._stride]
         self.rows += y.size
         self._kept.append(keep)
         self._kept_rows += len(keep)

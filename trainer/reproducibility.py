@@ -29,8 +29,10 @@ def apply_determinism(deterministic: bool) -> None:
     if not deterministic:
         return
     if torch.cuda.is_available() and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-        raise RuntimeError("trainer.deterministic on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 "
-                           "(trainer.launch sets it; export it where torchrun is started by hand)")
+        raise RuntimeError(
+            "trainer.deterministic on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+            "(trainer.launch sets it; export it where torchrun is started by hand)"
+        )
     torch.use_deterministic_algorithms(True)
 
 

@@ -113,7 +113,9 @@ def scoring_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def load_model(model_url: str, storage_options: dict | None = None, *, device: str | torch.device = "auto") -> LoadedModel:
+def load_model(
+    model_url: str, storage_options: dict | None = None, *, device: str | torch.device = "auto"
+) -> LoadedModel:
     """Read a committed model directory (dense from safetensors, sparse from `sparse/part-*.parquet`).
 
     Args:
@@ -134,14 +136,17 @@ def load_model(model_url: str, storage_options: dict | None = None, *, device: s
     else:
         keys, emb = np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
     schema = FeatureSchema(
-        dense_columns=meta.dense_columns, key_columns=meta.key_columns, fields=meta.fields,
+        dense_columns=meta.dense_columns,
+        key_columns=meta.key_columns,
+        fields=meta.fields,
         bag_columns=meta.bag_columns,
     ).for_pooling(cfg.bag_pooling)
     emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=meta.init_std)
     dev = scoring_device(device)
     second = load_companion(fsio.join(model_url, COMPANION_FILE), storage_options) if meta.companion else None
-    return LoadedModel(model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev,
-                       companion=second)
+    return LoadedModel(
+        model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev, companion=second
+    )
 
 
 @torch.inference_mode()
@@ -153,8 +158,16 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
     Raises:
         KeyError: a column the model needs is missing.
     """
-    return score_features(loaded.model, loaded.embeddings.lookup, loaded.schema, loaded.model.config.bag_pooling,
-                          features, batch_size=batch_size, device=loaded.device, companion=loaded.companion)
+    return score_features(
+        loaded.model,
+        loaded.embeddings.lookup,
+        loaded.schema,
+        loaded.model.config.bag_pooling,
+        features,
+        batch_size=batch_size,
+        device=loaded.device,
+        companion=loaded.companion,
+    )
 
 
 @torch.no_grad()
@@ -187,8 +200,11 @@ def score_features(
     raw = raw_columns(s.key_columns) if companion is not None else ()
     missing = [c for c in (*s.dense_columns, *s.key_columns, *s.bag_columns, *raw) if c not in features.columns]
     if missing:
-        what = " (a model with a companion reads the r_<j> columns: encode with encode.raw_keys=true)" if \
-            set(missing) & set(raw) else ""
+        what = (
+            " (a model with a companion reads the r_<j> columns: encode with encode.raw_keys=true)"
+            if set(missing) & set(raw)
+            else ""
+        )
         raise KeyError(f"feature rows lack columns {missing} the model was trained with{what}")
     # C order: a frame's columns come out column-major, and the network's bucketize wants contiguous rows
     dense_all = np.ascontiguousarray(features[list(s.dense_columns)].to_numpy(np.float32)) if s.dense_columns else None
@@ -197,8 +213,19 @@ def score_features(
         Jagged.from_arrow(pa.array(features[c], type=pa.list_(pa.int64()), from_pandas=True)) for c in s.bag_columns
     ]
     raw_all = features[list(raw)].to_numpy(np.int64) if raw else None
-    return score_arrays(net, lookup, schema, pooling, dense_all, keys_all, bags_all, batch_size=batch_size,
-                        device=device, companion=companion, raw_all=raw_all)
+    return score_arrays(
+        net,
+        lookup,
+        schema,
+        pooling,
+        dense_all,
+        keys_all,
+        bags_all,
+        batch_size=batch_size,
+        device=device,
+        companion=companion,
+        raw_all=raw_all,
+    )
 
 
 @torch.no_grad()
@@ -290,7 +317,10 @@ def evaluate_model(
         if extra:
             kept.append((labels, probs, df[list(extra)]))
     if metrics.rows == 0:
-        raise ValueError(f"no feature rows to evaluate the model on (features: {features if isinstance(features, str) else 'a frame'})")
+        raise ValueError(
+            "no feature rows to evaluate the model on"
+            f" (features: {features if isinstance(features, str) else 'a frame'})"
+        )
     out = metrics.result()
     if extra:
         y = np.concatenate([k[0] for k in kept])

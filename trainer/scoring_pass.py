@@ -139,8 +139,11 @@ def evaluate_together(
         for frame in frames:
             cuts = np.linspace(0, len(frame), slices + 1).astype(np.int64)
             jobs = [
-                [pool.submit(score, m, frame.iloc[a:b], batch_size=batch_size)
-                 for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+                [
+                    pool.submit(score, m, frame.iloc[a:b], batch_size=batch_size)
+                    for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+                    if b > a
+                ]
                 for m in models
             ]
             labels = frame["label"].to_numpy(np.float64)
@@ -162,10 +165,12 @@ def evaluate_together(
     y = cols["label"].to_numpy(np.float64)
     probs = [np.concatenate(p) for p in kept]
     group_se: list[dict[str, np.ndarray]] = [{}] + [
-        {c: paired_group_se(y, probs[0], p, cols[c].to_numpy())[1] for c in groups} if paired else {}
-        for p in probs[1:]]
-    return [Scored(m, {c: group_auc(y, p, cols[c].to_numpy()) for c in groups}, v, se)
-            for m, p, v, se in zip(metrics, probs, versus, group_se, strict=True)]
+        {c: paired_group_se(y, probs[0], p, cols[c].to_numpy())[1] for c in groups} if paired else {} for p in probs[1:]
+    ]
+    return [
+        Scored(m, {c: group_auc(y, p, cols[c].to_numpy()) for c in groups}, v, se)
+        for m, p, v, se in zip(metrics, probs, versus, group_se, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

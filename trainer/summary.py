@@ -82,9 +82,20 @@ class TrainSummary:
 
 
 _KINDS: dict[str, Any] = {
-    "steps": int, "epochs": int, "examples": int, "dropped_rows": int, "carried": dict, "final_loss": float,
-    "mean_loss": float, "train_s": float, "examples_per_s": float, "world_size": int, "backend": str,
-    "device": str, "resumed_from_step": int, "prefetch_depth": int,
+    "steps": int,
+    "epochs": int,
+    "examples": int,
+    "dropped_rows": int,
+    "carried": dict,
+    "final_loss": float,
+    "mean_loss": float,
+    "train_s": float,
+    "examples_per_s": float,
+    "world_size": int,
+    "backend": str,
+    "device": str,
+    "resumed_from_step": int,
+    "prefetch_depth": int,
 }
 """How each typed field is read back from JSON."""
 _TYPED = frozenset(_KINDS)

@@ -85,8 +85,9 @@ StepHook = Callable[[StepInfo], None]
 the place to observe the loop, or, in the crash tests (tests/helpers/faults.py), to end the rank there."""
 
 
-def ctr_loss(model: CTRModel, dense: torch.Tensor, emb: torch.Tensor, labels: torch.Tensor, *,
-             wide_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def ctr_loss(
+    model: CTRModel, dense: torch.Tensor, emb: torch.Tensor, labels: torch.Tensor, *, wide_loss: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the model's mean log loss, the objective a step minimises): the objective adds `wide_loss` times the
     log loss of the wide term's own logit (`CTRModel.logits_and_wide`), so the wide part learns to predict
     alone while the deep parts learn what it misses; the model's loss is what the step reports.  Without a wide
@@ -202,8 +203,12 @@ class Progress:
         self.examples += examples
 
     def state_dict(self) -> dict[str, Any]:
-        return {"examples": self.examples, "loss_sum": float(self.loss_sum), "last_loss": float(self.last),
-                "train_s": self.seconds()}
+        return {
+            "examples": self.examples,
+            "loss_sum": float(self.loss_sum),
+            "last_loss": float(self.last),
+            "train_s": self.seconds(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         require_keys(state, ("examples", "loss_sum", "last_loss", "train_s"), "progress")
@@ -222,20 +227,27 @@ class Trainer:
         step_hooks: called in order after each step (`StepHook`); none by default.
     """
 
-    def __init__(self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore,
-                 step_hooks: Sequence[StepHook] = ()) -> None:
+    def __init__(
+        self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore, step_hooks: Sequence[StepHook] = ()
+    ) -> None:
         cfg, het = spec.optim, spec.het
         if unresolved := cfg.unresolved():
-            raise ValueError(f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
-                             "trainer.plan.recipe.derive before training (flows.day.stages.train_plan does)")
+            raise ValueError(
+                f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
+                "trainer.plan.recipe.derive before training (flows.day.stages.train_plan does)"
+            )
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
         self.step_hooks = tuple(step_hooks)
         self.schema = read_schema(spec.features_url, spec.storage_options).for_pooling(spec.model.bag_pooling)
         self.reader = RankReader(
-            self.sources(), self.schema, rank=ctx.rank, world_size=ctx.world_size,
-            batch_size=cfg.batch_size, storage_options=spec.storage_options,
+            self.sources(),
+            self.schema,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            batch_size=cfg.batch_size,
+            storage_options=spec.storage_options,
         )
         if self.reader.share.rows == 0:
             raise ValueError(
@@ -246,11 +258,17 @@ class Trainer:
         self.precision = Precision(resolve_precision(spec.trainer.precision, ctx.device.type), ctx.device)
         torch.manual_seed(cfg.seed)
         self.model = CTRModel(
-            spec.model, num_dense=self.schema.num_dense, num_fields=self.schema.num_fields,
+            spec.model,
+            num_dense=self.schema.num_dense,
+            num_fields=self.schema.num_fields,
             dim=spec.store.embedding_dim,
         ).to(ctx.device)
         self.opt = KStepAdam(
-            self.model.named_parameters(), ctx, k=cfg.k_steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            self.model.named_parameters(),
+            ctx,
+            k=cfg.k_steps,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
             lr_scales={CROSS_PREFIX: cfg.cross_lr_scale},
         )
         if spec.init_model_url:
@@ -258,7 +276,11 @@ class Trainer:
         # every rank starts from rank 0's parameters, whatever their RNG or device did
         broadcast_tensors([p.data for p in self.model.parameters()], ctx)
         self.sparse = ShardedEmbedding(
-            store, ctx, lr=cfg.sparse_lr, weight_decay=cfg.weight_decay, staleness_bound=het.staleness_bound,
+            store,
+            ctx,
+            lr=cfg.sparse_lr,
+            weight_decay=cfg.weight_decay,
+            staleness_bound=het.staleness_bound,
             cache_rows=het.cache_rows,
         )
         self.stats = TrainStats(dropped_rows=self.reader.share.dropped)
@@ -279,8 +301,10 @@ class Trainer:
             return [train]
         theirs = read_schema(carried.features_url, so, split="eval").for_pooling(self.spec.model.bag_pooling)
         if theirs != self.schema:
-            raise ValueError(f"carried rows of {carried.date} ({carried.features_url}) have columns {theirs}, "
-                             f"the day's have {self.schema}: train without them (optim.train_parent_eval=false)")
+            raise ValueError(
+                f"carried rows of {carried.date} ({carried.features_url}) have columns {theirs}, "
+                f"the day's have {self.schema}: train without them (optim.train_parent_eval=false)"
+            )
         evicted = np.sort(read_keys(carried.evicted_url, so))
         return [Source(split_dir(carried.features_url, "eval"), evicted), train]
 
@@ -319,15 +343,24 @@ class Trainer:
         """
         spec = self.spec
         return {
-            "features_url": spec.features_url, "run_tag": spec.run_tag, "world_size": self.ctx.world_size,
+            "features_url": spec.features_url,
+            "run_tag": spec.run_tag,
+            "world_size": self.ctx.world_size,
             "carried": spec.carried.features_url if spec.carried else None,
-            "rows_per_rank": self.reader.share.rows, "precision": self.precision.name,
+            "rows_per_rank": self.reader.share.rows,
+            "precision": self.precision.name,
         }
 
     def components(self) -> dict[str, Stateful]:
         """What a checkpoint saves beside the store shard, by name."""
-        return {"model": self.model, "optim": self.opt, "sparse": self.sparse, "reader": self.reader,
-                "progress": self.progress, "rng": TorchRNG(self.ctx.device)}
+        return {
+            "model": self.model,
+            "optim": self.opt,
+            "sparse": self.sparse,
+            "reader": self.reader,
+            "progress": self.progress,
+            "rng": TorchRNG(self.ctx.device),
+        }
 
     def save_checkpoint(self, step: int) -> str:
         """Write the checkpoint of `step` (a collective: every rank calls it at the same step); returns its URL.
@@ -389,7 +422,9 @@ class Trainer:
             component.load_state_dict(state[name])
         if self.reader.position != step:
             raise ValueError(f"checkpoint {url} of step {step} holds reader position {self.reader.position}")
-        rows = self.store.restore(checkpoint.shard_url(url, rank), owner=(rank, self.ctx.world_size), storage_options=so)
+        rows = self.store.restore(
+            checkpoint.shard_url(url, rank), owner=(rank, self.ctx.world_size), storage_options=so
+        )
         self.stats.steps = self.stats.resumed_from = step
         log.info("resumed from the checkpoint of step %d at %s (%d store rows)", step, url, rows)
         return step
@@ -415,8 +450,12 @@ class Trainer:
         """`trainer.prefetch_batches` resolved for this rank (`trainer.data.prefetch_depth`)."""
         depth = prefetch_depth(self.spec.trainer.prefetch_batches, device_type=self.ctx.device.type)
         if self.ctx.rank == 0:
-            log.info("reader thread: prefetch depth %d (trainer.prefetch_batches=%s on %s)",
-                     depth, self.spec.trainer.prefetch_batches, self.ctx.device.type)
+            log.info(
+                "reader thread: prefetch depth %d (trainer.prefetch_batches=%s on %s)",
+                depth,
+                self.spec.trainer.prefetch_batches,
+                self.ctx.device.type,
+            )
         return depth
 
     def train(self) -> TrainStats:
@@ -428,8 +467,14 @@ class Trainer:
         if ctx.rank == 0:
             log.info(
                 "training %d steps (%d rows/rank x %d epochs, batch %d, %d rows dropped), k=%d, staleness bound %d%s",
-                total_steps, self.reader.share.rows, cfg.epochs, cfg.batch_size, stats.dropped_rows, cfg.k_steps,
-                self.spec.het.staleness_bound, f", resuming after step {start}" if start else "",
+                total_steps,
+                self.reader.share.rows,
+                cfg.epochs,
+                cfg.batch_size,
+                stats.dropped_rows,
+                cfg.k_steps,
+                self.spec.het.staleness_bound,
+                f", resuming after step {start}" if start else "",
             )
         self.model.train()
         depth = stats.prefetch_depth = self._prefetch_depth()
@@ -441,8 +486,15 @@ class Trainer:
                 step = self.reader.position
                 set_step_lrs(self.opt, self.sparse, cfg, step=step, total_steps=total_steps)
                 loss = train_step(
-                    self.model, self.sparse, self.opt, batch, step=step, embedding_l2=cfg.embedding_l2,
-                    where=self._where(step), precision=self.precision, wide_loss=cfg.wide_loss,
+                    self.model,
+                    self.sparse,
+                    self.opt,
+                    batch,
+                    step=step,
+                    embedding_l2=cfg.embedding_l2,
+                    where=self._where(step),
+                    precision=self.precision,
+                    wide_loss=cfg.wide_loss,
                     check_loss=step % run.log_every == 0 or step == total_steps,
                 )
                 progress.add(loss, len(batch))

@@ -27,7 +27,12 @@ class EncodedLog:
 
 
 def encode_log(
-    cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_key: str = "input.format",
+    cfg: RunConfig,
+    model: str,
+    input_url: str,
+    fmt: str,
+    *,
+    format_key: str = "input.format",
     max_bad_fraction: float | None = None,
 ) -> EncodedLog:
     """Parse `input_url` and encode it with the vocabulary model `model` was trained with.
@@ -60,9 +65,12 @@ def encode_log(
     check_labelled(input_url, len(events), quarantine, schema)
     share = len(quarantine) / (len(events) + len(quarantine))
     if len(events) == 0 or (max_bad_fraction is not None and share > max_bad_fraction):
-        what = (f"no valid rows to score, all {len(quarantine)} quarantined" if len(events) == 0 else
-                f"{len(quarantine)} of {len(events) + len(quarantine)} lines quarantined ({share:.1%}), more than "
-                f"ingest.max_bad_fraction ({max_bad_fraction})")
+        what = (
+            f"no valid rows to score, all {len(quarantine)} quarantined"
+            if len(events) == 0
+            else f"{len(quarantine)} of {len(events) + len(quarantine)} lines quarantined ({share:.1%}), more than "
+            f"ingest.max_bad_fraction ({max_bad_fraction})"
+        )
         tolerance = f"pass --set ingest.max_bad_fraction={min(1.0, round(share + 0.005, 3))}" if len(events) else ""
         raise ValueError(f"{input_url}: {what}: {_why(quarantine, schema, share, format_key, fmt, tolerance)}")
     url = reg.url(version)
@@ -89,8 +97,9 @@ def _why(quarantine: pd.DataFrame, schema: LogSchema, share: float, format_key: 
     samples: dict[str, dict] = {}
     bad_rows.tally(pa.Table.from_pandas(quarantine, preserve_index=False), counts, samples)
     reasons = "; ".join(bad_rows.describe_reasons(counts, samples))
-    todo = bad_rows.advice(counts, samples, share=share, schema=schema, format_key=format_key, fmt=fmt,
-                           tolerance=tolerance)
+    todo = bad_rows.advice(
+        counts, samples, share=share, schema=schema, format_key=format_key, fmt=fmt, tolerance=tolerance
+    )
     return f"{reasons}\n  {todo}"
 
 
@@ -127,7 +136,12 @@ def check_labelled(input_url: str, valid_rows: int, quarantine: pd.DataFrame, sc
 
 
 def evaluate_log(
-    cfg: RunConfig, model: str, input_url: str, fmt: str, *, format_key: str = "input.format",
+    cfg: RunConfig,
+    model: str,
+    input_url: str,
+    fmt: str,
+    *,
+    format_key: str = "input.format",
     predictions_url: str | None = None,
 ) -> dict[str, Any]:
     """AUC/logloss/rows of model `model` on `input_url` (see `encode_log`): a file with no labels, or with
@@ -140,8 +154,7 @@ def evaluate_log(
     """
     from trainer.scoring import evaluate_model, load_model, score
 
-    log = encode_log(cfg, model, input_url, fmt, format_key=format_key,
-                     max_bad_fraction=cfg.ingest.max_bad_fraction)
+    log = encode_log(cfg, model, input_url, fmt, format_key=format_key, max_bad_fraction=cfg.ingest.max_bad_fraction)
     loaded = load_model(log.url, cfg.storage_options)
     metrics = evaluate_model(loaded, log.features, storage_options=cfg.storage_options)
     if predictions_url:
@@ -150,8 +163,9 @@ def evaluate_log(
 
         from storage.io import fsio
 
-        table = pa.table({"line": log.lines, "label": log.features["label"].to_numpy(),
-                          "score": score(loaded, log.features)})
+        table = pa.table(
+            {"line": log.lines, "label": log.features["label"].to_numpy(), "score": score(loaded, log.features)}
+        )
         fs, path = fsio.get_fs(predictions_url, cfg.storage_options)
         with fs.open(path, "wb") as f:
             pq.write_table(table, f)

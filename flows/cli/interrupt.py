@@ -106,9 +106,13 @@ class _Watcher:
         rest = descendants(me)
         stop(rest)
         started = len({p.pid for p in job} | {p.pid for p in rest})
-        print(f"ctrpipe {self.command}: interrupted by {_SIGNAL_NAMES[signum]} during {what}; stopped the "
-              f"{started} process(es) it had started. What had committed is kept: run `{self.resume}` again "
-              "to resume", file=sys.stderr, flush=True)
+        print(
+            f"ctrpipe {self.command}: interrupted by {_SIGNAL_NAMES[signum]} during {what}; stopped the "
+            f"{started} process(es) it had started. What had committed is kept: run `{self.resume}` again "
+            "to resume",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(ExitCode.INTERRUPTED)
 
     def handler(self, signum: int, frame: Any) -> None:

@@ -96,7 +96,7 @@ def describe(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {text}".rstrip(": ")
     lines = text.splitlines()
     if len(lines) > MAX_ERROR_LINES:
-        lines = [lines[0], "  ...", *lines[-(MAX_ERROR_LINES - 2):]]
+        lines = [lines[0], "  ...", *lines[-(MAX_ERROR_LINES - 2) :]]
     return "\n".join(lines)
 
 
@@ -113,8 +113,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     _at_least_one(days=args.days, rows_per_day=args.rows_per_day)
     validate_date(args.start_date)
-    for day in generate_days(args.out, args.days, args.rows_per_day, seed=args.seed, start_date=args.start_date,
-                             interactions=args.interactions):
+    for day in generate_days(
+        args.out,
+        args.days,
+        args.rows_per_day,
+        seed=args.seed,
+        start_date=args.start_date,
+        interactions=args.interactions,
+    ):
         print(f"{day.date}  {day.rows:>9} rows  click rate {day.click_rate:.3f}  {day.path}", flush=True)
     return ExitCode.OK
 
@@ -152,7 +158,8 @@ def _guarded(args: argparse.Namespace) -> Iterator[None]:
 
 
 def _preflight(cfg: Any, dates: list[str], *, force: bool) -> list[Any] | None:
-    """Check what would fail later (`flows.cli.preflight`); the dates' records when all are completed (nothing to do)."""
+    """Check what would fail later (`flows.cli.preflight`); the dates'
+    records when all are completed (nothing to do)."""
     from flows.cli.preflight import check_before_start, dates_done
 
     check_before_start(cfg)
@@ -161,8 +168,9 @@ def _preflight(cfg: Any, dates: list[str], *, force: bool) -> list[Any] | None:
 
 def _nothing_to_do(records: list[Any]) -> None:
     for r in records:
-        log.info("%s already completed (%s %s); nothing to do (--force redoes it)", r.date, r.status,
-                 r.model_version or "")
+        log.info(
+            "%s already completed (%s %s); nothing to do (--force redoes it)", r.date, r.status, r.model_version or ""
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -219,7 +227,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     if not state.is_completed():
         cause = state.result(raise_on_failure=False)
         raise RunFailed(describe(cause) if isinstance(cause, BaseException) else state.message) from (
-            cause if isinstance(cause, BaseException) else None)
+            cause if isinstance(cause, BaseException) else None
+        )
     report = state.result()
     print("backfill: " + "; ".join(f"{k.replace('_', ' ')} {len(v)}" for k, v in report.items()))
     return ExitCode.OK
@@ -243,16 +252,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         records = done
     else:
         if not all((raw / f"day_{d}.tsv.gz").exists() for d in days):
-            print(f"generating {args.days} days x {args.rows_per_day} rows of synthetic Criteo logs in {raw}",
-                  flush=True)
+            print(
+                f"generating {args.days} days x {args.rows_per_day} rows of synthetic Criteo logs in {raw}", flush=True
+            )
             generate_days(str(raw), args.days, args.rows_per_day, seed=0, start_date=DEMO_START)
         _prefect_defaults(root)
         with _guarded(args):
             records = _demo_days(cfg, days)
     if len(records) > 1 or done:
         print("\nAll days:\n" + format_table(records))
-    print(f"\nOutputs under {root}: events/ quarantine/ vocab/ features/ runs/ models/{cfg.model_name}/\n"
-          f"Next: ctrpipe models list --preset demo --set root={root}")
+    print(
+        f"\nOutputs under {root}: events/ quarantine/ vocab/ features/ runs/ models/{cfg.model_name}/\n"
+        f"Next: ctrpipe models list --preset demo --set root={root}"
+    )
     return ExitCode.OK
 
 
@@ -276,9 +288,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from flows.cli.evaluate_file import evaluate_log
 
-    print(json.dumps(evaluate_log(cfg, args.model, args.input, args.format or cfg.input.format,
-                                  format_key="--format" if args.format else "input.format",
-                                  predictions_url=args.predictions)))
+    print(
+        json.dumps(
+            evaluate_log(
+                cfg,
+                args.model,
+                args.input,
+                args.format or cfg.input.format,
+                format_key="--format" if args.format else "input.format",
+                predictions_url=args.predictions,
+            )
+        )
+    )
     return ExitCode.OK
 
 
@@ -290,32 +311,50 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.action == "list":
         versions = reg.versions()
         if not versions:
-            print(f"no versions of model {cfg.model_name} under {cfg.layout().models()} (the config's root); "
-                  "point elsewhere with --config FILE, --set root=DIR, or --preset demo for ./demo-data",
-                  file=sys.stderr)
+            print(
+                f"no versions of model {cfg.model_name} under {cfg.layout().models()} (the config's root); "
+                "point elsewhere with --config FILE, --set root=DIR, or --preset demo for ./demo-data",
+                file=sys.stderr,
+            )
             return ExitCode.OK
         latest = reg.latest()
         for v in versions:
             info = reg.info(v)
             mark = "*" if v == latest else " "
             auc = info.metrics.get("auc")
-            print(f"{mark} {v}  {info.status:<9} {info.metrics.get('date', ''):<10} "
-                  f"auc={'-' if auc is None else f'{auc:.4f}'}  bytes={reg.version_bytes(v)}  "
-                  f"bundle={reg.bundle_bytes(v)}  {info.reason}".rstrip())
+            print(
+                f"{mark} {v}  {info.status:<9} {info.metrics.get('date', ''):<10} "
+                f"auc={'-' if auc is None else f'{auc:.4f}'}  bytes={reg.version_bytes(v)}  "
+                f"bundle={reg.bundle_bytes(v)}  {info.reason}".rstrip()
+            )
         return ExitCode.OK
     if args.action == "prune":
         return _models_prune(reg, cfg, dry_run=args.dry_run)
     if not args.version:
-        raise ValueError(f"models {args.action} needs a VERSION (v00003, latest or previous); see `ctrpipe models list`")
+        raise ValueError(
+            f"models {args.action} needs a VERSION (v00003, latest or previous); see `ctrpipe models list`"
+        )
     if args.action == "show":
         from flows.serving.export import bundle_sizes
 
         version = reg.resolve(args.version)
         info = reg.info(version)
-        print(json.dumps({"version": info.version, "status": info.status, "reason": info.reason,
-                          "created": info.created, "metrics": info.metrics, "bytes": reg.version_bytes(version),
-                          "bundle": bundle_sizes(reg.layout, version),
-                          "lineage": reg.read_json(version, "lineage.json")}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "version": info.version,
+                    "status": info.status,
+                    "reason": info.reason,
+                    "created": info.created,
+                    "metrics": info.metrics,
+                    "bytes": reg.version_bytes(version),
+                    "bundle": bundle_sizes(reg.layout, version),
+                    "lineage": reg.read_json(version, "lineage.json"),
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return ExitCode.OK
     before = reg.latest()
     version = reg.resolve(args.version)
@@ -351,8 +390,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     layout = _load(args).layout()
     version = ModelRegistry(layout).resolve(args.model)
     manifest = export_version(layout, version, args.out, delta_from=args.delta_from, dtype=args.dtype, onnx=args.onnx)
-    keys = ("version", "kind", "base_version", "rows", "table_rows", "evicted", "dtype", "bytes_total",
-            "registry_version_bytes", "dtype_auc")
+    keys = (
+        "version",
+        "kind",
+        "base_version",
+        "rows",
+        "table_rows",
+        "evicted",
+        "dtype",
+        "bytes_total",
+        "registry_version_bytes",
+        "dtype_auc",
+    )
     print(json.dumps({k: manifest.get(k) for k in keys} | {"out": args.out}, default=str))
     return ExitCode.OK
 
@@ -364,10 +413,17 @@ def cmd_score_server(args: argparse.Namespace) -> int:
     from flows.serving.server import ServeConfig, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ServeConfig(host=args.host, port=args.port, reload_every_s=args.reload_every,
-                         max_body_bytes=args.max_body_bytes, max_lines=args.max_lines,
-                         max_batch_rows=args.max_batch_rows, max_wait_ms=args.max_wait_ms,
-                         auth_token_env=args.auth_token_env, access_log=args.access_log)
+    config = ServeConfig(
+        host=args.host,
+        port=args.port,
+        reload_every_s=args.reload_every,
+        max_body_bytes=args.max_body_bytes,
+        max_lines=args.max_lines,
+        max_batch_rows=args.max_batch_rows,
+        max_wait_ms=args.max_wait_ms,
+        auth_token_env=args.auth_token_env,
+        access_log=args.access_log,
+    )
     if args.bundle:
         source = BundleSource(bundle_url=args.bundle, mmap=args.mmap)
     else:
@@ -387,8 +443,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     config = cfg.to_dict()
     if redacted(config) != config:
         raise ValueError("config holds credential-like values; put credentials in the environment, not in deployments")
-    ids = deploy_all(config, pool=args.pool, cron=args.cron, source=args.source or REPO, alerts=not args.no_alerts,
-                     create_pool=args.pool == DEFAULT_POOL)
+    ids = deploy_all(
+        config,
+        pool=args.pool,
+        cron=args.cron,
+        source=args.source or REPO,
+        alerts=not args.no_alerts,
+        create_pool=args.pool == DEFAULT_POOL,
+    )
     for name, dep_id in ids.items():
         print(f"deployed {name}: {dep_id}")
     print(f"config {config_digest(config)} is frozen into the deployments: after editing it, run deploy again")
@@ -408,9 +470,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_warm_node(args: argparse.Namespace) -> int:
     from flows.node.warm_node import warm_node
 
-    report = warm_node(args.spec, args.out, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
-                       my_addr=args.my_addr, all_addrs=args.all_addrs.split(","), warm=not args.skip_warm,
-                       env_file=args.env_file)
+    report = warm_node(
+        args.spec,
+        args.out,
+        nnodes=args.nnodes,
+        nproc_per_node=args.nproc_per_node,
+        my_addr=args.my_addr,
+        all_addrs=args.all_addrs.split(","),
+        warm=not args.skip_warm,
+        env_file=args.env_file,
+    )
     print(json.dumps(report, default=str))
     return ExitCode.OK
 
@@ -436,11 +505,21 @@ def format_table(records: list[Any]) -> str:
 
     shown = {Status.PUBLISHED: "yes", Status.REFUSED: "REFUSED", Status.CHECK_FAILED: "STOPPED"}
     head = ("date", "ingested", "quarant.", "vocab", "train", "eval", "AUC", "logloss", "published", "version")
-    rows = [head] + [(
-        r.date, str(r.rows_ingested), str(r.rows_quarantined), str(r.vocab_size), str(r.rows_train),
-        str(r.rows_eval), "-" if r.auc is None else f"{r.auc:.4f}", "-" if r.logloss is None else f"{r.logloss:.4f}",
-        shown.get(r.status, r.status), str(r.model_version or "-"),
-    ) for r in records]
+    rows = [head] + [
+        (
+            r.date,
+            str(r.rows_ingested),
+            str(r.rows_quarantined),
+            str(r.vocab_size),
+            str(r.rows_train),
+            str(r.rows_eval),
+            "-" if r.auc is None else f"{r.auc:.4f}",
+            "-" if r.logloss is None else f"{r.logloss:.4f}",
+            shown.get(r.status, r.status),
+            str(r.model_version or "-"),
+        )
+        for r in records
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

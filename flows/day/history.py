@@ -25,15 +25,21 @@ def plot_history(records: list[DayRecord]) -> bytes:
         values = [getattr(r, key) for r in records]
         ax.plot(dates, [v if v is not None else float("nan") for v in values], color="tab:blue", lw=1)
         for status, marker, color in ((Status.PUBLISHED, "o", "tab:green"), (Status.REFUSED, "x", "tab:red")):
-            pts = [(d, v) for d, v, r in zip(dates, values, records, strict=True) if r.status == status and v is not None]
+            pts = [
+                (d, v) for d, v, r in zip(dates, values, records, strict=True) if r.status == status and v is not None
+            ]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=status, zorder=3)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     wall = [r.wall_s / 60 for r in records]
     ax_wall.bar(dates, wall, color="tab:gray", label="wall")
-    ax_wall.bar(dates, [min(r.seconds.get("train", 0.0) / 60, w) for r, w in zip(records, wall, strict=True)],
-                color="tab:blue", label="train")
+    ax_wall.bar(
+        dates,
+        [min(r.seconds.get("train", 0.0) / 60, w) for r, w in zip(records, wall, strict=True)],
+        color="tab:blue",
+        label="train",
+    )
     ax_wall.set_ylabel("minutes")
     ax_wall.grid(alpha=0.3)
     ax_wall.legend(loc="upper left", fontsize=8)

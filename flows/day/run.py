@@ -151,7 +151,12 @@ class DayRun:
 
 
 def run_day(
-    cfg: RunConfig, date: str, *, force: bool = False, runner: Runner = call, slot: Slot = local_slot,
+    cfg: RunConfig,
+    date: str,
+    *,
+    force: bool = False,
+    runner: Runner = call,
+    slot: Slot = local_slot,
     called_at: float | None = None,
 ) -> DayRun:
     """Run every stage of `date` in order and write its record; see the module docstring.
@@ -167,8 +172,12 @@ def run_day(
     layout = cfg.layout()
     validate_date(date)
     if not force and (done := read_record(layout, date)) is not None and done.completed:
-        log.info("%s already completed (%s %s); nothing to do (--force or force=true redoes it)", date, done.status,
-                 done.model_version or "")
+        log.info(
+            "%s already completed (%s %s); nothing to do (--force or force=true redoes it)",
+            date,
+            done.status,
+            done.model_version or "",
+        )
         return DayRun(done, ran=False)
     _now.update(date=date, stage="(waiting for the date's lock)")
     with ExitStack() as day:
@@ -176,8 +185,12 @@ def run_day(
         with clock.part("day_wait"):
             day.enter_context(day_lock(layout, date, cfg.publish.lock_timeout_s, log=log))
         if not force and (done := read_record(layout, date)) is not None and done.completed:
-            log.info("%s completed meanwhile by the run this one waited for (%s %s); nothing to do", date, done.status,
-                     done.model_version or "")
+            log.info(
+                "%s completed meanwhile by the run this one waited for (%s %s); nothing to do",
+                date,
+                done.status,
+                done.model_version or "",
+            )
             return DayRun(done, ran=False)
         return _run_stages(cfg, date, force=force, runner=runner, slot=slot, clock=clock)
 
@@ -218,9 +231,19 @@ def _run_stages(cfg: RunConfig, date: str, *, force: bool, runner: Runner, slot:
             with clock.part("slot_release"):
                 held.close()
     except Exception as exc:
-        write_record(layout, DayRecord(date=date, completed=False, status=Status.FAILED, failed_stage=current,
-                                       reason=f"{type(exc).__name__}: {exc}", seconds=clock.seconds,
-                                       wall_s=clock.wall(), slot_wait_s=waited))
+        write_record(
+            layout,
+            DayRecord(
+                date=date,
+                completed=False,
+                status=Status.FAILED,
+                failed_stage=current,
+                reason=f"{type(exc).__name__}: {exc}",
+                seconds=clock.seconds,
+                wall_s=clock.wall(),
+                slot_wait_s=waited,
+            ),
+        )
         raise
     return _finish(layout, day_record(state, clock.seconds, clock.wall(), waited), clock)
 
@@ -238,30 +261,54 @@ def _data_fields(state: DayState) -> dict[str, Any]:
     """The record's fields that the data stages and the checks fill in."""
     ing, voc, enc, chk = state.ingest, state.vocab, state.encode, state.checks
     return {
-        "rows_read": ing.rows_read, "rows_ingested": ing.rows_written, "rows_quarantined": ing.rows_quarantined,
-        "vocab_size": voc.admitted, "rows_train": enc.rows_train, "rows_eval": enc.rows_eval,
-        "checks": [r.to_dict() for r in chk.report.results], "checks_note": chk.report.note,
-        "checks_window": list(chk.report.window), "data_stats": chk.stats,
+        "rows_read": ing.rows_read,
+        "rows_ingested": ing.rows_written,
+        "rows_quarantined": ing.rows_quarantined,
+        "vocab_size": voc.admitted,
+        "rows_train": enc.rows_train,
+        "rows_eval": enc.rows_eval,
+        "checks": [r.to_dict() for r in chk.report.results],
+        "checks_note": chk.report.note,
+        "checks_window": list(chk.report.window),
+        "data_stats": chk.stats,
     }
 
 
 def check_failed_record(state: DayState, seconds: dict[str, float], wall_s: float) -> DayRecord:
     """The record of a day a data check stopped before training."""
-    return DayRecord(date=state.date, completed=False, status=Status.CHECK_FAILED,
-                     reason=state.checks.report.reason(), seconds=dict(seconds), wall_s=wall_s,
-                     **_data_fields(state))
+    return DayRecord(
+        date=state.date,
+        completed=False,
+        status=Status.CHECK_FAILED,
+        reason=state.checks.report.reason(),
+        seconds=dict(seconds),
+        wall_s=wall_s,
+        **_data_fields(state),
+    )
 
 
 def day_record(state: DayState, seconds: dict[str, float], wall_s: float, slot_wait_s: float = 0.0) -> DayRecord:
     """The record of a run whose stages all finished."""
     warmed, trained, ev, pub = state.warm, state.train, state.evaluation, state.publish
     return DayRecord(
-        date=state.date, completed=True, status=Status.PUBLISHED if pub.published else Status.REFUSED, reason=pub.reason,
-        auc=ev.new.auc, logloss=ev.new.logloss,
+        date=state.date,
+        completed=True,
+        status=Status.PUBLISHED if pub.published else Status.REFUSED,
+        reason=pub.reason,
+        auc=ev.new.auc,
+        logloss=ev.new.logloss,
         published_auc=ev.published.auc if ev.published else None,
         next_day_auc=ev.next_day.auc if ev.next_day else None,
-        published=pub.published, model_version=pub.version, latest_version=pub.latest,
-        parent_version=trained.parent_version, train=trained.record(), warm=warmed.record(),
-        evaluate=ev.record(), seconds=dict(seconds), wall_s=wall_s,
-        gate=pub.checks, slot_wait_s=slot_wait_s, **_data_fields(state),
+        published=pub.published,
+        model_version=pub.version,
+        latest_version=pub.latest,
+        parent_version=trained.parent_version,
+        train=trained.record(),
+        warm=warmed.record(),
+        evaluate=ev.record(),
+        seconds=dict(seconds),
+        wall_s=wall_s,
+        gate=pub.checks,
+        slot_wait_s=slot_wait_s,
+        **_data_fields(state),
     )

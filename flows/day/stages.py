@@ -73,20 +73,23 @@ def _data_lock(cfg: RunConfig, state: DayState) -> AbstractContextManager[Any]:
 
 def ingest(cfg: RunConfig, state: DayState, *, client: Client) -> IngestResult:
     with _data_lock(cfg, state):
-        return ingest_date(state.date, layout=state.layout, input=cfg.input, ingest=cfg.ingest, client=client,
-                           force=state.force)
+        return ingest_date(
+            state.date, layout=state.layout, input=cfg.input, ingest=cfg.ingest, client=client, force=state.force
+        )
 
 
 def vocab(cfg: RunConfig, state: DayState, *, client: Client) -> VocabResult:
     with _data_lock(cfg, state):
-        return build_vocab(state.date, layout=state.layout, vocab=cfg.vocab, fmt=cfg.input.format, client=client,
-                           force=state.force)
+        return build_vocab(
+            state.date, layout=state.layout, vocab=cfg.vocab, fmt=cfg.input.format, client=client, force=state.force
+        )
 
 
 def encode(cfg: RunConfig, state: DayState, *, client: Client) -> EncodeResult:
     with _data_lock(cfg, state):
-        return encode_date(state.date, layout=state.layout, encode=cfg.encode, fmt=cfg.input.format, client=client,
-                           force=state.force)
+        return encode_date(
+            state.date, layout=state.layout, encode=cfg.encode, fmt=cfg.input.format, client=client, force=state.force
+        )
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -100,15 +103,23 @@ class ChecksOutcome:
     def summary(self) -> str:
         r = self.report
         bad = "; ".join(f"{c.name} {c.status.upper()}: {c.detail}" for c in (*r.failed, *r.warned))
-        return (f"checks: {len(r.results)} run against {len(r.window)} day(s), {len(r.failed)} failed, "
-                f"{len(r.warned)} warned" + (f"; {bad}" if bad else "") + (f" ({r.note})" if r.note else ""))
+        return (
+            f"checks: {len(r.results)} run against {len(r.window)} day(s), {len(r.failed)} failed, "
+            f"{len(r.warned)} warned" + (f"; {bad}" if bad else "") + (f" ({r.note})" if r.note else "")
+        )
 
 
 def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
     """The data checks of the day against the completed days of the trailing window (`flows.guards.data_checks`)."""
     ing, voc, enc = state.ingest, state.vocab, state.encode
-    stats = data_stats(rows_read=ing.rows_read, rows_quarantined=ing.rows_quarantined, rows_padded=ing.rows_padded,
-                       ingest_stats=ing.stats, day_fields=voc.day_fields, duplicate_share=enc.duplicate_share)
+    stats = data_stats(
+        rows_read=ing.rows_read,
+        rows_quarantined=ing.rows_quarantined,
+        rows_padded=ing.rows_padded,
+        ingest_stats=ing.stats,
+        day_fields=voc.day_fields,
+        duplicate_share=enc.duplicate_share,
+    )
     before = recent_records(state.layout, shift_date(state.date, -1), cfg.checks.window_days)
     window = [(r.date, r.data_stats) for r in before if r.completed and r.data_stats]
     report = run_checks(stats, window, cfg.checks)
@@ -136,13 +147,22 @@ class WarmResult:
         conv = f"; rows converted from {self.converted_from} to {self.row_format}" if self.converted_from else ""
         if self.warmed_by == "ranks":
             return f"warm: left to the ranks of {self.plan.world_size} (several nodes); {self.warm_start}{conv}"
-        return (f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored; "
-                f"{self.warm_start}{conv}")
+        return (
+            f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored; "
+            f"{self.warm_start}{conv}"
+        )
 
     def record(self) -> dict[str, Any]:
-        return {"warmed_by": self.warmed_by, "rows": self.rows, "shards_restored": self.shards_restored,
-                "published_version": self.plan.published_version, "token": self.plan.token,
-                "warm_start": self.warm_start, "row_format": self.row_format, "converted_from": self.converted_from}
+        return {
+            "warmed_by": self.warmed_by,
+            "rows": self.rows,
+            "shards_restored": self.shards_restored,
+            "published_version": self.plan.published_version,
+            "token": self.plan.token,
+            "warm_start": self.warm_start,
+            "row_format": self.row_format,
+            "converted_from": self.converted_from,
+        }
 
 
 def warm(cfg: RunConfig, state: DayState) -> WarmResult:
@@ -154,11 +174,14 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     published, world = state.published, resolve_world(cfg.trainer).world_size
     vocab_files, features = state.vocab.url, state.encode.url
     plan = WarmPlan(
-        date=state.date, world_size=world, sparse_optimizer=cfg.optim.sparse_optimizer,
+        date=state.date,
+        world_size=world,
+        sparse_optimizer=cfg.optim.sparse_optimizer,
         published_version=published.version if published else None,
         snapshot_url=fsio.join(published.url, SPARSE) if published else None,
         snapshot_tag=published.meta.run_tag if published else None,
-        evict_url=fsio.join(vocab_files, EVICTED_FILE), working_set_url=fsio.join(features, WORKING_SET_FILE),
+        evict_url=fsio.join(vocab_files, EVICTED_FILE),
+        working_set_url=fsio.join(features, WORKING_SET_FILE),
     )
     how = "cold: no published model"
     if published:
@@ -173,9 +196,16 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     if cfg.trainer.nnodes > 1:
         return WarmResult(plan, "ranks", how, row_format=fmt.name, converted_from=converted_from)
     report = warm_plan_shards(plan, state.layout.node, list(range(world)), cfg.store, state.layout.storage_options)
-    return WarmResult(plan, "flow", how, rows=report["rows"], seconds=report["seconds"],
-                      shards_restored=sum(r["restored"] for r in report["ranks"]), row_format=fmt.name,
-                      converted_from=converted_from)
+    return WarmResult(
+        plan,
+        "flow",
+        how,
+        rows=report["rows"],
+        seconds=report["seconds"],
+        shards_restored=sum(r["restored"] for r in report["ranks"]),
+        row_format=fmt.name,
+        converted_from=converted_from,
+    )
 
 
 # ---- train ------------------------------------------------------------------------------------
@@ -200,12 +230,24 @@ class TrainOutcome:
 
     def record(self) -> dict[str, Any]:
         r, t = self.result, self.result.train
-        return {"steps": t.steps, "examples": t.examples, "final_loss": t.final_loss, "mean_loss": t.mean_loss,
-                "examples_per_s": t.examples_per_s, "world_size": t.world_size, "wall_s": r.wall_s,
-                "backend": t.backend, "device": t.device,
-                "model_url": r.model_url, "parent_version": self.parent_version, "warm_start": self.warm_start,
-                "run_tag": self.run_tag, "recipe": self.recipe.record(), "parent_eval": self.parent_eval.record(),
-                "companion": r.meta.companion}
+        return {
+            "steps": t.steps,
+            "examples": t.examples,
+            "final_loss": t.final_loss,
+            "mean_loss": t.mean_loss,
+            "examples_per_s": t.examples_per_s,
+            "world_size": t.world_size,
+            "wall_s": r.wall_s,
+            "backend": t.backend,
+            "device": t.device,
+            "model_url": r.model_url,
+            "parent_version": self.parent_version,
+            "warm_start": self.warm_start,
+            "run_tag": self.run_tag,
+            "recipe": self.recipe.record(),
+            "parent_eval": self.parent_eval.record(),
+            "companion": r.meta.companion,
+        }
 
 
 @dataclass(frozen=True)
@@ -224,20 +266,45 @@ def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
     layout, published, warmed = state.layout, state.published, state.warm
     encoded = state.encode
     world = resolve_world(cfg.trainer)
-    carry = parent_eval(enabled=cfg.optim.train_parent_eval, date=state.date, features_url=encoded.url,
-                        published=published, evicted_url=warmed.plan.evict_url, storage_options=cfg.storage_options)
-    recipe = day_recipe(cfg.optim, cfg.model, cfg.store, rows=encoded.rows_train + carry.rows, features_url=encoded.url,
-                        published=published, world_size=world.world_size, storage_options=cfg.storage_options,
-                        device="cuda" if uses_cuda(world, visible_gpus()) else "cpu")
+    carry = parent_eval(
+        enabled=cfg.optim.train_parent_eval,
+        date=state.date,
+        features_url=encoded.url,
+        published=published,
+        evicted_url=warmed.plan.evict_url,
+        storage_options=cfg.storage_options,
+    )
+    recipe = day_recipe(
+        cfg.optim,
+        cfg.model,
+        cfg.store,
+        rows=encoded.rows_train + carry.rows,
+        features_url=encoded.url,
+        published=published,
+        world_size=world.world_size,
+        storage_options=cfg.storage_options,
+        device="cuda" if uses_cuda(world, visible_gpus()) else "cpu",
+    )
     dense_ok = published is not None and warm_start(published.meta, cfg.model, cfg.store).dense
     spec = TrainSpec(
-        features_url=encoded.url, output_url=layout.run_model(state.date),
-        init_model_url=published.url if dense_ok and published else None, local_dir=layout.local_dir,
-        model_name=cfg.model_name, storage_options=cfg.storage_options, store=cfg.store, model=recipe.model,
-        optim=recipe.optim, het=cfg.het, trainer=world, run_tag="", vocab_date=state.date,
+        features_url=encoded.url,
+        output_url=layout.run_model(state.date),
+        init_model_url=published.url if dense_ok and published else None,
+        local_dir=layout.local_dir,
+        model_name=cfg.model_name,
+        storage_options=cfg.storage_options,
+        store=cfg.store,
+        model=recipe.model,
+        optim=recipe.optim,
+        het=cfg.het,
+        trainer=world,
+        run_tag="",
+        vocab_date=state.date,
         features_id=encoded.run_id,
         checkpoint_url=layout.run_checkpoints(state.date) if cfg.trainer.checkpoint_every else None,
-        warm=warmed.plan, carried=carry.carried, recipe=recipe.record(),
+        warm=warmed.plan,
+        carried=carry.carried,
+        recipe=recipe.record(),
     )
     return TrainPlan(spec.with_run_tag(state.date, published.version if published else None), recipe, carry)
 
@@ -252,8 +319,9 @@ def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
     spec = plan.spec
     result = None if state.force else committed_candidate(spec)
     if result is None:
-        result = run_training(spec, work_dir=state.layout.node.work_dir(state.date),
-                              spec_copy_url=state.layout.run_train_spec(state.date))
+        result = run_training(
+            spec, work_dir=state.layout.node.work_dir(state.date), spec_copy_url=state.layout.run_train_spec(state.date)
+        )
     parent = state.published.version if state.published else None
     return TrainOutcome(result, parent, state.warm.warm_start, spec.run_tag, plan.recipe, plan.parent_eval)
 
@@ -273,9 +341,15 @@ def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
     next-day AUC, and the per-value AUCs of the gate's slice and GAUC fields (`flows.guards.evaluation`)."""
     fields = get_schema(cfg.input.format).categorical
     groups = {key_column(fields.index(name)): name for name in cfg.publish.group_fields()}
-    return evaluate_day(cfg.evaluate, date=state.date, features_url=state.encode.url,
-                        candidate_url=state.train.result.model_url, published=state.published,
-                        storage_options=cfg.storage_options, groups=groups)
+    return evaluate_day(
+        cfg.evaluate,
+        date=state.date,
+        features_url=state.encode.url,
+        candidate_url=state.train.result.model_url,
+        published=state.published,
+        storage_options=cfg.storage_options,
+        groups=groups,
+    )
 
 
 # ---- publish ----------------------------------------------------------------------------------
@@ -307,8 +381,11 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
         "dates_trained": [state.date],
         "parent_version": trained.parent_version,
         "inputs": ingested.inputs,
-        "ingest": {"rows_read": ingested.rows_read, "rows_written": ingested.rows_written,
-                   "rows_quarantined": ingested.rows_quarantined},
+        "ingest": {
+            "rows_read": ingested.rows_read,
+            "rows_written": ingested.rows_written,
+            "rows_quarantined": ingested.rows_quarantined,
+        },
         "vocab_date": state.date,
         "run_tag": trained.run_tag,
         "checks": [r.to_dict() for r in state.checks.report.results],
@@ -327,12 +404,19 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     """
     ev, published, trained = state.evaluation, state.published, state.train
     new = Scores(ev.new, ev.new_groups, trained_through=state.date)
-    before = Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date) \
-        if ev.published and published else None
+    before = (
+        Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date)
+        if ev.published and published
+        else None
+    )
     decision = gate(new, before, cfg.publish, versus=ev.versus, versus_groups=ev.versus_groups)
     metrics = {
-        "date": state.date, "auc": ev.new.auc, "logloss": ev.new.logloss, "rows": ev.new.rows,
-        "mean_prediction": ev.new.mean_prediction, "click_rate": ev.new.click_rate,
+        "date": state.date,
+        "auc": ev.new.auc,
+        "logloss": ev.new.logloss,
+        "rows": ev.new.rows,
+        "mean_prediction": ev.new.mean_prediction,
+        "click_rate": ev.new.click_rate,
         "calibration": ev.new.calibration,
         "published_auc_same_rows": ev.published.auc if ev.published else None,
         "published_logloss_same_rows": ev.published.logloss if ev.published else None,
@@ -343,8 +427,12 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     version = None if state.force else registry.find(trained.run_tag)
     if version is None:
         version = registry.add_version(
-            trained.result.model_url, metrics=metrics, lineage=lineage(cfg, state), run_tag=trained.run_tag,
-            status="candidate" if decision.publish else "refused", reason="" if decision.publish else decision.reason,
+            trained.result.model_url,
+            metrics=metrics,
+            lineage=lineage(cfg, state),
+            run_tag=trained.run_tag,
+            status="candidate" if decision.publish else "refused",
+            reason="" if decision.publish else decision.reason,
         )
     bundles = None
     if decision.publish:  # bundles first: a version that cannot be served is not published

@@ -82,8 +82,15 @@ class ChecksConfig:
                 f"checks.min_volume_ratio ({self.min_volume_ratio}) must be in [0, 1] and checks.max_volume_ratio "
                 f"({self.max_volume_ratio}) >= 1"
             )
-        for name in ("max_ctr_change", "max_missing_increase", "max_padded_share", "max_duplicate_share",
-                     "max_quarantined_increase", "max_psi", "max_oov_increase"):
+        for name in (
+            "max_ctr_change",
+            "max_missing_increase",
+            "max_padded_share",
+            "max_duplicate_share",
+            "max_quarantined_increase",
+            "max_psi",
+            "max_oov_increase",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"checks.{name} must be >= 0, got {getattr(self, name)}")
 

@@ -21,8 +21,9 @@ SERIES = (
 _COLORS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red"}
 
 
-def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]],
-                report: CheckReport) -> bytes:
+def plot_checks(
+    date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]], report: CheckReport
+) -> bytes:
     """PNG bytes: one panel per series, the window's days as a line, the day as a dot coloured by its check."""
     import matplotlib
 
@@ -35,8 +36,14 @@ def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, di
     for ax, (title, check, value) in zip(axes.ravel(), SERIES, strict=True):
         values = [value(s) for _, s in window] + [value(today)]
         ax.plot(days, values, color="tab:blue", lw=1, marker=".")
-        ax.scatter([date], [values[-1]], s=60, zorder=3, color=_COLORS.get(status.get(check, ""), "tab:gray"),
-                   label=status.get(check, "not run"))
+        ax.scatter(
+            [date],
+            [values[-1]],
+            s=60,
+            zorder=3,
+            color=_COLORS.get(status.get(check, ""), "tab:gray"),
+            label=status.get(check, "not run"),
+        )
         ax.set_title(title, fontsize=9)
         ax.legend(loc="best", fontsize=7)
         ax.tick_params(axis="x", rotation=45, labelsize=6)
@@ -45,8 +52,9 @@ def plot_checks(date: str, today: dict[str, Any], window: Sequence[tuple[str, di
     return figure_png(fig, dpi=80)
 
 
-def write_checks_png(layout: Layout, date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]],
-                     report: CheckReport) -> str:
+def write_checks_png(
+    layout: Layout, date: str, today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]], report: CheckReport
+) -> str:
     """Write `checks.png` of the day's run; returns its URL."""
     fs, path = layout.fs(layout.run_checks_chart(date))
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

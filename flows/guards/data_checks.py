@@ -26,8 +26,13 @@ _PSI_FLOOR = 1e-4
 
 
 def data_stats(
-    *, rows_read: int, rows_quarantined: int, rows_padded: int, ingest_stats: dict[str, Any],
-    day_fields: Sequence[dict], duplicate_share: float,
+    *,
+    rows_read: int,
+    rows_quarantined: int,
+    rows_padded: int,
+    ingest_stats: dict[str, Any],
+    day_fields: Sequence[dict],
+    duplicate_share: float,
 ) -> dict[str, Any]:
     """The day's checked series (JSON data) from the ingest manifest's counts, the vocabulary's
     `day_fields` and encode's duplicate share."""
@@ -89,18 +94,31 @@ def run_checks(today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]
     found["duplicates"] = _at_most(today["duplicate_share"], cfg.max_duplicate_share, "of rows copy another row")
     ctr = today["click_rate"]
     if ctr in (0.0, 1.0):
-        found["click_rate"] = (True, ctr, [0.0, 1.0], f"click rate is {ctr:g}: every label is {int(ctr)}, "
-                               "AUC is undefined")
+        found["click_rate"] = (
+            True,
+            ctr,
+            [0.0, 1.0],
+            f"click rate is {ctr:g}: every label is {int(ctr)}, AUC is undefined",
+        )
     if relative:
         found["volume"] = _volume(today, past, cfg)
         found.setdefault("click_rate", _ctr_change(ctr, past, cfg))
-        found["missing_rate"] = _worst_rise(today["missing"], [p["missing"] for p in past], cfg.max_missing_increase,
-                                            "missing share")
-        found["quarantined"] = _rise(today["quarantined_share"], [p["quarantined_share"] for p in past],
-                                     cfg.max_quarantined_increase, "quarantined share")
+        found["missing_rate"] = _worst_rise(
+            today["missing"], [p["missing"] for p in past], cfg.max_missing_increase, "missing share"
+        )
+        found["quarantined"] = _rise(
+            today["quarantined_share"],
+            [p["quarantined_share"] for p in past],
+            cfg.max_quarantined_increase,
+            "quarantined share",
+        )
         found["psi"] = _psi_check(today["dense_hist"], [p["dense_hist"] for p in past], cfg.max_psi)
-        found["oov_rate"] = _worst_rise(today["oov"], [p["oov"] for p in past], cfg.max_oov_increase,
-                                        "share of values new to the previous vocabulary")
+        found["oov_rate"] = _worst_rise(
+            today["oov"],
+            [p["oov"] for p in past],
+            cfg.max_oov_increase,
+            "share of values new to the previous vocabulary",
+        )
         found["distinct_keys"] = _distinct(today["distinct"], [p["distinct"] for p in past], cfg)
     results = []
     for name in CHECKS:
@@ -112,8 +130,10 @@ def run_checks(today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]
     off = [n for n in CHECKS if cfg.action(n) == "off"]
     notes = []
     if not relative:
-        notes.append(f"only the absolute checks ran: {len(past)} completed day(s) in the {cfg.window_days} days "
-                     f"before, the others need {MIN_WINDOW}")
+        notes.append(
+            f"only the absolute checks ran: {len(past)} completed day(s) in the {cfg.window_days} days "
+            f"before, the others need {MIN_WINDOW}"
+        )
     if off:
         notes.append(f"off: {', '.join(off)}")
     return CheckReport(tuple(results), tuple(d for d, _ in window), "; ".join(notes))
@@ -140,15 +160,25 @@ def _volume(today: dict, past: list[dict], cfg: ChecksConfig) -> tuple[bool, flo
     median = statistics.median(p["rows_read"] for p in past)
     ratio = today["rows_read"] / median if median else math.inf
     bounds = [cfg.min_volume_ratio, cfg.max_volume_ratio]
-    return (not bounds[0] <= ratio <= bounds[1], ratio, bounds,
-            f"{today['rows_read']} rows read, {ratio:.2f}x the window's median {median:g} (allowed {bounds[0]}x..{bounds[1]}x)")
+    return (
+        not bounds[0] <= ratio <= bounds[1],
+        ratio,
+        bounds,
+        f"{today['rows_read']} rows read, {ratio:.2f}x the window's median {median:g}"
+        f" (allowed {bounds[0]}x..{bounds[1]}x)",
+    )
 
 
 def _ctr_change(ctr: float, past: list[dict], cfg: ChecksConfig) -> tuple[bool, float, float, str]:
     median = statistics.median(p["click_rate"] for p in past)
     change = abs(ctr - median) / median if median else math.inf
-    return (change > cfg.max_ctr_change, change, cfg.max_ctr_change,
-            f"click rate {ctr:.4f} vs the window's median {median:.4f}: {change:.0%} change (limit {cfg.max_ctr_change:.0%})")
+    return (
+        change > cfg.max_ctr_change,
+        change,
+        cfg.max_ctr_change,
+        f"click rate {ctr:.4f} vs the window's median {median:.4f}: {change:.0%} change"
+        f" (limit {cfg.max_ctr_change:.0%})",
+    )
 
 
 def _rise(value: float, past: list[float], limit: float, what: str) -> tuple[bool, float, float, str]:
@@ -157,20 +187,28 @@ def _rise(value: float, past: list[float], limit: float, what: str) -> tuple[boo
     return rise > limit, rise, limit, f"{what} {value:.2%} vs the window's median {median:.2%} (limit +{limit:.2%})"
 
 
-def _worst_rise(today: dict[str, float], past: list[dict[str, float]], limit: float,
-                what: str) -> tuple[bool, float, float, str]:
+def _worst_rise(
+    today: dict[str, float], past: list[dict[str, float]], limit: float, what: str
+) -> tuple[bool, float, float, str]:
     rises = {k: v - statistics.median(p.get(k, v) for p in past) for k, v in today.items()}
     if not rises:
         return False, 0.0, limit, "no fields"
     over = sorted((k for k, r in rises.items() if r > limit), key=lambda k: -rises[k])
     worst = max(rises, key=lambda k: rises[k])
     if over:
-        return True, rises[worst], limit, f"{what} rose by more than {limit:.0%} in {', '.join(over)} " \
-                                           f"({worst}: {today[worst]:.2%}, {rises[worst]:+.2%})"
+        return (
+            True,
+            rises[worst],
+            limit,
+            f"{what} rose by more than {limit:.0%} in {', '.join(over)} "
+            f"({worst}: {today[worst]:.2%}, {rises[worst]:+.2%})",
+        )
     return False, rises[worst], limit, f"largest rise of the {what}: {worst} {rises[worst]:+.2%} (limit +{limit:.0%})"
 
 
-def _psi_check(today: dict[str, list[int]], past: list[dict[str, list[int]]], limit: float) -> tuple[bool, float, float, str]:
+def _psi_check(
+    today: dict[str, list[int]], past: list[dict[str, list[int]]], limit: float
+) -> tuple[bool, float, float, str]:
     values = {}
     for name, hist in today.items():
         baseline = [sum(b) for b in zip(*(p[name] for p in past if name in p), strict=True)] if past else []
@@ -185,7 +223,9 @@ def _psi_check(today: dict[str, list[int]], past: list[dict[str, list[int]]], li
     return False, values[worst], limit, f"largest PSI: {worst} {values[worst]:.3f} (limit {limit})"
 
 
-def _distinct(today: dict[str, int], past: list[dict[str, int]], cfg: ChecksConfig) -> tuple[bool, float, list[float], str]:
+def _distinct(
+    today: dict[str, int], past: list[dict[str, int]], cfg: ChecksConfig
+) -> tuple[bool, float, list[float], str]:
     bounds = [cfg.min_volume_ratio, cfg.max_volume_ratio]
     ratios = {}
     for k, v in today.items():
@@ -196,5 +236,8 @@ def _distinct(today: dict[str, int], past: list[dict[str, int]], cfg: ChecksConf
         return False, 1.0, bounds, "no fields"
     worst = max(ratios, key=lambda k: max(ratios[k], 1 / ratios[k] if ratios[k] else math.inf))
     over = [k for k, r in ratios.items() if not bounds[0] <= r <= bounds[1]]
-    detail = f"distinct keys of the day vs the window's median: {worst} {ratios[worst]:.2f}x (allowed {bounds[0]}x..{bounds[1]}x)"
+    detail = (
+        f"distinct keys of the day vs the window's median: {worst} {ratios[worst]:.2f}x"
+        f" (allowed {bounds[0]}x..{bounds[1]}x)"
+    )
     return bool(over), ratios[worst], bounds, (f"outside in {', '.join(over)}; " if over else "") + detail

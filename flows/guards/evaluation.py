@@ -80,8 +80,14 @@ class NextDay:
 
     def record(self) -> dict[str, Any]:
         lo, hi = self.ci95
-        return {"auc": self.auc, "auc_se": self.auc_se, "auc_ci95": [lo, hi], "rows": self.metrics.rows,
-                "of_rows": self.of_rows, "seed": self.seed}
+        return {
+            "auc": self.auc,
+            "auc_se": self.auc_se,
+            "auc_ci95": [lo, hi],
+            "rows": self.metrics.rows,
+            "of_rows": self.of_rows,
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True)
@@ -116,8 +122,10 @@ class Evaluation:
         if self.next_day:
             lo, hi = self.next_day.ci95
             pub += f", next-day {self.next_day.auc:.4f} [{lo:.4f}, {hi:.4f}] on {self.next_day.metrics.rows} rows"
-        return (f"evaluate: AUC {self.new.auc:.4f} logloss {self.new.logloss:.4f} on {self.new.rows} rows{pub}; "
-                f"{self.rows_per_s:,.0f} rows/s")
+        return (
+            f"evaluate: AUC {self.new.auc:.4f} logloss {self.new.logloss:.4f} on {self.new.rows} rows{pub}; "
+            f"{self.rows_per_s:,.0f} rows/s"
+        )
 
     @property
     def rows_per_s(self) -> float:
@@ -125,9 +133,14 @@ class Evaluation:
 
     def record(self) -> dict[str, Any]:
         """The stage's scalar results for metrics.json: its rate beside the trainer's examples/s."""
-        return {"rows_scored": self.rows_scored, "rows_per_s": self.rows_per_s, "seconds": self.seconds,
-                "threads": self.threads, "next_day": self.next_day.record() if self.next_day else None,
-                "versus_published": _finite(asdict(self.versus)) if self.versus else None}
+        return {
+            "rows_scored": self.rows_scored,
+            "rows_per_s": self.rows_per_s,
+            "seconds": self.seconds,
+            "threads": self.threads,
+            "next_day": self.next_day.record() if self.next_day else None,
+            "versus_published": _finite(asdict(self.versus)) if self.versus else None,
+        }
 
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:
@@ -136,8 +149,14 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate_day(
-    cfg: EvaluateConfig, *, date: str, features_url: str, candidate_url: str, published: Published | None,
-    storage_options: dict | None = None, groups: dict[str, str] | None = None,
+    cfg: EvaluateConfig,
+    *,
+    date: str,
+    features_url: str,
+    candidate_url: str,
+    published: Published | None,
+    storage_options: dict | None = None,
+    groups: dict[str, str] | None = None,
 ) -> Evaluation:
     """The candidate and the published model on the day's eval rows, and the published model's next-day AUC.
 
@@ -170,16 +189,22 @@ def evaluate_day(
         models.append(old)
     eval_rows = read_split(fsio.join(features_url, "eval"), feature_columns(models), storage_options)
     groups = groups or {}
-    on_eval = evaluate_together(models, eval_rows, batch_size=cfg.batch_size, threads=threads, groups=tuple(groups),
-                                paired=len(models) > 1)
+    on_eval = evaluate_together(
+        models, eval_rows, batch_size=cfg.batch_size, threads=threads, groups=tuple(groups), paired=len(models) > 1
+    )
     by_field = [{groups[c]: g for c, g in scored.groups.items()} for scored in on_eval]
     new = EvalMetrics.of(on_eval[0].result())
     scored = new.rows * len(models)
     if not published:
         return Evaluation(new, None, None, None, scored, time.perf_counter() - t0, threads, by_field[0])
     old = models[1]
-    sample = sample_rows(fsio.join(features_url, "train"), feature_columns([old]), cfg.next_day_rows,
-                         seed=[cfg.seed, int(date.replace("-", ""))], storage_options=storage_options)
+    sample = sample_rows(
+        fsio.join(features_url, "train"),
+        feature_columns([old]),
+        cfg.next_day_rows,
+        seed=[cfg.seed, int(date.replace("-", ""))],
+        storage_options=storage_options,
+    )
     (seen,) = evaluate_together([old], [sample.frame], batch_size=cfg.batch_size, threads=threads)
     try:
         se = seen.auc.standard_error()
@@ -187,8 +212,21 @@ def evaluate_day(
         se = float("nan")
     next_day = NextDay(EvalMetrics.of(seen.result()), se, sample.of_rows, cfg.seed)
     versus = on_eval[1].versus_first
-    versus_groups = {groups[c]: {v.item(): float(e) for v, e in zip(on_eval[1].groups[c].values, se, strict=True)}
-                     for c, se in on_eval[1].group_se_versus_first.items()}
-    return Evaluation(new, EvalMetrics.of(on_eval[1].result()), next_day, published.version,
-                      scored + sample.rows, time.perf_counter() - t0, threads, by_field[0], by_field[1], versus,
-                      versus_groups, left_out)
+    versus_groups = {
+        groups[c]: {v.item(): float(e) for v, e in zip(on_eval[1].groups[c].values, se, strict=True)}
+        for c, se in on_eval[1].group_se_versus_first.items()
+    }
+    return Evaluation(
+        new,
+        EvalMetrics.of(on_eval[1].result()),
+        next_day,
+        published.version,
+        scored + sample.rows,
+        time.perf_counter() - t0,
+        threads,
+        by_field[0],
+        by_field[1],
+        versus,
+        versus_groups,
+        left_out,
+    )

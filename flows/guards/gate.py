@@ -147,8 +147,14 @@ class GateDecision:
         return [c.to_dict() for c in self.checks]
 
 
-def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: Difference | None = None,
-         versus_groups: dict[str, dict[Any, float]] | None = None) -> GateDecision:
+def gate(
+    new: Scores,
+    published: Scores | None,
+    cfg: PublishConfig,
+    *,
+    versus: Difference | None = None,
+    versus_groups: dict[str, dict[Any, float]] | None = None,
+) -> GateDecision:
     """Decide whether the candidate may replace the published model; the reason is recorded either way.
 
     `versus`: the candidate minus the published model row by row on the same eval rows
@@ -163,22 +169,40 @@ def gate(new: Scores, published: Scores | None, cfg: PublishConfig, *, versus: D
         bad = GateCheck("finite", False, None, None, f"candidate metrics are not finite (auc={auc}, logloss={loss})")
         return GateDecision(False, bad.detail, (bad,))
     checks = [
-        _check("eval_rows", m.rows >= cfg.min_eval_rows, m.rows, cfg.min_eval_rows,
-                  f"eval set has {m.rows} rows, fewer than publish.min_eval_rows={cfg.min_eval_rows}"),
-        _check("min_auc", auc >= cfg.min_auc, auc, cfg.min_auc,
-                  f"AUC {auc:.4f} is below publish.min_auc={cfg.min_auc}"),
+        _check(
+            "eval_rows",
+            m.rows >= cfg.min_eval_rows,
+            m.rows,
+            cfg.min_eval_rows,
+            f"eval set has {m.rows} rows, fewer than publish.min_eval_rows={cfg.min_eval_rows}",
+        ),
+        _check(
+            "min_auc", auc >= cfg.min_auc, auc, cfg.min_auc, f"AUC {auc:.4f} is below publish.min_auc={cfg.min_auc}"
+        ),
         _calibration(m, cfg),
     ]
     if published is not None:
         checks.append(_dates(new, published, cfg))
         p = published.metrics
         checks += [
-            _difference("auc_drop", p.auc - auc, versus.auc_se if versus else None, cfg.max_auc_drop, cfg,
-                        f"AUC {auc:.4f} is {{value:.4f}} below the published model's {p.auc:.4f} on the same rows "
-                        f"(publish.max_auc_drop={cfg.max_auc_drop}"),
-            _difference("logloss", loss - p.logloss, versus.logloss_se if versus else None, cfg.max_logloss_increase,
-                        cfg, f"logloss {loss:.4f} is {{value:.4f}} above the published model's {p.logloss:.4f} "
-                        f"(publish.max_logloss_increase={cfg.max_logloss_increase}"),
+            _difference(
+                "auc_drop",
+                p.auc - auc,
+                versus.auc_se if versus else None,
+                cfg.max_auc_drop,
+                cfg,
+                f"AUC {auc:.4f} is {{value:.4f}} below the published model's {p.auc:.4f} on the same rows "
+                f"(publish.max_auc_drop={cfg.max_auc_drop}",
+            ),
+            _difference(
+                "logloss",
+                loss - p.logloss,
+                versus.logloss_se if versus else None,
+                cfg.max_logloss_increase,
+                cfg,
+                f"logloss {loss:.4f} is {{value:.4f}} above the published model's {p.logloss:.4f} "
+                f"(publish.max_logloss_increase={cfg.max_logloss_increase}",
+            ),
         ]
         paired = versus_groups or {}
         checks += [_slices(name, new, published, cfg, paired.get(name, {})) for name in cfg.slice_fields]
@@ -200,15 +224,24 @@ def _noise(cfg: PublishConfig, se: float | None) -> float:
 def _noise_text(cfg: PublishConfig, value: float, noise: float) -> str:
     if not noise:
         return ""
-    return (f", {cfg.noise_sds:g} standard errors of the difference on these rows = {noise:.4f}: "
-            f"[{value - noise:.4f}, {value + noise:.4f}]")
+    return (
+        f", {cfg.noise_sds:g} standard errors of the difference on these rows = {noise:.4f}: "
+        f"[{value - noise:.4f}, {value + noise:.4f}]"
+    )
 
 
-def _check(name: str, passed: bool, value: Any, threshold: Any, why: str,
-           interval: tuple[float, float] | None = None) -> GateCheck:
+def _check(
+    name: str, passed: bool, value: Any, threshold: Any, why: str, interval: tuple[float, float] | None = None
+) -> GateCheck:
     """A check whose detail says why it refuses, or `ok`."""
-    return GateCheck(name, passed, value, threshold, "ok" if passed else why,
-                     None if interval is None else [float(interval[0]), float(interval[1])])
+    return GateCheck(
+        name,
+        passed,
+        value,
+        threshold,
+        "ok" if passed else why,
+        None if interval is None else [float(interval[0]), float(interval[1])],
+    )
 
 
 def _difference(name: str, value: float, se: float | None, limit: float, cfg: PublishConfig, why: str) -> GateCheck:
@@ -216,8 +249,14 @@ def _difference(name: str, value: float, se: float | None, limit: float, cfg: Pu
     formatted with the value and closed with the noise's interval."""
     noise = _noise(cfg, se)
     threshold = max(limit, noise)
-    return _check(name, value <= threshold, value, threshold, why.format(value=value) +
-                  _noise_text(cfg, value, noise) + ")", (value - noise, value + noise) if noise else None)
+    return _check(
+        name,
+        value <= threshold,
+        value,
+        threshold,
+        why.format(value=value) + _noise_text(cfg, value, noise) + ")",
+        (value - noise, value + noise) if noise else None,
+    )
 
 
 def _calibration(m: EvalMetrics, cfg: PublishConfig) -> GateCheck:
@@ -226,50 +265,80 @@ def _calibration(m: EvalMetrics, cfg: PublishConfig) -> GateCheck:
     low, high = cfg.calibration_range
     lo, hi = calibration_interval(m, cfg.noise_sds)
     ok = math.isfinite(m.calibration) and hi >= low and lo <= high
-    noise = (f" [{lo:.3f}, {hi:.3f}] at {cfg.noise_sds:g} sd of the click rate ({click_rate_sd(m):.4f} on "
-             f"{m.rows} rows, {round(m.click_rate * m.rows)} clicks)" if cfg.noise_sds else "")
-    return _check("calibration", ok, m.calibration, list(cfg.calibration_range),
-                  f"calibration (mean prediction {m.mean_prediction:.4f} / click rate {m.click_rate:.4f}) is "
-                  f"{m.calibration:.3f}{noise}, outside publish.calibration_range=[{low}, {high}]",
-                  (lo, hi) if cfg.noise_sds and math.isfinite(lo) else None)
+    noise = (
+        f" [{lo:.3f}, {hi:.3f}] at {cfg.noise_sds:g} sd of the click rate ({click_rate_sd(m):.4f} on "
+        f"{m.rows} rows, {round(m.click_rate * m.rows)} clicks)"
+        if cfg.noise_sds
+        else ""
+    )
+    return _check(
+        "calibration",
+        ok,
+        m.calibration,
+        list(cfg.calibration_range),
+        f"calibration (mean prediction {m.mean_prediction:.4f} / click rate {m.click_rate:.4f}) is "
+        f"{m.calibration:.3f}{noise}, outside publish.calibration_range=[{low}, {high}]",
+        (lo, hi) if cfg.noise_sds and math.isfinite(lo) else None,
+    )
 
 
 def _dates(new: Scores, published: Scores, cfg: PublishConfig) -> GateCheck:
     latest, date = published.trained_through, new.trained_through
     older = latest is not None and date is not None and date < latest
-    return _check("dates", not older or cfg.allow_older, date, latest,
-                     f"older than LATEST (trained through {latest}); pass --allow-older (publish.allow_older) "
-                     "to publish it anyway")
+    return _check(
+        "dates",
+        not older or cfg.allow_older,
+        date,
+        latest,
+        f"older than LATEST (trained through {latest}); pass --allow-older (publish.allow_older) to publish it anyway",
+    )
 
 
 def _slices(name: str, new: Scores, published: Scores, cfg: PublishConfig, paired: dict[Any, float]) -> GateCheck:
     mine, theirs = new.groups[name], published.groups[name]
     big_mine, big_theirs = mine.slices(cfg.min_slice_rows), theirs.slices(cfg.min_slice_rows)
     se = _difference_se(mine, theirs, paired)
-    drops = {v: big_theirs[v][1] - a for v, (_, a) in big_mine.items()
-             if v in big_theirs and math.isfinite(a) and math.isfinite(big_theirs[v][1])}
+    drops = {
+        v: big_theirs[v][1] - a
+        for v, (_, a) in big_mine.items()
+        if v in big_theirs and math.isfinite(a) and math.isfinite(big_theirs[v][1])
+    }
     noise = {v: _noise(cfg, se[v]) for v in drops}
     limit = {v: max(cfg.max_slice_auc_drop, noise[v]) for v in drops}
     worst = max(drops, key=lambda v: drops[v] - limit[v], default=None)  # the nearest to refusing
     value = drops[worst] if worst is not None else 0.0
     over = sorted((v for v, d in drops.items() if d > limit[v]), key=lambda v: -(drops[v] - limit[v]))
     band = noise[worst] if worst is not None else 0.0
-    detail = (f"{len(over)} slice(s) of {name} with >= {cfg.min_slice_rows} rows lost more than "
-              f"publish.max_slice_auc_drop={cfg.max_slice_auc_drop} AUC and {cfg.noise_sds:g} standard errors "
-              f"(worst: key {worst}, -{value:.4f} [{value - band:.4f}, {value + band:.4f}], "
-              f"{big_mine[worst][0] if worst is not None else 0} rows)" if over else
-              f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop "
-              f"{max(drops.values(), default=0.0):.4f}")
-    return GateCheck(f"slices:{name}", not over, value, limit[worst] if worst is not None else cfg.max_slice_auc_drop,
-                     detail, [value - band, value + band] if band else None)
+    detail = (
+        f"{len(over)} slice(s) of {name} with >= {cfg.min_slice_rows} rows lost more than "
+        f"publish.max_slice_auc_drop={cfg.max_slice_auc_drop} AUC and {cfg.noise_sds:g} standard errors "
+        f"(worst: key {worst}, -{value:.4f} [{value - band:.4f}, {value + band:.4f}], "
+        f"{big_mine[worst][0] if worst is not None else 0} rows)"
+        if over
+        else f"{len(drops)} slice(s) of {name} with >= {cfg.min_slice_rows} rows; largest AUC drop "
+        f"{max(drops.values(), default=0.0):.4f}"
+    )
+    return GateCheck(
+        f"slices:{name}",
+        not over,
+        value,
+        limit[worst] if worst is not None else cfg.max_slice_auc_drop,
+        detail,
+        [value - band, value + band] if band else None,
+    )
 
 
 def _difference_se(mine: GroupAUC, theirs: GroupAUC, paired: dict[Any, float]) -> dict[Any, float]:
     """value -> standard error of the two models' AUC difference on its rows: the paired one where known,
     else both Hanley-McNeil errors as if independent (an upper bound)."""
     se_mine = hanley_mcneil_se(mine.auc, mine.clicks, mine.rows - mine.clicks)
-    se_theirs = dict(zip((v.item() for v in theirs.values),
-                         hanley_mcneil_se(theirs.auc, theirs.clicks, theirs.rows - theirs.clicks), strict=True))
+    se_theirs = dict(
+        zip(
+            (v.item() for v in theirs.values),
+            hanley_mcneil_se(theirs.auc, theirs.clicks, theirs.rows - theirs.clicks),
+            strict=True,
+        )
+    )
     out = {}
     for v, e in zip(mine.values, se_mine, strict=True):
         key = v.item()
@@ -295,7 +364,12 @@ def _gauc(new: Scores, published: Scores, cfg: PublishConfig, paired: dict[Any, 
     drop = theirs - mine if math.isfinite(mine) and math.isfinite(theirs) else 0.0
     noise = _noise(cfg, _gauc_difference_se(mine_g, theirs_g, paired))
     threshold = max(cfg.max_gauc_drop, noise)
-    return _check("gauc", drop <= threshold, mine, threshold,
-                  f"GAUC over {cfg.gauc_field} {mine:.4f} is {drop:.4f} below the published model's {theirs:.4f} "
-                  f"(publish.max_gauc_drop={cfg.max_gauc_drop}{_noise_text(cfg, drop, noise)})",
-                  (drop - noise, drop + noise) if noise else None)
+    return _check(
+        "gauc",
+        drop <= threshold,
+        mine,
+        threshold,
+        f"GAUC over {cfg.gauc_field} {mine:.4f} is {drop:.4f} below the published model's {theirs:.4f} "
+        f"(publish.max_gauc_drop={cfg.max_gauc_drop}{_noise_text(cfg, drop, noise)})",
+        (drop - noise, drop + noise) if noise else None,
+    )

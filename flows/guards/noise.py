@@ -42,8 +42,9 @@ def calibration_interval(m: EvalMetrics, sds: float) -> tuple[float, float]:
     return m.mean_prediction / high_rate, (m.mean_prediction / low_rate if low_rate > 0 else math.inf)
 
 
-def hanley_mcneil_se(auc: float | np.ndarray, positives: float | np.ndarray,
-                     negatives: float | np.ndarray) -> np.ndarray:
+def hanley_mcneil_se(
+    auc: float | np.ndarray, positives: float | np.ndarray, negatives: float | np.ndarray
+) -> np.ndarray:
     """Standard error of an AUC from its value and class counts (Hanley & McNeil 1982); NaN where a
     class has fewer than 2 rows or the AUC is not finite.
 

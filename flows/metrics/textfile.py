@@ -49,8 +49,9 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def render(record: DayRecord, *, model: str, root: str, latest: str | None, config_digest: str = "",
-           written_at: float) -> str:
+def render(
+    record: DayRecord, *, model: str, root: str, latest: str | None, config_digest: str = "", written_at: float
+) -> str:
     """The record as Prometheus text exposition format (version 0.0.4), one gauge family per number.
 
     Args:
@@ -66,22 +67,38 @@ def render(record: DayRecord, *, model: str, root: str, latest: str | None, conf
         if kept:
             families.append((f"{PREFIX}_{name}", help_, kept))
 
-    info = {"date": record.date, "status": str(record.status), "version": record.model_version or "",
-            "latest": latest or "", "config": config_digest}
+    info = {
+        "date": record.date,
+        "status": str(record.status),
+        "version": record.model_version or "",
+        "latest": latest or "",
+        "config": config_digest,
+    }
     gauge("info", "The last daily run: its date, outcome, version, LATEST and config digest.", (info, 1))
     gauge("completion_timestamp_seconds", "Unix time the last daily run wrote its record.", ({}, written_at))
     day = _dt.datetime.fromisoformat(record.date).replace(tzinfo=_dt.UTC).timestamp()
     gauge("date_timestamp_seconds", "The date the last daily run processed (00:00 UTC).", ({}, day))
-    gauge("status", "1 for how the last daily run ended, 0 for the other outcomes.",
-          *(({"status": str(s)}, 1.0 if record.status == s else 0.0) for s in Status))
+    gauge(
+        "status",
+        "1 for how the last daily run ended, 0 for the other outcomes.",
+        *(({"status": str(s)}, 1.0 if record.status == s else 0.0) for s in Status),
+    )
     gauge("published", "1 when the last daily run moved LATEST.", ({}, 1.0 if record.published else 0.0))
-    gauge("stage_seconds", "Wall seconds of each stage and overhead of the last daily run.",
-          *(({"stage": stage}, s) for stage, s in record.seconds.items()))
+    gauge(
+        "stage_seconds",
+        "Wall seconds of each stage and overhead of the last daily run.",
+        *(({"stage": stage}, s) for stage, s in record.seconds.items()),
+    )
     gauge("wall_seconds", "Wall seconds of the last daily run.", ({}, record.wall_s))
-    gauge("rows", "Rows of the last daily run by kind.",
-          ({"kind": "read"}, record.rows_read), ({"kind": "ingested"}, record.rows_ingested),
-          ({"kind": "quarantined"}, record.rows_quarantined), ({"kind": "train"}, record.rows_train),
-          ({"kind": "eval"}, record.rows_eval))
+    gauge(
+        "rows",
+        "Rows of the last daily run by kind.",
+        ({"kind": "read"}, record.rows_read),
+        ({"kind": "ingested"}, record.rows_ingested),
+        ({"kind": "quarantined"}, record.rows_quarantined),
+        ({"kind": "train"}, record.rows_train),
+        ({"kind": "eval"}, record.rows_eval),
+    )
     gauge("vocab_size", "Admitted vocabulary keys of the last daily run.", ({}, record.vocab_size))
     gauge("auc", "AUC of the last daily run's model on its eval rows.", ({}, record.auc))
     gauge("logloss", "Log loss of the last daily run's model on its eval rows.", ({}, record.logloss))
@@ -94,13 +111,20 @@ def render(record: DayRecord, *, model: str, root: str, latest: str | None, conf
     return "\n".join(lines) + "\n"
 
 
-def write(layout: Layout, record: DayRecord, *, latest: str | None, config_digest: str = "",
-          written_at: float | None = None) -> str:
+def write(
+    layout: Layout, record: DayRecord, *, latest: str | None, config_digest: str = "", written_at: float | None = None
+) -> str:
     """Replace `Layout.metrics_textfile` with the record's numbers; returns its URL."""
     import time
 
-    text = render(record, model=layout.model_name, root=root_digest(layout.root), latest=latest,
-                  config_digest=config_digest, written_at=time.time() if written_at is None else written_at)
+    text = render(
+        record,
+        model=layout.model_name,
+        root=root_digest(layout.root),
+        latest=latest,
+        config_digest=config_digest,
+        written_at=time.time() if written_at is None else written_at,
+    )
     url = layout.metrics_textfile()
     fs, path = layout.fs(url)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

@@ -137,25 +137,48 @@ def node_slot(
 ) -> Iterator[Taken]:
     """Hold the model's train/publish slot on this node (the module docstring) for the block."""
     path = layout.node.slot_lock()
-    with file_lock(path, what=f"the train/publish slot of model {layout.model_name!r} on this node ({path})",
-                   timeout_s=timeout_s, log=log, flow_run=flow_run, report_every_s=report_every_s) as taken:
+    with file_lock(
+        path,
+        what=f"the train/publish slot of model {layout.model_name!r} on this node ({path})",
+        timeout_s=timeout_s,
+        log=log,
+        flow_run=flow_run,
+        report_every_s=report_every_s,
+    ) as taken:
         yield taken
 
 
-def day_lock(layout: Layout, date: str, timeout_s: float, *, log: logging.Logger | logging.LoggerAdapter,
-             report_every_s: float = REPORT_EVERY_S) -> AbstractContextManager[Taken]:
+def day_lock(
+    layout: Layout,
+    date: str,
+    timeout_s: float,
+    *,
+    log: logging.Logger | logging.LoggerAdapter,
+    report_every_s: float = REPORT_EVERY_S,
+) -> AbstractContextManager[Taken]:
     """The run of `date` of `layout`'s model on this node (`NodeLayout.day_lock`), a `file_lock`.
 
     A second run of the same model and date (a scheduled run and a manual retry) waits here, then finds the
     date completed, instead of sharing or deleting the first run's staging directories.
     """
     path = layout.node.day_lock(date)
-    return file_lock(path, what=f"the run of {date} of model {layout.model_name!r} on this node ({path})",
-                     timeout_s=timeout_s, log=log, report_every_s=report_every_s)
+    return file_lock(
+        path,
+        what=f"the run of {date} of model {layout.model_name!r} on this node ({path})",
+        timeout_s=timeout_s,
+        log=log,
+        report_every_s=report_every_s,
+    )
 
 
-def data_lock(layout: Layout, date: str, timeout_s: float, *, log: logging.Logger | logging.LoggerAdapter,
-              report_every_s: float = REPORT_EVERY_S) -> AbstractContextManager[Taken]:
+def data_lock(
+    layout: Layout,
+    date: str,
+    timeout_s: float,
+    *,
+    log: logging.Logger | logging.LoggerAdapter,
+    report_every_s: float = REPORT_EVERY_S,
+) -> AbstractContextManager[Taken]:
     """The data stages of `date` on this node (`NodeLayout.data_lock`), for every model, a `file_lock`.
 
     Events are shared by the models of a root, and each data stage first removes the staging directories
@@ -163,8 +186,13 @@ def data_lock(layout: Layout, date: str, timeout_s: float, *, log: logging.Logge
     remove each other's.  Held one stage at a time, never while waiting for another lock.
     """
     path = layout.node.data_lock(date)
-    return file_lock(path, what=f"the data stages of {date} on this node ({path})", timeout_s=timeout_s, log=log,
-                     report_every_s=report_every_s)
+    return file_lock(
+        path,
+        what=f"the data stages of {date} on this node ({path})",
+        timeout_s=timeout_s,
+        log=log,
+        report_every_s=report_every_s,
+    )
 
 
 @contextmanager
@@ -197,8 +225,14 @@ def file_lock(
                 time.sleep(_POLL_S)
 
     try:
-        waited = wait_for_slot(take, lambda: Holder.from_json(Path(path).read_text()), what=what,
-                               timeout_s=timeout_s, log=log, report_every_s=report_every_s)
+        waited = wait_for_slot(
+            take,
+            lambda: Holder.from_json(Path(path).read_text()),
+            what=what,
+            timeout_s=timeout_s,
+            log=log,
+            report_every_s=report_every_s,
+        )
         me = Holder.me(flow_run)
         os.ftruncate(fd, 0)
         os.pwrite(fd, me.to_json().encode(), 0)

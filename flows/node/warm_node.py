@@ -39,8 +39,15 @@ def fetch_spec(spec_url: str, out: str) -> TrainSpec:
 
 
 def warm_node(
-    spec_url: str, out: str, *, nnodes: int, nproc_per_node: int, my_addr: str, all_addrs: list[str],
-    warm: bool = True, env_file: str | None = None,
+    spec_url: str,
+    out: str,
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    my_addr: str,
+    all_addrs: list[str],
+    warm: bool = True,
+    env_file: str | None = None,
 ) -> dict[str, Any]:
     """Fetch and check the spec, then warm the shards of this node's ranks exactly as they would.
 
@@ -77,7 +84,13 @@ def warm_node(
     if warm:
         shards = NodeLayout(spec.local_dir, spec.model_name)
         for rank in ranks:
-            reports[str(rank)] = ensure_warm(spec.warm, shards, rank=rank, store=spec.store,
-                                             storage_options=spec.storage_options)
-    return {"group_rank": node, "ranks": ranks, "spec": out, "env_file": env_file,
-            "warm": reports if warm else {"skipped": True}}
+            reports[str(rank)] = ensure_warm(
+                spec.warm, shards, rank=rank, store=spec.store, storage_options=spec.storage_options
+            )
+    return {
+        "group_rank": node,
+        "ranks": ranks,
+        "spec": out,
+        "env_file": env_file,
+        "warm": reports if warm else {"skipped": True},
+    }

@@ -87,7 +87,9 @@ def ensure_block(cfg: AlertsConfig) -> Any:
     url = webhook_url(cfg)
     if url:
         block = CustomWebhookNotificationBlock(  # type: ignore[call-arg]  # headers, cookies have defaults
-            name=cfg.block, url="{{webhook_url}}", secrets={"webhook_url": url},  # type: ignore[arg-type]  # coerced to SecretDict
+            name=cfg.block,
+            url="{{webhook_url}}",
+            secrets={"webhook_url": url},  # type: ignore[arg-type]  # coerced to SecretDict
             json_data={"subject": "{{subject}}", "body": "{{body}}"},
         )
         return block.save(cfg.block, overwrite=True)
@@ -107,23 +109,33 @@ def automations(layout: Layout, block_id: Any, daily_deployment_id: str, cfg: Al
     from prefect.automations import Automation, EventTrigger, Posture, SendNotification
 
     model_name, where = layout.model_name, f"{layout.model_name} on {layout.root}"
-    tag: dict[str, str | list[str]] = {"prefect.resource.id": f"prefect.tag.{KEY_TAG}:{model_key(layout)}",
-                                       "prefect.resource.role": "tag"}
+    tag: dict[str, str | list[str]] = {
+        "prefect.resource.id": f"prefect.tag.{KEY_TAG}:{model_key(layout)}",
+        "prefect.resource.role": "tag",
+    }
     flow: dict[str, str | list[str]] = {"prefect.resource.role": "flow", "prefect.resource.name": DAILY_FLOW}
     failed = Automation(
         name=failed_run_automation(layout),
         description=f"A {DAILY_FLOW} run of model {where} failed, crashed, or was refused by a guard.",
         trigger=EventTrigger(
-            match={"prefect.resource.id": "prefect.flow-run.*"}, match_related=[flow, tag],
-            expect={f"prefect.flow-run.{s}" for s in ALERT_STATES}, for_each={"prefect.resource.id"},
-            posture=Posture.Reactive, threshold=1, within=_dt.timedelta(0),
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related=[flow, tag],
+            expect={f"prefect.flow-run.{s}" for s in ALERT_STATES},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Reactive,
+            threshold=1,
+            within=_dt.timedelta(0),
         ),
-        actions=[SendNotification(
-            block_document_id=block_id,
-            subject=f"ctr-pipeline: model {model_name}: {{{{ flow_run.state.name }}}}",
-            body=(f"model {where}: {DAILY_FLOW} run {{{{ flow_run.name }}}} ended "
-                  "{{ flow_run.state.name }}: {{ flow_run.state.message }}"),
-        )],
+        actions=[
+            SendNotification(
+                block_document_id=block_id,
+                subject=f"ctr-pipeline: model {model_name}: {{{{ flow_run.state.name }}}}",
+                body=(
+                    f"model {where}: {DAILY_FLOW} run {{{{ flow_run.name }}}} ended "
+                    "{{ flow_run.state.name }}: {{ flow_run.state.message }}"
+                ),
+            )
+        ],
     )
     missing = Automation(
         name=missing_run_automation(layout),
@@ -131,18 +143,25 @@ def automations(layout: Layout, block_id: Any, daily_deployment_id: str, cfg: Al
         trigger=EventTrigger(
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={"prefect.resource.id": f"prefect.deployment.{daily_deployment_id}"},
-            expect={"prefect.flow-run.Completed"}, posture=Posture.Proactive, threshold=1,
+            expect={"prefect.flow-run.Completed"},
+            posture=Posture.Proactive,
+            threshold=1,
             within=_dt.timedelta(hours=cfg.expect_within),
         ),
-        actions=[SendNotification(
-            block_document_id=block_id, subject=f"ctr-pipeline: model {model_name}: no daily run",
-            body=f"model {where}: no run of its daily deployment completed within {cfg.expect_within:g} h",
-        )],
+        actions=[
+            SendNotification(
+                block_document_id=block_id,
+                subject=f"ctr-pipeline: model {model_name}: no daily run",
+                body=f"model {where}: no run of its daily deployment completed within {cfg.expect_within:g} h",
+            )
+        ],
     )
     return [failed, missing]
 
 
-def upsert_automations(layout: Layout, daily_deployment_id: str, cfg: AlertsConfig, block_id: Any = None) -> dict[str, str]:
+def upsert_automations(
+    layout: Layout, daily_deployment_id: str, cfg: AlertsConfig, block_id: Any = None
+) -> dict[str, str]:
     """Create or update the automations of `layout`'s model and root (found by name); returns name -> automation id.
 
     Args:

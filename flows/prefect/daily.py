@@ -144,8 +144,11 @@ def _transient(task_: Any, task_run: Any, state: Any) -> bool:
 def prefect_runner(stage: Stage, cfg: RunConfig, state: DayState, **kw: Any) -> Any:
     """Run `stage` as a Prefect task with its retry policy and log its one-line summary."""
     run = task(
-        name=stage.name, retries=stage.retries, retry_delay_seconds=[2.0, 10.0][: stage.retries] or 0,
-        retry_condition_fn=_transient, cache_policy=NO_CACHE,
+        name=stage.name,
+        retries=stage.retries,
+        retry_delay_seconds=[2.0, 10.0][: stage.retries] or 0,
+        retry_condition_fn=_transient,
+        cache_policy=NO_CACHE,
     )(stage.fn)
     t0 = time.perf_counter()
     result = run(cfg, state, **kw)
@@ -206,9 +209,14 @@ def daily_retrain(
     date = resolve_date(date, _scheduled_time())
     cfg = _config(config, overrides)
     layout, digest = cfg.layout(), config_digest(cfg.to_dict())
-    get_run_logger().info("model %s on %s, %s, config %s (a deployment's config is the one given to `ctrpipe "
-                          "deploy`: edit the file and deploy again to change it)", cfg.model_name, cfg.root, date,
-                          digest)
+    get_run_logger().info(
+        "model %s on %s, %s, config %s (a deployment's config is the one given to `ctrpipe "
+        "deploy`: edit the file and deploy again to change it)",
+        cfg.model_name,
+        cfg.root,
+        date,
+        digest,
+    )
     with tags(f"date:{date}", *run_tags(layout)):
         try:
             day = run_day(cfg, date, force=force, runner=prefect_runner, slot=prefect_slot, called_at=called_at)
@@ -219,7 +227,9 @@ def daily_retrain(
     if day.ran:
         _report(cfg, record, digest)
     if record.status in GUARD_STATES:
-        what = f"version {record.model_version} refused" if record.status == Status.REFUSED else "stopped before training"
+        what = (
+            f"version {record.model_version} refused" if record.status == Status.REFUSED else "stopped before training"
+        )
         message = f"model {cfg.model_name}, {date}: {what}: {record.reason}"
         return Failed(name=GUARD_STATES[record.status], message=message, data=GuardStopped(message, record.to_dict()))
     return record.to_dict()
@@ -243,11 +253,16 @@ def _report(cfg: RunConfig, record: DayRecord, digest: str) -> None:
     layout, log = cfg.layout(), get_run_logger()
     latest = ModelRegistry(layout).latest()
     try:
-        log.info("metrics for the platform's scraper: %s", textfile.write(layout, record, latest=latest,
-                                                                           config_digest=digest))
+        log.info(
+            "metrics for the platform's scraper: %s",
+            textfile.write(layout, record, latest=latest, config_digest=digest),
+        )
     except OSError as exc:  # the day's outcome stands; what reports it says why it is missing
-        log.warning("the metrics textfile %s was not written: %s (check that the root is writable)",
-                    layout.metrics_textfile(), exc)
+        log.warning(
+            "the metrics textfile %s was not written: %s (check that the root is writable)",
+            layout.metrics_textfile(),
+            exc,
+        )
     _artifact(cfg, record, latest=latest, digest=digest)
 
 
@@ -258,8 +273,9 @@ def _report_failed(cfg: RunConfig, date: str, digest: str) -> None:
         if failed is not None and not failed.completed:
             _report(cfg, failed, digest)
     except Exception as exc:
-        get_run_logger().warning("the failed day's metrics and artifact were not written: %s: %s",
-                                 type(exc).__name__, exc)
+        get_run_logger().warning(
+            "the failed day's metrics and artifact were not written: %s: %s", type(exc).__name__, exc
+        )
 
 
 def model_tags(cfg: RunConfig) -> AbstractContextManager[Any]:
@@ -293,6 +309,7 @@ def day_markdown(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: st
         latest: the version LATEST names now (a stopped or failed day's record does not know it).
         digest: the run's config digest (`flows.prefect.keys.config_digest`).
     """
+
     def f4(v: float | None) -> str:
         return "none" if v is None else f"{v:.4f}"
 
@@ -312,11 +329,16 @@ def day_markdown(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: st
     ]
     table = "\n".join(f"| {k} | {_cell(v)} |" for k, v in rows)
     history = [h for h in recent_records(layout, r.date, HISTORY_DAYS) if h.date != r.date] + [r]
-    days = "\n".join(f"| {h.date} | {h.status} | {f4(h.auc)} | {f4(h.logloss)} | {h.model_version or '-'} |"
-                      for h in history)
-    charts = "\n\n".join(_image(layout, url, title) for url, title in (
-        (layout.run_history(r.date), f"AUC and logloss over the last {HISTORY_DAYS} days"),
-        (layout.run_checks_chart(r.date), "the checked data series")))
+    days = "\n".join(
+        f"| {h.date} | {h.status} | {f4(h.auc)} | {f4(h.logloss)} | {h.model_version or '-'} |" for h in history
+    )
+    charts = "\n\n".join(
+        _image(layout, url, title)
+        for url, title in (
+            (layout.run_history(r.date), f"AUC and logloss over the last {HISTORY_DAYS} days"),
+            (layout.run_checks_chart(r.date), "the checked data series"),
+        )
+    )
     return (
         f"# Daily retrain of {cfg.model_name}, {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
         f"## The last {len(history)} day(s)\n\n| date | outcome | AUC | logloss | version |\n|---|---|---|---|---|\n"
@@ -344,26 +366,37 @@ def _image(layout: Any, url: str, title: str) -> str:
 def _artifact(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: str) -> None:
     """The day's markdown (`day_markdown`) as an artifact, shown in the Prefect UI."""
     create_markdown_artifact(
-        key=artifact_key(cfg, r.date), markdown=day_markdown(cfg, r, latest=latest, digest=digest),
+        key=artifact_key(cfg, r.date),
+        markdown=day_markdown(cfg, r, latest=latest, digest=digest),
         description=f"Daily retrain of {cfg.model_name} on {cfg.root}, {r.date}: {r.status}",
     )
 
 
 def checks_markdown(r: DayRecord) -> str:
     """The data checks and the publish gate's checks of a record as markdown tables."""
+
     def cell(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
         return "-" if v is None else str(v)
 
-    lines = [f"## Data checks ({r.checks_note or f'against {len(r.checks_window)} completed day(s)'})", "",
-             "| check | status | value | threshold | detail |", "|---|---|---|---|---|"]
-    lines += [f"| {c['name']} | {c['status']} | {cell(c['value'])} | {cell(c['threshold'])} | {c['detail']} |"
-              for c in r.checks]
+    lines = [
+        f"## Data checks ({r.checks_note or f'against {len(r.checks_window)} completed day(s)'})",
+        "",
+        "| check | status | value | threshold | detail |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {c['name']} | {c['status']} | {cell(c['value'])} | {cell(c['threshold'])} | {c['detail']} |"
+        for c in r.checks
+    ]
     if r.gate:
         lines += ["", "## Publish gate", "", "| check | passed | value | threshold | detail |", "|---|---|---|---|---|"]
-        lines += [f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
-                  f"| {c['detail']} |" for c in r.gate]
+        lines += [
+            f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
+            f"| {c['detail']} |"
+            for c in r.gate
+        ]
     return "\n".join(lines)
 
 
@@ -420,8 +453,13 @@ def backfill(
                 if date not in pending:
                     report["skipped"].append(date)
                     done = read_record(layout, date)
-                    log.info("backfill: %s already completed (%s %s); skipped", date, done.status if done else "",
-                             (done.model_version if done else "") or "", extra=SHOW)
+                    log.info(
+                        "backfill: %s already completed (%s %s); skipped",
+                        date,
+                        done.status if done else "",
+                        (done.model_version if done else "") or "",
+                        extra=SHOW,
+                    )
                     continue
                 if date in ahead:
                     ahead[date].result()

@@ -8,7 +8,8 @@ server: deploying one leaves the others' deployments, schedules and
 automations in place.  Deploy and serve also create the model's alert automations
 (`flows.prefect.alerts`), keyed by the model and its root; deploy checks what can be refused (the
 alerts' webhook, the work pool) before it registers anything.  The config is frozen into the
-deployments' parameters: edit the file and deploy again (each run logs the digest of its config).  The daily deployment passes no date: the flow computes the
+deployments' parameters: edit the file and deploy again (each run logs the digest of its config).  The daily deployment
+passes no date: the flow computes the
 day before the run's *scheduled* start time, so a late run still processes
 the right day.
 Deployments reference the code by its folder (a process work pool on one
@@ -76,8 +77,9 @@ def alert_block(config: dict[str, Any], alerts: bool) -> tuple[Any, Any]:
     return cfg, ensure_block(cfg)
 
 
-def _deployments(flows: dict[str, Any], config: dict[str, Any], *, cron: str, timezone: str,
-                 **common: Any) -> dict[str, Any]:
+def _deployments(
+    flows: dict[str, Any], config: dict[str, Any], *, cron: str, timezone: str, **common: Any
+) -> dict[str, Any]:
     """The model's three deployments (not yet on the server), by name; `flows` holds `daily` and `backfill`."""
     from prefect.schedules import Cron
 
@@ -90,19 +92,28 @@ def _deployments(flows: dict[str, Any], config: dict[str, Any], *, cron: str, ti
     tags = ["ctr-pipeline", *run_tags(layout)]
     return {
         names["daily"]: flows["daily"].to_deployment(
-            name=names["daily"], schedules=[Cron(cron, timezone=timezone)], parameters={"config": config},
-            description=f"Scheduled daily retrain of model {model}: the day before the scheduled time.", tags=tags,
+            name=names["daily"],
+            schedules=[Cron(cron, timezone=timezone)],
+            parameters={"config": config},
+            description=f"Scheduled daily retrain of model {model}: the day before the scheduled time.",
+            tags=tags,
             **common,
         ),
         names["on-demand"]: flows["daily"].to_deployment(
-            name=names["on-demand"], parameters={"config": config},
-            description=f"Retrain model {model} on one date now: --param date=YYYY-MM-DD [--param overrides='{{...}}'].",
-            tags=tags, **common,
+            name=names["on-demand"],
+            parameters={"config": config},
+            description=f"Retrain model {model} on one date now: --param date=YYYY-MM-DD"
+            f" [--param overrides='{{...}}'].",
+            tags=tags,
+            **common,
         ),
         names["backfill"]: flows["backfill"].to_deployment(
-            name=names["backfill"], parameters={"config": config},
-            description=f"Retrain model {model} on a date range in order: --param start=... --param end=...; resumable.",
-            tags=tags, **common,
+            name=names["backfill"],
+            parameters={"config": config},
+            description=f"Retrain model {model} on a date range in order: --param start=... --param end=...;"
+            " resumable.",
+            tags=tags,
+            **common,
         ),
     }
 
@@ -143,19 +154,21 @@ def deploy_all(
         ensure_process_pool(pool)
     ensure_limit(layout)
     # from_source and to_deployment are typed `X | Coroutine[X]`; called from sync code they return X.
-    flows: dict[str, Any] = {"daily": flow.from_source(source=str(source), entrypoint=DAILY_ENTRY),
-                             "backfill": flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY)}
+    flows: dict[str, Any] = {
+        "daily": flow.from_source(source=str(source), entrypoint=DAILY_ENTRY),
+        "backfill": flow.from_source(source=str(source), entrypoint=BACKFILL_ENTRY),
+    }
     # `apply`, not `Flow.deploy`: the same registration without Prefect's three tables on stdout
     deployments = _deployments(flows, config, cron=cron, timezone=timezone, work_pool_name=pool)
     out = {name: str(dep.apply(work_pool_name=pool)) for name, dep in deployments.items()}
     if alerts_cfg is not None:
-        out.update(upsert_automations(layout, out[deployment_names(layout.model_name)["daily"]], alerts_cfg,
-                                      block_id))
+        out.update(upsert_automations(layout, out[deployment_names(layout.model_name)["daily"]], alerts_cfg, block_id))
     return out
 
 
-def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str = "UTC", alerts: bool = True,
-              report: Any = print) -> None:
+def serve_all(
+    config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str = "UTC", alerts: bool = True, report: Any = print
+) -> None:
     """Serve the three deployments from this process (the single-process alternative to a worker).
 
     Against a Prefect server (PREFECT_API_URL) the model's automations are registered as `deploy_all`
@@ -182,6 +195,8 @@ def serve_all(config: dict[str, Any], *, cron: str = DEFAULT_CRON, timezone: str
         else:
             report("no alert automations (--no-alerts)")
     else:
-        report("no alert automations: this is a temporary Prefect server (set PREFECT_API_URL to serve against "
-               "yours, which keeps the automations)")
+        report(
+            "no alert automations: this is a temporary Prefect server (set PREFECT_API_URL to serve against "
+            "yours, which keeps the automations)"
+        )
     serve(*deployments.values())

@@ -82,10 +82,17 @@ def server_slot(
 
         def take(budget_s: float) -> bool:
             try:
-                stack.enter_context(concurrency(
-                    name, occupy=1, timeout_seconds=budget_s, strict=True, lease_duration=LEASE_S, holder=holder,
-                    raise_on_lease_renewal_failure=True,
-                ))
+                stack.enter_context(
+                    concurrency(
+                        name,
+                        occupy=1,
+                        timeout_seconds=budget_s,
+                        strict=True,
+                        lease_duration=LEASE_S,
+                        holder=holder,
+                        raise_on_lease_renewal_failure=True,
+                    )
+                )
             except TimeoutError:
                 return False
             return True
@@ -93,9 +100,14 @@ def server_slot(
         quiet = _BusyIsNotAnError()
         _PREFECT_CONCURRENCY_LOG.addFilter(quiet)
         try:
-            waited = wait_for_slot(take, lambda: read_holder(layout), what=f"the Prefect slot {name!r} of model "
-                                   f"{layout.model_name!r} on {layout.root}", timeout_s=timeout_s, log=log,
-                                   report_every_s=report_every_s)
+            waited = wait_for_slot(
+                take,
+                lambda: read_holder(layout),
+                what=f"the Prefect slot {name!r} of model {layout.model_name!r} on {layout.root}",
+                timeout_s=timeout_s,
+                log=log,
+                report_every_s=report_every_s,
+            )
         finally:
             _PREFECT_CONCURRENCY_LOG.removeFilter(quiet)
         fs, path = layout.fs(layout.slot_holder())
@@ -103,8 +115,9 @@ def server_slot(
         me = Holder.me(flow_run)
         fsio.write_text_atomic(fs, path, me.to_json())
         stack.callback(_forget, layout, me)
-        with node_slot(layout, max(1.0, timeout_s - waited), log=log, flow_run=flow_run,
-                       report_every_s=report_every_s) as node:
+        with node_slot(
+            layout, max(1.0, timeout_s - waited), log=log, flow_run=flow_run, report_every_s=report_every_s
+        ) as node:
             yield Taken(me, waited + node.waited_s)
 
 

@@ -42,8 +42,15 @@ from flows.serving.reload import ModelHolder, Reloader
 
 log = logging.getLogger("ctrpipe.serve")
 access = logging.getLogger("ctrpipe.serve.access")
-ERROR_REASONS = {400: "bad_request", 401: "unauthorized", 413: "too_large", 415: "content_type", 422: "bad_entries",
-                 500: "scoring_failed", 503: "no_model"}
+ERROR_REASONS = {
+    400: "bad_request",
+    401: "unauthorized",
+    413: "too_large",
+    415: "content_type",
+    422: "bad_entries",
+    500: "scoring_failed",
+    503: "no_model",
+}
 """HTTP status -> the reason label of `ctrpipe_score_request_errors_total`."""
 
 
@@ -56,8 +63,9 @@ class ApiLimits:
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024 or self.max_lines < 1:
-            raise ValueError(f"max_body_bytes must be >= 1024 and max_lines >= 1, got {self.max_body_bytes}, "
-                             f"{self.max_lines}")
+            raise ValueError(
+                f"max_body_bytes must be >= 1024 and max_lines >= 1, got {self.max_body_bytes}, {self.max_lines}"
+            )
 
 
 class RequestError(Exception):
@@ -98,11 +106,14 @@ async def read_body(request: Request, limits: ApiLimits) -> Any:
 def entries(payload: Any, limits: ApiLimits) -> ScoreRequest:
     """The entries of a score request (`RequestError` when its shape is wrong)."""
     if not isinstance(payload, dict):
-        raise RequestError(400, f'body must be an object {{"lines": [...]}} or {{"rows": [...]}}, got {type(payload).__name__}')
+        raise RequestError(
+            400, f'body must be an object {{"lines": [...]}} or {{"rows": [...]}}, got {type(payload).__name__}'
+        )
     keys = set(payload)
     if len(keys & {"lines", "rows"}) != 1 or keys - {"lines", "rows", "labelled"}:
-        raise RequestError(400, f'body must hold exactly one of "lines" or "rows" (and "labelled" with lines), '
-                                f'got keys {sorted(keys)}')
+        raise RequestError(
+            400, f'body must hold exactly one of "lines" or "rows" (and "labelled" with lines), got keys {sorted(keys)}'
+        )
     kind = "lines" if "lines" in payload else "rows"
     labelled = payload.get("labelled")
     if labelled is not None and (kind != "lines" or not isinstance(labelled, bool)):
@@ -117,9 +128,16 @@ def entries(payload: Any, limits: ApiLimits) -> ScoreRequest:
     return ScoreRequest(kind, items, labelled)
 
 
-def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, reloader: Reloader | None = None,
-              auth_token: str | None = None, access_log: bool = False,
-              metrics: ServerMetrics | None = None) -> Starlette:
+def build_app(
+    holder: ModelHolder,
+    batcher: MicroBatcher,
+    *,
+    limits: ApiLimits,
+    reloader: Reloader | None = None,
+    auth_token: str | None = None,
+    access_log: bool = False,
+    metrics: ServerMetrics | None = None,
+) -> Starlette:
     """The ASGI app over the served model (see the module docstring).
 
     Args:
@@ -158,8 +176,13 @@ def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, 
                 log.exception("scoring failed on %s", version)
                 raise RequestError(500, f"scoring failed: {type(exc).__name__}: {exc}") from exc
             metrics.scored(len(scored.scores) - len(scored.errors), [r for _, r in scored.errors])
-            response: Response = JSONResponse({"model_version": version, "scores": scored.scores,
-                                               "errors": [{"index": i, "reason": r} for i, r in scored.errors]})
+            response: Response = JSONResponse(
+                {
+                    "model_version": version,
+                    "scores": scored.scores,
+                    "errors": [{"index": i, "reason": r} for i, r in scored.errors],
+                }
+            )
         except RequestError as exc:
             metrics.request_errors[ERROR_REASONS.get(exc.status, str(exc.status))] += 1
             response = _error(exc.status, str(exc))
@@ -167,13 +190,23 @@ def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, 
         metrics.answered(response.status_code, seconds)
         if access_log:
             client = request.client.host if request.client else "-"
-            access.info('%s "POST /v1/score" %d %d entries %.1fms %s', client, response.status_code, entries_n,
-                        seconds * 1000, version)
+            access.info(
+                '%s "POST /v1/score" %d %d entries %.1fms %s',
+                client,
+                response.status_code,
+                entries_n,
+                seconds * 1000,
+                version,
+            )
         return response
 
     async def metrics_text(request: Request) -> Response:
-        return Response(metrics.exposition(model=holder.current, batch_stats=batcher.stats, switches=holder.switches,
-                                           refusals=holder.refusals), media_type=CONTENT_TYPE)
+        return Response(
+            metrics.exposition(
+                model=holder.current, batch_stats=batcher.stats, switches=holder.switches, refusals=holder.refusals
+            ),
+            media_type=CONTENT_TYPE,
+        )
 
     async def model_info(request: Request) -> JSONResponse:
         if not authorized(request):
@@ -181,8 +214,14 @@ def build_app(holder: ModelHolder, batcher: MicroBatcher, *, limits: ApiLimits, 
         model = holder.current
         if model is None:
             return _error(503, "no model loaded yet (see GET /readyz)")
-        return JSONResponse({**model.info(), "switches": holder.switches, "refused": holder.refused,
-                             "batching": batcher.stats.as_dict()})
+        return JSONResponse(
+            {
+                **model.info(),
+                "switches": holder.switches,
+                "refused": holder.refused,
+                "batching": batcher.stats.as_dict(),
+            }
+        )
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "alive"})

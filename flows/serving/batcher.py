@@ -45,8 +45,13 @@ class BatchStats:
 
     def as_dict(self) -> dict[str, Any]:
         mean = self.rows / self.batches if self.batches else 0.0
-        return {"batches": self.batches, "requests": self.requests, "rows": self.rows, "largest_batch": self.largest,
-                "mean_batch_rows": round(mean, 2)}
+        return {
+            "batches": self.batches,
+            "requests": self.requests,
+            "rows": self.rows,
+            "largest_batch": self.largest,
+            "mean_batch_rows": round(mean, 2),
+        }
 
 
 class MicroBatcher:
@@ -118,8 +123,9 @@ class MicroBatcher:
             s.wait_s += sum(started - b.queued for b in batch)
             model = batch[0].model
             try:
-                answers = await loop.run_in_executor(self._executor, model.score_batch, [b.request for b in batch],
-                                                     s.times)
+                answers = await loop.run_in_executor(
+                    self._executor, model.score_batch, [b.request for b in batch], s.times
+                )
             except Exception as exc:  # one bad batch fails its own requests, never the loop
                 for b in batch:
                     if not b.done.done():

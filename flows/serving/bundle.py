@@ -36,7 +36,9 @@ import numpy as np
 
 from storage.io import fsio, records
 
-BUNDLE = records.RecordFormat("ctr-pipeline-bundle", 1, fix="export it again: `ctrpipe export --model VERSION --out URL`")
+BUNDLE = records.RecordFormat(
+    "ctr-pipeline-bundle", 1, fix="export it again: `ctrpipe export --model VERSION --out URL`"
+)
 """manifest.json: version 1 is what today's code writes."""
 BUNDLE_FORMAT = BUNDLE.tag
 MANIFEST = "manifest.json"
@@ -79,14 +81,18 @@ def npy_array(data: bytes | bytearray) -> np.ndarray:
     if dtype.hasobject:
         raise BundleError("a .npy file of Python objects is refused (it would need pickles)")
     count = int(np.prod(shape, dtype=np.int64))
-    return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape, order="F" if fortran else "C")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(
+        shape, order="F" if fortran else "C"
+    )
 
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def write_bundle(url: str, files: dict[str, bytes], manifest: dict[str, Any], storage_options: dict | None = None) -> dict[str, Any]:
+def write_bundle(
+    url: str, files: dict[str, bytes], manifest: dict[str, Any], storage_options: dict | None = None
+) -> dict[str, Any]:
     """Commit `files` (name -> content) and their manifest at `url`, atomically; returns the manifest written.
 
     `manifest` must hold `version` and `kind`; `files`, `bytes_total` and `format` are added here.
@@ -97,8 +103,12 @@ def write_bundle(url: str, files: dict[str, bytes], manifest: dict[str, Any], st
     entries: dict[str, dict[str, Any]] = {
         name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in files.items()
     }
-    full = {**manifest, "format": BUNDLE_FORMAT, "files": dict(sorted(entries.items())),
-            "bytes_total": sum(e["bytes"] for e in entries.values())}
+    full = {
+        **manifest,
+        "format": BUNDLE_FORMAT,
+        "files": dict(sorted(entries.items())),
+        "bytes_total": sum(e["bytes"] for e in entries.values()),
+    }
     parent = final.rstrip("/").rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     with fsio.staged(fs, final) as stage:
@@ -126,8 +136,10 @@ class BundleReader:
     def __post_init__(self) -> None:
         self.fs, path = fsio.get_fs(self.url, self.storage_options)
         if (commit := fsio.read_manifest(self.fs, path)) is None:
-            raise BundleError(f"no committed bundle at {self.url} (no {fsio.SUCCESS}); export one with "
-                              "`ctrpipe export --model VERSION --out URL`")
+            raise BundleError(
+                f"no committed bundle at {self.url} (no {fsio.SUCCESS}); export one with "
+                "`ctrpipe export --model VERSION --out URL`"
+            )
         self.path = fsio.data_dir(path, commit)
         try:
             self.manifest: dict[str, Any] = fsio.read_json(self.fs, fsio.join(self.path, MANIFEST))
@@ -142,8 +154,9 @@ class BundleReader:
             raise BundleError(str(exc)) from None
         missing = [k for k in ("version", "kind", "files") if k not in self.manifest]
         if missing or not isinstance(self.manifest["files"], dict):
-            raise BundleError(f"{where} lacks {', '.join(missing) or 'a files mapping'}: the bundle is corrupt; "
-                              "export it again")
+            raise BundleError(
+                f"{where} lacks {', '.join(missing) or 'a files mapping'}: the bundle is corrupt; export it again"
+            )
 
     @property
     def version(self) -> str:
@@ -177,16 +190,20 @@ class BundleReader:
         except OSError as exc:
             raise BundleError(f"bundle {self.url}: cannot read {name}: {exc}") from exc
         if got != entry["bytes"] or extra:
-            raise BundleError(f"bundle {self.url}: {name} is not {entry['bytes']} bytes long as its manifest says: "
-                              "the bundle is corrupt; export it again")
+            raise BundleError(
+                f"bundle {self.url}: {name} is not {entry['bytes']} bytes long as its manifest says: "
+                "the bundle is corrupt; export it again"
+            )
         self.check(name, data)
         return data
 
     def check(self, name: str, data: bytes | bytearray) -> None:
         entry = self.manifest["files"][name]
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise BundleError(f"bundle {self.url}: {name} fails its checksum ({len(data)} bytes, manifest says "
-                              f"{entry['bytes']}): the bundle is corrupt; export it again")
+            raise BundleError(
+                f"bundle {self.url}: {name} fails its checksum ({len(data)} bytes, manifest says "
+                f"{entry['bytes']}): the bundle is corrupt; export it again"
+            )
 
     def read_json(self, name: str) -> Any:
         import json

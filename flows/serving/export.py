@@ -6,7 +6,8 @@ a full bundle and/or as a delta against a base version.
 
 The publish stage writes the bundles (`write_bundles`): a full bundle of every version it publishes
 at `Layout.bundle(v)` and a delta from the version it replaces at `Layout.bundle_delta(v, previous)`,
-before `LATEST` moves; then it moves `Layout.bundle_latest()` (`point_servers_at`).  Export at publish rather than on demand because the admitted
+before `LATEST` moves; then it moves `Layout.bundle_latest()` (`point_servers_at`).  Export at publish rather than on
+demand because the admitted
 keys must be frozen from the vocabulary the model was trained with, and `vocab/date=D` is rebuilt
 by a `--force` rerun; a serving host then only ever reads bundles.  `ctrpipe export` writes a
 bundle of any version on demand (another dtype, ONNX, a delta from any base) and refuses when the
@@ -58,13 +59,16 @@ class ExportError(RuntimeError):
 
 def onnx_refused(what: str) -> ExportError:
     """The refusal of an ONNX network of a model with a companion, which the ONNX file cannot carry."""
-    return ExportError(f"{what} blends a companion (model.companion) that an ONNX network does not carry: a server "
-                       "of dense.onnx alone would score without it; export without --onnx, or train with "
-                       "model.companion=off")
+    return ExportError(
+        f"{what} blends a companion (model.companion) that an ONNX network does not carry: a server "
+        "of dense.onnx alone would score without it; export without --onnx, or train with "
+        "model.companion=off"
+    )
 
 
-def model_files(meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes | None = None,
-                companion: bytes | None = None) -> dict[str, bytes]:
+def model_files(
+    meta: ModelMeta, spec: FeatureSpec, program: bytes, onnx: bytes | None = None, companion: bytes | None = None
+) -> dict[str, bytes]:
     """The files every bundle holds besides its rows: model.json, the network(s), the feature spec, and the
     companion's weights when the model has one.
 
@@ -104,13 +108,30 @@ def version_rows(layout: Layout, version: str) -> export.SparseRows:
     return export.read_rows(fsio.join(url, model_dir.SPARSE), dim=meta.dim, storage_options=layout.storage_options)
 
 
-def write_full_bundle(url: str, *, meta: ModelMeta, spec: FeatureSpec, program: bytes, rows: export.SparseRows,
-                      manifest: dict[str, Any], onnx: bytes | None = None, companion: bytes | None = None,
-                      storage_options: dict | None = None) -> dict[str, Any]:
+def write_full_bundle(
+    url: str,
+    *,
+    meta: ModelMeta,
+    spec: FeatureSpec,
+    program: bytes,
+    rows: export.SparseRows,
+    manifest: dict[str, Any],
+    onnx: bytes | None = None,
+    companion: bytes | None = None,
+    storage_options: dict | None = None,
+) -> dict[str, Any]:
     """Commit a full bundle of a network and its rows at `url` (the manifest gets the row counts and digest)."""
     files = {**model_files(meta, spec, program, onnx, companion), **row_files(rows)}
-    manifest = {"kind": "full", "dim": meta.dim, "init_std": meta.init_std, "base_version": None, **manifest,
-                "rows": len(rows), "table_rows": len(rows), "rows_digest": export.rows_digest(rows)}
+    manifest = {
+        "kind": "full",
+        "dim": meta.dim,
+        "init_std": meta.init_std,
+        "base_version": None,
+        **manifest,
+        "rows": len(rows),
+        "table_rows": len(rows),
+        "rows_digest": export.rows_digest(rows),
+    }
     return write_bundle(url, files, manifest, storage_options)
 
 
@@ -135,12 +156,19 @@ class VersionExport:
         self.info = self.registry.info(self.version)
         self.network = model_dir.load_network(self.url, self.meta, so)
         cfg = self.meta.model_cfg()
-        self.spec = FeatureSpec(schema=get_schema(self._format()), admitted=self._admitted(),
-                                bag_pooling=cfg.bag_pooling, dense_buckets=cfg.dense_buckets,
-                                dense_bucket_max=cfg.dense_bucket_max, raw_keys=bool(self.meta.companion))
+        self.spec = FeatureSpec(
+            schema=get_schema(self._format()),
+            admitted=self._admitted(),
+            bag_pooling=cfg.bag_pooling,
+            dense_buckets=cfg.dense_buckets,
+            dense_bucket_max=cfg.dense_bucket_max,
+            raw_keys=bool(self.meta.companion),
+        )
         if list(self.spec.schema.categorical) != list(self.meta.fields):
-            raise ExportError(f"{self.version} was trained on fields {list(self.meta.fields)}, but its input format "
-                              f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}")
+            raise ExportError(
+                f"{self.version} was trained on fields {list(self.meta.fields)}, but its input format "
+                f"{self.spec.schema.name} has {list(self.spec.schema.categorical)}"
+            )
         self.rows = version_rows(self.layout, self.version)
         self._program: bytes | None = None
         self.companion: Companion | None = None
@@ -183,8 +211,13 @@ class VersionExport:
 
     def _common(self, *, onnx: bool) -> dict[str, bytes]:
         self._refuse_onnx_with_companion(onnx)
-        return model_files(self.meta, self.spec, self.program(), export.onnx_bytes(self.network) if onnx else None,
-                           self._companion_bytes())
+        return model_files(
+            self.meta,
+            self.spec,
+            self.program(),
+            export.onnx_bytes(self.network) if onnx else None,
+            self._companion_bytes(),
+        )
 
     def _companion_bytes(self) -> bytes | None:
         return companion_bytes(self.companion) if self.companion is not None else None
@@ -196,40 +229,67 @@ class VersionExport:
 
     def _manifest(self, kind: str, table: export.SparseRows, dtype: str) -> dict[str, Any]:
         return {
-            "version": self.version, "kind": kind, "model_name": self.layout.model_name, "dtype": dtype,
-            "dim": self.meta.dim, "init_std": self.meta.init_std, "exported": now_iso(),
-            "date": self.lineage.date, "dates_trained": list(self.lineage.dates_trained),
-            "metrics": self.info.metrics, "table_rows": len(table), "rows_digest": export.rows_digest(table),
+            "version": self.version,
+            "kind": kind,
+            "model_name": self.layout.model_name,
+            "dtype": dtype,
+            "dim": self.meta.dim,
+            "init_std": self.meta.init_std,
+            "exported": now_iso(),
+            "date": self.lineage.date,
+            "dates_trained": list(self.lineage.dates_trained),
+            "metrics": self.info.metrics,
+            "table_rows": len(table),
+            "rows_digest": export.rows_digest(table),
             "network": export.describe_program(self.network),
-            "lineage": {"registry_version": self.version, "registry_url": self.url,
-                        "parent_version": self.lineage.parent_version, "run_tag": self.lineage.run_tag,
-                        "code_version": self.lineage.code_version},
+            "lineage": {
+                "registry_version": self.version,
+                "registry_url": self.url,
+                "parent_version": self.lineage.parent_version,
+                "run_tag": self.lineage.run_tag,
+                "code_version": self.lineage.code_version,
+            },
             "registry_version_bytes": self.registry.version_bytes(self.version),
         }
 
-    def write_full(self, out_url: str, *, dtype: str = "float32", onnx: bool = False,
-                   dtype_auc: dict[str, Any] | None = None) -> dict[str, Any]:
+    def write_full(
+        self, out_url: str, *, dtype: str = "float32", onnx: bool = False, dtype_auc: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A full bundle of the version at `out_url`; returns its manifest."""
         self._refuse_onnx_with_companion(onnx)
         table = export.cast_rows(self.rows, dtype)
-        return write_full_bundle(out_url, meta=self.meta, spec=self.spec, program=self.program(), rows=table,
-                                 manifest={**self._manifest("full", table, dtype), "dtype_auc": dtype_auc},
-                                 onnx=export.onnx_bytes(self.network) if onnx else None,
-                                 companion=self._companion_bytes(),
-                                 storage_options=self.layout.storage_options)
+        return write_full_bundle(
+            out_url,
+            meta=self.meta,
+            spec=self.spec,
+            program=self.program(),
+            rows=table,
+            manifest={**self._manifest("full", table, dtype), "dtype_auc": dtype_auc},
+            onnx=export.onnx_bytes(self.network) if onnx else None,
+            companion=self._companion_bytes(),
+            storage_options=self.layout.storage_options,
+        )
 
     def write_delta(self, out_url: str, base: str, *, dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
         """A delta bundle: the rows changed (by clock) or evicted since version `base`, plus the network and spec."""
         base_rows = version_rows(self.layout, base)
         if base_rows.dim != self.meta.dim:
-            raise ExportError(f"{base} has rows of width {base_rows.dim}, {self.version} of {self.meta.dim}: "
-                              "no delta between them; export a full bundle")
+            raise ExportError(
+                f"{base} has rows of width {base_rows.dim}, {self.version} of {self.meta.dim}: "
+                "no delta between them; export a full bundle"
+            )
         table, base_table = export.cast_rows(self.rows, dtype), export.cast_rows(base_rows, dtype)
         delta = export.delta_rows(table, base_table)
         files = {**self._common(onnx=onnx), **row_files(delta.rows), EVICTED: npy_bytes(delta.evicted)}
-        manifest = {**self._manifest("delta", table, dtype), "rows": len(delta.rows), "base_version": base,
-                    "base_rows_digest": export.rows_digest(base_table), "evicted": int(delta.evicted.size),
-                    "changed_by_clock": delta.by_clock, "changed_by_value": delta.by_value}
+        manifest = {
+            **self._manifest("delta", table, dtype),
+            "rows": len(delta.rows),
+            "base_version": base,
+            "base_rows_digest": export.rows_digest(base_table),
+            "evicted": int(delta.evicted.size),
+            "changed_by_clock": delta.by_clock,
+            "changed_by_value": delta.by_value,
+        }
         return write_bundle(out_url, files, manifest, self.layout.storage_options)
 
     def dtype_auc(self, dtype: str) -> dict[str, Any] | None:
@@ -240,23 +300,34 @@ class VersionExport:
         from trainer.scoring import FrozenEmbeddings, LoadedModel, evaluate_model
 
         m = self.meta
-        schema = FeatureSchema(dense_columns=m.dense_columns, key_columns=m.key_columns, fields=m.fields,
-                               bag_columns=m.bag_columns).for_pooling(m.model_cfg().bag_pooling)
+        schema = FeatureSchema(
+            dense_columns=m.dense_columns, key_columns=m.key_columns, fields=m.fields, bag_columns=m.bag_columns
+        ).for_pooling(m.model_cfg().bag_pooling)
         eval_url = fsio.join(m.features_url, "eval")
         result: dict[str, Any] = {}
         for d in ("float32", dtype):
             table = FrozenEmbeddings(self.rows.keys, export.cast_rows(self.rows, d).emb, dim=m.dim, init_std=m.init_std)
             try:
-                got = evaluate_model(LoadedModel(self.network, table, schema, m, companion=self.companion), eval_url,
-                                     self.layout.storage_options)
+                got = evaluate_model(
+                    LoadedModel(self.network, table, schema, m, companion=self.companion),
+                    eval_url,
+                    self.layout.storage_options,
+                )
             except FileNotFoundError as exc:
                 return {"error": f"the version's eval rows are gone: {exc}"}
             result[d], result["rows"] = got["auc"], got["rows"]
         return {**result, "change": result[dtype] - result["float32"]}
 
 
-def export_version(layout: Layout, version: str, out_url: str, *, delta_from: str | None = None,
-                   dtype: str = "float32", onnx: bool = False) -> dict[str, Any]:
+def export_version(
+    layout: Layout,
+    version: str,
+    out_url: str,
+    *,
+    delta_from: str | None = None,
+    dtype: str = "float32",
+    onnx: bool = False,
+) -> dict[str, Any]:
     """`ctrpipe export`: a full bundle of `version` at `out_url`, or with `delta_from` a delta from that version."""
     if dtype not in export.DTYPES:
         raise ExportError(f"--dtype must be one of {sorted(export.DTYPES)}, got {dtype!r}")
@@ -298,8 +369,10 @@ def point_servers_at(layout: Layout, version: str) -> None:
     """
     fs, bundle = layout.fs(layout.bundle(version))
     if fsio.read_manifest(fs, bundle) is None:
-        raise ExportError(f"{version} has no bundle at {layout.bundle(version)}: run "
-                          f"`ctrpipe export --model {version} --out {layout.bundle(version)}` first")
+        raise ExportError(
+            f"{version} has no bundle at {layout.bundle(version)}: run "
+            f"`ctrpipe export --model {version} --out {layout.bundle(version)}` first"
+        )
     fsio.write_text_atomic(fs, layout.fs(layout.bundle_latest())[1], version + "\n")
 
 
@@ -322,7 +395,19 @@ def bundle_sizes(layout: Layout, version: str) -> dict[str, Any] | None:
             m = BundleReader(layout.bundle_delta(target, base), layout.storage_options).manifest
         except BundleError:
             continue
-        deltas.append({"from": base, "bytes": m["bytes_total"], "rows": m["rows"], "evicted": m.get("evicted", 0),
-                       "bytes_vs_full": round(m["bytes_total"] / max(full["bytes_total"], 1), 4)})
-    return {"full_bytes": full["bytes_total"], "rows": full["rows"], "dtype": full["dtype"],
-            "registry_version_bytes": full.get("registry_version_bytes"), "deltas": deltas}
+        deltas.append(
+            {
+                "from": base,
+                "bytes": m["bytes_total"],
+                "rows": m["rows"],
+                "evicted": m.get("evicted", 0),
+                "bytes_vs_full": round(m["bytes_total"] / max(full["bytes_total"], 1), 4),
+            }
+        )
+    return {
+        "full_bytes": full["bytes_total"],
+        "rows": full["rows"],
+        "dtype": full["dtype"],
+        "registry_version_bytes": full.get("registry_version_bytes"),
+        "deltas": deltas,
+    }

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from pipeline.schema import LogSchema
 
 
-def with_labels(lines: Sequence[str], schema: LogSchema, *, labelled: bool | None = None
-                ) -> tuple[list[str | None], list[tuple[int, str]]]:
+def with_labels(
+    lines: Sequence[str], schema: LogSchema, *, labelled: bool | None = None
+) -> tuple[list[str | None], list[tuple[int, str]]]:
     """The lines as labelled lines of the format (None where refused), and (index, reason) of the refused ones.
 
     Args:
@@ -59,10 +60,15 @@ def field_count_reason(n: int, schema: LogSchema, labelled: bool | None) -> str:
     with_label = f"{ncols}" if least == ncols else f"{least}..{ncols}"
     without = f"{ncols - 1}" if least == ncols or labelled is None else f"{least - 1}..{ncols - 1}"
     if labelled is False:
-        return (f"wrong field count: {n} fields, expected {without} without the label column {schema.label!r} "
-                '(the request says "labelled": false)')
-    return (f"wrong field count: {n} fields, expected {with_label} with the label column {schema.label!r} "
-            f"or {without} without it")
+        return (
+            f"wrong field count: {n} fields, expected {without} without the label column {schema.label!r} "
+            '(the request says "labelled": false)'
+        )
+    return (
+        f"wrong field count: {n} fields, expected {with_label} with the label column {schema.label!r} "
+        f"or {without} without it"
+    )
+
 
 def _insert(line: str, sep: str, at: int, n: int, value: str) -> str:
     """`line` with `value` as its field number `at` (the fields from `at` on move one to the right)."""

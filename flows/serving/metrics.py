@@ -6,7 +6,8 @@
     ctrpipe_score_refused_total{reason}             entries refused, by the rule of their reason ("bad label", ...)
     ctrpipe_score_latency_seconds                   histogram of /v1/score latency (body read to answer)
     ctrpipe_score_batches_total, ctrpipe_score_batch_wait_seconds_total
-    ctrpipe_score_stage_seconds_total{stage}        seconds per scoring stage (prepare, features, lookup, forward, score)
+    ctrpipe_score_stage_seconds_total{stage}        seconds per scoring stage (prepare, features, lookup, forward,
+    score)
     ctrpipe_model_info{version,model}               1 for the version served
     ctrpipe_model_age_seconds                       seconds since the served bundle was exported
     ctrpipe_model_reloads_total{outcome}            switches to a new version (ok) and bundles refused
@@ -79,25 +80,60 @@ class ServerMetrics:
         def family(name: str, kind: str, help_: str, samples: list[str]) -> None:
             out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples])
 
-        family("ctrpipe_score_requests_total", "counter", "/v1/score requests answered, by HTTP status.",
-               [f'ctrpipe_score_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.requests.items())])
-        family("ctrpipe_score_rows_total", "counter", "Entries (lines or rows) scored, or refused with a null score.",
-               [f'ctrpipe_score_rows_total{{outcome="{k}"}} {self.rows[k]}' for k in ("scored", "refused")])
-        family("ctrpipe_score_request_errors_total", "counter", "Requests answered with an error status, by reason.",
-               [f'ctrpipe_score_request_errors_total{{reason="{_label(r)}"}} {n}'
-                for r, n in sorted(self.request_errors.items())])
-        family("ctrpipe_score_refused_total", "counter", "Entries refused, by the rule of their reason.",
-               [f'ctrpipe_score_refused_total{{reason="{_label(r)}"}} {n}' for r, n in sorted(self.refused.items())])
-        family("ctrpipe_score_latency_seconds", "histogram", "/v1/score latency, from the request to its answer.",
-               self.latency.lines("ctrpipe_score_latency_seconds"))
-        family("ctrpipe_score_batches_total", "counter", "Batches scored by the micro-batcher.",
-               [f"ctrpipe_score_batches_total {batch_stats.batches}"])
-        family("ctrpipe_score_batch_wait_seconds_total", "counter",
-               "Seconds requests waited in the micro-batcher's queue, summed over requests.",
-               [f"ctrpipe_score_batch_wait_seconds_total {_number(batch_stats.wait_s)}"])
-        family("ctrpipe_score_stage_seconds_total", "counter", "Seconds spent per scoring stage, summed over batches.",
-               [f'ctrpipe_score_stage_seconds_total{{stage="{k}"}} {_number(v)}'
-                for k, v in batch_stats.times.seconds.items()])
+        family(
+            "ctrpipe_score_requests_total",
+            "counter",
+            "/v1/score requests answered, by HTTP status.",
+            [f'ctrpipe_score_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.requests.items())],
+        )
+        family(
+            "ctrpipe_score_rows_total",
+            "counter",
+            "Entries (lines or rows) scored, or refused with a null score.",
+            [f'ctrpipe_score_rows_total{{outcome="{k}"}} {self.rows[k]}' for k in ("scored", "refused")],
+        )
+        family(
+            "ctrpipe_score_request_errors_total",
+            "counter",
+            "Requests answered with an error status, by reason.",
+            [
+                f'ctrpipe_score_request_errors_total{{reason="{_label(r)}"}} {n}'
+                for r, n in sorted(self.request_errors.items())
+            ],
+        )
+        family(
+            "ctrpipe_score_refused_total",
+            "counter",
+            "Entries refused, by the rule of their reason.",
+            [f'ctrpipe_score_refused_total{{reason="{_label(r)}"}} {n}' for r, n in sorted(self.refused.items())],
+        )
+        family(
+            "ctrpipe_score_latency_seconds",
+            "histogram",
+            "/v1/score latency, from the request to its answer.",
+            self.latency.lines("ctrpipe_score_latency_seconds"),
+        )
+        family(
+            "ctrpipe_score_batches_total",
+            "counter",
+            "Batches scored by the micro-batcher.",
+            [f"ctrpipe_score_batches_total {batch_stats.batches}"],
+        )
+        family(
+            "ctrpipe_score_batch_wait_seconds_total",
+            "counter",
+            "Seconds requests waited in the micro-batcher's queue, summed over requests.",
+            [f"ctrpipe_score_batch_wait_seconds_total {_number(batch_stats.wait_s)}"],
+        )
+        family(
+            "ctrpipe_score_stage_seconds_total",
+            "counter",
+            "Seconds spent per scoring stage, summed over batches.",
+            [
+                f'ctrpipe_score_stage_seconds_total{{stage="{k}"}} {_number(v)}'
+                for k, v in batch_stats.times.seconds.items()
+            ],
+        )
         info, age = [], []
         if model is not None:
             name = model.manifest.get("model_name") or ""
@@ -107,10 +143,15 @@ class ServerMetrics:
                 age.append(f"ctrpipe_model_age_seconds {_number(exported)}")
         family("ctrpipe_model_info", "gauge", "1 for the model version served.", info)
         family("ctrpipe_model_age_seconds", "gauge", "Seconds since the served bundle was exported.", age)
-        family("ctrpipe_model_reloads_total", "counter",
-               "Switches to a new model version (ok) and bundles refused (the old one kept serving).",
-               [f'ctrpipe_model_reloads_total{{outcome="ok"}} {switches}',
-                f'ctrpipe_model_reloads_total{{outcome="refused"}} {refusals}'])
+        family(
+            "ctrpipe_model_reloads_total",
+            "counter",
+            "Switches to a new model version (ok) and bundles refused (the old one kept serving).",
+            [
+                f'ctrpipe_model_reloads_total{{outcome="ok"}} {switches}',
+                f'ctrpipe_model_reloads_total{{outcome="refused"}} {refusals}',
+            ],
+        )
         return "\n".join(out) + "\n"
 
 

@@ -79,7 +79,8 @@ class ServingMeta:
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> ServingMeta:
-        """Raises `BundleError` when model.json is of a version this code does not read or a field has the wrong type."""
+        """Raises `BundleError` when model.json is of a version this
+        code does not read or a field has the wrong type."""
         try:
             return records.read_record(cls, data, fmt=MODEL, where=where)
         except ValueError as exc:  # FormatError, ConfigError: the message names the file and the key
@@ -171,8 +172,17 @@ class ServingModel:
         lookup: Callable[..., Any] = self.table.lookup
         if times is not None:
             net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
-        return score_arrays(net, lookup, self.schema, self.spec.bag_pooling, batch.dense if batch.dense.shape[1] else None,
-                            batch.keys, [], companion=self.companion, raw_all=batch.own)
+        return score_arrays(
+            net,
+            lookup,
+            self.schema,
+            self.spec.bag_pooling,
+            batch.dense if batch.dense.shape[1] else None,
+            batch.keys,
+            [],
+            companion=self.companion,
+            raw_all=batch.own,
+        )
 
     def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
         """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""
@@ -222,11 +232,18 @@ class ServingModel:
         """What `GET /v1/model` answers."""
         m = self.manifest
         return {
-            "model_version": self.version, "model_name": m.get("model_name"), "kind": m["kind"],
-            "dates_trained": m.get("dates_trained", []), "date": m.get("date"),
-            "auc": (m.get("metrics") or {}).get("auc"), "metrics": m.get("metrics") or {},
-            "exported": m.get("exported"), "rows": m.get("table_rows"), "dtype": m.get("dtype"),
-            "format": self.spec.schema.name, "loaded_s": round(self.loaded_s, 3),
+            "model_version": self.version,
+            "model_name": m.get("model_name"),
+            "kind": m["kind"],
+            "dates_trained": m.get("dates_trained", []),
+            "date": m.get("date"),
+            "auc": (m.get("metrics") or {}).get("auc"),
+            "metrics": m.get("metrics") or {},
+            "exported": m.get("exported"),
+            "rows": m.get("table_rows"),
+            "dtype": m.get("dtype"),
+            "format": self.spec.schema.name,
+            "loaded_s": round(self.loaded_s, 3),
             "mmap": isinstance(self.table, MmapTable),
         }
 
@@ -267,16 +284,25 @@ def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> S
         table = MmapTable(last.read_array(KEYS), _local_rows(last, mmap_dir), init_std=meta.init_std)
     else:
         table = memory_table(chain_table(readers), init_std=meta.init_std)
-    schema = FeatureSchema(dense_columns=meta.dense_columns, key_columns=meta.key_columns, fields=meta.fields,
-                           bag_columns=meta.bag_columns).for_pooling(spec.bag_pooling)
+    schema = FeatureSchema(
+        dense_columns=meta.dense_columns, key_columns=meta.key_columns, fields=meta.fields, bag_columns=meta.bag_columns
+    ).for_pooling(spec.bag_pooling)
     second = None
     if meta.companion:
         try:
             second = companion_from_bytes(last.read(COMPANION), f"{last.url}/{COMPANION}")
         except ValueError as exc:
             raise BundleError(str(exc)) from None
-    model = ServingModel(version=last.version, manifest=last.manifest, spec=spec, net=net, table=table,
-                         schema=schema, companion=second, loaded_s=time.perf_counter() - t0)
+    model = ServingModel(
+        version=last.version,
+        manifest=last.manifest,
+        spec=spec,
+        net=net,
+        table=table,
+        schema=schema,
+        companion=second,
+        loaded_s=time.perf_counter() - t0,
+    )
     smoke_check(model)
     return model
 

@@ -144,8 +144,9 @@ class Reloader:
             log.error("refused bundle %s: %s; still serving %s", version, exc, self._serving())
             return False
         old = self.holder.swap(model)
-        log.info("serving %s (loaded in %.2fs; was %s)", version, time.perf_counter() - t0,
-                 old.version if old else "nothing")
+        log.info(
+            "serving %s (loaded in %.2fs; was %s)", version, time.perf_counter() - t0, old.version if old else "nothing"
+        )
         return True
 
     def _serving(self) -> str:

@@ -76,8 +76,9 @@ def bind(host: str, port: int) -> socket.socket:
         ServeError: the address is in use, or cannot be bound.
     """
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as exc:
         raise ServeError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
     sock = socket.socket(family, kind, proto)
@@ -88,8 +89,10 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise ServeError(f"--port {port}: {host}:{port} is in use by another process; stop it, or pick another "
-                             "port (--port 0 picks a free one)") from None
+            raise ServeError(
+                f"--port {port}: {host}:{port} is in use by another process; stop it, or pick another "
+                "port (--port 0 picks a free one)"
+            ) from None
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
 
@@ -124,14 +127,21 @@ def serve(source: BundleSource, config: ServeConfig) -> None:
             reloader.check()  # a refused bundle is logged; the server waits, unready, for the next one
         else:
             holder.swap(source.load(first))  # pinned: a bundle that does not load is an error
-        app = build_app(holder, MicroBatcher(max_rows=config.max_batch_rows, max_wait_s=config.max_wait_ms / 1000),
-                        limits=ApiLimits(max_body_bytes=config.max_body_bytes, max_lines=config.max_lines),
-                        reloader=reloader if source.follows_latest else None, auth_token=token,
-                        access_log=config.access_log)
+        app = build_app(
+            holder,
+            MicroBatcher(max_rows=config.max_batch_rows, max_wait_s=config.max_wait_ms / 1000),
+            limits=ApiLimits(max_body_bytes=config.max_body_bytes, max_lines=config.max_lines),
+            reloader=reloader if source.follows_latest else None,
+            auth_token=token,
+            access_log=config.access_log,
+        )
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-        log.info("score-server on %s (%s%s)", bound_url(sock),
-                 f"serving {holder.current.version}" if holder.current else "no model yet",
-                 ", bearer token required" if token else "")
+        log.info(
+            "score-server on %s (%s%s)",
+            bound_url(sock),
+            f"serving {holder.current.version}" if holder.current else "no model yet",
+            ", bearer token required" if token else "",
+        )
         try:
             server.run(sockets=[sock])
         except SystemExit:  # uvicorn's startup failure exits 3, a code `ctrpipe` does not document

@@ -47,9 +47,12 @@ class SmallBatch:
     def frame(self, spec: FeatureSpec) -> pd.DataFrame:
         """The frame `FeatureSpec.parse_lines` gives for the same lines."""
         s = spec.schema
-        cols = {"label": self.label, **{c: self.dense[:, i] for i, c in enumerate(dense_columns(s))},
-                **{c: self.keys[:, j] for j, c in enumerate(key_columns(s))},
-                **{raw_column(j): self.own[:, j] for j in range(self.own.shape[1])}}
+        cols = {
+            "label": self.label,
+            **{c: self.dense[:, i] for i, c in enumerate(dense_columns(s))},
+            **{c: self.keys[:, j] for j, c in enumerate(key_columns(s))},
+            **{raw_column(j): self.own[:, j] for j in range(self.own.shape[1])},
+        }
         return pd.DataFrame({name: cols[name] for name in features_schema(s, raw_keys=spec.raw_keys).names})
 
 
@@ -64,8 +67,14 @@ def small_features(lines: Sequence[str], spec: FeatureSpec) -> Parsed | None:
 def fits(spec: FeatureSpec, dense: Sequence[str], keys: Sequence[str], bags: Sequence[str]) -> bool:
     """Whether a model of these input columns takes a `SmallBatch` as it is (columns in the feature path's order)."""
     s = spec.schema
-    return (not bags and list(dense) == dense_columns(s) and list(keys) == key_columns(s)
-            and s.timestamp is None and not s.multi_valued and not s.floats)
+    return (
+        not bags
+        and list(dense) == dense_columns(s)
+        and list(keys) == key_columns(s)
+        and s.timestamp is None
+        and not s.multi_valued
+        and not s.floats
+    )
 
 
 def small_batch(lines: Sequence[str], spec: FeatureSpec) -> SmallBatch | None:

@@ -46,8 +46,10 @@ def chain_table(readers: Sequence[BundleReader]) -> SparseRows:
     for prev, reader in zip(readers, readers[1:], strict=False):
         m = reader.manifest
         if reader.kind != "delta" or m["base_version"] != prev.version:
-            raise BundleError(f"{reader.url} ({reader.kind}, base {m.get('base_version')}) does not follow "
-                              f"{prev.version}: pass the deltas in version order")
+            raise BundleError(
+                f"{reader.url} ({reader.kind}, base {m.get('base_version')}) does not follow "
+                f"{prev.version}: pass the deltas in version order"
+            )
         if m["base_rows_digest"] != prev.manifest["rows_digest"]:
             raise BundleError(f"{reader.url} was made from other rows of {prev.version} than {prev.url} holds")
         table = apply_delta(table, read_table(reader), reader.read_array(EVICTED))

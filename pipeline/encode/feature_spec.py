@@ -91,18 +91,24 @@ class FeatureSpec:
             else:
                 kept.append(i)
         if not kept:
-            return Parsed(features=encode_frame(_no_events(self.schema), self.schema, self.admitted,
-                                                raw_keys=self.raw_keys),
-                          index=np.zeros(0, np.int64), errors=errors)
+            return Parsed(
+                features=encode_frame(_no_events(self.schema), self.schema, self.admitted, raw_keys=self.raw_keys),
+                index=np.zeros(0, np.int64),
+                errors=errors,
+            )
         data = ("\n".join(lines[i] for i in kept) + "\n").encode("utf-8", "surrogatepass")
         chunk = parse_chunk(data, schema=self.schema, file="request", first_line=_FIRST_LINE)
         at = np.asarray(kept, dtype=np.int64)
-        errors += [(int(at[line - _FIRST_LINE]), reason)
-                   for line, reason in zip(chunk.quarantine["line"], chunk.quarantine["reason"], strict=True)]
+        errors += [
+            (int(at[line - _FIRST_LINE]), reason)
+            for line, reason in zip(chunk.quarantine["line"], chunk.quarantine["reason"], strict=True)
+        ]
         lines_of = (chunk.events["order"].to_numpy(np.int64) & ((1 << ORDER_FILE_SHIFT) - 1)) - _FIRST_LINE
-        return Parsed(features=encode_frame(chunk.events, self.schema, self.admitted, raw_keys=self.raw_keys),
-                      index=at[lines_of],
-                      errors=sorted(errors))
+        return Parsed(
+            features=encode_frame(chunk.events, self.schema, self.admitted, raw_keys=self.raw_keys),
+            index=at[lines_of],
+            errors=sorted(errors),
+        )
 
     def rows_to_lines(self, rows: Sequence[Any]) -> tuple[list[str | None], list[tuple[int, str]]]:
         """Write rows of named fields (`{"C1": "68fd1e64", "I1": 5, ...}`) as lines of the format.
@@ -143,8 +149,11 @@ class FeatureSpec:
         good = [i for i, line in enumerate(lines) if line is not None]
         parsed = self.parse_lines([lines[i] for i in good])  # type: ignore[misc]
         at = np.asarray(good, dtype=np.int64)
-        return Parsed(features=parsed.features, index=at[parsed.index] if len(good) else parsed.index,
-                      errors=sorted(errors + [(int(at[i]), r) for i, r in parsed.errors]))
+        return Parsed(
+            features=parsed.features,
+            index=at[parsed.index] if len(good) else parsed.index,
+            errors=sorted(errors + [(int(at[i]), r) for i, r in parsed.errors]),
+        )
 
     # ---- the file ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -157,10 +166,12 @@ class FeatureSpec:
             "dense_order": list(s.dense),
             "key_hashing": {
                 "hash": "xxhash64 of the value's UTF-8 text, masked to 56 bits (0 -> 2, 1 -> 3)",
-                "key": f"field_index << {FIELD_SHIFT} | hash", "oov_hash": OOV_HASH, "missing_hash": MISSING_HASH,
+                "key": f"field_index << {FIELD_SHIFT} | hash",
+                "oov_hash": OOV_HASH,
+                "missing_hash": MISSING_HASH,
             },
             "oov_rule": "a key not among the admitted keys becomes its field's OOV key; missing or empty values "
-                        "the field's missing key",
+            "the field's missing key",
             "admitted_keys": int(self.admitted.size),
             "dense_transform": "log1p(max(x, 0)), missing -> 0",
             "dense_buckets": self.dense_buckets,
@@ -183,13 +194,21 @@ class FeatureSpec:
             raise ValueError(f"feature spec names {data['admitted_keys']} admitted keys, {len(admitted)} were given")
         raw = dict(data["schema"])
         fields = {f.name: f for f in dataclasses.fields(LogSchema)}
-        schema = LogSchema(**{  # type: ignore[arg-type]  # JSON values: LogSchema checks them
-            k: (tuple(tuple(p) for p in v) if k == "multi_valued" else tuple(v) if isinstance(v, list) else v)
-            for k, v in raw.items() if k in fields
-        })
-        return cls(schema=schema, admitted=admitted, bag_pooling=data["bag_pooling"],
-                   dense_buckets=int(data["dense_buckets"]), dense_bucket_max=float(data["dense_bucket_max"]),
-                   raw_keys=bool(data.get("raw_keys", False)))
+        schema = LogSchema(
+            **{  # type: ignore[arg-type]  # JSON values: LogSchema checks them
+                k: (tuple(tuple(p) for p in v) if k == "multi_valued" else tuple(v) if isinstance(v, list) else v)
+                for k, v in raw.items()
+                if k in fields
+            }
+        )
+        return cls(
+            schema=schema,
+            admitted=admitted,
+            bag_pooling=data["bag_pooling"],
+            dense_buckets=int(data["dense_buckets"]),
+            dense_bucket_max=float(data["dense_bucket_max"]),
+            raw_keys=bool(data.get("raw_keys", False)),
+        )
 
 
 def _schema_dict(schema: LogSchema) -> dict[str, Any]:

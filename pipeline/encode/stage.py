@@ -123,14 +123,16 @@ def features_schema(schema: LogSchema, *, raw_keys: bool = False) -> pa.Schema:
     )
 
 
-def encode_frame(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray, *,
-                 raw_keys: bool = False) -> pd.DataFrame:
+def encode_frame(
+    events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray, *, raw_keys: bool = False
+) -> pd.DataFrame:
     """Features of `events` rows given the sorted admitted keys (see the module docstring)."""
     return encode_rows(events, schema, admitted, raw_keys=raw_keys)[0]
 
 
-def encode_rows(events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray, *,
-                raw_keys: bool = False) -> tuple[pd.DataFrame, np.ndarray]:
+def encode_rows(
+    events: pd.DataFrame, schema: LogSchema, admitted: np.ndarray, *, raw_keys: bool = False
+) -> tuple[pd.DataFrame, np.ndarray]:
     """`encode_frame` and the rows' content hashes (`pipeline.encode.row_copies.row_hashes`, from the same keys)."""
     cols: dict[str, Any] = {"label": events["label"].to_numpy(np.float32)}  # arrays; a bag column: a list of them
     for i, name in enumerate(schema.dense):
@@ -243,8 +245,12 @@ def encode_date(
     done = read_features_manifest(fs, final)
     raw_keys = encode.raw_keys_for(events["rows_written"])
     # the manifest's own rule says what a committed day was made from (one rule, so a rerun compares like with like)
-    source = FeaturesManifest(events_run_id=events.get("run_id"), vocab_run_id=vocab.run_id,
-                              eval_fraction=encode.eval_fraction, raw_keys=raw_keys).source
+    source = FeaturesManifest(
+        events_run_id=events.get("run_id"),
+        vocab_run_id=vocab.run_id,
+        eval_fraction=encode.eval_fraction,
+        raw_keys=raw_keys,
+    ).source
     if done and not force and done.source == source:
         return _result(done, skipped=True, url=done.data_dir(layout.features(date)))
 
@@ -259,16 +265,38 @@ def encode_date(
     else:
         per_part = gather(client, client.map(_ts_counts, paths, fs=fs, pure=False), what=f"encode {date}: timestamps")
         t, k = ts_threshold(pd.concat(per_part), rows_train)
-        orders = np.sort(np.concatenate(gather(client, client.map(_orders_at, paths, fs=fs, ts=t, pure=False),
-                                               what=f"encode {date}: the split's rows")))
+        orders = np.sort(
+            np.concatenate(
+                gather(
+                    client,
+                    client.map(_orders_at, paths, fs=fs, ts=t, pure=False),
+                    what=f"encode {date}: the split's rows",
+                )
+            )
+        )
         rules = [("threshold", t, int(orders[k - 1]) if k else -1)] * len(paths)
         holds_eval = [bool(len(c)) and int(c.index.max()) >= t for c in per_part]
 
     # the eval rows' hashes first, so the encode tasks can say which of them are copies of train rows
     eval_at = [i for i, h in enumerate(holds_eval) if h]
-    eval_hashes = dict(zip(eval_at, gather(client, client.map(
-        _eval_hashes, [paths[i] for i in eval_at], [rules[i] for i in eval_at], fs=fs, schema=schema, pure=False
-    ), what=f"encode {date}: eval row hashes"), strict=True))
+    eval_hashes = dict(
+        zip(
+            eval_at,
+            gather(
+                client,
+                client.map(
+                    _eval_hashes,
+                    [paths[i] for i in eval_at],
+                    [rules[i] for i in eval_at],
+                    fs=fs,
+                    schema=schema,
+                    pure=False,
+                ),
+                what=f"encode {date}: eval row hashes",
+            ),
+            strict=True,
+        )
+    )
     all_eval = np.unique(np.concatenate([np.empty(0, np.uint64), *eval_hashes.values()]))
     bits = row_copies.sample_bits(events["rows_written"])
     admitted = client.scatter(load_admitted(layout, date), broadcast=True)
@@ -277,8 +305,20 @@ def encode_date(
         for split in ("train", "eval"):
             fs.makedirs(join(stage, split), exist_ok=True)
         futures = [
-            client.submit(_encode_part, path, i, rule, admitted, eval_set, fs=fs, schema=schema, stage=stage,
-                          sample_bits=bits, raw_keys=raw_keys, pure=False)
+            client.submit(
+                _encode_part,
+                path,
+                i,
+                rule,
+                admitted,
+                eval_set,
+                fs=fs,
+                schema=schema,
+                stage=stage,
+                sample_bits=bits,
+                raw_keys=raw_keys,
+                pure=False,
+            )
             for i, (path, rule) in enumerate(zip(paths, rules, strict=True))
         ]
         done_parts = gather(client, futures, what=f"encode {date}: parts")
@@ -301,8 +341,9 @@ def encode_date(
             rows_train=rows_train,
             rows_eval=rows_eval,
             eval_copies_dropped=sum(dropped.values()),
-            duplicates=Duplicates(share=round(row_copies.duplicate_share(sampled), 6), sampled_rows=len(sampled),
-                                  sample_bits=bits),
+            duplicates=Duplicates(
+                share=round(row_copies.duplicate_share(sampled), 6), sampled_rows=len(sampled), sample_bits=bits
+            ),
             dense_columns=tuple(dense_columns(schema)),
             key_columns=tuple(key_columns(schema)),
             fields=tuple(schema.categorical),
@@ -326,13 +367,27 @@ def encode_date(
 
 
 def _result(manifest: FeaturesManifest, *, skipped: bool, url: str) -> EncodeResult:
-    return EncodeResult(date=str(manifest.date), rows_train=manifest.rows_train, rows_eval=manifest.rows_eval,
-                        skipped=skipped, run_id=manifest.run_id, url=url, duplicate_share=manifest.duplicates.share,
-                        eval_copies_dropped=manifest.eval_copies_dropped)
+    return EncodeResult(
+        date=str(manifest.date),
+        rows_train=manifest.rows_train,
+        rows_eval=manifest.rows_eval,
+        skipped=skipped,
+        run_id=manifest.run_id,
+        url=url,
+        duplicate_share=manifest.duplicates.share,
+        eval_copies_dropped=manifest.eval_copies_dropped,
+    )
 
 
-def _drop_eval_copies(client: Client, parts: list[dict], eval_hashes: dict[int, np.ndarray], copies: np.ndarray, *,
-                      fs: fsspec.AbstractFileSystem, stage: str) -> dict[str, int]:
+def _drop_eval_copies(
+    client: Client,
+    parts: list[dict],
+    eval_hashes: dict[int, np.ndarray],
+    copies: np.ndarray,
+    *,
+    fs: fsspec.AbstractFileSystem,
+    stage: str,
+) -> dict[str, int]:
     """Rewrite the eval parts holding copies of train rows without them; part name -> rows dropped."""
     if not len(copies):
         return {}
@@ -341,8 +396,11 @@ def _drop_eval_copies(client: Client, parts: list[dict], eval_hashes: dict[int, 
         drop = np.isin(hashes, copies)
         if drop.any():
             jobs.append((parts[i]["name"], drop))
-    done = gather(client, [client.submit(_drop_rows, join(stage, "eval", name), drop, fs=fs, pure=False)
-                           for name, drop in jobs], what="encode: dropping eval copies of train rows")
+    done = gather(
+        client,
+        [client.submit(_drop_rows, join(stage, "eval", name), drop, fs=fs, pure=False) for name, drop in jobs],
+        what="encode: dropping eval copies of train rows",
+    )
     return {name: n for (name, _), n in zip(jobs, done, strict=True)}
 
 
@@ -379,8 +437,17 @@ def _eval_hashes(path: str, rule: tuple, *, fs: fsspec.AbstractFileSystem, schem
 
 
 def _encode_part(
-    path: str, index: int, rule: tuple, admitted: np.ndarray, eval_set: np.ndarray, *, fs: fsspec.AbstractFileSystem,
-    schema: LogSchema, stage: str, sample_bits: int, raw_keys: bool = False,
+    path: str,
+    index: int,
+    rule: tuple,
+    admitted: np.ndarray,
+    eval_set: np.ndarray,
+    *,
+    fs: fsspec.AbstractFileSystem,
+    schema: LogSchema,
+    stage: str,
+    sample_bits: int,
+    raw_keys: bool = False,
 ) -> dict:
     """Dask task: encode one events partition, write its train/eval parts, count its train keys.
 
@@ -401,9 +468,14 @@ def _encode_part(
     # the trainer pulls bag keys too; a bag's first key is also its k_j, so it counts twice (counts only rank keys)
     keys += [np.concatenate([np.empty(0, np.int64), *features.loc[train, c]]) for c in bag_columns(schema)]
     key_counts = pd.Series(np.concatenate(keys)).value_counts(sort=False)
-    return {"name": name, "train": int(train.sum()), "eval": int((~train).sum()), "key_counts": key_counts,
-            "copies": row_copies.copies_in(eval_set, hashes[train]),
-            "sample": row_copies.sample(hashes, sample_bits)}
+    return {
+        "name": name,
+        "train": int(train.sum()),
+        "eval": int((~train).sum()),
+        "key_counts": key_counts,
+        "copies": row_copies.copies_in(eval_set, hashes[train]),
+        "sample": row_copies.sample(hashes, sample_bits),
+    }
 
 
 def _merge_key_counts(parts: list[pd.Series]) -> pd.DataFrame:

@@ -32,8 +32,10 @@ def tally(quarantine: pa.Table, counts: Counter, samples: dict[str, dict[str, An
     for i, category in enumerate(categories):
         if category not in samples:
             samples[category] = {
-                "file": quarantine.column("file")[i].as_py(), "line": quarantine.column("line")[i].as_py(),
-                "reason": reasons[i], "raw": (quarantine.column("raw")[i].as_py() or "")[:SAMPLE_CHARS],
+                "file": quarantine.column("file")[i].as_py(),
+                "line": quarantine.column("line")[i].as_py(),
+                "reason": reasons[i],
+                "raw": (quarantine.column("raw")[i].as_py() or "")[:SAMPLE_CHARS],
             }
 
 
@@ -57,8 +59,14 @@ def describe_reasons(counts: dict[str, int], samples: dict[str, dict[str, Any]])
 
 
 def advice(
-    counts: dict[str, int], samples: dict[str, dict[str, Any]], *, share: float, schema: LogSchema,
-    format_key: str, fmt: str, tolerance: str = "",
+    counts: dict[str, int],
+    samples: dict[str, dict[str, Any]],
+    *,
+    share: float,
+    schema: LogSchema,
+    format_key: str,
+    fmt: str,
+    tolerance: str = "",
 ) -> str:
     """What to do about the bad rows.
 
@@ -79,12 +87,13 @@ def advice(
     if top == "wrong field count":
         other = _fitting_separator(sample.get("raw", ""), schema)
         if other is not None:
-            return (f"the lines split into the {schema.name} columns on {other!r}, not on {schema.separator!r}: "
-                    f"set separator: {other!r} in the schema file, or check {format_key} ({fmt!r})")
+            return (
+                f"the lines split into the {schema.name} columns on {other!r}, not on {schema.separator!r}: "
+                f"set separator: {other!r} in the schema file, or check {format_key} ({fmt!r})"
+            )
         return f"the lines do not have the {schema.name} columns: check {where} and the file"
     if top == "bad timestamp":
-        return (f"{schema.timestamp} values do not read as {schema.timestamp_format!r}: fix timestamp.format in "
-                f"{where}")
+        return f"{schema.timestamp} values do not read as {schema.timestamp_format!r}: fix timestamp.format in {where}"
     if top == "bad label":
         labels = "/".join((*schema.label_positive, *schema.label_negative))
         return f"the label column {schema.label!r} does not hold {labels}: check the label in {where}"

@@ -71,8 +71,10 @@ def add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "clicks": a["clicks"] + b["clicks"],
         "missing": {k: a["missing"].get(k, 0) + b["missing"].get(k, 0) for k in {**a["missing"], **b["missing"]}},
         "dense_hist": {
-            k: [x + y for x, y in zip(a["dense_hist"].get(k, [0] * BINS), b["dense_hist"].get(k, [0] * BINS),
-                                      strict=True)]
+            k: [
+                x + y
+                for x, y in zip(a["dense_hist"].get(k, [0] * BINS), b["dense_hist"].get(k, [0] * BINS), strict=True)
+            ]
             for k in {**a["dense_hist"], **b["dense_hist"]}
         },
     }

@@ -22,4 +22,3 @@ class IngestError(RuntimeError):
 
 def _make_ingest_error(message: str, kind: str) -> IngestError:
     return IngestError(message, kind=kind)
-

@@ -233,6 +233,7 @@ def parse_table(
     ncols = len(schema.columns)
     reasons = []
     for i in bad_rows.tolist():  # the rare path: one Python step per rejected line
+
         def text_of(name: str, i: int = i) -> str:
             c = schema.columns.index(name)
             if typed:  # the typed reader keeps no text: split the raw line
@@ -248,8 +249,10 @@ def parse_table(
             want = f"{ncols}" if schema.required_fields == ncols else f"{schema.required_fields}..{ncols}"
             reasons.append(f"wrong field count: {counts[i]} fields, expected {want}")
         elif bad_ts[i]:
-            reasons.append(f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}, "  # type: ignore[arg-type]  # bad_ts: it has one
-                           f"expected format {schema.timestamp_format!r}")
+            reasons.append(
+                f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}, "  # type: ignore[arg-type]  # bad_ts: it has one
+                f"expected format {schema.timestamp_format!r}"
+            )
         elif bad_label[i]:
             allowed = " or ".join((*schema.label_positive, *schema.label_negative))
             reasons.append(f"bad label: {schema.label}={text_of(schema.label)!r}, expected {allowed}")
@@ -299,12 +302,17 @@ def _fast_columns(data: bytes, end: int, schema: LogSchema, *, typed: bool) -> p
             pa.py_buffer(data).slice(0, end),
             read_options=pacsv.ReadOptions(column_names=names, use_threads=False, block_size=_CSV_BLOCK),
             parse_options=pacsv.ParseOptions(
-                delimiter=schema.separator, quote_char=False, double_quote=False, escape_char=False,
-                newlines_in_values=False, ignore_empty_lines=False,
+                delimiter=schema.separator,
+                quote_char=False,
+                double_quote=False,
+                escape_char=False,
+                newlines_in_values=False,
+                ignore_empty_lines=False,
             ),
             convert_options=pacsv.ConvertOptions(
                 column_types={n: pa.float64() if typed and n in dense else pa.string() for n in names},
-                null_values=[""], strings_can_be_null=True,
+                null_values=[""],
+                strings_can_be_null=True,
                 check_utf8=True,
             ),
         )

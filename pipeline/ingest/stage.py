@@ -100,8 +100,10 @@ class IngestResult:
     def summary(self) -> str:
         """One line for the run log."""
         done = " (already committed)" if self.skipped else ""
-        return (f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
-                f"{self.rows_quarantined} quarantined{done}")
+        return (
+            f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
+            f"{self.rows_quarantined} quarantined{done}"
+        )
 
 
 def check_input_url(input: InputConfig) -> LogSchema:
@@ -205,8 +207,9 @@ def ingest_date(
     return _result(date, manifest, skipped=False, url=committed_data_url(layout.events(date), fs, events_stage))
 
 
-def _committed(fs: Any, events_final: str, quarantine_final: str, inputs: list[dict],
-               schema: LogSchema) -> dict[str, Any] | None:
+def _committed(
+    fs: Any, events_final: str, quarantine_final: str, inputs: list[dict], schema: LogSchema
+) -> dict[str, Any] | None:
     """The committed events manifest of the date when it was ingested from `inputs` in this format, else None."""
     done = read_manifest(fs, events_final)
     if not done or done.get("inputs") != inputs or done.get("format") != schema.name:
@@ -250,17 +253,28 @@ def plan_tasks(inputs: list[dict], base: dict[str, Any], *, block_size: int, cli
             size = inputs[i]["size"]
             bounds = [max(s - 1, 0) for s in starts] + [size]
             ranges += [(inputs[i]["url"], a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        counts = iter(gather(client, client.map(
-            count_newlines, ranges, storage_options=base["input_options"], pure=False
-        ), what="ingest: finding line starts"))
+        counts = iter(
+            gather(
+                client,
+                client.map(count_newlines, ranges, storage_options=base["input_options"], pure=False),
+                what="ingest: finding line starts",
+            )
+        )
         for i, starts in splits:
             before = 0
             for b, start in enumerate(starts):
                 end = starts[b + 1] if b + 1 < len(starts) else None
                 first = 1 if b == 0 else 2 + before
                 tasks.append(
-                    FileTask(url=inputs[i]["url"], file_index=i, block_index=b, start=start, end=end,
-                             first_line=first, **base)
+                    FileTask(
+                        url=inputs[i]["url"],
+                        file_index=i,
+                        block_index=b,
+                        start=start,
+                        end=end,
+                        first_line=first,
+                        **base,
+                    )
                 )
                 before += next(counts)
     return sorted(tasks, key=lambda t: (t.file_index, t.block_index))
@@ -281,10 +295,7 @@ def find_inputs(url: str, storage_options: dict | None = None) -> list[dict[str,
     whether a committed date is still current.
     """
     fs, path = get_fs(url, storage_options)
-    if any(c in path for c in _GLOB_CHARS):
-        paths = sorted(fs.glob(path))
-    else:
-        paths = [path] if fs.exists(path) else []
+    paths = sorted(fs.glob(path)) if any(c in path for c in _GLOB_CHARS) else [path] if fs.exists(path) else []
     out = []
     for p in paths:
         info = fs.info(p)
@@ -299,8 +310,17 @@ def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
     """Task results (one per file or byte range) summed per file, in task order."""
     out: dict[str, dict] = {}
     for r in per_task:
-        acc = out.setdefault(r["file"], {"file": r["file"], "parts": [], "quarantine_parts": [], "reasons": Counter(),
-                                         "stats": empty_stats(schema), "samples": {}})
+        acc = out.setdefault(
+            r["file"],
+            {
+                "file": r["file"],
+                "parts": [],
+                "quarantine_parts": [],
+                "reasons": Counter(),
+                "stats": empty_stats(schema),
+                "samples": {},
+            },
+        )
         for k, v in r.items():
             if isinstance(v, int):
                 acc[k] = acc.get(k, 0) + v
@@ -393,19 +413,33 @@ def check_quality(
         )
     bad = manifest["rows_quarantined"]
     if of_date and bad / of_date > max_bad_fraction:
-        lines = [f"ingest of {date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
-                 f"ingest.max_bad_fraction={max_bad_fraction}; nothing was committed"]
+        lines = [
+            f"ingest of {date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
+            f"ingest.max_bad_fraction={max_bad_fraction}; nothing was committed"
+        ]
         lines += [f"  {line}" for line in bad_rows.describe_reasons(manifest["reasons"], manifest["samples"])]
         if len(per_file) > 1:
             worst = sorted(per_file, key=lambda r: r.get("rows_quarantined", 0), reverse=True)[:3]
-            lines.append("  worst files: " + "; ".join(
-                f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
-                for r in worst if r.get("rows_quarantined", 0)
-            ))
-        lines.append("  " + bad_rows.advice(
-            manifest["reasons"], manifest["samples"], share=bad / of_date, schema=schema, format_key="input.format",
-            fmt=fmt, tolerance=f"raise ingest.max_bad_fraction (now {max_bad_fraction})",
-        ))
+            lines.append(
+                "  worst files: "
+                + "; ".join(
+                    f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
+                    for r in worst
+                    if r.get("rows_quarantined", 0)
+                )
+            )
+        lines.append(
+            "  "
+            + bad_rows.advice(
+                manifest["reasons"],
+                manifest["samples"],
+                share=bad / of_date,
+                schema=schema,
+                format_key="input.format",
+                fmt=fmt,
+                tolerance=f"raise ingest.max_bad_fraction (now {max_bad_fraction})",
+            )
+        )
         raise IngestError("\n".join(lines), kind="too_many_bad_rows")
 
 

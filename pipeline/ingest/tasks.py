@@ -67,7 +67,6 @@ class FileTask:
     """Read ahead and write behind in background threads (`IngestConfig.overlap_io`)."""
 
 
-
 def count_newlines(item: tuple[str, int, int], *, storage_options: dict | None = None) -> int:
     """Dask task: the number of b"\\n" in bytes [a, b) of a plain file."""
     url, a, b = item
@@ -118,8 +117,15 @@ def ingest_file(task: FileTask) -> dict[str, Any]:
             stats = add_stats(stats, chunk_stats(parsed.events, schema))
             # the writer holds what it still needs: free the rest (the raw chunk too) before the next read
             del parsed, tables, data
-    return {"file": task.url, **counts, "parts": parts, "quarantine_parts": quarantine_parts, "reasons": dict(reasons),
-            "stats": stats, "samples": samples}
+    return {
+        "file": task.url,
+        **counts,
+        "parts": parts,
+        "quarantine_parts": quarantine_parts,
+        "reasons": dict(reasons),
+        "stats": stats,
+        "samples": samples,
+    }
 
 
 def _read_chunks(task: FileTask) -> Generator[tuple[int, bytes, int], None, None]:
@@ -204,5 +210,3 @@ def _write_all(fs: fsspec.AbstractFileSystem, tables: list[tuple[str, pa.Table]]
         numeric = [f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
         with fs.open(path, "wb") as f:
             pq.write_table(table, f, write_statistics=numeric)
-
-

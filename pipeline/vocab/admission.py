@@ -42,8 +42,18 @@ def admission_thresholds(config: VocabConfig, fields: Sequence[str]) -> np.ndarr
     return thresholds
 
 
-def admit(*, date: int, keys: np.ndarray, count: np.ndarray, score: np.ndarray, first: np.ndarray, last: np.ndarray,
-          was: np.ndarray, thresholds: np.ndarray, ttl_days: int) -> Columns:
+def admit(
+    *,
+    date: int,
+    keys: np.ndarray,
+    count: np.ndarray,
+    score: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    was: np.ndarray,
+    thresholds: np.ndarray,
+    ttl_days: int,
+) -> Columns:
     """Every key's state before the cap: admitted by score, or kept while within the TTL.
 
     Returns:
@@ -52,8 +62,16 @@ def admit(*, date: int, keys: np.ndarray, count: np.ndarray, score: np.ndarray, 
     field = field_of(keys).astype(np.int16)
     by_count = score >= (thresholds - 1e-9)[field]  # decayed sums are floats
     expired = was & (last < date - ttl_days) & ~by_count  # unseen for more than ttl_days
-    return {"key": keys, "field": field, "count": count, "score": score, "first_seen": first, "last_seen": last,
-            "was_admitted": was, "admitted": by_count | (was & ~expired)}
+    return {
+        "key": keys,
+        "field": field,
+        "count": count,
+        "score": score,
+        "first_seen": first,
+        "last_seen": last,
+        "was_admitted": was,
+        "admitted": by_count | (was & ~expired),
+    }
 
 
 def split_vocab(merged: Columns, admitted: np.ndarray) -> tuple[Columns, Columns]:
@@ -68,9 +86,15 @@ def split_vocab(merged: Columns, admitted: np.ndarray) -> tuple[Columns, Columns
     count = merged["count"]
     evicted = merged["was_admitted"] & ~admitted
     keep = (count > 0) | admitted
-    vocab = {"field": merged["field"][keep], "key": merged["key"][keep], "count": count[keep],
-             "score": merged["score"][keep], "first_seen": merged["first_seen"][keep],
-             "last_seen": merged["last_seen"][keep], "admitted": admitted[keep]}
+    vocab = {
+        "field": merged["field"][keep],
+        "key": merged["key"][keep],
+        "count": count[keep],
+        "score": merged["score"][keep],
+        "first_seen": merged["first_seen"][keep],
+        "last_seen": merged["last_seen"][keep],
+        "admitted": admitted[keep],
+    }
     gone = {"field": merged["field"][evicted], "key": merged["key"][evicted], "last_seen": merged["last_seen"][evicted]}
     return vocab, gone
 
@@ -78,9 +102,17 @@ def split_vocab(merged: Columns, admitted: np.ndarray) -> tuple[Columns, Columns
 def previous_state(previous: pa.Table | None) -> Columns:
     """key, count, first, last (day numbers), admitted of a stored vocabulary table (None: empty)."""
     if previous is None:
-        return {"key": np.empty(0, np.int64), "count": np.empty(0, np.int64), "first": np.empty(0, np.int64),
-                "last": np.empty(0, np.int64), "admitted": np.empty(0, bool)}
-    return {"key": previous.column("key").to_numpy().astype(np.int64, copy=False),
-            "count": previous.column("count").to_numpy().astype(np.int64, copy=False),
-            "first": day_numbers(previous.column("first_seen")), "last": day_numbers(previous.column("last_seen")),
-            "admitted": previous.column("admitted").to_numpy().astype(bool, copy=False)}
+        return {
+            "key": np.empty(0, np.int64),
+            "count": np.empty(0, np.int64),
+            "first": np.empty(0, np.int64),
+            "last": np.empty(0, np.int64),
+            "admitted": np.empty(0, bool),
+        }
+    return {
+        "key": previous.column("key").to_numpy().astype(np.int64, copy=False),
+        "count": previous.column("count").to_numpy().astype(np.int64, copy=False),
+        "first": day_numbers(previous.column("first_seen")),
+        "last": day_numbers(previous.column("last_seen")),
+        "admitted": previous.column("admitted").to_numpy().astype(bool, copy=False),
+    }

@@ -44,8 +44,13 @@ class BucketRule:
     @staticmethod
     def of(config: VocabConfig, fields: Sequence[str]) -> BucketRule:
         """Raises ValueError when `config.min_count_per_field` names a field not in `fields`."""
-        return BucketRule(thresholds=tuple(admission_thresholds(config, fields).tolist()), ttl_days=config.ttl_days,
-                          n_fields=len(fields), decay=config.decay, cap=config.max_keys_per_field)
+        return BucketRule(
+            thresholds=tuple(admission_thresholds(config, fields).tolist()),
+            ttl_days=config.ttl_days,
+            n_fields=len(fields),
+            decay=config.decay,
+            cap=config.max_keys_per_field,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +104,29 @@ def update_bucket(
         delta: window = previous count + today - dropped (decay 1 only) instead of the window's sum.
     """
     if delta and not rule.cap and days is not None:
-        out = delta_vocab(date=date, previous=previous, days=days, today=today, dropped=dropped,
-                          thresholds=np.asarray(rule.thresholds), ttl_days=rule.ttl_days, n_fields=rule.n_fields)
-        return BucketUpdate(vocab=out.vocab, days=out.days, evicted=out.evicted, totals=out.totals,
-                            admitted=out.totals.admitted, day_keys=len(today[0]))
+        out = delta_vocab(
+            date=date,
+            previous=previous,
+            days=days,
+            today=today,
+            dropped=dropped,
+            thresholds=np.asarray(rule.thresholds),
+            ttl_days=rule.ttl_days,
+            n_fields=rule.n_fields,
+        )
+        return BucketUpdate(
+            vocab=out.vocab,
+            days=out.days,
+            evicted=out.evicted,
+            totals=out.totals,
+            admitted=out.totals.admitted,
+            day_keys=len(today[0]),
+        )
     if days is not None:
         previous = {**previous, "first": days[previous["first"]], "last": days[previous["last"]]}
-    merged = merge_rows(date=date, today=today, previous=previous, rule=rule, window=window, dropped=dropped,
-                        delta=delta)
+    merged = merge_rows(
+        date=date, today=today, previous=previous, rule=rule, window=window, dropped=dropped, delta=delta
+    )
     admitted = merged.rows["admitted"]
     if rule.cap:
         admitted = _cap_alone(merged.rows, rule.cap)
@@ -127,8 +147,9 @@ def merge_rows(
     keys, counts = today
     thresholds = np.asarray(rule.thresholds)
     if delta:
-        rows = delta_combine(date=date, previous=previous, today=today, dropped=dropped, thresholds=thresholds,
-                             ttl_days=rule.ttl_days)
+        rows = delta_combine(
+            date=date, previous=previous, today=today, dropped=dropped, thresholds=thresholds, ttl_days=rule.ttl_days
+        )
     else:
         summed = window_table([(date, keys, counts), *window], end=date, decay=rule.decay)
         rows = combine(date=date, window=summed, previous=previous, thresholds=thresholds, ttl_days=rule.ttl_days)
@@ -146,11 +167,18 @@ def finish_rows(merged: MergedRows, admitted: np.ndarray, *, n_fields: int, day_
     """The bucket's vocabulary, evicted keys and report sums, given its final (capped) admission."""
     rows = merged.rows
     vocab, gone = split_vocab(rows, admitted)
-    totals = field_totals(field=rows["field"], count=rows["count"], admitted=admitted,
-                          evicted=rows["was_admitted"] & ~admitted, today=merged.today,
-                          was_admitted=rows["was_admitted"], n_fields=n_fields)
-    return BucketUpdate(vocab=vocab, days=None, evicted=gone, totals=totals, admitted=pre_cap(rows, n_fields),
-                        day_keys=day_keys)
+    totals = field_totals(
+        field=rows["field"],
+        count=rows["count"],
+        admitted=admitted,
+        evicted=rows["was_admitted"] & ~admitted,
+        today=merged.today,
+        was_admitted=rows["was_admitted"],
+        n_fields=n_fields,
+    )
+    return BucketUpdate(
+        vocab=vocab, days=None, evicted=gone, totals=totals, admitted=pre_cap(rows, n_fields), day_keys=day_keys
+    )
 
 
 def _cap_alone(rows: Columns, cap: int) -> np.ndarray:
@@ -158,7 +186,9 @@ def _cap_alone(rows: Columns, cap: int) -> np.ndarray:
     field, admitted, bits = rows["field"], rows["admitted"], score_bits(rows["score"])
     search = CapSearch(cap=cap, admitted=np.bincount(field[admitted], minlength=MAX_FIELDS), buckets=1)
     while not search.done:
-        search.absorb([cap_histograms(field=field, bits=bits, admitted=admitted, query=search.query(),
-                                      shift=search.shift)])
-    return cap_mask(field=field, bits=bits, admitted=admitted, cuts={f: (c.bits, c.take[0])
-                                                                      for f, c in search.cuts.items()})
+        search.absorb(
+            [cap_histograms(field=field, bits=bits, admitted=admitted, query=search.query(), shift=search.shift)]
+        )
+    return cap_mask(
+        field=field, bits=bits, admitted=admitted, cuts={f: (c.bits, c.take[0]) for f, c in search.cuts.items()}
+    )

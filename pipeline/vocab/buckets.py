@@ -66,5 +66,3 @@ def auto_buckets(rows: int) -> int:
     while buckets < MAX_BUCKETS and rows > buckets * MERGE_ROWS_PER_BUCKET:
         buckets *= 2
     return buckets
-
-

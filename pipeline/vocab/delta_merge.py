@@ -89,8 +89,17 @@ def delta_combine(
     last = spread(previous["last"], date, np.int64)
     last[it] = np.maximum(last[it], date)
     was = spread(previous["admitted"], False, bool)
-    return admit(date=date, keys=keys, count=count, score=count.astype(np.float64), first=first, last=last, was=was,
-                 thresholds=thresholds, ttl_days=ttl_days)
+    return admit(
+        date=date,
+        keys=keys,
+        count=count,
+        score=count.astype(np.float64),
+        first=first,
+        last=last,
+        was=was,
+        thresholds=thresholds,
+        ttl_days=ttl_days,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,14 +212,22 @@ def delta_vocab(
 
     keys = lay_out(pk, nk, np.int64)
     out_count = lay_out(count, nc, np.int64)
-    vocab = {"field": field_of(keys).astype(np.int16), "key": keys, "count": out_count,
-             "score": out_count.astype(np.float64), "first_seen": lay_out(first, today_index, np.int32),
-             "last_seen": lay_out(last, today_index, np.int32),
-             "admitted": lay_out(admitted, new_admitted, bool)}
+    vocab = {
+        "field": field_of(keys).astype(np.int16),
+        "key": keys,
+        "count": out_count,
+        "score": out_count.astype(np.float64),
+        "first_seen": lay_out(first, today_index, np.int32),
+        "last_seen": lay_out(last, today_index, np.int32),
+        "admitted": lay_out(admitted, new_admitted, bool),
+    }
 
     gone = np.empty(0, np.int64) if expired is None else np.flatnonzero(expired)  # no cap: evicted = expired
-    evicted: dict[str, np.ndarray] = {"field": field_of(pk[gone]).astype(np.int16), "key": pk[gone],
-                                      "last_seen": days[last[gone]]}
+    evicted: dict[str, np.ndarray] = {
+        "field": field_of(pk[gone]).astype(np.int16),
+        "key": pk[gone],
+        "last_seen": days[last[gone]],
+    }
     on_field = field_of(tk)
     today_admitted = np.zeros(len(tk), bool)
     today_admitted[found] = admitted[seen_at]
@@ -257,7 +274,7 @@ def _found(sorted_keys: np.ndarray, keys: np.ndarray, at: np.ndarray) -> np.ndar
 
 
 def _negative(date: int) -> ValueError:
-    return ValueError(f"vocabulary of {day_strings(np.array([date]))[0]}: a windowed count went negative; the kept "
-                      "day counts do not match the previous vocabulary; rebuild with incremental=False")
-
-
+    return ValueError(
+        f"vocabulary of {day_strings(np.array([date]))[0]}: a windowed count went negative; the kept "
+        "day counts do not match the previous vocabulary; rebuild with incremental=False"
+    )

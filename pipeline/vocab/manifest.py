@@ -32,9 +32,12 @@ from storage.io.records import (
 __all__ = ["VOCAB_FORMAT", "DayFieldStats", "FieldStats", "FormatError", "VocabManifest", "read_vocab_manifest"]
 
 VOCAB_FORMAT = RecordFormat(
-    "ctr-pipeline-vocab", 1, absent=1,
+    "ctr-pipeline-vocab",
+    1,
+    absent=1,
     fix="run the vocab stage again for that date (`--force`)",
-    newer="upgrade ctr-pipeline here to read it, or run the vocab stage of this version again for that date (`--force`)",
+    newer="upgrade ctr-pipeline here to read it, or run the vocab stage of this version again for that date"
+    " (`--force`)",
 )
 """The manifest's format: version 1 is what `pipeline.vocab.stage` has always written."""
 

@@ -44,10 +44,17 @@ from storage.io.fsio import join
 
 SCRATCH = "_scratch"
 COUNT_ROW_GROUP = 1 << 16
-VOCAB_SCHEMA = pa.schema([("field", pa.int16(), False), ("key", pa.int64(), False), ("count", pa.int64(), False),
-                          ("score", pa.float64(), False), ("first_seen", pa.dictionary(pa.int32(), pa.string()), False),
-                          ("last_seen", pa.dictionary(pa.int32(), pa.string()), False),
-                          ("admitted", pa.bool_(), False)])
+VOCAB_SCHEMA = pa.schema(
+    [
+        ("field", pa.int16(), False),
+        ("key", pa.int64(), False),
+        ("count", pa.int64(), False),
+        ("score", pa.float64(), False),
+        ("first_seen", pa.dictionary(pa.int32(), pa.string()), False),
+        ("last_seen", pa.dictionary(pa.int32(), pa.string()), False),
+        ("admitted", pa.bool_(), False),
+    ]
+)
 """A vocabulary part as written (readers see the dates as plain strings: no Arrow schema is stored).
 Columns are required (never null): Parquet then stores no definition levels for them."""
 VOCAB_DICTIONARY = ["field", "count", "score", "first_seen", "last_seen", "admitted"]
@@ -58,10 +65,22 @@ WRITE_OPTIONS = {"compression": "none", "store_schema": False}
 columns are dictionary-encoded already, so compression costs write CPU for few bytes), no Arrow schema."""
 EVICTED_SCHEMA = pa.schema([("field", pa.int16()), ("key", pa.int64()), ("last_seen", pa.large_string())])
 COUNTS_SCHEMA = pa.schema([("field", pa.int16(), False), ("key", pa.int64(), False), ("count", pa.int64(), False)])
-SCRATCH_COUNTS_SCHEMA = pa.schema([("hx", pa.uint32(), False), ("key", pa.int64(), False), ("count", pa.int64(), False)])
-MERGED_SCHEMA = pa.schema([("key", pa.int64()), ("field", pa.int16()), ("count", pa.int64()), ("score", pa.float64()),
-                           ("first_seen", pa.int64()), ("last_seen", pa.int64()), ("was_admitted", pa.bool_()),
-                           ("admitted", pa.bool_()), ("today", pa.int64())])
+SCRATCH_COUNTS_SCHEMA = pa.schema(
+    [("hx", pa.uint32(), False), ("key", pa.int64(), False), ("count", pa.int64(), False)]
+)
+MERGED_SCHEMA = pa.schema(
+    [
+        ("key", pa.int64()),
+        ("field", pa.int16()),
+        ("count", pa.int64()),
+        ("score", pa.float64()),
+        ("first_seen", pa.int64()),
+        ("last_seen", pa.int64()),
+        ("was_admitted", pa.bool_()),
+        ("admitted", pa.bool_()),
+        ("today", pa.int64()),
+    ]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +109,15 @@ def write_scratch_counts(fs: fsspec.AbstractFileSystem, path: str, keys: np.ndar
     """One events partition's (key, count) as `_scratch/counts` stores them: sorted by hx, 64k-row row groups."""
     hx = hx_of(keys)
     order = np.argsort(hx, kind="stable")
-    table = pa.table({"hx": hx[order].astype(np.uint32), "key": keys[order], "count": counts[order]},
-                     schema=SCRATCH_COUNTS_SCHEMA)
+    table = pa.table(
+        {"hx": hx[order].astype(np.uint32), "key": keys[order], "count": counts[order]}, schema=SCRATCH_COUNTS_SCHEMA
+    )
     _write(fs, path, table, row_group_size=COUNT_ROW_GROUP, use_dictionary=["count"], write_statistics=["hx"])
 
 
-def read_count_range(fs: fsspec.AbstractFileSystem, path: str, bucket: int, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+def read_count_range(
+    fs: fsspec.AbstractFileSystem, path: str, bucket: int, buckets: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(keys, counts) of `bucket` from one scratch counts file: only the row groups whose hx range overlaps."""
     lo, hi = bucket_bounds(bucket, buckets)
     with fs.open(path, "rb") as f:
@@ -110,7 +132,10 @@ def read_count_range(fs: fsspec.AbstractFileSystem, path: str, bucket: int, buck
         t = pf.read_row_groups(groups, columns=["hx", "key", "count"])
     hx = t.column("hx").to_numpy()
     mask = (hx >= lo) & (hx < hi)
-    keys, counts = t.column("key").to_numpy()[mask].astype(np.int64), t.column("count").to_numpy()[mask].astype(np.int64)
+    keys, counts = (
+        t.column("key").to_numpy()[mask].astype(np.int64),
+        t.column("count").to_numpy()[mask].astype(np.int64),
+    )
     # Rows are in hx order, keys of equal hx in key order (`write_scratch_counts` sorts sorted keys stably by hx).
     # Key order is field, then hx: a stable sort on the (8-bit) field, a radix sort, puts them in key order,
     # so the per-file runs `sum_counts` merges are already sorted.
@@ -150,8 +175,9 @@ def write_evicted(fs: fsspec.AbstractFileSystem, path: str, gone: Columns) -> in
     """A bucket's evicted keys (field, key, last_seen day numbers), one row group per field; no file when none."""
     if not len(gone["key"]):
         return 0
-    evicted = pa.table({"field": gone["field"], "key": gone["key"], "last_seen": day_strings(gone["last_seen"])},
-                       schema=EVICTED_SCHEMA)
+    evicted = pa.table(
+        {"field": gone["field"], "key": gone["key"], "last_seen": day_strings(gone["last_seen"])}, schema=EVICTED_SCHEMA
+    )
     with fs.open(path, "wb") as f, pq.ParquetWriter(f, EVICTED_SCHEMA) as w:
         fields = gone["field"]
         starts = np.flatnonzero(np.r_[True, fields[1:] != fields[:-1]])
@@ -160,8 +186,9 @@ def write_evicted(fs: fsspec.AbstractFileSystem, path: str, gone: Columns) -> in
     return len(fields)
 
 
-def read_bucket(fs: fsspec.AbstractFileSystem, source: Bucketed, bucket: int, buckets: int,
-                columns: list[str] | None) -> pa.Table:
+def read_bucket(
+    fs: fsspec.AbstractFileSystem, source: Bucketed, bucket: int, buckets: int, columns: list[str] | None
+) -> pa.Table:
     """The rows of `bucket` (of `buckets`) from `source`, whatever its own bucket count; sorted by key.
 
     Date columns come back dictionary-encoded (`pipeline.vocab.dates.day_numbers` reads them).
@@ -180,8 +207,9 @@ def read_previous(fs: fsspec.AbstractFileSystem, source: Bucketed | None, bucket
     """The previous vocabulary's state of `bucket` for a merge: key, count, first, last (day numbers), admitted."""
     if source is None:
         return previous_state(None)
-    return previous_state(read_bucket(fs, source, bucket, buckets, ["key", "count", "first_seen", "last_seen",
-                                                                    "admitted"]))
+    return previous_state(
+        read_bucket(fs, source, bucket, buckets, ["key", "count", "first_seen", "last_seen", "admitted"])
+    )
 
 
 def read_previous_indexed(
@@ -199,9 +227,13 @@ def read_previous_indexed(
         days = np.union1d(first_days, last_days)
         first = np.searchsorted(days, first_days)[first].astype(np.int32)
         last = np.searchsorted(days, last_days)[last].astype(np.int32)
-    return {"key": t.column("key").to_numpy().astype(np.int64, copy=False),
-            "count": t.column("count").to_numpy().astype(np.int64, copy=False), "first": first, "last": last,
-            "admitted": t.column("admitted").to_numpy(zero_copy_only=False).astype(bool, copy=False)}, days
+    return {
+        "key": t.column("key").to_numpy().astype(np.int64, copy=False),
+        "count": t.column("count").to_numpy().astype(np.int64, copy=False),
+        "first": first,
+        "last": last,
+        "admitted": t.column("admitted").to_numpy(zero_copy_only=False).astype(bool, copy=False),
+    }, days
 
 
 def read_part(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None) -> pa.Table:

@@ -43,8 +43,14 @@ class FieldTotals:
 
 
 def field_totals(
-    *, field: np.ndarray, count: np.ndarray, admitted: np.ndarray, evicted: np.ndarray, today: np.ndarray,
-    was_admitted: np.ndarray, n_fields: int,
+    *,
+    field: np.ndarray,
+    count: np.ndarray,
+    admitted: np.ndarray,
+    evicted: np.ndarray,
+    today: np.ndarray,
+    was_admitted: np.ndarray,
+    n_fields: int,
 ) -> FieldTotals:
     """Report sums of a set of keys (a bucket or the whole table) for fields 0..n_fields-1.
 
@@ -55,13 +61,15 @@ def field_totals(
     """
     on = np.flatnonzero(today)  # the keys seen today: few, so today's sums only look at them
     weights, today_field = today[on].astype(np.float64), field[on]
-    return FieldTotals(seen=count_by_field(field, count > 0, n_fields),
-                       admitted=count_by_field(field, admitted, n_fields),
-                       evicted=count_by_field(field, evicted, n_fields),
-                       covered=count_by_field(today_field, admitted[on], n_fields, weights),
-                       present=count_by_field(today_field, None, n_fields, weights),
-                       known=count_by_field(today_field, was_admitted[on], n_fields, weights),
-                       distinct=count_by_field(today_field, None, n_fields))
+    return FieldTotals(
+        seen=count_by_field(field, count > 0, n_fields),
+        admitted=count_by_field(field, admitted, n_fields),
+        evicted=count_by_field(field, evicted, n_fields),
+        covered=count_by_field(today_field, admitted[on], n_fields, weights),
+        present=count_by_field(today_field, None, n_fields, weights),
+        known=count_by_field(today_field, was_admitted[on], n_fields, weights),
+        distinct=count_by_field(today_field, None, n_fields),
+    )
 
 
 def count_by_field(
@@ -94,9 +102,17 @@ def stats_from_totals(
         else:
             cov, pres = covered / rows, present / rows
             missing = round(1.0 - pres, 6)
-        out.append({"field": name, "seen": int(totals.seen[j]), "admitted": int(totals.admitted[j]),
-                    "evicted": int(totals.evicted[j]), "coverage": round(cov, 6),
-                    "oov_rate": round(pres - cov, 6), "missing_rate": missing})
+        out.append(
+            {
+                "field": name,
+                "seen": int(totals.seen[j]),
+                "admitted": int(totals.admitted[j]),
+                "evicted": int(totals.evicted[j]),
+                "coverage": round(cov, 6),
+                "oov_rate": round(pres - cov, 6),
+                "missing_rate": missing,
+            }
+        )
     return out
 
 
@@ -114,8 +130,13 @@ def day_field_stats(
     for j, name in enumerate(fields):
         present, known = int(totals.present[j]), int(totals.known[j])
         base = max(present, 1) if name in multi_valued else rows
-        out.append({"field": name, "day_keys": int(totals.distinct[j]),
-                    "oov_rate_previous": round((present - known) / base, 6)})
+        out.append(
+            {
+                "field": name,
+                "day_keys": int(totals.distinct[j]),
+                "oov_rate_previous": round((present - known) / base, 6),
+            }
+        )
     return out
 
 

@@ -160,13 +160,21 @@ def build_vocab(
 
     with staged(fs, final) as stage:
         t0 = time.perf_counter()
-        for sub in (f"{SCRATCH}/counts", f"{SCRATCH}/merged", f"{SCRATCH}/evicted", "day_counts.parquet",
-                    "vocab.parquet"):
+        for sub in (
+            f"{SCRATCH}/counts",
+            f"{SCRATCH}/merged",
+            f"{SCRATCH}/evicted",
+            "day_counts.parquet",
+            "vocab.parquet",
+        ):
             fs.makedirs(join(stage, sub), exist_ok=True)
         outs = [scratch(stage, "counts", i) for i in range(len(events["parts"]))]
         inputs = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
-        distinct = gather(client, client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi,
-                                             pure=False), what=f"vocab {date}: counting keys")
+        distinct = gather(
+            client,
+            client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi, pure=False),
+            what=f"vocab {date}: counting keys",
+        )
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
             sum(distinct) + sum(m.day_keys for m in window.values()) + (prev.vocab_rows if prev else 0)
@@ -179,14 +187,28 @@ def build_vocab(
             window=() if delta else tuple((day_number(d), _day_counts(layout, d, m)) for d, m in window.items()),
             previous=_vocab_parts(layout, prev_date, prev) if prev_date and prev else None,
             # `dropped` is committed: _delta_plan read its manifest
-            dropped=_day_counts(layout, dropped, read_vocab_manifest(fs, vocab_dir(layout, dropped))) if delta and dropped else None,  # type: ignore[arg-type]
+            dropped=_day_counts(layout, dropped, read_vocab_manifest(fs, vocab_dir(layout, dropped)))  # type: ignore[arg-type]
+            if delta and dropped
+            else None,
             delta=delta,
             rule=rule,
         )
         results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
         t2 = time.perf_counter()
-        n_evicted = gather(client, [client.submit(concat_evicted, join(stage, "evicted.parquet"), stage=stage, fs=fs, pure=False,
-                                  buckets=[b for b, r in enumerate(results) if r.evicted_rows])], what=f"vocab {date}: evicted keys")[0]
+        n_evicted = gather(
+            client,
+            [
+                client.submit(
+                    concat_evicted,
+                    join(stage, "evicted.parquet"),
+                    stage=stage,
+                    fs=fs,
+                    pure=False,
+                    buckets=[b for b, r in enumerate(results) if r.evicted_rows],
+                )
+            ],
+            what=f"vocab {date}: evicted keys",
+        )[0]
         fs.rm(join(stage, SCRATCH), recursive=True)
 
         # every bucket has its totals once merged (and capped)
@@ -210,10 +232,15 @@ def build_vocab(
             seen=int(totals.seen.sum()),
             evicted=int(n_evicted),
             per_field=tuple(FieldStats(**s) for s in stats),
-            day_fields=tuple(DayFieldStats(**s) for s in day_field_stats(totals, day_rows=events["rows_written"],
-                                                                         fields=fields, multi_valued=multi)),
-            seconds={"count": round(t1 - t0, 3), "merge": round(t2 - t1, 3),
-                     "evicted_and_report": round(time.perf_counter() - t2, 3)},
+            day_fields=tuple(
+                DayFieldStats(**s)
+                for s in day_field_stats(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
+            ),
+            seconds={
+                "count": round(t1 - t0, 3),
+                "merge": round(t2 - t1, 3),
+                "evicted_and_report": round(time.perf_counter() - t2, 3),
+            },
             events_run_id=events.get("run_id"),
             run_id=run_id,
             code_version=code_version(),
@@ -222,8 +249,15 @@ def build_vocab(
     return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
 
 
-def _write_report(fs: fsspec.AbstractFileSystem, stage: str, date: str, stats: list[dict], *,
-                  window_dates: list[str], config: VocabConfig) -> None:
+def _write_report(
+    fs: fsspec.AbstractFileSystem,
+    stage: str,
+    date: str,
+    stats: list[dict],
+    *,
+    window_dates: list[str],
+    config: VocabConfig,
+) -> None:
     """report.parquet (per-field stats, for `load_report`) and report.md (for the flow to publish)."""
     with fs.open(join(stage, "report.parquet"), "wb") as f:
         pd.DataFrame(stats).assign(date=date).to_parquet(f, index=False)
@@ -234,19 +268,29 @@ def _write_report(fs: fsspec.AbstractFileSystem, stage: str, date: str, stats: l
 def _merge(client: Client, plan: MergePlan, *, fs: fsspec.AbstractFileSystem, cap: int) -> list[BucketResult]:
     """Run the bucket tasks (and, with a cap, the cut search and the finishing tasks); per-bucket results."""
     buckets = range(plan.buckets)
-    results = gather(client, client.map(merge_bucket, buckets, plan=plan, fs=fs, pure=False), what="vocab: merging buckets")
+    results = gather(
+        client, client.map(merge_bucket, buckets, plan=plan, fs=fs, pure=False), what="vocab: merging buckets"
+    )
     if not plan.rule.cap:
         return results
     search = CapSearch(cap=cap, admitted=sum(r.admitted for r in results), buckets=plan.buckets)
     while not search.done:
-        search.absorb(gather(client, client.map(cap_round, buckets, plan=plan, fs=fs, query=search.query(),
-                                                shift=search.shift, pure=False), what="vocab: the cap's cut"))
+        search.absorb(
+            gather(
+                client,
+                client.map(cap_round, buckets, plan=plan, fs=fs, query=search.query(), shift=search.shift, pure=False),
+                what="vocab: the cap's cut",
+            )
+        )
     cuts = [{f: (c.bits, c.take[b]) for f, c in search.cuts.items()} for b in buckets]
-    return gather(client, client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False), what="vocab: finishing buckets")
+    return gather(
+        client, client.map(finish_bucket, buckets, cuts, plan=plan, fs=fs, pure=False), what="vocab: finishing buckets"
+    )
 
 
-def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str,
-                      window_days: int) -> dict[str, VocabManifest]:
+def _committed_window(
+    fs: fsspec.AbstractFileSystem, layout: Layout, date: str, window_days: int
+) -> dict[str, VocabManifest]:
     """date -> manifest of the committed vocabularies of the window_days - 1 days before `date`."""
     out = {}
     for back in range(window_days - 1, 0, -1):
@@ -257,9 +301,14 @@ def _committed_window(fs: fsspec.AbstractFileSystem, layout: Layout, date: str,
 
 
 def _delta_plan(
-    date: str, vocab: VocabConfig, window: dict[str, VocabManifest], prev_date: str | None,
-    prev: VocabManifest | None, *,
-    fs: fsspec.AbstractFileSystem, layout: Layout,
+    date: str,
+    vocab: VocabConfig,
+    window: dict[str, VocabManifest],
+    prev_date: str | None,
+    prev: VocabManifest | None,
+    *,
+    fs: fsspec.AbstractFileSystem,
+    layout: Layout,
 ) -> tuple[bool, str | None]:
     """(whether the delta merge gives the exact window, the date that left the window or None).
 

@@ -123,32 +123,55 @@ def merge_bucket(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem)
     else:
         prev, days = read_previous(fs, plan.previous, bucket, plan.buckets), None
     if plan.rule.cap:
-        merged = merge_rows(date=plan.date, today=(keys, counts), previous=prev, rule=plan.rule, window=window,
-                            dropped=dropped, delta=plan.delta)
+        merged = merge_rows(
+            date=plan.date,
+            today=(keys, counts),
+            previous=prev,
+            rule=plan.rule,
+            window=window,
+            dropped=dropped,
+            delta=plan.delta,
+        )
         write_merged(fs, scratch(plan.stage, "merged", bucket), merged.rows, merged.today)
         return BucketResult(admitted=pre_cap(merged.rows, plan.rule.n_fields), totals=None, day_keys=len(keys))
-    out = update_bucket(date=plan.date, today=(keys, counts), previous=prev, rule=plan.rule, days=days, window=window,
-                        dropped=dropped, delta=plan.delta)
+    out = update_bucket(
+        date=plan.date,
+        today=(keys, counts),
+        previous=prev,
+        rule=plan.rule,
+        days=days,
+        window=window,
+        dropped=dropped,
+        delta=plan.delta,
+    )
     return _write_bucket(fs, plan, bucket, out)
 
 
-def cap_round(bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem, query: dict[int, tuple[int, int]],
-              shift: int) -> dict[int, Histogram]:
+def cap_round(
+    bucket: int, *, plan: MergePlan, fs: fsspec.AbstractFileSystem, query: dict[int, tuple[int, int]], shift: int
+) -> dict[int, Histogram]:
     """Dask task: this bucket's histograms for one `CapSearch` round."""
     t = read_part(fs, scratch(plan.stage, "merged", bucket), ["field", "score", "admitted"])
-    return cap_histograms(field=t.column("field").to_numpy(), bits=score_bits(t.column("score").to_numpy()),
-                          admitted=t.column("admitted").to_numpy(zero_copy_only=False), query=query, shift=shift)
+    return cap_histograms(
+        field=t.column("field").to_numpy(),
+        bits=score_bits(t.column("score").to_numpy()),
+        admitted=t.column("admitted").to_numpy(zero_copy_only=False),
+        query=query,
+        shift=shift,
+    )
 
 
-def finish_bucket(bucket: int, cuts: dict[int, tuple[int, int]], *, plan: MergePlan,
-                  fs: fsspec.AbstractFileSystem) -> BucketResult:
+def finish_bucket(
+    bucket: int, cuts: dict[int, tuple[int, int]], *, plan: MergePlan, fs: fsspec.AbstractFileSystem
+) -> BucketResult:
     """Dask task: apply the cap's cut to this bucket's merged rows (`finish_rows`) and write its parts."""
     t = read_part(fs, scratch(plan.stage, "merged", bucket), None)
     rows = {name: t.column(name).to_numpy() for name in t.column_names}
     today = rows.pop("today")
     admitted = cap_mask(field=rows["field"], bits=score_bits(rows["score"]), admitted=rows["admitted"], cuts=cuts)
-    out = finish_rows(MergedRows(rows=rows, today=today), admitted, n_fields=plan.rule.n_fields,
-                      day_keys=int((today > 0).sum()))
+    out = finish_rows(
+        MergedRows(rows=rows, today=today), admitted, n_fields=plan.rule.n_fields, day_keys=int((today > 0).sum())
+    )
     return _write_bucket(fs, plan, bucket, out)
 
 
@@ -156,8 +179,13 @@ def _write_bucket(fs: fsspec.AbstractFileSystem, plan: MergePlan, bucket: int, o
     """The bucket's vocabulary and evicted parts; its numbers for the driver."""
     write_vocab_part(fs, join(plan.stage, "vocab.parquet", part_name(bucket)), out.vocab, days=out.days)
     evicted_rows = write_evicted(fs, scratch(plan.stage, "evicted", bucket), out.evicted)
-    return BucketResult(admitted=out.admitted, totals=out.totals, vocab_rows=len(out.vocab["key"]),
-                        day_keys=out.day_keys, evicted_rows=evicted_rows)
+    return BucketResult(
+        admitted=out.admitted,
+        totals=out.totals,
+        vocab_rows=len(out.vocab["key"]),
+        day_keys=out.day_keys,
+        evicted_rows=evicted_rows,
+    )
 
 
 def concat_evicted(out: str, *, stage: str, buckets: Sequence[int], fs: fsspec.AbstractFileSystem) -> int:

@@ -29,11 +29,18 @@ def window_table(days: Iterable[tuple[int, np.ndarray, np.ndarray]], *, end: int
     its order, and this one order gives a bucket of keys bit-identical scores to
     the whole table (the cap compares scores for equality).
     """
-    chunks = [(int(d), np.asarray(k, np.int64), np.asarray(c, np.int64)) for d, k, c in sorted(days, key=lambda t: t[0])]
+    chunks = [
+        (int(d), np.asarray(k, np.int64), np.asarray(c, np.int64)) for d, k, c in sorted(days, key=lambda t: t[0])
+    ]
     chunks = [c for c in chunks if len(c[1])]
     if not chunks:
-        return {"key": np.empty(0, np.int64), "count": np.empty(0, np.int64), "score": np.empty(0, np.float64),
-                "first": np.empty(0, np.int64), "last": np.empty(0, np.int64)}
+        return {
+            "key": np.empty(0, np.int64),
+            "count": np.empty(0, np.int64),
+            "score": np.empty(0, np.float64),
+            "first": np.empty(0, np.int64),
+            "last": np.empty(0, np.int64),
+        }
     keys = np.concatenate([k for _, k, _ in chunks])
     counts = np.concatenate([c for _, _, c in chunks])
     day = np.concatenate([np.full(len(k), d, np.int64) for d, k, _ in chunks])
@@ -46,8 +53,13 @@ def window_table(days: Iterable[tuple[int, np.ndarray, np.ndarray]], *, end: int
     else:
         weighted = np.concatenate([c.astype(np.float64) * decay ** (end - d) for d, _, c in chunks])
         score = pd.Series(weighted).groupby(keys, sort=True).sum().to_numpy(np.float64)
-    return {"key": k[starts], "count": total, "score": score, "first": np.minimum.reduceat(day[order], starts),
-            "last": np.maximum.reduceat(day[order], starts)}
+    return {
+        "key": k[starts],
+        "count": total,
+        "score": score,
+        "first": np.minimum.reduceat(day[order], starts),
+        "last": np.maximum.reduceat(day[order], starts),
+    }
 
 
 def combine(*, date: int, window: Columns, previous: Columns, thresholds: np.ndarray, ttl_days: int) -> Columns:
@@ -78,8 +90,17 @@ def combine(*, date: int, window: Columns, previous: Columns, thresholds: np.nda
     last[ip] = np.maximum(last[ip], previous["last"])
     was = np.zeros(len(keys), bool)
     was[ip] = previous["admitted"]
-    return admit(date=date, keys=keys, count=count, score=score, first=first, last=last, was=was,
-                 thresholds=thresholds, ttl_days=ttl_days)
+    return admit(
+        date=date,
+        keys=keys,
+        count=count,
+        score=score,
+        first=first,
+        last=last,
+        was=was,
+        thresholds=thresholds,
+        ttl_days=ttl_days,
+    )
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:

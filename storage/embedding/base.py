@@ -70,6 +70,7 @@ def as_row_format(dim: int | RowFormat) -> RowFormat:
         raise TypeError(f"a store takes a RowFormat or an int row width, got {type(dim).__name__}")
     return RowFormat(dim)
 
+
 _Keys = TypeVar("_Keys", torch.Tensor, np.ndarray)
 
 
@@ -114,7 +115,9 @@ class EmbeddingStore(abc.ABC):
         key's row is its `init_rows` row as the store would keep it: rounded to the row dtype)."""
         raise NotImplementedError
 
-    def update(self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
+    def update(
+        self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0
+    ) -> None:
         """Apply one step of the store's sparse optimizer to the rows of `target` (keys, or their `Lookup`)
         with `grads` (N, dim).
 
@@ -126,8 +129,9 @@ class EmbeddingStore(abc.ABC):
             return
         uniq, g = sum_duplicates(k, grads.detach().to(self.device))
         _, rows = self.read_rows(uniq)
-        new = self.row_format.step(host_to_device(torch.from_numpy(uniq), self.device), rows, g, lr=lr,
-                                   weight_decay=weight_decay)
+        new = self.row_format.step(
+            host_to_device(torch.from_numpy(uniq), self.device), rows, g, lr=lr, weight_decay=weight_decay
+        )
         self.write_rows(uniq, new)
 
     def warm(self, keys: torch.Tensor) -> None:
@@ -140,7 +144,9 @@ class EmbeddingStore(abc.ABC):
         k = np.unique(check_keys(keys))
         missing = k[~self.contains(k)]
         if missing.size:
-            self.write_rows(missing, self.row_format.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std)))
+            self.write_rows(
+                missing, self.row_format.fresh(init_rows(torch.from_numpy(missing), self.dim, self.init_std))
+            )
 
     @abc.abstractmethod
     def evict(self, keys: torch.Tensor) -> None:

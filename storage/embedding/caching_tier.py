@@ -177,8 +177,13 @@ class CachingTier(EmbeddingStore):
         c.in_below[slots] = False
 
     def _resolve(
-        self, keys: np.ndarray, counts: np.ndarray | int, mode: str, *,
-        slots: np.ndarray | None = None, below: tuple[np.ndarray, Rows | None] | None = None,
+        self,
+        keys: np.ndarray,
+        counts: np.ndarray | int,
+        mode: str,
+        *,
+        slots: np.ndarray | None = None,
+        below: tuple[np.ndarray, Rows | None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Rows | None]:
         """Make the distinct `keys` resident where they fit.
 
@@ -297,21 +302,29 @@ class CachingTier(EmbeddingStore):
             uniq, inverse, counts = np.unique(k, return_inverse=True, return_counts=True)
             slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
         if outside.size == 0:  # all resident: one gather straight into the caller's order
-            return Lookup(handle_keys, self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)]), plan)
+            return Lookup(
+                handle_keys, self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)]), plan
+            )
         assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
         out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
         res = np.flatnonzero(slots >= 0)
         dev = self.device
         out.index_copy_(0, host_to_device(torch.from_numpy(res), dev), self._buf.gather_emb(slots[res]))
-        out.index_copy_(0, host_to_device(torch.from_numpy(outside), dev), self._buf.fmt.weights(host_to_device(rows_out.emb, dev)))
+        out.index_copy_(
+            0, host_to_device(torch.from_numpy(outside), dev), self._buf.fmt.weights(host_to_device(rows_out.emb, dev))
+        )
         if inverse is None:
             return Lookup(handle_keys, out, plan)
-        return Lookup(handle_keys, out.index_select(0, host_to_device(torch.from_numpy(inverse.reshape(-1)), dev)), plan)
+        return Lookup(
+            handle_keys, out.index_select(0, host_to_device(torch.from_numpy(inverse.reshape(-1)), dev)), plan
+        )
 
     def _plan(self, slots: np.ndarray, found_out: np.ndarray, rows_out: Rows | None) -> _Plan:
         return _Plan(id(self), self._generation, slots, found_out, rows_out)
 
-    def update(self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> None:
+    def update(
+        self, target: torch.Tensor | Lookup, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0
+    ) -> None:
         plan = target.plan if isinstance(target, Lookup) else None
         if not (isinstance(plan, _Plan) and plan.tier == id(self) and plan.generation == self._generation):
             plan = None  # another tier's, or the tier changed since the lookup: resolve afresh
@@ -340,15 +353,23 @@ class CachingTier(EmbeddingStore):
         try:
             if res.size:
                 idx = host_to_device(torch.from_numpy(res), self.device)
-                new_res = self.row_format.step(host_to_device(torch.from_numpy(uniq[res]), self.device),
-                                               self._buf.gather(slots[res]), g.index_select(0, idx), lr=lr,
-                                               weight_decay=weight_decay)
+                new_res = self.row_format.step(
+                    host_to_device(torch.from_numpy(uniq[res]), self.device),
+                    self._buf.gather(slots[res]),
+                    g.index_select(0, idx),
+                    lr=lr,
+                    weight_decay=weight_decay,
+                )
             if outside.size:
                 assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
                 idx = host_to_device(torch.from_numpy(outside), self.device)
-                new_out = self.row_format.step(host_to_device(torch.from_numpy(uniq[outside]), self.device),
-                                               rows_out.to(self.device), g.index_select(0, idx), lr=lr,
-                                               weight_decay=weight_decay)
+                new_out = self.row_format.step(
+                    host_to_device(torch.from_numpy(uniq[outside]), self.device),
+                    rows_out.to(self.device),
+                    g.index_select(0, idx),
+                    lr=lr,
+                    weight_decay=weight_decay,
+                )
         except ValueError:
             c = self._cache
             admitted = slots[res]

@@ -276,6 +276,7 @@ class KeyIndex:
         self._alloc(max(capacity, keys.size, 16))
         self.insert(keys, vals)
 
+
 class SlotMap:
     """Keys -> dense slots with a free list; slot -> key kept in `slot_keys` (-1 = free).
 

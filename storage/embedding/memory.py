@@ -100,9 +100,9 @@ class MemoryStore(EmbeddingStore):
             out = torch.empty((k.size, self.dim), dtype=torch.float32, device=self.device)
             miss = np.flatnonzero(~found)
             fmt = self.row_format
-            out[torch.from_numpy(miss).to(self.device)] = fmt.weights(fmt.nearest(init_rows(
-                torch.from_numpy(k[miss]), self.dim, self.init_std
-            ))).to(self.device)
+            out[torch.from_numpy(miss).to(self.device)] = fmt.weights(
+                fmt.nearest(init_rows(torch.from_numpy(k[miss]), self.dim, self.init_std))
+            ).to(self.device)
             if nf:
                 out[torch.from_numpy(np.flatnonzero(found)).to(self.device)] = self._buf.gather_emb(slots[found])
         self._counters["hits"] += nf

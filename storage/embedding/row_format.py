@@ -38,12 +38,18 @@ from storage.embedding.rows import Rows
 from storage.embedding.sparse_optim import SparseOptimizer, convert_state, get_optimizer
 
 ROW_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.uint8, "int8s": torch.uint8,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "int8": torch.uint8,
+    "int8s": torch.uint8,
 }
 """`store.row_dtype` name -> torch dtype of the stored weights (`int8`: uint8 codes, scale and offset; `int8s`:
 uint8 codes and a scale)."""
-_CODED = {"int8": (INT8_EXTRA, encode_int8_rows, decode_int8_rows),
-          "int8s": (INT8S_EXTRA, encode_int8s_rows, decode_int8s_rows)}
+_CODED = {
+    "int8": (INT8_EXTRA, encode_int8_rows, decode_int8_rows),
+    "int8s": (INT8S_EXTRA, encode_int8s_rows, decode_int8s_rows),
+}
 """8-bit row dtypes -> (bytes after the codes, encode, decode) (`storage.embedding.quantize`)."""
 STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "log8": torch.uint8}
 """`store.state_dtype` name -> torch dtype of the stored optimizer state."""
@@ -78,11 +84,15 @@ class RowFormat:
         if self.row_dtype not in ROW_DTYPES:
             raise ValueError(f"unknown row dtype {self.row_dtype!r}; store.row_dtype is one of {sorted(ROW_DTYPES)}")
         if self.state_dtype not in STATE_DTYPES:
-            raise ValueError(f"unknown state dtype {self.state_dtype!r}; store.state_dtype is one of {sorted(STATE_DTYPES)}")
+            raise ValueError(
+                f"unknown state dtype {self.state_dtype!r}; store.state_dtype is one of {sorted(STATE_DTYPES)}"
+            )
         object.__setattr__(self, "rule", get_optimizer(self.optimizer))
         if any(f.columns > self.dim for f in self.rule.state):
-            raise ValueError(f"optimizer {self.optimizer!r} keeps a second moment for column 0 and one for the "
-                             f"others: it needs embedding_dim >= 2, got {self.dim}")
+            raise ValueError(
+                f"optimizer {self.optimizer!r} keeps a second moment for column 0 and one for the "
+                f"others: it needs embedding_dim >= 2, got {self.dim}"
+            )
 
     @staticmethod
     def parse(dim: int, name: str) -> RowFormat:
@@ -137,13 +147,14 @@ class RowFormat:
     def row_bytes(self) -> int:
         """Payload bytes of one row: weights, optimizer state and clock (the key and index not included)."""
         state = sum(f.cols(self.dim) or 1 for f in self.rule.state)
-        return (self.width * self.dtype.itemsize + state * self.state_torch_dtype.itemsize
-                + CLOCK_DTYPE.itemsize)
+        return self.width * self.dtype.itemsize + state * self.state_torch_dtype.itemsize + CLOCK_DTYPE.itemsize
 
     # ---- rows ----------------------------------------------------------------------------------
     def _zero_state(self, n: int, device: torch.device | str) -> dict[str, torch.Tensor]:
-        return {f.name: torch.zeros(f.shape(n, self.dim), dtype=self.state_torch_dtype, device=device)
-                for f in self.rule.state}
+        return {
+            f.name: torch.zeros(f.shape(n, self.dim), dtype=self.state_torch_dtype, device=device)
+            for f in self.rule.state
+        }
 
     def empty(self, n: int, device: torch.device | str = "cpu") -> Rows:
         """N zero rows (zero weights, state and clocks)."""
@@ -174,35 +185,50 @@ class RowFormat:
             return state
         return {f.name: decode_log8(state[f.name], signed=f.signed) for f in self.rule.state}
 
-    def stored_state(self, state: dict[str, torch.Tensor], u: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    def stored_state(
+        self, state: dict[str, torch.Tensor], u: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """fp32 optimizer state in the stored dtype, rounded by the noise `u` per field (None: to nearest)."""
         if self.state_dtype == "fp32":
             return state
-        return {f.name: encode_log8(state[f.name], torch.full_like(state[f.name], 0.5) if u is None else u[f.name],
-                                    signed=f.signed) for f in self.rule.state}
+        return {
+            f.name: encode_log8(
+                state[f.name], torch.full_like(state[f.name], 0.5) if u is None else u[f.name], signed=f.signed
+            )
+            for f in self.rule.state
+        }
 
     def check(self, rows: Rows, what: str = "rows") -> None:
         """Raise `ValueError` unless `rows` have this format's tensors (names, dtypes, widths)."""
         if rows.emb.dtype != self.dtype or rows.emb.shape[1:] != (self.width,):
-            raise ValueError(f"{what}: weights are {rows.emb.dtype} of width {tuple(rows.emb.shape[1:])}, "
-                             f"the store keeps {self.dtype} of width {self.width} ({self.name})")
+            raise ValueError(
+                f"{what}: weights are {rows.emb.dtype} of width {tuple(rows.emb.shape[1:])}, "
+                f"the store keeps {self.dtype} of width {self.width} ({self.name})"
+            )
         if set(rows.state) != set(self.state_names):
-            raise ValueError(f"{what} carry optimizer state {sorted(rows.state)}, the store's optimizer "
-                             f"{self.optimizer!r} keeps {sorted(self.state_names)}")
+            raise ValueError(
+                f"{what} carry optimizer state {sorted(rows.state)}, the store's optimizer "
+                f"{self.optimizer!r} keeps {sorted(self.state_names)}"
+            )
         for name, t in rows.state.items():
             if t.dtype != self.state_torch_dtype:
-                raise ValueError(f"{what}: optimizer state {name!r} is {t.dtype}, the store keeps "
-                                 f"{self.state_torch_dtype} ({self.name})")
+                raise ValueError(
+                    f"{what}: optimizer state {name!r} is {t.dtype}, the store keeps "
+                    f"{self.state_torch_dtype} ({self.name})"
+                )
 
-    def step(self, keys: torch.Tensor, rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> Rows:
+    def step(
+        self, keys: torch.Tensor, rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0
+    ) -> Rows:
         """One optimizer step on `rows` of `keys` (same device, one fp32 gradient per row); new tensors.
 
         Raises:
             ValueError: a gradient is NaN or inf, or the new rows would not be finite (no row is returned).
         """
         clock = (rows.clock.to(torch.int64) + 1).clamp_(max=CLOCK_MAX)
-        emb32, state32 = self.rule.step(self.weights(rows.emb), self.state_values(rows.state), clock, grads,
-                                        lr=lr, weight_decay=weight_decay)
+        emb32, state32 = self.rule.step(
+            self.weights(rows.emb), self.state_values(rows.state), clock, grads, lr=lr, weight_decay=weight_decay
+        )
         if self.coded:
             emb = _CODED[self.row_dtype][1](emb32, uniform_bits(keys.to(emb32.device), clock, self.dim))
         else:
@@ -210,8 +236,12 @@ class RowFormat:
         noise = None
         if self.state_dtype != "fp32":
             k = keys.to(emb32.device)
-            noise = {f.name: uniform_bits(k, clock, self.dim, stream=i + 1)[:, : (f.cols(self.dim) or 1)]
-                     .reshape(f.shape(len(clock), self.dim)) for i, f in enumerate(self.rule.state)}
+            noise = {
+                f.name: uniform_bits(k, clock, self.dim, stream=i + 1)[:, : (f.cols(self.dim) or 1)].reshape(
+                    f.shape(len(clock), self.dim)
+                )
+                for i, f in enumerate(self.rule.state)
+            }
         state = self.stored_state(state32, noise)
         # One reduction, one host read for the update: a NaN or inf gradient makes the rows non-finite
         # (or the state, for sgd through the weights), so the new rows' check covers the gradients too
@@ -226,8 +256,11 @@ class RowFormat:
             raise ValueError(
                 f"the {self.optimizer} step would make {int(bad.sum())} row(s) non-finite in {self.row_dtype} "
                 f"(largest |grad| {float(grads.abs().max()):.3g}); no row was changed; clip the gradients"
-                + ("" if self.row_dtype in ("fp32", "bf16")
-                   else " or use store.row_dtype=fp32/bf16 (fp16, and an int8 row's fp16 scale, end at 65504)")
+                + (
+                    ""
+                    if self.row_dtype in ("fp32", "bf16")
+                    else " or use store.row_dtype=fp32/bf16 (fp16, and an int8 row's fp16 scale, end at 65504)"
+                )
             )
         return Rows(emb, state, clock.to(CLOCK_DTYPE))
 
@@ -275,4 +308,3 @@ def round_to(x: torch.Tensor, dtype: torch.dtype, keys: torch.Tensor, clock: tor
     p = torch.where(gap > 0, (x - nf).abs() / gap, 0.0)
     u = uniform_bits(keys.to(x.device), clock.to(x.device), x.shape[1])
     return torch.where((u < p) & (nf != x), other_bits, bits).view(dtype)
-

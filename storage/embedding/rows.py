@@ -49,8 +49,10 @@ class Rows:
     @staticmethod
     def from_numpy(emb: np.ndarray, state: dict[str, np.ndarray], clock: np.ndarray) -> Rows:
         """Rows sharing memory with the arrays (copied first when an array is read-only, e.g. from Arrow)."""
+
         def t(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.require(a, requirements=["C", "W"]))
+
         return Rows(t(emb), {k: t(a) for k, a in state.items()}, t(clock))
 
     def numpy(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
@@ -74,7 +76,8 @@ class Rows:
         return self._like([t.index_select(0, idx) for t in self.tensors()])
 
     def put(self, idx: torch.Tensor | np.ndarray, other: Rows) -> None:
-        """Overwrite the rows at positions `idx` (distinct, or a boolean mask) with `other` (any device, same format)."""
+        """Overwrite the rows at positions `idx` (distinct, or a boolean
+        mask) with `other` (any device, same format)."""
         if isinstance(idx, np.ndarray):
             idx = torch.from_numpy(idx)
         idx = host_to_device(idx, self.emb.device)

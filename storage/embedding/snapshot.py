@@ -2,7 +2,8 @@
 
 Columns: ``key`` int64, ``emb`` fixed_size_list<float32 | float16 | bfloat16 bits | uint8>[width] (the
 row dtype; an int8 row's codes, then its fp16 scale and offset as 4 bytes), one column per optimizer
-state tensor (``m`` / ``v`` fixed_size_list<float32 | uint8>[dim] for Adam, ``v`` for rmsprop, ``acc`` float32 | uint8 for
+state tensor (``m`` / ``v`` fixed_size_list<float32 | uint8>[dim] for Adam, ``v`` for rmsprop, ``acc`` float32 | uint8
+for
 row-wise AdaGrad, none for SGD; uint8 for log8 state), ``clock`` int32.  The schema metadata
 ``ctr.row_format`` names the format (`RowFormat.meta`: dim, optimizer, row dtype); a file without
 it is a snapshot of the releases before compact rows: fp32 weights with Adam's ``m`` and ``v`` and
@@ -89,14 +90,22 @@ class SnapshotBatch:
 
     def select(self, idx: np.ndarray) -> SnapshotBatch:
         """The rows at positions (or mask) `idx`."""
-        return SnapshotBatch(self.keys[idx], self.emb[idx], {k: v[idx] for k, v in self.state.items()},
-                             self.clock[idx], self.fmt, None if self.codes is None else self.codes[idx])
+        return SnapshotBatch(
+            self.keys[idx],
+            self.emb[idx],
+            {k: v[idx] for k, v in self.state.items()},
+            self.clock[idx],
+            self.fmt,
+            None if self.codes is None else self.codes[idx],
+        )
 
     def rows(self) -> Rows:
         """The rows in the file's own format (CPU tensors)."""
         st = _STATE_TYPES[self.fmt.state_dtype][1]
         emb = _tensor(self.codes) if self.codes is not None else _tensor(self.emb).to(self.fmt.dtype)
-        return Rows(emb, {k: _tensor(v, st) for k, v in self.state.items()}, torch.from_numpy(self.clock.astype(np.int32)))
+        return Rows(
+            emb, {k: _tensor(v, st) for k, v in self.state.items()}, torch.from_numpy(self.clock.astype(np.int32))
+        )
 
     def rows_as(self, fmt: RowFormat) -> Rows:
         """The rows converted to `fmt` (`RowFormat.convert`: optimizer state and weight dtype)."""
@@ -144,10 +153,7 @@ class SnapshotWriter:
         if len(rows) != n:
             raise ValueError(f"{n} keys for {len(rows)} rows")
         emb = rows.emb.detach().cpu()
-        if self.fmt.row_dtype == "bf16":
-            emb_np = emb.view(torch.int16).numpy().view(np.uint16)
-        else:
-            emb_np = emb.numpy()
+        emb_np = emb.view(torch.int16).numpy().view(np.uint16) if self.fmt.row_dtype == "bf16" else emb.numpy()
         st = _STATE_TYPES[self.fmt.state_dtype][1]
         state = {name: _np(rows.state[name], st) for name in self.fmt.state_names}
         c = _np(rows.clock, np.int32).reshape(-1)
@@ -157,7 +163,9 @@ class SnapshotWriter:
             cols = [pa.array(k[lo:hi]), pa.FixedSizeListArray.from_arrays(pa.array(emb_np[lo:hi].reshape(-1)), w)]
             for f in self.fmt.rule.state:
                 a = state[f.name][lo:hi]
-                cols.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), cw) if (cw := f.cols(d)) else pa.array(a))
+                cols.append(
+                    pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), cw) if (cw := f.cols(d)) else pa.array(a)
+                )
             cols.append(pa.array(c[lo:hi]))
             self._writer.write_table(pa.Table.from_arrays(cols, schema=self._schema))
         self.rows += n
@@ -200,7 +208,10 @@ class SnapshotWriter:
 
 
 def write_snapshot(
-    url: str, keys: torch.Tensor | np.ndarray, rows: Rows, fmt: RowFormat,
+    url: str,
+    keys: torch.Tensor | np.ndarray,
+    rows: Rows,
+    fmt: RowFormat,
     storage_options: dict[str, Any] | None = None,
 ) -> int:
     """Write `rows` of `keys` (format `fmt`) as one Parquet snapshot at `url`, atomically (temp name, then rename).
@@ -213,7 +224,9 @@ def write_snapshot(
     return w.rows
 
 
-def snapshot_files(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+def snapshot_files(
+    url: str, storage_options: dict[str, Any] | None = None
+) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     """(filesystem, sorted Parquet paths) of a snapshot file or a directory of `*.parquet` parts.
 
     Raises:
@@ -275,14 +288,18 @@ def file_format(pf: pq.ParquetFile, where: str) -> RowFormat:
         try:
             fmt = RowFormat.from_meta(json.loads(meta[FORMAT_KEY]))
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{where}: unreadable row format {meta[FORMAT_KEY]!r} ({e}); "
-                             "this snapshot was written by a newer ctr-pipeline, upgrade here") from None
+            raise ValueError(
+                f"{where}: unreadable row format {meta[FORMAT_KEY]!r} ({e}); "
+                "this snapshot was written by a newer ctr-pipeline, upgrade here"
+            ) from None
     else:
         fmt = RowFormat(dim)
     missing = [c for c in ("key", "emb", *fmt.state_names, "clock") if c not in schema.names]
     if missing or fmt.width != dim:
-        raise ValueError(f"{where} is not a {fmt.name} snapshot of dim {fmt.dim}: missing columns {missing}, "
-                         f"emb of width {dim} (expected {fmt.width})")
+        raise ValueError(
+            f"{where} is not a {fmt.name} snapshot of dim {fmt.dim}: missing columns {missing}, "
+            f"emb of width {dim} (expected {fmt.width})"
+        )
     return fmt
 
 
@@ -379,10 +396,14 @@ def read_snapshot(
     for _, t, keep in _row_groups(url, owner, storage_options, ["key"]):
         n += t.num_rows if keep is None else int(np.count_nonzero(keep))
     st = _STATE_TYPES[fmt.state_dtype][1]
-    out = SnapshotBatch(np.empty(n, np.int64), np.empty((n, fmt.dim), np.float32),
-                        {f.name: np.empty(f.shape(n, fmt.dim), st) for f in fmt.rule.state},
-                        np.empty(n, np.int64), fmt,
-                        np.empty((n, fmt.width), np.uint8) if fmt.coded else None)
+    out = SnapshotBatch(
+        np.empty(n, np.int64),
+        np.empty((n, fmt.dim), np.float32),
+        {f.name: np.empty(f.shape(n, fmt.dim), st) for f in fmt.rule.state},
+        np.empty(n, np.int64),
+        fmt,
+        np.empty((n, fmt.width), np.uint8) if fmt.coded else None,
+    )
     at = 0
     for b in iter_snapshot(url, owner=owner, storage_options=storage_options):
         k = len(b)

@@ -67,8 +67,14 @@ class SparseOptimizer:
     state: tuple[StateField, ...] = ()
 
     def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
+        self,
+        emb: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        clock: torch.Tensor,
+        grads: torch.Tensor,
+        *,
+        lr: float,
+        weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The new fp32 rows and state after one step with `grads` ((N, dim) fp32).
 
@@ -77,9 +83,7 @@ class SparseOptimizer:
         raise NotImplementedError
 
 
-def _second_moment(
-    v: torch.Tensor, g_sq: torch.Tensor, clock: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _second_moment(v: torch.Tensor, g_sq: torch.Tensor, clock: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Adam's new second moment of the squared gradients `g_sq` and the step's divisor, bias-corrected by each
     row's own `clock`: (v, sqrt(v / (1 - beta2^clock)) + eps), shared by `adam`, `partial_rowwise_adam` and
     `rmsprop`."""
@@ -127,8 +131,14 @@ class SparseAdam(SparseOptimizer):
         return field.cols(dim)
 
     def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
+        self,
+        emb: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        clock: torch.Tensor,
+        grads: torch.Tensor,
+        *,
+        lr: float,
+        weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         b1, dim = ADAM_BETAS[0], emb.shape[1]
         g = grads if weight_decay == 0 else grads + weight_decay * emb
@@ -156,8 +166,14 @@ class SparseRmsprop(SparseOptimizer):
     state = (StateField("v", True),)
 
     def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
+        self,
+        emb: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        clock: torch.Tensor,
+        grads: torch.Tensor,
+        *,
+        lr: float,
+        weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         v, denom = _second_moment(state["v"], g * g, clock)
@@ -169,8 +185,14 @@ class RowwiseAdagrad(SparseOptimizer):
     state = (StateField("acc", False),)
 
     def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
+        self,
+        emb: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        clock: torch.Tensor,
+        grads: torch.Tensor,
+        *,
+        lr: float,
+        weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         acc = state["acc"] + (g * g).mean(dim=1)
@@ -182,15 +204,22 @@ class SparseSgd(SparseOptimizer):
     state = ()
 
     def step(
-        self, emb: torch.Tensor, state: dict[str, torch.Tensor], clock: torch.Tensor, grads: torch.Tensor, *,
-        lr: float, weight_decay: float,
+        self,
+        emb: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        clock: torch.Tensor,
+        grads: torch.Tensor,
+        *,
+        lr: float,
+        weight_decay: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         g = grads if weight_decay == 0 else grads + weight_decay * emb
         return emb - lr * g, {}
 
 
 OPTIMIZERS: dict[str, SparseOptimizer] = {
-    o.name: o for o in (RowwiseAdagrad(), SparseAdam(), PartialRowwiseAdam(), WideRowwiseAdam(), SparseRmsprop(), SparseSgd())
+    o.name: o
+    for o in (RowwiseAdagrad(), SparseAdam(), PartialRowwiseAdam(), WideRowwiseAdam(), SparseRmsprop(), SparseSgd())
 }
 """`optim.sparse_optimizer` name -> rule."""
 
@@ -200,7 +229,9 @@ def get_optimizer(name: str) -> SparseOptimizer:
     try:
         return OPTIMIZERS[name]
     except KeyError:
-        raise ValueError(f"unknown sparse optimizer {name!r}; optim.sparse_optimizer is one of {sorted(OPTIMIZERS)}") from None
+        raise ValueError(
+            f"unknown sparse optimizer {name!r}; optim.sparse_optimizer is one of {sorted(OPTIMIZERS)}"
+        ) from None
 
 
 def convert_state(

@@ -127,7 +127,12 @@ class SsdStore(EmbeddingStore):
         meta = ssd_format.read_meta(self.path)
         if meta is None:
             self._meta: dict[str, Any] = {
-                **self._fmt.meta(), "generation": 0, "index": None, "tag": None, "clean": True, "rows": 0,
+                **self._fmt.meta(),
+                "generation": 0,
+                "index": None,
+                "tag": None,
+                "clean": True,
+                "rows": 0,
             }
             self._clean = True
             return
@@ -149,8 +154,13 @@ class SsdStore(EmbeddingStore):
             name = ssd_format.index_name(gen)
             ssd_format.write_index(self.path, name, self._map)
         self._meta.update(
-            self._fmt.meta(), generation=gen, index=name, clean=clean, rows=len(self._map),
-            slots=self._map.high_water, direct_io=self.direct_io_active,
+            self._fmt.meta(),
+            generation=gen,
+            index=name,
+            clean=clean,
+            rows=len(self._map),
+            slots=self._map.high_water,
+            direct_io=self.direct_io_active,
         )
         ssd_format.write_meta(self.path, self._meta)
         if clean:
@@ -252,7 +262,9 @@ class SsdStore(EmbeddingStore):
             )
         return recs
 
-    def _write_slots(self, slots: np.ndarray, recs: np.ndarray, *, file: UnitFile | None = None, tail: int = -1) -> None:
+    def _write_slots(
+        self, slots: np.ndarray, recs: np.ndarray, *, file: UnitFile | None = None, tail: int = -1
+    ) -> None:
         """Write `recs` at `slots` (distinct), whole units only, never reading one first.
 
         Every unit touched must hold no live row outside this write, except the log's tail
@@ -314,7 +326,10 @@ class SsdStore(EmbeddingStore):
         k = check_keys(keys)
         uniq, inverse = np.unique(k, return_inverse=True)
         _, rows = self.read_rows(uniq)
-        return Lookup(torch.from_numpy(k.copy()), self.row_format.weights(rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1)))))
+        return Lookup(
+            torch.from_numpy(k.copy()),
+            self.row_format.weights(rows.emb.index_select(0, torch.from_numpy(inverse.reshape(-1)))),
+        )
 
     def evict(self, keys: torch.Tensor) -> None:
         k = np.unique(check_keys(keys))
@@ -325,8 +340,12 @@ class SsdStore(EmbeddingStore):
         # that falls below the threshold moves those rows first (an append with no new rows).
         slots = self._map.lookup(k)
         held = slots >= 0
-        self._append(np.empty(0, dtype=np.int64), np.zeros(0, dtype=self._fmt.record), np.empty(0, dtype=np.int64),
-                     dying=slots[held])
+        self._append(
+            np.empty(0, dtype=np.int64),
+            np.zeros(0, dtype=self._fmt.record),
+            np.empty(0, dtype=np.int64),
+            dying=slots[held],
+        )
         self._map.remove(k[held])
         self._counters["evictions"] += int(held.sum())
 

@@ -10,7 +10,8 @@ A record is the row in its `RowFormat`: ``emb`` (the row dtype, [width]), the
 optimizer's state fields (the state dtype), ``clock`` (int32) and the ``key`` itself (int64),
 so a read can check the key and a stale index can never hand one key another key's
 row.  At dim 16: int8 rows with Adam's moments in log8, 64 bytes (64 to a unit); int8 rows with
-row-wise AdaGrad, 36 (113); fp16 rows with Adam, 172 (23); fp32 rows with Adam, 204 (20).  Records are packed `rows_per_unit` to a unit of
+row-wise AdaGrad, 36 (113); fp16 rows with Adam, 172 (23); fp32 rows with Adam, 204 (20).  Records are packed
+`rows_per_unit` to a unit of
 `unit_bytes` (a multiple of `BLOCK`): the unit is what every read and write moves,
 since O_DIRECT needs aligned offsets and lengths.  The layout is written into
 meta.json with the row format (dim, optimizer, row dtype) and checked on open, so a shard is
@@ -123,7 +124,9 @@ class RecordLayout:
                 f"shard {where} holds rows of dim {meta.get('dim')}, asked for dim {self.dim}; "
                 "wipe the shard (the warm stage restores it) or fix store.embedding_dim"
             )
-        held = "/".join(str(meta.get(k, "fp32")) for k in ("optimizer", "row_dtype", "state_dtype")).removesuffix("/fp32")
+        held = "/".join(str(meta.get(k, "fp32")) for k in ("optimizer", "row_dtype", "state_dtype")).removesuffix(
+            "/fp32"
+        )
         if held != self.fmt.name:
             raise ValueError(
                 f"shard {where} holds {held} rows (optimizer/row dtype[/state dtype]), asked for {self.fmt.name}; "
@@ -152,10 +155,12 @@ class RecordLayout:
 
     def rows_of(self, recs: np.ndarray) -> Rows:
         """The rows held by `recs` (copies, on the CPU)."""
+
         def t(name: str) -> torch.Tensor:
             # a copy, not ascontiguousarray: a one-record view counts as contiguous yet keeps the record's
             # stride, which torch refuses when the record size (49 B) is not a multiple of the field's
             return torch.from_numpy(recs[name].copy())
+
         emb = t("emb")
         if self.fmt.row_dtype == "bf16":
             emb = emb.view(torch.int16).view(torch.bfloat16)

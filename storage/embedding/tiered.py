@@ -46,4 +46,3 @@ def open_shard(
     except BaseException:
         ssd.close()
         raise
-

@@ -65,12 +65,16 @@ def _build(cls: Any, data: Any, prefix: str, unknown: Unknown = "error") -> Any:
     extra = sorted(set(data) - set(fields))
     if extra and unknown == "error":
         raise ConfigError(f"unknown config key {prefix}{extra[0]} (known in {where}: {', '.join(sorted(fields))})")
-    missing = [n for n, f in fields.items() if n not in data and f.init and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in data and f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(f"{prefix}{missing[0]} is missing (a required key of {cls.__name__})")
-    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}", unknown) for name, value in data.items()
-              if name in fields}
+    kwargs = {
+        name: _coerce(hints[name], value, f"{prefix}{name}", unknown) for name, value in data.items() if name in fields
+    }
     try:
         return cls(**kwargs)
     except ConfigError:

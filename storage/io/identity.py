@@ -81,24 +81,36 @@ def role(kind: Role, *, neutral: Any = UNSET, before: Any = UNSET, why: str = ""
 
 
 def _field(kind: Role, default: Any, factory: Any, neutral: Any, before: Any, why: str) -> Any:
-    return dataclasses.field(default=default, default_factory=factory,
-                             metadata=role(kind, neutral=neutral, before=before, why=why))
+    return dataclasses.field(
+        default=default, default_factory=factory, metadata=role(kind, neutral=neutral, before=before, why=why)
+    )
 
 
-def shape_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-                neutral: Any = UNSET, before: Any = UNSET, why: str = "") -> Any:
+def shape_field(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Any = dataclasses.MISSING,
+    neutral: Any = UNSET,
+    before: Any = UNSET,
+    why: str = "",
+) -> Any:
     """A dataclass field declared `Role.SHAPE` (its default, or its `factory`)."""
     return _field(Role.SHAPE, default, factory, neutral, before, why)
 
 
-def result_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-                 neutral: Any = UNSET, before: Any = UNSET, why: str = "") -> Any:
+def result_field(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Any = dataclasses.MISSING,
+    neutral: Any = UNSET,
+    before: Any = UNSET,
+    why: str = "",
+) -> Any:
     """A dataclass field declared `Role.RESULT` (its default, or its `factory`)."""
     return _field(Role.RESULT, default, factory, neutral, before, why)
 
 
-def run_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-              why: str = "") -> Any:
+def run_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, why: str = "") -> Any:
     """A dataclass field declared `Role.RUN` (its default, or its `factory`)."""
     return _field(Role.RUN, default, factory, UNSET, UNSET, why)
 
@@ -120,8 +132,10 @@ def _declared(cls: type) -> dict[str, Declared]:
         TypeError: a field declares no role (an identity without it could miss what changes a run).
     """
     if missing := unclassified(cls):
-        raise TypeError(f"{cls.__name__} fields {missing} declare no role (storage.io.identity: "
-                        "shape_field, result_field or run_field)")
+        raise TypeError(
+            f"{cls.__name__} fields {missing} declare no role (storage.io.identity: "
+            "shape_field, result_field or run_field)"
+        )
     return declarations(cls)
 
 
@@ -134,8 +148,11 @@ def identity_parts(obj: Any) -> dict[str, Any]:
     """
     declared = _declared(type(obj))
     plain = dataclasses.asdict(obj)
-    return {name: plain[name] for name, d in declared.items()
-            if d.role is not Role.RUN and (d.neutral is UNSET or getattr(obj, name) != d.neutral)}
+    return {
+        name: plain[name]
+        for name, d in declared.items()
+        if d.role is not Role.RUN and (d.neutral is UNSET or getattr(obj, name) != d.neutral)
+    }
 
 
 def _json(value: Any) -> Any:
@@ -158,8 +175,9 @@ def with_absent_values(saved: Mapping[str, Any] | None, cls: type) -> dict[str, 
     return filled
 
 
-def shape_changes(saved: Mapping[str, Any] | None, ours: Any, *, prefix: str = "",
-                  unread: Iterable[str] = ()) -> list[str]:
+def shape_changes(
+    saved: Mapping[str, Any] | None, ours: Any, *, prefix: str = "", unread: Iterable[str] = ()
+) -> list[str]:
     """The keys (`prefix` + name) of the SHAPE fields whose saved value (plain data, e.g. a model.json
     `model_config`) differs from `ours`: a non-empty list means the saved parameters do not fit `ours`.
 

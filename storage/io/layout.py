@@ -188,7 +188,9 @@ class Layout:
             if key and not _KEY.match(key):
                 raise ValueError(f"{name} must match {_KEY.pattern} (it becomes a folder name), got {key!r}")
         object.__setattr__(self, "root", self.root.rstrip("/") or "/")
-        object.__setattr__(self, "local_dir", NodeLayout(self.local_dir or default_local_dir(self.root), self.model_name).local_dir)
+        object.__setattr__(
+            self, "local_dir", NodeLayout(self.local_dir or default_local_dir(self.root), self.model_name).local_dir
+        )
 
     def _under(self, *parts: str) -> str:
         return fsio.join(self.root, *parts)

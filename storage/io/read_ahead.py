@@ -22,7 +22,9 @@ class _End:
     error: BaseException | None
 
 
-def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead", lazy: bool = False) -> Generator[T, None, None]:
+def read_ahead(
+    items: Iterator[T], depth: int, *, name: str = "read-ahead", lazy: bool = False
+) -> Generator[T, None, None]:
     """The items of `items`, produced by a background thread at most `depth` items ahead.
 
     The consumer sees the same items in the same order, then any exception the

@@ -78,15 +78,20 @@ class RecordFormat:
             return self.absent
         name, _, number = str(found).rpartition("/")
         if name != self.name or not number.isdigit():
-            raise FormatError(f"{where} has format {found!r}, not a {self.name} file; this code reads "
-                              f"{self.describe()}: check the path")
+            raise FormatError(
+                f"{where} has format {found!r}, not a {self.name} file; this code reads "
+                f"{self.describe()}: check the path"
+            )
         version = int(number)
         if version not in self.readable:
             if version > max(self.readable):
-                raise FormatError(f"{where} has format {found!r}, written by a newer ctr-pipeline; this code reads "
-                                  f"{self.describe()}: {self.newer}")
-            raise FormatError(f"{where} has format {found!r}, too old for this code, which reads "
-                              f"{self.describe()}: {self.fix}")
+                raise FormatError(
+                    f"{where} has format {found!r}, written by a newer ctr-pipeline; this code reads "
+                    f"{self.describe()}: {self.newer}"
+                )
+            raise FormatError(
+                f"{where} has format {found!r}, too old for this code, which reads {self.describe()}: {self.fix}"
+            )
         return version
 
 

@@ -110,8 +110,10 @@ class PrunePlan:
     def summary(self) -> str:
         if not self.delete and not self.delete_deltas:
             return f"prune: nothing to delete ({len(self.keep)} versions kept)"
-        return (f"prune: {len(self.delete)} version(s) {', '.join(self.delete)} and {len(self.delete_deltas)} "
-                f"delta(s) deleted, {self.freed_bytes} bytes freed; {len(self.keep)} kept")
+        return (
+            f"prune: {len(self.delete)} version(s) {', '.join(self.delete)} and {len(self.delete_deltas)} "
+            f"delta(s) deleted, {self.freed_bytes} bytes freed; {len(self.keep)} kept"
+        )
 
 
 class ModelRegistry:
@@ -179,15 +181,15 @@ class ModelRegistry:
         if not self.fs.exists(self.base):
             return []
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.base, detail=False)]
-        return sorted(
-            n for n in names if VERSION.match(n) and fsio.read_manifest(self.fs, self.path(n)) is not None
-        )
+        return sorted(n for n in names if VERSION.match(n) and fsio.read_manifest(self.fs, self.path(n)) is not None)
 
     def info(self, version: str) -> VersionInfo:
         path = self.path(version)
         if (manifest := fsio.read_manifest(self.fs, path)) is None:
-            raise RegistryError(f"model {self.model_name} has no committed version {version} at {path} "
-                                "(`ctrpipe models list` shows the versions)")
+            raise RegistryError(
+                f"model {self.model_name} has no committed version {version} at {path} "
+                "(`ctrpipe models list` shows the versions)"
+            )
         path = fsio.data_dir(path, manifest)
         status = self._record(f"{path}/status.json", STATUS)
         metrics = self._record(f"{path}/metrics.json", METRICS) if self.fs.exists(f"{path}/metrics.json") else {}
@@ -324,8 +326,11 @@ class ModelRegistry:
             created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
             fsio.write_json(self.fs, f"{staging}/metrics.json", {**metrics, "format": METRICS.tag})
             fsio.write_json(self.fs, f"{staging}/lineage.json", {**lineage, "format": LINEAGE.tag})
-            fsio.write_json(self.fs, f"{staging}/status.json",
-                            {"format": STATUS.tag, "status": status, "reason": reason, "created": created})
+            fsio.write_json(
+                self.fs,
+                f"{staging}/status.json",
+                {"format": STATUS.tag, "status": status, "reason": reason, "created": created},
+            )
             fsio.commit_dir(self.fs, staging, final, {"version": version, "created": created, "run_tag": run_tag})
         return version
 
@@ -354,7 +359,9 @@ class ModelRegistry:
         """Move `LATEST` back to an earlier published version."""
         info = self.info(version)
         if info.status != "published":
-            raise RegistryError(f"{version} was never published ({info.status}: {info.reason}); refusing to roll back to it")
+            raise RegistryError(
+                f"{version} was never published ({info.status}: {info.reason}); refusing to roll back to it"
+            )
         fsio.write_text_atomic(self.fs, self.layout.fs(self.layout.latest_pointer())[1], version + "\n")
 
 

@@ -14,8 +14,11 @@ def test_every_scenario_is_planned_for_each_row_format_and_ssd_bytes_follow_the_
     assert all(f"| {n} (" in out for n in names)  # one column per format
     inputs = capacity.load_inputs(tmp_path, None)
     s = capacity.SCENARIOS[1]
-    ssd = {f.name: next(x.value for x in capacity.plan(s, inputs, 2.0, f) if x.what == "SSD bytes per node")
-           * next(x.value for x in capacity.plan(s, inputs, 2.0, f) if x.what == "nodes") for f in capacity.FORMATS}
+    ssd = {
+        f.name: next(x.value for x in capacity.plan(s, inputs, 2.0, f) if x.what == "SSD bytes per node")
+        * next(x.value for x in capacity.plan(s, inputs, 2.0, f) if x.what == "nodes")
+        for f in capacity.FORMATS
+    }
     for f in capacity.FORMATS:
         assert ssd[f.name] == s.keys * RecordLayout.of(f).record_bytes * inputs["space_amplification"].value
     assert ssd["adam/int8/log8"] < ssd["adam/fp32"] / 3  # 64-byte records against 204

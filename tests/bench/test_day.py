@@ -11,8 +11,10 @@ from flows.config import RunConfig, with_overrides
 
 
 def _run(train_s: list[float], ex_per_s: list[float], wall: list[float], auc: list[float | None]) -> dict:
-    days = [{"seconds": {"train": t}, "train_examples_per_s": e, "wall": w, "auc": a}
-            for t, e, w, a in zip(train_s, ex_per_s, wall, auc, strict=True)]
+    days = [
+        {"seconds": {"train": t}, "train_examples_per_s": e, "wall": w, "auc": a}
+        for t, e, w, a in zip(train_s, ex_per_s, wall, auc, strict=True)
+    ]
     return {"days": days, "peak_rss": {"rank": 512 * 2**20}}
 
 

@@ -46,8 +46,8 @@ def test_the_true_weights_give_the_true_probabilities(tmp_path) -> None:
         for j in form.weighted:
             model.w[str(j)].weight[1:, 0] = torch.as_tensor(g.WEIGHTED_FIELDS[j] * g._normal(SEED, j, ids[j]))
         for j in form.latent:  # PAIR_SCALE * <l_a, l_b> = <V_a, V_b> with V = sqrt(PAIR_SCALE) * l
-            model.v[str(j)].weight[1:] = torch.as_tensor(g.PAIR_SCALE ** 0.5 * g._latent(SEED, j, ids[j]))
-        model.alpha.fill_(g.TRIPLE_SCALE * g.LATENT_DIM ** 0.25 / g.PAIR_SCALE ** 1.5)
+            model.v[str(j)].weight[1:] = torch.as_tensor(g.PAIR_SCALE**0.5 * g._latent(SEED, j, ids[j]))
+        model.alpha.fill_(g.TRIPLE_SCALE * g.LATENT_DIM**0.25 / g.PAIR_SCALE**1.5)
         a, b, scale = g.INTERACTION
         code = vocab[-1].to_numpy()
         pair_ids = ids[a][code // (1 << 20) - 1] * 1_000_003 + ids[b][code % (1 << 20) - 1]
@@ -67,8 +67,9 @@ def test_fit_on_100k_rows_learns_the_interactions_and_stays_below_the_ceiling(tm
     form = planted_form(SEED, PAIRS)
     first_order = type(form)(form.weighted, (), (), None, form.pair_table, form.dense)  # no latent terms
     tr, te, vocab = encode(train, later, first_order)
-    model, _ = train_planted_form(first_order, vocab, tr, torch.arange(len(tr.label)), l2=info["l2"],
-                                  epochs=info["epochs"], seed=0)
+    model, _ = train_planted_form(
+        first_order, vocab, tr, torch.arange(len(tr.label)), l2=info["l2"], epochs=info["epochs"], seed=0
+    )
     with torch.no_grad():
         first = torch.sigmoid(model(te)[0]).double().numpy()
     assert info["l2"] in (1e-3, 1e-2, 1e-1) and 1 <= info["epochs"] <= 6

@@ -15,8 +15,9 @@ def test_real_samples_split_in_file_order_into_dated_days(name, shared_data, tmp
     files = real_days(name, tmp_path, data=shared_data)
     assert len(files.train_dates) == 2 and files.later_date > files.train_dates[-1]
     parts = [read_log_file(files.path(d), files.fmt)[0] for d in (*files.train_dates, files.later_date)]
-    whole, _ = read_log_file(str(shared_data / ("criteo/train_head_10k.tsv" if name == "criteo" else
-                                                "avazu/avazu_14102100.csv")), files.fmt)
+    whole, _ = read_log_file(
+        str(shared_data / ("criteo/train_head_10k.tsv" if name == "criteo" else "avazu/avazu_14102100.csv")), files.fmt
+    )
     assert [len(p) for p in parts] == [*REAL_DAYS[:2], len(whole) - sum(REAL_DAYS[:2])]  # every row valid, none lost
     got = pd.concat(parts, ignore_index=True)
     np.testing.assert_array_equal(got["label"].to_numpy(), whole["label"].to_numpy())  # file order kept

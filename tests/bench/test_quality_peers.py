@@ -69,7 +69,9 @@ def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> No
     one_hot, _ = sklearn_lr_time_split(train, later, schema)
     poly2, info = sklearn_lr_time_split(train, later, schema, pairs=True)
     assert info["C"] in POLY2_CS
-    assert auc(y, poly2) > 0.75 and auc(y, one_hot) < 0.6  # each field alone says nothing; the pair says it (0.9 at best)
+    assert (
+        auc(y, poly2) > 0.75 and auc(y, one_hot) < 0.6
+    )  # each field alone says nothing; the pair says it (0.9 at best)
 
 
 def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> None:
@@ -87,10 +89,11 @@ def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> No
     assert ids.shape == (3, 39 + 39 * 38 // 2) and dense.shape == (3, 13)  # 26 fields and 13 dense buckets, paired
     counts = KeyCounts.of(poly2_keys(frame, schema))
     counted, _ = poly2_inputs(frame.iloc[:3], schema, 22, counts, fit_rows=True)
-    assert counted.shape == (3, ids.shape[1] + 26) and np.array_equal(counted[:, :ids.shape[1]], ids)
+    assert counted.shape == (3, ids.shape[1] + 26) and np.array_equal(counted[:, : ids.shape[1]], ids)
     probs, info = poly2_fit(frame.iloc[:1_200], frame.iloc[1_200:], schema)
     assert info["C"] in POLY2_CS and probs.shape == (300,)
     assert auc(frame["label"].iloc[1_200:].to_numpy(), probs) > 0.75
+
 
 def test_the_poly2_tokens_are_every_pair_of_the_fields_and_dense_buckets() -> None:
     from bench.quality_peers import _dense_bucket, _pairs, _tokens

@@ -42,8 +42,13 @@ def test_a_variant_is_the_default_config_with_its_keys_set_and_named_by_them(tmp
     assert v.sets == {"vocab.min_count": 1, "optim.batch_size": 64}
     assert model_name("attention", v) == "attention [vocab.min_count=1, optim.batch_size=64]"
     assert "/" not in Variant.row_format("adam/fp32").folder and " " not in v.folder
-    files = DayFiles(name="criteo", fmt="criteo", url=str(tmp_path / "{date}.txt"), train_dates=("2024-01-01",),
-                     later_date="2024-01-02")
+    files = DayFiles(
+        name="criteo",
+        fmt="criteo",
+        url=str(tmp_path / "{date}.txt"),
+        train_dates=("2024-01-01",),
+        later_date="2024-01-02",
+    )
     cfg = product_config(files, tmp_path, arch="attention", seed=3, variant=v)
     assert (cfg.vocab.min_count, cfg.optim.batch_size, cfg.optim.seed) == (1, 64, 3)
     args = argparse.Namespace(row_formats=["adam/fp32"], variants=["vocab.min_count=1"])

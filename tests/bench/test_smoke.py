@@ -30,9 +30,12 @@ SHARED_DATA = {"bench.quality", "bench.quality_ladder"}
 
 def run_smoke(name: str, results: Path, tmp: Path) -> str:
     env = {**os.environ, RESULTS_ENV: str(results), "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", name, "--smoke"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, f"python -m {name} --smoke exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    done = subprocess.run(
+        [sys.executable, "-m", name, "--smoke"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, (
+        f"python -m {name} --smoke exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout
 
 
@@ -58,7 +61,9 @@ def check_ingest(out: str, results: Path) -> None:
 
 def check_vocab(out: str, results: Path) -> None:
     got = runs(load(results, "vocab"))
-    assert {"chain: 2 daily builds", "incremental update of the last day", "window re-merge of the last day"} <= set(got)
+    assert {"chain: 2 daily builds", "incremental update of the last day", "window re-merge of the last day"} <= set(
+        got
+    )
     assert got["incremental update of the last day"]["keys_in_window"] > 0
 
 
@@ -86,7 +91,9 @@ def check_dense_step(out: str, results: Path) -> None:
     plain, kernel = got["2,000 rows: plain formulation (autograd)"], got["2,000 rows: attention CPU kernel"]
     tokens = got["2,000 rows: attention CPU kernel [model.attention_input=tokens]"]  # the smoke run's one variant
     assert plain["speedup_vs_plain"] == 1.0 and kernel["speedup_vs_plain"] > 0 and kernel["speedup_vs_default"] == 1.0
-    assert tokens["speedup_vs_default"] > 0 and tokens["mflop_per_example"] > kernel["mflop_per_example"]  # 39 tokens attend
+    assert (
+        tokens["speedup_vs_default"] > 0 and tokens["mflop_per_example"] > kernel["mflop_per_example"]
+    )  # 39 tokens attend
     ops = got["2,000 rows: attention torch-ops kernel"]  # the compiled kernel's fallback, timed beside it
     assert ops["speedup_vs_default"] > 0 and ops["mflop_per_example"] == kernel["mflop_per_example"]
     for row in (plain, kernel, tokens, ops):
@@ -169,14 +176,23 @@ def check_capacity(out: str, results: Path) -> None:
 
 
 CHECKS: dict[str, Callable[[str, Path], None]] = {
-    "bench.ingest": check_ingest, "bench.vocab": check_vocab, "bench.store": check_store, "bench.train": check_train,
-    "bench.dense_step": check_dense_step, "bench.comm": check_comm, "bench.het": check_het, "bench.day": check_day,
+    "bench.ingest": check_ingest,
+    "bench.vocab": check_vocab,
+    "bench.store": check_store,
+    "bench.train": check_train,
+    "bench.dense_step": check_dense_step,
+    "bench.comm": check_comm,
+    "bench.het": check_het,
+    "bench.day": check_day,
     "bench.gpu_probe": check_gpu_probe,
-    "bench.capacity": check_capacity, "bench.serve": check_serve, "bench.quality": check_quality,
+    "bench.capacity": check_capacity,
+    "bench.serve": check_serve,
+    "bench.quality": check_quality,
     "bench.quality_ladder": check_quality_ladder,
 }
 MARKS = {
-    "bench.train": [pytest.mark.distributed], "bench.comm": [pytest.mark.distributed],
+    "bench.train": [pytest.mark.distributed],
+    "bench.comm": [pytest.mark.distributed],
     "bench.het": [pytest.mark.distributed],
     "bench.day": [pytest.mark.slow],  # the whole flow (Prefect, Dask, torchrun) for 2 days: a minute or more
     "bench.quality": [pytest.mark.slow],  # 2 archs x 3 days through the flow, and the peers: minutes
@@ -184,8 +200,9 @@ MARKS = {
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, [])) for n in SMOKE])
-def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(name: str, tmp_path: Path,
-                                                                     request: pytest.FixtureRequest) -> None:
+def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if name in SHARED_DATA:
         request.getfixturevalue("shared_data")
     if name == "bench.quality_ladder":

@@ -65,8 +65,13 @@ def prefect_home(workdir: Path) -> Path:
     Its database is created first, so that no run (the reference's least of all) pays for that.
     """
     home = workdir / "prefect-home"
-    subprocess.run([str(BIN / "prefect"), "server", "database", "upgrade", "-y"], env={**os.environ, "PREFECT_HOME":
-                   str(home)}, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(BIN / "prefect"), "server", "database", "upgrade", "-y"],
+        env={**os.environ, "PREFECT_HOME": str(home)},
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return home
 
 
@@ -75,8 +80,14 @@ def single_day(shared_data, workdir, prefect_home) -> tuple[Workspace, Reference
     """The one-day workspace and its uninterrupted reference run (`ctrpipe run`, a local root)."""
     ws = workspace(workdir, "single-day", shared_data / "criteo" / "train_head_10k.tsv", [DATE], env_for(prefect_home))
     cfg = ws.config("reference")
-    ref = reference(["run", "--date", DATE, "--config", str(cfg)], ws.env, ws.base / "reference.log",
-                    load_config(cfg).layout(), [DATE], timeout=600)
+    ref = reference(
+        ["run", "--date", DATE, "--config", str(cfg)],
+        ws.env,
+        ws.base / "reference.log",
+        load_config(cfg).layout(),
+        [DATE],
+        timeout=600,
+    )
     return ws, ref
 
 

@@ -26,8 +26,9 @@ ARGS = ["backfill", "--start", DAYS[0], "--end", DAYS[-1]]
 def backfill(shared_data, workdir, prefect_home):
     ws = workspace(workdir, "backfill", shared_data / "criteo" / "train_head_10k.tsv", DAYS, env_for(prefect_home))
     cfg = ws.config("reference")
-    ref = reference([*ARGS, "--config", str(cfg)], ws.env, ws.base / "reference.log", load_config(cfg).layout(), DAYS,
-                    timeout=900)
+    ref = reference(
+        [*ARGS, "--config", str(cfg)], ws.env, ws.base / "reference.log", load_config(cfg).layout(), DAYS, timeout=900
+    )
     assert [v for v, _, _ in ref.chain] == ["v00001", "v00002", "v00003"]
     return ws, ref
 
@@ -37,6 +38,16 @@ def test_a_backfill_killed_at_random_resumes_to_the_reference_chain(trial, backf
     ws, ref = backfill
     kill_at = kill_time(chaos_seed, "backfill", trial, 0.0, ref.run.seconds)
     cfg = ws.config(f"trial-{trial}")
-    problems = kill_and_rerun(ws, "3-day backfill", trial, [*ARGS, "--config", str(cfg)], load_config(cfg).layout(),
-                              DAYS, ref, kill_at=kill_at, seed=chaos_seed, reports=reports)
+    problems = kill_and_rerun(
+        ws,
+        "3-day backfill",
+        trial,
+        [*ARGS, "--config", str(cfg)],
+        load_config(cfg).layout(),
+        DAYS,
+        ref,
+        kill_at=kill_at,
+        seed=chaos_seed,
+        reports=reports,
+    )
     assert not problems, f"killed at {kill_at}s; logs in {ws.base}"

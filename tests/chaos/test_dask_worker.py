@@ -43,20 +43,31 @@ def test_a_worker_killed_mid_ingest_costs_nothing(single_day, reports):
     ws, ref = single_day
     port = free_port()
     with processes() as procs:
-        scheduler = start(procs, [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                  "--no-dashboard"], ws.base / "dask-scheduler.log")
+        scheduler = start(
+            procs,
+            [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            ws.base / "dask-scheduler.log",
+        )
         wait_port(port, scheduler)
         address = f"tcp://127.0.0.1:{port}"
         for i in range(2):
-            start(procs, [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
-                          "--memory-limit", "2GiB"], ws.base / f"dask-worker-{i}.log")
+            start(
+                procs,
+                [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard", "--memory-limit", "2GiB"],
+                ws.base / f"dask-worker-{i}.log",
+            )
         with Client(address, timeout=30) as client:
             client.wait_for_workers(2, timeout=60)
         cfg = ws.config("dask-worker", dask={"address": address}, **SMALL_BLOCKS)
         layout = load_config(cfg).layout()
         with ThreadPoolExecutor(1) as pool:
-            day = pool.submit(run, ["run", "--date", DATE, "--config", str(cfg)], ws.env, ws.base / "dask-worker.log",
-                              timeout=3 * ref.run.seconds + 120)
+            day = pool.submit(
+                run,
+                ["run", "--date", DATE, "--config", str(cfg)],
+                ws.env,
+                ws.base / "dask-worker.log",
+                timeout=3 * ref.run.seconds + 120,
+            )
             killed = _kill_a_busy_worker(address, Path(layout.events(DATE)) / "_SUCCESS.json", timeout=300)
             result = day.result()
     assert killed, "no worker was seen running an ingest task"
@@ -64,10 +75,14 @@ def test_a_worker_killed_mid_ingest_costs_nothing(single_day, reports):
         problems = rerun_problems(ref, result, layout, [DATE])
         outcome = "completed"
     else:  # allowed: a clear error, and nothing of the day committed
-        problems = [] if "error" in result.text() and content(layout, layout.events(DATE))[1] == "not committed" \
+        problems = (
+            []
+            if "error" in result.text() and content(layout, layout.events(DATE))[1] == "not committed"
             else [f"failed ({result.rc}) and left committed events"]
+        )
         outcome = "failed cleanly"
     reports.setdefault("dask worker killed mid-ingest", VariantReport()).add(
-        f"ingest ({outcome})", not problems, slot_wait(layout, [DATE]))
+        f"ingest ({outcome})", not problems, slot_wait(layout, [DATE])
+    )
     print(f"\ndask worker {killed} killed mid-ingest: the day {outcome}: {problems or 'ok'}")
     assert not problems, f"logs in {ws.base}"

@@ -26,8 +26,13 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _deployment_run(env: dict, log: Path) -> str:
-    out = subprocess.run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
-                          f"date={DATE}"], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param", f"date={DATE}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     log.write_text(out.stdout + out.stderr)
     m = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
     assert out.returncode == 0 and m, out.stdout + out.stderr
@@ -57,11 +62,20 @@ def test_a_server_restart_mid_run_needs_no_cleanup(single_day, reports):
     with processes() as procs:
         server = PrefectServer(procs, ws.base, ws.base / "prefect-server-home")
         server.start()
-        out = subprocess.run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg), "--no-alerts"],
-                             env=server.env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg), "--no-alerts"],
+            env=server.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
-        start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
-              ws.base / "prefect-worker.log", env=server.env)
+        start(
+            procs,
+            [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
+            ws.base / "prefect-worker.log",
+            env=server.env,
+        )
 
         first = _deployment_run(server.env, ws.base / "prefect-run-1.log")
         holder = Path(layout.slot_holder())
@@ -75,10 +89,12 @@ def test_a_server_restart_mid_run_needs_no_cleanup(single_day, reports):
         second = _deployment_run(server.env, ws.base / "prefect-run-2.log")
         _wait_until(lambda: _state(server.api, second) in TERMINAL, 900, f"flow run {second} ending")
         assert _state(server.api, second) == "COMPLETED", (ws.base / "prefect-worker.log").read_text()[-3000:]
-        problems = rerun_problems(ref, _Finished(ws.base / "prefect-worker.log"), layout, [DATE],
-                                  max_wait_s=DEAD_HOLDER_BOUND_S)
+        problems = rerun_problems(
+            ref, _Finished(ws.base / "prefect-worker.log"), layout, [DATE], max_wait_s=DEAD_HOLDER_BOUND_S
+        )
     reports.setdefault("prefect server restarted", VariantReport()).add(
-        f"model stages (run {outcome.lower()})", not problems, slot_wait(layout, [DATE]))
+        f"model stages (run {outcome.lower()})", not problems, slot_wait(layout, [DATE])
+    )
     print(f"\nprefect server restarted mid-run: the run ended {outcome}; the second run completed: {problems or 'ok'}")
     assert not problems, f"logs in {ws.base}"
 

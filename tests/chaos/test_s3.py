@@ -33,12 +33,22 @@ def _trials_on(ws):
     with moto_s3(ws.base) as options:
 
         def config(name: str):
-            return ws.config(name, root=f"s3://ctr/{name}", storage_options=options,
-                             store={"local_dir": str(ws.base / name / "local")})
+            return ws.config(
+                name,
+                root=f"s3://ctr/{name}",
+                storage_options=options,
+                store={"local_dir": str(ws.base / name / "local")},
+            )
 
         cfg = config("reference")
-        ref = reference(["run", "--date", DATE, "--config", str(cfg)], ws.env, ws.base / "reference.log",
-                        load_config(cfg).layout(), [DATE], timeout=600)
+        ref = reference(
+            ["run", "--date", DATE, "--config", str(cfg)],
+            ws.env,
+            ws.base / "reference.log",
+            load_config(cfg).layout(),
+            [DATE],
+            timeout=600,
+        )
         yield ws, ref, config
 
 
@@ -47,6 +57,16 @@ def test_a_run_on_s3_killed_at_random_reruns_to_the_uninterrupted_result(trial, 
     ws, ref, config = s3
     kill_at = kill_time(chaos_seed, "s3", trial, 0.0, ref.run.seconds)
     cfg = config(f"trial-{trial}")
-    problems = kill_and_rerun(ws, "s3:// root (moto)", trial, ["run", "--date", DATE, "--config", str(cfg)],
-                              load_config(cfg).layout(), [DATE], ref, kill_at=kill_at, seed=chaos_seed, reports=reports)
+    problems = kill_and_rerun(
+        ws,
+        "s3:// root (moto)",
+        trial,
+        ["run", "--date", DATE, "--config", str(cfg)],
+        load_config(cfg).layout(),
+        [DATE],
+        ref,
+        kill_at=kill_at,
+        seed=chaos_seed,
+        reports=reports,
+    )
     assert not problems, f"killed at {kill_at}s; logs in {ws.base}"

@@ -24,6 +24,16 @@ def test_a_run_killed_at_random_reruns_to_the_uninterrupted_result(trial, single
     ws, ref = single_day
     kill_at = kill_time(chaos_seed, "single-day", trial, 0.0, ref.run.seconds)
     cfg = ws.config(f"trial-{trial}")
-    problems = kill_and_rerun(ws, "single day", trial, ["run", "--date", DATE, "--config", str(cfg)],
-                              load_config(cfg).layout(), [DATE], ref, kill_at=kill_at, seed=chaos_seed, reports=reports)
+    problems = kill_and_rerun(
+        ws,
+        "single day",
+        trial,
+        ["run", "--date", DATE, "--config", str(cfg)],
+        load_config(cfg).layout(),
+        [DATE],
+        ref,
+        kill_at=kill_at,
+        seed=chaos_seed,
+        reports=reports,
+    )
     assert not problems, f"killed at {kill_at}s; logs in {ws.base}"

@@ -60,16 +60,23 @@ def test_bad_yaml_file_names_the_file(tmp_path):
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_config(f)
     f.write_text("optim:\n  k_steps: [1, 2\nmodel: {}\n")
-    with pytest.raises(ConfigError, match=r"^config file \S*bad\.yaml: not valid YAML at line \d+, column \d+: [^\n]+$"):
+    with pytest.raises(
+        ConfigError, match=r"^config file \S*bad\.yaml: not valid YAML at line \d+, column \d+: [^\n]+$"
+    ):
         load_config(f)
 
 
 @pytest.mark.parametrize(
     ("schema_text", "message"),
     [
-        ("seperator: ','\ncolumns: [a, b]\nlabel: a\ncategorical: [b]\n",
-         r"input\.format: \S*shop\.yaml: unknown key 'seperator' \(did you mean 'separator'\?\)"),
-        ("columns: [a, b\nlabel: a\n", r"input\.format: schema file \S*shop\.yaml: not valid YAML at line 2, column \d+"),
+        (
+            "seperator: ','\ncolumns: [a, b]\nlabel: a\ncategorical: [b]\n",
+            r"input\.format: \S*shop\.yaml: unknown key 'seperator' \(did you mean 'separator'\?\)",
+        ),
+        (
+            "columns: [a, b\nlabel: a\n",
+            r"input\.format: schema file \S*shop\.yaml: not valid YAML at line 2, column \d+",
+        ),
         (None, r"input\.format: schema file \S*shop\.yaml does not exist"),
     ],
 )
@@ -95,8 +102,9 @@ def test_unknown_preset():
 
 
 def test_a_companion_needs_the_values_own_keys_and_they_get_features_of_their_own():
-    with pytest.raises(ConfigError, match="model.companion=poly2 reads each value's own key on every day: set "
-                       "encode.raw_keys=true"):
+    with pytest.raises(
+        ConfigError, match="model.companion=poly2 reads each value's own key on every day: set encode.raw_keys=true"
+    ):
         load_config(overrides=["model.companion=poly2"])
     assert load_config().model.companion == "auto"  # by default: on the days that have them
     on = load_config(overrides=["model.companion=poly2", "encode.raw_keys=true", "root=/r"])

@@ -46,8 +46,14 @@ def table(seed: int, reports: dict[str, VariantReport]) -> str:
     """The closing note: trials, kill points by stage, reruns matching, longest rerun wait."""
     head = ("variant", "trials", "kill points by stage", "reruns matching", "longest rerun wait", "torchrun outlived")
     rows = [head] + [
-        (name, str(r.trials), ", ".join(f"{k} {n}" for k, n in sorted(r.kills.items(), key=_stage_order)),
-         f"{r.matching}/{r.trials}", f"{r.longest_wait_s:.1f}s", str(r.outlived))
+        (
+            name,
+            str(r.trials),
+            ", ".join(f"{k} {n}" for k, n in sorted(r.kills.items(), key=_stage_order)),
+            f"{r.matching}/{r.trials}",
+            f"{r.longest_wait_s:.1f}s",
+            str(r.outlived),
+        )
         for name, r in reports.items()
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -166,8 +172,18 @@ def workspace(workdir: Path, name: str, sample: Path, days: list[str], env: dict
 
 
 def kill_and_rerun(
-    ws: Workspace, variant: str, trial: int, args: list[str], layout, dates: list[str], ref: Reference, *,
-    kill_at: float, seed: int, reports: dict[str, VariantReport], after: str = "",
+    ws: Workspace,
+    variant: str,
+    trial: int,
+    args: list[str],
+    layout,
+    dates: list[str],
+    ref: Reference,
+    *,
+    kill_at: float,
+    seed: int,
+    reports: dict[str, VariantReport],
+    after: str = "",
 ) -> list[str]:
     """One trial: `ctrpipe args` killed after `kill_at` s (from the start, or from the message `after`), rerun to
     the end, checked against `ref` and reported."""
@@ -180,6 +196,8 @@ def kill_and_rerun(
         problems = [*problems, f"outlived the kill by {OUTLIVE_S:g}s: {', '.join(killed.survivors)}"]
     reports.setdefault(variant, VariantReport()).add(stage, not problems, slot_wait(layout, dates), killed.survivors)
     when = f"{kill_at}s after {after!r}" if after else f"at {kill_at}s"
-    print(f"\n{variant}, trial {trial}: killed {when} ({stage}; outlived: {killed.survivors or 'nothing'}), "
-          f"rerun {rerun.seconds:.1f}s: {problems or 'ok'}  [CHAOS_SEED={seed}]")
+    print(
+        f"\n{variant}, trial {trial}: killed {when} ({stage}; outlived: {killed.survivors or 'nothing'}), "
+        f"rerun {rerun.seconds:.1f}s: {problems or 'ok'}  [CHAOS_SEED={seed}]"
+    )
     return problems

@@ -29,8 +29,13 @@ def write_criteo_features(tsv: Path, root: Path, *, eval_rows: int = 1000, parts
             table = pa.Table.from_pandas(frame.iloc[idx], preserve_index=False)
             pq.write_table(table, root / split / f"part-{i:05d}.parquet", row_group_size=1000)
     manifest = {
-        "rows_train": n_train, "rows_eval": eval_rows, "format": "parquet", "vocab_date": "2024-01-01",
-        "dense_columns": dense_columns(schema), "key_columns": key_columns(schema), "fields": list(schema.categorical),
+        "rows_train": n_train,
+        "rows_eval": eval_rows,
+        "format": "parquet",
+        "vocab_date": "2024-01-01",
+        "dense_columns": dense_columns(schema),
+        "key_columns": key_columns(schema),
+        "fields": list(schema.categorical),
     }
     (root / "_SUCCESS.json").write_text(json.dumps(manifest))
     return root

@@ -62,8 +62,22 @@ def unmarked(seen: Counter[tuple[str, int, str]]) -> list[str]:
     return out
 
 
-READS = frozenset({"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero",
-                   "masked_select", "unique", "repeat_interleave"})
+READS = frozenset(
+    {
+        "item",
+        "tolist",
+        "numpy",
+        "cpu",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "repeat_interleave",
+    }
+)
 """What `HostReadMode` counts: a value or a shape that depends on the data reaches Python (on CUDA a wait
 for the GPU); and indexing with a boolean mask (`__getitem__`/`__setitem__`), whose shape does too."""
 

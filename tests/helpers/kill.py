@@ -49,15 +49,22 @@ def env_for(prefect_home: Path, **extra: str) -> dict[str, str]:
     """The environment of a user's shell: one PREFECT_HOME for every run on the machine, no Prefect server."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     # CTRPIPE_LOG_LEVEL=info: Prefect's own lines too ("Beginning flow run"), which tell startup from the stages
-    return {**env, "PREFECT_HOME": str(prefect_home), "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
-            "CTRPIPE_LOG_LEVEL": "info",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
+    return {
+        **env,
+        "PREFECT_HOME": str(prefect_home),
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+        "CTRPIPE_LOG_LEVEL": "info",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        **extra,
+    }
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, float]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen([CTRPIPE, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [CTRPIPE, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
     return proc, time.time()
 
 

@@ -43,9 +43,22 @@ def make_model_dir(root: Path, name: str = "m", *, seed: int = 3) -> tuple[Path,
         write_snapshot(f"{staging}/sparse/part-{rank:05d}.parquet", k, trained, fmt)
     model_dir.write_tensors(f"{staging}/dense.safetensors", model.state_dict())
     meta = model_dir.ModelMeta.of(
-        model_name="ctr", model_config=CFG, dim=DIM, init_std=0.5, num_dense=1, num_fields=2, fields=("a", "b"),
-        dense_columns=("d_0",), key_columns=("k_0", "k_1"), vocab_date=None, run_tag="t", features_url="",
-        init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig(),
+        model_name="ctr",
+        model_config=CFG,
+        dim=DIM,
+        init_std=0.5,
+        num_dense=1,
+        num_fields=2,
+        fields=("a", "b"),
+        dense_columns=("d_0",),
+        key_columns=("k_0", "k_1"),
+        vocab_date=None,
+        run_tag="t",
+        features_url="",
+        init_model_url=None,
+        optim=OptimConfig(),
+        het=HetConfig(),
+        trainer=TrainerConfig(),
     )
     model_dir.write_meta(fs, staging, meta)
     fsio.commit_dir(fs, staging, str(root / name), {"ok": True})
@@ -60,19 +73,31 @@ def write_feature_day(day: Path, *, train_parts: tuple[int, ...], eval_parts: tu
         (day / split).mkdir(parents=True)
         for i, n in enumerate(parts):
             d = rng.random(n).astype(np.float32)
-            pd.DataFrame({
-                "label": (rng.random(n) < 0.2 + 0.6 * d).astype(np.float32), "d_0": d,
-                "k_0": rng.choice([*KEYS, 99], n), "k_1": rng.choice(KEYS, n), "row": np.arange(n) + 1000 * i,
-            }).to_parquet(day / split / f"part-{i:05d}.parquet", index=False)
+            pd.DataFrame(
+                {
+                    "label": (rng.random(n) < 0.2 + 0.6 * d).astype(np.float32),
+                    "d_0": d,
+                    "k_0": rng.choice([*KEYS, 99], n),
+                    "k_1": rng.choice(KEYS, n),
+                    "row": np.arange(n) + 1000 * i,
+                }
+            ).to_parquet(day / split / f"part-{i:05d}.parquet", index=False)
 
 
-def committed_feature_day(day: Path, *, train_rows: int, seed: int = 0, date: str = "2026-01-04",
-                          eval_rows: int = 400) -> str:
+def committed_feature_day(
+    day: Path, *, train_rows: int, seed: int = 0, date: str = "2026-01-04", eval_rows: int = 400
+) -> str:
     """A committed features directory of `date` (`write_feature_day` in two train parts and one eval part
     + its manifest), as a url."""
-    write_feature_day(day, train_parts=(train_rows // 2, train_rows - train_rows // 2), eval_parts=(eval_rows,),
-                      seed=seed)
-    manifest = {"date": date, "dense_columns": ["d_0"], "key_columns": ["k_0", "k_1"], "run_id": f"{date}-{seed}",
-                "eval_part_rows": [{"name": "part-00000", "rows": eval_rows}]}
+    write_feature_day(
+        day, train_parts=(train_rows // 2, train_rows - train_rows // 2), eval_parts=(eval_rows,), seed=seed
+    )
+    manifest = {
+        "date": date,
+        "dense_columns": ["d_0"],
+        "key_columns": ["k_0", "k_1"],
+        "run_id": f"{date}-{seed}",
+        "eval_part_rows": [{"name": "part-00000", "rows": eval_rows}],
+    }
     (day / "_SUCCESS.json").write_text(json.dumps(manifest))
     return str(day)

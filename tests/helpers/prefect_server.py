@@ -25,8 +25,11 @@ def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
         "store": {"embedding_dim": 8, "host_budget_mb": 64},
         "model": {"mlp_dims": [32, 16], "companion": "off"},
         "optim": {"batch_size": 256, "k_steps": 5},
-        "publish": {"max_auc_drop": 0.05, "min_eval_rows": 50,
-                    "calibration_range": [0.5, 2.0]},  # ~330 eval rows after a dozen steps
+        "publish": {
+            "max_auc_drop": 0.05,
+            "min_eval_rows": 50,
+            "calibration_range": [0.5, 2.0],
+        },  # ~330 eval rows after a dozen steps
     }
     for key, value in sections.items():
         cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value

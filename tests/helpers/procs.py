@@ -122,9 +122,12 @@ class PrefectServer:
 
     def start(self, timeout: float = 120) -> None:
         self.starts += 1
-        self.proc = start(self.procs, [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                       str(self.port)], self.log_dir / f"prefect-server-{self.starts}.log",
-                          env=self.server_env)
+        self.proc = start(
+            self.procs,
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            self.log_dir / f"prefect-server-{self.starts}.log",
+            env=self.server_env,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

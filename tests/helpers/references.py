@@ -1,8 +1,9 @@
 """Backticked references to the project's code, and whether they still resolve: shared by tests/test_docs.py
 (README.md, docs/*.md, infra READMEs) and tests/test_code_references.py (docstrings and comments).
 
-A backticked `pkg.module.name` (or `pkg.module:name`) whose first part is one of the project's packages must import (a module,
-or an attribute of one, or an attribute of that: `storage.io.layout.Layout`, `trainer.spec.TrainSpec.identity`),
+A backticked `pkg.module.name` (or `pkg.module:name`) whose first part is one of the project's packages must import
+(a module, or an attribute of one, or an attribute of that: `storage.io.layout.Layout`,
+`trainer.spec.TrainSpec.identity`),
 unless it is a config key (`trainer.nproc_per_node`: the `trainer` section shares the package's name).
 A backticked `dir/file.py` whose first folder is one of the repository's must exist.  Text with
 placeholders (`<model>`, `{date}`, `*`) is not a name, nor a path under a folder the code writes

@@ -18,8 +18,14 @@ from trainer.model_dir import read_meta
 
 _DATA_PREFIX = re.compile(r"^v-[0-9a-f]{12}$")
 _LEFTOVER = (".staging-", ".old-", ".tmp-")
-MODEL_FILES = ("model.json", "dense.safetensors", "dense_optim.safetensors", "metrics.json", "lineage.json",
-               "status.json")
+MODEL_FILES = (
+    "model.json",
+    "dense.safetensors",
+    "dense_optim.safetensors",
+    "metrics.json",
+    "lineage.json",
+    "status.json",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,20 +67,30 @@ def day_outputs(layout: Layout, date: str) -> DayOutputs:
     fs, path = layout.fs(layout.run_record(date))
     rec = fsio.read_json(fs, path) if fs.exists(path) else {}
     return DayOutputs(
-        events=content(layout, layout.events(date)), quarantine=content(layout, layout.quarantine(date)),
-        vocab=content(layout, layout.vocab(date)), features=content(layout, layout.features(date)),
-        status=rec.get("status", "no record"), auc=rec.get("auc", float("nan")),
-        logloss=rec.get("logloss", float("nan")), version=rec.get("model_version"),
+        events=content(layout, layout.events(date)),
+        quarantine=content(layout, layout.quarantine(date)),
+        vocab=content(layout, layout.vocab(date)),
+        features=content(layout, layout.features(date)),
+        status=rec.get("status", "no record"),
+        auc=rec.get("auc", float("nan")),
+        logloss=rec.get("logloss", float("nan")),
+        version=rec.get("model_version"),
         parent=rec.get("parent_version"),
     )
 
 
 def differences(ref: DayOutputs, got: DayOutputs, tol: float = 1e-6) -> list[str]:
     """What differs between a reference day and a rerun's (AUC and logloss to `tol`)."""
-    out = [f"{f.name}: {getattr(ref, f.name)} != {getattr(got, f.name)}" for f in dataclasses.fields(DayOutputs)
-           if f.name not in ("auc", "logloss") and getattr(ref, f.name) != getattr(got, f.name)]
-    out += [f"{k}: {getattr(ref, k)} vs {getattr(got, k)}" for k in ("auc", "logloss")
-            if not abs(getattr(ref, k) - getattr(got, k)) <= tol]
+    out = [
+        f"{f.name}: {getattr(ref, f.name)} != {getattr(got, f.name)}"
+        for f in dataclasses.fields(DayOutputs)
+        if f.name not in ("auc", "logloss") and getattr(ref, f.name) != getattr(got, f.name)
+    ]
+    out += [
+        f"{k}: {getattr(ref, k)} vs {getattr(got, k)}"
+        for k in ("auc", "logloss")
+        if not abs(getattr(ref, k) - getattr(got, k)) <= tol
+    ]
     return out
 
 

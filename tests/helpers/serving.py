@@ -43,10 +43,22 @@ def tiny_model(seed: int = 0) -> tuple[ModelMeta, CTRModel]:
     torch.manual_seed(seed)
     network = CTRModel(TINY, num_dense=13, num_fields=26, dim=DIM).eval()
     meta = ModelMeta.of(
-        model_name="ctr", model_config=TINY, dim=DIM, init_std=0.05, num_dense=13, num_fields=26,
-        fields=CRITEO.categorical, dense_columns=tuple(f"d_{i}" for i in range(13)),
-        key_columns=tuple(f"k_{j}" for j in range(26)), vocab_date="2026-01-01", run_tag=f"tiny-{seed}",
-        features_url="", init_model_url=None, optim=OptimConfig(), het=HetConfig(), trainer=TrainerConfig(),
+        model_name="ctr",
+        model_config=TINY,
+        dim=DIM,
+        init_std=0.05,
+        num_dense=13,
+        num_fields=26,
+        fields=CRITEO.categorical,
+        dense_columns=tuple(f"d_{i}" for i in range(13)),
+        key_columns=tuple(f"k_{j}" for j in range(26)),
+        vocab_date="2026-01-01",
+        run_tag=f"tiny-{seed}",
+        features_url="",
+        init_model_url=None,
+        optim=OptimConfig(),
+        het=HetConfig(),
+        trainer=TrainerConfig(),
     )
     return meta, network
 
@@ -63,17 +75,42 @@ def write_tiny_bundle(url: str, *, version: str = "v00001", seed: int = 0, dtype
     """A full bundle of a random tiny Criteo model at `url` (no registry, no training); returns its manifest."""
     meta, network = tiny_model(seed)
     admitted, rows = tiny_rows(seed, dtype=dtype)
-    spec = FeatureSpec(schema=CRITEO, admitted=admitted, bag_pooling=TINY.bag_pooling,
-                       dense_buckets=TINY.dense_buckets, dense_bucket_max=TINY.dense_bucket_max)
-    manifest = {"version": version, "model_name": "ctr", "dtype": dtype, "metrics": {"auc": 0.5 + seed / 100},
-                "dates_trained": ["2026-01-01"], "exported": now_iso()}
-    return write_full_bundle(url, meta=meta, spec=spec, program=export.program_bytes(export.export_program(network)),
-                             rows=rows, manifest=manifest)
+    spec = FeatureSpec(
+        schema=CRITEO,
+        admitted=admitted,
+        bag_pooling=TINY.bag_pooling,
+        dense_buckets=TINY.dense_buckets,
+        dense_bucket_max=TINY.dense_bucket_max,
+    )
+    manifest = {
+        "version": version,
+        "model_name": "ctr",
+        "dtype": dtype,
+        "metrics": {"auc": 0.5 + seed / 100},
+        "dates_trained": ["2026-01-01"],
+        "exported": now_iso(),
+    }
+    return write_full_bundle(
+        url,
+        meta=meta,
+        spec=spec,
+        program=export.program_bytes(export.export_program(network)),
+        rows=rows,
+        manifest=manifest,
+    )
 
 
 # ---- the server ---------------------------------------------------------------------------------
-def call(port: int, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None,
-         raw: bytes | None = None, timeout: float = 60) -> tuple[int, Any]:
+def call(
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+    timeout: float = 60,
+) -> tuple[int, Any]:
     """One HTTP request to 127.0.0.1:`port`; returns (status, decoded JSON or text)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -105,28 +142,49 @@ def wait_ready(port: int, proc: subprocess.Popen, *, path: str = "/readyz", time
 
 
 @contextmanager
-def score_server(args: list[str], port: int, log: Path, *, env: dict | None = None,
-                 ready_path: str = "/readyz") -> Iterator[subprocess.Popen]:
+def score_server(
+    args: list[str], port: int, log: Path, *, env: dict | None = None, ready_path: str = "/readyz"
+) -> Iterator[subprocess.Popen]:
     """`ctrpipe score-server ARGS --port PORT` in a child process, stopped on exit (even on failure)."""
     with processes() as procs:
-        proc = start(procs, [sys.executable, "-m", "flows.cli.main", "score-server", *args, "--port", str(port)], log, env)
+        proc = start(
+            procs, [sys.executable, "-m", "flows.cli.main", "score-server", *args, "--port", str(port)], log, env
+        )
         wait_ready(port, proc, path=ready_path)
         yield proc
 
 
 def day_config(root: Path, input_url: str, **overrides: Any) -> Any:
-    """The demo preset on `root`, reading `input_url`, with threads for Dask and a lenient gate (every day publishes)."""
+    """The demo preset on `root`, reading `input_url`, with threads
+    for Dask and a lenient gate (every day publishes)."""
     from flows.config import with_overrides
     from flows.presets import demo
 
-    return with_overrides(demo(str(root)), {
-        "input.url": input_url, "dask.processes": False, "dask.n_workers": 2, "optim.batch_size": 128,
-        "publish.max_auc_drop": 1.0, "publish.min_auc": 0.0, "publish.max_logloss_increase": 1.0,
-        "publish.calibration_range": [0.0, 100.0], **overrides,
-    })
+    return with_overrides(
+        demo(str(root)),
+        {
+            "input.url": input_url,
+            "dask.processes": False,
+            "dask.n_workers": 2,
+            "optim.batch_size": 128,
+            "publish.max_auc_drop": 1.0,
+            "publish.min_auc": 0.0,
+            "publish.max_logloss_increase": 1.0,
+            "publish.calibration_range": [0.0, 100.0],
+            **overrides,
+        },
+    )
 
 
 def cli_args(cfg: Any) -> list[str]:
     """`--preset demo --set ...` that rebuild `cfg` in a `ctrpipe` child process."""
-    return ["--preset", "demo", "--set", f"root={cfg.root}", "--set", f"input.url={cfg.input.url}",
-            "--set", f"input.format={cfg.input.format}"]
+    return [
+        "--preset",
+        "demo",
+        "--set",
+        f"root={cfg.root}",
+        "--set",
+        f"input.url={cfg.input.url}",
+        "--set",
+        f"input.format={cfg.input.format}",
+    ]

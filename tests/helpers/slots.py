@@ -23,8 +23,9 @@ with slot(Layout(root, "ctr"), 60, log=logging.getLogger("holder")):
 """
 
 
-def hold_slot(procs: list[subprocess.Popen], kind: str, root: Path | str, log: Path, env: dict | None = None,
-              timeout: float = 120) -> subprocess.Popen:
+def hold_slot(
+    procs: list[subprocess.Popen], kind: str, root: Path | str, log: Path, env: dict | None = None, timeout: float = 120
+) -> subprocess.Popen:
     """Start a process (its own process group) that takes the `kind` ("node" or "server") slot of model `ctr` on
     `root` and keeps it; returns once it holds it."""
     proc = start(procs, [sys.executable, "-c", _HOLD, kind, str(root)], log, env=env)

@@ -31,8 +31,16 @@ def split_configs(**kw: Any) -> tuple[TrainerConfig, OptimConfig, HetConfig]:
 
 
 def make_spec(
-    features: str | Path, output: str | Path, local_dir: str | Path, *, store: StoreConfig, model: ModelConfig,
-    run_tag: str, init: str | Path | None = None, vocab_date: str | None = "2024-01-01", **kw: Any,
+    features: str | Path,
+    output: str | Path,
+    local_dir: str | Path,
+    *,
+    store: StoreConfig,
+    model: ModelConfig,
+    run_tag: str,
+    init: str | Path | None = None,
+    vocab_date: str | None = "2024-01-01",
+    **kw: Any,
 ) -> TrainSpec:
     """A spec over `features` committing to `output`; `kw` are trainer/optim/het keys (checkpoints beside `output`),
     with `DAY_SIZED` optim values unless given and the rest derived for the features' train rows."""
@@ -44,8 +52,18 @@ def make_spec(
     rows = manifest.rows_train if manifest is not None and manifest.rows_train else 1
     recipe = derive(optim, model, rows=rows, world_size=trainer.world_size)
     return TrainSpec(
-        features_url=str(features), output_url=str(output), init_model_url=str(init) if init else None,
-        local_dir=str(local_dir), model_name="ctr", storage_options=None, store=store, model=recipe.model, optim=recipe.optim,
-        het=het, trainer=trainer, run_tag=run_tag, vocab_date=vocab_date,
+        features_url=str(features),
+        output_url=str(output),
+        init_model_url=str(init) if init else None,
+        local_dir=str(local_dir),
+        model_name="ctr",
+        storage_options=None,
+        store=store,
+        model=recipe.model,
+        optim=recipe.optim,
+        het=het,
+        trainer=trainer,
+        run_tag=run_tag,
+        vocab_date=vocab_date,
         checkpoint_url=f"{output}.checkpoint" if trainer.checkpoint_every else None,
     )

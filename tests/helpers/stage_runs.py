@@ -29,8 +29,9 @@ class StageConfigs:
 
     @staticmethod
     def from_dict(d: dict) -> StageConfigs:
-        return StageConfigs(input=InputConfig(**d["input"]), ingest=IngestConfig(**d["ingest"]),
-                            vocab=VocabConfig(**d["vocab"]))
+        return StageConfigs(
+            input=InputConfig(**d["input"]), ingest=IngestConfig(**d["ingest"]), vocab=VocabConfig(**d["vocab"])
+        )
 
 
 class StageResults(NamedTuple):
@@ -60,9 +61,10 @@ def stage_command(date: str, *, root: str, configs: StageConfigs, storage_option
 def main(argv: list[str]) -> None:
     spec = json.loads(argv[0])
     layout = Layout(spec["root"], storage_options=spec["storage_options"])
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, Client(
-        cluster
-    ) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         run_stages(spec["date"], layout=layout, client=client, configs=StageConfigs.from_dict(spec["configs"]))
 
 

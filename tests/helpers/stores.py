@@ -20,9 +20,12 @@ from storage.embedding.ssd import SsdStore
 DIM = 8
 STD = 0.05
 FORMATS = [RowFormat(DIM, o, d) for o in ("adam", "rowwise_adagrad", "sgd") for d in ("bf16", "fp16", "fp32")] + [
-    RowFormat(DIM, "adam", "int8", "log8"), RowFormat(DIM, "rmsprop", "int8", "log8"),
-    RowFormat(DIM, "partial_rowwise_adam", "fp32"), RowFormat(DIM, "wide_rowwise_adam", "fp32"),
-    RowFormat(DIM, "wide_rowwise_adam", "int8s", "log8")]
+    RowFormat(DIM, "adam", "int8", "log8"),
+    RowFormat(DIM, "rmsprop", "int8", "log8"),
+    RowFormat(DIM, "partial_rowwise_adam", "fp32"),
+    RowFormat(DIM, "wide_rowwise_adam", "fp32"),
+    RowFormat(DIM, "wide_rowwise_adam", "int8s", "log8"),
+]
 """The formats the contract suite runs each tier with: each of three rules with each float row dtype and fp32 state,
 the two per-element second-moment rules with int8 rows and log8 state (the 64- and 48-byte options), the two
 row-wise Adams with fp32 rows and state, and the wide one with symmetric int8 rows and log8 state (48 bytes); the other
@@ -41,8 +44,11 @@ def random_rows(fmt: RowFormat, n: int, gen: torch.Generator, *, clock_from: int
     state = {f.name: torch.rand(f.shape(n, fmt.dim), generator=gen) for f in fmt.rule.state}
     if "m" in state:
         state["m"] = torch.randn(n, fmt.dim, generator=gen)
-    return Rows(fmt.nearest(torch.randn(n, fmt.dim, generator=gen)), fmt.stored_state(state),
-                torch.arange(n, dtype=torch.int32) + clock_from)
+    return Rows(
+        fmt.nearest(torch.randn(n, fmt.dim, generator=gen)),
+        fmt.stored_state(state),
+        torch.arange(n, dtype=torch.int32) + clock_from,
+    )
 
 
 def stored(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
@@ -209,8 +215,9 @@ class ReferencePartialRowwiseAdam:
             t = self.t[k] = self.t.get(k, 0) + 1
             m = self.m[k] = b1 * self.m.get(k, torch.zeros(self.dim, dtype=torch.float64)) + (1 - b1) * g
             old = self.v.get(k, [0.0] * len(self.GROUPS))
-            v = self.v[k] = [b2 * o + (1 - b2) * float((g[cols] * g[cols]).mean())
-                             for o, cols in zip(old, self.GROUPS, strict=True)]
+            v = self.v[k] = [
+                b2 * o + (1 - b2) * float((g[cols] * g[cols]).mean()) for o, cols in zip(old, self.GROUPS, strict=True)
+            ]
             new = w.clone()
             for vg, cols in zip(v, self.GROUPS, strict=True):
                 new[cols] = w[cols] - lr * (m[cols] / (1 - b1**t)) / ((vg / (1 - b2**t)) ** 0.5 + ADAM_EPS)
@@ -245,7 +252,12 @@ class ReferenceSgd:
         return self.params[k].detach() if k in self.params else init_rows(keys_of(k), self.dim, self.std)[0]
 
 
-REFERENCES = {"adam": ReferenceAdam, "rmsprop": ReferenceRmsprop, "rowwise_adagrad": ReferenceRowwiseAdagrad,
-              "partial_rowwise_adam": ReferencePartialRowwiseAdam, "wide_rowwise_adam": ReferenceWideRowwiseAdam,
-              "sgd": ReferenceSgd}
+REFERENCES = {
+    "adam": ReferenceAdam,
+    "rmsprop": ReferenceRmsprop,
+    "rowwise_adagrad": ReferenceRowwiseAdagrad,
+    "partial_rowwise_adam": ReferencePartialRowwiseAdam,
+    "wide_rowwise_adam": ReferenceWideRowwiseAdam,
+    "sgd": ReferenceSgd,
+}
 """`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.sparse_optim`."""

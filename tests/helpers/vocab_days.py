@@ -45,7 +45,11 @@ class VocabUpdate:
 
 
 def update_vocab(
-    *, date: str, days: Mapping[str, pd.DataFrame], previous: pd.DataFrame | None, config: VocabConfig,
+    *,
+    date: str,
+    days: Mapping[str, pd.DataFrame],
+    previous: pd.DataFrame | None,
+    config: VocabConfig,
     fields: Sequence[str] = (),
 ) -> VocabUpdate:
     """The vocabulary of `date` by `update_bucket`, with one bucket holding every key (the window merge).
@@ -54,19 +58,26 @@ def update_vocab(
         days: date -> (field, key, count) day counts of the window (`counts`), `date` included if seen.
         previous: the previous `update_vocab(...).vocab` (None on the first day).
     """
+
     def arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         frame = frame.sort_values("key")
         return frame["key"].to_numpy(np.int64), frame["count"].to_numpy(np.int64)
 
     empty = pd.DataFrame({"key": np.empty(0, np.int64), "count": np.empty(0, np.int64)})
     stored = None if previous is None else pa.Table.from_pandas(previous, preserve_index=False)
-    out = update_bucket(date=day_number(date), today=arrays(days.get(date, empty)), previous=previous_state(stored),
-                        rule=BucketRule.of(config, fields),
-                        window=[(day_number(d), *arrays(f)) for d, f in days.items() if d != date])
+    out = update_bucket(
+        date=day_number(date),
+        today=arrays(days.get(date, empty)),
+        previous=previous_state(stored),
+        rule=BucketRule.of(config, fields),
+        window=[(day_number(d), *arrays(f)) for d, f in days.items() if d != date],
+    )
     return VocabUpdate(vocab=dated_frame(out.vocab), evicted=dated_frame(out.evicted))
 
 
-def window_counts(day_counts: Mapping[str, pd.DataFrame], *, date: str | None = None, decay: float = 1.0) -> pd.DataFrame:
+def window_counts(
+    day_counts: Mapping[str, pd.DataFrame], *, date: str | None = None, decay: float = 1.0
+) -> pd.DataFrame:
     """`window_table` of date -> day counts as a frame: field, key, count, score, first_date, last_date.
 
     Args:
@@ -84,5 +95,6 @@ def window_counts(day_counts: Mapping[str, pd.DataFrame], *, date: str | None = 
 
 def dated_frame(columns: Columns) -> pd.DataFrame:
     """Columns with day-number dates as a frame with YYYY-MM-DD dates."""
-    return pd.DataFrame({name: day_strings(v) if name in ("first_seen", "last_seen") else v
-                         for name, v in columns.items()})
+    return pd.DataFrame(
+        {name: day_strings(v) if name in ("first_seen", "last_seen") else v for name, v in columns.items()}
+    )

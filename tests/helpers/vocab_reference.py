@@ -28,14 +28,25 @@ def reference_window_counts(day_counts: Mapping[str, pd.DataFrame], *, date: str
         if len(f):
             day = np.datetime64(d, "D")
             weight = decay ** int((end - day).astype(np.int64))
-            frames.append(pd.DataFrame({
-                "key": f["key"].to_numpy(np.int64), "count": f["count"].to_numpy(np.int64),
-                "score": f["count"].to_numpy(np.float64) * weight, "day": day.astype(np.int64),
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "key": f["key"].to_numpy(np.int64),
+                        "count": f["count"].to_numpy(np.int64),
+                        "score": f["count"].to_numpy(np.float64) * weight,
+                        "day": day.astype(np.int64),
+                    }
+                )
+            )
     g = pd.concat(frames, ignore_index=True).groupby("key", sort=True)
     out = g.agg(count=("count", "sum"), score=("score", "sum"), first=("day", "min"), last=("day", "max"))
-    counts = pd.DataFrame({"field": field_of(out.index.to_numpy(np.int64)).astype(np.int16),
-                           "key": out.index.to_numpy(np.int64), "count": out["count"].to_numpy(np.int64)})
+    counts = pd.DataFrame(
+        {
+            "field": field_of(out.index.to_numpy(np.int64)).astype(np.int16),
+            "key": out.index.to_numpy(np.int64),
+            "count": out["count"].to_numpy(np.int64),
+        }
+    )
     counts["score"] = out["score"].to_numpy(np.float64)
     counts["first_date"] = out["first"].to_numpy().astype("datetime64[D]").astype(str)
     counts["last_date"] = out["last"].to_numpy().astype("datetime64[D]").astype(str)
@@ -62,14 +73,24 @@ def reference_within_cap(field, keys, score, admitted, cap):
     return out
 
 
-def reference_update(*, date: str, window: pd.DataFrame, previous: pd.DataFrame | None, config: VocabConfig,
-                     fields: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def reference_update(
+    *, date: str, window: pd.DataFrame, previous: pd.DataFrame | None, config: VocabConfig, fields: Sequence[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     thresholds = np.full(128, config.min_count, dtype=np.float64)
     for j, name in enumerate(fields):
         thresholds[j] = config.min_count_of(name)
-    prev = previous if previous is not None else pd.DataFrame(
-        {"key": np.empty(0, np.int64), "first_seen": pd.Series([], dtype="str"),
-         "last_seen": pd.Series([], dtype="str"), "admitted": np.empty(0, bool)})
+    prev = (
+        previous
+        if previous is not None
+        else pd.DataFrame(
+            {
+                "key": np.empty(0, np.int64),
+                "first_seen": pd.Series([], dtype="str"),
+                "last_seen": pd.Series([], dtype="str"),
+                "admitted": np.empty(0, bool),
+            }
+        )
+    )
     prev = prev[["key", "first_seen", "last_seen", "admitted"]].rename(
         columns={"first_seen": "prev_first", "last_seen": "prev_last", "admitted": "was_admitted"}
     )
@@ -89,11 +110,20 @@ def reference_update(*, date: str, window: pd.DataFrame, previous: pd.DataFrame 
         admitted &= reference_within_cap(field, keys, score, admitted, config.max_keys_per_field)
     evicted = was & ~admitted
     keep = (count > 0) | admitted
-    vocab = pd.DataFrame({"field": field[keep], "key": keys[keep], "count": count[keep], "score": score[keep],
-                          "first_seen": pd.Series(first_seen[keep], dtype="str"),
-                          "last_seen": pd.Series(last_seen[keep], dtype="str"), "admitted": admitted[keep]})
-    gone = pd.DataFrame({"field": field[evicted], "key": keys[evicted],
-                         "last_seen": pd.Series(last_seen[evicted], dtype="str")})
+    vocab = pd.DataFrame(
+        {
+            "field": field[keep],
+            "key": keys[keep],
+            "count": count[keep],
+            "score": score[keep],
+            "first_seen": pd.Series(first_seen[keep], dtype="str"),
+            "last_seen": pd.Series(last_seen[keep], dtype="str"),
+            "admitted": admitted[keep],
+        }
+    )
+    gone = pd.DataFrame(
+        {"field": field[evicted], "key": keys[evicted], "last_seen": pd.Series(last_seen[evicted], dtype="str")}
+    )
     return vocab, gone
 
 
@@ -109,9 +139,17 @@ def reference_stats(vocab, evicted, day_counts, day_rows, fields) -> list[dict]:
     out = []
     for j, name in enumerate(fields):
         cov, pres = int(covered.get(j, 0)) / day_rows, int(present.get(j, 0)) / day_rows
-        out.append({"field": name, "seen": int(seen.get(j, 0)), "admitted": int(n_admitted.get(j, 0)),
-                    "evicted": int(n_evicted.get(j, 0)), "coverage": round(cov, 6), "oov_rate": round(pres - cov, 6),
-                    "missing_rate": round(1.0 - pres, 6)})
+        out.append(
+            {
+                "field": name,
+                "seen": int(seen.get(j, 0)),
+                "admitted": int(n_admitted.get(j, 0)),
+                "evicted": int(n_evicted.get(j, 0)),
+                "coverage": round(cov, 6),
+                "oov_rate": round(pres - cov, 6),
+                "missing_rate": round(1.0 - pres, 6),
+            }
+        )
     return out
 
 

@@ -22,4 +22,6 @@ def test_what_the_gpu_check_runs_exists() -> None:
     assert tests and all((REPO / t).is_file() for t in tests), tests
     modules = re.findall(r"-m (bench\.\w+)", text)
     assert modules == ["bench.gpu_probe"] and (REPO / "bench" / "gpu_probe.py").is_file()
-    assert "--system-site-packages" in text and "--no-index --find-links" in text, "installs over the host's torch, offline"
+    assert "--system-site-packages" in text and "--no-index --find-links" in text, (
+        "installs over the host's torch, offline"
+    )

@@ -84,8 +84,15 @@ def rel(path: Path) -> str:
 
 # ---- checkers (pure: input -> list of problems) ---------------------------------------------------
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod", "PyTorchJob"}
-CLUSTER_SCOPED = {"Namespace", "StorageClass", "PersistentVolume", "ClusterRole", "ClusterRoleBinding",
-                  "PriorityClass", "CustomResourceDefinition"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "StorageClass",
+    "PersistentVolume",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "CustomResourceDefinition",
+}
 
 
 def pod_templates(doc: dict) -> list[tuple[str, dict, dict]]:
@@ -97,8 +104,11 @@ def pod_templates(doc: dict) -> list[tuple[str, dict, dict]]:
         spec = ((spec.get("jobTemplate") or {}).get("spec")) or {}
     if kind == "PyTorchJob":
         return [
-            (f"spec.pytorchReplicaSpecs.{role}.template", (r.get("template") or {}).get("spec") or {},
-             ((r.get("template") or {}).get("metadata") or {}).get("labels") or {})
+            (
+                f"spec.pytorchReplicaSpecs.{role}.template",
+                (r.get("template") or {}).get("spec") or {},
+                ((r.get("template") or {}).get("metadata") or {}).get("labels") or {},
+            )
             for role, r in (spec.get("pytorchReplicaSpecs") or {}).items()
         ]
     if kind in WORKLOAD_KINDS:
@@ -146,23 +156,26 @@ def check_k8s_object(doc: dict) -> list[str]:
 def check_http_probes(container: dict, wanted: dict[str, str]) -> list[str]:
     """Each probe in `wanted` (probe -> path) is an httpGet of that path on a port the container declares."""
     problems = []
-    ports = {p.get("name") for p in container.get("ports") or []} | {p.get("containerPort") for p in container.get("ports") or []}
+    ports = {p.get("name") for p in container.get("ports") or []} | {
+        p.get("containerPort") for p in container.get("ports") or []
+    }
     for probe, path in wanted.items():
         get = ((container.get(probe) or {}).get("httpGet")) or {}
         if get.get("path") != path:
-            problems.append(f"container {container.get('name')}: {probe} must be an httpGet of {path}, got {get or None}")
+            problems.append(
+                f"container {container.get('name')}: {probe} must be an httpGet of {path}, got {get or None}"
+            )
         elif get.get("port") not in ports:
-            problems.append(f"container {container.get('name')}: {probe} port {get.get('port')} is not a container port")
+            problems.append(
+                f"container {container.get('name')}: {probe} port {get.get('port')} is not a container port"
+            )
     return problems
 
 
 def check_service_selectors(objects: list[dict]) -> list[str]:
     """Every Service with a selector selects the pods of some workload in its namespace."""
     problems = []
-    pods = [
-        ((o.get("metadata") or {}).get("namespace"), labels)
-        for o in objects for _, _, labels in pod_templates(o)
-    ]
+    pods = [((o.get("metadata") or {}).get("namespace"), labels) for o in objects for _, _, labels in pod_templates(o)]
     for svc in (o for o in objects if o.get("kind") == "Service"):
         ns = (svc.get("metadata") or {}).get("namespace")
         selector = (svc.get("spec") or {}).get("selector") or {}
@@ -175,11 +188,19 @@ def check_service_selectors(objects: list[dict]) -> list[str]:
     return problems
 
 
-SECRET_NAME = re.compile(r"pass(word|wd)?|secret|token|auth|api[-_]?key|access[-_]?key|private[-_]?key|credential",
-                         re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"pass(word|wd)?|secret|token|auth|api[-_]?key|access[-_]?key|private[-_]?key|credential", re.IGNORECASE
+)
 # keys whose value names a Secret object or is a flag, not a credential
-REFERENCE_KEYS = {"secretKeyRef", "secretRef", "secretName", "serviceAccountName", "automountServiceAccountToken",
-                  "service_account_name", "imagePullSecrets"}
+REFERENCE_KEYS = {
+    "secretKeyRef",
+    "secretRef",
+    "secretName",
+    "serviceAccountName",
+    "automountServiceAccountToken",
+    "service_account_name",
+    "imagePullSecrets",
+}
 
 
 def is_reference(value: str) -> bool:
@@ -193,13 +214,23 @@ def find_inline_secrets(obj: Any, path: str = "") -> list[str]:
     problems = []
     if isinstance(obj, dict):
         env_name = obj.get("name")
-        if (isinstance(env_name, str) and "value" in obj and SECRET_NAME.search(env_name)
-                and isinstance(obj["value"], str) and not is_reference(obj["value"])):
+        if (
+            isinstance(env_name, str)
+            and "value" in obj
+            and SECRET_NAME.search(env_name)
+            and isinstance(obj["value"], str)
+            and not is_reference(obj["value"])
+        ):
             problems.append(f"{path}: env {env_name} has an inline value (use valueFrom.secretKeyRef)")
         for key, value in obj.items():
             where = f"{path}.{key}" if path else str(key)
-            if (isinstance(key, str) and key not in REFERENCE_KEYS and SECRET_NAME.search(key)
-                    and isinstance(value, str) and not is_reference(value)):
+            if (
+                isinstance(key, str)
+                and key not in REFERENCE_KEYS
+                and SECRET_NAME.search(key)
+                and isinstance(value, str)
+                and not is_reference(value)
+            ):
                 problems.append(f"{where}: inline value under a credential-like key")
             problems += find_inline_secrets(value, where)
     elif isinstance(obj, list):
@@ -248,7 +279,9 @@ def ctrpipe_subcommands() -> set[str]:
 
 
 _PY_MODULE = re.compile(r"(?<![\w-])-m[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
-_REPO_PATH = re.compile(r"(?<![\w.-])((?:infra|flows|pipeline|storage|trainer|bench|tests|docs)/[\w./-]*\w)(?![\w./*{-])")
+_REPO_PATH = re.compile(
+    r"(?<![\w.-])((?:infra|flows|pipeline|storage|trainer|bench|tests|docs)/[\w./-]*\w)(?![\w./*{-])"
+)
 _CTRPIPE = re.compile(r"(?<![\w/-])ctrpipe[ \t]+([a-z][\w-]*)")
 _PREFECT_POOL = re.compile(r"--pool[ \t=]+[\"']?([\w-]+)")
 
@@ -314,14 +347,15 @@ def dockerfile_copy_sources(text: str) -> list[str]:
 
 
 def check_dockerfile(text: str) -> list[str]:
-    problems = [f"COPY source {s} does not exist" for s in dockerfile_copy_sources(text)
-                if not any(REPO.glob(s.lstrip("/")))]
+    problems = [
+        f"COPY source {s} does not exist" for s in dockerfile_copy_sources(text) if not any(REPO.glob(s.lstrip("/")))
+    ]
     users = re.findall(r"^USER\s+(\S+)", text, flags=re.MULTILINE)
     if not users or users[-1].split(":")[0] in ("root", "0"):
         problems.append("the image does not end with a non-root USER")
     entry = re.findall(r"^ENTRYPOINT\s+(.+)$", text, flags=re.MULTILINE)
     if not entry or json.loads(entry[-1]) != ["ctrpipe"]:
-        problems.append(f"ENTRYPOINT is {entry[-1] if entry else None}, expected [\"ctrpipe\"]")
+        problems.append(f'ENTRYPOINT is {entry[-1] if entry else None}, expected ["ctrpipe"]')
     if not re.search(r"torch==\$\{TORCH_VERSION\}|torch==2\.13\.0", text) or "TORCH_VERSION=2.13.0" not in text:
         problems.append("torch is not pinned to 2.13.0")
     if "download.pytorch.org/whl/" not in text:
@@ -447,17 +481,25 @@ def test_no_inline_secrets_in_data_files() -> None:
 
 
 def test_no_inline_secrets_in_scripts() -> None:
-    problems = [f"{rel(p)}: {x}" for p in (SBATCH, *DOCKER.glob("Dockerfile.*")) if p.suffix != ".dockerignore"
-                for x in find_text_secrets(p.read_text())]
+    problems = [
+        f"{rel(p)}: {x}"
+        for p in (SBATCH, *DOCKER.glob("Dockerfile.*"))
+        if p.suffix != ".dockerignore"
+        for x in find_text_secrets(p.read_text())
+    ]
     assert not problems, "\n".join(problems)
 
 
 def test_referenced_modules_paths_and_subcommands_exist() -> None:
     subcommands = ctrpipe_subcommands()
     assert {"run", "backfill", "evaluate", "models"} <= subcommands
-    texts = {rel(p): code_text(p) for p in INFRA.rglob("*") if p.is_file()
-             and (p.suffix in (".yaml", ".yml", ".json", ".sbatch", ".sh", ".md") or p.name.startswith("Dockerfile."))
-             and not p.name.endswith(".dockerignore")}
+    texts = {
+        rel(p): code_text(p)
+        for p in INFRA.rglob("*")
+        if p.is_file()
+        and (p.suffix in (".yaml", ".yml", ".json", ".sbatch", ".sh", ".md") or p.name.startswith("Dockerfile."))
+        and not p.name.endswith(".dockerignore")
+    }
     texts["k8s container commands"] = "\n".join(container_commands([d for _, d in k8s_objects()]))
     problems = [f"{name}: {x}" for name, text in texts.items() for x in check_references(text, subcommands)]
     assert not problems, "\n".join(problems)
@@ -488,7 +530,9 @@ def test_prefect_auth_comes_from_secrets() -> None:
     worker = objects[("Deployment", "prefect-worker-ctr-k8s")]["spec"]["template"]["spec"]["containers"][0]
     auth = secret_ref(env_of(server).get("PREFECT_SERVER_API_AUTH_STRING"))
     assert auth, "the server's PREFECT_SERVER_API_AUTH_STRING must come from a Secret"
-    assert secret_ref(env_of(worker).get("PREFECT_API_AUTH_STRING")) == auth, "worker and server must share the auth Secret"
+    assert secret_ref(env_of(worker).get("PREFECT_API_AUTH_STRING")) == auth, (
+        "worker and server must share the auth Secret"
+    )
     assert secret_ref(env_of(worker).get("PREFECT_API_URL")), "the worker's PREFECT_API_URL must come from a Secret"
 
 
@@ -516,8 +560,9 @@ def test_train_job() -> None:
     nnodes, gpus = int(env["NNODES"]["value"]), int(env["GPUS_PER_NODE"]["value"])
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == nnodes, "completions, parallelism and NNODES must agree"
-    assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"], \
+    assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"], (
         "pods need a headless Service named like their subdomain for ctr-train-<i>.ctr-train"
+    )
     assert svc["spec"].get("publishNotReadyAddresses") is True
     script = " ".join(container["args"])
     argv = shlex.split(script.split("exec ", 1)[1].replace("\\\n", " "))
@@ -537,8 +582,9 @@ def test_train_job() -> None:
     assert any(k.startswith("rdma/") for k in container["resources"]["limits"]), "RDMA device resource"
     assert not {n for n in env if n.startswith("NCCL_")}, "NCCL settings come from the spec (trainer.nccl_env)"
     before = script.split("exec ", 1)[0]
-    assert "--env-file /tmp/ctr/train-env.sh" in before and "source /tmp/ctr/train-env.sh" in before, \
+    assert "--env-file /tmp/ctr/train-env.sh" in before and "source /tmp/ctr/train-env.sh" in before, (
         "the pod sources the spec's environment (ctrpipe warm-node --env-file) before torchrun"
+    )
     assert secret_ref(env.get("RDZV_ID")) is None and env["RDZV_ID"]["valueFrom"]["fieldRef"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -548,7 +594,11 @@ def test_train_job() -> None:
 
 def test_scorer_deployment() -> None:
     objs = {(d["kind"], d["metadata"]["name"]): d for p, d in k8s_objects() if p == K8S / "scorer.yaml"}
-    dep, svc, config = objs[("Deployment", "ctr-scorer")], objs[("Service", "ctr-scorer")], objs[("ConfigMap", "ctr-scorer-config")]
+    dep, svc, config = (
+        objs[("Deployment", "ctr-scorer")],
+        objs[("Service", "ctr-scorer")],
+        objs[("ConfigMap", "ctr-scorer-config")],
+    )
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert not check_http_probes(container, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"})
@@ -571,8 +621,11 @@ def test_scorer_deployment() -> None:
 
 
 def test_checker_http_probes_fail() -> None:
-    good = {"name": "c", "ports": [{"name": "http", "containerPort": 8000}],
-            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}}}
+    good = {
+        "name": "c",
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}},
+    }
     assert check_http_probes(good, {"readinessProbe": "/readyz"}) == []
     assert check_http_probes(good, {"livenessProbe": "/healthz"})
     wrong_port = {**good, "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9}}}
@@ -650,12 +703,15 @@ def test_sbatch_torchrun_across_nodes() -> None:
     assert '--nnodes "$SLURM_NNODES"' in text and '--node_rank "$SLURM_NODEID"' in text
     assert re.search(r'--nproc_per_node "\$\w+"', text) and "--gpus-per-node" in text
     assert '--local_addr "$ME"' in text and '--my-addr "$ME"' in text, "torchrun and ctrpipe warm-node must agree"
-    assert "-m flows.cli.main warm-node --spec" in text.split("exec ", 1)[0], "each node warms its shards before torchrun"
+    assert "-m flows.cli.main warm-node --spec" in text.split("exec ", 1)[0], (
+        "each node warms its shards before torchrun"
+    )
     assert not re.search(r"^\s*export NCCL_", text, flags=re.MULTILINE), "NCCL settings come from the spec"
     before = text.split("exec ", 1)[0]
     env_file = re.search(r'--env-file "([^"]+)"', before)
-    assert env_file and f'source "{env_file.group(1)}"' in before, \
+    assert env_file and f'source "{env_file.group(1)}"' in before, (
         "each node sources the spec's environment (ctrpipe warm-node --env-file) before torchrun"
+    )
 
 
 def test_installed_torch_orders_c10d_nodes_by_address() -> None:
@@ -672,9 +728,13 @@ def test_installed_torch_orders_c10d_nodes_by_address() -> None:
 # ---- the checkers fail on broken input ---------------------------------------------------------------
 def _deployment(**container: Any) -> dict:
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w", "namespace": "ctr"},
-        "spec": {"selector": {"matchLabels": {"app": "w"}},
-                 "template": {"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [{"name": "c", **container}]}}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "w", "namespace": "ctr"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [{"name": "c", **container}]}},
+        },
     }
 
 
@@ -691,8 +751,12 @@ def test_checker_k8s_object_fails() -> None:
 
 
 def test_checker_service_selector_fails() -> None:
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ctr"},
-           "spec": {"selector": {"app": "w"}}}
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "namespace": "ctr"},
+        "spec": {"selector": {"app": "w"}},
+    }
     assert check_service_selectors([svc, _deployment(image="i", command=["x"])]) == []
     svc["spec"]["selector"] = {"app": "nope"}
     assert check_service_selectors([svc, _deployment(image="i", command=["x"])])
@@ -706,10 +770,16 @@ def test_checker_inline_secrets_fails() -> None:
     assert find_inline_secrets({"env": [{"name": "PREFECT_API_AUTH_STRING", "value": "admin:pw"}]})
     assert find_inline_secrets({"storage_options": {"secret": "abc", "key": "k"}})
     assert find_inline_secrets({"password": "hunter2"})
-    assert not find_inline_secrets({"env": [{"name": "PREFECT_API_AUTH_STRING",
-                                             "valueFrom": {"secretKeyRef": {"name": "a", "key": "auth-string"}}}]})
-    assert not find_inline_secrets({"secretName": "ctr-dask-tls", "token": "{{ prefect.blocks.secret.t }}",
-                                    "auth": "${PREFECT_AUTH}"})
+    assert not find_inline_secrets(
+        {
+            "env": [
+                {"name": "PREFECT_API_AUTH_STRING", "valueFrom": {"secretKeyRef": {"name": "a", "key": "auth-string"}}}
+            ]
+        }
+    )
+    assert not find_inline_secrets(
+        {"secretName": "ctr-dask-tls", "token": "{{ prefect.blocks.secret.t }}", "auth": "${PREFECT_AUTH}"}
+    )
     assert find_text_secrets("ENV AWS_SECRET_ACCESS_KEY=abc\n")
     assert find_text_secrets("export PREFECT_API_AUTH_STRING=admin:pw\n")
     assert not find_text_secrets('export PREFECT_API_AUTH_STRING="$AUTH"\n')
@@ -731,9 +801,15 @@ def test_checker_dockerfile_fails() -> None:
     assert check_dockerfile(good) == []
     assert any("does not exist" in p for p in check_dockerfile(good + "\nCOPY no_such_dir ./x\n"))
     assert any("non-root" in p for p in check_dockerfile(good + "\nUSER root\n"))
-    assert any("ENTRYPOINT" in p for p in check_dockerfile(good.replace('ENTRYPOINT ["ctrpipe"]', 'ENTRYPOINT ["bash"]')))
+    assert any(
+        "ENTRYPOINT" in p for p in check_dockerfile(good.replace('ENTRYPOINT ["ctrpipe"]', 'ENTRYPOINT ["bash"]'))
+    )
     assert any("2.13.0" in p for p in check_dockerfile(good.replace("TORCH_VERSION=2.13.0", "TORCH_VERSION=2.12.0")))
-    assert dockerfile_copy_sources('COPY --chown=1:1 a b ./\nCOPY --from=build /x /y\nCOPY ["c", "d"]\n') == ["a", "b", "c"]
+    assert dockerfile_copy_sources('COPY --chown=1:1 a b ./\nCOPY --from=build /x /y\nCOPY ["c", "d"]\n') == [
+        "a",
+        "b",
+        "c",
+    ]
 
 
 def test_checker_work_pool_template_fails() -> None:
@@ -745,11 +821,21 @@ def test_checker_work_pool_template_fails() -> None:
 
 
 def test_checker_prefect_yaml_fails() -> None:
-    doc = {"deployments": [
-        {"name": "daily", "entrypoint": "flows/prefect/daily.py:no_such_flow", "work_pool": {"name": "ctr-process"}},
-        {"name": "backfill", "entrypoint": "flows/prefect/daily.py:backfill", "work_pool": {"name": "gpu"},
-         "parameters": {"start": "2026-01-01", "begin": "x"}},
-    ]}
+    doc = {
+        "deployments": [
+            {
+                "name": "daily",
+                "entrypoint": "flows/prefect/daily.py:no_such_flow",
+                "work_pool": {"name": "ctr-process"},
+            },
+            {
+                "name": "backfill",
+                "entrypoint": "flows/prefect/daily.py:backfill",
+                "work_pool": {"name": "gpu"},
+                "parameters": {"start": "2026-01-01", "begin": "x"},
+            },
+        ]
+    }
     problems = check_prefect_yaml(doc)
     assert any("on-demand" in p for p in problems)
     assert any("no_such_flow" in p for p in problems)

@@ -32,7 +32,9 @@ def test_the_wheelhouse_holds_every_runtime_requirement_but_torch() -> None:
 def test_the_download_is_binary_wheels_for_the_target_interpreter() -> None:
     cmd = download_command("w", ["numpy<3"], python_version="3.12", platforms=("manylinux_2_28_x86_64",))
     assert cmd[:4] == [sys.executable, "-m", "pip", "download"] and "--only-binary=:all:" in cmd
-    assert cmd[cmd.index("--python-version") + 1] == "3.12" and cmd[cmd.index("--platform") + 1] == "manylinux_2_28_x86_64"
+    assert (
+        cmd[cmd.index("--python-version") + 1] == "3.12" and cmd[cmd.index("--platform") + 1] == "manylinux_2_28_x86_64"
+    )
     assert cmd[-1] == "numpy<3" and cmd[cmd.index("--dest") + 1] == "w"
 
 

@@ -15,9 +15,10 @@ from tests.helpers.raw_days import DAYS, ROWS_PER_DAY, RawDays
 @pytest.fixture(scope="session")
 def client():
     """Two worker threads in this process: real Dask scheduling without process start-up cost."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, Client(
-        cluster
-    ) as c:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 

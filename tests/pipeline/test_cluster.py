@@ -30,12 +30,14 @@ from pipeline.config import DaskConfig
 
 
 def test_local_workers_get_malloc_thresholds_on_top_of_dasks_environment():
-    with dask.config.set(
-        {PRE_SPAWN_ENVIRON: {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}}
-    ):
+    with dask.config.set({PRE_SPAWN_ENVIRON: {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}}):
         env = worker_environ()
-        assert env == {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-                       "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": f"ignore:{SLOW_SCRATCH}:UserWarning"}
+        assert env == {
+            "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
+            "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": f"ignore:{SLOW_SCRATCH}:UserWarning",
+        }
 
 
 def _slow_scratch_warnings() -> int:
@@ -51,7 +53,8 @@ def test_the_slow_scratch_folder_warning_never_reaches_the_days_report(monkeypat
         assert list(client.run(_slow_scratch_warnings).values()) == [0]
         assert _slow_scratch_warnings() == 0
         assert list(client.run(lambda: os.environ["PYTHONWARNINGS"]).values()) == [
-            f"default::DeprecationWarning,ignore:{SLOW_SCRATCH}:UserWarning"]
+            f"default::DeprecationWarning,ignore:{SLOW_SCRATCH}:UserWarning"
+        ]
 
 
 def malloc_environ() -> dict[str, str]:
@@ -92,9 +95,15 @@ def test_a_stage_whose_tasks_stop_finishing_fails_saying_so_instead_of_waiting_f
     with dask_client(DaskConfig(n_workers=1, processes=False, stall_timeout_s=1.5)) as client:
         assert dask.config.get(STALL_KEY) == 1.5
         assert gather(client, client.map(lambda x: x * 2, range(5), pure=False), what="t") == [0, 2, 4, 6, 8]
-        futures = [client.submit(_wait_for, "never-set", pure=False), client.submit(lambda: 3, pure=False)]  # one thread
-        with pytest.raises(StageStalled, match=r"vocab D: no Dask task finished in 1.5 s, 2 of 2 still pending; "
-                                               r"workers: 1 running\. Set dask.stall_timeout_s"):
+        futures = [
+            client.submit(_wait_for, "never-set", pure=False),
+            client.submit(lambda: 3, pure=False),
+        ]  # one thread
+        with pytest.raises(
+            StageStalled,
+            match=r"vocab D: no Dask task finished in 1.5 s, 2 of 2 still pending; "
+            r"workers: 1 running\. Set dask.stall_timeout_s",
+        ):
             gather(client, futures, what="vocab D")
         Event("never-set", client=client).set()
 
@@ -102,11 +111,17 @@ def test_a_stage_whose_tasks_stop_finishing_fails_saying_so_instead_of_waiting_f
 def test_a_worker_paused_for_memory_is_named_in_the_stall():
     # memory_limit applied to a thread worker (what dask_client no longer does): it pauses at once
     held = np.ones((256 << 20) // 8)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="64MiB",
-                      dashboard_address=":0") as cluster, Client(cluster) as client, \
-            dask.config.set({STALL_KEY: 2.0}):
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, memory_limit="64MiB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        dask.config.set({STALL_KEY: 2.0}),
+    ):
         time.sleep(1.0)
-        with pytest.raises(StageStalled, match=r"workers: 1 paused\. A paused worker is over 80% of dask.memory_limit: raise it"):
+        with pytest.raises(
+            StageStalled, match=r"workers: 1 paused\. A paused worker is over 80% of dask.memory_limit: raise it"
+        ):
             gather(client, client.map(lambda x: x, range(3), pure=False), what="encode D")
     assert held[0] == 1.0
 
@@ -122,9 +137,13 @@ def test_a_failed_task_raises_its_own_error():
 
 
 def test_an_unreachable_scheduler_is_named_by_its_key(free_port):
-    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), pytest.raises(
-        OSError, match=rf"cannot reach the Dask scheduler at dask.address='tcp://127.0.0.1:{free_port}'.*empty"
-    ), dask_client(DaskConfig(address=f"tcp://127.0.0.1:{free_port}")):
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
+        pytest.raises(
+            OSError, match=rf"cannot reach the Dask scheduler at dask.address='tcp://127.0.0.1:{free_port}'.*empty"
+        ),
+        dask_client(DaskConfig(address=f"tcp://127.0.0.1:{free_port}")),
+    ):
         pass
 
 
@@ -134,6 +153,7 @@ def test_workers_drop_connection_errors_while_closing_and_compute_failed_reports
     before = list(logger.filters)
     QuietWorkers().setup(worker)
     try:
+
         def record(exc: BaseException | None) -> logging.LogRecord:
             info = (type(exc), exc, None) if exc else None
             return logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "heartbeat failed", (), info)

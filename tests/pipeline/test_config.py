@@ -25,7 +25,10 @@ def test_input_format_is_a_built_in_name_or_a_yaml_schema_file():
         (lambda: IngestConfig(max_bad_fraction=1.5), r"ingest.max_bad_fraction must be in \[0, 1\], got 1.5"),
         (lambda: DaskConfig(n_workers=-1), r"dask.n_workers must be >= 0, got -1"),
         (lambda: DaskConfig(memory_limit="lots"), r"dask.memory_limit must be a size such as 4GiB .*got 'lots'"),
-        (lambda: DaskConfig(address="nonsense"), r"dask.address must be a scheduler address such as tcp://.*'nonsense'"),
+        (
+            lambda: DaskConfig(address="nonsense"),
+            r"dask.address must be a scheduler address such as tcp://.*'nonsense'",
+        ),
         (lambda: DaskConfig(address="tcp://host"), r"dask.address must be a scheduler address"),
         (lambda: DaskConfig(stall_timeout_s=0), r"dask.stall_timeout_s must be > 0 seconds, got 0"),
         (lambda: VocabConfig(ttl_days=0), r"vocab.ttl_days must be >= 1, got 0"),

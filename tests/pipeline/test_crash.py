@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow  # kills processes mid-write: minutes, not seconds
 
 DATES = ("2026-01-01", "2026-01-02")
 STAGES = ("events", "quarantine", "vocab", "features")
-CONFIGS = StageConfigs(ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05),
-                       vocab=VocabConfig(window_days=2, min_count=2))
+CONFIGS = StageConfigs(
+    ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05), vocab=VocabConfig(window_days=2, min_count=2)
+)
 """Small partitions, so there are many writes to interrupt."""
 
 
@@ -67,8 +68,12 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result(tmp
     for _ in range(8):  # until two runs were killed mid-work (a run can finish before its kill)
         if kills >= 2:
             break
-        proc = subprocess.Popen(stage_command(DATES[1], root=str(crashed), configs=CONFIGS), cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            stage_command(DATES[1], root=str(crashed), configs=CONFIGS),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline and not list(crashed.glob("*/date=*.staging-*")):
             time.sleep(0.01)  # wait until a stage is writing, then kill at a random moment of its work

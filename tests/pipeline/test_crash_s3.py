@@ -33,9 +33,11 @@ STAGES = ("events", "quarantine", "vocab", "features")
 
 def configs(so: dict) -> StageConfigs:
     """Input on S3; small partitions, so each stage writes many objects."""
-    return StageConfigs(input=InputConfig(url=f"{RAW}/day_{{date}}.tsv.gz", storage_options=so),
-                        ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05),
-                        vocab=VocabConfig(min_count=2))
+    return StageConfigs(
+        input=InputConfig(url=f"{RAW}/day_{{date}}.tsv.gz", storage_options=so),
+        ingest=IngestConfig(rows_per_partition=300, max_bad_fraction=0.05),
+        vocab=VocabConfig(min_count=2),
+    )
 
 
 def run_all(root: str, so: dict, client) -> None:
@@ -125,5 +127,6 @@ def test_sigkill_mid_write_on_s3_keeps_the_old_output_then_the_rerun_gives_the_u
     for stage, (manifest, files) in committed(fs, crashed).items():  # killed writers' prefixes were removed
         data = json.loads(manifest)["data"]
         final = f"ctr/crashed/{stage}/date={DATE}"
-        assert sorted(fs.find(final)) == sorted([f"{final}/_SUCCESS.json", f"{final}/{data}/_SUCCESS.json",
-                                                 *(f"{final}/{data}/{r}" for r in files)]), stage
+        assert sorted(fs.find(final)) == sorted(
+            [f"{final}/_SUCCESS.json", f"{final}/{data}/_SUCCESS.json", *(f"{final}/{data}/{r}" for r in files)]
+        ), stage

@@ -33,10 +33,12 @@ pytestmark = pytest.mark.slow  # a real scheduler and a moto S3 server: tens of 
 DATE = "2026-01-01"
 
 
-def run_day(root: str, client: Client, storage_options: dict | None = None, input: InputConfig | None = None
-            ) -> StageResults:
-    configs = StageConfigs(input=input or InputConfig(), ingest=IngestConfig(rows_per_partition=800),
-                           vocab=VocabConfig(min_count=2))
+def run_day(
+    root: str, client: Client, storage_options: dict | None = None, input: InputConfig | None = None
+) -> StageResults:
+    configs = StageConfigs(
+        input=input or InputConfig(), ingest=IngestConfig(rows_per_partition=800), vocab=VocabConfig(min_count=2)
+    )
     return run_stages(DATE, layout=Layout(root, storage_options=storage_options), client=client, configs=configs)
 
 
@@ -44,13 +46,42 @@ def test_an_existing_scheduler_address_runs_ingest_vocab_and_encode(tmp_path):
     generate_days(str(tmp_path / "root" / "raw"), 1, 3000, seed=5, start_date=DATE)
     port = free_port()
     with processes() as procs:
-        scheduler = start(procs, [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                  "--dashboard-address", ":0", "--no-show"], tmp_path / "scheduler.log")
+        scheduler = start(
+            procs,
+            [
+                str(BIN / "dask"),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dashboard-address",
+                ":0",
+                "--no-show",
+            ],
+            tmp_path / "scheduler.log",
+        )
         wait_port(port, scheduler)
         for w in range(2):
-            start(procs, [str(BIN / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--host",
-                          "127.0.0.1", "--dashboard-address", ":0", "--memory-limit", "1GiB", "--name", f"w{w}"],
-                  tmp_path / f"worker{w}.log")
+            start(
+                procs,
+                [
+                    str(BIN / "dask"),
+                    "worker",
+                    f"tcp://127.0.0.1:{port}",
+                    "--nthreads",
+                    "1",
+                    "--host",
+                    "127.0.0.1",
+                    "--dashboard-address",
+                    ":0",
+                    "--memory-limit",
+                    "1GiB",
+                    "--name",
+                    f"w{w}",
+                ],
+                tmp_path / f"worker{w}.log",
+            )
         with dask_client(DaskConfig(address=f"tcp://127.0.0.1:{port}")) as client:
             client.wait_for_workers(2, timeout=60)
             workers = {w["name"] for w in client.scheduler_info()["workers"].values()}
@@ -97,14 +128,23 @@ def test_root_and_input_on_s3_commit_with_the_manifest_last(s3, client):
         assert all(committed_at >= t for t in times), f"{stage}: manifest written before data"
     manifest = json.loads(fs.cat(f"ctr/pipeline/events/date={DATE}/_SUCCESS.json"))
     assert manifest["inputs"][0]["url"].startswith("s3://ctr/pipeline/raw/")
-    assert len(read_quarantine(Layout(root, storage_options=s3), DATE)) == 0 and len(load_admitted(Layout(root, storage_options=s3), DATE)) == v.admitted
+    assert (
+        len(read_quarantine(Layout(root, storage_options=s3), DATE)) == 0
+        and len(load_admitted(Layout(root, storage_options=s3), DATE)) == v.admitted
+    )
     train = pd.read_parquet(fsio.join(fsio.data_url(f"{root}/features/date={DATE}", s3), "train"), storage_options=s3)
     assert len(train) == e.rows_train
 
     # a forced rerun commits a new data prefix and deletes the previous one, leaving nothing behind
     old_data = manifest["data"]
-    again = ingest_date(DATE, layout=Layout(root, storage_options=s3), input=InputConfig(storage_options=s3),
-                        ingest=IngestConfig(rows_per_partition=1000), client=client, force=True)
+    again = ingest_date(
+        DATE,
+        layout=Layout(root, storage_options=s3),
+        input=InputConfig(storage_options=s3),
+        ingest=IngestConfig(rows_per_partition=1000),
+        client=client,
+        force=True,
+    )
     final = f"ctr/pipeline/events/date={DATE}"
     new_data = json.loads(fs.cat(f"{final}/_SUCCESS.json"))["data"]
     names = sorted(p[len(final) + 1 :] for p in fs.find(final))

@@ -64,8 +64,16 @@ def test_a_yaml_schema_file_with_a_multi_valued_field_runs_through_all_stages(tm
     assert v.admitted == 4 + 6  # 4 sites, 6 tags
     e = encode_date(DATE, encode=EncodeConfig(), fmt=fmt, **kw)
     feats = pd.read_parquet(tmp_path / "root" / "features" / f"date={DATE}" / "train")
-    assert len(feats) == e.rows_train and list(feats.columns) == ["label", "d_0", "d_1", "k_0", "k_1", "bag_1",
-                                                                       "r_0", "r_1"]  # a small day: own keys too
+    assert len(feats) == e.rows_train and list(feats.columns) == [
+        "label",
+        "d_0",
+        "d_1",
+        "k_0",
+        "k_1",
+        "bag_1",
+        "r_0",
+        "r_1",
+    ]  # a small day: own keys too
     tag_keys = {t: int(feature_keys(1, [f"t{t}"])[0]) for t in range(6)}
     for row_tags, first, bag in zip(events["tags"].iloc[: len(feats)], feats["k_1"], feats["bag_1"], strict=True):
         want = [tag_keys[int(t[1:])] for t in (row_tags if row_tags is not None else []) if t]

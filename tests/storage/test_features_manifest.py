@@ -28,12 +28,27 @@ from storage.io import codec, fsio
 from tests.helpers.formats import newer, sample
 
 FULL = FeaturesManifest(
-    date="2026-01-04", format="criteo", rows_train=900, rows_eval=99, eval_copies_dropped=1,
+    date="2026-01-04",
+    format="criteo",
+    rows_train=900,
+    rows_eval=99,
+    eval_copies_dropped=1,
     duplicates=Duplicates(share=0.01, sampled_rows=999, sample_bits=0),
-    dense_columns=("d_0", "d_1"), key_columns=("k_0", "k_1"), bag_columns=("bag_1",), fields=("C1", "C2"),
-    dense_fields=("I1", "I2"), vocab_date="2026-01-04", train_parts=("part-00000",), eval_parts=("part-00000",),
-    train_part_rows=(PartRows("part-00000", 900),), eval_part_rows=(PartRows("part-00000", 99),),
-    distinct_train_keys=123, events_run_id="e1", vocab_run_id="v1", eval_fraction=0.1, run_id="r1",
+    dense_columns=("d_0", "d_1"),
+    key_columns=("k_0", "k_1"),
+    bag_columns=("bag_1",),
+    fields=("C1", "C2"),
+    dense_fields=("I1", "I2"),
+    vocab_date="2026-01-04",
+    train_parts=("part-00000",),
+    eval_parts=("part-00000",),
+    train_part_rows=(PartRows("part-00000", 900),),
+    eval_part_rows=(PartRows("part-00000", 99),),
+    distinct_train_keys=123,
+    events_run_id="e1",
+    vocab_run_id="v1",
+    eval_fraction=0.1,
+    run_id="r1",
     code_version="abc",
 )
 
@@ -54,8 +69,11 @@ def test_todays_manifest_without_a_version_reads_as_version_1() -> None:
     assert m.eval_part_rows == (PartRows("part-00001.parquet", 200),) and m.bag_columns == () and m.format == "criteo"
     assert m.duplicates == Duplicates(share=0.0, sampled_rows=2000, sample_bits=0) and m.eval_fraction == 0.1
     # written back with the fields added since at their defaults (`raw_keys`: no own keys r_<j>)
-    assert json.loads(json.dumps(m.to_dict())) == {**TODAY, "manifest_format": "ctr-pipeline-features/1",
-                                                   "raw_keys": False}
+    assert json.loads(json.dumps(m.to_dict())) == {
+        **TODAY,
+        "manifest_format": "ctr-pipeline-features/1",
+        "raw_keys": False,
+    }
     assert "raw_keys" not in m.source  # its encoding is the one of before the key: not encoded again
 
 
@@ -70,8 +88,11 @@ def test_unknown_fields_are_ignored() -> None:
 
 
 def test_a_newer_version_is_refused_naming_the_file_and_what_to_do() -> None:
-    with pytest.raises(FormatError, match=r"/f/_SUCCESS\.json has format 'ctr-pipeline-features/2', written by a "
-                                          r"newer ctr-pipeline.*upgrade ctr-pipeline.*encode stage.*--force"):
+    with pytest.raises(
+        FormatError,
+        match=r"/f/_SUCCESS\.json has format 'ctr-pipeline-features/2', written by a "
+        r"newer ctr-pipeline.*upgrade ctr-pipeline.*encode stage.*--force",
+    ):
         FeaturesManifest.from_dict({**TODAY, "manifest_format": "ctr-pipeline-features/2"}, where="/f/_SUCCESS.json")
 
 
@@ -90,8 +111,10 @@ def test_read_features_manifest_reads_the_committed_one(tmp_path: Path) -> None:
     fsio.write_json(fs, str(tmp_path / fsio.SUCCESS), FULL.to_dict())
     m = read_features_manifest(fs, str(tmp_path))
     assert m == FULL and m.data_dir(str(tmp_path)) == str(tmp_path)
-    assert FeaturesManifest.from_dict({**TODAY, "data": "v-0123456789ab"}, where="m").data_dir("s3://b/f") == \
-        "s3://b/f/v-0123456789ab"
+    assert (
+        FeaturesManifest.from_dict({**TODAY, "data": "v-0123456789ab"}, where="m").data_dir("s3://b/f")
+        == "s3://b/f/v-0123456789ab"
+    )
 
 
 def test_the_column_rule_reads_back_what_it_writes() -> None:

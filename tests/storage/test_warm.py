@@ -40,8 +40,14 @@ def _published(tmp_path, n: int = 600, fmt: RowFormat = FMT) -> tuple[str, np.nd
 
 def _warm(tmp_path, url, tag, ranks=(0, 1, 2), evict=(), ws=(), world=3, cfg=CFG, optimizer=OPT):
     return warm_shards(
-        node=NodeLayout(str(tmp_path / "local"), "ctr"), world_size=world, ranks=list(ranks), store=cfg,
-        optimizer=optimizer, snapshot_url=url, snapshot_tag=tag, evict_keys=np.array(evict, dtype=np.int64),
+        node=NodeLayout(str(tmp_path / "local"), "ctr"),
+        world_size=world,
+        ranks=list(ranks),
+        store=cfg,
+        optimizer=optimizer,
+        snapshot_url=url,
+        snapshot_tag=tag,
+        evict_keys=np.array(evict, dtype=np.int64),
         working_set=np.array(ws, dtype=np.int64),
     )
 
@@ -92,8 +98,14 @@ def test_rows_of_a_model_written_before_compact_rows_are_converted_and_the_repor
 
 def test_a_shard_of_another_row_format_is_rebuilt_even_under_the_right_tag(tmp_path) -> None:
     url, keys = _published(tmp_path, fmt=OLD)
-    _warm(tmp_path, url, "v1", ranks=[0], optimizer="adam", cfg=StoreConfig(embedding_dim=DIM, init_std=0.02,
-                                                                             host_budget_mb=1, row_dtype="fp32"))
+    _warm(
+        tmp_path,
+        url,
+        "v1",
+        ranks=[0],
+        optimizer="adam",
+        cfg=StoreConfig(embedding_dim=DIM, init_std=0.02, host_budget_mb=1, row_dtype="fp32"),
+    )
     report = _warm(tmp_path, url, "v1", ranks=[0])  # same tag, the compact default: never read as the old records
     assert report["ranks"][0]["restored"] and report["converted_from"] == "adam/fp32"
     with SsdStore(NodeLayout(str(tmp_path / "local"), "ctr").shard(0, 3), FMT) as s:

@@ -55,7 +55,9 @@ def test_without_bags_pooling_is_a_view_of_the_pulled_rows() -> None:
     cells = expand_cells(torch.arange(6).view(3, 2))
     assert pool_rows(rows, cells, "mean").data_ptr() == rows.data_ptr()
     with pytest.raises(ValueError, match="bag_pooling is none but the batch has bags"):
-        pool_rows(torch.randn(4, D), expand_cells(torch.zeros(1, 2, dtype=torch.int64), [field_bags([[1, 2, 3]])]), "none")
+        pool_rows(
+            torch.randn(4, D), expand_cells(torch.zeros(1, 2, dtype=torch.int64), [field_bags([[1, 2, 3]])]), "none"
+        )
 
 
 def test_embedding_l2_weights_bag_members_by_their_share_of_the_pooled_row() -> None:

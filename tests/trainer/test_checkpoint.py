@@ -28,8 +28,11 @@ def test_a_rank_state_of_nested_tensors_and_values_round_trips(tmp_path: Path) -
     assert back["optim"]["steps"] == 4 and back["optim"]["sync_seconds"] == 0.25
     assert back["sparse"] == state["sparse"] and back["reader"] == state["reader"]
     assert math.isnan(back["progress"]["last_loss"]) and back["progress"]["empty"] == {}
-    for a, b in ((back["model"], state["model"]), (back["optim"]["moments"], state["optim"]["moments"]),
-                 (back["rng"], state["rng"])):
+    for a, b in (
+        (back["model"], state["model"]),
+        (back["optim"]["moments"], state["optim"]["moments"]),
+        (back["rng"], state["rng"]),
+    ):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
     with pytest.raises(ValueError, match="state keys must be non-empty strings without '/'"):
         checkpoint.write_rank_state(url, 0, {"model": {"a/b": torch.zeros(1)}})

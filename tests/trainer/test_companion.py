@@ -27,11 +27,14 @@ def write_split(root, name: str, split: str, first: int, n: int, seed: int = 0, 
     every value is OOV in k_j, its own key in r_j (with `raw_keys`)."""
     rng = np.random.default_rng(seed + first)
     a, b = rng.integers(0, 3, n), rng.integers(0, 3, n)
-    frame = pd.DataFrame({
-        "label": (rng.random(n) < np.where(a == b, 0.7, 0.2)).astype(np.float32),
-        "d_0": np.arange(first, first + n, dtype=np.float32),
-        "k_0": np.zeros(n, np.int64), "k_1": np.full(n, 1 << FIELD_SHIFT, np.int64),
-    })
+    frame = pd.DataFrame(
+        {
+            "label": (rng.random(n) < np.where(a == b, 0.7, 0.2)).astype(np.float32),
+            "d_0": np.arange(first, first + n, dtype=np.float32),
+            "k_0": np.zeros(n, np.int64),
+            "k_1": np.full(n, 1 << FIELD_SHIFT, np.int64),
+        }
+    )
     if raw_keys:
         frame["r_0"], frame["r_1"] = (a + 2).astype(np.int64), ((1 << FIELD_SHIFT) | (b + 2)).astype(np.int64)
     (root / name / split).mkdir(parents=True, exist_ok=True)
@@ -41,10 +44,18 @@ def write_split(root, name: str, split: str, first: int, n: int, seed: int = 0, 
 
 
 def test_the_sources_are_the_parents_then_its_eval_rows_then_the_days_train_rows():
-    parent = {"sources": [{"features_url": "f1", "split": "train", "rows": 10},
-                          {"features_url": "f1", "split": "eval", "rows": 2}]}
+    parent = {
+        "sources": [
+            {"features_url": "f1", "split": "train", "rows": 10},
+            {"features_url": "f1", "split": "eval", "rows": 2},
+        ]
+    }
     assert companion.candidate_sources(parent, "f2", "f3") == [
-        ("f1", "train", 10), ("f1", "eval", 2), ("f2", "eval", None), ("f3", "train", None)]
+        ("f1", "train", 10),
+        ("f1", "eval", 2),
+        ("f2", "eval", None),
+        ("f3", "train", None),
+    ]
     assert companion.candidate_sources(None, None, "f1") == [("f1", "train", None)]  # a first day
 
 
@@ -70,8 +81,14 @@ def test_a_source_that_is_gone_is_skipped_and_named_and_no_rows_at_all_is_refuse
     day = write_split(tmp_path, "d2", "train", 0, 40)
     _, _, labels, sources, skipped = companion.read_rows([(gone, "train", 5), (day, "train", None)], SCHEMA, 100)
     assert len(labels) == 40 and [s.features_url for s in sources] == [day] and skipped == [f"{gone} (train)"]
-    _, record = companion.fit_for_spec(day, SCHEMA, 100, parent={"sources": [
-        {"features_url": gone, "split": "train", "rows": 5}]}, parent_features_url=None, config=FAST)
+    _, record = companion.fit_for_spec(
+        day,
+        SCHEMA,
+        100,
+        parent={"sources": [{"features_url": gone, "split": "train", "rows": 5}]},
+        parent_features_url=None,
+        config=FAST,
+    )
     assert record["skipped_sources"] == [f"{gone} (train)"] and record["rows"] == 40
     with pytest.raises(FileNotFoundError, match="no rows to fit: every source was skipped.*deleted"):
         companion.read_rows([(gone, "train", None)], SCHEMA, 100)
@@ -94,13 +111,20 @@ def test_the_fit_and_its_file_score_the_same_and_its_record_says_what_it_did(tmp
 
 
 def test_a_day_keeps_its_parents_c_until_its_rows_double_or_a_week_of_fits_has_used_it():
-    parent = {"kind": "poly2", "bits": 22, "inputs": companion.INPUTS, "C": 0.003,
-              "C_chosen": {"rows": 4_000, "fits_ago": 0}}
+    parent = {
+        "kind": "poly2",
+        "bits": 22,
+        "inputs": companion.INPUTS,
+        "C": 0.003,
+        "C_chosen": {"rows": 4_000, "fits_ago": 0},
+    }
     assert companion.kept_c(parent, 7_999) == {"C": 0.003, "rows": 4_000, "fits_ago": 0}
     assert companion.kept_c(parent, 8_000) is None  # twice the rows: cross-validation chooses again
     week = {**parent, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 2}}
     assert companion.kept_c(week, 4_000) is not None
-    assert companion.kept_c({**week, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 1}}, 4_000) is None
+    assert (
+        companion.kept_c({**week, "C_chosen": {"rows": 4_000, "fits_ago": companion.C_SEARCH_FITS - 1}}, 4_000) is None
+    )
     # no parent, a parent whose C was chosen before the record said how, or on another grid: the split
     assert companion.kept_c(None, 100) is None
     assert companion.kept_c({k: v for k, v in parent.items() if k != "C_chosen"}, 100) is None
@@ -115,8 +139,7 @@ def test_a_kept_c_is_refit_on_the_days_rows_and_the_record_says_when_it_was_chos
     _, first = companion.fit_for_spec(day1, SCHEMA, 10_000, parent=None, parent_features_url=None, config=FAST)
     assert first["C_chosen"] == {"rows": 600, "fits_ago": 0} and len(first["holdout_logloss"]) >= 1
     kept = {**first, "C": 1.0 if first["C"] == 0.1 else 0.1}  # the other C of the grid: kept, not chosen again
-    fitted, second = companion.fit_for_spec(day2, SCHEMA, 10_000, parent=kept, parent_features_url=None,
-                                            config=FAST)
+    fitted, second = companion.fit_for_spec(day2, SCHEMA, 10_000, parent=kept, parent_features_url=None, config=FAST)
     assert second["rows"] == 900 and second["C"] == kept["C"] and second["holdout_logloss"] == {}
     assert second["C_chosen"] == {"rows": 600, "fits_ago": 1} and second["C"] == fitted.poly2.C
     # its weights are that C's minimum on the day's rows: the same as a fit from nothing at that C
@@ -148,8 +171,9 @@ def test_rows_of_one_label_are_refused(tmp_path):
     with pytest.raises(ValueError, match="all of one label.*model.companion=auto"):
         companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=None, config=FAST)
     # auto: such a day gets no companion, and trains
-    assert companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=None, config=FAST,
-                                  auto=True) is None
+    assert (
+        companion.fit_for_spec(day, SCHEMA, 100, parent=None, parent_features_url=None, config=FAST, auto=True) is None
+    )
 
 
 def test_auto_gives_a_companion_to_days_too_small_for_the_cross_term_encoded_with_their_own_keys():
@@ -210,6 +234,7 @@ def test_the_blend_is_the_mean_logit():
 
 def test_a_rerun_or_an_older_day_never_fits_the_days_eval_rows_or_its_train_rows_twice(tmp_path):
     """The parent of a rerun was trained on the same date: its eval rows are the gate's rows of today."""
+
     def dated(name: str, date: str) -> str:
         url = write_split(tmp_path, name, "train", 0, 40)
         write_split(tmp_path, name, "eval", 40, 10)
@@ -217,12 +242,18 @@ def test_a_rerun_or_an_older_day_never_fits_the_days_eval_rows_or_its_train_rows
         return url
 
     older, today, newer = dated("d1", "2026-01-01"), dated("d2", "2026-01-02"), dated("d3", "2026-01-03")
-    parent = {"sources": [{"features_url": older, "split": "train", "rows": 40},
-                          {"features_url": today, "split": "train", "rows": 40}]}
+    parent = {
+        "sources": [
+            {"features_url": older, "split": "train", "rows": 40},
+            {"features_url": today, "split": "train", "rows": 40},
+        ]
+    }
     _, record = companion.fit_for_spec(today, SCHEMA, 1_000, parent=parent, parent_features_url=today, config=FAST)
     assert [(s["features_url"], s["split"]) for s in record["sources"]] == [(older, "train"), (today, "train")]
     assert record["rows"] == 80 and record["skipped_sources"] == [
-        f"{today} (eval): not before 2026-01-02", f"{today} (train): not before 2026-01-02"]
+        f"{today} (eval): not before 2026-01-02",
+        f"{today} (train): not before 2026-01-02",
+    ]
     # a backfill of an older day from a newer parent: the newer day's rows are later than the day's
     _, back = companion.fit_for_spec(older, SCHEMA, 1_000, parent=None, parent_features_url=newer, config=FAST)
     assert back["rows"] == 40 and back["skipped_sources"] == [f"{newer} (eval): not before 2026-01-01"]

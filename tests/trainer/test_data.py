@@ -37,11 +37,16 @@ def write_features(root: Path, sizes: list[int], *, n_dense: int = 2, n_fields: 
         cols = {"label": idx.astype(np.float32)}
         cols |= {f"d_{j}": (idx * 10 + j).astype(np.float32) for j in range(n_dense)}
         cols |= {f"k_{j}": (idx * 100 + j).astype(np.int64) for j in range(n_fields)}
-        pq.write_table(pa.Table.from_pandas(pd.DataFrame(cols)), train / f"part-{i:05d}.parquet", row_group_size=row_group)
+        pq.write_table(
+            pa.Table.from_pandas(pd.DataFrame(cols)), train / f"part-{i:05d}.parquet", row_group_size=row_group
+        )
         start += n
     manifest = {
-        "rows_train": start, "rows_eval": 0, "dense_columns": [f"d_{j}" for j in range(n_dense)],
-        "key_columns": [f"k_{j}" for j in range(n_fields)], "fields": [f"C{j + 1}" for j in range(n_fields)],
+        "rows_train": start,
+        "rows_eval": 0,
+        "dense_columns": [f"d_{j}" for j in range(n_dense)],
+        "key_columns": [f"k_{j}" for j in range(n_fields)],
+        "fields": [f"C{j + 1}" for j in range(n_fields)],
     }
     (root / "_SUCCESS.json").write_text(json.dumps(manifest))
     return root
@@ -91,7 +96,9 @@ def test_the_whole_share_at_once_equals_its_batches_in_order(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_sources_are_read_in_turn_as_one_sequence_and_only_their_own_evictions_apply(tmp_path: Path, world: int) -> None:
+def test_sources_are_read_in_turn_as_one_sequence_and_only_their_own_evictions_apply(
+    tmp_path: Path, world: int
+) -> None:
     carried, train = write_features(tmp_path / "carried", [5, 9]), write_features(tmp_path / "train", [13, 8])
     evicted = np.array([100, 300, 301, 302])  # row 1's first key and all of row 3's, in the carried rows only
     sources = [Source(split_dir(str(carried), "train"), evicted), Source(split_dir(str(train), "train"))]
@@ -153,7 +160,10 @@ def test_the_stream_counts_its_position_over_epochs_and_a_restart_continues_ther
 def test_a_reader_state_of_another_share_or_batch_size_is_refused(tmp_path: Path) -> None:
     root = write_features(tmp_path, [20])
     reader = RankReader(split_dir(str(root), "train"), read_schema(str(root)), rank=0, world_size=2, batch_size=4)
-    for bad in ({"position": 1, "batch_size": 5, "share": [0, 10]}, {"position": 1, "batch_size": 4, "share": [10, 20]}):
+    for bad in (
+        {"position": 1, "batch_size": 5, "share": [0, 10]},
+        {"position": 1, "batch_size": 4, "share": [10, 20]},
+    ):
         with pytest.raises(ValueError, match="does not fit this reader"):
             reader.load_state_dict(bad)
     with pytest.raises(ValueError, match=r"reader state lacks \['share'\]"):

@@ -25,8 +25,11 @@ def _trained(config: ModelConfig) -> CTRModel:
     return model.eval()
 
 
-CONFIGS = [ModelConfig(num_heads=2, mlp_dims=(32, 16), dropout=0.0), ModelConfig(arch="deepfm", mlp_dims=(16,), dropout=0.0),
-           ModelConfig(arch="dcn_v2", mlp_dims=(16,), cross_layers=2, dense_buckets=0, dropout=0.0)]
+CONFIGS = [
+    ModelConfig(num_heads=2, mlp_dims=(32, 16), dropout=0.0),
+    ModelConfig(arch="deepfm", mlp_dims=(16,), dropout=0.0),
+    ModelConfig(arch="dcn_v2", mlp_dims=(16,), cross_layers=2, dense_buckets=0, dropout=0.0),
+]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=["attention", "deepfm", "dcn_v2"])
@@ -65,8 +68,9 @@ def test_a_delta_holds_rows_with_a_new_clock_new_keys_and_the_evicted_keys():
     emb = base.emb.copy()
     emb[1] += 1  # key 2: trained again (clock moves)
     emb[2] += 1  # key 3: evicted and admitted again with the same clock count: only its value tells
-    target = export.SparseRows(np.array([1, 2, 3, 9]), np.vstack([emb[:3], [[7, 7, 7]]]).astype(np.float32),
-                               np.array([5, 6, 5, 1]))
+    target = export.SparseRows(
+        np.array([1, 2, 3, 9]), np.vstack([emb[:3], [[7, 7, 7]]]).astype(np.float32), np.array([5, 6, 5, 1])
+    )
     delta = export.delta_rows(target, base)
     assert delta.rows.keys.tolist() == [2, 3, 9] and delta.evicted.tolist() == [4]
     assert (delta.by_clock, delta.by_value) == (2, 1)

@@ -37,6 +37,7 @@ def test_no_rows_and_mismatched_lengths():
 
 def _delong_se(y: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     """DeLong's paired standard error of AUC(a) - AUC(b), written out pair by pair."""
+
     def parts(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pos, neg = s[y == 1], s[y == 0]
         psi = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])

@@ -58,10 +58,16 @@ def write_features(root: Path, *, train_rows: int = 4001, eval_rows: int = 1000)
         (root / split).mkdir(parents=True)
         df = synthetic_rows(n, seed)
         for i, chunk in enumerate(np.array_split(np.arange(n), parts)):
-            pq.write_table(pa.Table.from_pandas(df.iloc[chunk], preserve_index=False), root / split / f"part-{i:05d}.parquet")
+            pq.write_table(
+                pa.Table.from_pandas(df.iloc[chunk], preserve_index=False), root / split / f"part-{i:05d}.parquet"
+            )
     manifest = {
-        "rows_train": train_rows, "rows_eval": eval_rows, "format": "parquet", "vocab_date": "2024-01-01",
-        "dense_columns": [f"d_{j}" for j in range(N_DENSE)], "key_columns": [f"k_{j}" for j in range(N_FIELDS)],
+        "rows_train": train_rows,
+        "rows_eval": eval_rows,
+        "format": "parquet",
+        "vocab_date": "2024-01-01",
+        "dense_columns": [f"d_{j}" for j in range(N_DENSE)],
+        "key_columns": [f"k_{j}" for j in range(N_FIELDS)],
         "fields": [f"C{j + 1}" for j in range(N_FIELDS)],
     }
     (root / "_SUCCESS.json").write_text(json.dumps(manifest))
@@ -73,14 +79,23 @@ MODEL = ModelConfig(num_heads=2, attention_layers=1, mlp_dims=(16,), dropout=0.0
 
 
 BASE = {
-    "nproc_per_node": 2, "backend": "gloo", "device": "cpu", "k_steps": 4, "batch_size": 128, "epochs": 2, "lr": 1e-2,
-    "sparse_lr": 5e-2, "timeout_s": 240, "log_every": 10,
+    "nproc_per_node": 2,
+    "backend": "gloo",
+    "device": "cpu",
+    "k_steps": 4,
+    "batch_size": 128,
+    "epochs": 2,
+    "lr": 1e-2,
+    "sparse_lr": 5e-2,
+    "timeout_s": 240,
+    "log_every": 10,
 }
 
 
 def train(tmp_path: Path, features: Path, out: Path, *, init: Path | None = None, tag: str = "v1", **kw):
-    spec = make_spec(features, out, tmp_path / "local" / tag, store=STORE, model=MODEL, run_tag=tag, init=init,
-                     **(BASE | kw))
+    spec = make_spec(
+        features, out, tmp_path / "local" / tag, store=STORE, model=MODEL, run_tag=tag, init=init, **(BASE | kw)
+    )
     return run_training(spec, work_dir=str(tmp_path / "work"))
 
 
@@ -96,7 +111,11 @@ def test_run_training_commits_the_model_directory(trained) -> None:
     tmp, features, result = trained
     out = Path(result.model_url)
     assert sorted(p.name for p in out.iterdir()) == [
-        "_SUCCESS.json", "dense.safetensors", "dense_optim.safetensors", "model.json", "sparse",
+        "_SUCCESS.json",
+        "dense.safetensors",
+        "dense_optim.safetensors",
+        "model.json",
+        "sparse",
     ]
     assert sorted(p.name for p in (out / "sparse").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     assert not list(out.parent.glob("model.staging-*"))
@@ -160,8 +179,7 @@ def test_warm_start_loads_the_previous_dense_weights(trained) -> None:
     assert 2 * 123_456_789 in pq.read_table(out / "sparse" / "part-00000.parquet").column("key").to_numpy()
 
 
-def test_failed_training_raises_with_the_output_tail_and_leaves_no_torchrun_folder(tmp_path: Path,
-                                                                                   monkeypatch) -> None:
+def test_failed_training_raises_with_the_output_tail_and_leaves_no_torchrun_folder(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "features" / "train").mkdir(parents=True)  # not committed: no _SUCCESS.json
     temp = tmp_path / "temp"
     temp.mkdir()
@@ -239,9 +257,24 @@ def test_torchrun_command_passes_max_restarts() -> None:
 
 def _train_emulated_nodes(tmp: Path, features: Path, out: Path, tag: str, **kw) -> TrainResult:
     spec = make_spec(
-        features, out, tmp / "local" / tag, store=STORE, model=MODEL, run_tag=tag, backend="gloo", device="cpu",
-        k_steps=4, batch_size=250, epochs=1, lr=1e-2, sparse_lr=5e-2, timeout_s=240, log_every=5,
-        intra_group_size=2, checkpoint_every=0, **kw,
+        features,
+        out,
+        tmp / "local" / tag,
+        store=STORE,
+        model=MODEL,
+        run_tag=tag,
+        backend="gloo",
+        device="cpu",
+        k_steps=4,
+        batch_size=250,
+        epochs=1,
+        lr=1e-2,
+        sparse_lr=5e-2,
+        timeout_s=240,
+        log_every=5,
+        intra_group_size=2,
+        checkpoint_every=0,
+        **kw,
     )
     return run_training(spec, work_dir=str(tmp / "work"))
 
@@ -264,7 +297,13 @@ def test_two_nodes_of_two_equal_one_node_of_four(tmp_path: Path, shared_data: Pa
     def node(rank: int) -> None:
         try:
             results[rank] = _train_emulated_nodes(
-                tmp_path, features, out, "multi", nproc_per_node=2, nnodes=2, node_rank=rank,
+                tmp_path,
+                features,
+                out,
+                "multi",
+                nproc_per_node=2,
+                nnodes=2,
+                node_rank=rank,
                 rdzv_endpoint=f"127.0.0.1:{free_port}",
             )
         except BaseException as exc:  # re-raised below
@@ -284,7 +323,9 @@ def test_two_nodes_of_two_equal_one_node_of_four(tmp_path: Path, shared_data: Pa
     # 9000 train rows / 4 ranks, batch 250 -> 9 steps; the same groups (2 "nodes" x 2) in both runs
     assert multi.train.world_size == single.train.world_size == 4 and multi.train.steps == single.train.steps == 9
     assert multi.train.stats["groups"] == single.train.stats["groups"] == [[0, 1], [2, 3]]
-    assert multi.train.stats["dense_merges"] == single.train.stats["dense_merges"] == 3  # steps 4, 8 and the final merge
+    assert (
+        multi.train.stats["dense_merges"] == single.train.stats["dense_merges"] == 3
+    )  # steps 4, 8 and the final merge
 
     d_single, d_multi = load_file(Path(single.model_url) / "dense.safetensors"), load_file(out / "dense.safetensors")
     assert d_single.keys() == d_multi.keys()
@@ -300,7 +341,9 @@ def test_two_nodes_of_two_equal_one_node_of_four(tmp_path: Path, shared_data: Pa
 def test_the_rank_environment_is_the_specs_and_claims_nccl_only_where_it_runs() -> None:
     one = spec_env(TrainerConfig(nproc_per_node=1, backend="nccl", device="cuda"))
     assert "NCCL_DEBUG" not in one[0], "one rank creates no process group: no NCCL logging to claim NCCL"
-    defaults, settings = spec_env(TrainerConfig(nproc_per_node=8, nccl_env={"NCCL_IB_HCA": "mlx5_0"}, deterministic=True))
+    defaults, settings = spec_env(
+        TrainerConfig(nproc_per_node=8, nccl_env={"NCCL_IB_HCA": "mlx5_0"}, deterministic=True)
+    )
     assert defaults == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     assert settings["NCCL_IB_HCA"] == "mlx5_0" and settings["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert not {"NCCL_SOCKET_IFNAME", "NCCL_NET_GDR_LEVEL"} & set(settings), "NCCL's defaults unless configured"

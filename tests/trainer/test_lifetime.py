@@ -39,14 +39,21 @@ def _pid_from(path: Path, timeout: float = 30.0) -> int:
 def test_a_child_started_with_die_with_parent_is_signalled_when_its_launcher_is_killed(tmp_path: Path) -> None:
     # the launcher starts a long sleeper in a session of its own (as trainer.launch starts torchrun), then waits
     pid_file = tmp_path / "child.pid"
-    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import subprocess, sys
         from trainer.lifetime import die_with_parent
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
                              preexec_fn=die_with_parent())
         open({str(pid_file)!r}, "w").write(str(p.pid))
         p.wait()
-    """)], start_new_session=True)
+    """),
+        ],
+        start_new_session=True,
+    )
     child = _pid_from(pid_file)
     assert psutil.pid_exists(child) and os.getpgid(child) != os.getpgid(launcher.pid)  # not in the killed group
     os.killpg(launcher.pid, signal.SIGKILL)
@@ -57,12 +64,19 @@ def test_a_child_started_with_die_with_parent_is_signalled_when_its_launcher_is_
 def test_without_the_guard_the_child_outlives_its_launcher(tmp_path: Path) -> None:
     # the control: what the guard prevents does happen without it
     pid_file = tmp_path / "child.pid"
-    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import subprocess, sys
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
         open({str(pid_file)!r}, "w").write(str(p.pid))
         p.wait()
-    """)], start_new_session=True)
+    """),
+        ],
+        start_new_session=True,
+    )
     child = _pid_from(pid_file)
     os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait(timeout=30)
@@ -75,14 +89,21 @@ def test_without_the_guard_the_child_outlives_its_launcher(tmp_path: Path) -> No
 def _rank_of_a_parent(tmp_path: Path, poll_s: float) -> tuple[subprocess.Popen, int]:
     """A parent (its own session) whose child, a stand-in rank, watches it every `poll_s`: (parent, rank pid)."""
     pid_file = tmp_path / "rank.pid"
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import subprocess, sys, time
         p = subprocess.Popen([sys.executable, "-c", "from trainer.lifetime import exit_when_orphaned; "
                               "exit_when_orphaned(poll_s={poll_s}); import time; time.sleep(300)"],
                              start_new_session=True)
         open({str(pid_file)!r}, "w").write(str(p.pid))
         time.sleep(300)
-    """)], start_new_session=True)
+    """),
+        ],
+        start_new_session=True,
+    )
     return parent, _pid_from(pid_file)
 
 

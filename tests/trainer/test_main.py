@@ -19,14 +19,23 @@ _PROBE = """
 import json, sys
 sys.modules["isal"] = None  # as on a GPU host without it: any `import isal` fails (fsspec tolerates that)
 import trainer.main
-print(json.dumps(sorted({m.split(".")[0] for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] in %r})))
+print(json.dumps(sorted({m.split(".")[0] for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] in
+%r})))
 """
 
 
 def test_a_rank_imports_no_orchestration_or_ingest_package() -> None:
-    out = subprocess.run([sys.executable, "-c", _PROBE % (NOT_A_RANKS,)], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, check=True)
-    assert json.loads(out.stdout.splitlines()[-1]) == [], "a rank must not import them (python -X importtime -m trainer.main)"
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE % (NOT_A_RANKS,)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == [], (
+        "a rank must not import them (python -X importtime -m trainer.main)"
+    )
 
 
 def test_rank_zeros_companion_fit_takes_every_core_and_gives_them_back() -> None:

@@ -136,7 +136,9 @@ def test_reliability_table_and_ece() -> None:
     t = reliability_table([0, 1, 1, 0], [0.05, 0.92, 0.97, 1.0], bins=2)
     assert [r["count"] for r in t] == [1, 3]
     assert t[0]["mean_prediction"] == pytest.approx(0.05) and t[0]["click_rate"] == 0.0
-    assert t[1]["mean_prediction"] == pytest.approx((0.92 + 0.97 + 1.0) / 3) and t[1]["click_rate"] == pytest.approx(2 / 3)
+    assert t[1]["mean_prediction"] == pytest.approx((0.92 + 0.97 + 1.0) / 3) and t[1]["click_rate"] == pytest.approx(
+        2 / 3
+    )
     empty = reliability_table([0, 1], [0.1, 0.2], bins=4)
     assert empty[3]["count"] == 0 and math.isnan(empty[3]["click_rate"])
     want = (1 * 0.05 + 3 * abs((0.92 + 0.97 + 1.0) / 3 - 2 / 3)) / 4

@@ -19,9 +19,22 @@ from trainer.models.ctr_model import CTRModel
 
 def _meta(cfg) -> ModelMeta:
     return ModelMeta.of(
-        model_name=cfg.model_name, model_config=cfg.model, dim=cfg.store.embedding_dim, init_std=0.01,
-        num_dense=13, num_fields=26, fields=(), dense_columns=(), key_columns=(), vocab_date="2026-01-01",
-        run_tag="t", features_url="f", init_model_url=None, optim=cfg.optim, het=cfg.het, trainer=cfg.trainer,
+        model_name=cfg.model_name,
+        model_config=cfg.model,
+        dim=cfg.store.embedding_dim,
+        init_std=0.01,
+        num_dense=13,
+        num_fields=26,
+        fields=(),
+        dense_columns=(),
+        key_columns=(),
+        vocab_date="2026-01-01",
+        run_tag="t",
+        features_url="f",
+        init_model_url=None,
+        optim=cfg.optim,
+        het=cfg.het,
+        trainer=cfg.trainer,
     )
 
 
@@ -45,8 +58,11 @@ def test_a_model_json_from_before_attention_input_attends_over_every_token_and_e
     assert meta.model_cfg().attention_input == "tokens"  # what it was trained with
     cfg = demo("/tmp/x")
     for value in ("tokens", "fields"):
-        ws = warm_start(meta, replace(cfg.model, cross_input="tokens", attention_input=value),
-                        replace(cfg.store, embedding_dim=meta.dim))
+        ws = warm_start(
+            meta,
+            replace(cfg.model, cross_input="tokens", attention_input=value),
+            replace(cfg.store, embedding_dim=meta.dim),
+        )
         assert "model.attention_input" not in ws.reason
 
 
@@ -80,8 +96,9 @@ def test_a_model_json_as_written_today_is_read():
 
 
 def test_a_model_json_with_retired_keys_and_unknown_fields_is_read_and_still_builds_its_network():
-    data = newer(sample("model-v2.json"), optim="retired_lr", trainer="retired_key", het="gone",
-                 model_config="retired_model_key")
+    data = newer(
+        sample("model-v2.json"), optim="retired_lr", trainer="retired_key", het="gone", model_config="retired_model_key"
+    )
     meta = ModelMeta.from_dict(data, where="/r/model.json")
     assert meta.optim["retired_lr"] == "retired value"  # kept as recorded, never decoded
     assert meta.model_cfg() == ModelMeta.from_dict(sample("model-v2.json")).model_cfg()
@@ -99,8 +116,12 @@ def test_a_model_json_from_before_a_key_whose_default_changed_builds_the_network
     meta = ModelMeta.from_dict(data)
     assert meta.model_cfg().cross_input == "tokens" != ModelConfig().cross_input
     tokens = CTRModel(meta.model_cfg(), num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim).state_dict()
-    fields = CTRModel(replace(meta.model_cfg(), cross_input="fields"), num_dense=meta.num_dense,
-                      num_fields=meta.num_fields, dim=meta.dim).state_dict()
+    fields = CTRModel(
+        replace(meta.model_cfg(), cross_input="fields"),
+        num_dense=meta.num_dense,
+        num_fields=meta.num_fields,
+        dim=meta.dim,
+    ).state_dict()
     assert tokens["cross.head.weight"].shape != fields["cross.head.weight"].shape
     cfg = demo("/tmp/x")
     ws = warm_start(meta, cfg.model, replace(cfg.store, embedding_dim=meta.dim))
@@ -110,7 +131,8 @@ def test_a_model_json_from_before_a_key_whose_default_changed_builds_the_network
     data["model_config"].pop("cross")  # a model from before the cross term: rebuilt without it
     older = ModelMeta.from_dict(data).model_cfg()
     assert older.cross is False and not hasattr(
-        CTRModel(older, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim), "cross")
+        CTRModel(older, num_dense=meta.num_dense, num_fields=meta.num_fields, dim=meta.dim), "cross"
+    )
 
 
 def test_a_model_with_a_companion_is_version_4_one_without_stays_version_2_and_version_3_is_read():
@@ -126,9 +148,12 @@ def test_a_model_with_a_companion_is_version_4_one_without_stays_version_2_and_v
 
 
 def test_a_model_json_of_a_newer_version_is_refused_naming_it():
-    with pytest.raises(FormatError, match=r"/r/model.json has format 'ctr-pipeline-model/5', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3, "
-                                          r"ctr-pipeline-model/4: upgrade"):
+    with pytest.raises(
+        FormatError,
+        match=r"/r/model.json has format 'ctr-pipeline-model/5', written by a newer "
+        r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3, "
+        r"ctr-pipeline-model/4: upgrade",
+    ):
         ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/5"}, where="/r/model.json")
     with pytest.raises(FormatError, match="ctr-pipeline-model/1', too old .*: retrain the model"):
         ModelMeta.from_dict({**sample("model-v2.json"), "format": "ctr-pipeline-model/1"})

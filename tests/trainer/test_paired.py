@@ -56,7 +56,7 @@ def test_batches_give_the_result_of_all_rows_at_once() -> None:
     whole = PairedDifference().update(y, a, b).result()
     d = PairedDifference()
     for lo in range(0, 1_000, 77):
-        d.update(y[lo:lo + 77], a[lo:lo + 77], b[lo:lo + 77])
+        d.update(y[lo : lo + 77], a[lo : lo + 77], b[lo : lo + 77])
     d.update(y[:0], a[:0], b[:0])  # an empty frame changes nothing
     got = d.result()
     assert got.rows == whole.rows and got.auc == pytest.approx(whole.auc, abs=1e-12)
@@ -69,7 +69,7 @@ def test_past_max_rows_a_systematic_sample_keeps_the_auc_error_of_all_rows() -> 
     whole = PairedDifference().update(y, a, b).result()
     d = PairedDifference(max_rows=3_000)
     for lo in range(0, 20_000, 1_000):
-        d.update(y[lo:lo + 1_000], a[lo:lo + 1_000], b[lo:lo + 1_000])
+        d.update(y[lo : lo + 1_000], a[lo : lo + 1_000], b[lo : lo + 1_000])
     got = d.result()
     assert got.rows == 20_000 and 1_500 <= got.sampled_rows <= 3_000
     assert got.auc_se == pytest.approx(whole.auc_se, rel=0.2)  # scaled from the sample to all rows

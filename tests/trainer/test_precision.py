@@ -42,8 +42,11 @@ def _run(precision: Precision | None, steps: int = 6):
     g = torch.Generator().manual_seed(1)
     losses = []
     for step in range(1, steps + 1):
-        batch = Batch(labels=(torch.rand(64, generator=g) < 0.3).float(), dense=torch.rand(64, 3, generator=g),
-                      keys=torch.randint(0, 40, (64, 4), generator=g))
+        batch = Batch(
+            labels=(torch.rand(64, generator=g) < 0.3).float(),
+            dense=torch.rand(64, 3, generator=g),
+            keys=torch.randint(0, 40, (64, 4), generator=g),
+        )
         losses.append(train_step(model, sparse, opt, batch, step=step, precision=precision))
     keys = torch.arange(40)
     return losses, model, store.lookup(keys).rows
@@ -72,9 +75,21 @@ def test_a_bf16_day_on_cpu_trains_within_0_01_auc_of_fp32(tmp_path: Path, shared
     auc = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision / "model"
-        spec = make_spec(features, out, tmp_path / precision / "local", store=StoreConfig(embedding_dim=8, init_std=0.01),
-                         model=ModelConfig(num_heads=2, mlp_dims=(32, 16), dropout=0.0), run_tag=precision, device="cpu",
-                         precision=precision, batch_size=256, epochs=1, lr=2e-3, checkpoint_every=0, log_every=1000)
+        spec = make_spec(
+            features,
+            out,
+            tmp_path / precision / "local",
+            store=StoreConfig(embedding_dim=8, init_std=0.01),
+            model=ModelConfig(num_heads=2, mlp_dims=(32, 16), dropout=0.0),
+            run_tag=precision,
+            device="cpu",
+            precision=precision,
+            batch_size=256,
+            epochs=1,
+            lr=2e-3,
+            checkpoint_every=0,
+            log_every=1000,
+        )
         run(spec)
         auc[precision] = evaluate_model(str(out), str(features))["auc"]
     assert auc["fp32"] > 0.7, auc

@@ -66,10 +66,14 @@ def test_evaluate_streams_the_parts_of_a_days_eval_split_with_slices(tmp_path: P
     for split, n in (("train", 40), ("eval", 20)):
         (day / split).mkdir(parents=True)
         for part in range(2):
-            df = pd.DataFrame({
-                "label": rng.integers(0, 2, n).astype(np.float32), "d_0": rng.random(n).astype(np.float32),
-                "k_0": rng.choice([10, 11, 99], n), "k_1": rng.choice([12, 13], n),
-            })
+            df = pd.DataFrame(
+                {
+                    "label": rng.integers(0, 2, n).astype(np.float32),
+                    "d_0": rng.random(n).astype(np.float32),
+                    "k_0": rng.choice([10, 11, 99], n),
+                    "k_1": rng.choice([12, 13], n),
+                }
+            )
             df.to_parquet(day / split / f"part-{part:05d}.parquet", index=False)
             frames.append((split, df))
     held_out = pd.concat([df for split, df in frames if split == "eval"], ignore_index=True)

@@ -33,8 +33,9 @@ def day(tmp_path: Path) -> Path:
 def test_models_scored_together_get_the_metrics_each_gets_alone(tmp_path: Path, day: Path, threads: int) -> None:
     models = [load_model(str(make_model_dir(tmp_path, name, seed=seed)[0])) for name, seed in (("a", 3), ("b", 4))]
     before = torch.get_num_threads()
-    together = evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)), threads=threads,
-                                 batch_size=16)
+    together = evaluate_together(
+        models, read_split(str(day / "eval"), feature_columns(models)), threads=threads, batch_size=16
+    )
     assert torch.get_num_threads() == before  # the pool's one-thread setting is undone
     for m, got in zip(models, together, strict=True):
         alone = evaluate_model(m, str(day / "eval"))
@@ -47,8 +48,9 @@ def test_models_scored_together_get_the_metrics_each_gets_alone(tmp_path: Path, 
 
 def test_the_gates_per_value_aucs_scored_together_equal_those_of_each_model_alone(tmp_path: Path, day: Path) -> None:
     models = [load_model(str(make_model_dir(tmp_path, name, seed=seed)[0])) for name, seed in (("a", 3), ("b", 4))]
-    together = evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)), threads=2,
-                                 batch_size=16, groups=("k_0",))
+    together = evaluate_together(
+        models, read_split(str(day / "eval"), feature_columns(models)), threads=2, batch_size=16, groups=("k_0",)
+    )
     for m, got in zip(models, together, strict=True):
         alone = evaluate_model(m, str(day / "eval"), groups=("k_0",))["groups"]["k_0"]
         g = got.groups["k_0"]
@@ -93,10 +95,17 @@ def test_a_sample_holds_distinct_whole_rows_of_the_split_the_same_for_the_same_s
 
 
 def test_a_sample_draws_every_part_in_proportion_to_its_rows(day: Path) -> None:
-    shares = np.array([
-        np.bincount(sample_rows(str(day / "train"), ["row"], 200, seed=s).frame["row"].to_numpy() // 1000, minlength=4)
-        for s in range(40)
-    ]).mean(axis=0) / 200
+    shares = (
+        np.array(
+            [
+                np.bincount(
+                    sample_rows(str(day / "train"), ["row"], 200, seed=s).frame["row"].to_numpy() // 1000, minlength=4
+                )
+                for s in range(40)
+            ]
+        ).mean(axis=0)
+        / 200
+    )
     np.testing.assert_allclose(shares, [0.4, 0.001, 0.35, 0.249], atol=0.02)
 
 
@@ -109,10 +118,12 @@ def test_a_sample_of_zero_or_more_rows_than_the_split_is_every_row(day: Path) ->
 
 
 def test_paired_scoring_gives_the_first_model_minus_each_other_one_with_its_standard_errors(
-        tmp_path: Path, day: Path) -> None:
+    tmp_path: Path, day: Path
+) -> None:
     models = [load_model(str(make_model_dir(tmp_path, name, seed=seed)[0])) for name, seed in (("a", 3), ("b", 4))]
-    first, second = evaluate_together(models, read_split(str(day / "eval"), feature_columns(models)), threads=2,
-                                      batch_size=16, paired=True)
+    first, second = evaluate_together(
+        models, read_split(str(day / "eval"), feature_columns(models)), threads=2, batch_size=16, paired=True
+    )
     assert first.versus_first is None
     d = second.versus_first
     assert d.rows == d.sampled_rows == 161

@@ -31,10 +31,19 @@ the specs of `PINNED` use it."""
 
 def _spec(**kw) -> TrainSpec:
     base = {
-        "features_url": "/f/date=2024-01-02", "output_url": "/r/model", "init_model_url": None, "local_dir": "/l",
-        "model_name": "ctr", "storage_options": None, "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
-        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS, attention_input=ALL_TOKENS, companion="off"), "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS), "het": HetConfig(),
-        "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}), "run_tag": "v00001", "vocab_date": "2024-01-01",
+        "features_url": "/f/date=2024-01-02",
+        "output_url": "/r/model",
+        "init_model_url": None,
+        "local_dir": "/l",
+        "model_name": "ctr",
+        "storage_options": None,
+        "store": StoreConfig(embedding_dim=8, row_dtype=FP32, state_dtype=FP32),
+        "model": ModelConfig(mlp_dims=(32, 16), cross_input=ALL_TOKENS, attention_input=ALL_TOKENS, companion="off"),
+        "optim": OptimConfig(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS),
+        "het": HetConfig(),
+        "trainer": TrainerConfig(nccl_env={"NCCL_DEBUG": "WARN"}),
+        "run_tag": "v00001",
+        "vocab_date": "2024-01-01",
     }
     return TrainSpec(**(base | kw))
 
@@ -59,37 +68,98 @@ def test_spec_errors_name_the_key() -> None:
 
 def test_the_identity_names_what_changes_the_model_and_not_how_the_job_runs() -> None:
     spec = _spec()
-    same = _spec(trainer=TrainerConfig(timeout_s=99, log_every=7, checkpoint_every=3, max_restarts=2,
-                                       nccl_env={"NCCL_DEBUG": "INFO"}, prefetch_batches=4))
+    same = _spec(
+        trainer=TrainerConfig(
+            timeout_s=99,
+            log_every=7,
+            checkpoint_every=3,
+            max_restarts=2,
+            nccl_env={"NCCL_DEBUG": "INFO"},
+            prefetch_batches=4,
+        )
+    )
     assert same.identity() == spec.identity()
-    for other in (_spec(optim=OptimConfig(k_steps=6)), _spec(het=HetConfig(staleness_bound=1)),
-                  _spec(model=ModelConfig(mlp_dims=(32,))), _spec(trainer=TrainerConfig(nproc_per_node=2)),
-                  _spec(store=StoreConfig(embedding_dim=16)), _spec(features_id="another-encode-run")):
+    for other in (
+        _spec(optim=OptimConfig(k_steps=6)),
+        _spec(het=HetConfig(staleness_bound=1)),
+        _spec(model=ModelConfig(mlp_dims=(32,))),
+        _spec(trainer=TrainerConfig(nproc_per_node=2)),
+        _spec(store=StoreConfig(embedding_dim=16)),
+        _spec(features_id="another-encode-run"),
+    ):
         assert other.identity() != spec.identity()
 
 
 # ----------------------------------------------------------------------------- declared roles
 
-SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "het": HetConfig, "trainer": TrainerConfig, "store": StoreConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "het": HetConfig,
+    "trainer": TrainerConfig,
+    "store": StoreConfig,
+}
 """Every config section a trained run reads (the `TrainSpec` fields of config type)."""
 
 OTHER_VALUE: dict[str, Any] = {
-    "model.arch": "dnn", "model.num_heads": 4, "model.attention_layers": 2, "model.mlp_dims": (8,),
-    "model.dropout": 0.1, "model.dense_buckets": 0, "model.dense_bucket_max": 5.0, "model.cross": False,
-    "model.cross_input": "fields", "model.attention_input": "fields", "model.cross_layers": 1, "model.cross_rank": 2, "model.wide": False, "model.wide_scale": 0.5,
-    "model.bag_pooling": "sum", "model.companion": "poly2", "model.companion_rows": 1000,
-    "optim.batch_size": 256, "optim.epochs": 2, "optim.seed": 1, "optim.lr": 0.01, "optim.sparse_lr": 0.05,
-    "optim.weight_decay": 1e-5, "optim.embedding_l2": 1e-4, "optim.warmup_steps": 7, "optim.cross_lr_scale": 0.0,
-    "optim.lr_decay": "linear", "optim.min_lr_ratio": 0.0, "optim.k_steps": 1, "optim.train_parent_eval": False,
-    "optim.sparse_optimizer": "rowwise_adagrad", "optim.wide_loss": 0.5,
-    "het.staleness_bound": 2, "het.cache_rows": 10,
-    "trainer.nproc_per_node": 2, "trainer.nnodes": 2, "trainer.node_rank": 1, "trainer.rdzv_endpoint": "h:29500",
-    "trainer.backend": "gloo", "trainer.device": "cpu", "trainer.timeout_s": 5, "trainer.nccl_env": {"A": "B"},
-    "trainer.intra_group_size": 2, "trainer.prefetch_batches": 0, "trainer.bind_io_threads": False,
-    "trainer.log_every": 3, "trainer.checkpoint_every": 0, "trainer.max_restarts": 2, "trainer.precision": "bf16",
+    "model.arch": "dnn",
+    "model.num_heads": 4,
+    "model.attention_layers": 2,
+    "model.mlp_dims": (8,),
+    "model.dropout": 0.1,
+    "model.dense_buckets": 0,
+    "model.dense_bucket_max": 5.0,
+    "model.cross": False,
+    "model.cross_input": "fields",
+    "model.attention_input": "fields",
+    "model.cross_layers": 1,
+    "model.cross_rank": 2,
+    "model.wide": False,
+    "model.wide_scale": 0.5,
+    "model.bag_pooling": "sum",
+    "model.companion": "poly2",
+    "model.companion_rows": 1000,
+    "optim.batch_size": 256,
+    "optim.epochs": 2,
+    "optim.seed": 1,
+    "optim.lr": 0.01,
+    "optim.sparse_lr": 0.05,
+    "optim.weight_decay": 1e-5,
+    "optim.embedding_l2": 1e-4,
+    "optim.warmup_steps": 7,
+    "optim.cross_lr_scale": 0.0,
+    "optim.lr_decay": "linear",
+    "optim.min_lr_ratio": 0.0,
+    "optim.k_steps": 1,
+    "optim.train_parent_eval": False,
+    "optim.sparse_optimizer": "rowwise_adagrad",
+    "optim.wide_loss": 0.5,
+    "het.staleness_bound": 2,
+    "het.cache_rows": 10,
+    "trainer.nproc_per_node": 2,
+    "trainer.nnodes": 2,
+    "trainer.node_rank": 1,
+    "trainer.rdzv_endpoint": "h:29500",
+    "trainer.backend": "gloo",
+    "trainer.device": "cpu",
+    "trainer.timeout_s": 5,
+    "trainer.nccl_env": {"A": "B"},
+    "trainer.intra_group_size": 2,
+    "trainer.prefetch_batches": 0,
+    "trainer.bind_io_threads": False,
+    "trainer.log_every": 3,
+    "trainer.checkpoint_every": 0,
+    "trainer.max_restarts": 2,
+    "trainer.precision": "bf16",
     "trainer.deterministic": True,
-    "store.embedding_dim": 16, "store.init_std": 0.02, "store.host_budget_mb": 8, "store.device_cache_rows": 100,
-    "store.cache_policy": "lru", "store.local_dir": "/tmp/ssd", "store.row_dtype": "bf16", "store.state_dtype": "log8",
+    "store.embedding_dim": 16,
+    "store.init_std": 0.02,
+    "store.host_budget_mb": 8,
+    "store.device_cache_rows": 100,
+    "store.cache_policy": "lru",
+    "store.local_dir": "/tmp/ssd",
+    "store.row_dtype": "bf16",
+    "store.state_dtype": "log8",
 }
 """A valid value other than `_spec()`'s for every field (a new field needs one here too)."""
 
@@ -140,36 +210,70 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     model.pop("companion")  # added later (issue 31), none its neutral value
     model.pop("companion_rows")  # added with it, its default its neutral value
     parts = {
-        "model": model, "optim": optim, "het": codec.encode(spec.het),
+        "model": model,
+        "optim": optim,
+        "het": codec.encode(spec.het),
         "rows": {"embedding_dim": spec.store.embedding_dim, "init_std": spec.store.init_std},
         "world": {"nnodes": t.nnodes, "nproc_per_node": t.nproc_per_node, "intra_group_size": t.intra_group_size},
-        "features": spec.features_id or spec.features_url, "init_model_url": spec.init_model_url,
+        "features": spec.features_id or spec.features_url,
+        "init_model_url": spec.init_model_url,
     }
     if spec.carried is not None:
         parts["carried"] = spec.carried.features_id or spec.carried.features_url
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
-CARRIED = CarriedRows(features_url="/f/date=2024-01-01", features_id="enc-0", date="2024-01-01", rows=10,
-                      evicted_url=None)
+CARRIED = CarriedRows(
+    features_url="/f/date=2024-01-01", features_id="enc-0", date="2024-01-01", rows=10, evicted_url=None
+)
 FULL = {
-    "model": ModelConfig(arch="dcn_v2", mlp_dims=(64, 32), dropout=0.1, cross=False, cross_rank=4, cross_input=ALL_TOKENS, attention_input=ALL_TOKENS,
-                         companion="off"),
-    "optim": OptimConfig(batch_size=512, epochs=2, lr=0.003, sparse_lr=0.01, embedding_l2=1e-4, warmup_steps=20,
-                         cross_lr_scale=0.0, seed=3, train_parent_eval=False, sparse_optimizer=ADAM,
-                         wide_loss=NO_WIDE_LOSS),
+    "model": ModelConfig(
+        arch="dcn_v2",
+        mlp_dims=(64, 32),
+        dropout=0.1,
+        cross=False,
+        cross_rank=4,
+        cross_input=ALL_TOKENS,
+        attention_input=ALL_TOKENS,
+        companion="off",
+    ),
+    "optim": OptimConfig(
+        batch_size=512,
+        epochs=2,
+        lr=0.003,
+        sparse_lr=0.01,
+        embedding_l2=1e-4,
+        warmup_steps=20,
+        cross_lr_scale=0.0,
+        seed=3,
+        train_parent_eval=False,
+        sparse_optimizer=ADAM,
+        wide_loss=NO_WIDE_LOSS,
+    ),
     "het": HetConfig(staleness_bound=2, cache_rows=1000),
     "trainer": TrainerConfig(nnodes=2, nproc_per_node=4, intra_group_size=2, rdzv_endpoint="h:1"),
-    "store": StoreConfig(embedding_dim=16, init_std=0.02, row_dtype=FP32, state_dtype=FP32), "features_id": "enc-1",
+    "store": StoreConfig(embedding_dim=16, init_std=0.02, row_dtype=FP32, state_dtype=FP32),
+    "features_id": "enc-1",
     "init_model_url": "/m/v00003",
     "carried": CARRIED,
 }
 PINNED = {  # computed by the code before the roles (git HEAD bce5d75), before this change was made
     "default": (_spec, {}, "eee1caf9f2"),
     "full": (_spec, FULL, "a6fd8d91da"),
-    "parent eval on": (_spec, FULL | {"optim": dataclasses.replace(FULL["optim"], train_parent_eval=True)}, "a6fd8d91da"),
-    "carried by url": (_spec, {"model": ModelConfig(cross_input=ALL_TOKENS, attention_input=ALL_TOKENS, companion="off"), "trainer": TrainerConfig(nproc_per_node=1),
-                               "carried": dataclasses.replace(CARRIED, features_id="", evicted_url="/e")}, "c8af5b3610"),
+    "parent eval on": (
+        _spec,
+        FULL | {"optim": dataclasses.replace(FULL["optim"], train_parent_eval=True)},
+        "a6fd8d91da",
+    ),
+    "carried by url": (
+        _spec,
+        {
+            "model": ModelConfig(cross_input=ALL_TOKENS, attention_input=ALL_TOKENS, companion="off"),
+            "trainer": TrainerConfig(nproc_per_node=1),
+            "carried": dataclasses.replace(CARRIED, features_id="", evicted_url="/e"),
+        },
+        "c8af5b3610",
+    ),
 }
 
 
@@ -181,8 +285,17 @@ def test_the_identity_of_earlier_specs_is_unchanged(name: str) -> None:
     assert spec.identity() == _identity_before_roles(spec) == pinned
 
 
-ADDED_LATER = ("trainer.precision", "optim.sparse_optimizer", "store.row_dtype", "store.state_dtype", "optim.wide_loss",
-               "model.cross_input", "model.attention_input", "model.companion", "model.companion_rows")
+ADDED_LATER = (
+    "trainer.precision",
+    "optim.sparse_optimizer",
+    "store.row_dtype",
+    "store.state_dtype",
+    "optim.wide_loss",
+    "model.cross_input",
+    "model.attention_input",
+    "model.companion",
+    "model.companion_rows",
+)
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
 
@@ -207,11 +320,17 @@ def test_the_rows_of_before_compact_rows_keep_the_earlier_tags_and_the_compact_d
     rows train another result, so they hash to another tag (whatever else is equal)."""
     spec = _spec()
     assert spec.identity() == "eee1caf9f2"
-    compact = _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="rowwise_adagrad"),
-                    store=dataclasses.replace(spec.store, row_dtype="fp16"))
-    ids = {spec.identity(), compact.identity(), _spec(store=dataclasses.replace(spec.store, row_dtype="fp16")).identity(),
-           _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="sgd")).identity(),
-           _spec(store=dataclasses.replace(spec.store, state_dtype="log8")).identity()}
+    compact = _spec(
+        optim=dataclasses.replace(spec.optim, sparse_optimizer="rowwise_adagrad"),
+        store=dataclasses.replace(spec.store, row_dtype="fp16"),
+    )
+    ids = {
+        spec.identity(),
+        compact.identity(),
+        _spec(store=dataclasses.replace(spec.store, row_dtype="fp16")).identity(),
+        _spec(optim=dataclasses.replace(spec.optim, sparse_optimizer="sgd")).identity(),
+        _spec(store=dataclasses.replace(spec.store, state_dtype="log8")).identity(),
+    }
     assert len(ids) == 5
     assert StoreConfig().row_dtype != FP32, "the default rows are compact: a default spec hashes to a new tag"
 
@@ -248,7 +367,10 @@ def test_a_day_without_the_wide_loss_keeps_its_tag_and_a_small_day_with_it_gets_
 def test_precision_is_hashed_but_its_default_keeps_the_earlier_tags() -> None:
     spec = _spec()
     assert spec.trainer.precision == "auto" and spec.identity() == _identity_before_roles(spec) == "eee1caf9f2"
-    ids = {p: _spec(trainer=dataclasses.replace(spec.trainer, precision=p)).identity() for p in ("auto", "fp32", "bf16", "fp16")}
+    ids = {
+        p: _spec(trainer=dataclasses.replace(spec.trainer, precision=p)).identity()
+        for p in ("auto", "fp32", "bf16", "fp16")
+    }
     assert len(set(ids.values())) == 4 and ids["auto"] == spec.identity()
 
 
@@ -263,8 +385,12 @@ def test_a_field_added_at_its_neutral_value_keeps_the_tags() -> None:
     spec = _spec()
     grown = _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS))
     assert grown.identity() == spec.identity() == "eee1caf9f2"
-    assert _spec(optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS,
-                                   label_smoothing=0.1)).identity() != spec.identity()
+    assert (
+        _spec(
+            optim=_GrownOptim(k_steps=5, sparse_optimizer=ADAM, wide_loss=NO_WIDE_LOSS, label_smoothing=0.1)
+        ).identity()
+        != spec.identity()
+    )
 
 
 def test_the_run_tag_is_date_parent_and_identity() -> None:

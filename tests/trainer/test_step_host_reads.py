@@ -41,12 +41,16 @@ HOST_TIER_CHECKS = {
 """The store's refusal of non-finite gradients, a read of host values where the rows live on the host."""
 LEFT = {
     "device tier": {
-        ("storage/embedding/row_format.py", "step"):
-            "the new rows' one finiteness check per update: on a GPU device tier a wait for the GPU",
+        (
+            "storage/embedding/row_format.py",
+            "step",
+        ): "the new rows' one finiteness check per update: on a GPU device tier a wait for the GPU",
     },
     "2 ranks": {
-        ("trainer/distributed/collectives.py", "exchange_counts"):
-            "the uneven all-to-alls' split sizes (NCCL: on the GPU); fixed-capacity all-to-alls would remove it",
+        (
+            "trainer/distributed/collectives.py",
+            "exchange_counts",
+        ): "the uneven all-to-alls' split sizes (NCCL: on the GPU); fixed-capacity all-to-alls would remove it",
     },
     "HET cache": {  # a host structure over host keys, with a device read at the push (the device gradients'
         # mask in `_stage_cached`, their copy to the host in `accumulate`)
@@ -73,9 +77,22 @@ LOG_EVERY, CKPT_EVERY, STEPS = 4, 6, 9
 def _rank(rank: int, world: int, root: str, device_cache_rows: int, staleness_bound: int) -> None:
     tmp = Path(root)
     spec = make_spec(
-        tmp / "features", tmp / "out", tmp / "local", store=dataclasses.replace(STORE, device_cache_rows=device_cache_rows),
-        model=MODEL, run_tag="reads", nproc_per_node=world, backend="gloo", device="cpu", batch_size=64, epochs=1,
-        k_steps=2, log_every=LOG_EVERY, checkpoint_every=CKPT_EVERY, staleness_bound=staleness_bound, cache_rows=64,
+        tmp / "features",
+        tmp / "out",
+        tmp / "local",
+        store=dataclasses.replace(STORE, device_cache_rows=device_cache_rows),
+        model=MODEL,
+        run_tag="reads",
+        nproc_per_node=world,
+        backend="gloo",
+        device="cpu",
+        batch_size=64,
+        epochs=1,
+        k_steps=2,
+        log_every=LOG_EVERY,
+        checkpoint_every=CKPT_EVERY,
+        staleness_bound=staleness_bound,
+        cache_rows=64,
     )
     ctx = init_distributed(spec.trainer)
     store = open_store(spec, ctx)
@@ -84,8 +101,14 @@ def _rank(rank: int, world: int, root: str, device_cache_rows: int, staleness_bo
 
     def hook(info: StepInfo) -> None:
         reads = mode.take()
-        per_step.append({"step": info.step, "total": info.total_steps, "checkpointed": info.checkpointed,
-                         "reads": [[*k, n] for k, n in reads.items()]})
+        per_step.append(
+            {
+                "step": info.step,
+                "total": info.total_steps,
+                "checkpointed": info.checkpointed,
+                "reads": [[*k, n] for k, n in reads.items()],
+            }
+        )
 
     try:
         trainer = Trainer(spec, ctx=ctx, store=store, step_hooks=[hook])
@@ -117,7 +140,9 @@ def _check(reads: Counter, *left: str, host_tier: bool) -> None:
     expected = {k: v for case in left for k, v in LEFT[case].items() if k not in allowed}
     device = {k: n for k, n in reads.items() if k not in allowed}
     assert set(device) <= set(expected), f"host reads in a step: {sorted(set(device) - set(expected))}"
-    assert set(expected) <= set(device), f"no longer read (take them out of LEFT): {sorted(set(expected) - set(device))}"
+    assert set(expected) <= set(device), (
+        f"no longer read (take them out of LEFT): {sorted(set(expected) - set(device))}"
+    )
 
 
 def _features(tmp_path: Path) -> Path:

@@ -17,9 +17,20 @@ from trainer.model_dir import read_meta
 from trainer.summary import _KINDS, TrainSummary
 
 WRITTEN = TrainSummary(
-    steps=32, epochs=2, examples=8000, dropped_rows=1, carried={"date": "2026-01-04", "rows": 400},
-    final_loss=0.41, mean_loss=0.52, train_s=3.5, examples_per_s=2285.7, world_size=2, backend="gloo",
-    device="cpu", resumed_from_step=10, prefetch_depth=2,
+    steps=32,
+    epochs=2,
+    examples=8000,
+    dropped_rows=1,
+    carried={"date": "2026-01-04", "rows": 400},
+    final_loss=0.41,
+    mean_loss=0.52,
+    train_s=3.5,
+    examples_per_s=2285.7,
+    world_size=2,
+    backend="gloo",
+    device="cpu",
+    resumed_from_step=10,
+    prefetch_depth=2,
     stats={"dense_sync_bytes": 1024, "groups": [[0, 1]], "store_stats": [{"hits": 3}, {"hits": 4}]},
 )
 
@@ -65,8 +76,10 @@ def test_train_result_is_built_from_the_committed_model_json(tmp_path: Path) -> 
     meta = dataclasses.replace(read_meta(str(url)), train=WRITTEN.to_dict())
     result = TrainResult.committed(str(url), meta, wall_s=4.0)
     assert result.train == WRITTEN and result.wall_s == 4.0 and result.model_url == str(url)
-    assert result.summary() == ("train: 32 steps on 2 rank(s), 8000 examples, 2,286 examples/s, final loss 0.4100 "
-                                "(resumed from the checkpoint at step 10)")
+    assert result.summary() == (
+        "train: 32 steps on 2 rank(s), 8000 examples, 2,286 examples/s, final loss 0.4100 "
+        "(resumed from the checkpoint at step 10)"
+    )
 
 
 def test_a_rerun_says_what_it_reused(tmp_path: Path) -> None:

@@ -44,7 +44,9 @@ def test_non_finite_loss_raises_naming_the_step_before_any_update() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     store = MemoryStore(2)
     opt = KStepAdam(model.named_parameters(), ctx, k=1, lr=0.1)
-    batch = Batch(labels=torch.ones(3), dense=torch.tensor([[0.0], [float("nan")], [1.0]]), keys=torch.tensor([[1, 2]] * 3))
+    batch = Batch(
+        labels=torch.ones(3), dense=torch.tensor([[0.0], [float("nan")], [1.0]]), keys=torch.tensor([[1, 2]] * 3)
+    )
     with pytest.raises(NonFiniteLossError, match="at step 7"):
         train_step(model, ShardedEmbedding(store, ctx, lr=0.1), opt, batch, step=7)
     assert len(store) == 0
@@ -77,7 +79,9 @@ class _TableSparse:
 def test_a_training_step_pushes_the_row_gradients_of_the_plain_torch_reference(mode: str, arch: str, l2: float) -> None:
     torch.manual_seed(3)
     keys, lists = random_bag_batch(2)
-    batch = Batch(labels=torch.tensor([1.0, 0, 1, 0, 0, 1]), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),))
+    batch = Batch(
+        labels=torch.tensor([1.0, 0, 1, 0, 0, 1]), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),)
+    )
     table = torch.randn(V, D)
 
     ref_model, ref_table = bag_model(mode, arch), nn.Parameter(table.clone())
@@ -111,7 +115,9 @@ def test_the_wide_loss_adds_the_wide_terms_own_log_loss_and_the_step_reports_the
     wide term: of the loss alone), and the step returns the model's loss, not the objective."""
     torch.manual_seed(5)
     keys, lists = random_bag_batch(2)
-    batch = Batch(labels=torch.tensor([1.0, 0, 1, 0, 0, 1]), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),))
+    batch = Batch(
+        labels=torch.tensor([1.0, 0, 1, 0, 0, 1]), dense=torch.rand(6, 2), keys=keys, bags=(field_bags(lists),)
+    )
     table, w = torch.randn(V, D), 0.7
 
     ref_model, ref_table = bag_model("mean", arch), nn.Parameter(table.clone())
@@ -187,7 +193,8 @@ def _bag_rank(rank: int, world: int, out_dir: str) -> None:
         model, store = _train(rank, world, ctx)
         owned = torch.arange(V)[torch.arange(V) % world == rank]
         torch.save(
-            {"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows}, Path(out_dir) / f"r{rank}.pt"
+            {"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows},
+            Path(out_dir) / f"r{rank}.pt",
         )
     finally:
         ctx.destroy()
@@ -212,7 +219,9 @@ def test_two_ranks_with_bags_train_what_one_rank_trains_on_the_concatenated_batc
     bag_keys = torch.tensor(
         sorted({k for r in range(2) for s in range(1, STEPS + 1) for k in _rank_batch(r, s).bags[0].values.tolist()})
     )
-    assert not torch.equal(store.lookup(bag_keys).rows, MemoryStore(D, init_std=0.1).lookup(bag_keys).rows)  # bag rows trained
+    assert not torch.equal(
+        store.lookup(bag_keys).rows, MemoryStore(D, init_std=0.1).lookup(bag_keys).rows
+    )  # bag rows trained
 
 
 # ---- host reads of a step ------------------------------------------------------------------------
@@ -224,8 +233,14 @@ def _step_parts(ctx, seed: int = 0):
     opt = KStepAdam(model.named_parameters(), ctx, k=2, lr=0.01)
     sparse = ShardedEmbedding(MemoryStore(4, init_std=0.1), ctx, lr=0.05)
     g = torch.Generator().manual_seed(seed + ctx.rank)
-    batches = [Batch(labels=(torch.rand(32, generator=g) < 0.3).float(), dense=torch.rand(32, 3, generator=g),
-                     keys=torch.randint(0, 50, (32, 4), generator=g)) for _ in range(4)]
+    batches = [
+        Batch(
+            labels=(torch.rand(32, generator=g) < 0.3).float(),
+            dense=torch.rand(32, 3, generator=g),
+            keys=torch.randint(0, 50, (32, 4), generator=g),
+        )
+        for _ in range(4)
+    ]
     return model, sparse, opt, batches
 
 
@@ -273,8 +288,9 @@ def _cross_run(held: bool, head: float) -> tuple[CTRModel, KStepAdam, MemoryStor
     held (`KStepAdam` holds it, `CTRModel.hold_cross`) or as before (an Adam group at lr 0)."""
     ctx = init_distributed(cpu_trainer_config())
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3,
-                     num_fields=4, dim=4)
+    model = CTRModel(
+        ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3, num_fields=4, dim=4
+    )
     with torch.no_grad():
         model.cross.head.weight.fill_(head)  # 0: never trained; else trained on an earlier day
     if held:
@@ -285,8 +301,10 @@ def _cross_run(held: bool, head: float) -> tuple[CTRModel, KStepAdam, MemoryStor
         opt.adam.param_groups[1]["lr"] = 0.0
     store = MemoryStore(4, init_std=0.1)
     sparse = ShardedEmbedding(store, ctx, lr=0.05)
-    losses = [train_step(model, sparse, opt, b, step=i + 1, embedding_l2=0.1)
-              for i, b in enumerate(_step_parts(ctx, seed=5)[3])]
+    losses = [
+        train_step(model, sparse, opt, b, step=i + 1, embedding_l2=0.1)
+        for i, b in enumerate(_step_parts(ctx, seed=5)[3])
+    ]
     return model, opt, store, losses
 
 

@@ -8,13 +8,18 @@ from trainer.config import TrainerConfig
 from trainer.world import resolve_world
 
 
-@pytest.mark.parametrize(("device", "backend", "gpus", "want"), [
-    ("auto", "auto", 8, 8),  # a CUDA node: one rank per GPU
-    ("cuda", "nccl", 2, 2),
-    ("auto", "auto", 0, 1),  # CPU: one rank
-    ("cpu", "auto", 8, 1),  # CPU asked for on a GPU node
-])
-def test_auto_is_one_rank_per_visible_gpu_on_cuda_and_one_on_cpu(device: str, backend: str, gpus: int, want: int) -> None:
+@pytest.mark.parametrize(
+    ("device", "backend", "gpus", "want"),
+    [
+        ("auto", "auto", 8, 8),  # a CUDA node: one rank per GPU
+        ("cuda", "nccl", 2, 2),
+        ("auto", "auto", 0, 1),  # CPU: one rank
+        ("cpu", "auto", 8, 1),  # CPU asked for on a GPU node
+    ],
+)
+def test_auto_is_one_rank_per_visible_gpu_on_cuda_and_one_on_cpu(
+    device: str, backend: str, gpus: int, want: int
+) -> None:
     cfg = resolve_world(TrainerConfig(device=device, backend=backend), gpus=gpus)
     assert cfg.nproc_per_node == want and cfg.world_size == want
 

@@ -93,6 +93,7 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], ctx: DistContext, *, src:
     dist.broadcast(flat, src=src)
     _unflatten_into(flat, tensors)
 
+
 def exchange_counts(send_counts: list[int], ctx: DistContext) -> list[int]:
     """All-to-all of per-rank counts: returns how many items each rank will send to this one."""
     if ctx.world_size == 1:

@@ -81,9 +81,7 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None or value == "" else int(value)
 
 
-def pick_backend_and_device(
-    cfg: TrainerConfig, local_rank: int, local_world_size: int = 1
-) -> tuple[str, torch.device]:
+def pick_backend_and_device(cfg: TrainerConfig, local_rank: int, local_world_size: int = 1) -> tuple[str, torch.device]:
     """NCCL + `cuda:<local_rank>` when CUDA is available and allowed by the config, else gloo + CPU.
 
     Ranks share a GPU (`local_rank % device_count`) only with gloo: NCCL refuses two ranks on one
@@ -103,10 +101,7 @@ def pick_backend_and_device(
         raise ValueError("trainer.backend='nccl' needs CUDA and an NCCL build of torch; use backend='auto' or 'gloo'")
     use_cuda = cuda and cfg.device != "cpu"
     device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
-    if cfg.backend == "auto":
-        backend = "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
-    else:
-        backend = cfg.backend
+    backend = ("nccl" if use_cuda and dist.is_nccl_available() else "gloo") if cfg.backend == "auto" else cfg.backend
     return backend, device
 
 
@@ -137,8 +132,15 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
     if world == 1:
         places = emulated_places(1, 1) if cfg.intra_group_size else [me]
         return DistContext(
-            rank=0, world_size=1, local_rank=local_rank, local_world_size=local_world, backend="none",
-            device=device, comm_device=comm_device, places=places, topology=two_phase_groups(places),
+            rank=0,
+            world_size=1,
+            local_rank=local_rank,
+            local_world_size=local_world,
+            backend="none",
+            device=device,
+            comm_device=comm_device,
+            places=places,
+            topology=two_phase_groups(places),
         )
 
     timeout = _dt.timedelta(seconds=timeout_s if timeout_s is not None else cfg.timeout_s)
@@ -150,8 +152,16 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
     store = dist.PrefixStore(f"ctrpipe/attempt-{attempt}", store)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
     ctx = DistContext(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, backend=backend,
-        device=device, comm_device=comm_device, places=[], topology=two_phase_groups([me]), initialized_pg=True,
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        backend=backend,
+        device=device,
+        comm_device=comm_device,
+        places=[],
+        topology=two_phase_groups([me]),
+        initialized_pg=True,
     )
     try:
         if cfg.intra_group_size:

@@ -86,11 +86,15 @@ def pull_with_clocks(
 
     # 1) keys: to owner r, [its misses, its cached keys, their thresholds]
     seg_n, seg_c = _segments(m), _segments(c)
-    payload = torch.cat([
-        torch.cat([need_s[a:b], check_s[x:y], thr_s[x:y]]) for (a, b), (x, y) in zip(seg_n, seg_c, strict=True)
-    ])
-    got = all_to_all_rows(payload, [mi + 2 * ci for mi, ci in zip(m, c, strict=True)],
-                          [mi + 2 * ci for mi, ci in zip(rm, rc, strict=True)], ctx).cpu()
+    payload = torch.cat(
+        [torch.cat([need_s[a:b], check_s[x:y], thr_s[x:y]]) for (a, b), (x, y) in zip(seg_n, seg_c, strict=True)]
+    )
+    got = all_to_all_rows(
+        payload,
+        [mi + 2 * ci for mi, ci in zip(m, c, strict=True)],
+        [mi + 2 * ci for mi, ci in zip(rm, rc, strict=True)],
+        ctx,
+    ).cpu()
 
     # 2) the owner: clocks of every key asked, rows of the misses and of the stale cached keys
     parts_keys, parts_thr, lo = [], [], 0
@@ -104,7 +108,9 @@ def pull_with_clocks(
     _, rows = store.read_rows(uniq.numpy())
     clocks = rows.clock.cpu().to(i64)[inv]  # (A,)
     send_row = clocks > asked_thr  # misses (threshold -1) always
-    served = store.row_format.weights(rows.emb.to(dev))[inv.to(dev)][send_row.to(dev)]  # (R, D) fp32, grouped by requester
+    served = store.row_format.weights(rows.emb.to(dev))[inv.to(dev)][
+        send_row.to(dev)
+    ]  # (R, D) fp32, grouped by requester
     sizes_clk = [mi + ci for mi, ci in zip(rm, rc, strict=True)]
     sizes_rows, lo = [], 0
     for n in sizes_clk:
@@ -145,6 +151,7 @@ def pull_with_clocks(
     stale_rows = stale_rows_sorted[torch.argsort(order_c[stale_s])]  # (S, D) in `check` order
 
     row_b = D * back.element_size()
+
     def wire(counts: list[int]) -> int:  # items exchanged with the other ranks (this rank's own stay here)
         return sum(counts) - counts[ctx.rank]
 

@@ -148,8 +148,13 @@ def send_grads(
 
 
 def apply_updates(
-    store: EmbeddingStore, target: torch.Tensor | Lookup, grads: torch.Tensor, counts: torch.Tensor | None, *,
-    lr: float, weight_decay: float = 0.0,
+    store: EmbeddingStore,
+    target: torch.Tensor | Lookup,
+    grads: torch.Tensor,
+    counts: torch.Tensor | None,
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
 ) -> None:
     """Apply gradients that arrived at the owner: entry i is the sum of `counts[i]` updates (None = 1 each).
 

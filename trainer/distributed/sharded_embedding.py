@@ -142,8 +142,11 @@ class ShardedEmbedding:
         """Pushes done (the step the next pull belongs to)."""
         if use_cache is None:
             use_cache = staleness_bound > 0 and ctx.world_size > 1
-        self.cache = StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows,
-                                    rule=store.row_format.rule) if use_cache else None
+        self.cache = (
+            StaleRowCache(store.dim, bound=staleness_bound, capacity=cache_rows, rule=store.row_format.rule)
+            if use_cache
+            else None
+        )
         self._pulls = 0
         """Pulls made; `_pushed`: the pull whose handle was pushed last."""
         self._pushed = 0
@@ -223,7 +226,9 @@ class ShardedEmbedding:
         self._count("pull_rows", row_b * got, row_b * asked)
         dev = self.ctx.device
         out = host_to_device(rows, dev).index_select(0, host_to_device(route.inverse, dev))  # (N, D)
-        return Pulled(out, route.unique, route.inverse, route=route, owned=owned, lookup=looked, recv_counts=recv_counts)
+        return Pulled(
+            out, route.unique, route.inverse, route=route, owned=owned, lookup=looked, recv_counts=recv_counts
+        )
 
     def _push_routed(self, pulled: Pulled, grads: torch.Tensor) -> None:
         if pulled.route is None or pulled.owned is None or pulled.lookup is None or pulled.recv_counts is None:
@@ -281,8 +286,12 @@ class ShardedEmbedding:
         # and the pending sums it releases go to the device to be sent with them
         return (
             torch.cat([unique[direct], out_keys]),
-            torch.cat([summed.index_select(0, host_to_device(direct, summed.device)),
-                       host_to_device(out_grads, summed.device).to(summed.dtype)]),
+            torch.cat(
+                [
+                    summed.index_select(0, host_to_device(direct, summed.device)),
+                    host_to_device(out_grads, summed.device).to(summed.dtype),
+                ]
+            ),
             torch.cat([torch.ones(direct.numel(), dtype=torch.int64), out_counts]),
         )
 
@@ -293,9 +302,12 @@ class ShardedEmbedding:
         self._count("push", sent, received)
         if owned.numel():
             apply_updates(
-                self.store, self._to_store(owned), self._to_store(owned_grads),
+                self.store,
+                self._to_store(owned),
+                self._to_store(owned_grads),
                 None if owned_counts is None else self._to_store(owned_counts),
-                lr=self.lr, weight_decay=self.weight_decay,
+                lr=self.lr,
+                weight_decay=self.weight_decay,
             )
 
     # ------------------------------------------------------------------ counters
@@ -308,7 +320,8 @@ class ShardedEmbedding:
         """This rank's sparse-communication counters (for model.json): bytes by kind, the uncached
         equivalent (0 without a cache) and the cache's counters (None without a cache)."""
         return {
-            "sparse_bytes": self.sparse_bytes, "bytes_by_kind": dict(self.bytes_by_kind),
+            "sparse_bytes": self.sparse_bytes,
+            "bytes_by_kind": dict(self.bytes_by_kind),
             "uncached_bytes": self.uncached_bytes if self.cache is not None else self.sparse_bytes,
             "cache": self.cache.stats() if self.cache is not None else None,
         }

@@ -96,7 +96,9 @@ class StaleRowCache:
         self.max_served_staleness = 0
         """Largest (owner's clock - base) + local of any copy served: never above `bound`."""
         self.last_served: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (
-            torch.empty(0, dtype=i64), torch.empty(0, dtype=i64), torch.empty(0, dtype=i64)
+            torch.empty(0, dtype=i64),
+            torch.empty(0, dtype=i64),
+            torch.empty(0, dtype=i64),
         )
         """(keys, base, local) of the copies the last `serve` returned (for tests of the bound)."""
 
@@ -114,9 +116,7 @@ class StaleRowCache:
 
     # ------------------------------------------------------------------ pull
 
-    def serve(
-        self, keys: torch.Tensor, clocks: torch.Tensor, *, step: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def serve(self, keys: torch.Tensor, clocks: torch.Tensor, *, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Check cached `keys` (distinct, all cached) against the owners' `clocks` (now); serve the fresh enough.
 
         Copies past the bound are dropped, their pending gradients queued for
@@ -148,17 +148,23 @@ class StaleRowCache:
         return valid, rows
 
     def insert(self, keys: torch.Tensor, rows: torch.Tensor, clocks: torch.Tensor, *, step: int) -> None:
-        """Cache fresh copies of `keys` (distinct, not cached) with the owners' `clocks`; evict by LFU beyond capacity."""
+        """Cache fresh copies of `keys` (distinct, not cached) with the
+        owners' `clocks`; evict by LFU beyond capacity."""
         if not keys.numel():
             return
         n = int(keys.numel())
         i64 = torch.int64
         zeros = torch.zeros(n, self.dim)
         new = {
-            "keys": keys.to(i64).cpu(), "rows": rows.detach().to(torch.float32).cpu(),
-            "base": clocks.to(i64).cpu(), "seen": clocks.to(i64).cpu(), "local": torch.zeros(n, dtype=i64),
-            "pending": zeros.clone(), "fetched": torch.full((n,), step, dtype=i64),
-            "freq": torch.ones(n, dtype=i64), "used": torch.full((n,), step, dtype=i64),
+            "keys": keys.to(i64).cpu(),
+            "rows": rows.detach().to(torch.float32).cpu(),
+            "base": clocks.to(i64).cpu(),
+            "seen": clocks.to(i64).cpu(),
+            "local": torch.zeros(n, dtype=i64),
+            "pending": zeros.clone(),
+            "fetched": torch.full((n,), step, dtype=i64),
+            "freq": torch.ones(n, dtype=i64),
+            "used": torch.full((n,), step, dtype=i64),
         }
         order = torch.argsort(torch.cat([self.keys, new["keys"]]))
         for name in self._FIELDS:
@@ -178,7 +184,9 @@ class StaleRowCache:
 
     # ------------------------------------------------------------------ push
 
-    def accumulate(self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0) -> torch.Tensor:
+    def accumulate(
+        self, keys: torch.Tensor, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0
+    ) -> torch.Tensor:
         """Apply `grads` (N, D) of distinct `keys` (N,) to the cached copies and add them to their pending sums.
 
         Returns:
@@ -190,8 +198,9 @@ class StaleRowCache:
             g = grads[found.to(grads.device)].detach().to(torch.float32).cpu()
             self.pending[p] += g
             clock = self.local[p] + 1
-            emb, state = self.rule.step(self.rows[p], {k: v[p] for k, v in self.state.items()}, clock, g, lr=lr,
-                                        weight_decay=weight_decay)
+            emb, state = self.rule.step(
+                self.rows[p], {k: v[p] for k, v in self.state.items()}, clock, g, lr=lr, weight_decay=weight_decay
+            )
             if not bool(torch.isfinite(emb).all()):
                 raise ValueError("a local update of a cached row is not finite; clip the gradients")
             self.rows[p], self.local[p] = emb, clock
@@ -238,7 +247,13 @@ class StaleRowCache:
     def stats(self) -> dict[str, int | float]:
         looked = self.hits + self.misses
         return {
-            "rows": len(self), "hits": self.hits, "misses": self.misses, "checks": self.checks, "stale": self.stale,
-            "evictions": self.evictions, "flushed_rows": self.flushed_rows,
-            "hit_rate": self.hits / looked if looked else 0.0, "max_served_staleness": self.max_served_staleness,
+            "rows": len(self),
+            "hits": self.hits,
+            "misses": self.misses,
+            "checks": self.checks,
+            "stale": self.stale,
+            "evictions": self.evictions,
+            "flushed_rows": self.flushed_rows,
+            "hit_rate": self.hits / looked if looked else 0.0,
+            "max_served_staleness": self.max_served_staleness,
         }

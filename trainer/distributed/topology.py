@@ -100,9 +100,7 @@ def emulated_places(world_size: int, ranks_per_group: int) -> list[RankPlace]:
         ValueError: `ranks_per_group` < 1 or does not divide `world_size`.
     """
     if ranks_per_group < 1 or world_size % ranks_per_group != 0:
-        raise ValueError(
-            f"intra_group_size ({ranks_per_group}) must be >= 1 and divide the world size ({world_size})"
-        )
+        raise ValueError(f"intra_group_size ({ranks_per_group}) must be >= 1 and divide the world size ({world_size})")
     return [RankPlace(node=f"node{r // ranks_per_group}", socket=0) for r in range(world_size)]
 
 

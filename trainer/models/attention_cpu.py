@@ -52,7 +52,8 @@ def in_use(qkv: torch.Tensor, *, training: bool) -> bool:
 
 @contextmanager
 def torch_ops_kernel() -> Iterator[None]:
-    """Inside, `attend` runs its torch-ops kernel even where the compiled one builds (`bench.dense_step`'s comparison)."""
+    """Inside, `attend` runs its torch-ops kernel even where the compiled
+    one builds (`bench.dense_step`'s comparison)."""
     global _native
     before, _native = _native, False
     try:
@@ -122,7 +123,11 @@ def attend(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
     hd = d // heads
     keep = None
     if dropout > 0:  # F.dropout's own draw on the (B, H, T, T) weights: the same mask for the same seed
-        keep = qkv.new_zeros(b, heads, t, t) if dropout >= 1 else qkv.new_empty(b, heads, t, t).bernoulli_(1 - dropout).div_(1 - dropout)
+        keep = (
+            qkv.new_zeros(b, heads, t, t)
+            if dropout >= 1
+            else qkv.new_empty(b, heads, t, t).bernoulli_(1 - dropout).div_(1 - dropout)
+        )
     native = _native and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
     lib = attention_native.kernel(t, heads, hd) if native else None
     if lib is not None:  # the compiled kernel: the mask laid out (B, H, T_key, T_query), as it holds the weights

@@ -1,4 +1,5 @@
-"""The attention's compiled CPU kernel: `attention_native.c`, built for this machine on first use and called through ctypes.
+"""The attention's compiled CPU kernel: `attention_native.c`, built for this machine on first use and called through
+ctypes.
 
 Why: the default model attends over 26 tokens with 8-wide heads, and in torch ops the attention ran at a few GFLOP/s
 (its small batched products, a softmax over 26-wide rows, layout copies around them) where the model's other
@@ -6,7 +7,8 @@ matmuls run near the machine's rate.  The C file does one example and head at a 
 compile-time constant, so the compiler vectorises it for this CPU (`-march=native`) and keeps it in registers.
 
 Building needs a C compiler (`$CC`, else `cc`); the shared object is cached under `$CTRPIPE_KERNEL_DIR` (default:
-`ctrpipe-kernels-<uid>` in the temp dir), named by a hash of the source, the flags, the shapes, the compiler's version and
+`ctrpipe-kernels-<uid>` in the temp dir), named by a hash of the source, the flags, the shapes, the compiler's version
+and
 this CPU's model and flags, so a cache shared between machines never loads a build for another CPU.  Ranks that build
 at once each write their own file and rename it into place.  Where no compiler or build works, `kernel` returns None
 once with a warning in the log, and `trainer.models.attention_cpu` runs its torch-ops kernel instead: the same values to
@@ -66,30 +68,44 @@ def kernel(tokens: int, heads: int, head_dim: int) -> ctypes.CDLL | None:
         return None
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
-        log.warning("no C compiler (%s) to build the attention's CPU kernel: training runs the slower torch-ops "
-                    "kernel; install gcc or clang, or set CC", cc)
+        log.warning(
+            "no C compiler (%s) to build the attention's CPU kernel: training runs the slower torch-ops "
+            "kernel; install gcc or clang, or set CC",
+            cc,
+        )
         return None
     defines = (f"-DNT={tokens}", f"-DNH={heads}", f"-DNHD={head_dim}")
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True, timeout=60).stdout
         source = SOURCE.read_bytes()
-        key = hashlib.sha256(b"\0".join(s.encode() if isinstance(s, str) else s for s in (
-            source, " ".join(FLAGS + defines), version, _cpu_id()))).hexdigest()[:20]
+        key = hashlib.sha256(
+            b"\0".join(
+                s.encode() if isinstance(s, str) else s for s in (source, " ".join(FLAGS + defines), version, _cpu_id())
+            )
+        ).hexdigest()[:20]
         out = _cache_dir() / f"attention-{tokens}x{heads}x{head_dim}-{key}.so"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             part = out.with_name(f"{out.name}.{os.getpid()}.part")
             try:
-                subprocess.run([cc, *FLAGS, *defines, "-o", str(part), str(SOURCE), "-lm"],
-                               capture_output=True, text=True, check=True, timeout=300)
+                subprocess.run(
+                    [cc, *FLAGS, *defines, "-o", str(part), str(SOURCE), "-lm"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=300,
+                )
                 os.replace(part, out)
             finally:
                 part.unlink(missing_ok=True)  # a failed or killed build leaves no partial file behind
         lib = ctypes.CDLL(str(out))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
-        log.warning("building the attention's CPU kernel with %s failed: training runs the slower torch-ops kernel "
-                    "(%s)", cc, str(detail).strip()[:500])
+        log.warning(
+            "building the attention's CPU kernel with %s failed: training runs the slower torch-ops kernel (%s)",
+            cc,
+            str(detail).strip()[:500],
+        )
         return None
     p, n = ctypes.c_void_p, ctypes.c_int64
     lib.attention_forward.argtypes = [p, p, p, p, n]

@@ -41,7 +41,8 @@ class ModelConfig:
     else >= 3); bucket 0 holds x <= 0 and missing values, which encode maps to the same 0.  The raw
     log1p values are used as well."""
     dense_bucket_max: float = shape_field(
-        12.0, why="moves the bucket edges: the saved bucket tokens would mean other values")
+        12.0, why="moves the bucket edges: the saved bucket tokens would mean other values"
+    )
     """Upper edge, on the log1p scale, of the last closed dense bucket (values above share one bucket)."""
     cross: bool = shape_field(True, before=False, why="a model saved before the field has no cross term")
     """`attention` only: add a DCN-V2 cross network's logit on the flattened tokens `cross_input` names
@@ -50,8 +51,9 @@ class ModelConfig:
     A model published before the term existed lacks its weights: the first day with it starts its dense
     part cold (embedding rows kept; the record says `architecture changed: model.cross`); `false` keeps
     the earlier network and its warm start."""
-    cross_input: str = shape_field("fields", neutral="tokens", before="tokens",
-                                   why="the cross term's input width: its saved layers would not fit")
+    cross_input: str = shape_field(
+        "fields", neutral="tokens", before="tokens", why="the cross term's input width: its saved layers would not fit"
+    )
     """`attention` only: what the cross term crosses: `fields`, the sparse fields' tokens (F*D wide; the
     dense features reach the logit through the attention, the MLP and the wide term), or `tokens`, the
     field and dense bucket tokens (F'*D, the term before this key existed).  Its cost grows with the
@@ -67,8 +69,7 @@ class ModelConfig:
     wide: bool = shape_field(True)
     """`attention` only: add a wide (logistic-regression) term to the logit, sum_f e_f[0] + <a, dense>,
     so memorised per-key weights and the deep interactions are learned together (Wide & Deep)."""
-    wide_scale: float = shape_field(
-        1.0, why="scales the saved key weights' logit: they were learned for another scale")
+    wide_scale: float = shape_field(1.0, why="scales the saved key weights' logit: they were learned for another scale")
     """The wide term uses wide_scale * e_f[0]: the key weights' effective step (sparse_lr * wide_scale)
     and L2 (embedding_l2 / wide_scale^2, in logit units) apart from the deep dimensions'."""
     bag_pooling: str = result_field("mean")
@@ -119,7 +120,9 @@ class ModelConfig:
                     raise ValueError
                 object.__setattr__(self, "dropout", float(self.dropout))  # YAML/CLI text -> a number
             except (TypeError, ValueError):
-                raise ValueError(f"model.dropout must be {AUTO!r} or a number in [0, 1), got {self.dropout!r}") from None
+                raise ValueError(
+                    f"model.dropout must be {AUTO!r} or a number in [0, 1), got {self.dropout!r}"
+                ) from None
             if not 0.0 <= self.dropout < 1.0:
                 raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
 

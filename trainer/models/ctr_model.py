@@ -169,8 +169,10 @@ class CTRModel(nn.Module):
                 f"CTRModel needs num_dense >= 0, num_fields >= 1, dim >= 1; got {num_dense}, {num_fields}, {dim}"
             )
         if unresolved := config.unresolved():
-            raise ValueError(f"{', '.join(unresolved)} is 'auto': derive the day's value with trainer.plan.recipe.derive "
-                             "(or set a number) before building the model")
+            raise ValueError(
+                f"{', '.join(unresolved)} is 'auto': derive the day's value with trainer.plan.recipe.derive "
+                "(or set a number) before building the model"
+            )
         self.config = config
         self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
         self.bias = nn.Parameter(torch.zeros(()))  # logit offset, scaled by BIAS_SCALE
@@ -223,7 +225,9 @@ class CTRModel(nn.Module):
         model without a wide term."""
         return self._logits(dense, emb, with_wide=True)
 
-    def _logits(self, dense: torch.Tensor, emb: torch.Tensor, *, with_wide: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _logits(
+        self, dense: torch.Tensor, emb: torch.Tensor, *, with_wide: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if dense.shape[1:] != (self.num_dense,) or emb.shape[1:] != (self.num_fields, self.dim):
             raise ValueError(
                 f"CTRModel expects dense (B, {self.num_dense}) and emb (B, {self.num_fields}, {self.dim}), "

@@ -48,11 +48,13 @@ class _ConcatLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         weight, z = ctx.saved_tensors
-        grads: list[torch.Tensor | None] = [g.t().mm(z) if ctx.needs_input_grad[0] else None,
-                                            g.sum(0) if ctx.needs_input_grad[1] else None]
+        grads: list[torch.Tensor | None] = [
+            g.t().mm(z) if ctx.needs_input_grad[0] else None,
+            g.sum(0) if ctx.needs_input_grad[1] else None,
+        ]
         start = 0
         for i, width in enumerate(ctx.widths):
-            grads.append(g.mm(weight[:, start:start + width]) if ctx.needs_input_grad[2 + i] else None)
+            grads.append(g.mm(weight[:, start : start + width]) if ctx.needs_input_grad[2 + i] else None)
             start += width
         return tuple(grads)
 
@@ -66,8 +68,13 @@ def concat_linear(parts: tuple[torch.Tensor, ...], linear: nn.Linear) -> torch.T
     else (CUDA, bf16 autocast, no gradient wanted, `torch.export`, a layer without bias) the plain cat and linear.
     """
     x, bias = parts[0], linear.bias
-    if (bias is not None and torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu")):
+    if (
+        bias is not None
+        and torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    ):
         return _ConcatLinear.apply(linear.weight, bias, *parts)
     return F.linear(torch.cat(parts, dim=1), linear.weight, linear.bias)
 

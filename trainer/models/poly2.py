@@ -142,24 +142,26 @@ class _Design:
         flat = torch.from_numpy(np.ascontiguousarray(cols, dtype=np.int64).ravel()).to(index)
         with warnings.catch_warnings():  # "sparse CSR support is in beta": the two products used here are not
             warnings.simplefilter("ignore", UserWarning)
-            self._x = torch.sparse_csr_tensor(crow, flat, torch.ones(flat.numel(), dtype=torch.float64),
-                                              size=(n, width), check_invariants=False)
+            self._x = torch.sparse_csr_tensor(
+                crow, flat, torch.ones(flat.numel(), dtype=torch.float64), size=(n, width), check_invariants=False
+            )
             xt = self._x.to_sparse_csc()
-            self._xt = torch.sparse_csr_tensor(xt.ccol_indices(), xt.row_indices(), xt.values(),
-                                               size=(width, n), check_invariants=False)
+            self._xt = torch.sparse_csr_tensor(
+                xt.ccol_indices(), xt.row_indices(), xt.values(), size=(width, n), check_invariants=False
+            )
 
     @property
     def size(self) -> int:
         return self.width + self.nd + 1
 
     def matvec(self, v: np.ndarray) -> np.ndarray:
-        onehot = (self._x @ torch.from_numpy(np.ascontiguousarray(v[:self.width]))).numpy()
-        return onehot + self.dense @ v[self.width:self.width + self.nd] + v[-1]
+        onehot = (self._x @ torch.from_numpy(np.ascontiguousarray(v[: self.width]))).numpy()
+        return onehot + self.dense @ v[self.width : self.width + self.nd] + v[-1]
 
     def rmatvec(self, u: np.ndarray) -> np.ndarray:
         out = np.empty(self.size)
-        out[:self.width] = (self._xt @ torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64))).numpy()
-        out[self.width:self.width + self.nd] = self.dense.T @ u
+        out[: self.width] = (self._xt @ torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64))).numpy()
+        out[self.width : self.width + self.nd] = self.dense.T @ u
         out[-1] = u.sum()
         return out
 
@@ -178,7 +180,7 @@ def _numbered(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> tup
     if n == 0 or ids.shape[0] != n or log_dense.shape[0] != n:
         raise ValueError(f"poly2 fit needs rows: ids {ids.shape}, dense {log_dense.shape}, labels ({n},)")
     codes, found = pd.factorize(np.ascontiguousarray(ids, dtype=np.int64).ravel())  # hashing: np.unique's sort
-    order = np.argsort(found)                                                       # took 7x longer on 5M ids
+    order = np.argsort(found)  # took 7x longer on 5M ids
     rank = np.empty(order.size, dtype=np.int64)
     rank[order] = np.arange(order.size)
     return rank[codes].reshape(ids.shape), found[order]
@@ -189,15 +191,20 @@ class _Fold:
     (-1: a bucket no other row has, whose weight in the fold's fit is 0): a fit of the other rows, scored on the
     block, with no lookup of the ids again."""
 
-    def __init__(self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray,
-                 lo: int, hi: int) -> None:
+    def __init__(
+        self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, lo: int, hi: int
+    ) -> None:
         self.lo, self.hi = lo, hi
         keep = np.concatenate([cols[:lo], cols[hi:]])
         self.used = np.zeros(buckets.size, dtype=bool)
         self.used[keep] = True
         number = np.cumsum(self.used) - 1
-        self.rows = _Rows(number[keep], buckets[self.used], np.concatenate([log_dense[:lo], log_dense[hi:]]),
-                          np.concatenate([labels[:lo], labels[hi:]]))
+        self.rows = _Rows(
+            number[keep],
+            buckets[self.used],
+            np.concatenate([log_dense[:lo], log_dense[hi:]]),
+            np.concatenate([labels[:lo], labels[hi:]]),
+        )
         block = cols[lo:hi]
         self.block = np.where(self.used[block], number[block], -1)
         self.block_dense = log_dense[lo:hi]
@@ -225,8 +232,8 @@ class _Rows:
         """The weight vector of `model` on these rows' buckets (0 where it has none), or zeros."""
         w = np.zeros(self.X.size)
         if model is not None:
-            w[:self.buckets.size] = model.weights_of(self.buckets)
-            w[self.buckets.size:-1], w[-1] = model.dense_weights, model.bias
+            w[: self.buckets.size] = model.weights_of(self.buckets)
+            w[self.buckets.size : -1], w[-1] = model.dense_weights, model.bias
         return w
 
     def model(self, w: np.ndarray, C: float) -> Poly2:
@@ -234,8 +241,15 @@ class _Rows:
         return Poly2(buckets=self.buckets, weights=w[:k].copy(), dense_weights=w[k:-1].copy(), bias=float(w[-1]), C=C)
 
 
-def fit(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, C: float, *,
-        config: Poly2Config = Poly2Config(), start: Poly2 | None = None) -> Poly2:
+def fit(
+    ids: np.ndarray,
+    log_dense: np.ndarray,
+    labels: np.ndarray,
+    C: float,
+    *,
+    config: Poly2Config = Poly2Config(),
+    start: Poly2 | None = None,
+) -> Poly2:
     """The Poly2 LR of rows `ids` (N, P) (`pair_ids`), log1p dense values (N, n) and 0/1 labels, at inverse L2 C.
 
     Args:
@@ -295,8 +309,9 @@ def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: floa
     return d
 
 
-def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
-           config: Poly2Config = Poly2Config()) -> tuple[Poly2, dict[float, float]]:
+def fit_cv(
+    ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *, config: Poly2Config = Poly2Config()
+) -> tuple[Poly2, dict[float, float]]:
     """The Poly2 LR with C chosen by cross-validation: the rows are cut, in row order, into `config.folds`
     blocks, each left out of one fit of the others; the Cs of `config.cs` are tried in ascending order (each
     fold from its weights at the C before) until one's log loss over every left-out row is above the best so
@@ -327,7 +342,7 @@ def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
         z = np.empty(n)
         for j, fold in enumerate(folds):
             weights[j] = _minimise(fold.rows, C, weights[j], config)
-            z[fold.lo:fold.hi] = fold.block_logits(weights[j])
+            z[fold.lo : fold.hi] = fold.block_logits(weights[j])
         losses[C] = logloss(y, _sigmoid(z))
         if best is not None and losses[C] > losses[best[0]]:
             break
@@ -337,8 +352,8 @@ def fit_cv(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *,
     start = np.zeros(buckets.size + dense.shape[1] + 1)  # the mean of the folds' weights, 0 where a fold has none
     for fold, w in zip(folds, chosen, strict=True):
         k = fold.rows.buckets.size
-        start[:buckets.size][fold.used] += w[:k] / len(folds)
-        start[buckets.size:] += w[k:] / len(folds)
+        start[: buckets.size][fold.used] += w[:k] / len(folds)
+        start[buckets.size :] += w[k:] / len(folds)
     del folds, weights
     rows = _Rows(cols, buckets, dense, y)
     return rows.model(_minimise(rows, C, start, config), C), losses

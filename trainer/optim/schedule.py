@@ -58,7 +58,12 @@ def set_step_lrs(opt: Any, sparse: Any, cfg: OptimConfig, *, step: int, total_st
     if not cfg.warmup_steps and cfg.lr_decay == "none":
         return
     warmup = min(cfg.warmup_steps, total_steps)
-    kw: dict[str, Any] = {"total_steps": total_steps, "warmup_steps": warmup, "decay": cfg.lr_decay, "min_ratio": cfg.min_lr_ratio}
+    kw: dict[str, Any] = {
+        "total_steps": total_steps,
+        "warmup_steps": warmup,
+        "decay": cfg.lr_decay,
+        "min_ratio": cfg.min_lr_ratio,
+    }
     lr = lr_at(step, base_lr=cfg.lr, **kw)
     for group in opt.adam.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # `KStepAdam`'s groups: `optim.cross_lr_scale`

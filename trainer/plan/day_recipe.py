@@ -37,8 +37,15 @@ SEARCHED = tuple(name for name, rule in OPTIMIZERS.items() if isinstance(rule, S
 
 
 def day_recipe(
-    optim: OptimConfig, model: ModelConfig, store: StoreConfig, *, rows: int, features_url: str,
-    published: Published | None, world_size: int, storage_options: dict[str, Any] | None = None,
+    optim: OptimConfig,
+    model: ModelConfig,
+    store: StoreConfig,
+    *,
+    rows: int,
+    features_url: str,
+    published: Published | None,
+    world_size: int,
+    storage_options: dict[str, Any] | None = None,
     device: str = "cpu",
 ) -> Recipe:
     """The day's recipe (see the module docstring) for ranks computing on `device` ("cpu" or "cuda").  Reads
@@ -54,8 +61,14 @@ def day_recipe(
 def searched(recipe: Recipe, features_url: str, storage_options: dict[str, Any] | None) -> Recipe:
     """`recipe` with `sparse_lr` chosen by cross-validation on the day's train rows."""
     schema = read_schema(features_url, storage_options).for_pooling("none")
-    reader = RankReader(split_dir(features_url, "train"), schema, rank=0, world_size=1,
-                        batch_size=int(recipe.optim.batch_size), storage_options=storage_options)
+    reader = RankReader(
+        split_dir(features_url, "train"),
+        schema,
+        rank=0,
+        world_size=1,
+        batch_size=int(recipe.optim.batch_size),
+        storage_options=storage_options,
+    )
     choice = choose_sparse_lr(*reader.arrays(), optim=recipe.optim)
     return recipe.with_value(KEY, choice.lr, choice.reason())
 
@@ -67,5 +80,9 @@ def inherited(recipe: Recipe, parent: dict[str, Any], version: str) -> Recipe:
     if factor is None:
         return recipe
     value = float(f"{recipe.optim.sparse_lr * factor:.3g}")
-    return recipe.with_value(KEY, value, f"{factor:g} x the rule's {recipe.optim.sparse_lr:g}: the factor searched "
-                                         f"for the rows this day starts from ({version})")
+    return recipe.with_value(
+        KEY,
+        value,
+        f"{factor:g} x the rule's {recipe.optim.sparse_lr:g}: the factor searched "
+        f"for the rows this day starts from ({version})",
+    )

@@ -49,7 +49,12 @@ class ParentEval:
 
 
 def parent_eval(
-    *, enabled: bool, date: str, features_url: str, published: Published | None, evicted_url: str | None,
+    *,
+    enabled: bool,
+    date: str,
+    features_url: str,
+    published: Published | None,
+    evicted_url: str | None,
     storage_options: dict[str, Any] | None,
 ) -> ParentEval:
     """The eval rows of `published`'s day to train before the day `date` (features at `features_url`)."""
@@ -70,6 +75,7 @@ def parent_eval(
         return ParentEval(None, f"the features of {theirs} hold no eval rows")
     if read_schema(url, storage_options) != read_schema(features_url, storage_options):
         return ParentEval(None, f"the features of {theirs} have other columns than {date}'s")
-    carried = CarriedRows(features_url=url, features_id=manifest.run_id, date=theirs, rows=rows,
-                          evicted_url=evicted_url)
+    carried = CarriedRows(
+        features_url=url, features_id=manifest.run_id, date=theirs, rows=rows, evicted_url=evicted_url
+    )
     return ParentEval(carried, f"{published.version}'s eval rows, used by its gate")

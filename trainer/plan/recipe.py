@@ -121,15 +121,23 @@ class Recipe:
         if section != "optim" or key not in self.derived:
             raise ValueError(f"only a derived optim value can be replaced, not {key} ({self.why.get(key, 'unknown')})")
         factor = float(f"{value / self.value(key):.3g}")
-        return dataclasses.replace(self, optim=dataclasses.replace(self.optim, **{name: value}),
-                                   why={**self.why, key: reason}, searched={**self.searched, key: factor})
+        return dataclasses.replace(
+            self,
+            optim=dataclasses.replace(self.optim, **{name: value}),
+            why={**self.why, key: reason},
+            searched={**self.searched, key: factor},
+        )
 
     def record(self) -> dict[str, Any]:
         """The values and reasons, as model.json and metrics.json keep them."""
         return {
-            "rows": self.rows, "world_size": self.world_size, "steps": self.steps,
+            "rows": self.rows,
+            "world_size": self.world_size,
+            "steps": self.steps,
             "values": {k: self.value(k) for k in self.why},
-            "derived": list(self.derived), "why": dict(self.why), "searched": dict(self.searched),
+            "derived": list(self.derived),
+            "why": dict(self.why),
+            "searched": dict(self.searched),
         }
 
     def summary(self) -> str:
@@ -177,28 +185,61 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
     batch = MIN_BATCH
     while batch < max_batch and per_pass(batch * 2) >= BATCH_STEPS:
         batch *= 2
-    batch = pick("batch_size", batch, f"{n:,} rows/rank on {device}: the largest batch in [{MIN_BATCH}, {max_batch}] whose "
-                 f"pass has at least {BATCH_STEPS} steps (or the smallest)")
+    batch = pick(
+        "batch_size",
+        batch,
+        f"{n:,} rows/rank on {device}: the largest batch in [{MIN_BATCH}, {max_batch}] whose "
+        f"pass has at least {BATCH_STEPS} steps (or the smallest)",
+    )
     one_pass = per_pass(batch)
-    epochs = pick("epochs", min(MAX_EPOCHS, max(1, -(-MIN_STEPS // one_pass))),
-                  f"{one_pass} steps a pass: the passes reaching {MIN_STEPS} steps, at most {MAX_EPOCHS}")
+    epochs = pick(
+        "epochs",
+        min(MAX_EPOCHS, max(1, -(-MIN_STEPS // one_pass))),
+        f"{one_pass} steps a pass: the passes reaching {MIN_STEPS} steps, at most {MAX_EPOCHS}",
+    )
     steps = one_pass * epochs
-    pick("lr", min(MAX_LR, max(BASE_LR, BASE_LR * math.sqrt(LR_REF_STEPS / steps))),
-         f"{steps} steps: {BASE_LR:g} * sqrt({LR_REF_STEPS} / steps) within [{BASE_LR:g}, {MAX_LR:g}]")
+    pick(
+        "lr",
+        min(MAX_LR, max(BASE_LR, BASE_LR * math.sqrt(LR_REF_STEPS / steps))),
+        f"{steps} steps: {BASE_LR:g} * sqrt({LR_REF_STEPS} / steps) within [{BASE_LR:g}, {MAX_LR:g}]",
+    )
     pick("sparse_lr", BASE_SPARSE_LR / math.sqrt(epochs), f"{epochs} passes: {BASE_SPARSE_LR:g} / sqrt(epochs)")
-    pick("embedding_l2", L2_PER_EXTRA_EPOCH * (epochs - 1), f"{epochs} passes: {L2_PER_EXTRA_EPOCH:g} per pass after the first")
-    pick("dropout", min(MAX_DROPOUT, DROPOUT_PER_EXTRA_EPOCH * (epochs - 1)),
-         f"{epochs} passes: {DROPOUT_PER_EXTRA_EPOCH:g} per pass after the first, at most {MAX_DROPOUT:g}",
-         section="model")
-    pick("cross_lr_scale", 1.0 if rows >= CROSS_MIN_ROWS else 0.0,
-         f"{rows:,} train rows: 1 from {CROSS_MIN_ROWS:,} rows (enough to estimate crosses), else 0")
-    pick("wide_loss", WIDE_LOSS if rows < CROSS_MIN_ROWS else 0.0,
-         f"{rows:,} train rows: {WIDE_LOSS:g} under {CROSS_MIN_ROWS:,} rows (the wide part must predict alone), else 0")
-    warmup = pick("warmup_steps", min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
-                  f"{steps} steps: a tenth of them, at most {WARMUP_CAP}")
+    pick(
+        "embedding_l2",
+        L2_PER_EXTRA_EPOCH * (epochs - 1),
+        f"{epochs} passes: {L2_PER_EXTRA_EPOCH:g} per pass after the first",
+    )
+    pick(
+        "dropout",
+        min(MAX_DROPOUT, DROPOUT_PER_EXTRA_EPOCH * (epochs - 1)),
+        f"{epochs} passes: {DROPOUT_PER_EXTRA_EPOCH:g} per pass after the first, at most {MAX_DROPOUT:g}",
+        section="model",
+    )
+    pick(
+        "cross_lr_scale",
+        1.0 if rows >= CROSS_MIN_ROWS else 0.0,
+        f"{rows:,} train rows: 1 from {CROSS_MIN_ROWS:,} rows (enough to estimate crosses), else 0",
+    )
+    pick(
+        "wide_loss",
+        WIDE_LOSS if rows < CROSS_MIN_ROWS else 0.0,
+        f"{rows:,} train rows: {WIDE_LOSS:g} under {CROSS_MIN_ROWS:,} rows (the wide part must predict alone), else 0",
+    )
+    warmup = pick(
+        "warmup_steps",
+        min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
+        f"{steps} steps: a tenth of them, at most {WARMUP_CAP}",
+    )
     if warmup > steps:  # an explicit warm-up longer than the day would never reach the learning rate
         values["optim.warmup_steps"] = steps
         why["optim.warmup_steps"] = f"set in the config ({warmup}), cut to the day's {steps} steps"
     of = {s: {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(s + ".")} for s in ("optim", "model")}
-    return Recipe(dataclasses.replace(optim, **of["optim"]), dataclasses.replace(model, **of["model"]), rows,
-                  world_size, steps, why, tuple(derived))
+    return Recipe(
+        dataclasses.replace(optim, **of["optim"]),
+        dataclasses.replace(model, **of["model"]),
+        rows,
+        world_size,
+        steps,
+        why,
+        tuple(derived),
+    )

@@ -9,7 +9,8 @@ C sets in a logistic regression.  No one value suits every dataset.  On the shar
 
 So a day of at most MAX_ROWS train rows whose `sparse_lr` is `auto` gets it chosen here: a
 logistic regression on the day's keys and dense columns, trained as the embedding rows are (the
-per-key rule of `optim.sparse_optimizer`, the recipe's batch, passes, warm-up, decay and embedding L2), is cross-validated over
+per-key rule of `optim.sparse_optimizer`, the recipe's batch, passes, warm-up, decay and embedding L2), is
+cross-validated over
 `FOLDS` contiguous blocks of the train rows for each of `FACTORS` times the derived value, and the
 candidate with the lowest mean held-out logloss wins (ties go to the derived value).  The dense
 weights train at the dense `optim.lr` and the bias starts at the click rate, as the model's own bias
@@ -55,12 +56,21 @@ class SparseLrChoice:
     def reason(self) -> str:
         """Why `optim.sparse_lr` has its value, for the recipe's record."""
         scores = ", ".join(f"{lr:g}: {loss:.4f}" for lr, loss in self.logloss.items())
-        return (f"{self.folds}-fold validation of a per-key logistic regression on the day's {self.rows:,} "
-                f"train rows, the lowest held-out logloss ({scores})")
+        return (
+            f"{self.folds}-fold validation of a per-key logistic regression on the day's {self.rows:,} "
+            f"train rows, the lowest held-out logloss ({scores})"
+        )
 
 
-def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *, optim: OptimConfig,
-                     folds: int = FOLDS, factors: tuple[float, ...] = FACTORS) -> SparseLrChoice:
+def choose_sparse_lr(
+    labels: np.ndarray,
+    dense: np.ndarray,
+    keys: np.ndarray,
+    *,
+    optim: OptimConfig,
+    folds: int = FOLDS,
+    factors: tuple[float, ...] = FACTORS,
+) -> SparseLrChoice:
     """The candidate `sparse_lr` (`factors` times `optim.sparse_lr`) with the lowest mean held-out logloss.
 
     Args:
@@ -74,7 +84,9 @@ def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *,
         raise ValueError(f"choose_sparse_lr needs a resolved recipe, got {optim.unresolved()} still auto")
     n = len(labels)
     if n < folds or folds < 2:
-        raise ValueError(f"choose_sparse_lr needs at least {max(2, folds)} rows and 2 folds, got {n} rows, {folds} folds")
+        raise ValueError(
+            f"choose_sparse_lr needs at least {max(2, folds)} rows and 2 folds, got {n} rows, {folds} folds"
+        )
     index, values, n_ids, width = _design(dense, keys)
     bounds = np.linspace(0, n, folds + 1).astype(np.int64)
     base = float(optim.sparse_lr)
@@ -84,8 +96,9 @@ def choose_sparse_lr(labels: np.ndarray, dense: np.ndarray, keys: np.ndarray, *,
         losses = []
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             fit = np.r_[0:lo, hi:n]
-            w = _train(index[fit], values[fit], labels[fit], width, optim=optim, lr=lr, n_fields=keys.shape[1],
-                       n_ids=n_ids)
+            w = _train(
+                index[fit], values[fit], labels[fit], width, optim=optim, lr=lr, n_fields=keys.shape[1], n_ids=n_ids
+            )
             losses.append(_logloss(labels[lo:hi], _logits(w, index[lo:hi], values[lo:hi])))
         logloss[lr] = float(np.mean(losses))
     derived = float(f"{base:.3g}")
@@ -118,8 +131,17 @@ def _logloss(y: np.ndarray, z: np.ndarray) -> float:
     return float(np.mean(np.logaddexp(0.0, z) - y * z))  # -y log p - (1 - y) log (1 - p), p = sigmoid(z)
 
 
-def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, optim: OptimConfig, lr: float,
-           n_fields: int, n_ids: int) -> np.ndarray:
+def _train(
+    index: np.ndarray,
+    values: np.ndarray,
+    y: np.ndarray,
+    width: int,
+    *,
+    optim: OptimConfig,
+    lr: float,
+    n_fields: int,
+    n_ids: int,
+) -> np.ndarray:
     """Weights after the recipe's passes over the rows in order: the rule of `optim.sparse_optimizer` at `lr` on
     the key weights (as `storage.embedding.sparse_optim`, a row of width 1), Adam at the dense `optim.lr` on the
     dense and bias weights (ids >= n_ids)."""
@@ -132,15 +154,19 @@ def _train(index: np.ndarray, values: np.ndarray, y: np.ndarray, width: int, *, 
     w[-1] = np.log(rate_y / (1 - rate_y))  # the bias starts at the click rate: the keys need not carry it
     n, batch, l2 = len(y), int(optim.batch_size), float(optim.embedding_l2)
     total = int(optim.epochs) * -(-n // batch)
-    kw: dict[str, Any] = {"total_steps": total, "warmup_steps": min(int(optim.warmup_steps), total), "decay": optim.lr_decay,
-          "min_ratio": optim.min_lr_ratio}
+    kw: dict[str, Any] = {
+        "total_steps": total,
+        "warmup_steps": min(int(optim.warmup_steps), total),
+        "decay": optim.lr_decay,
+        "min_ratio": optim.min_lr_ratio,
+    }
     step = 0
     for _ in range(int(optim.epochs)):
         for lo in range(0, n, batch):
             step += 1
             rate_keys, rate_rest = lr_at(step, base_lr=lr, **kw), lr_at(step, base_lr=float(optim.lr), **kw)
-            idx, val = index[lo:lo + batch], values[lo:lo + batch]
-            r = 1.0 / (1.0 + np.exp(-_logits(w, idx, val))) - y[lo:lo + batch]
+            idx, val = index[lo : lo + batch], values[lo : lo + batch]
+            r = 1.0 / (1.0 + np.exp(-_logits(w, idx, val))) - y[lo : lo + batch]
             touched, inv = np.unique(idx, return_inverse=True)
             inv = inv.reshape(idx.shape)
             g = np.bincount(inv.ravel(), weights=(r[:, None] * val).ravel(), minlength=len(touched)) / len(r)

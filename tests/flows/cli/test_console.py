@@ -12,8 +12,9 @@ import pytest
 from flows.cli import console
 
 
-def _record(name: str, level: int = logging.INFO, msg: str = "hello", exc: BaseException | None = None,
-            **extra: object) -> logging.LogRecord:
+def _record(
+    name: str, level: int = logging.INFO, msg: str = "hello", exc: BaseException | None = None, **extra: object
+) -> logging.LogRecord:
     info = (type(exc), exc, exc.__traceback__) if exc else None
     record = logging.getLogger(name).makeRecord(name, level, __file__, 1, msg, (), info)
     record.__dict__.update(extra)
@@ -32,8 +33,10 @@ class CommClosedError(OSError):
         (_record("prefect.task_runs", logging.ERROR, msg="Finished in state Failed"), False),  # the CLI reports it
         (_record("prefect", msg="Starting temporary server"), False),
         (_record("prefect.client", logging.WARNING, msg="cannot reach the API"), True),
-        (_record("distributed.nanny", logging.WARNING, msg="Worker process still alive after 4.0 seconds, killing"),
-         False),
+        (
+            _record("distributed.nanny", logging.WARNING, msg="Worker process still alive after 4.0 seconds, killing"),
+            False,
+        ),
         (_record("distributed.nanny", logging.WARNING, msg="Worker exceeded 95% memory budget"), True),
         (_record("distributed.worker", logging.ERROR, exc=CommClosedError("closed")), False),
         (_record("distributed.worker", logging.ERROR, msg="Compute Failed\nKey: ingest_file-1"), False),
@@ -70,8 +73,12 @@ def test_the_handler_writes_to_the_current_stderr(monkeypatch):
 
 @pytest.mark.parametrize(
     ("verbose", "env", "level"),
-    [(False, {}, logging.WARNING), (True, {}, logging.INFO), (False, {"CTRPIPE_LOG_LEVEL": "DEBUG"}, logging.DEBUG),
-     (True, {"CTRPIPE_LOG_LEVEL": "error"}, logging.INFO)],
+    [
+        (False, {}, logging.WARNING),
+        (True, {}, logging.INFO),
+        (False, {"CTRPIPE_LOG_LEVEL": "DEBUG"}, logging.DEBUG),
+        (True, {"CTRPIPE_LOG_LEVEL": "error"}, logging.INFO),
+    ],
 )
 def test_the_level_comes_from_verbose_or_the_environment(verbose, env, level):
     assert console.level_from(verbose, env) == level
@@ -84,8 +91,13 @@ def test_a_bad_level_names_the_variable():
 
 def test_configure_installs_one_handler_and_tells_dask_workers_the_level():
     root = logging.getLogger()
-    saved = (list(root.handlers), root.level, logging.getLogger("ctrpipe").level,
-             logging.getLogger("distributed").level, logging.getLogger("httpx").level)
+    saved = (
+        list(root.handlers),
+        root.level,
+        logging.getLogger("ctrpipe").level,
+        logging.getLogger("distributed").level,
+        logging.getLogger("httpx").level,
+    )
     env: dict[str, str] = {}
     try:
         console.configure(verbose=False, environ=env)

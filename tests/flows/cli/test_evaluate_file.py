@@ -47,8 +47,11 @@ def test_a_file_with_more_bad_lines_than_ingest_allows_is_refused(shared_data, p
     mixed = tmp_path / "mixed.tsv"
     mixed.write_bytes(_lines(shared_data, 3000) + b"garbage\n" * 40)  # 1.3% bad
     cfg = published
-    with pytest.raises(ValueError, match=r"40 of 3040 lines quarantined \(1\.3%\), more than "
-                                         r"ingest\.max_bad_fraction \(0\.01\): wrong field count x40") as raised:
+    with pytest.raises(
+        ValueError,
+        match=r"40 of 3040 lines quarantined \(1\.3%\), more than "
+        r"ingest\.max_bad_fraction \(0\.01\): wrong field count x40",
+    ) as raised:
         evaluate_log(cfg, "latest", str(mixed), "criteo")
     assert "--set ingest.max_bad_fraction=0.018" in str(raised.value)
     # allowed more bad lines, the file passes and meets the next check
@@ -57,9 +60,23 @@ def test_a_file_with_more_bad_lines_than_ingest_allows_is_refused(shared_data, p
 
 
 def test_the_command_exits_failed_with_the_word(shared_data, published):
-    out = subprocess.run([sys.executable, "-m", "flows.cli.main", "evaluate", "--input",
-                          str(shared_data / "criteo" / "test_unlabelled_10k.tsv"), "--preset", "demo", "--set",
-                          f"root={published.root}"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli.main",
+            "evaluate",
+            "--input",
+            str(shared_data / "criteo" / "test_unlabelled_10k.tsv"),
+            "--preset",
+            "demo",
+            "--set",
+            f"root={published.root}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == ExitCode.FAILED and out.stdout == "", out.stdout + out.stderr
     assert out.stderr.startswith("ctrpipe evaluate: error: ") and "no labels" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) <= 2

@@ -38,8 +38,14 @@ PROGRAM = textwrap.dedent("""
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
     log = tmp_path / "out.log"
     out = open(log, "wb")  # noqa: SIM115 - the child writes to it until the end of the test
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while "READY" not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -64,8 +70,10 @@ def test_a_signal_stops_the_command_and_all_it_started_in_one_line(tmp_path, sig
     assert alive == []  # the job in its own session and the child that ignores SIGTERM (SIGKILL after the grace)
     lines = [line for line in text.splitlines() if line != "READY"]
     name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C (SIGINT)"
-    assert lines == [f"ctrpipe run: interrupted by {name} during 2026-01-01 train; stopped the 2 process(es) it had "
-                     "started. What had committed is kept: run `ctrpipe run --date 2026-01-01` again to resume"], text
+    assert lines == [
+        f"ctrpipe run: interrupted by {name} during 2026-01-01 train; stopped the 2 process(es) it had "
+        "started. What had committed is kept: run `ctrpipe run --date 2026-01-01` again to resume"
+    ], text
 
 
 def test_without_a_signal_the_block_runs_and_leaves_the_handlers_as_they_were():
@@ -78,11 +86,18 @@ def test_without_a_signal_the_block_runs_and_leaves_the_handlers_as_they_were():
 
 
 def test_descendants_are_found_across_sessions_and_stopped():
-    outer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    outer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import subprocess, sys, time
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
         time.sleep(300)
-    """)], start_new_session=True)
+    """),
+        ],
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         # until the child has run its command: between its fork and its exec it is there with an empty one

@@ -23,8 +23,19 @@ from tests.helpers.pristine import Pristine
 
 CTRPIPE = [sys.executable, "-m", "flows.cli.main"]
 SECRET = "sekret-4f1d9c2b7e-do-not-log"
-COMMANDS = ("demo", "generate", "run", "backfill", "evaluate", "models", "export", "score-server", "deploy", "serve",
-            "warm-node")
+COMMANDS = (
+    "demo",
+    "generate",
+    "run",
+    "backfill",
+    "evaluate",
+    "models",
+    "export",
+    "score-server",
+    "deploy",
+    "serve",
+    "warm-node",
+)
 DEMO_DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 DEMO_ROWS = 3000
 SCREEN_LINES, SCREEN_WIDTH = 60, 345  # the longest: a day's train line, with its recipe and companion
@@ -48,8 +59,9 @@ def lines_of(out: subprocess.CompletedProcess) -> list[str]:
     return (out.stdout + out.stderr).splitlines()
 
 
-def assert_short_error(out: subprocess.CompletedProcess, *needles: str, code: int = ExitCode.FAILED,
-                       max_lines: int = 3) -> None:
+def assert_short_error(
+    out: subprocess.CompletedProcess, *needles: str, code: int = ExitCode.FAILED, max_lines: int = 3
+) -> None:
     """Exit `code`, at most `max_lines` lines on stderr, no traceback, every needle in the message."""
     err = out.stderr
     assert out.returncode == code, out.stdout + err
@@ -134,7 +146,10 @@ def test_bad_input_gets_a_clear_one_line_error_before_anything_starts(tmp_path, 
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
-        ("seperator: ','\ncolumns: [a, b]\nlabel: a\ncategorical: [b]\n", "unknown key 'seperator' (did you mean 'separator'?)"),
+        (
+            "seperator: ','\ncolumns: [a, b]\nlabel: a\ncategorical: [b]\n",
+            "unknown key 'seperator' (did you mean 'separator'?)",
+        ),
         ("columns: [a, b\nlabel: a\n", "not valid YAML at line 2"),
         (None, "does not exist"),
     ],
@@ -150,8 +165,15 @@ def test_a_schema_file_mistake_fails_in_a_second_naming_input_format(tmp_path, s
 
 
 def test_the_traceback_is_there_on_request(tmp_path):
-    out = ctrpipe("run", "--date", "2026-02-01", "--set", "optim.k_steps=0",
-                  env=user_env(tmp_path, CTRPIPE_TRACEBACK="1"), timeout=60)
+    out = ctrpipe(
+        "run",
+        "--date",
+        "2026-02-01",
+        "--set",
+        "optim.k_steps=0",
+        env=user_env(tmp_path, CTRPIPE_TRACEBACK="1"),
+        timeout=60,
+    )
     assert out.returncode == ExitCode.FAILED
     assert "Traceback" in out.stderr and out.stderr.rstrip().splitlines()[-1].startswith("ctrpipe run: error: ")
 
@@ -164,9 +186,12 @@ def test_an_empty_registry_says_where_it_looked_and_how_to_look_elsewhere(tmp_pa
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
-    proc = subprocess.Popen([*CTRPIPE, "generate", "--out", str(tmp_path / "raw"), "--days", "3",
-                             "--rows-per-day", "500"], env=user_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*CTRPIPE, "generate", "--out", str(tmp_path / "raw"), "--days", "3", "--rows-per-day", "500"],
+        env=user_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # `| head` that has read enough
     err = proc.stderr.read().decode()
     proc.stderr.close()
@@ -176,8 +201,9 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
 def test_generate_is_deterministic(tmp_path):
     env = user_env(tmp_path)
     for name in ("a", "b"):
-        out = ctrpipe("generate", "--out", str(tmp_path / name), "--days", "2", "--rows-per-day", "500",
-                      "--seed", "5", env=env)
+        out = ctrpipe(
+            "generate", "--out", str(tmp_path / name), "--days", "2", "--rows-per-day", "500", "--seed", "5", env=env
+        )
         assert out.returncode == 0, out.stderr
     for day in ("2026-01-01", "2026-01-02"):
         a, b = (gzip.decompress((tmp_path / name / f"day_{day}.tsv.gz").read_bytes()) for name in ("a", "b"))
@@ -224,8 +250,9 @@ def test_a_completed_date_prints_its_table_and_says_so(demo_run):
     tmp, root, env, sets, _ = demo_run
     out = ctrpipe("run", "--date", DEMO_DAYS[1], *sets, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert re.search(r"^2026-01-02\s+3000\s+0\s+\d+\s+2700\s+300\s+0\.\d{4}\s+0\.\d{4}\s+yes\s+v00002$", out.stdout,
-                     re.MULTILINE), out.stdout
+    assert re.search(
+        r"^2026-01-02\s+3000\s+0\s+\d+\s+2700\s+300\s+0\.\d{4}\s+0\.\d{4}\s+yes\s+v00002$", out.stdout, re.MULTILINE
+    ), out.stdout
     assert "2026-01-02 already completed (published v00002); nothing to do" in out.stderr
     record = json.loads((root / "runs" / "ctr" / f"date={DEMO_DAYS[0]}" / "metrics.json").read_text())
     assert record["published"] and record["rows_read"] == DEMO_ROWS
@@ -239,9 +266,11 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
     skipped = re.findall(r"backfill: (\S+) already completed \(published (v\d+)\); skipped$", out.stderr, re.MULTILINE)
     assert skipped == [(d, f"v0000{i + 1}") for i, d in enumerate(DEMO_DAYS)], out.stderr
     assert out.returncode == ExitCode.FAILED and "Traceback" not in out.stderr
-    error = out.stderr[out.stderr.index("ctrpipe backfill: error: "):]
-    assert error.startswith("ctrpipe backfill: error: backfill 2026-01-01..2026-01-04 stopped at 2026-01-04 in ingest: "
-                            "FileNotFoundError: no input for 2026-01-04")
+    error = out.stderr[out.stderr.index("ctrpipe backfill: error: ") :]
+    assert error.startswith(
+        "ctrpipe backfill: error: backfill 2026-01-01..2026-01-04 stopped at 2026-01-04 in ingest: "
+        "FileNotFoundError: no input for 2026-01-04"
+    )
     assert "skipped (done before): 2026-01-01..2026-01-03" in error and "it resumes at 2026-01-04" in error
     assert len(error.splitlines()) <= 4 and len(out.stdout.splitlines()) == 5  # the table of the 3 completed dates
 
@@ -251,8 +280,12 @@ def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run)
     _, root, env, sets, _ = demo_run
     out = ctrpipe("run", "--date", "2026-01-04", *sets, env=env)
     missing = root / "raw" / "day_2026-01-04.tsv.gz"
-    assert_short_error(out, f"ctrpipe run: error: 2026-01-04 failed in ingest: no input for 2026-01-04 at {missing}: "
-                            "no file matches the input URL; check input.url", "--verbose")
+    assert_short_error(
+        out,
+        f"ctrpipe run: error: 2026-01-04 failed in ingest: no input for 2026-01-04 at {missing}: "
+        "no file matches the input URL; check input.url",
+        "--verbose",
+    )
     assert out.stdout == "" and len(lines_of(out)) <= 3  # before: 119+ lines, two tracebacks, the error 4 times
 
 
@@ -278,9 +311,13 @@ def test_evaluate_on_a_file_of_another_format_says_why_no_row_is_valid(demo_run)
     bad = tmp / "five_fields.tsv"
     bad.write_text("".join(f"0\t1\t2\t3\t{i}\n" for i in range(2059)))
     out = ctrpipe("evaluate", "--input", str(bad), *sets, env=env)
-    assert_short_error(out, "no valid rows to score, all 2059 quarantined: wrong field count x2059, "
-                            f"e.g. {bad} line 1: 5 fields, expected 14..40",
-                       "check input.format ('criteo')", max_lines=2)
+    assert_short_error(
+        out,
+        "no valid rows to score, all 2059 quarantined: wrong field count x2059, "
+        f"e.g. {bad} line 1: 5 fields, expected 14..40",
+        "check input.format ('criteo')",
+        max_lines=2,
+    )
 
 
 @pytest.mark.slow
@@ -291,8 +328,10 @@ def test_models_list_show_latest_and_rollback_previous(demo_run):
     info = json.loads(ctrpipe("models", "show", "latest", *sets, env=env).stdout)
     assert info["version"] == "v00003" and info["lineage"]["date"] == DEMO_DAYS[2]
     out = ctrpipe("models", "rollback", "previous", *sets, env=env)
-    assert out.returncode == 0 and out.stdout.splitlines() == ["LATEST -> v00002 (was v00003)",
-                                                               "servers -> v00002 (bundles/ctr/LATEST)"], out.stdout
+    assert out.returncode == 0 and out.stdout.splitlines() == [
+        "LATEST -> v00002 (was v00003)",
+        "servers -> v00002 (bundles/ctr/LATEST)",
+    ], out.stdout
     out = ctrpipe("models", "rollback", "v00003", *sets, env=env)
     assert out.stdout.splitlines()[0] == "LATEST -> v00003 (was v00002)"
     assert json.loads(ctrpipe("models", "show", "latest", *sets, env=env).stdout)["version"] == "v00003"

@@ -49,13 +49,23 @@ def ctrpipe(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen([*CTRPIPE, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [*CTRPIPE, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
 
 
 def completed_record(date: str, version: str) -> DayRecord:
-    return DayRecord(date=date, completed=True, status=Status.PUBLISHED, reason="passed the gate", published=True,
-                     model_version=version, latest_version=version, rows_read=ROWS, rows_ingested=ROWS)
+    return DayRecord(
+        date=date,
+        completed=True,
+        status=Status.PUBLISHED,
+        reason="passed the gate",
+        published=True,
+        model_version=version,
+        latest_version=version,
+        rows_read=ROWS,
+        rows_ingested=ROWS,
+    )
 
 
 # ---- decided before anything starts ----------------------------------------------------------------
@@ -81,8 +91,16 @@ def test_a_run_whose_dates_are_all_completed_says_so_and_starts_no_prefect_serve
 
 
 def test_an_input_url_without_the_date_fails_before_prefect_starts_naming_the_key(tmp_path):
-    out = ctrpipe("run", "--date", DATE, "--set", f"root={tmp_path / 'root'}", "--set",
-                  f"input.url={tmp_path}/raw/all.tsv", env=user_env(tmp_path))
+    out = ctrpipe(
+        "run",
+        "--date",
+        DATE,
+        "--set",
+        f"root={tmp_path / 'root'}",
+        "--set",
+        f"input.url={tmp_path}/raw/all.tsv",
+        env=user_env(tmp_path),
+    )
     assert out.returncode == ExitCode.FAILED and len(out.stderr.splitlines()) == 1, out.stderr
     assert out.stderr.startswith("ctrpipe run: error: input.url ")
     assert "no {date}/{yyyymmdd} placeholder" in out.stderr and "put the date in the URL" in out.stderr
@@ -116,9 +134,10 @@ def test_two_runs_of_the_same_date_at_once_give_one_result(tmp_path, tiny_day):
     training = tmp_path / "training"
     for home in ("cron", "manual"):
         (tmp_path / home).mkdir()
-    envs = [user_env(tmp_path / "cron", **{HOOKS_ENV: "tests.helpers.faults:hold_at_step",
-                                           HOLD_AT_ENV: f"1:{training}"}),
-            user_env(tmp_path / "manual")]
+    envs = [
+        user_env(tmp_path / "cron", **{HOOKS_ENV: "tests.helpers.faults:hold_at_step", HOLD_AT_ENV: f"1:{training}"}),
+        user_env(tmp_path / "manual"),
+    ]
     logs = [tmp_path / "cron.log", tmp_path / "manual.log"]
     procs = [start(["run", "--date", DATE, *sets], env, log) for env, log in zip(envs, logs, strict=True)]
     try:
@@ -143,8 +162,11 @@ def test_two_runs_of_the_same_date_at_once_give_one_result(tmp_path, tiny_day):
     record = read_record(layout, DATE)
     assert record is not None and record.completed and record.model_version == "v00001"
     # one of them waited at the date's lock for the other's run and then found the date completed
-    waited = [t for t in texts if f"the run of {DATE} of model 'ctr' on this node" in t
-              and f"{DATE} completed meanwhile by the run" in t]
+    waited = [
+        t
+        for t in texts
+        if f"the run of {DATE} of model 'ctr' on this node" in t and f"{DATE} completed meanwhile by the run" in t
+    ]
     assert len(waited) == 1, "\n\n".join(texts)
     assert root_state.leftovers(layout) == []  # no staging directory left behind
 
@@ -169,8 +191,11 @@ def test_sigterm_while_training_stops_every_process_in_one_line_and_the_rerun_re
     training = tmp_path / "training"  # made by rank 0 after its second step, which then waits there
     env = user_env(tmp_path)
     args = ["run", "--date", DATE, *sets]
-    proc = start(args, {**env, HOOKS_ENV: "tests.helpers.faults:hold_at_step", HOLD_AT_ENV: f"2:{training}"},
-                 tmp_path / "killed.log")
+    proc = start(
+        args,
+        {**env, HOOKS_ENV: "tests.helpers.faults:hold_at_step", HOLD_AT_ENV: f"2:{training}"},
+        tmp_path / "killed.log",
+    )
     seen: dict[int, psutil.Process] = {}
     try:
         deadline = time.monotonic() + 600

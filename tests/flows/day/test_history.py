@@ -9,8 +9,16 @@ from flows.day.record import DayRecord, Status
 
 
 def _day(date: str, status: Status, auc: float | None) -> DayRecord:
-    return DayRecord(date=date, completed=True, status=status, reason="", auc=auc, logloss=None if auc is None else 0.45,
-                     seconds={"train": 30.0}, wall_s=60.0)
+    return DayRecord(
+        date=date,
+        completed=True,
+        status=status,
+        reason="",
+        auc=auc,
+        logloss=None if auc is None else 0.45,
+        seconds={"train": 30.0},
+        wall_s=60.0,
+    )
 
 
 def test_days_stopped_before_training_draw_without_a_legend_warning() -> None:

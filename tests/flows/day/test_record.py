@@ -28,10 +28,14 @@ def test_unknown_fields_and_retired_ones_are_ignored():
 
 
 def test_a_newer_version_is_refused_naming_the_file_and_what_to_do():
-    with pytest.raises(FormatError, match=r"/r/metrics.json has format 'ctr-pipeline-day-record/2', written by a "
-                                          r"newer ctr-pipeline; this code reads ctr-pipeline-day-record/1: upgrade"):
-        DayRecord.from_dict({**sample("day-record-v1.json"), "format": "ctr-pipeline-day-record/2"},
-                            where="/r/metrics.json")
+    with pytest.raises(
+        FormatError,
+        match=r"/r/metrics.json has format 'ctr-pipeline-day-record/2', written by a "
+        r"newer ctr-pipeline; this code reads ctr-pipeline-day-record/1: upgrade",
+    ):
+        DayRecord.from_dict(
+            {**sample("day-record-v1.json"), "format": "ctr-pipeline-day-record/2"}, where="/r/metrics.json"
+        )
 
 
 def test_the_writer_stamps_its_format_and_round_trips(tmp_path):

@@ -26,5 +26,7 @@ def test_the_strings_of_todays_files_are_the_members() -> None:
 
 
 def test_an_unknown_status_names_the_value_and_the_known_ones() -> None:
-    with pytest.raises(codec.ConfigError, match="status 'paused' is not one of published, refused, check_failed, failed"):
+    with pytest.raises(
+        codec.ConfigError, match="status 'paused' is not one of published, refused, check_failed, failed"
+    ):
         DayRecord.from_dict({"date": "2026-01-05", "completed": False, "status": "paused", "reason": ""})

@@ -31,13 +31,16 @@ DATE = "2026-02-01"
 
 def _config(tmp_path: Path, **overrides):
     generate_days(str(tmp_path / "raw"), 1, 3000, seed=5, start_date=DATE)
-    return with_overrides(demo(str(tmp_path / "root")), {
-        "input.url": str(tmp_path / "raw" / "day_{date}.tsv.gz"),
-        "dask.processes": False,
-        "dask.n_workers": 2,
-        "optim.batch_size": 128,
-        **overrides,
-    })
+    return with_overrides(
+        demo(str(tmp_path / "root")),
+        {
+            "input.url": str(tmp_path / "raw" / "day_{date}.tsv.gz"),
+            "dask.processes": False,
+            "dask.n_workers": 2,
+            "optim.batch_size": 128,
+            **overrides,
+        },
+    )
 
 
 SLOT_WAIT_S, PREFECT_START_S = 0.4, 0.3
@@ -118,4 +121,3 @@ def test_a_rerun_with_another_timeout_and_dask_size_resumes_from_the_days_checkp
     assert meta.train["resumed_from_step"] == 5  # not a fresh start
     assert record.train["run_tag"] == meta.run_tag
     assert not checkpoints.exists()  # the committed model supersedes them
-

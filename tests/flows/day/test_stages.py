@@ -38,8 +38,16 @@ def _spec(cfg: RunConfig, state: DayState):
 
 
 def _state(cfg: RunConfig, rows_train: int, features: str) -> DayState:
-    plan = WarmPlan(date=DATE, world_size=resolve_world(cfg.trainer).world_size, sparse_optimizer=cfg.optim.sparse_optimizer,
-                    published_version=None, snapshot_url=None, snapshot_tag=None, evict_url=None, working_set_url=None)
+    plan = WarmPlan(
+        date=DATE,
+        world_size=resolve_world(cfg.trainer).world_size,
+        sparse_optimizer=cfg.optim.sparse_optimizer,
+        published_version=None,
+        snapshot_url=None,
+        snapshot_tag=None,
+        evict_url=None,
+        working_set_url=None,
+    )
     encoded = EncodeResult(date=DATE, rows_train=rows_train, rows_eval=400, skipped=False, run_id="r1", url=features)
     state = DayState(date=DATE, layout=cfg.layout())
     return state.with_result("encode", encoded).with_result("warm", WarmResult(plan, "flow", "cold"))
@@ -71,7 +79,9 @@ def test_the_run_identity_hashes_the_resolved_values_not_auto(tmp_path: Path, fe
     assert dataclasses.replace(derived, recipe={}).identity() == derived.identity()  # the reasons are not hashed
 
 
-def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kept(tmp_path: Path, features: str) -> None:
+def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kept(
+    tmp_path: Path, features: str
+) -> None:
     cfg = with_overrides(RunConfig(root=str(tmp_path)), {"optim.sparse_optimizer": "adam"})
     _, recipe = _spec(cfg, _state(cfg, 3_600, features))
     why = recipe.why["optim.sparse_lr"]
@@ -94,23 +104,43 @@ def test_a_small_days_sparse_lr_is_chosen_on_its_train_rows_and_a_set_one_is_kep
     assert kept_rule.optim.sparse_lr == rule and "optim.sparse_lr" not in kept_rule.searched
 
 
-def test_a_warm_day_trains_the_parents_eval_rows_first_and_its_identity_names_them(tmp_path: Path, features: str) -> None:
+def test_a_warm_day_trains_the_parents_eval_rows_first_and_its_identity_names_them(
+    tmp_path: Path, features: str
+) -> None:
     cfg = RunConfig(root=str(tmp_path))
     parent = committed_feature_day(tmp_path / "parent", train_rows=2_000, eval_rows=300, date="2026-01-04")
     meta = ModelMeta.of(
-        model_name="ctr", model_config=cfg.model, dim=cfg.store.embedding_dim, init_std=0.01, num_dense=1,
-        num_fields=2, fields=("k_0", "k_1"), dense_columns=("d_0",), key_columns=("k_0", "k_1"),
-        vocab_date="2026-01-04", run_tag="t", features_url=parent, init_model_url=None, optim=OptimConfig(),
-        het=HetConfig(), trainer=TrainerConfig(),
+        model_name="ctr",
+        model_config=cfg.model,
+        dim=cfg.store.embedding_dim,
+        init_std=0.01,
+        num_dense=1,
+        num_fields=2,
+        fields=("k_0", "k_1"),
+        dense_columns=("d_0",),
+        key_columns=("k_0", "k_1"),
+        vocab_date="2026-01-04",
+        run_tag="t",
+        features_url=parent,
+        init_model_url=None,
+        optim=OptimConfig(),
+        het=HetConfig(),
+        trainer=TrainerConfig(),
     )
     state = dataclasses.replace(_state(cfg, 3_600, features), published=Published("v00004", "/m/v00004", meta))
     plan = train_plan(cfg, state)
-    assert plan.spec.carried is not None and plan.spec.carried.rows == 300 and plan.parent_eval.carried == plan.spec.carried
+    assert (
+        plan.spec.carried is not None
+        and plan.spec.carried.rows == 300
+        and plan.parent_eval.carried == plan.spec.carried
+    )
     assert plan.recipe.rows == 3_900  # the recipe sizes the day to every row it trains
     off = with_overrides(cfg, {"optim.train_parent_eval": False})
     alone = train_plan(off, state)
     assert alone.spec.carried is None and alone.recipe.rows == 3_600
     assert alone.parent_eval.reason == "optim.train_parent_eval is false"
-    assert dataclasses.replace(plan.spec, carried=None).identity() != plan.spec.identity()  # the carried rows are hashed
+    assert (
+        dataclasses.replace(plan.spec, carried=None).identity() != plan.spec.identity()
+    )  # the carried rows are hashed
     cold = dataclasses.replace(state, published=None)  # nothing to carry: the option alone changes no identity
     assert train_plan(cfg, cold).spec.identity() == train_plan(off, cold).spec.identity()

@@ -24,8 +24,20 @@ from tests.helpers.pristine import Pristine
 pytestmark = pytest.mark.slow
 
 DAYS = ["2026-06-01", "2026-06-02"]
-SAME = ("status", "auc", "logloss", "published_auc", "rows_ingested", "rows_train", "rows_eval", "vocab_size",
-        "published", "model_version", "latest_version", "parent_version")
+SAME = (
+    "status",
+    "auc",
+    "logloss",
+    "published_auc",
+    "rows_ingested",
+    "rows_train",
+    "rows_eval",
+    "vocab_size",
+    "published",
+    "model_version",
+    "latest_version",
+    "parent_version",
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +45,10 @@ def built_two_days(tmp_path_factory):
     """Two days run to the end once per module, and the second day's record."""
     root = tmp_path_factory.mktemp("idem") / "root"
     generate_days(str(root / "raw"), 2, 3000, seed=3, start_date=DAYS[0])
-    cfg = with_overrides(demo(str(root)), {"input.url": str(root / "raw" / "day_{date}.tsv.gz"),
-                                           "dask.processes": False, "dask.n_workers": 1})
+    cfg = with_overrides(
+        demo(str(root)),
+        {"input.url": str(root / "raw" / "day_{date}.tsv.gz"), "dask.processes": False, "dask.n_workers": 1},
+    )
     for d in DAYS:
         run_day(cfg, d)
     return Pristine(root), (cfg, root, read_record(cfg.layout(), DAYS[1]))

@@ -8,12 +8,21 @@ from flows.guards.check_config import CHECKS, CheckAction, ChecksConfig, overrid
 def test_every_check_has_an_action_and_the_defaults_fail_on_broken_data_and_warn_on_shifts():
     cfg = ChecksConfig()
     assert {n: cfg.action(n) for n in CHECKS} == {
-        "volume": "fail", "click_rate": "fail", "padded_rows": "fail", "missing_rate": "fail", "duplicates": "fail",
-        "quarantined": "warn", "psi": "warn", "oov_rate": "warn", "distinct_keys": "warn",
+        "volume": "fail",
+        "click_rate": "fail",
+        "padded_rows": "fail",
+        "missing_rate": "fail",
+        "duplicates": "fail",
+        "quarantined": "warn",
+        "psi": "warn",
+        "oov_rate": "warn",
+        "distinct_keys": "warn",
     }
     assert overridden(cfg) == {}
     assert overridden(ChecksConfig(volume=CheckAction(action="off"), psi=CheckAction(action="fail"))) == {
-        "volume": "off", "psi": "fail"}
+        "volume": "off",
+        "psi": "fail",
+    }
 
 
 def test_bad_thresholds_and_actions_name_the_key():

@@ -11,12 +11,19 @@ from flows.guards.data_checks import data_stats, psi, run_checks
 DENSE = [0, 10, 30, 40, 15, 5] + [0] * 20
 
 
-def day(rows=10_000, clicks=2_000, padded=0, quarantined=0, missing_c1=100, dup=0.0, hist=DENSE, oov=0.05,
-        distinct=500):
+def day(
+    rows=10_000, clicks=2_000, padded=0, quarantined=0, missing_c1=100, dup=0.0, hist=DENSE, oov=0.05, distinct=500
+):
     stats = {"rows": rows, "clicks": clicks, "missing": {"I1": 0, "C1": missing_c1}, "dense_hist": {"I1": list(hist)}}
     fields = [{"field": "C1", "day_keys": distinct, "oov_rate_previous": oov}]
-    return data_stats(rows_read=rows + quarantined, rows_quarantined=quarantined, rows_padded=padded,
-                      ingest_stats=stats, day_fields=fields, duplicate_share=dup)
+    return data_stats(
+        rows_read=rows + quarantined,
+        rows_quarantined=quarantined,
+        rows_padded=padded,
+        ingest_stats=stats,
+        day_fields=fields,
+        duplicate_share=dup,
+    )
 
 
 WINDOW = [("2026-01-01", day()), ("2026-01-02", day(rows=11_000, clicks=2_100)), ("2026-01-03", day())]
@@ -34,15 +41,18 @@ def test_a_normal_day_passes_every_check():
     assert report.window == ("2026-01-01", "2026-01-02", "2026-01-03")
 
 
-@pytest.mark.parametrize(("today", "check"), [
-    (day(rows=2_000, clicks=400), "volume"),  # a partial export
-    (day(rows=100_000, clicks=20_000), "volume"),  # a doubled-up one
-    (day(clicks=0), "click_rate"),  # labels lost
-    (day(clicks=6_000), "click_rate"),
-    (day(padded=5_000), "padded_rows"),  # rows cut short
-    (day(missing_c1=10_000), "missing_rate"),  # a field emptied upstream
-    (day(dup=0.9), "duplicates"),  # a replay
-])
+@pytest.mark.parametrize(
+    ("today", "check"),
+    [
+        (day(rows=2_000, clicks=400), "volume"),  # a partial export
+        (day(rows=100_000, clicks=20_000), "volume"),  # a doubled-up one
+        (day(clicks=0), "click_rate"),  # labels lost
+        (day(clicks=6_000), "click_rate"),
+        (day(padded=5_000), "padded_rows"),  # rows cut short
+        (day(missing_c1=10_000), "missing_rate"),  # a field emptied upstream
+        (day(dup=0.9), "duplicates"),  # a replay
+    ],
+)
 def test_a_bad_day_fails_its_named_check(today, check):
     report = run_checks(today, WINDOW, CFG)
     assert status(report, check) == "fail"

@@ -34,8 +34,11 @@ def day(tmp_path: Path) -> dict:
     write_feature_day(tmp_path / "day", train_parts=(700, 600, 700), eval_parts=(150, 100))
     candidate = str(make_model_dir(tmp_path, "candidate", seed=3)[0])
     old = str(make_model_dir(tmp_path, "published", seed=4)[0])
-    return {"features_url": str(tmp_path / "day"), "candidate_url": candidate,
-            "published": Published("v00001", old, read_meta(old))}
+    return {
+        "features_url": str(tmp_path / "day"),
+        "candidate_url": candidate,
+        "published": Published("v00001", old, read_meta(old)),
+    }
 
 
 def _evaluate(day: dict, cfg: EvaluateConfig, date: str = DATE, **kw):
@@ -64,8 +67,14 @@ def test_both_models_are_compared_on_every_eval_row_and_the_next_day_on_a_sample
     assert abs(nd.auc - everything) < 4 * nd.auc_se  # the sample estimates the AUC on all the train rows
     rec = ev.record()
     assert rec["rows_scored"] == ev.rows_scored == 250 * 2 + 500 and rec["rows_per_s"] > 0
-    assert rec["next_day"] == {"auc": nd.auc, "auc_se": nd.auc_se, "auc_ci95": [lo, hi], "rows": 500,
-                               "of_rows": 2000, "seed": 0}
+    assert rec["next_day"] == {
+        "auc": nd.auc,
+        "auc_se": nd.auc_se,
+        "auc_ci95": [lo, hi],
+        "rows": 500,
+        "of_rows": 2000,
+        "seed": 0,
+    }
     assert "next-day" in ev.summary() and "rows/s" in ev.summary()
     # the gate's noise level: the candidate minus the published model, row by row on the same rows
     v = ev.versus
@@ -79,8 +88,9 @@ def test_each_gated_fields_values_get_the_paired_error_of_the_two_models_auc_dif
     mine, theirs = ev.new_groups["C1"], ev.published_groups["C1"]
     paired = ev.versus_groups["C1"]
     assert list(paired) == [v.item() for v in mine.values]
-    both = [v.item() for v, p, n in zip(mine.values, mine.clicks, mine.rows - mine.clicks, strict=True)
-            if p >= 2 and n >= 2]
+    both = [
+        v.item() for v, p, n in zip(mine.values, mine.clicks, mine.rows - mine.clicks, strict=True) if p >= 2 and n >= 2
+    ]
     assert both and all(0 < paired[v] < 0.5 for v in both)  # two clicks and two non-clicks: defined
     assert all(math.isnan(e) for v, e in paired.items() if v not in both)
     assert (theirs.values == mine.values).all()  # the same rows, the same values
@@ -98,8 +108,9 @@ def test_the_next_day_sample_is_the_same_for_a_rerun_and_another_for_another_day
 def test_a_sample_of_every_train_row_is_the_exact_next_day_auc_with_its_delong_interval(day: dict) -> None:
     nd = _evaluate(day, EvaluateConfig(next_day_rows=0)).next_day
     assert nd.metrics.rows == nd.of_rows == 2000
-    assert nd.auc == pytest.approx(evaluate_model(day["published"].url, day["features_url"] + "/train")["auc"],
-                                   abs=1e-9)
+    assert nd.auc == pytest.approx(
+        evaluate_model(day["published"].url, day["features_url"] + "/train")["auc"], abs=1e-9
+    )
     # the day's rows are a sample of its traffic: the interval keeps DeLong's width (it printed [a, a] once)
     clicks = sum(int(f["label"].sum()) for f in read_split(day["features_url"] + "/train", ["label"]))
     assert nd.auc_se == pytest.approx(float(hanley_mcneil_se(nd.auc, clicks, 2000 - clicks)), rel=0.3)
@@ -109,8 +120,10 @@ def test_a_sample_of_every_train_row_is_the_exact_next_day_auc_with_its_delong_i
     assert f"next-day {nd.auc:.4f} [{lo:.4f}, {hi:.4f}] on 2000 rows" in ev.summary() and lo < nd.auc < hi
 
 
-@pytest.mark.parametrize(("kw", "key"), [({"next_day_rows": -1}, "next_day_rows"), ({"batch_size": 0}, "batch_size"),
-                                         ({"threads": -2}, "threads")])
+@pytest.mark.parametrize(
+    ("kw", "key"),
+    [({"next_day_rows": -1}, "next_day_rows"), ({"batch_size": 0}, "batch_size"), ({"threads": -2}, "threads")],
+)
 def test_bad_evaluate_settings_name_the_key(kw: dict, key: str) -> None:
     with pytest.raises(ValueError, match=f"evaluate.{key}"):
         EvaluateConfig(**kw)

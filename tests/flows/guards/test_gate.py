@@ -16,8 +16,15 @@ CFG = PublishConfig(max_auc_drop=0.01, min_eval_rows=100)
 
 
 def m(auc, loss=0.5, rows=1000, mean_prediction=0.2, click_rate=0.2):
-    return EvalMetrics(auc=auc, logloss=loss, rows=rows, mean_prediction=mean_prediction, click_rate=click_rate,
-                       calibration=mean_prediction / click_rate if click_rate else math.nan, ece=0.0)
+    return EvalMetrics(
+        auc=auc,
+        logloss=loss,
+        rows=rows,
+        mean_prediction=mean_prediction,
+        click_rate=click_rate,
+        calibration=mean_prediction / click_rate if click_rate else math.nan,
+        ece=0.0,
+    )
 
 
 def s(auc, date="2026-01-02", **kw):
@@ -172,6 +179,7 @@ def _model(signal: np.ndarray, rng: np.random.Generator, noise: float, mean: flo
 
 def _scored(y: np.ndarray, new: np.ndarray, old: np.ndarray | None) -> tuple[Scores, Scores | None, Difference | None]:
     """What the evaluate stage hands the gate: both models' metrics on the rows and their paired difference."""
+
     def scores(p: np.ndarray, date: str) -> Scores:
         return Scores(EvalMetrics.of(StreamingMetrics().update(y, p).result()), trained_through=date)
 
@@ -226,8 +234,9 @@ def test_a_drop_refused_beyond_the_noise_prints_its_interval():
     assert drop["interval"] == pytest.approx([0.01, 0.09])
 
 
-def _two_models_on_slices(rows_per_slice: int, worse: float, seed: int = 0, *, paired: bool = False,
-                          slices: tuple[int, ...] = (1,)):
+def _two_models_on_slices(
+    rows_per_slice: int, worse: float, seed: int = 0, *, paired: bool = False, slices: tuple[int, ...] = (1,)
+):
     """Both models on 4 slices (field C1 1..4); the candidate ranks `slices` with `worse` more noise.
     With `paired`, also each slice's paired standard error of the AUC difference (what the evaluate
     stage hands the gate as `versus_groups`)."""
@@ -238,8 +247,11 @@ def _two_models_on_slices(rows_per_slice: int, worse: float, seed: int = 0, *, p
     old = 1 / (1 + np.exp(-(signal - 2)))
     new = 1 / (1 + np.exp(-(signal + np.where(np.isin(g, slices), rng.normal(0, worse, g.size), 0.0) - 2)))
     cand, pub, versus = _scored(y, new, old)
-    scored = (Scores(cand.metrics, {"C1": group_auc(y, new, g)}, trained_through="2026-01-02"),
-              Scores(pub.metrics, {"C1": group_auc(y, old, g)}, trained_through="2026-01-01"), versus)
+    scored = (
+        Scores(cand.metrics, {"C1": group_auc(y, new, g)}, trained_through="2026-01-02"),
+        Scores(pub.metrics, {"C1": group_auc(y, old, g)}, trained_through="2026-01-01"),
+        versus,
+    )
     if not paired:
         return scored
     values, se = paired_group_se(y, new, old, g)

@@ -29,13 +29,21 @@ DAYS = ["2026-04-01", "2026-04-02", "2026-04-03"]
 
 
 def _cfg(root: Path, raw: Path, **overrides) -> RunConfig:
-    return with_overrides(demo(str(root)), {
-        "input.url": str(raw / "day_{date}.tsv"), "dask.processes": False, "dask.n_workers": 1,
-        "vocab.min_count": 2, "model.mlp_dims": [32, 16], "optim.k_steps": 5,
-        "publish.max_auc_drop": 0.05, "publish.min_eval_rows": 50,
-        "publish.calibration_range": [0.5, 2.0],  # ~330 eval rows after a dozen steps
-        **overrides,
-    })
+    return with_overrides(
+        demo(str(root)),
+        {
+            "input.url": str(raw / "day_{date}.tsv"),
+            "dask.processes": False,
+            "dask.n_workers": 1,
+            "vocab.min_count": 2,
+            "model.mlp_dims": [32, 16],
+            "optim.k_steps": 5,
+            "publish.max_auc_drop": 0.05,
+            "publish.min_eval_rows": 50,
+            "publish.calibration_range": [0.5, 2.0],  # ~330 eval rows after a dozen steps
+            **overrides,
+        },
+    )
 
 
 def _write(raw: Path, date: str, lines: list[bytes]) -> None:
@@ -87,12 +95,15 @@ def test_the_first_real_days_pass_the_absolute_checks_and_say_why_the_others_did
     assert records[1].gate and all(c["passed"] for c in records[1].gate)
 
 
-@pytest.mark.parametrize(("name", "broken", "check"), [
-    ("rows cut to 20 of 40 fields", lambda lines: [_cut(x, 20) for x in lines], "padded_rows"),
-    ("one field empty in every row", lambda lines: [_emptied(x, 16) for x in lines], "missing_rate"),  # C3
-    ("the file replayed 10 times", lambda lines: lines * 10, "volume"),
-    ("every label 0", lambda lines: [b"0" + x[1:] for x in lines], "click_rate"),
-])
+@pytest.mark.parametrize(
+    ("name", "broken", "check"),
+    [
+        ("rows cut to 20 of 40 fields", lambda lines: [_cut(x, 20) for x in lines], "padded_rows"),
+        ("one field empty in every row", lambda lines: [_emptied(x, 16) for x in lines], "missing_rate"),  # C3
+        ("the file replayed 10 times", lambda lines: lines * 10, "volume"),
+        ("every label 0", lambda lines: [b"0" + x[1:] for x in lines], "click_rate"),
+    ],
+)
 def test_a_broken_day_is_stopped_by_a_named_check_and_latest_stays(two_good_days, name, broken, check):
     _, raw, cfg, third, _ = two_good_days
     _write(raw, DAYS[2], broken(third))
@@ -131,8 +142,17 @@ def test_the_real_third_day_passes_every_check_and_an_older_forced_date_is_not_m
     _write(raw, DAYS[2], third)
     record = run_day(cfg, DAYS[2], force=True).record
     assert record.completed and record.checks_note == "", record.reason
-    assert {c["name"] for c in record.checks} == {"volume", "click_rate", "padded_rows", "missing_rate", "duplicates",
-                                                  "quarantined", "psi", "oov_rate", "distinct_keys"}
+    assert {c["name"] for c in record.checks} == {
+        "volume",
+        "click_rate",
+        "padded_rows",
+        "missing_rate",
+        "duplicates",
+        "quarantined",
+        "psi",
+        "oov_rate",
+        "distinct_keys",
+    }
     assert all(c["status"] == "pass" for c in record.checks), record.checks
     registry = ModelRegistry(cfg.layout())
     latest = registry.latest()
@@ -142,10 +162,20 @@ def test_the_real_third_day_passes_every_check_and_an_older_forced_date_is_not_m
     config.write_text(f"root: {cfg.root}\n")
     # --recipe: the earlier spelling of --preset, still accepted
     args = ["run", "--date", DAYS[0], "--force", "--recipe", "demo", "--config", str(config)]
-    args += [f"--set={k}={v}" for k, v in {"input.url": cfg.input.url, "dask.processes": "false",
-             "dask.n_workers": 1, "vocab.min_count": 2, "model.mlp_dims": "[32, 16]", "optim.k_steps": 5,
-             "publish.max_auc_drop": 0.05, "publish.min_eval_rows": 50,
-             "publish.calibration_range": "[0.5, 2.0]"}.items()]
+    args += [
+        f"--set={k}={v}"
+        for k, v in {
+            "input.url": cfg.input.url,
+            "dask.processes": "false",
+            "dask.n_workers": 1,
+            "vocab.min_count": 2,
+            "model.mlp_dims": "[32, 16]",
+            "optim.k_steps": 5,
+            "publish.max_auc_drop": 0.05,
+            "publish.min_eval_rows": 50,
+            "publish.calibration_range": "[0.5, 2.0]",
+        }.items()
+    ]
     assert main(args) == 2
     older = read_record(cfg.layout(), DAYS[0])
     assert older.status == "refused" and older.reason.startswith(f"older than LATEST (trained through {DAYS[2]})")
@@ -153,12 +183,21 @@ def test_the_real_third_day_passes_every_check_and_an_older_forced_date_is_not_m
 
 
 def test_a_first_avazu_day_too_small_to_learn_from_is_refused_by_the_auc_floor(shared_data, tmp_path):
-    cfg = with_overrides(demo(str(tmp_path / "root")), {
-        "input.url": str(shared_data / "avazu" / "avazu_14102100.csv"), "input.format": "avazu",
-        "dask.processes": False, "dask.n_workers": 1, "optim.batch_size": 4096, "publish.min_eval_rows": 50,
-        "optim.lr": 1e-6, "optim.sparse_lr": 1e-6, "optim.epochs": 1,  # 3 steps that move nothing: the initial model
-        "model.companion": "off",  # a companion would learn the day (AUC 0.72 here): the floor is for a network's
-    })
+    cfg = with_overrides(
+        demo(str(tmp_path / "root")),
+        {
+            "input.url": str(shared_data / "avazu" / "avazu_14102100.csv"),
+            "input.format": "avazu",
+            "dask.processes": False,
+            "dask.n_workers": 1,
+            "optim.batch_size": 4096,
+            "publish.min_eval_rows": 50,
+            "optim.lr": 1e-6,
+            "optim.sparse_lr": 1e-6,
+            "optim.epochs": 1,  # 3 steps that move nothing: the initial model
+            "model.companion": "off",  # a companion would learn the day (AUC 0.72 here): the floor is for a network's
+        },
+    )
     record = run_day(cfg, "2014-10-21").record
     assert record.train["steps"] <= 3
     assert record.status == "refused" and "publish.min_auc=0.55" in record.reason, (record.auc, record.reason)

@@ -13,10 +13,24 @@ from flows.metrics import textfile
 from storage.io.layout import Layout, root_digest
 
 PUBLISHED = DayRecord(
-    date="2026-01-03", completed=True, status=Status.PUBLISHED, reason='all checks "passed"\nsee gate',
-    auc=0.7712, logloss=0.4521, published_auc=0.7701, rows_read=3000, rows_ingested=2998, rows_quarantined=2,
-    vocab_size=4100, rows_train=2700, rows_eval=298, published=True, model_version="v00003",
-    latest_version="v00003", seconds={"ingest": 1.5, "train": 20.25}, wall_s=30.0,
+    date="2026-01-03",
+    completed=True,
+    status=Status.PUBLISHED,
+    reason='all checks "passed"\nsee gate',
+    auc=0.7712,
+    logloss=0.4521,
+    published_auc=0.7701,
+    rows_read=3000,
+    rows_ingested=2998,
+    rows_quarantined=2,
+    vocab_size=4100,
+    rows_train=2700,
+    rows_eval=298,
+    published=True,
+    model_version="v00003",
+    latest_version="v00003",
+    seconds={"ingest": 1.5, "train": 20.25},
+    wall_s=30.0,
 )
 
 
@@ -25,26 +39,42 @@ def _families(text: str) -> dict:
 
 
 def test_a_published_day_is_every_number_a_scraper_needs():
-    text = textfile.render(PUBLISHED, model="ctr", root="abc123", latest="v00003", config_digest="d1",
-                           written_at=1767398400.0)
+    text = textfile.render(
+        PUBLISHED, model="ctr", root="abc123", latest="v00003", config_digest="d1", written_at=1767398400.0
+    )
     families = _families(text)
     assert all(f.type == "gauge" for f in families.values())
-    assert all(s.labels["model"] == "ctr" and s.labels["root"] == "abc123" for f in families.values() for s in f.samples)
+    assert all(
+        s.labels["model"] == "ctr" and s.labels["root"] == "abc123" for f in families.values() for s in f.samples
+    )
     info = families["ctrpipe_run_info"].samples[0].labels
     assert (info["date"], info["status"], info["version"], info["latest"], info["config"]) == (
-        "2026-01-03", "published", "v00003", "v00003", "d1")
+        "2026-01-03",
+        "published",
+        "v00003",
+        "v00003",
+        "d1",
+    )
     assert families["ctrpipe_run_auc"].samples[0].value == 0.7712
     assert families["ctrpipe_run_published"].samples[0].value == 1
     assert {s.labels["stage"]: s.value for s in families["ctrpipe_run_stage_seconds"].samples} == {
-        "ingest": 1.5, "train": 20.25}
+        "ingest": 1.5,
+        "train": 20.25,
+    }
     assert {s.labels["kind"]: s.value for s in families["ctrpipe_run_rows"].samples}["quarantined"] == 2
     assert families["ctrpipe_run_date_timestamp_seconds"].samples[0].value == 1767398400.0  # 2026-01-03 00:00 UTC
     assert text.endswith("\n")
 
 
 def test_a_failed_day_has_no_model_numbers_and_says_so():
-    failed = DayRecord(date="2026-01-04", completed=False, status=Status.FAILED, reason="FileNotFoundError: no input",
-                       failed_stage="ingest", seconds={"ingest": 0.2})
+    failed = DayRecord(
+        date="2026-01-04",
+        completed=False,
+        status=Status.FAILED,
+        reason="FileNotFoundError: no input",
+        failed_stage="ingest",
+        seconds={"ingest": 0.2},
+    )
     families = _families(textfile.render(failed, model="ctr", root="r", latest="v00003", written_at=1.0))
     assert "ctrpipe_run_auc" not in families and "ctrpipe_run_published_auc" not in families
     status = {s.labels["status"]: s.value for s in families["ctrpipe_run_status"].samples}

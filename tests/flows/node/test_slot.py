@@ -1,4 +1,5 @@
-"""The model's train/publish slot on a node: one run at a time, never held by a dead run, never shared by unrelated roots.
+"""The model's train/publish slot on a node: one run at a time, never held by a dead run, never shared by unrelated
+roots.
 
 A free slot is exercised by every other flow test; these hold it from another process, as another
 run of the model would.
@@ -42,8 +43,11 @@ def test_a_waiting_run_logs_whom_it_waits_for_and_its_timeout_names_the_holder(t
     layout = Layout(str(tmp_path / "root"), "ctr")
     with processes() as procs:
         holder = hold_slot(procs, "node", layout.root, tmp_path / "holder.log")
-        with caplog.at_level(logging.INFO, logger="test-slot"), pytest.raises(ModelBusyError) as err, \
-                node_slot(layout, 3.5, log=log, report_every_s=1.0):
+        with (
+            caplog.at_level(logging.INFO, logger="test-slot"),
+            pytest.raises(ModelBusyError) as err,
+            node_slot(layout, 3.5, log=log, report_every_s=1.0),
+        ):
             pytest.fail("took a slot another process holds")
     who = f"pid {holder.pid} on host {socket.gethostname()}"
     waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
@@ -77,8 +81,10 @@ def test_one_run_of_a_models_date_at_a_time_while_other_dates_and_models_go_on(t
             with day_lock(layout, date, 1, log=log) as taken:
                 assert taken.waited_s < 0.5
         # a second run of the date (a lock of its own, as another process takes it) waits, then gives up naming it
-        with pytest.raises(ModelBusyError, match=r"the run of 2026-01-01 of model 'ctr' on this node .*date=2026-01-01"), \
-                day_lock(ctr, "2026-01-01", 1.5, log=log):
+        with (
+            pytest.raises(ModelBusyError, match=r"the run of 2026-01-01 of model 'ctr' on this node .*date=2026-01-01"),
+            day_lock(ctr, "2026-01-01", 1.5, log=log),
+        ):
             pytest.fail("two runs of one date at once")
 
 
@@ -87,19 +93,24 @@ def test_the_data_stages_of_a_date_are_one_writer_at_a_time_whatever_the_model(t
     with data_lock(Layout(root, "ctr"), "2026-01-01", 30, log=log):
         with data_lock(Layout(root, "other"), "2026-01-02", 1, log=log) as taken:
             assert taken.waited_s < 0.5
-        with pytest.raises(ModelBusyError, match="the data stages of 2026-01-01"), \
-                data_lock(Layout(root, "other"), "2026-01-01", 1.5, log=log):
+        with (
+            pytest.raises(ModelBusyError, match="the data stages of 2026-01-01"),
+            data_lock(Layout(root, "other"), "2026-01-01", 1.5, log=log),
+        ):
             pytest.fail("two writers of one date's events at once")
 
 
 @pytest.mark.slow
 def test_a_second_run_waits_then_fails_clearly_and_changes_nothing(tmp_path):
     generate_days(str(tmp_path / "raw"), 1, 2000, seed=1, start_date="2026-05-01")
-    cfg = with_overrides(demo(str(tmp_path / "root")), {
-        "input.url": str(tmp_path / "raw" / "day_{date}.tsv.gz"),
-        "dask.processes": False,
-        "publish.lock_timeout_s": 3,
-    })
+    cfg = with_overrides(
+        demo(str(tmp_path / "root")),
+        {
+            "input.url": str(tmp_path / "raw" / "day_{date}.tsv.gz"),
+            "dask.processes": False,
+            "publish.lock_timeout_s": 3,
+        },
+    )
     with processes() as procs:  # another run holds the model
         holder = hold_slot(procs, "node", cfg.root, tmp_path / "holder.log")
         state = daily_retrain("2026-05-01", config=cfg.to_dict(), return_state=True)

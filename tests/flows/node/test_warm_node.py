@@ -34,10 +34,17 @@ def _spec_dict(tmp_path: Path, nnodes: int, nproc: int) -> dict:
     spec = TrainSpec(
         features_url=str(tmp_path / "root" / "features" / "date=2026-01-05"),
         output_url=str(tmp_path / "root" / "runs" / "date=2026-01-05" / "model"),
-        init_model_url=None, local_dir=str(tmp_path / "local"), model_name="ctr", storage_options=None,
-        store=StoreConfig(), model=ModelConfig(), optim=OptimConfig(), het=HetConfig(),
+        init_model_url=None,
+        local_dir=str(tmp_path / "local"),
+        model_name="ctr",
+        storage_options=None,
+        store=StoreConfig(),
+        model=ModelConfig(),
+        optim=OptimConfig(),
+        het=HetConfig(),
         trainer=TrainerConfig(nnodes=nnodes, nproc_per_node=nproc, rdzv_endpoint="h0:29500" if nnodes > 1 else ""),
-        run_tag="2026-01-05:abc", vocab_date="2026-01-05",
+        run_tag="2026-01-05:abc",
+        vocab_date="2026-01-05",
     )
     return spec.to_dict()
 
@@ -46,8 +53,24 @@ def test_warm_node_refuses_a_spec_for_another_world(tmp_path: Path, capsys: pyte
     src = tmp_path / "spec.json"
     src.write_text(json.dumps(_spec_dict(tmp_path, nnodes=2, nproc=8)))
     out = tmp_path / "copy" / "spec.json"
-    code = main(["warm-node", "--spec", str(src), "--out", str(out), "--nnodes", "3", "--nproc-per-node", "8",
-                 "--my-addr", "a", "--all-addrs", "a,b,c", "--skip-warm"])
+    code = main(
+        [
+            "warm-node",
+            "--spec",
+            str(src),
+            "--out",
+            str(out),
+            "--nnodes",
+            "3",
+            "--nproc-per-node",
+            "8",
+            "--my-addr",
+            "a",
+            "--all-addrs",
+            "a,b,c",
+            "--skip-warm",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "trainer.nnodes=2" in err and "shard ownership" in err
 
@@ -57,8 +80,24 @@ def test_warm_node_copies_the_spec_and_picks_ranks(tmp_path: Path, capsys: pytes
     src = tmp_path / "spec.json"
     src.write_text(json.dumps(data))
     out = tmp_path / "copy" / "spec.json"
-    code = main(["warm-node", "--spec", f"file://{src}", "--out", str(out), "--nnodes", "2", "--nproc-per-node", "4",
-                 "--my-addr", "node-b", "--all-addrs", "node-b,node-a", "--skip-warm"])
+    code = main(
+        [
+            "warm-node",
+            "--spec",
+            f"file://{src}",
+            "--out",
+            str(out),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "4",
+            "--my-addr",
+            "node-b",
+            "--all-addrs",
+            "node-b,node-a",
+            "--skip-warm",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["group_rank"] == 1 and report["ranks"] == [4, 5, 6, 7]
@@ -71,12 +110,34 @@ def test_warm_node_writes_the_specs_rank_environment(tmp_path: Path, capsys: pyt
     src = tmp_path / "spec.json"
     src.write_text(json.dumps(data))
     env_file = tmp_path / "copy" / "train-env.sh"
-    code = main(["warm-node", "--spec", str(src), "--out", str(tmp_path / "copy" / "spec.json"), "--nnodes", "2",
-                 "--nproc-per-node", "4", "--my-addr", "a", "--all-addrs", "a,b", "--skip-warm",
-                 "--env-file", str(env_file)])
+    code = main(
+        [
+            "warm-node",
+            "--spec",
+            str(src),
+            "--out",
+            str(tmp_path / "copy" / "spec.json"),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "4",
+            "--my-addr",
+            "a",
+            "--all-addrs",
+            "a,b",
+            "--skip-warm",
+            "--env-file",
+            str(env_file),
+        ]
+    )
     assert code == 0 and json.loads(capsys.readouterr().out)["env_file"] == str(env_file)
-    sourced = subprocess.run(["bash", "-c", f"source {env_file} && env"], capture_output=True, text=True,
-                             env={"PATH": "/usr/bin:/bin", "NCCL_DEBUG": "WARN"}, check=True).stdout.splitlines()
+    sourced = subprocess.run(
+        ["bash", "-c", f"source {env_file} && env"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "NCCL_DEBUG": "WARN"},
+        check=True,
+    ).stdout.splitlines()
     assert {"NCCL_IB_HCA=mlx5_0", "NCCL_SOCKET_IFNAME=bond0", "OMP_NUM_THREADS=1"} <= set(sourced)
     assert "NCCL_DEBUG=WARN" in sourced, "a default never overrides what the job's environment sets"
     assert not any(v.startswith("NCCL_NET_GDR_LEVEL=") for v in sourced), "NCCL's own default unless configured"

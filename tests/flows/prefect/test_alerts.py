@@ -42,8 +42,10 @@ def test_a_model_gets_a_failed_run_and_a_missing_run_automation(tmp_path):
     assert failed.name == failed_run_automation(layout) == f"{model_key(layout)}-run-failed"
     assert failed.trigger.expect == {f"prefect.flow-run.{s}" for s in ALERT_STATES}
     related = [r.model_dump() for r in failed.trigger.match_related]
-    assert {"prefect.resource.id": f"prefect.tag.ctr-model:{model_key(layout)}",
-            "prefect.resource.role": "tag"} in related
+    assert {
+        "prefect.resource.id": f"prefect.tag.ctr-model:{model_key(layout)}",
+        "prefect.resource.role": "tag",
+    } in related
     assert "m1" in failed.actions[0].body and "flow_run.state.message" in failed.actions[0].body
     assert str(tmp_path / "prod") in failed.actions[0].body  # which root's run
     assert missing.name == missing_run_automation(layout) and missing.trigger.posture == "Proactive"
@@ -55,8 +57,13 @@ def test_one_model_on_two_roots_gets_two_pairs_of_automations_that_match_apart(t
     staging, prod = Layout(str(tmp_path / "staging"), "ctr"), Layout(str(tmp_path / "prod"), "ctr")
     names = {a.name for layout in (staging, prod) for a in automations(layout, BLOCK, "d", AlertsConfig())}
     assert len(names) == 4 and not [n for n in names if n.startswith("ctr-ctr-")]
-    tags = [{r.model_dump().get("prefect.resource.id") for r in automations(layout, BLOCK, "d", AlertsConfig())[0]
-             .trigger.match_related} for layout in (staging, prod)]
+    tags = [
+        {
+            r.model_dump().get("prefect.resource.id")
+            for r in automations(layout, BLOCK, "d", AlertsConfig())[0].trigger.match_related
+        }
+        for layout in (staging, prod)
+    ]
     assert tags[0] != tags[1]
 
 
@@ -109,8 +116,12 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
             assert out.returncode == 0, out.stderr + out.stdout
         server = _api(env, LIST)
         assert server["deployments"] == {
-            "alpha-daily": ["0 2 * * *"], "alpha-on-demand": [], "alpha-backfill": [],
-            "beta-daily": ["0 2 * * *"], "beta-on-demand": [], "beta-backfill": [],
+            "alpha-daily": ["0 2 * * *"],
+            "alpha-on-demand": [],
+            "alpha-backfill": [],
+            "beta-daily": ["0 2 * * *"],
+            "beta-on-demand": [],
+            "beta-backfill": [],
         }
         layouts = [Layout(str(root), m) for m in ("alpha", "beta")]
         assert server["automations"] == sorted(
@@ -122,7 +133,9 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
         events = json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())
         out = _ctrpipe(["run", "--date", DATE, "--config", str(b)], env)
         assert out.returncode == 0, out.stderr
-        assert json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())["run_id"] == events["run_id"]
+        assert (
+            json.loads((root / "events" / f"date={DATE}" / "_SUCCESS.json").read_text())["run_id"] == events["run_id"]
+        )
         for model in ("alpha", "beta"):
             record = json.loads((root / "runs" / model / f"date={DATE}" / "metrics.json").read_text())
             assert record["status"] == "published" and record["model_version"] == "v00001", record
@@ -132,9 +145,13 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
 
         # a refused run and a failed run (at once: other dates, nothing shared): one notification each
         with ThreadPoolExecutor(2) as pool:
-            refused, failed = pool.map(lambda args: _ctrpipe(args, env), [
-                ["run", "--date", DATE, "--force", "--config", str(a), "--set", "publish.min_auc=0.99"],
-                ["run", "--date", "2026-04-09", "--config", str(a)]])
+            refused, failed = pool.map(
+                lambda args: _ctrpipe(args, env),
+                [
+                    ["run", "--date", DATE, "--force", "--config", str(a), "--set", "publish.min_auc=0.99"],
+                    ["run", "--date", "2026-04-09", "--config", str(a)],
+                ],
+            )
         assert refused.returncode == 2, refused.stderr
         assert failed.returncode == 1, failed.stderr
         got = hook.wait_for(2, timeout=90)

@@ -122,7 +122,9 @@ def test_day_two_warm_starts_from_day_one(three_days):
     assert reg.read_json("v00003", "lineage.json")["parent_version"] == "v00002"
     assert read_record(cfg.layout(), DAYS[1]).train["warm_start"] == "from v00001"
     assert read_record(cfg.layout(), DAYS[0]).train["warm_start"] == "cold: no published model"
-    init = json.loads((root / "runs" / "ctr" / f"date={DAYS[1]}" / "model" / "model.json").read_text())["init_model_url"]
+    init = json.loads((root / "runs" / "ctr" / f"date={DAYS[1]}" / "model" / "model.json").read_text())[
+        "init_model_url"
+    ]
     assert init.rstrip("/").endswith("models/ctr/v00001")
     # the day-2 table still holds rows trained on day 1 only: the sparse state was carried over
     keys1 = set(pq.read_table(root / "models/ctr/v00001/sparse").column("key").to_pylist())
@@ -179,8 +181,9 @@ def test_a_degraded_model_is_refused_and_latest_stays(three_days):
     generate_days(str(root / "raw"), 1, ROWS, seed=7, start_date="2026-01-04")
     # the network alone: what the gate must refuse is its divergence, and a companion on the lineage's 23,000
     # rows would cost this test most of its time (the companion's own runs: tests/trainer/test_companion.py)
-    bad = with_overrides(cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0,
-                               "model.companion": "off"})
+    bad = with_overrides(
+        cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0, "model.companion": "off"}
+    )
     state = daily_retrain("2026-01-04", config=bad.to_dict(), return_state=True)
     assert state.is_failed() and state.name == "PublishRefused"
     record = read_record(cfg.layout(), "2026-01-04")
@@ -222,8 +225,10 @@ def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):
     half = len(lines) // 2
     (raw / "day_2026-03-01.tsv").write_bytes(b"".join(lines[:half]))
     (raw / "day_2026-03-02.tsv").write_bytes(b"".join(lines[half:]))
-    cfg = _config(tmp_path / "root", **{"input.url": str(raw / "day_{date}.tsv"), "trainer.nproc_per_node": 2,
-                                        "vocab.min_count": 2})
+    cfg = _config(
+        tmp_path / "root",
+        **{"input.url": str(raw / "day_{date}.tsv"), "trainer.nproc_per_node": 2, "vocab.min_count": 2},
+    )
     for date in ("2026-03-01", "2026-03-02"):
         state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
         record = read_record(cfg.layout(), date)
@@ -233,4 +238,3 @@ def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):
         model = json.loads((tmp_path / "root" / "runs" / "ctr" / f"date={date}" / "model" / "model.json").read_text())
         assert model["train"]["world_size"] == 2
     assert len(list((tmp_path / "root" / "models" / "ctr" / "v00002" / "sparse").glob("part-*.parquet"))) == 2
-

@@ -97,9 +97,7 @@ def test_pooled_bags_find_a_signal_the_first_tag_does_not_carry(tagged_input) ->
     assert hot not in set(feats["k_1"]) and any(hot in bag for bag in feats["bag_1"])  # never first, in bags
     working_set = pd.read_parquet(Path(layout.features(DATE)) / "key_counts.parquet")
     assert hot in set(working_set["key"])  # warm loads the bag keys too
-    sparse = pd.concat(
-        pd.read_parquet(p) for p in (Path(layout.run_model(DATE)) / "sparse").glob("*.parquet")
-    )
+    sparse = pd.concat(pd.read_parquet(p) for p in (Path(layout.run_model(DATE)) / "sparse").glob("*.parquet"))
     assert hot in set(sparse["key"])  # the trainer pushed its row
 
     # chance AUC by design: below the publish floor, which is not what this compares

@@ -1,4 +1,6 @@
-"""`flows.prefect.daily.resolve_date`: the scheduled run processes the day before its *scheduled* time, however late it starts."""
+"""`flows.prefect.daily.resolve_date`: the scheduled run processes the day before its *scheduled* time, however late it
+starts.
+"""
 
 import datetime as dt
 

@@ -45,18 +45,37 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         server.start()
         client_env = {**server.env, "PREFECT_LOGGING_LEVEL": "INFO"}
 
-        out = _run([str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg_file), "--no-alerts"],
-                   client_env)
+        out = _run(
+            [str(BIN / "ctrpipe"), "deploy", "--pool", "ctr-process", "--config", str(cfg_file), "--no-alerts"],
+            client_env,
+        )
         assert out.returncode == 0, out.stderr + out.stdout
         assert "deployed ctr-daily" in out.stdout and "deployed ctr-on-demand" in out.stdout
         assert "process work pool" not in out.stdout + out.stderr  # Prefect's advice to `.serve` instead: not ours
 
         # the worker asks for due runs every second (Prefect's default, every 10 s, delays each run by up to 10 s)
-        start(procs, [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
-              tmp_path / "worker.log", env={**client_env, "PREFECT_WORKER_QUERY_SECONDS": "1"})
+        start(
+            procs,
+            [str(BIN / "prefect"), "worker", "start", "--pool", "ctr-process", "--type", "process"],
+            tmp_path / "worker.log",
+            env={**client_env, "PREFECT_WORKER_QUERY_SECONDS": "1"},
+        )
 
-        run = _run([str(BIN / "prefect"), "deployment", "run", "daily-retrain/ctr-on-demand", "--param",
-                    f"date={DAYS[0]}", "--watch", "--watch-timeout", "420"], client_env, timeout=480)
+        run = _run(
+            [
+                str(BIN / "prefect"),
+                "deployment",
+                "run",
+                "daily-retrain/ctr-on-demand",
+                "--param",
+                f"date={DAYS[0]}",
+                "--watch",
+                "--watch-timeout",
+                "420",
+            ],
+            client_env,
+            timeout=480,
+        )
         assert "Completed" in run.stdout, run.stdout + run.stderr
         rec = _record(root, DAYS[0])
         assert rec and rec["status"] == "published" and rec["model_version"] == "v00001"
@@ -67,8 +86,21 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
         good = (raw / f"day_{DAYS[1]}.tsv").read_bytes()
         (raw / f"day_{DAYS[1]}.tsv").write_bytes(b"garbage line without tabs\n" * 200 + good)
         params = json.dumps({"start": DAYS[0], "end": DAYS[2]})
-        run = _run([str(BIN / "prefect"), "deployment", "run", "backfill/ctr-backfill", "--params", params,
-                    "--watch", "--watch-timeout", "420"], client_env, timeout=480)
+        run = _run(
+            [
+                str(BIN / "prefect"),
+                "deployment",
+                "run",
+                "backfill/ctr-backfill",
+                "--params",
+                params,
+                "--watch",
+                "--watch-timeout",
+                "420",
+            ],
+            client_env,
+            timeout=480,
+        )
         assert "Failed" in run.stdout, run.stdout + run.stderr
         assert _record(root, DAYS[1])["status"] == "failed"
         assert _record(root, DAYS[2]) is None  # never started
@@ -77,8 +109,21 @@ def test_deployments_on_a_real_server(shared_data, tmp_path, free_port):
 
         # fixed input, same backfill: only the failed and later dates run
         (raw / f"day_{DAYS[1]}.tsv").write_bytes(good)
-        run = _run([str(BIN / "prefect"), "deployment", "run", "backfill/ctr-backfill", "--params", params,
-                    "--watch", "--watch-timeout", "420"], client_env, timeout=480)
+        run = _run(
+            [
+                str(BIN / "prefect"),
+                "deployment",
+                "run",
+                "backfill/ctr-backfill",
+                "--params",
+                params,
+                "--watch",
+                "--watch-timeout",
+                "420",
+            ],
+            client_env,
+            timeout=480,
+        )
         assert "Completed" in run.stdout, run.stdout + run.stderr
         assert (root / "runs" / "ctr" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime == day1_mtime
         versions = [_record(root, d)["model_version"] for d in DAYS]

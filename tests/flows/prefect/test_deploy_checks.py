@@ -72,8 +72,12 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
 
         refused = _ctrpipe(["deploy", "--config", str(staging)], env)
         assert refused.returncode == 1 and "no notification block 'ctr-alerts'" in refused.stderr, refused.stderr
-        assert _state(env) == {"deployments": [], "automations": ["ctr-ctr-run-failed"], "pools": [],
-                               "daily_config": None}  # nothing registered
+        assert _state(env) == {
+            "deployments": [],
+            "automations": ["ctr-ctr-run-failed"],
+            "pools": [],
+            "daily_config": None,
+        }  # nothing registered
 
         env = {**env, "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
         for cfg in (staging, prod):
@@ -86,15 +90,20 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
         expected = sorted(f(x) for x in layouts for f in (failed_run_automation, missing_run_automation))
         state = _state(env)
         assert state["automations"] == expected and len(set(expected)) == 4, state  # the legacy one deleted
-        assert state["deployments"] == ["ctr-backfill", "ctr-daily", "ctr-on-demand"] and state["pools"] == ["ctr-process"]
+        assert state["deployments"] == ["ctr-backfill", "ctr-daily", "ctr-on-demand"] and state["pools"] == [
+            "ctr-process"
+        ]
 
         start(procs, [str(BIN / "ctrpipe"), "serve", "--config", str(served)], tmp_path / "serve.log", env=env)
         gamma = from_dict(yaml.safe_load(served.read_text())).layout()
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             state = _state(env)
-            if failed_run_automation(gamma) in state["automations"] and {"gamma-daily", "gamma-on-demand",
-                                                                          "gamma-backfill"} <= set(state["deployments"]):
+            if failed_run_automation(gamma) in state["automations"] and {
+                "gamma-daily",
+                "gamma-on-demand",
+                "gamma-backfill",
+            } <= set(state["deployments"]):
                 break  # serve registers the three deployments one after the other
             time.sleep(2)
         assert failed_run_automation(gamma) in state["automations"], (tmp_path / "serve.log").read_text()

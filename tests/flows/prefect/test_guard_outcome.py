@@ -40,8 +40,9 @@ def _stopped_day(tmp: Path) -> RunConfig:
     (raw / f"day_{DATE}.tsv").write_bytes(b"".join(b"\t".join(x.split(b"\t")[:20]) + b"\n" for x in lines))
     (root / "models" / "ctr").mkdir(parents=True)
     (root / "models" / "ctr" / "LATEST").write_text("v00003\n")  # what LATEST names, whatever made it
-    return with_overrides(demo(str(root)), {"input.url": str(raw / "day_{date}.tsv"), "dask.processes": False,
-                                            "dask.n_workers": 1})
+    return with_overrides(
+        demo(str(root)), {"input.url": str(raw / "day_{date}.tsv"), "dask.processes": False, "dask.n_workers": 1}
+    )
 
 
 @pytest.fixture(scope="module")

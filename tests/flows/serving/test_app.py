@@ -18,8 +18,16 @@ def server(tmp_path_factory):
     from tests.helpers.procs import free_port
 
     port = free_port()
-    args = ["--bundle", str(tmp / "bundle"), "--max-lines", "100", "--max-body-bytes", "65536",
-            "--auth-token-env", "SCORER_TOKEN"]
+    args = [
+        "--bundle",
+        str(tmp / "bundle"),
+        "--max-lines",
+        "100",
+        "--max-body-bytes",
+        "65536",
+        "--auth-token-env",
+        "SCORER_TOKEN",
+    ]
     with score_server(args, port, tmp / "server.log", env={"SCORER_TOKEN": TOKEN}) as proc:
         yield port, proc, tmp / "server.log"
 
@@ -30,15 +38,19 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def test_lines_are_scored_and_a_malformed_one_gets_null_and_the_ingest_reason(server):
     port, _, _ = server
     lines = [criteo_line(i) for i in range(5)]
-    lines.insert(2, "1\tnot-a-number" + criteo_line(0)[criteo_line(0).index("\t", 2):])
+    lines.insert(2, "1\tnot-a-number" + criteo_line(0)[criteo_line(0).index("\t", 2) :])
     lines.insert(4, criteo_line(9).replace("\t", ","))  # a line of another format
     status, body = call(port, "POST", "/v1/score", {"lines": lines}, headers=AUTH)
     assert status == 200 and body["model_version"] == "v00001"
     assert [s is None for s in body["scores"]] == [False, False, True, False, True, False, False]
     assert all(0 < s < 1 for s in body["scores"] if s is not None)
-    assert body["errors"] == [{"index": 2, "reason": "non-numeric integer field: I1='not-a-number'"},
-                              {"index": 4, "reason": "wrong field count: 1 fields, expected 14..40 with the label "
-                                                     "column 'label' or 39 without it"}]
+    assert body["errors"] == [
+        {"index": 2, "reason": "non-numeric integer field: I1='not-a-number'"},
+        {
+            "index": 4,
+            "reason": "wrong field count: 1 fields, expected 14..40 with the label column 'label' or 39 without it",
+        },
+    ]
     again = call(port, "POST", "/v1/score", {"lines": lines[:2]}, headers=AUTH)[1]
     assert again["scores"] == body["scores"][:2]  # batching with other requests changes no score
 
@@ -46,8 +58,11 @@ def test_lines_are_scored_and_a_malformed_one_gets_null_and_the_ingest_reason(se
 def test_rows_of_named_fields_score_like_their_lines(server):
     port, _, _ = server
     line = criteo_line(3)
-    row = dict(zip(("label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]),
-                   line.split("\t"), strict=True))
+    row = dict(
+        zip(
+            ("label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]), line.split("\t"), strict=True
+        )
+    )
     row = {k: int(v) if k.startswith("I") else v for k, v in row.items() if k != "label"}
     status, body = call(port, "POST", "/v1/score", {"rows": [row, {"C1": "x", "C99": 1}]}, headers=AUTH)
     assert status == 200
@@ -117,10 +132,18 @@ def test_a_line_of_a_wrong_field_count_is_refused_naming_both_counts_and_the_oth
     lines = [features, features + "\tone-too-many\tand-another", criteo_line(2)]
     status, body = call(port, "POST", "/v1/score", {"lines": lines}, headers=AUTH)
     assert status == 200 and [s is None for s in body["scores"]] == [False, True, False]
-    assert body["errors"] == [{"index": 1, "reason": "wrong field count: 41 fields, expected 14..40 with the label "
-                                                     "column 'label' or 39 without it"}]
+    assert body["errors"] == [
+        {
+            "index": 1,
+            "reason": "wrong field count: 41 fields, expected 14..40 with the label column 'label' or 39 without it",
+        }
+    ]
     status, body = call(port, "POST", "/v1/score", {"lines": [criteo_line(2)], "labelled": False}, headers=AUTH)
-    assert status == 200 and body["scores"] == [None] and "(the request says \"labelled\": false)" in body["errors"][0]["reason"]
+    assert (
+        status == 200
+        and body["scores"] == [None]
+        and '(the request says "labelled": false)' in body["errors"][0]["reason"]
+    )
     status, body = call(port, "POST", "/v1/score", {"rows": [], "labelled": True}, headers=AUTH)
     assert status == 422 and '"labelled" goes with "lines"' in body["error"]
 
@@ -130,8 +153,11 @@ def _scrape(port: int) -> dict[tuple[str, tuple], float]:
 
     status, text = call(port, "GET", "/metrics")  # open like the probes: no token
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_count_requests_rows_errors_and_latency_in_the_prometheus_format(server):
@@ -148,14 +174,19 @@ def test_metrics_count_requests_rows_errors_and_latency_in_the_prometheus_format
         return after.get(key, 0.0) - before.get(key, 0.0)
 
     assert delta("ctrpipe_score_requests_total", code="200") == 1
-    assert delta("ctrpipe_score_requests_total", code="401") == 1 and delta("ctrpipe_score_requests_total", code="400") == 1
+    assert (
+        delta("ctrpipe_score_requests_total", code="401") == 1
+        and delta("ctrpipe_score_requests_total", code="400") == 1
+    )
     assert delta("ctrpipe_score_rows_total", outcome="scored") == 4
     assert delta("ctrpipe_score_rows_total", outcome="refused") == 1
     assert delta("ctrpipe_score_refused_total", reason="bad label") == 1
     assert delta("ctrpipe_score_request_errors_total", reason="unauthorized") == 1
     assert delta("ctrpipe_score_request_errors_total", reason="bad_request") == 1
     assert delta("ctrpipe_score_latency_seconds_count") == 3
-    assert delta("ctrpipe_score_latency_seconds_bucket", le="+Inf") == 3 and delta("ctrpipe_score_latency_seconds_sum") > 0
+    assert (
+        delta("ctrpipe_score_latency_seconds_bucket", le="+Inf") == 3 and delta("ctrpipe_score_latency_seconds_sum") > 0
+    )
     assert delta("ctrpipe_score_batches_total") == 1 and delta("ctrpipe_score_stage_seconds_total", stage="forward") > 0
     assert after[("ctrpipe_model_info", (("model", "ctr"), ("version", "v00001")))] == 1
     assert 0 <= after[("ctrpipe_model_age_seconds", ())] < 3600

@@ -48,7 +48,9 @@ def test_requests_queued_behind_a_batch_are_scored_together_and_get_their_own_sc
     assert out[11].tolist() == [-7.0]  # another version's request: its own batch, its own model
     assert a.calls == [1, 20] and b.calls == [1]  # ten requests in one forward pass
     assert stats.requests == 12 and stats.batches == 3 and stats.largest == 20
-    assert len(a.threads | b.threads) == 1 and threading.get_ident() not in a.threads  # one scoring thread, not the loop
+    assert (
+        len(a.threads | b.threads) == 1 and threading.get_ident() not in a.threads
+    )  # one scoring thread, not the loop
     assert stats.wait_s > 0  # the requests held behind the gate waited in the queue
 
 

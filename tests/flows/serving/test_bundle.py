@@ -68,8 +68,11 @@ def test_a_newer_trainers_manifest_fields_are_ignored_and_a_newer_version_is_ref
     reader = BundleReader(str(tmp_path / "b"))
     assert reader.version == "v00001" and reader.read_array(EMB).shape == (manifest["rows"], 4)
     path.write_text(json.dumps({**manifest, "format": "ctr-pipeline-bundle/2"}))
-    with pytest.raises(BundleError, match=r"manifest.json has format 'ctr-pipeline-bundle/2', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-bundle/1: upgrade"):
+    with pytest.raises(
+        BundleError,
+        match=r"manifest.json has format 'ctr-pipeline-bundle/2', written by a newer "
+        r"ctr-pipeline; this code reads ctr-pipeline-bundle/1: upgrade",
+    ):
         BundleReader(str(tmp_path / "b"))
     path.write_text(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
     with pytest.raises(BundleError, match="manifest.json lacks files: the bundle is corrupt"):

@@ -37,9 +37,10 @@ def two_days(shared_data, tmp_path_factory):
     lines = (shared_data / "criteo" / "train_head_10k.tsv").read_text().splitlines()
     (tmp / "raw").mkdir()
     for k, date in enumerate(DATES):
-        (tmp / "raw" / f"day_{date}.tsv").write_text("\n".join(lines[k * ROWS:(k + 1) * ROWS]) + "\n")
-    cfg = day_config(tmp / "root", str(tmp / "raw" / "day_{date}.tsv"),
-                     **{"model.companion": "poly2", "encode.raw_keys": True})
+        (tmp / "raw" / f"day_{date}.tsv").write_text("\n".join(lines[k * ROWS : (k + 1) * ROWS]) + "\n")
+    cfg = day_config(
+        tmp / "root", str(tmp / "raw" / "day_{date}.tsv"), **{"model.companion": "poly2", "encode.raw_keys": True}
+    )
     records = [run_day(cfg, d).record for d in DATES]
     assert [r.status for r in records] == ["published", "published"]
     return tmp, cfg, lines, records
@@ -53,7 +54,10 @@ def test_the_companion_is_fit_on_the_lineages_rows_and_never_the_days_eval_rows(
     assert second.format == "ctr-pipeline-model/4" and second.companion is not None
     assert second.companion["inputs"] == "pairs+counts"
     assert [(s["split"], s["features_url"]) for s in second.companion["sources"]] == [
-        ("train", first.features_url), ("eval", first.features_url), ("train", second.features_url)]
+        ("train", first.features_url),
+        ("eval", first.features_url),
+        ("train", second.features_url),
+    ]
     day1 = first.companion["sources"]
     assert [s["split"] for s in day1] == ["train"]  # the first day: its own train rows alone
     rows = [s["rows"] for s in second.companion["sources"]]
@@ -96,11 +100,26 @@ def test_every_score_is_the_mean_of_the_networks_and_the_companions_logits(two_d
 
 def test_served_scores_equal_evaluate_predictions_with_the_companion(two_days):
     tmp, cfg, lines, _ = two_days
-    later = lines[2 * ROWS:2 * ROWS + 300]
+    later = lines[2 * ROWS : 2 * ROWS + 300]
     (tmp / "later.tsv").write_text("\n".join(later) + "\n")
-    out = subprocess.run([sys.executable, "-m", "flows.cli.main", "evaluate", "--model", "latest", "--input",
-                          str(tmp / "later.tsv"), "--predictions", str(tmp / "pred.parquet"), *cli_args(cfg)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli.main",
+            "evaluate",
+            "--model",
+            "latest",
+            "--input",
+            str(tmp / "later.tsv"),
+            "--predictions",
+            str(tmp / "pred.parquet"),
+            *cli_args(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     pred = pd.read_parquet(tmp / "pred.parquet")
     port = free_port()

@@ -49,8 +49,13 @@ def test_cut_lines_are_read_as_labelled_unless_the_request_says_features_only():
     assert with_labels([cut], CRITEO, labelled=False) == (["0\t" + cut], [])
     full = "1\t" + _criteo_features(0)
     out, errors = with_labels([full], CRITEO, labelled=False)
-    assert out == [None] and errors == [(0, "wrong field count: 40 fields, expected 13..39 without the label column "
-                                            "'label' (the request says \"labelled\": false)")]
+    assert out == [None] and errors == [
+        (
+            0,
+            "wrong field count: 40 fields, expected 13..39 without the label column "
+            "'label' (the request says \"labelled\": false)",
+        )
+    ]
     assert with_labels([_criteo_features(0)], CRITEO, labelled=True) == ([_criteo_features(0)], [])
 
 
@@ -58,6 +63,7 @@ def test_cut_lines_are_read_as_labelled_unless_the_request_says_features_only():
 def test_a_trailing_label_column_is_appended(labelled):
     from pipeline.schema import LogSchema
 
-    schema = LogSchema(name="t", separator=";", has_header=False, columns=("a", "b", "y"), label="y", dense=("a",),
-                       categorical=("b",))
+    schema = LogSchema(
+        name="t", separator=";", has_header=False, columns=("a", "b", "y"), label="y", dense=("a",), categorical=("b",)
+    )
     assert with_labels(["1;x"], schema, labelled=labelled) == (["1;x;0"], [])

@@ -43,9 +43,14 @@ def test_a_network_that_gives_no_probability_fails_the_smoke_score(tmp_path):
         network.bias.fill_(float("nan"))
     admitted, rows = tiny_rows()
     spec = FeatureSpec(schema=CRITEO, admitted=admitted)
-    write_full_bundle(str(tmp_path / "nan"), meta=meta, spec=spec, rows=rows,
-                      program=export.program_bytes(export.export_program(network)),
-                      manifest={"version": "v00002", "dtype": "float32"})
+    write_full_bundle(
+        str(tmp_path / "nan"),
+        meta=meta,
+        spec=spec,
+        rows=rows,
+        program=export.program_bytes(export.export_program(network)),
+        manifest={"version": "v00002", "dtype": "float32"},
+    )
     with pytest.raises(BundleError, match="smoke score gave"):
         load_model([BundleReader(str(tmp_path / "nan"))])
 
@@ -67,8 +72,11 @@ def test_the_serving_meta_of_todays_model_json_is_read():
 def test_a_bundle_whose_model_json_has_retired_keys_and_new_fields_loads_and_scores(tmp_path):
     write_tiny_bundle(str(tmp_path / "b"))
     data = json.loads((tmp_path / "b" / MODEL_JSON).read_text())
-    _replace_file(tmp_path / "b", MODEL_JSON, json.dumps(
-        newer(data, optim="retired_lr", trainer="retired_key", model_config="retired_model_key")).encode())
+    _replace_file(
+        tmp_path / "b",
+        MODEL_JSON,
+        json.dumps(newer(data, optim="retired_lr", trainer="retired_key", model_config="retired_model_key")).encode(),
+    )
     model = load_model([BundleReader(str(tmp_path / "b"))])
     p = model.score_features(model.parse(lines=[criteo_line(i) for i in range(5)]).features)
     assert p.shape == (5,) and ((p > 0) & (p < 1)).all()
@@ -78,9 +86,12 @@ def test_a_bundle_whose_model_json_is_of_a_newer_version_is_refused_naming_it(tm
     write_tiny_bundle(str(tmp_path / "b"))
     data = json.loads((tmp_path / "b" / MODEL_JSON).read_text())
     _replace_file(tmp_path / "b", MODEL_JSON, json.dumps({**data, "format": "ctr-pipeline-model/5"}).encode())
-    with pytest.raises(BundleError, match=r"model.json has format 'ctr-pipeline-model/5', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3, "
-                                          r"ctr-pipeline-model/4: upgrade"):
+    with pytest.raises(
+        BundleError,
+        match=r"model.json has format 'ctr-pipeline-model/5', written by a newer "
+        r"ctr-pipeline; this code reads ctr-pipeline-model/2, ctr-pipeline-model/3, "
+        r"ctr-pipeline-model/4: upgrade",
+    ):
         load_model([BundleReader(str(tmp_path / "b"))])
 
 

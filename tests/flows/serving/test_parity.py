@@ -32,9 +32,24 @@ def test_served_scores_equal_evaluate_predictions_line_by_line(shared_data, tmp_
 
     held_out = lines[-HELD_OUT:]  # the day's eval split: its last rows in file order
     (tmp_path / "eval.tsv").write_text("\n".join(held_out) + "\n")
-    out = subprocess.run([sys.executable, "-m", "flows.cli.main", "evaluate", "--model", "latest", "--input",
-                          str(tmp_path / "eval.tsv"), "--predictions", str(tmp_path / "pred.parquet"), *cli_args(cfg)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli.main",
+            "evaluate",
+            "--model",
+            "latest",
+            "--input",
+            str(tmp_path / "eval.tsv"),
+            "--predictions",
+            str(tmp_path / "pred.parquet"),
+            *cli_args(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     evaluated = json.loads(out.stdout.strip().splitlines()[-1])
     pred = pd.read_parquet(tmp_path / "pred.parquet")

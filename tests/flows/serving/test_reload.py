@@ -54,8 +54,9 @@ def _load(port: int, stop: threading.Event, seen: list, failures: list) -> None:
 def test_a_server_under_load_switches_to_the_next_published_day_and_refuses_a_corrupt_bundle(published):
     tmp, cfg = published
     layout, port = cfg.layout(), free_port()
-    with score_server([*cli_args(cfg), "--model", "latest", "--reload-every", str(RELOAD_S)], port,
-                      tmp / "server.log") as proc:
+    with score_server(
+        [*cli_args(cfg), "--model", "latest", "--reload-every", str(RELOAD_S)], port, tmp / "server.log"
+    ) as proc:
         assert call(port, "GET", "/v1/model")[1]["model_version"] == "v00003"
         stop, seen, failures = threading.Event(), [], []
         clients = [threading.Thread(target=_load, args=(port, stop, seen, failures)) for _ in range(3)]
@@ -110,8 +111,9 @@ def _check_chain_and_sizes(tmp, cfg, layout):
     assert all(r.manifest["rows"] < r.manifest["table_rows"] for r in chain[1:])  # deltas hold fewer rows
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cli.main", *args, *cli_args(cfg)], capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "flows.cli.main", *args, *cli_args(cfg)], capture_output=True, text=True, timeout=300
+        )
 
     out = run("export", "--model", "v00004", "--delta-from", "v00003", "--out", str(tmp / "delta"))
     assert out.returncode == 0, out.stderr
@@ -126,8 +128,11 @@ def _check_chain_and_sizes(tmp, cfg, layout):
     assert read_table(half).emb.dtype == np.float16
     assert emb_bytes(half) < 0.6 * emb_bytes(BundleReader(layout.bundle("v00004")))
     change = half.manifest["dtype_auc"]
-    assert change["rows"] > 0 and abs(change["change"]) < 0.01 and change["float32"] == pytest.approx(
-        ModelRegistry(layout).info("v00004").metrics["auc"], abs=1e-9)
+    assert (
+        change["rows"] > 0
+        and abs(change["change"]) < 0.01
+        and change["float32"] == pytest.approx(ModelRegistry(layout).info("v00004").metrics["auc"], abs=1e-9)
+    )
 
     shown = json.loads(run("models", "show", "v00004").stdout)
     delta = shown["bundle"]["deltas"][0]

@@ -26,8 +26,10 @@ def test_the_token_comes_from_the_named_variable_and_an_empty_one_is_an_error(mo
         ServeConfig(auth_token_env="SCORER_T").auth_token()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"port": 70000}, "--port"), ({"reload_every_s": 0}, "--reload-every"),
-                                                  ({"max_batch_rows": 0}, "max_batch_rows")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"port": 70000}, "--port"), ({"reload_every_s": 0}, "--reload-every"), ({"max_batch_rows": 0}, "max_batch_rows")],
+)
 def test_bad_settings_name_the_option(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ServeConfig(**kwargs)
@@ -40,8 +42,17 @@ def test_help_shows_every_default(capsys):
         main(["score-server", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help to the terminal
     assert exited.value.code == 0
-    for default in ("(default: latest)", "(default: 127.0.0.1", "(default: 8000)", "(default: 30.0)",
-                    "(default: 10000)", "(default: 8388608)", "(default: 4096)", "(default: 0.0", "(default: off)"):
+    for default in (
+        "(default: latest)",
+        "(default: 127.0.0.1",
+        "(default: 8000)",
+        "(default: 30.0)",
+        "(default: 10000)",
+        "(default: 8388608)",
+        "(default: 4096)",
+        "(default: 0.0",
+        "(default: off)",
+    ):
         assert default in text, default
 
 
@@ -49,8 +60,21 @@ def test_port_0_announces_the_port_bound_and_the_access_log_shows_each_request(t
     write_tiny_bundle(str(tmp_path / "b"))
     log = tmp_path / "server.log"
     with processes() as procs:
-        proc = start(procs, [sys.executable, "-m", "flows.cli.main", "score-server", "--bundle", str(tmp_path / "b"),
-                             "--port", "0", "--access-log"], log)
+        proc = start(
+            procs,
+            [
+                sys.executable,
+                "-m",
+                "flows.cli.main",
+                "score-server",
+                "--bundle",
+                str(tmp_path / "b"),
+                "--port",
+                "0",
+                "--access-log",
+            ],
+            log,
+        )
         deadline = time.monotonic() + 120
         while not (found := re.search(r"score-server on http://127\.0\.0\.1:(\d+) ", log.read_text())):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -75,9 +99,23 @@ def test_a_port_in_use_fails_before_serving_with_a_documented_exit_code(tmp_path
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "flows.cli.main", "score-server", "--bundle", str(tmp_path / "b"),
-                              "--port", str(port)], capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "flows.cli.main",
+                "score-server",
+                "--bundle",
+                str(tmp_path / "b"),
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+        )
     assert out.returncode == ExitCode.FAILED and out.returncode in {int(c) for c in ExitCode}, out.stderr
     assert f"--port {port}: 127.0.0.1:{port} is in use by another process" in out.stderr
     assert "score-server on" not in out.stdout + out.stderr  # nothing announced: it never served

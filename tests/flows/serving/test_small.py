@@ -48,19 +48,23 @@ def test_plain_integers_and_missing_values_match(value):
     line = "\t".join(fields)
     small = small_features([line, line.replace("é1", "x")], spec)
     assert small is not None
-    pd.testing.assert_frame_equal(small.features, spec.parse_lines([line, line.replace("é1", "x")]).features,
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        small.features, spec.parse_lines([line, line.replace("é1", "x")]).features, check_exact=True
+    )
 
 
-@pytest.mark.parametrize("line", [
-    "2" + "\t1" * 13 + "\tc" * 26,          # a bad label: the feature path says why
-    "1" + "\t007" + "\t1" * 12 + "\tc" * 26,  # leading zeros, floats, signs, spaces: parsers may differ
-    "1" + "\t1.5" + "\t1" * 12 + "\tc" * 26,
-    "1" + "\t+1" + "\t1" * 12 + "\tc" * 26,
-    "1" + "\t 1" + "\t1" * 12 + "\tc" * 26,
-    "1" + "\t1" * 13,                        # a cut line (padded by ingest)
-    "1" + "\t1" * 13 + "\tc" * 25 + "\t\ud800",  # not encodable
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2" + "\t1" * 13 + "\tc" * 26,  # a bad label: the feature path says why
+        "1" + "\t007" + "\t1" * 12 + "\tc" * 26,  # leading zeros, floats, signs, spaces: parsers may differ
+        "1" + "\t1.5" + "\t1" * 12 + "\tc" * 26,
+        "1" + "\t+1" + "\t1" * 12 + "\tc" * 26,
+        "1" + "\t 1" + "\t1" * 12 + "\tc" * 26,
+        "1" + "\t1" * 13,  # a cut line (padded by ingest)
+        "1" + "\t1" * 13 + "\tc" * 25 + "\t\ud800",  # not encodable
+    ],
+)
 def test_anything_not_plain_goes_to_the_feature_path(line):
     spec = FeatureSpec(schema=CRITEO, admitted=np.zeros(0, np.int64))
     assert small_features([line], spec) is None

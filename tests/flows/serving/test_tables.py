@@ -41,8 +41,13 @@ def test_a_chain_must_start_full_follow_its_bases_and_reach_the_targets_digest(t
     target = SparseRows(k[2:], np.vstack([np.ones((7, 2)), [[5, 5]]]).astype(np.float32), np.r_[np.zeros(7), 3])
     d = delta_rows(target, base)
     full = _commit(tmp_path, "v1", base, {"version": "v00001", "kind": "full", "rows_digest": rows_digest(base)})
-    good = {"version": "v00002", "kind": "delta", "base_version": "v00001", "base_rows_digest": rows_digest(base),
-            "rows_digest": rows_digest(SparseRows(target.keys, target.emb))}
+    good = {
+        "version": "v00002",
+        "kind": "delta",
+        "base_version": "v00001",
+        "base_rows_digest": rows_digest(base),
+        "rows_digest": rows_digest(SparseRows(target.keys, target.emb)),
+    }
     delta = _commit(tmp_path, "v2", d.rows, good, d.evicted)
     table = chain_table([full, delta])
     assert table.keys.tolist() == list(range(2, 10)) and table.emb[-1].tolist() == [5, 5]

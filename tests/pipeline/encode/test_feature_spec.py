@@ -20,15 +20,16 @@ CRITEO = get_schema("criteo")
 def _spec_of(events: pd.DataFrame) -> FeatureSpec:
     keys = np.concatenate([feature_keys(j, events[c]) for j, c in enumerate(CRITEO.categorical)])
     uniq, counts = np.unique(keys, return_counts=True)
-    return FeatureSpec(schema=CRITEO, admitted=uniq[counts >= 2], bag_pooling="mean", dense_buckets=16,
-                       dense_bucket_max=12.0)
+    return FeatureSpec(
+        schema=CRITEO, admitted=uniq[counts >= 2], bag_pooling="mean", dense_buckets=16, dense_bucket_max=12.0
+    )
 
 
 def test_lines_become_exactly_what_ingest_and_encode_make_of_the_same_file(shared_data, tmp_path):
     lines = (shared_data / "criteo" / "train_head_10k.tsv").read_text().splitlines()[:2000]
     lines[5] = "2\t" + lines[5].split("\t", 1)[1]  # bad label
     lines[9] = lines[9].replace("\t", ",")  # wrong format: one field
-    lines[11] = "1\tnot-a-number" + lines[11][lines[11].index("\t", 2):]
+    lines[11] = "1\tnot-a-number" + lines[11][lines[11].index("\t", 2) :]
     path = tmp_path / "day.tsv"
     path.write_text("\n".join(lines) + "\n")
     events, quarantine = read_log_file(str(path), "criteo")
@@ -38,7 +39,9 @@ def test_lines_become_exactly_what_ingest_and_encode_make_of_the_same_file(share
     want = encode_frame(events, CRITEO, spec.admitted)
     pd.testing.assert_frame_equal(parsed.features.reset_index(drop=True), want)
     assert parsed.index.tolist() == (events["order"].to_numpy() - 1).tolist()  # file line numbers are 1-based
-    assert parsed.errors == [(int(line) - 1, reason) for line, reason in zip(quarantine["line"], quarantine["reason"], strict=True)]
+    assert parsed.errors == [
+        (int(line) - 1, reason) for line, reason in zip(quarantine["line"], quarantine["reason"], strict=True)
+    ]
     assert [i for i, _ in parsed.errors] == [5, 9, 11]
     assert parsed.errors[0][1].startswith("bad label") and parsed.errors[1][1].startswith("wrong field count")
 
@@ -50,7 +53,10 @@ def test_rows_of_named_fields_take_the_same_path_as_lines(shared_data):
     rows = []
     for line in lines:
         values = line.split("\t") + [""] * (len(CRITEO.columns) - len(line.split("\t")))
-        row = {c: (None if v == "" else int(v) if c in CRITEO.dense else v) for c, v in zip(CRITEO.columns, values, strict=True)}
+        row = {
+            c: (None if v == "" else int(v) if c in CRITEO.dense else v)
+            for c, v in zip(CRITEO.columns, values, strict=True)
+        }
         del row["label"]  # not scored: may be left out
         rows.append(row)
     rows.insert(3, {"C1": "x", "bogus": 1})

@@ -71,7 +71,9 @@ def vocab_root(tmp_path_factory, raw_days, client):
     root = tmp_path_factory.mktemp("encode-root")
     shutil.copytree(raw_days.path, root / "raw")
     date = raw_days.dates[0]
-    ingest_date(date, layout=Layout(str(root)), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client)
+    ingest_date(
+        date, layout=Layout(str(root)), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client
+    )
     build_vocab(date, layout=Layout(str(root)), vocab=VocabConfig(min_count=5), fmt="criteo", client=client)
     return root, date
 
@@ -92,7 +94,9 @@ def test_a_day_is_encoded_into_time_ordered_train_and_eval(vocab_root, client):
     key_counts = pd.read_parquet(day / "key_counts.parquet")
     assert key_counts["count"].sum() == 2800 * 26 and key_counts["count"].is_monotonic_decreasing
     assert set(key_counts["key"]) == set(np.unique(train[[f"k_{j}" for j in range(26)]].to_numpy()))
-    again = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client)
+    again = encode_date(
+        date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.3), fmt="criteo", client=client
+    )
     assert again.skipped  # the rerun of a day with its own keys (`raw_keys`) is the same encoding: skipped
     # a day of 4,000 rows is under encode.raw_keys_up_to: its rows carry every value's own key too
     assert [c for c in train.columns if c.startswith("r_")] == [f"r_{j}" for j in range(26)] and manifest["raw_keys"]
@@ -136,8 +140,12 @@ def test_avazu_is_split_by_hour_then_order(tmp_path, client):
     lines = [header] + [",".join([str(i), str(i % 2), h, *[f"v{i % 3}"] * 21]) for i, h in enumerate(hours)]
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
     kw = {"layout": Layout(str(tmp_path / "root")), "client": client}
-    ingest_date("2014-10-21", input=InputConfig(url=str(tmp_path / "a.csv"), format="avazu"),
-                ingest=IngestConfig(rows_per_partition=7), **kw)
+    ingest_date(
+        "2014-10-21",
+        input=InputConfig(url=str(tmp_path / "a.csv"), format="avazu"),
+        ingest=IngestConfig(rows_per_partition=7),
+        **kw,
+    )
     build_vocab("2014-10-21", vocab=VocabConfig(), fmt="avazu", **kw)
     r = encode_date("2014-10-21", encode=EncodeConfig(eval_fraction=0.25), fmt="avazu", **kw)
     assert (r.rows_train, r.rows_eval) == (15, 5)
@@ -156,8 +164,12 @@ def test_a_replayed_day_keeps_copies_of_train_rows_out_of_eval(tmp_path, raw_day
     lines = gzip.decompress((raw_days.path / f"day_{day}.tsv.gz").read_bytes())
     (tmp_path / f"replay_{day}.tsv").write_bytes(lines * 3)
     kw = {"layout": Layout(str(tmp_path / "root")), "client": client}
-    ingest_date(day, input=InputConfig(url=str(tmp_path / "replay_{date}.tsv")),
-                ingest=IngestConfig(rows_per_partition=1500), **kw)
+    ingest_date(
+        day,
+        input=InputConfig(url=str(tmp_path / "replay_{date}.tsv")),
+        ingest=IngestConfig(rows_per_partition=1500),
+        **kw,
+    )
     build_vocab(day, vocab=VocabConfig(min_count=5), fmt="criteo", **kw)
     r = encode_date(day, encode=EncodeConfig(eval_fraction=0.2), fmt="criteo", **kw)
     rows = 3 * 4000
@@ -170,6 +182,7 @@ def test_a_replayed_day_keeps_copies_of_train_rows_out_of_eval(tmp_path, raw_day
 
 def test_a_day_without_copies_keeps_every_eval_row(vocab_root, client):
     root, date = vocab_root
-    r = encode_date(date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.25), fmt="criteo",
-                    client=client, force=True)
+    r = encode_date(
+        date, layout=Layout(str(root)), encode=EncodeConfig(eval_fraction=0.25), fmt="criteo", client=client, force=True
+    )
     assert r.rows_eval == 1000 and r.eval_copies_dropped == 0 and r.duplicate_share < 0.01

@@ -36,8 +36,9 @@ def test_labels_missing_values_and_histograms_are_counted():
 def test_chunks_add_up_to_the_whole():
     lines = [_line(i1=str(i), label=str(i % 2)) for i in range(50)]
     whole = chunk_stats(_table(lines), CRITEO)
-    parts = add_stats(add_stats(empty_stats(CRITEO), chunk_stats(_table(lines[:20]), CRITEO)),
-                      chunk_stats(_table(lines[20:]), CRITEO))
+    parts = add_stats(
+        add_stats(empty_stats(CRITEO), chunk_stats(_table(lines[:20]), CRITEO)), chunk_stats(_table(lines[20:]), CRITEO)
+    )
     assert parts == whole
 
 

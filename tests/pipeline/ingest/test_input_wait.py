@@ -27,8 +27,14 @@ def test_the_input_is_waited_for_and_each_poll_says_what_is_missing(caplog):
         return [{"url": "x"}] if clock.now >= 30 else []
 
     with caplog.at_level(logging.INFO, logger="ctrpipe"):
-        got = wait_for_input(find, url="/d/day.tsv", date="2026-01-01", input=InputConfig(wait_s=60, poll_s=10),
-                             clock=clock, sleep=clock.sleep)
+        got = wait_for_input(
+            find,
+            url="/d/day.tsv",
+            date="2026-01-01",
+            input=InputConfig(wait_s=60, poll_s=10),
+            clock=clock,
+            sleep=clock.sleep,
+        )
     assert got == [{"url": "x"}] and calls == [0, 10, 20, 30]
     assert sum("waiting for no file matches" in r.message for r in caplog.records) == 3
 
@@ -36,8 +42,14 @@ def test_the_input_is_waited_for_and_each_poll_says_what_is_missing(caplog):
 def test_no_input_after_the_wait_names_what_and_how_long():
     clock = Clock()
     with pytest.raises(FileNotFoundError, match=r"no input for 2026-01-01 at /d/day.tsv: no file .* after waiting 60s"):
-        wait_for_input(lambda: [], url="/d/day.tsv", date="2026-01-01", input=InputConfig(wait_s=60, poll_s=25),
-                       clock=clock, sleep=clock.sleep)
+        wait_for_input(
+            lambda: [],
+            url="/d/day.tsv",
+            date="2026-01-01",
+            input=InputConfig(wait_s=60, poll_s=25),
+            clock=clock,
+            sleep=clock.sleep,
+        )
     assert clock.now == 60  # the last poll is at the deadline, not past it
 
 
@@ -55,8 +67,9 @@ def test_with_a_done_file_the_files_alone_are_not_enough(tmp_path):
         (tmp_path / "_SUCCESS").touch()
 
     cfg = InputConfig(wait_s=30, poll_s=5, done_file="_SUCCESS")
-    got = wait_for_input(lambda: [{"url": "day"}], url=str(tmp_path / "day.tsv"), date="2026-01-01", input=cfg,
-                         clock=clock, sleep=sleep)
+    got = wait_for_input(
+        lambda: [{"url": "day"}], url=str(tmp_path / "day.tsv"), date="2026-01-01", input=cfg, clock=clock, sleep=sleep
+    )
     assert got == [{"url": "day"}] and clock.now == 5
     assert done_marker_url("s3://b/in/day_*.tsv", "_SUCCESS") == "s3://b/in/_SUCCESS"
     with pytest.raises(ValueError, match="input.done_file"):

@@ -141,8 +141,12 @@ def test_bad_timestamp_is_quarantined():
 
 
 def test_rows_of_other_dates_are_dropped_and_counted():
-    p = parse([avazu_line(hour="14102023"), avazu_line(hour="14102100"), avazu_line(hour="14102200")],
-              schema=AVAZU, first_line=2, date="2014-10-21")
+    p = parse(
+        [avazu_line(hour="14102023"), avazu_line(hour="14102100"), avazu_line(hour="14102200")],
+        schema=AVAZU,
+        first_line=2,
+        date="2014-10-21",
+    )
     assert len(p.events) == 1 and p.rows_other_dates == 2 and len(p.quarantine) == 0
 
 

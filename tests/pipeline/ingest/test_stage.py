@@ -67,9 +67,13 @@ def test_too_many_bad_rows_fails_naming_the_file_and_commits_nothing(raw_root, c
     assert info.value.kind == "too_many_bad_rows"
     lines_of_message = str(info.value).splitlines()
     assert len(lines_of_message) <= 4 and "50 of 4000 rows (1.25%)" in lines_of_message[0]
-    assert re.search(r"wrong field count x50, e\.g\. \S*day_2026-01-02\.tsv\.gz line 11: 3 fields, expected 14\.\.40",
-                     str(info.value))  # the counts found and expected, and where
-    assert "raise ingest.max_bad_fraction (now 0.01)" in lines_of_message[-1]  # a few bad rows: accepting them is an option
+    assert re.search(
+        r"wrong field count x50, e\.g\. \S*day_2026-01-02\.tsv\.gz line 11: 3 fields, expected 14\.\.40",
+        str(info.value),
+    )  # the counts found and expected, and where
+    assert (
+        "raise ingest.max_bad_fraction (now 0.01)" in lines_of_message[-1]
+    )  # a few bad rows: accepting them is an option
     assert siblings(raw_root, "events") == [] and siblings(raw_root, "quarantine") == []
     loose = IngestConfig(rows_per_partition=1500, max_bad_fraction=0.05)
     r = ingest_date(DAYS[1], layout=Layout(str(raw_root)), input=InputConfig(), ingest=loose, client=client)
@@ -79,7 +83,10 @@ def test_too_many_bad_rows_fails_naming_the_file_and_commits_nothing(raw_root, c
 
 
 def test_missing_input_names_the_date_and_url(raw_root, client):
-    with pytest.raises(FileNotFoundError, match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz: no file matches the input URL; check input\.url"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no input for 2027-01-01 at .*day_2027-01-01\.tsv\.gz: no file matches the input URL; check input\.url",
+    ):
         ingest_date("2027-01-01", layout=Layout(str(raw_root)), input=InputConfig(), ingest=SMALL_PARTS, client=client)
 
 
@@ -95,13 +102,17 @@ def _shop_schema(tmp_path, text: str):
 def _ingest_shop(tmp_path, client, schema_text: str, data: str = SHOP):
     (tmp_path / "shop.csv").write_text(data)
     inp = InputConfig(url=str(tmp_path / "shop.csv"), format=_shop_schema(tmp_path, schema_text))
-    return ingest_date("2026-02-01", layout=Layout(str(tmp_path / "root")), input=inp, ingest=IngestConfig(),
-                       client=client)
+    return ingest_date(
+        "2026-02-01", layout=Layout(str(tmp_path / "root")), input=inp, ingest=IngestConfig(), client=client
+    )
 
 
 def test_a_csv_schema_without_its_separator_says_the_separator_is_the_likely_cause(tmp_path, client):
-    with pytest.raises(ValueError, match=r"shop\.csv: line 1 is the header of the shop columns split on ',', but the "
-                                         r"format's separator is '\\t': set separator: ','"):
+    with pytest.raises(
+        ValueError,
+        match=r"shop\.csv: line 1 is the header of the shop columns split on ',', but the "
+        r"format's separator is '\\t': set separator: ','",
+    ):
         _ingest_shop(tmp_path, client, "timestamp: {column: ts, format: '%Y-%m-%d %H:%M:%S'}\n")
 
 
@@ -109,14 +120,18 @@ def test_a_timestamp_format_mistake_shows_a_sample_value_and_the_format_not_the_
     with pytest.raises(IngestError) as info:
         _ingest_shop(tmp_path, client, "separator: ','\ntimestamp: {column: ts, format: '%d/%m/%Y %H:%M'}\n")
     text = str(info.value)
-    assert "bad timestamp x300, e.g. " in text and "shop.csv line 2: ts='2026-02-01 10:00:00', expected format " \
-        "'%d/%m/%Y %H:%M'" in text
+    assert (
+        "bad timestamp x300, e.g. " in text
+        and "shop.csv line 2: ts='2026-02-01 10:00:00', expected format '%d/%m/%Y %H:%M'" in text
+    )
     assert "fix timestamp.format in the schema file" in text and "max_bad_fraction (now" not in text
 
 
 def test_an_empty_file_says_the_file_is_empty(tmp_path, client):
     with pytest.raises(IngestError, match=r"no rows for 2026-02-01: \S*shop\.csv is empty") as info:
-        _ingest_shop(tmp_path, client, "separator: ','\ntimestamp: {column: ts, format: '%Y-%m-%d %H:%M:%S'}\n", data="")
+        _ingest_shop(
+            tmp_path, client, "separator: ','\ntimestamp: {column: ts, format: '%Y-%m-%d %H:%M:%S'}\n", data=""
+        )
     assert info.value.kind == "no_rows"
 
 
@@ -163,7 +178,9 @@ def test_a_glob_url_reads_several_files_in_name_order(raw_root, client):
     (split / "20260101-a.tsv").write_bytes(b"".join(lines[:2500]))
     (split / "20260101-b.tsv.bz2").write_bytes(bz2.compress(b"".join(lines[2500:])))
     url = str(split / "{yyyymmdd}-*.tsv*")
-    r = ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=url), ingest=SMALL_PARTS, client=client)
+    r = ingest_date(
+        DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=url), ingest=SMALL_PARTS, client=client
+    )
     assert r.rows_written == ROWS_PER_DAY and len(r.inputs) == 2 and r.parts == 3  # 1500+1000, 1500
     events = events_of(raw_root, DAYS[0])
     assert events["order"].is_monotonic_increasing and int(events["order"].iloc[-1]) >> 40 == 1
@@ -171,8 +188,13 @@ def test_a_glob_url_reads_several_files_in_name_order(raw_root, client):
 
 def test_a_criteo_url_without_the_date_is_refused(raw_root, client):
     with pytest.raises(ValueError, match="placeholder"):
-        ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=str(raw_root / "raw" / "*.gz")), ingest=SMALL_PARTS,
-                    client=client)
+        ingest_date(
+            DAYS[0],
+            layout=Layout(str(raw_root)),
+            input=InputConfig(url=str(raw_root / "raw" / "*.gz")),
+            ingest=SMALL_PARTS,
+            client=client,
+        )
 
 
 def test_worker_processes_run_the_same_ingest(raw_root):
@@ -187,7 +209,9 @@ def test_real_criteo_sample_split_into_days(tmp_path, shared_data, client):
     (tmp_path / "day_2026-02-02.tsv.gz").write_bytes(gzip.compress(b"".join(lines[5000:])))
     url = str(tmp_path / "day_{date}.tsv*")
     results = [
-        ingest_date(d, layout=Layout(str(tmp_path / "root")), input=InputConfig(url=url), ingest=IngestConfig(), client=client)
+        ingest_date(
+            d, layout=Layout(str(tmp_path / "root")), input=InputConfig(url=url), ingest=IngestConfig(), client=client
+        )
         for d in ("2026-02-01", "2026-02-02")
     ]
     assert [r.rows_written for r in results] == [5000, 5000] and sum(r.rows_quarantined for r in results) == 0
@@ -205,8 +229,13 @@ def test_rows_cut_short_are_counted_as_padded_not_quarantined(tmp_path, shared_d
     lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines()[:1000]
     cut = [b"\t".join(line.split(b"\t")[:20]) for line in lines[:300]] + lines[300:]
     (tmp_path / "day_2026-02-01.tsv").write_bytes(b"\n".join(cut) + b"\n")
-    r = ingest_date("2026-02-01", layout=Layout(str(tmp_path / "root")), input=InputConfig(url=str(tmp_path / "day_{date}.tsv")),
-                    ingest=IngestConfig(), client=client)
+    r = ingest_date(
+        "2026-02-01",
+        layout=Layout(str(tmp_path / "root")),
+        input=InputConfig(url=str(tmp_path / "day_{date}.tsv")),
+        ingest=IngestConfig(),
+        client=client,
+    )
     assert (r.rows_written, r.rows_quarantined, r.rows_padded) == (1000, 0, 300)
 
 
@@ -220,8 +249,13 @@ def test_a_late_input_is_waited_for(raw_root, client, tmp_path):
     timer = threading.Timer(2.0, lambda: (late / src.name).write_bytes(src.read_bytes()))
     timer.start()
     try:
-        r = ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(url=str(late / "day_{date}.tsv.gz"),
-                        wait_s=4, poll_s=0.5), ingest=SMALL_PARTS, client=client)
+        r = ingest_date(
+            DAYS[0],
+            layout=Layout(str(raw_root)),
+            input=InputConfig(url=str(late / "day_{date}.tsv.gz"), wait_s=4, poll_s=0.5),
+            ingest=SMALL_PARTS,
+            client=client,
+        )
     finally:
         timer.cancel()
     assert r.rows_written == ROWS_PER_DAY
@@ -230,8 +264,13 @@ def test_a_late_input_is_waited_for(raw_root, client, tmp_path):
 def test_an_input_that_never_lands_fails_saying_how_long_it_waited_and_for_what(raw_root, client):
     (raw_root / "raw" / "_SUCCESS").unlink(missing_ok=True)
     with pytest.raises(FileNotFoundError, match=r"the done marker .*_SUCCESS is not there .* after waiting 1s"):
-        ingest_date(DAYS[0], layout=Layout(str(raw_root)), input=InputConfig(wait_s=1, poll_s=0.3, done_file="_SUCCESS"),
-                    ingest=SMALL_PARTS, client=client)
+        ingest_date(
+            DAYS[0],
+            layout=Layout(str(raw_root)),
+            input=InputConfig(wait_s=1, poll_s=0.3, done_file="_SUCCESS"),
+            ingest=SMALL_PARTS,
+            client=client,
+        )
 
 
 def test_real_avazu_sample_is_dated_by_its_hour(tmp_path, shared_data, client):
@@ -239,7 +278,11 @@ def test_real_avazu_sample_is_dated_by_its_hour(tmp_path, shared_data, client):
     moved = [line.replace(",14102100,", ",14102200,") for line in text[-1000:]]  # the next day's rows
     path = tmp_path / "avazu.csv"
     path.write_text("".join(text[:-1000] + moved))
-    kw = {"layout": Layout(str(tmp_path / "root")), "input": InputConfig(url=str(path), format="avazu"), "client": client}
+    kw = {
+        "layout": Layout(str(tmp_path / "root")),
+        "input": InputConfig(url=str(path), format="avazu"),
+        "client": client,
+    }
     r = ingest_date("2014-10-21", ingest=IngestConfig(rows_per_partition=4000), **kw)
     assert (r.rows_read, r.rows_written, r.rows_other_dates, r.rows_quarantined) == (9999, 8999, 1000, 0)
     assert set(events_of(tmp_path / "root", "2014-10-21")["ts"]) == {1413849600}
@@ -255,10 +298,18 @@ def test_a_large_plain_file_is_split_in_byte_ranges_with_true_line_numbers(tmp_p
     (tmp_path / f"day_{DAYS[0]}.tsv").write_bytes(b"".join(lines))
     inp = InputConfig(url=str(tmp_path / "day_{date}.tsv"))
     kw = {"input": inp, "client": client}
-    whole = ingest_date(DAYS[0], layout=Layout(str(tmp_path / "a")), ingest=IngestConfig(rows_per_partition=700,
-                        max_bad_fraction=0.01), **kw)
-    split = ingest_date(DAYS[0], layout=Layout(str(tmp_path / "b")), ingest=IngestConfig(rows_per_partition=700,
-                        max_bad_fraction=0.01, block_size=50_000), **kw)
+    whole = ingest_date(
+        DAYS[0],
+        layout=Layout(str(tmp_path / "a")),
+        ingest=IngestConfig(rows_per_partition=700, max_bad_fraction=0.01),
+        **kw,
+    )
+    split = ingest_date(
+        DAYS[0],
+        layout=Layout(str(tmp_path / "b")),
+        ingest=IngestConfig(rows_per_partition=700, max_bad_fraction=0.01, block_size=50_000),
+        **kw,
+    )
     manifest = json.loads((tmp_path / "b" / "events" / f"date={DAYS[0]}" / "_SUCCESS.json").read_text())
     assert manifest["blocks"] > 10 and (split.rows_written, split.rows_quarantined) == (whole.rows_written, 3)
     ev = [pd.read_parquet(tmp_path / r / "events" / f"date={DAYS[0]}") for r in ("a", "b")]

@@ -51,15 +51,24 @@ def test_reading_ahead_and_writing_behind_in_threads_changes_no_output(raw_root,
     for overlap in (False, True):
         cfg = IngestConfig(rows_per_partition=700, max_bad_fraction=0.01, overlap_io=overlap)
         out_root = raw_root / f"overlap-{overlap}"
-        r = ingest_date(DAYS[0], layout=Layout(str(out_root)), input=InputConfig(url=str(raw_root / name)), ingest=cfg, client=client)
+        r = ingest_date(
+            DAYS[0],
+            layout=Layout(str(out_root)),
+            input=InputConfig(url=str(raw_root / name)),
+            ingest=cfg,
+            client=client,
+        )
         out[overlap] = (r, events_of(out_root, DAYS[0]), read_quarantine(Layout(str(out_root)), DAYS[0]))
     (r0, ev0, q0), (r1, ev1, q1) = out[False], out[True]
     assert (r1.rows_read, r1.rows_written, r1.rows_quarantined, r1.parts) == (r0.rows_read, r0.rows_written, 8, 6)
     pd.testing.assert_frame_equal(ev1, ev0)
     pd.testing.assert_frame_equal(q1, q0)
     assert q1["line"].tolist() == [6, 11, 778, 1500, 1501, 1502, 2223, 4000]  # true 1-based line numbers
-    assert q1["reason"].tolist()[:3] == ["blank line", "wrong field count: 3 fields, expected 14..40",
-                                         "non-numeric integer field: I1='x1'"]
+    assert q1["reason"].tolist()[:3] == [
+        "blank line",
+        "wrong field count: 3 fields, expected 14..40",
+        "non-numeric integer field: I1='x1'",
+    ]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -68,9 +77,15 @@ def test_a_corrupt_gzip_fails_naming_the_file_with_or_without_read_ahead(raw_roo
     gz = raw.read_bytes()
     raw.write_bytes(gz[:4000] + bytes(200) + gz[4200:])  # damaged inside, not at the end
     cfg = IngestConfig(rows_per_partition=1500, overlap_io=overlap)
-    with pytest.raises(IngestError, match=r"day_2026-01-03\.tsv\.gz: cannot decompress \(gzip\).*truncated or corrupt") as info:
+    with pytest.raises(
+        IngestError, match=r"day_2026-01-03\.tsv\.gz: cannot decompress \(gzip\).*truncated or corrupt"
+    ) as info:
         ingest_date(DAYS[2], layout=Layout(str(raw_root)), input=InputConfig(), ingest=cfg, client=client)
-    assert info.value.kind == "corrupt_input" and siblings(raw_root, "events") == [] and siblings(raw_root, "quarantine") == []
+    assert (
+        info.value.kind == "corrupt_input"
+        and siblings(raw_root, "events") == []
+        and siblings(raw_root, "quarantine") == []
+    )
 
 
 def test_events_parts_keep_min_max_statistics_of_numeric_columns_only(raw_root, client):
@@ -91,10 +106,23 @@ def test_byte_ranges_own_the_lines_that_start_in_them_and_number_them_truly(tmp_
     for d in ("events", "quarantine"):
         fs.makedirs(str(tmp_path / d))
     results = [
-        ingest_file(FileTask(url=str(tmp_path / "day.tsv"), file_index=0, schema=CRITEO, input_options=None, out_fs=fs,
-                             events_dir=str(tmp_path / "events"), quarantine_dir=str(tmp_path / "quarantine"),
-                             rows_per_partition=300, date=DAYS[0], block_index=b, start=start, end=end,
-                             first_line=line))
+        ingest_file(
+            FileTask(
+                url=str(tmp_path / "day.tsv"),
+                file_index=0,
+                schema=CRITEO,
+                input_options=None,
+                out_fs=fs,
+                events_dir=str(tmp_path / "events"),
+                quarantine_dir=str(tmp_path / "quarantine"),
+                rows_per_partition=300,
+                date=DAYS[0],
+                block_index=b,
+                start=start,
+                end=end,
+                first_line=line,
+            )
+        )
         for b, (start, end, line) in enumerate([(0, cut, 1), (cut, None, first_line)])
     ]
     assert first_line == data[:cut].count(b"\n") + 2  # the line cut in two is the first range's

@@ -29,13 +29,23 @@ def random_days(seed: int, n: int = 4) -> dict[int, tuple[np.ndarray, np.ndarray
 
 def as_previous(vocab: dict) -> dict:
     """A bucket's vocabulary (dates as day numbers) as the next day's previous state."""
-    return {"key": vocab["key"], "count": vocab["count"], "first": vocab["first_seen"], "last": vocab["last_seen"],
-            "admitted": vocab["admitted"]}
+    return {
+        "key": vocab["key"],
+        "count": vocab["count"],
+        "first": vocab["first_seen"],
+        "last": vocab["last_seen"],
+        "admitted": vocab["admitted"],
+    }
 
 
 def empty_previous() -> dict:
-    return {"key": np.empty(0, np.int64), "count": np.empty(0, np.int64), "first": np.empty(0, np.int64),
-            "last": np.empty(0, np.int64), "admitted": np.empty(0, bool)}
+    return {
+        "key": np.empty(0, np.int64),
+        "count": np.empty(0, np.int64),
+        "first": np.empty(0, np.int64),
+        "last": np.empty(0, np.int64),
+        "admitted": np.empty(0, bool),
+    }
 
 
 def select(columns: dict, mask: np.ndarray) -> dict:
@@ -78,14 +88,19 @@ def test_the_delta_merge_with_a_date_dictionary_gives_the_window_merge_vocabular
     previous = as_previous(v.vocab)
     want = vocab_of(days, DATE, previous, RULE)
     dictionary = np.unique(np.concatenate([previous["first"], previous["last"]]))
-    indexed = {**previous, "first": np.searchsorted(dictionary, previous["first"]).astype(np.int32),
-               "last": np.searchsorted(dictionary, previous["last"]).astype(np.int32)}
-    got = update_bucket(date=DATE, today=days[DATE], previous=indexed, days=dictionary, dropped=days[DATE - 2],
-                        delta=True, rule=RULE)
+    indexed = {
+        **previous,
+        "first": np.searchsorted(dictionary, previous["first"]).astype(np.int32),
+        "last": np.searchsorted(dictionary, previous["last"]).astype(np.int32),
+    }
+    got = update_bucket(
+        date=DATE, today=days[DATE], previous=indexed, days=dictionary, dropped=days[DATE - 2], delta=True, rule=RULE
+    )
     assert got.days is not None
     for name, column in want.vocab.items():
-        np.testing.assert_array_equal(got.days[got.vocab[name]] if name in ("first_seen", "last_seen") else
-                                      got.vocab[name], column)
+        np.testing.assert_array_equal(
+            got.days[got.vocab[name]] if name in ("first_seen", "last_seen") else got.vocab[name], column
+        )
     for name, column in want.evicted.items():
         np.testing.assert_array_equal(got.evicted[name], column)
     np.testing.assert_array_equal(got.totals.covered, want.totals.covered)
@@ -101,17 +116,46 @@ def test_with_a_cap_the_stage_split_across_buckets_equals_one_bucket_holding_eve
     merged: list[MergedRows] = []
     for b in range(buckets):
         mine = {d: (k[bucket_of(k, buckets) == b], c[bucket_of(k, buckets) == b]) for d, (k, c) in days.items()}
-        merged.append(merge_rows(date=DATE, today=mine[DATE], previous=empty_previous(), rule=rule,
-                                 window=[(d, *mine[d]) for d in (DATE - 1,)]))
-    search = CapSearch(cap=rule.cap, admitted=sum(np.bincount(m.rows["field"][m.rows["admitted"]], minlength=3)
-                                                  for m in merged), buckets=buckets)
+        merged.append(
+            merge_rows(
+                date=DATE,
+                today=mine[DATE],
+                previous=empty_previous(),
+                rule=rule,
+                window=[(d, *mine[d]) for d in (DATE - 1,)],
+            )
+        )
+    search = CapSearch(
+        cap=rule.cap,
+        admitted=sum(np.bincount(m.rows["field"][m.rows["admitted"]], minlength=3) for m in merged),
+        buckets=buckets,
+    )
     while not search.done:
-        search.absorb([cap_histograms(field=m.rows["field"], bits=score_bits(m.rows["score"]),
-                                      admitted=m.rows["admitted"], query=search.query(), shift=search.shift)
-                       for m in merged])
-    parts = [finish_rows(m, cap_mask(field=m.rows["field"], bits=score_bits(m.rows["score"]),
-                                     admitted=m.rows["admitted"],
-                                     cuts={f: (c.bits, c.take[b]) for f, c in search.cuts.items()}),
-                         n_fields=3, day_keys=0) for b, m in enumerate(merged)]
+        search.absorb(
+            [
+                cap_histograms(
+                    field=m.rows["field"],
+                    bits=score_bits(m.rows["score"]),
+                    admitted=m.rows["admitted"],
+                    query=search.query(),
+                    shift=search.shift,
+                )
+                for m in merged
+            ]
+        )
+    parts = [
+        finish_rows(
+            m,
+            cap_mask(
+                field=m.rows["field"],
+                bits=score_bits(m.rows["score"]),
+                admitted=m.rows["admitted"],
+                cuts={f: (c.bits, c.take[b]) for f, c in search.cuts.items()},
+            ),
+            n_fields=3,
+            day_keys=0,
+        )
+        for b, m in enumerate(merged)
+    ]
     got = np.sort(np.concatenate([p.vocab["key"][p.vocab["admitted"]] for p in parts]))
     np.testing.assert_array_equal(got, whole.vocab["key"][whole.vocab["admitted"]])

@@ -12,12 +12,14 @@ from tests.helpers.vocab_reference import reference_within_cap
 
 
 def test_the_per_field_cap_keeps_the_highest_scores_and_evicts_the_rest():
-    first = update_vocab(date="2026-01-01", days={"2026-01-01": counts(a=5, b=4, c=3)}, previous=None,
-                         config=VocabConfig(min_count=1))
+    first = update_vocab(
+        date="2026-01-01", days={"2026-01-01": counts(a=5, b=4, c=3)}, previous=None, config=VocabConfig(min_count=1)
+    )
     assert first.vocab["admitted"].all()
     days = {"2026-01-01": counts(a=5, b=4, c=3), "2026-01-02": counts(c=9)}
-    capped = update_vocab(date="2026-01-02", days=days, previous=first.vocab,
-                          config=VocabConfig(min_count=1, max_keys_per_field=2))
+    capped = update_vocab(
+        date="2026-01-02", days=days, previous=first.vocab, config=VocabConfig(min_count=1, max_keys_per_field=2)
+    )
     admitted = set(capped.vocab.loc[capped.vocab["admitted"], "key"])
     assert admitted == {key("c"), key("a")} and capped.evicted["key"].tolist() == [key("b")]
 
@@ -42,8 +44,14 @@ def test_the_cap_search_over_buckets_keeps_exactly_the_single_table_top_keys(dec
     search = CapSearch(cap=cap, admitted=per_field, buckets=buckets)
     rounds = 0
     while not search.done:
-        search.absorb([cap_histograms(field=field[p], bits=bits[p], admitted=admitted[p], query=search.query(),
-                                      shift=search.shift) for p in parts])
+        search.absorb(
+            [
+                cap_histograms(
+                    field=field[p], bits=bits[p], admitted=admitted[p], query=search.query(), shift=search.shift
+                )
+                for p in parts
+            ]
+        )
         rounds += 1
     assert rounds <= 5 and set(search.cuts) == {f for f in range(4) if per_field[f] > cap}
     got = np.zeros(len(keys), bool)

@@ -21,14 +21,28 @@ from storage.io import codec, fsio
 from tests.helpers.formats import newer, sample
 
 FULL = VocabManifest(
-    date="2026-01-04", format="criteo", config={"window_days": 3, "min_count": 2, "min_count_per_field": {"C7": 4}},
-    window_dates=("2026-01-03", "2026-01-04"), window_runs={"2026-01-03": "r0", "2026-01-04": "r1"},
-    previous_vocab_date="2026-01-03", merge="delta", buckets=4, day_rows=1000, day_keys=300, vocab_rows=700,
-    admitted=500, seen=650, evicted=7,
-    per_field=(FieldStats("C1", seen=10, admitted=8, evicted=1, coverage=0.9, oov_rate=0.05, missing_rate=0.05),
-               FieldStats("T1", seen=3, admitted=3, coverage=1.0)),
+    date="2026-01-04",
+    format="criteo",
+    config={"window_days": 3, "min_count": 2, "min_count_per_field": {"C7": 4}},
+    window_dates=("2026-01-03", "2026-01-04"),
+    window_runs={"2026-01-03": "r0", "2026-01-04": "r1"},
+    previous_vocab_date="2026-01-03",
+    merge="delta",
+    buckets=4,
+    day_rows=1000,
+    day_keys=300,
+    vocab_rows=700,
+    admitted=500,
+    seen=650,
+    evicted=7,
+    per_field=(
+        FieldStats("C1", seen=10, admitted=8, evicted=1, coverage=0.9, oov_rate=0.05, missing_rate=0.05),
+        FieldStats("T1", seen=3, admitted=3, coverage=1.0),
+    ),
     day_fields=(DayFieldStats("C1", day_keys=9, oov_rate_previous=0.1),),
-    seconds={"count": 0.5, "merge": 1.25, "evicted_and_report": 0.1}, events_run_id="e1", run_id="r1",
+    seconds={"count": 0.5, "merge": 1.25, "evicted_and_report": 0.1},
+    events_run_id="e1",
+    run_id="r1",
     code_version="abc",
 )
 
@@ -59,8 +73,11 @@ def test_unknown_fields_are_ignored() -> None:
 
 
 def test_a_newer_version_is_refused_naming_the_file_and_what_to_do() -> None:
-    with pytest.raises(FormatError, match=r"/v/_SUCCESS\.json has format 'ctr-pipeline-vocab/2', written by a "
-                                          r"newer ctr-pipeline.*upgrade ctr-pipeline.*vocab stage.*--force"):
+    with pytest.raises(
+        FormatError,
+        match=r"/v/_SUCCESS\.json has format 'ctr-pipeline-vocab/2', written by a "
+        r"newer ctr-pipeline.*upgrade ctr-pipeline.*vocab stage.*--force",
+    ):
         VocabManifest.from_dict({**TODAY, "manifest_format": "ctr-pipeline-vocab/2"}, where="/v/_SUCCESS.json")
 
 

@@ -17,9 +17,15 @@ FS = LocalFileSystem()
 def vocab_columns(rng, n: int, date: int = 20454) -> dict[str, np.ndarray]:
     keys = np.unique((rng.integers(0, 3, n) << 56) | rng.integers(2, 1 << 56, n))
     count = rng.integers(0, 9, len(keys))
-    return {"field": field_of(keys).astype(np.int16), "key": keys, "count": count, "score": count.astype(np.float64),
-            "first_seen": date - rng.integers(0, 30, len(keys)), "last_seen": date - rng.integers(0, 3, len(keys)),
-            "admitted": count > 3}
+    return {
+        "field": field_of(keys).astype(np.int16),
+        "key": keys,
+        "count": count,
+        "score": count.astype(np.float64),
+        "first_seen": date - rng.integers(0, 30, len(keys)),
+        "last_seen": date - rng.integers(0, 3, len(keys)),
+        "admitted": count > 3,
+    }
 
 
 def test_a_vocabulary_part_holds_plain_string_dates_in_required_uncompressed_columns(tmp_path):
@@ -27,8 +33,11 @@ def test_a_vocabulary_part_holds_plain_string_dates_in_required_uncompressed_col
     vocab = vocab_columns(rng, 500)
     write_vocab_part(FS, str(tmp_path / "a.parquet"), vocab)  # dates as day numbers
     days = np.unique(np.r_[vocab["first_seen"], vocab["last_seen"]])[::-1]  # as indices into a dictionary
-    indexed = {**vocab, "first_seen": np.searchsorted(-days, -vocab["first_seen"]).astype(np.int32),
-               "last_seen": np.searchsorted(-days, -vocab["last_seen"]).astype(np.int32)}
+    indexed = {
+        **vocab,
+        "first_seen": np.searchsorted(-days, -vocab["first_seen"]).astype(np.int32),
+        "last_seen": np.searchsorted(-days, -vocab["last_seen"]).astype(np.int32),
+    }
     write_vocab_part(FS, str(tmp_path / "b.parquet"), indexed, days=days)
     a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
     assert a.equals(b)

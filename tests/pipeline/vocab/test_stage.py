@@ -40,8 +40,11 @@ def write_events(root: Path, date: str, *, seed: int, rows: int = 1200, parts: i
     names = []
     for p, chunk in enumerate(np.array_split(np.arange(rows), parts)):
         n = len(chunk)
-        cols = {"label": pa.array(rng.integers(0, 2, n).astype(np.int8)), "ts": pa.nulls(n, pa.int64()),
-                "order": pa.array(chunk.astype(np.int64))}
+        cols = {
+            "label": pa.array(rng.integers(0, 2, n).astype(np.int8)),
+            "ts": pa.nulls(n, pa.int64()),
+            "order": pa.array(chunk.astype(np.int64)),
+        }
         for name in CRITEO.dense:
             cols[name] = pa.array(rng.random(n).astype(np.float32))
         for j, name in enumerate(FIELDS):
@@ -52,8 +55,11 @@ def write_events(root: Path, date: str, *, seed: int, rows: int = 1200, parts: i
             cols[name] = pa.array(values, type=pa.string())
         names.append({"name": f"part-{p:05d}.parquet", "rows": n})
         pq.write_table(pa.table(cols, schema=schema), out / names[-1]["name"])
-    (out / "_SUCCESS.json").write_text(json.dumps({"date": date, "format": "criteo", "rows_written": rows,
-                                                   "parts": names, "run_id": f"events-{date}-{seed}"}))
+    (out / "_SUCCESS.json").write_text(
+        json.dumps(
+            {"date": date, "format": "criteo", "rows_written": rows, "parts": names, "run_id": f"events-{date}-{seed}"}
+        )
+    )
 
 
 def committed(root: Path, date: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -68,14 +74,21 @@ def assert_same_as_reference(root: Path, date: str, ref: tuple[pd.DataFrame, pd.
     want_vocab, want_evicted, want_stats = ref
     pd.testing.assert_frame_equal(vocab, want_vocab, check_exact=True, check_dtype=False, obj=f"vocab {date}")
     assert evicted["key"].is_monotonic_increasing
-    pd.testing.assert_frame_equal(evicted.reset_index(drop=True), want_evicted.reset_index(drop=True),
-                                  check_exact=True, check_dtype=False, obj=f"evicted {date}")
+    pd.testing.assert_frame_equal(
+        evicted.reset_index(drop=True),
+        want_evicted.reset_index(drop=True),
+        check_exact=True,
+        check_dtype=False,
+        obj=f"evicted {date}",
+    )
     assert manifest["per_field"] == want_stats
     report = load_report(Layout(str(root)), date).drop(columns="date")
     assert report.to_dict("records") == want_stats
     assert manifest["admitted"] == int(want_vocab["admitted"].sum()) and manifest["evicted"] == len(want_evicted)
     assert manifest["seen"] == int((want_vocab["count"] > 0).sum())
-    np.testing.assert_array_equal(load_admitted(Layout(str(root)), date), np.sort(want_vocab.loc[want_vocab["admitted"], "key"]))
+    np.testing.assert_array_equal(
+        load_admitted(Layout(str(root)), date), np.sort(want_vocab.loc[want_vocab["admitted"], "key"])
+    )
     np.testing.assert_array_equal(load_evicted(Layout(str(root)), date), np.sort(want_evicted["key"]))
     assert manifest["day_fields"] == day_fields_reference(root, date, manifest)
     return manifest
@@ -94,8 +107,13 @@ def day_fields_reference(root: Path, date: str, manifest: dict) -> list[dict]:
     for j, name in enumerate(FIELDS):
         rows = day[day["field"] == j]
         new = int(rows.loc[~rows["known"], "count"].sum())
-        out.append({"field": name, "day_keys": int((rows["count"] > 0).sum()),
-                    "oov_rate_previous": round(new / manifest["day_rows"], 6)})
+        out.append(
+            {
+                "field": name,
+                "day_keys": int((rows["count"] > 0).sum()),
+                "oov_rate_previous": round(new / manifest["day_rows"], 6),
+            }
+        )
     return out
 
 
@@ -121,8 +139,9 @@ def fresh_root(events_root: Path, tmp_path: Path) -> Path:
 # ---- the stage against the reference ------------------------------------------------------------------
 def test_daily_delta_merges_equal_the_reference_including_ties_at_the_cap(events_root, tmp_path, client):
     root = fresh_root(events_root, tmp_path)
-    cfg = VocabConfig(window_days=3, min_count=2, ttl_days=2, max_keys_per_field=12, merge_buckets=5,
-                      min_count_per_field={"C7": 4})
+    cfg = VocabConfig(
+        window_days=3, min_count=2, ttl_days=2, max_keys_per_field=12, merge_buckets=5, min_count_per_field={"C7": 4}
+    )
     ref = Reference(root)
     modes, evicted, split_ties = [], 0, 0
     for d in DATES:
@@ -166,8 +185,9 @@ def test_decay_gaps_and_changing_bucket_counts_equal_the_reference(events_root, 
     ref = Reference(root)
     plan = [(DATES[0], 3), (DATES[1], 8), (DATES[3], 1), (DATES[4], 6), (DATES[5], 0), (DATES[6], 7)]
     for d, buckets in plan:
-        cfg = VocabConfig(window_days=4, min_count=2, ttl_days=3, decay=0.7, max_keys_per_field=9,
-                          merge_buckets=buckets)
+        cfg = VocabConfig(
+            window_days=4, min_count=2, ttl_days=3, decay=0.7, max_keys_per_field=9, merge_buckets=buckets
+        )
         build_vocab(d, layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client)
         manifest = assert_same_as_reference(root, d, ref.build(d, cfg))
         assert manifest["merge"] == "window" and manifest["buckets"] == (buckets or 1)
@@ -181,7 +201,9 @@ def test_incremental_and_full_window_merges_give_identical_files(events_root, tm
     delta = committed(root, DATES[4])
     again = build_vocab(DATES[4], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client, force=True)
     assert committed(root, DATES[4])[2]["merge"] == "delta" and not again.skipped  # an idempotent rerun
-    full = build_vocab(DATES[4], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client, force=True, incremental=False)
+    full = build_vocab(
+        DATES[4], layout=Layout(str(root)), vocab=cfg, fmt="criteo", client=client, force=True, incremental=False
+    )
     window = committed(root, DATES[4])
     assert window[2]["merge"] == "window" and full.admitted == delta[2]["admitted"]
     for a, b in zip(delta[:2], window[:2], strict=True):
@@ -210,7 +232,13 @@ def ingested(tmp_path_factory, raw_days, client):
     root = tmp_path_factory.mktemp("vocab-root")
     shutil.copytree(raw_days.path, root / "raw")
     for d in raw_days.dates:
-        ingest_date(d, layout=Layout(str(root)), input=InputConfig(), ingest=IngestConfig(rows_per_partition=1500), client=client)
+        ingest_date(
+            d,
+            layout=Layout(str(root)),
+            input=InputConfig(),
+            ingest=IngestConfig(rows_per_partition=1500),
+            client=client,
+        )
     return root, raw_days.dates
 
 
@@ -278,5 +306,11 @@ def test_vocab_report_is_written_per_date(tmp_path, raw_days, client):
     md = (tmp_path / "vocab" / f"date={date}" / "report.md").read_text()
     assert md.startswith(f"# Vocabulary {date}") and "| C3 |" in md and "max_keys_per_field=50" in md
     with pytest.raises(ValueError, match=r"unknown fields \['C99'\]"):
-        build_vocab(date, layout=Layout(str(tmp_path)), vocab=VocabConfig(min_count_per_field={"C99": 2}), fmt="criteo",
-                    client=client, force=True)
+        build_vocab(
+            date,
+            layout=Layout(str(tmp_path)),
+            vocab=VocabConfig(min_count_per_field={"C99": 2}),
+            fmt="criteo",
+            client=client,
+            force=True,
+        )

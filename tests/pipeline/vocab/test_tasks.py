@@ -15,10 +15,13 @@ FS = LocalFileSystem()
 
 def test_an_events_partitions_counts_read_back_bucket_by_bucket_sum_to_its_key_counts(tmp_path):
     rng = np.random.default_rng(0)
-    events = pd.DataFrame({name: rng.choice([f"v{i}" for i in range(300)] + [None], 5000) for name in CRITEO.categorical})
+    events = pd.DataFrame(
+        {name: rng.choice([f"v{i}" for i in range(300)] + [None], 5000) for name in CRITEO.categorical}
+    )
     events.to_parquet(tmp_path / "part.parquet")
-    distinct = count_part(str(tmp_path / "part.parquet"), str(tmp_path / "counts.parquet"), fs=FS,
-                          fields=list(CRITEO.categorical))
+    distinct = count_part(
+        str(tmp_path / "part.parquet"), str(tmp_path / "counts.parquet"), fs=FS, fields=list(CRITEO.categorical)
+    )
     want = count_keys(events, list(CRITEO.categorical))
     assert distinct == len(want)
     parts = [read_count_range(FS, str(tmp_path / "counts.parquet"), b, 7) for b in range(7)]

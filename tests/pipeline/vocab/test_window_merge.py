@@ -28,15 +28,24 @@ def test_decay_weighs_older_days_less():
 def test_the_whole_table_merge_with_decay_ttl_and_cap_equals_the_reference():
     """`update_bucket` over one bucket holding every key (as the rule tests run it) gives the reference's tables."""
     rng = np.random.default_rng(5)
-    frames = {d: count_keys(pd.DataFrame({c: rng.choice([f"v{i}" for i in range(30)] + [None], 400)
-                                          for c in ("A", "B")}), ["A", "B"]) for d in date_range("2026-01-01", "2026-01-04")}
+    frames = {
+        d: count_keys(
+            pd.DataFrame({c: rng.choice([f"v{i}" for i in range(30)] + [None], 400) for c in ("A", "B")}), ["A", "B"]
+        )
+        for d in date_range("2026-01-01", "2026-01-04")
+    }
     cfg = VocabConfig(min_count=3, ttl_days=1, decay=0.9, max_keys_per_field=10)
     prev = ref_prev = None
     for d in frames:
         window = {k: v for k, v in frames.items() if k <= d and k > shift_date(d, -2)}
         got = update_vocab(date=d, days=window, previous=prev, config=cfg, fields=["A", "B"])
-        want = reference_update(date=d, window=reference_window_counts(window, date=d, decay=0.9), previous=ref_prev,
-                                config=cfg, fields=["A", "B"])
+        want = reference_update(
+            date=d,
+            window=reference_window_counts(window, date=d, decay=0.9),
+            previous=ref_prev,
+            config=cfg,
+            fields=["A", "B"],
+        )
         pd.testing.assert_frame_equal(got.vocab, want[0], check_exact=True, check_dtype=False)
         pd.testing.assert_frame_equal(got.evicted, want[1], check_exact=True, check_dtype=False)
         prev, ref_prev = got.vocab, want[0]

@@ -141,7 +141,9 @@ class StoreContractTests:
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
-    def test_matches_reference_store_within_tolerance_without_deterministic_algorithms(self, make_store, tmp_path) -> None:
+    def test_matches_reference_store_within_tolerance_without_deterministic_algorithms(
+        self, make_store, tmp_path
+    ) -> None:
         """What holds on CUDA without `trainer.deterministic`: atomics sum duplicates in any order, so the
         rows equal the reference's within float32 rounding of those sums (keys and clocks exactly)."""
         store = make_store()
@@ -208,7 +210,9 @@ class StoreContractTests:
         store.update(keys_of(1, 2, 3), torch.ones(3, DIM), lr=0.1)
         store.evict(keys_of(2, 2, 99))  # duplicates and unknown keys are fine
         assert len(store) == 2
-        assert torch.equal(store.lookup(keys_of(2)).rows.cpu(), stored(init_rows(keys_of(2), DIM, STD), store.row_format))
+        assert torch.equal(
+            store.lookup(keys_of(2)).rows.cpu(), stored(init_rows(keys_of(2), DIM, STD), store.row_format)
+        )
         assert all_rows(store, str(tmp_path / "s.parquet"))["keys"].tolist() == [1, 3]
         store.update(keys_of(2), torch.ones(1, DIM), lr=0.1)  # a new life: clock restarts
         assert all_rows(store, str(tmp_path / "t.parquet"))["clock"].tolist() == [1, 1, 1]
@@ -253,7 +257,9 @@ class StoreContractTests:
             np.testing.assert_array_equal(got[name], t[mine].numpy())
         np.testing.assert_array_equal(got["clock"], rows.clock[mine].numpy())
         assert torch.equal(store.lookup(keys[mine]).rows.cpu(), fmt.weights(rows.emb[mine]))
-        assert torch.equal(store.lookup(keys_of(100_000)).rows.cpu(), stored(init_rows(keys_of(100_000), DIM, STD), fmt))
+        assert torch.equal(
+            store.lookup(keys_of(100_000)).rows.cpu(), stored(init_rows(keys_of(100_000), DIM, STD), fmt)
+        )
 
     def test_restore_converts_rows_of_another_format(self, make_store, fmt, tmp_path) -> None:
         """A snapshot written before compact rows (fp32 weights with Adam, no format metadata read as that) or in
@@ -474,8 +480,9 @@ def _reference_workload(store, tmp_path) -> tuple[dict, dict]:
             s.update(keys, grads, lr=0.02)
         probe = torch.randint(0, 1300, (50,), generator=gen)
         got_rows, want_rows = store.lookup(probe).rows.cpu(), ref.lookup(probe).rows
-        assert torch.equal(got_rows, want_rows) if exact else torch.allclose(got_rows, want_rows, rtol=1e-4, atol=1e-6), \
-            f"step {step}"
+        assert (
+            torch.equal(got_rows, want_rows) if exact else torch.allclose(got_rows, want_rows, rtol=1e-4, atol=1e-6)
+        ), f"step {step}"
         if step % 10 == 9:
             gone = torch.randint(0, 400, (20,), generator=gen) * 3
             store.evict(gone)

@@ -96,6 +96,9 @@ def test_corrupt_index_file_is_refused() -> None:
     with pytest.raises(ValueError, match="truncated"):
         CompactSlotMap().load(io.BytesIO(bytes(raw[:-50])))
     h_start = raw.index(mix(np.arange(100))[np.argsort(mix(np.arange(100)))][:1].tobytes())
-    raw[h_start : h_start + 8], raw[h_start + 8 : h_start + 16] = raw[h_start + 8 : h_start + 16], raw[h_start : h_start + 8]
+    raw[h_start : h_start + 8], raw[h_start + 8 : h_start + 16] = (
+        raw[h_start + 8 : h_start + 16],
+        raw[h_start : h_start + 8],
+    )
     with pytest.raises(ValueError, match="corrupt"):
         CompactSlotMap().load(io.BytesIO(bytes(raw)))

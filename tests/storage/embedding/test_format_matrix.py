@@ -18,7 +18,10 @@ from storage.embedding.row_format import ROW_DTYPES, STATE_DTYPES, RowFormat
 from storage.embedding.sparse_optim import OPTIMIZERS
 from tests.helpers.stores import DIM, all_rows, assert_matches_oracle, host_over_ssd
 
-ALL = [RowFormat(DIM, o, r, s) for o, r, s in itertools.product(sorted(OPTIMIZERS), sorted(ROW_DTYPES), sorted(STATE_DTYPES))]
+ALL = [
+    RowFormat(DIM, o, r, s)
+    for o, r, s in itertools.product(sorted(OPTIMIZERS), sorted(ROW_DTYPES), sorted(STATE_DTYPES))
+]
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name.replace("/", "-"))

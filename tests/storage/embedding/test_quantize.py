@@ -80,7 +80,7 @@ def test_symmetric_int8_stochastic_rounding_is_unbiased() -> None:
 @pytest.mark.parametrize("signed", [False, True])
 def test_log8_codes_hold_any_magnitude_within_9_percent(signed: bool) -> None:
     mag = torch.logspace(-14, 4, 500, base=2.0 ** (1 / 0.30103)).float()  # 1e-14 .. 1e4 (within both grids' range)
-    mag = mag[(mag > 2.0 ** -24.5) & (mag < 2.0 ** 6.5)] if signed else mag[(mag > 2.0 ** -49.5) & (mag < 2.0 ** 13.5)]
+    mag = mag[(mag > 2.0**-24.5) & (mag < 2.0**6.5)] if signed else mag[(mag > 2.0**-49.5) & (mag < 2.0**13.5)]
     x = mag * (torch.where(torch.arange(mag.numel()) % 2 == 0, 1.0, -1.0) if signed else 1.0)
     c = encode_log8(x, _half(x), signed=signed)
     assert c.dtype == torch.uint8
@@ -103,5 +103,7 @@ def test_log8_stochastic_rounding_keeps_the_mean_on_and_below_the_grid(value: fl
 
 def test_log8_saturates_at_the_ends_of_its_grid_instead_of_wrapping() -> None:
     x = torch.tensor([1e30, -1e30])
-    assert decode_log8(encode_log8(x[:1], _half(x[:1]), signed=False), signed=False).item() == pytest.approx(2 ** 13.75)
-    assert decode_log8(encode_log8(x, _half(x), signed=True), signed=True).tolist() == pytest.approx([2 ** 6.75, -(2 ** 6.75)])
+    assert decode_log8(encode_log8(x[:1], _half(x[:1]), signed=False), signed=False).item() == pytest.approx(2**13.75)
+    assert decode_log8(encode_log8(x, _half(x), signed=True), signed=True).tolist() == pytest.approx(
+        [2**6.75, -(2**6.75)]
+    )

@@ -50,7 +50,13 @@ def test_wide_rowwise_adam_on_symmetric_int8_rows_makes_a_48_byte_record() -> No
 
 
 def test_names_parse_back_and_meta_without_a_state_dtype_is_fp32_state() -> None:
-    for name in ("adam/fp16", "adam/int8/log8", "sgd/int8", "rowwise_adagrad/bf16/log8", "partial_rowwise_adam/int8s/log8"):
+    for name in (
+        "adam/fp16",
+        "adam/int8/log8",
+        "sgd/int8",
+        "rowwise_adagrad/bf16/log8",
+        "partial_rowwise_adam/int8s/log8",
+    ):
         fmt = RowFormat.parse(16, name)
         assert fmt.name == name and RowFormat.from_meta(fmt.meta()) == fmt
     assert RowFormat.parse(16, "adam/fp16/fp32").name == "adam/fp16"
@@ -182,8 +188,13 @@ def test_partial_rowwise_adam_steps_each_element_by_its_momentum_over_the_rows_r
     """First step from zero state: m^ = g and v^ = mean(g^2), so the row moves by lr * g / rms(g)."""
     g = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
     emb, state = get_optimizer("partial_rowwise_adam").step(
-        torch.zeros(2, 2), {"m": torch.zeros(2, 2), "v": torch.zeros(2)}, torch.ones(2, dtype=torch.int32), g,
-        lr=0.1, weight_decay=0.0)
+        torch.zeros(2, 2),
+        {"m": torch.zeros(2, 2), "v": torch.zeros(2)},
+        torch.ones(2, dtype=torch.int32),
+        g,
+        lr=0.1,
+        weight_decay=0.0,
+    )
     rms = (12.5) ** 0.5
     np.testing.assert_allclose(emb[0].numpy(), [-0.1 * 3 / rms, -0.1 * 4 / rms], rtol=1e-5)
     assert emb[1].tolist() == [0.0, 0.0] and state["v"].shape == (2,)
@@ -194,16 +205,25 @@ def test_wide_rowwise_adam_normalises_column_0_apart_from_the_rest() -> None:
     steps (nor they its step).  First step from zero state: each group moves by lr * g / rms(g over the group)."""
     g = torch.tensor([[30.0, 3.0, 4.0]])
     emb, state = get_optimizer("wide_rowwise_adam").step(
-        torch.zeros(1, 3), {"m": torch.zeros(1, 3), "v": torch.zeros(1, 2)}, torch.ones(1, dtype=torch.int32), g,
-        lr=0.1, weight_decay=0.0)
+        torch.zeros(1, 3),
+        {"m": torch.zeros(1, 3), "v": torch.zeros(1, 2)},
+        torch.ones(1, dtype=torch.int32),
+        g,
+        lr=0.1,
+        weight_decay=0.0,
+    )
     rms = (12.5) ** 0.5
     np.testing.assert_allclose(emb[0].numpy(), [-0.1, -0.1 * 3 / rms, -0.1 * 4 / rms], rtol=1e-5)
     assert state["v"].shape == (1, 2)
     adam = get_optimizer("adam")
     clock = torch.tensor([3], dtype=torch.int32)
-    to_adam = convert_state(get_optimizer("wide_rowwise_adam"), adam, {"m": g, "v": torch.tensor([[9.0, 2.0]])}, clock, 3)
+    to_adam = convert_state(
+        get_optimizer("wide_rowwise_adam"), adam, {"m": g, "v": torch.tensor([[9.0, 2.0]])}, clock, 3
+    )
     assert to_adam["v"].tolist() == [[9.0, 2.0, 2.0]] and torch.equal(to_adam["m"], g)
-    back = convert_state(adam, get_optimizer("wide_rowwise_adam"), {"m": g, "v": torch.tensor([[9.0, 1.0, 3.0]])}, clock, 3)
+    back = convert_state(
+        adam, get_optimizer("wide_rowwise_adam"), {"m": g, "v": torch.tensor([[9.0, 1.0, 3.0]])}, clock, 3
+    )
     assert back["v"].tolist() == [[9.0, 2.0]]
 
 

@@ -73,14 +73,18 @@ def test_host_to_device_leaves_a_cpu_tensor_alone() -> None:
     assert host_to_device(t, "cpu") is t
 
 
-@pytest.mark.parametrize("fmt", [RowFormat(DIM, o, d) for o in ("adam", "rowwise_adagrad") for d in ("fp32", "fp16")],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [RowFormat(DIM, o, d) for o in ("adam", "rowwise_adagrad") for d in ("fp32", "fp16")], ids=lambda f: f.name
+)
 def test_step_refuses_non_finite_gradients_without_a_separate_check(fmt: RowFormat) -> None:
     """What a GPU tier relies on when it skips `check_grads`' finiteness read: the same error, nothing changed."""
     rows = fmt.fresh(torch.ones(3, DIM))
     keys = torch.arange(3)
-    for bad, match in ((float("nan"), "grads contain NaN or inf"), (float("inf"), "grads contain NaN or inf"),
-                       (1e30, "would make 1 row")):
+    for bad, match in (
+        (float("nan"), "grads contain NaN or inf"),
+        (float("inf"), "grads contain NaN or inf"),
+        (1e30, "would make 1 row"),
+    ):
         grads = torch.ones(3, DIM)
         grads[1, 0] = bad
         with pytest.raises(ValueError, match=match):

@@ -77,9 +77,7 @@ def test_simulation_matches_the_device_cache_counters() -> None:
         for lo in range(0, stream.size, 100):
             cache.lookup(torch.from_numpy(stream[lo : lo + 100]))
         s = cache.stats()["device"]
-        assert s["hits"] / (s["hits"] + s["misses"]) == pytest.approx(
-            simulate_hit_rate(stream, 50, policy, batch=100)
-        )
+        assert s["hits"] / (s["hits"] + s["misses"]) == pytest.approx(simulate_hit_rate(stream, 50, policy, batch=100))
 
 
 def test_per_access_hit_rate_counts_every_occurrence() -> None:

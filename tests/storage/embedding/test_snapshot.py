@@ -39,8 +39,9 @@ def _rows(n: int, fmt: RowFormat | int, seed: int = 0, offset: int = 0):
     return keys, random_rows(fmt, n, torch.Generator().manual_seed(seed)), fmt
 
 
-@pytest.mark.parametrize("fmt", [RowFormat(6, f.optimizer, f.row_dtype, f.state_dtype) for f in FORMATS],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [RowFormat(6, f.optimizer, f.row_dtype, f.state_dtype) for f in FORMATS], ids=lambda f: f.name
+)
 def test_write_read_round_trip_and_schema(tmp_path, fmt) -> None:
     keys, rows, _ = _rows(1000, fmt)
     url = str(tmp_path / "sub" / "part-00000.parquet")
@@ -65,13 +66,16 @@ def test_a_snapshot_written_before_compact_rows_reads_as_fp32_adam(tmp_path) -> 
     """The previous release's files: no format metadata, fp32 `emb` / `m` / `v` and an int64 clock."""
     url = tmp_path / "old.parquet"
     vec = pa.list_(pa.float32(), 2)
-    table = pa.table({
-        "key": pa.array([3, 8], pa.int64()),
-        "emb": pa.FixedSizeListArray.from_arrays(pa.array([0.5, 1.0, -1.0, 2.0], pa.float32()), 2),
-        "m": pa.FixedSizeListArray.from_arrays(pa.array([0.1, 0.2, 0.3, 0.4], pa.float32()), 2),
-        "v": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 1.0, 4.0, 4.0], pa.float32()), 2),
-        "clock": pa.array([7, 1], pa.int64()),
-    }, schema=pa.schema([("key", pa.int64()), ("emb", vec), ("m", vec), ("v", vec), ("clock", pa.int64())]))
+    table = pa.table(
+        {
+            "key": pa.array([3, 8], pa.int64()),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array([0.5, 1.0, -1.0, 2.0], pa.float32()), 2),
+            "m": pa.FixedSizeListArray.from_arrays(pa.array([0.1, 0.2, 0.3, 0.4], pa.float32()), 2),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 1.0, 4.0, 4.0], pa.float32()), 2),
+            "clock": pa.array([7, 1], pa.int64()),
+        },
+        schema=pa.schema([("key", pa.int64()), ("emb", vec), ("m", vec), ("v", vec), ("clock", pa.int64())]),
+    )
     pq.write_table(table, url)
     got = read_snapshot(str(url))
     assert got.fmt == RowFormat(2, "adam", "fp32")
@@ -141,9 +145,16 @@ def test_missing_file_bad_schema_owner_and_shapes_are_refused(tmp_path) -> None:
         read_snapshot(str(bad))
     no_v = tmp_path / "no_v.parquet"
     vec = pa.list_(pa.float32(), 2)
-    pq.write_table(pa.table({"key": pa.array([1], pa.int64()),
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0], pa.float32()), 2)},
-                            schema=pa.schema([("key", pa.int64()), ("emb", vec)])), no_v)
+    pq.write_table(
+        pa.table(
+            {
+                "key": pa.array([1], pa.int64()),
+                "emb": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0], pa.float32()), 2),
+            },
+            schema=pa.schema([("key", pa.int64()), ("emb", vec)]),
+        ),
+        no_v,
+    )
     with pytest.raises(ValueError, match=r"missing columns \['m', 'v', 'clock'\]"):
         read_snapshot(str(no_v))
     with pytest.raises(ValueError, match="owner"):

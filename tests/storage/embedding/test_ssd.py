@@ -318,7 +318,11 @@ def test_kill_9_at_random_points_restores_last_snapshot_exactly(tmp_path) -> Non
     for kill in range(5):
         child = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(shard), str(snaps), str(start)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         target = start + int(rng.integers(6, 24))
         step = start
@@ -342,7 +346,9 @@ def test_kill_9_at_random_points_restores_last_snapshot_exactly(tmp_path) -> Non
             j = int(p.stem.split("-")[1])
             ref = _replay(j)
             ref.snapshot(str(tmp_path / "ref.parquet"))
-            assert same_bytes(snapshot_arrays(str(p)), snapshot_arrays(str(tmp_path / "ref.parquet"))), f"kill {kill}: {p.name}"
+            assert same_bytes(snapshot_arrays(str(p)), snapshot_arrays(str(tmp_path / "ref.parquet"))), (
+                f"kill {kill}: {p.name}"
+            )
         # Reopen the shard the child left (maybe mid-compaction or with a stale index), restore.
         last = str(done[-1])
         cfg = StoreConfig(embedding_dim=DIM, init_std=STD, host_budget_mb=1, row_dtype="fp32", state_dtype="fp32")
@@ -404,7 +410,11 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path) -> None:
     limit = 64 * 4096  # the first 200 rows fit (~11 units); 20,000 more do not
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK_CHILD, str(shard), str(snap_dir / "part-00001.parquet"), str(limit)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()

@@ -56,7 +56,9 @@ def test_records_carry_the_rows_and_their_keys(fmt) -> None:
     for a, b in zip(back.tensors(), rows.tensors(), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
     with pytest.raises(ValueError, match="optimizer state"):
-        RecordLayout.of(RowFormat(fmt.dim, "sgd" if fmt.optimizer != "sgd" else "adam", fmt.row_dtype)).to_records(keys, rows)
+        RecordLayout.of(RowFormat(fmt.dim, "sgd" if fmt.optimizer != "sgd" else "adam", fmt.row_dtype)).to_records(
+            keys, rows
+        )
 
 
 def test_meta_of_another_format_dim_or_layout_is_refused(tmp_path) -> None:
@@ -68,8 +70,11 @@ def test_meta_of_another_format_dim_or_layout_is_refused(tmp_path) -> None:
         fmt.check({**fmt.meta(), "dim": 16}, tmp_path)
     with pytest.raises(ValueError, match="unit_bytes=8192"):
         fmt.check({**fmt.meta(), "unit_bytes": 8192}, tmp_path)
-    with pytest.raises(ValueError, match=r"holds rowwise_adagrad/fp16 rows \(optimizer/row dtype\[/state dtype\]\), "
-                                         r"asked for adam/fp32"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds rowwise_adagrad/fp16 rows \(optimizer/row dtype\[/state dtype\]\), "
+        r"asked for adam/fp32",
+    ):
         fmt.check(RecordLayout.of(RowFormat(8, "rowwise_adagrad", "fp16")).meta(), tmp_path)
     with pytest.raises(ValueError, match=r"holds adam/int8/log8 rows .*asked for adam/fp32; .*store.state_dtype"):
         fmt.check(RecordLayout.of(RowFormat(8, "adam", "int8", "log8")).meta(), tmp_path)
@@ -96,8 +101,11 @@ def test_todays_meta_json_passes_with_fields_it_does_not_know_and_other_versions
     fmt = RecordLayout.of(COMPACT)
     fmt.check(sample("ssd-meta-v3.json"), tmp_path)
     fmt.check(newer(sample("ssd-meta-v3.json")), tmp_path)  # a newer writer's extra fields
-    with pytest.raises(FormatError, match=r"meta.json has format 'ctr-ssd-shard/4', written by a newer ctr-pipeline; "
-                                          r"this code reads ctr-ssd-shard/3: wipe the shard"):
+    with pytest.raises(
+        FormatError,
+        match=r"meta.json has format 'ctr-ssd-shard/4', written by a newer ctr-pipeline; "
+        r"this code reads ctr-ssd-shard/3: wipe the shard",
+    ):
         fmt.check({**sample("ssd-meta-v3.json"), "format": "ctr-ssd-shard/4"}, tmp_path)
     # a shard of the releases before compact rows (fp32 + Adam records, int64 clocks) is never read as one of these
     with pytest.raises(FormatError, match=r"'ctr-ssd-shard/2'.*wipe the shard"):

@@ -16,10 +16,17 @@ from tests.helpers.stores import DIM, STD, all_rows
 from tests.storage.embedding.conformance import PersistentStoreContractTests
 
 
-def _config(device_rows: int = 16, dim: int = DIM, std: float = STD, row_dtype: str = "fp32",
-            state_dtype: str = "fp32") -> StoreConfig:
-    return StoreConfig(embedding_dim=dim, init_std=std, host_budget_mb=1, device_cache_rows=device_rows,
-                       row_dtype=row_dtype, state_dtype=state_dtype)
+def _config(
+    device_rows: int = 16, dim: int = DIM, std: float = STD, row_dtype: str = "fp32", state_dtype: str = "fp32"
+) -> StoreConfig:
+    return StoreConfig(
+        embedding_dim=dim,
+        init_std=std,
+        host_budget_mb=1,
+        device_cache_rows=device_rows,
+        row_dtype=row_dtype,
+        state_dtype=state_dtype,
+    )
 
 
 def _small_stack(path: str, fmt: RowFormat | int = DIM, std: float = STD, device_rows: int = 16) -> DeviceCache:
@@ -41,8 +48,11 @@ class TestSmallStack(PersistentStoreContractTests):
 
 class TestOpenShard(TestSmallStack):
     def open(self, path: str, fmt: RowFormat, init_std: float):
-        return open_shard(path, _config(dim=fmt.dim, std=init_std, row_dtype=fmt.row_dtype, state_dtype=fmt.state_dtype),
-                          optimizer=fmt.optimizer)
+        return open_shard(
+            path,
+            _config(dim=fmt.dim, std=init_std, row_dtype=fmt.row_dtype, state_dtype=fmt.state_dtype),
+            optimizer=fmt.optimizer,
+        )
 
 
 def test_open_shard_stacks_device_host_ssd_and_reports_every_tier(tmp_path) -> None:
@@ -80,5 +90,3 @@ def test_set_tag_flushes_every_tier_to_ssd_and_a_reopened_shard_sees_everything(
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     ssd.close()
-
-

@@ -158,8 +158,11 @@ def test_a_writer_killed_before_the_manifest_put_leaves_the_old_output_and_after
         # the next writer removes what the killed one left, and only that
         fsio.remove_stale_staging(fs, final)
         manifest = fsio.read_manifest(fs, final)
-        live = [f"{manifest['data']}/{rel}" for rel in fsio.data_files(fs, final, manifest)] if "data" in manifest \
+        live = (
+            [f"{manifest['data']}/{rel}" for rel in fsio.data_files(fs, final, manifest)]
+            if "data" in manifest
             else list(fsio.data_files(fs, final, manifest))
+        )
         inner = [f"{manifest['data']}/_SUCCESS.json"] if "data" in manifest else []
         assert listing(fs, final) == sorted(["_SUCCESS.json", *inner, *live]), kill_at
         assert read_back(fs, final) == (want_a if kill_at <= put else want_b)
@@ -197,7 +200,9 @@ def test_data_url_resolves_once_and_a_running_writer_is_never_read(store_root):
     assert fsio.data_url(url, so) == first and read_back(fs, final) == ({"run": "A"}, A)
     fsio.commit_dir(fs, _stage(fs, final, B), final, {"run": "B"})
     data = fsio.data_url(url, so)
-    assert data.startswith(f"{url}/v-") and data != first and fsio.data_url(data, so) == data  # committed in its own right
+    assert (
+        data.startswith(f"{url}/v-") and data != first and fsio.data_url(data, so) == data
+    )  # committed in its own right
     assert fsio.read_manifest(*fsio.get_fs(data, so)) == {"run": "B"}
     assert not fs.exists(fsio.get_fs(first, so)[1])  # the superseded prefix is gone
     assert fs.exists(running)  # another writer's prefix is not the commit's to delete

@@ -57,8 +57,14 @@ def test_declarations_keep_defaults_and_roles() -> None:
     assert (s.width, s.tokens, s.rate, s.timeout_s, s.env) == (4, (2, 3), 0.1, 60, {})
     assert Section().env is not s.env  # a factory, not a shared default
     roles = {name: d.role for name, d in declarations(Section).items()}
-    assert roles == {"width": Role.SHAPE, "tokens": Role.SHAPE, "rate": Role.RESULT, "gate": Role.SHAPE,
-                     "timeout_s": Role.RUN, "env": Role.RUN}
+    assert roles == {
+        "width": Role.SHAPE,
+        "tokens": Role.SHAPE,
+        "rate": Role.RESULT,
+        "gate": Role.SHAPE,
+        "timeout_s": Role.RUN,
+        "env": Role.RUN,
+    }
     with pytest.raises(ValueError, match="RUN field is never hashed"):
         role(Role.RUN, neutral=0)
 

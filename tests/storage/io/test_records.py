@@ -32,8 +32,10 @@ def test_the_versions_read_and_a_file_from_before_the_format_field():
 def test_a_newer_an_older_and_a_foreign_version_are_refused_saying_what_to_do():
     with pytest.raises(FormatError) as newer:
         FMT.version_of({"format": "ctr-thing/3"}, "/r/thing.json")
-    assert str(newer.value) == ("/r/thing.json has format 'ctr-thing/3', written by a newer ctr-pipeline; this code "
-                                "reads ctr-thing/1, ctr-thing/2: upgrade ctr-pipeline here to read it")
+    assert str(newer.value) == (
+        "/r/thing.json has format 'ctr-thing/3', written by a newer ctr-pipeline; this code "
+        "reads ctr-thing/1, ctr-thing/2: upgrade ctr-pipeline here to read it"
+    )
     with pytest.raises(FormatError, match=r"format 'ctr-thing/0', too old .* reads ctr-thing/1, ctr-thing/2: rebuild"):
         FMT.version_of({"format": "ctr-thing/0"}, "/r/thing.json")
     with pytest.raises(FormatError, match="format 'other/2', not a ctr-thing file"):

@@ -142,6 +142,8 @@ def test_registry_config_refuses_an_empty_rollback_window():
 
     with pytest.raises(ValueError, match="keep_versions"):
         RegistryConfig(keep_versions=0)
+
+
 def test_latest_and_previous_name_the_published_versions(tmp_path):
     reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
     with pytest.raises(RegistryError, match=r"no published version under \S+ \(LATEST is unset\); run a daily retrain"):
@@ -203,16 +205,21 @@ def test_a_candidate_on_an_object_store_is_read_with_the_roots_storage_options(t
 def _version_with(tmp_path, **files):
     """A version whose files named in `files` (lineage, status, metrics) are replaced by the given content."""
     reg = ModelRegistry(Layout(str(tmp_path / "root"), "ctr"))
-    version = reg.add_version(_candidate(tmp_path), metrics={"auc": 0.7}, lineage={"date": "2026-01-01"},
-                              status="candidate")
+    version = reg.add_version(
+        _candidate(tmp_path), metrics={"auc": 0.7}, lineage={"date": "2026-01-01"}, status="candidate"
+    )
     for name, data in files.items():
         (tmp_path / "root" / "models" / "ctr" / version / f"{name}.json").write_text(json.dumps(data))
     return reg, version
 
 
 def test_todays_lineage_status_and_metrics_files_are_read(tmp_path):
-    reg, v = _version_with(tmp_path, lineage=sample("lineage-v1.json"), status=sample("version-status-v1.json"),
-                           metrics=sample("version-metrics-v1.json"))
+    reg, v = _version_with(
+        tmp_path,
+        lineage=sample("lineage-v1.json"),
+        status=sample("version-status-v1.json"),
+        metrics=sample("version-metrics-v1.json"),
+    )
     lineage = reg.lineage(v)
     assert (lineage.date, lineage.parent_version, lineage.input_format) == ("2026-04-02", "v00001", "criteo")
     assert lineage.format == LINEAGE.tag and lineage.dates_trained == ("2026-04-02",)
@@ -221,19 +228,28 @@ def test_todays_lineage_status_and_metrics_files_are_read(tmp_path):
 
 
 def test_unknown_and_retired_fields_are_ignored_and_kept_when_published(tmp_path):
-    reg, v = _version_with(tmp_path, lineage=newer(sample("lineage-v1.json"), config="retired_section"),
-                           status={**sample("version-status-v1.json"), "status": "candidate", "later": 1},
-                           metrics=newer(sample("version-metrics-v1.json")))
+    reg, v = _version_with(
+        tmp_path,
+        lineage=newer(sample("lineage-v1.json"), config="retired_section"),
+        status={**sample("version-status-v1.json"), "status": "candidate", "later": 1},
+        metrics=newer(sample("version-metrics-v1.json")),
+    )
     assert reg.lineage(v).parent_version == "v00001" and reg.info(v).metrics["field_of_a_later_release"]
     reg.publish(v)
     assert reg.read_json(v, "status.json")["later"] == 1 and reg.info(v).status == "published"
 
 
 def test_a_newer_lineage_or_status_is_refused_naming_the_file(tmp_path):
-    reg, v = _version_with(tmp_path, lineage={**sample("lineage-v1.json"), "format": "ctr-pipeline-lineage/2"},
-                           status={**sample("version-status-v1.json"), "format": "ctr-pipeline-version-status/7"})
-    with pytest.raises(FormatError, match=rf"{v}/lineage.json has format 'ctr-pipeline-lineage/2', written by a newer "
-                                          r"ctr-pipeline; this code reads ctr-pipeline-lineage/1: upgrade"):
+    reg, v = _version_with(
+        tmp_path,
+        lineage={**sample("lineage-v1.json"), "format": "ctr-pipeline-lineage/2"},
+        status={**sample("version-status-v1.json"), "format": "ctr-pipeline-version-status/7"},
+    )
+    with pytest.raises(
+        FormatError,
+        match=rf"{v}/lineage.json has format 'ctr-pipeline-lineage/2', written by a newer "
+        r"ctr-pipeline; this code reads ctr-pipeline-lineage/1: upgrade",
+    ):
         reg.lineage(v)
     with pytest.raises(FormatError, match=r"status.json has format 'ctr-pipeline-version-status/7'"):
         reg.info(v)

@@ -76,7 +76,9 @@ def _sharded_rank(rank: int, world: int, out_dir: str) -> None:
             pulled.append(handle.rows)
             emb.push(handle, _grads(rank, step))
         # the store only ever holds keys this rank owns
-        owned = torch.tensor(sorted(k for ks in [_keys(r, s) for r in range(world) for s in range(3)] for k in ks.tolist()))
+        owned = torch.tensor(
+            sorted(k for ks in [_keys(r, s) for r in range(world) for s in range(3)] for k in ks.tolist())
+        )
         mine = torch.unique(owned[owned % world == rank])
         assert len(store) == mine.numel()
         torch.save({"pulled": pulled, "keys": mine, "rows": store.lookup(mine).rows}, Path(out_dir) / f"r{rank}.pt")
@@ -221,8 +223,13 @@ def _sync_and_bytes_rank(rank: int, world: int, out_dir: str) -> None:
         assert het.cache.stats()["hit_rate"] > 0.5
         assert sum(het.bytes_by_kind.values()) == het.sparse_bytes
         torch.save(
-            {"sync": sync.sparse_bytes, "uncached0": cached0.uncached_bytes, "fresh": fresh.sparse_bytes,
-             "het": het.sparse_bytes, "het_uncached": het.uncached_bytes},
+            {
+                "sync": sync.sparse_bytes,
+                "uncached0": cached0.uncached_bytes,
+                "fresh": fresh.sparse_bytes,
+                "het": het.sparse_bytes,
+                "het_uncached": het.uncached_bytes,
+            },
             Path(out_dir) / f"r{rank}.pt",
         )
     finally:
@@ -255,8 +262,9 @@ def _bound_rank(rank: int, world: int, out_dir: str, bound: int) -> None:
             pulled = emb.pull(k)
             served, base, local = emb.cache.last_served
             # the owners' clocks now (nothing was pushed since the pull): the copies served were within the bound
-            now = pull_with_clocks(store, served, torch.empty(0, dtype=torch.int64),
-                                   torch.empty(0, dtype=torch.int64), ctx).need_clocks
+            now = pull_with_clocks(
+                store, served, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), ctx
+            ).need_clocks
             staleness = now - base + local
             assert bool((staleness <= bound).all()), (step, served.tolist(), staleness.tolist())
             worst = max(worst, int(staleness.max()) if staleness.numel() else 0)
@@ -274,9 +282,7 @@ def _bound_rank(rank: int, world: int, out_dir: str, bound: int) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("bound", [1, 3])
-def test_no_copy_is_served_beyond_the_bound_and_no_gradient_is_lost(
-    tmp_path: Path, free_port: int, bound: int
-) -> None:
+def test_no_copy_is_served_beyond_the_bound_and_no_gradient_is_lost(tmp_path: Path, free_port: int, bound: int) -> None:
     run_ranks(_bound_rank, 2, free_port, str(tmp_path), bound)
     got = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     computed = sum(g["computed"] for g in got)

@@ -49,7 +49,9 @@ def test_eviction_is_lfu_and_flushes_the_evicted_gradients() -> None:
     cache.serve(torch.tensor([4]), torch.zeros(1, dtype=torch.int64), step=2)
     cache.accumulate(torch.tensor([8, 6]), torch.full((2, 2), 2.0), lr=0.1)
     cache.insert(torch.tensor([1]), torch.zeros(1, 2), torch.zeros(1, dtype=torch.int64), step=3)
-    assert cache.keys.tolist() == [1, 4, 6] and cache.evictions == 1  # 8 and the new 1 have the fewest uses; 8 was used longer ago
+    assert (
+        cache.keys.tolist() == [1, 4, 6] and cache.evictions == 1
+    )  # 8 and the new 1 have the fewest uses; 8 was used longer ago
     keys, grads, counts = cache.take_outgoing()
     assert keys.tolist() == [8] and counts.tolist() == [1] and torch.equal(grads, torch.full((1, 2), 2.0))
     cache.drain()

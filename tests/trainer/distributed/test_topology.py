@@ -41,7 +41,13 @@ def test_grid_shapes(nodes: int, sockets: int, per_socket: int) -> None:
 
 
 def test_unknown_socket_groups_the_whole_node() -> None:
-    places = [RankPlace("a", 0), RankPlace("a", UNKNOWN_SOCKET), RankPlace("a", 1), RankPlace("b", 0), RankPlace("b", 1)]
+    places = [
+        RankPlace("a", 0),
+        RankPlace("a", UNKNOWN_SOCKET),
+        RankPlace("a", 1),
+        RankPlace("b", 0),
+        RankPlace("b", 1),
+    ]
     topo = two_phase_groups(places)
     assert topo.groups == ((0, 1, 2), (3,), (4,))
     assert topo.leaders == (0, 3, 4)

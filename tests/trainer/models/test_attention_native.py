@@ -32,7 +32,9 @@ def kernel_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 
 
 @needs_cc
-@pytest.mark.parametrize(("batch", "tokens", "heads", "dim"), [(1, 3, 1, 4), (5, 26, 2, 16), (3, 39, 4, 16), (2, 17, 2, 8)])
+@pytest.mark.parametrize(
+    ("batch", "tokens", "heads", "dim"), [(1, 3, 1, 4), (5, 26, 2, 16), (3, 39, 4, 16), (2, 17, 2, 8)]
+)
 def test_values_and_gradients_are_the_plain_formulations(batch: int, tokens: int, heads: int, dim: int) -> None:
     torch.manual_seed(0)
     qkv = torch.randn(batch, tokens, 3 * dim, requires_grad=True) * 2
@@ -77,8 +79,9 @@ def test_it_is_built_once_per_shape_into_the_cache(kernel_dir: Path) -> None:
     assert not list(kernel_dir.glob("*.part"))
 
 
-def test_without_a_compiler_training_runs_the_torch_ops_kernel(monkeypatch: pytest.MonkeyPatch,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_compiler_training_runs_the_torch_ops_kernel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("CC", "no-such-compiler-ctrpipe")
     qkv = torch.randn(4, 26, 48, requires_grad=True)
     with caplog.at_level(logging.WARNING, logger=attention_native.__name__):
@@ -88,12 +91,15 @@ def test_without_a_compiler_training_runs_the_torch_ops_kernel(monkeypatch: pyte
     torch.testing.assert_close(out, plain_attention(qkv, 2, 0.0), rtol=1e-5, atol=1e-6)
 
 
-def test_a_failing_build_is_logged_and_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernel_dir: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_build_is_logged_and_falls_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernel_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     broken = tmp_path / "broken-cc"
-    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'broken-cc 1.0'; exit 0; }\n"  # it names itself,
-                      "for a; do case $a in *.part) echo partial > \"$a\";; esac; done\n"  # starts writing,
-                      "echo 'broken-cc: cannot compile' >&2\nexit 1\n")  # and fails
+    broken.write_text(
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'broken-cc 1.0'; exit 0; }\n"  # it names itself,
+        'for a; do case $a in *.part) echo partial > "$a";; esac; done\n'  # starts writing,
+        "echo 'broken-cc: cannot compile' >&2\nexit 1\n"
+    )  # and fails
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
     with caplog.at_level(logging.WARNING, logger=attention_native.__name__):
@@ -102,7 +108,9 @@ def test_a_failing_build_is_logged_and_falls_back(monkeypatch: pytest.MonkeyPatc
     assert not list(kernel_dir.glob("*"))  # no partial build left behind
 
 
-def test_it_can_be_turned_off_and_is_not_built_for_long_sequences_or_outside_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_it_can_be_turned_off_and_is_not_built_for_long_sequences_or_outside_fp32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert attention_native.kernel(attention_native.MAX_TOKENS + 1, 2, 8) is None
     monkeypatch.setenv("CTRPIPE_NATIVE_ATTENTION", "0")
     assert attention_native.kernel(26, 2, 8) is None

@@ -30,7 +30,12 @@ def test_only_changes_that_reshape_parameters_are_reported() -> None:
 
 def test_dropout_bag_pooling_attention_input_and_the_companion_are_the_fields_that_reshape_nothing() -> None:
     assert sorted(n for n, d in declarations(ModelConfig).items() if d.role is not Role.SHAPE) == [
-        "attention_input", "bag_pooling", "companion", "companion_rows", "dropout"]
+        "attention_input",
+        "bag_pooling",
+        "companion",
+        "companion_rows",
+        "dropout",
+    ]
 
 
 @pytest.mark.parametrize(("key", "value"), [("companion", "gbdt"), ("companion_rows", 10)])
@@ -60,8 +65,12 @@ def test_fields_the_architecture_does_not_read_change_no_shape() -> None:
     assert reshaping_changes(no_cross, ModelConfig(cross=False, cross_layers=1, cross_rank=2)) == []
     assert reshaping_changes(no_cross, ModelConfig(cross_layers=1)) == ["model.cross", "model.cross_layers"]
     assert reshaping_changes(codec.encode(ModelConfig(wide=False)), ModelConfig(wide=False, wide_scale=2.0)) == []
-    assert reshaping_changes(codec.encode(ModelConfig(dense_buckets=0)), ModelConfig(dense_buckets=0,
-                                                                                    dense_bucket_max=3.0)) == []
+    assert (
+        reshaping_changes(
+            codec.encode(ModelConfig(dense_buckets=0)), ModelConfig(dense_buckets=0, dense_bucket_max=3.0)
+        )
+        == []
+    )
     assert unread_fields(ModelConfig()) == ()  # the default attention model reads every field
 
 
@@ -70,20 +79,36 @@ def _reshaping_changes_before_roles(saved: dict | None, ours: ModelConfig) -> li
     import dataclasses
 
     shape_free = ("dropout", "bag_pooling", "attention_input")
-    mine = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(ours).items() if k not in shape_free}
+    mine = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(ours).items() if k not in shape_free
+    }
     theirs = {k: list(v) if isinstance(v, tuple) else v for k, v in (saved or {}).items() if k not in shape_free}
     return [f"model.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
 
 
-@pytest.mark.parametrize("change", [
-    {}, {"num_heads": 4}, {"attention_layers": 0}, {"mlp_dims": (8,)}, {"dropout": 0.2},
-    {"dense_buckets": 3}, {"dense_bucket_max": 3.0}, {"cross_layers": 1}, {"cross_rank": 2}, {"wide_scale": 2.0},
-    {"bag_pooling": "none"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"num_heads": 4},
+        {"attention_layers": 0},
+        {"mlp_dims": (8,)},
+        {"dropout": 0.2},
+        {"dense_buckets": 3},
+        {"dense_bucket_max": 3.0},
+        {"cross_layers": 1},
+        {"cross_rank": 2},
+        {"wide_scale": 2.0},
+        {"bag_pooling": "none"},
+    ],
+)
 def test_the_attention_model_reshapes_as_before_the_roles(change: dict) -> None:
     """Where the saved config has every field and ours reads them all, the rule is the earlier one."""
     ours = ModelConfig(**change)
     assert unread_fields(ours) == ()
-    for saved in (codec.encode(ModelConfig()), {**codec.encode(ModelConfig()), "gone": 1},
-                  {k: v for k, v in codec.encode(ModelConfig()).items() if k != "wide"}):
+    for saved in (
+        codec.encode(ModelConfig()),
+        {**codec.encode(ModelConfig()), "gone": 1},
+        {k: v for k, v in codec.encode(ModelConfig()).items() if k != "wide"},
+    ):
         assert reshaping_changes(saved, ours) == _reshaping_changes_before_roles(saved, ours)

@@ -97,7 +97,12 @@ def test_interaction_and_over_arch() -> None:
 
 def test_ctr_model_shapes_and_seeded_values() -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8, 4), wide=False, dense_buckets=0), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(
+        ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8, 4), wide=False, dense_buckets=0),
+        num_dense=3,
+        num_fields=4,
+        dim=4,
+    )
     torch.manual_seed(1)
     dense, emb = torch.rand(2, 3), torch.randn(2, 4, 4)
     logits = model(dense, emb)
@@ -146,7 +151,9 @@ def test_ctr_model_rejects_wrong_shapes() -> None:
 @pytest.mark.parametrize("arch", ["attention", "lr", "dnn"])
 def test_scaled_bias_shifts_the_logit_and_a_state_dict_without_it_does_not_fit(arch: str) -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(dropout=0.0, arch=arch, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2).eval()
+    model = CTRModel(
+        ModelConfig(dropout=0.0, arch=arch, num_heads=1, mlp_dims=(4,)), num_dense=2, num_fields=3, dim=2
+    ).eval()
     dense, emb = torch.rand(4, 2), torch.randn(4, 3, 2)
     before = model(dense, emb)
     with torch.no_grad():
@@ -231,7 +238,9 @@ def test_an_attention_over_the_fields_alone_leaves_the_bucket_tokens_out_and_as_
 
 def test_hold_cross_skips_a_zero_term_with_the_same_logits_and_runs_a_trained_one() -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(
+        ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, dense_buckets=4), num_dense=3, num_fields=4, dim=4
+    )
     dense, emb = torch.rand(5, 3), torch.randn(5, 4, 4)
     before = model(dense, emb)
     assert model.hold_cross() is True and model.cross_skipped
@@ -241,16 +250,23 @@ def test_hold_cross_skips_a_zero_term_with_the_same_logits_and_runs_a_trained_on
         model.cross.head.bias.fill_(0.5)  # trained on an earlier day
     assert model.hold_cross() is False
     assert torch.allclose(model(dense, emb), before + 0.5)  # it runs, held
-    without = CTRModel(ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, cross=False), num_dense=3, num_fields=4, dim=4)
+    without = CTRModel(
+        ModelConfig(num_heads=2, mlp_dims=(8,), dropout=0.0, cross=False), num_dense=3, num_fields=4, dim=4
+    )
     assert without.hold_cross() is False
-    assert CTRModel(ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0), num_dense=3, num_fields=4, dim=4).hold_cross() is False
+    assert (
+        CTRModel(ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0), num_dense=3, num_fields=4, dim=4).hold_cross()
+        is False
+    )
 
 
 def test_the_wide_logit_is_the_wide_term_and_bias_alone_and_the_logits_are_forward() -> None:
     """`logits_and_wide` gives what `forward` gives, and the wide term's own logit: it moves with the key
     weights (column 0), the dense features' linear term and the bias, and with nothing the deep parts compute."""
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(mlp_dims=(8,), dropout=0.0, dense_buckets=0, wide_scale=0.5), num_dense=3, num_fields=4, dim=4)
+    model = CTRModel(
+        ModelConfig(mlp_dims=(8,), dropout=0.0, dense_buckets=0, wide_scale=0.5), num_dense=3, num_fields=4, dim=4
+    )
     with torch.no_grad():
         model.bias.fill_(0.3)
     dense, emb = torch.randn(6, 3), torch.randn(6, 4, 4)
@@ -263,7 +279,10 @@ def test_the_wide_logit_is_the_wide_term_and_bias_alone_and_the_logits_are_forwa
     deep = [n for n, p in model.named_parameters() if not n.startswith(("wide.", "bias"))]
     assert deep and all(p.grad is None for n, p in model.named_parameters() if n in deep)
     assert model.bias.grad is not None and model.wide.weight.grad is not None
-    for config in (ModelConfig(mlp_dims=(8,), dropout=0.0, wide=False), ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0)):
+    for config in (
+        ModelConfig(mlp_dims=(8,), dropout=0.0, wide=False),
+        ModelConfig(arch="dnn", mlp_dims=(8,), dropout=0.0),
+    ):
         plain = CTRModel(config, num_dense=3, num_fields=4, dim=4)
         logits, wide = plain.logits_and_wide(dense, emb)
         assert wide is None and torch.equal(logits, plain(dense, emb))

@@ -60,7 +60,11 @@ def test_an_mlp_on_column_blocks_is_the_mlp_on_their_cat(dense_grad: bool) -> No
     want = over(torch.cat(leaves, dim=1))
     want.pow(2).sum().backward()
     torch.testing.assert_close(got, want)
-    wanted = [p.grad for p in over.parameters() if p.grad is not None] + [leaves[1].grad, leaves[2].grad, leaves[0].grad]
+    wanted = [p.grad for p in over.parameters() if p.grad is not None] + [
+        leaves[1].grad,
+        leaves[2].grad,
+        leaves[0].grad,
+    ]
     assert len(grads) == len(wanted) == 3 * 2 + 3  # three layers weight and bias, three blocks
     assert (grads[-1] is None) == (wanted[-1] is None) == (not dense_grad)
     for g, w in zip(grads, wanted, strict=True):
@@ -99,5 +103,10 @@ def test_low_rank_cross_net_v2_factorises_w() -> None:
         CrossNetV2(in_dim=6, num_layers=1, rank=-1)
     with pytest.raises(ValueError, match="model.cross_layers and model.cross_rank >= 0"):
         ModelConfig(dropout=0.0, cross_rank=-1)
-    dcn = DCNv2Arch(ModelConfig(dropout=0.0, arch="dcn_v2", mlp_dims=(4,), dense_buckets=0, cross_rank=2), num_dense=1, num_fields=2, dim=3)
+    dcn = DCNv2Arch(
+        ModelConfig(dropout=0.0, arch="dcn_v2", mlp_dims=(4,), dense_buckets=0, cross_rank=2),
+        num_dense=1,
+        num_fields=2,
+        dim=3,
+    )
     assert dcn.cross.layers[0][0].weight.shape == (2, 1 + 2 * 3)  # V^T: r x d, d = n + F*D

@@ -104,12 +104,14 @@ def test_the_fit_is_scikit_learns_liblinear_fit() -> None:
     ids = pair_ids(tokens, 14)
     model = fit(ids, dense, y, 0.3, config=TIGHT)
     used, col = np.unique(ids, return_inverse=True)
-    onehot = sp.csr_matrix((np.ones(ids.size), (np.repeat(np.arange(len(y)), ids.shape[1]), col.ravel())),
-                           shape=(len(y), used.size))
+    onehot = sp.csr_matrix(
+        (np.ones(ids.size), (np.repeat(np.arange(len(y)), ids.shape[1]), col.ravel())), shape=(len(y), used.size)
+    )
     ref = sklearn.LogisticRegression(C=0.3, solver="liblinear", tol=1e-8, max_iter=10_000).fit(
-        sp.hstack([onehot, sp.csr_matrix(dense)]).tocsr(), y)
-    np.testing.assert_allclose(model.weights, ref.coef_[0][:used.size], atol=2e-4)
-    np.testing.assert_allclose(model.dense_weights, ref.coef_[0][used.size:], atol=2e-4)
+        sp.hstack([onehot, sp.csr_matrix(dense)]).tocsr(), y
+    )
+    np.testing.assert_allclose(model.weights, ref.coef_[0][: used.size], atol=2e-4)
+    np.testing.assert_allclose(model.dense_weights, ref.coef_[0][used.size :], atol=2e-4)
     assert model.bias == pytest.approx(ref.intercept_[0], abs=2e-4)
 
 
@@ -169,7 +171,7 @@ def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
     grid = (1e-4, 1e-2, 1.0, 1e2, 1e4, 1e6)
     model, losses = fit_cv(ids, none, y, config=Poly2Config(cs=grid))
     fit_cs = list(losses)
-    assert fit_cs == list(grid[:len(fit_cs)]) and len(fit_cs) < len(grid)  # it stopped early here
+    assert fit_cs == list(grid[: len(fit_cs)]) and len(fit_cs) < len(grid)  # it stopped early here
     assert losses[fit_cs[-1]] > min(losses.values()) and min(losses, key=losses.__getitem__) == model.C
     every = {C: fit_cv(ids, none, y, config=Poly2Config(cs=(C,)))[1][C] for C in grid}
     assert min(every, key=every.__getitem__) == model.C  # the early stop lost nothing on this grid
@@ -184,7 +186,7 @@ def test_the_left_out_loss_is_each_blocks_score_by_a_fit_of_the_others_unseen_bu
     _, losses = fit_cv(ids, none, y, config=Poly2Config(cs=(0.3,), folds=3, tol=1e-8))
     z = np.empty(len(y))
     for lo, hi in ((0, 400), (400, 800), (800, 1200)):
-        others = np.r_[0:lo, hi:len(y)]
+        others = np.r_[0:lo, hi : len(y)]
         model = fit(ids[others], none[others], y[others], 0.3, config=TIGHT)
         assert not np.isin(ids[lo:hi], model.buckets).all()  # the block has buckets the other rows never had
         z[lo:hi] = model.logits(ids[lo:hi], none[lo:hi])

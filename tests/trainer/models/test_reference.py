@@ -41,11 +41,17 @@ def test_reference_arch_shapes_and_gradients(cls: type, buckets: int) -> None:
 
 def test_deepfm_decomposes_into_first_order_fm_and_deep() -> None:
     torch.manual_seed(0)
-    arch = DeepFMArch(ModelConfig(dropout=0.0, arch="deepfm", mlp_dims=(4,), dense_buckets=0), num_dense=1, num_fields=3, dim=3)
+    arch = DeepFMArch(
+        ModelConfig(dropout=0.0, arch="deepfm", mlp_dims=(4,), dense_buckets=0), num_dense=1, num_fields=3, dim=3
+    )
     dense, emb = torch.rand(2, 1), torch.randn(2, 3, 3)
     v = emb[:, :, 1:]
-    want = (arch.linear(dense).squeeze(-1) + emb[:, :, 0].sum(1) + FactorizationMachine()(v)
-            + arch.over(torch.cat([dense, v.reshape(2, -1)], 1)))
+    want = (
+        arch.linear(dense).squeeze(-1)
+        + emb[:, :, 0].sum(1)
+        + FactorizationMachine()(v)
+        + arch.over(torch.cat([dense, v.reshape(2, -1)], 1))
+    )
     torch.testing.assert_close(arch(dense, emb), want)
     with pytest.raises(ValueError, match="embedding_dim >= 2"):
         DeepFMArch(ModelConfig(dropout=0.0, arch="deepfm"), num_dense=1, num_fields=3, dim=1)
@@ -54,7 +60,12 @@ def test_deepfm_decomposes_into_first_order_fm_and_deep() -> None:
 @pytest.mark.parametrize("arch", ["attention", "lr", "dnn", "deepfm", "dcn_v2"])
 def test_ctr_model_dispatches_every_arch_with_seeded_values(arch: str) -> None:
     torch.manual_seed(0)
-    model = CTRModel(ModelConfig(dropout=0.0, arch=arch, num_heads=2, mlp_dims=(8,), dense_buckets=4), num_dense=2, num_fields=3, dim=4)
+    model = CTRModel(
+        ModelConfig(dropout=0.0, arch=arch, num_heads=2, mlp_dims=(8,), dense_buckets=4),
+        num_dense=2,
+        num_fields=3,
+        dim=4,
+    )
     torch.manual_seed(1)
     dense, emb = torch.rand(2, 2), torch.randn(2, 3, 4)
     a, b = model.eval()(dense, emb), model(dense, emb)
@@ -71,6 +82,11 @@ def test_attention_wide_term_adds_first_dims() -> None:
     dense, emb = torch.rand(3, 1), torch.randn(3, 2, 2)
     deep = model.over(model.interaction(dense, model.attention(emb)))
     torch.testing.assert_close(model(dense, emb), deep + model.wide(dense).squeeze(-1) + emb[:, :, 0].sum(1))
-    scaled = CTRModel(ModelConfig(dropout=0.0, num_heads=1, mlp_dims=(4,), wide_scale=0.5, dense_buckets=0), num_dense=1, num_fields=2, dim=2).eval()
+    scaled = CTRModel(
+        ModelConfig(dropout=0.0, num_heads=1, mlp_dims=(4,), wide_scale=0.5, dense_buckets=0),
+        num_dense=1,
+        num_fields=2,
+        dim=2,
+    ).eval()
     scaled.load_state_dict(model.state_dict())
     torch.testing.assert_close(scaled(dense, emb), deep + model.wide(dense).squeeze(-1) + 0.5 * emb[:, :, 0].sum(1))

@@ -24,7 +24,9 @@ B, N_DENSE, N_FIELDS, DIM, STEPS = 8, 3, 4, 4, 3
 
 def _model() -> CTRModel:
     torch.manual_seed(0)
-    return CTRModel(ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8,)), num_dense=N_DENSE, num_fields=N_FIELDS, dim=DIM)
+    return CTRModel(
+        ModelConfig(dropout=0.0, num_heads=2, mlp_dims=(8,)), num_dense=N_DENSE, num_fields=N_FIELDS, dim=DIM
+    )
 
 
 def _batch(rank: int, step: int) -> Batch:
@@ -54,7 +56,10 @@ def _k1_rank(rank: int, world: int, out_dir: str) -> None:
             train_step(model, sparse, opt, _batch(rank, step), step=step)
             assert not opt.maybe_merge(step)  # k=1 never merges: gradients were averaged
         owned = ALL_KEYS[ALL_KEYS % world == rank]
-        torch.save({"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows}, Path(out_dir) / f"r{rank}.pt")
+        torch.save(
+            {"state": model.state_dict(), "keys": owned, "rows": store.lookup(owned).rows},
+            Path(out_dir) / f"r{rank}.pt",
+        )
         assert opt.sync_bytes == STEPS * sum(p.numel() for p in model.parameters()) * 4
     finally:
         ctx.destroy()
@@ -135,7 +140,9 @@ def test_state_tensors_round_trip_continues_the_step() -> None:
     for step in (1, 2):
         train_step(model, sparse, opt, _batch(0, step), step=step)
     saved = opt.state_tensors()
-    assert int(saved["step"][0]) == 2 and set(saved) == {"step"} | {f"{n}.{m}" for n in names for m in ("exp_avg", "exp_avg_sq")}
+    assert int(saved["step"][0]) == 2 and set(saved) == {"step"} | {
+        f"{n}.{m}" for n in names for m in ("exp_avg", "exp_avg_sq")
+    }
     other = _model()
     opt2 = KStepAdam(other.named_parameters(), ctx, k=4, lr=0.01)
     opt2.load_state_tensors(saved)
@@ -180,11 +187,16 @@ def test_fused_adam_takes_the_per_tensor_loops_steps() -> None:
     assert opt.adam.defaults["fused"] is True
     loop = torch.optim.Adam(ref.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False)
     g = torch.Generator().manual_seed(3)
-    warm = {f"{n}.{m}": torch.rand(p.shape, generator=g) * 1e-3 for p, n in names.items() for m in ("exp_avg", "exp_avg_sq")}
+    warm = {
+        f"{n}.{m}": torch.rand(p.shape, generator=g) * 1e-3 for p, n in names.items() for m in ("exp_avg", "exp_avg_sq")
+    }
     opt.load_state_tensors({**warm, "step": torch.tensor([5])})
     for n, p in ref.named_parameters():
-        loop.state[p] = {"step": torch.tensor(5.0), "exp_avg": warm[f"{n}.exp_avg"].clone(),
-                         "exp_avg_sq": warm[f"{n}.exp_avg_sq"].clone()}
+        loop.state[p] = {
+            "step": torch.tensor(5.0),
+            "exp_avg": warm[f"{n}.exp_avg"].clone(),
+            "exp_avg_sq": warm[f"{n}.exp_avg_sq"].clone(),
+        }
     for step in range(1, 13):
         lr = 0.01 * (0.5 + step / 24)  # a changing lr, as `set_step_lrs` sets it
         for group in (*opt.adam.param_groups, *loop.param_groups):

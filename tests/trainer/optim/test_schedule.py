@@ -50,7 +50,9 @@ def test_set_step_lrs_sets_dense_and_sparse() -> None:
     # a warm-up never outlasts the run: 100 steps asked, all 22 are warm-up (the recipe sizes it to the day)
     set_step_lrs(opt, sparse, dataclasses.replace(cfg, warmup_steps=100), step=11, total_steps=22)
     assert sparse.lr == pytest.approx(5e-3)
-    scaled = SimpleNamespace(adam=SimpleNamespace(param_groups=[{"lr": 0.0, "lr_scale": 1.0}, {"lr": 0.0, "lr_scale": 0.5}]))
+    scaled = SimpleNamespace(
+        adam=SimpleNamespace(param_groups=[{"lr": 0.0, "lr_scale": 1.0}, {"lr": 0.0, "lr_scale": 0.5}])
+    )
     set_step_lrs(scaled, sparse, cfg, step=1, total_steps=22)  # a group's lr_scale (optim.cross_lr_scale) is kept
     assert [g["lr"] for g in scaled.adam.param_groups] == [pytest.approx(5e-4), pytest.approx(2.5e-4)]
     untouched = SimpleNamespace(lr=0.123)

@@ -37,10 +37,23 @@ def features(tmp_path: Path) -> str:
 
 def _published(cfg: RunConfig, recipe: dict, *, dim: int | None = None) -> Published:
     meta = ModelMeta.of(
-        model_name="ctr", model_config=cfg.model, dim=dim or cfg.store.embedding_dim, init_std=0.01, num_dense=1,
-        num_fields=2, fields=("a", "b"), dense_columns=("d_0",), key_columns=("k_0", "k_1"), vocab_date="2026-01-04",
-        run_tag="t", features_url="", init_model_url=None, optim=OptimConfig(), het=HetConfig(),
-        trainer=TrainerConfig(), recipe=recipe,
+        model_name="ctr",
+        model_config=cfg.model,
+        dim=dim or cfg.store.embedding_dim,
+        init_std=0.01,
+        num_dense=1,
+        num_fields=2,
+        fields=("a", "b"),
+        dense_columns=("d_0",),
+        key_columns=("k_0", "k_1"),
+        vocab_date="2026-01-04",
+        run_tag="t",
+        features_url="",
+        init_model_url=None,
+        optim=OptimConfig(),
+        het=HetConfig(),
+        trainer=TrainerConfig(),
+        recipe=recipe,
     )
     return Published("v00007", "/models/ctr/v00007", meta)
 

@@ -33,13 +33,18 @@ def test_every_auto_field_is_resolved_and_the_day_is_never_all_warm_up(rows: int
     assert recipe.BASE_LR <= o.lr <= recipe.MAX_LR and o.sparse_lr <= recipe.BASE_SPARSE_LR
     # enough steps, unless the day is too small for MIN_STEPS even at the smallest batch and the most passes
     too_small = _steps(rows, world, recipe.MIN_BATCH, recipe.MAX_EPOCHS) < recipe.MIN_STEPS
-    assert r.steps >= recipe.MIN_STEPS or (too_small and o.batch_size == recipe.MIN_BATCH and o.epochs == recipe.MAX_EPOCHS)
+    assert r.steps >= recipe.MIN_STEPS or (
+        too_small and o.batch_size == recipe.MIN_BATCH and o.epochs == recipe.MAX_EPOCHS
+    )
     assert (o.embedding_l2 == 0) == (o.epochs == 1) == (r.model.dropout == 0)  # extra passes come with regularisation
 
 
 @pytest.mark.parametrize("rows", SIZES)
 def test_smaller_days_get_no_fewer_passes_and_no_lower_learning_rate(rows: int) -> None:
-    small, large = derive(OptimConfig(), ModelConfig(), rows=rows, world_size=1), derive(OptimConfig(), ModelConfig(), rows=rows * 10, world_size=1)
+    small, large = (
+        derive(OptimConfig(), ModelConfig(), rows=rows, world_size=1),
+        derive(OptimConfig(), ModelConfig(), rows=rows * 10, world_size=1),
+    )
     assert small.optim.epochs >= large.optim.epochs and small.optim.batch_size <= large.optim.batch_size
     assert small.optim.lr >= large.optim.lr and small.optim.embedding_l2 >= large.optim.embedding_l2
     assert small.model.dropout >= large.model.dropout
@@ -49,7 +54,14 @@ def test_smaller_days_get_no_fewer_passes_and_no_lower_learning_rate(rows: int) 
 def test_a_production_day_trains_with_the_production_values(world: int) -> None:
     r = derive(OptimConfig(), ModelConfig(), rows=10**8, world_size=world)
     o = r.optim
-    assert (o.batch_size, o.epochs, o.lr, o.sparse_lr, o.embedding_l2, o.warmup_steps) == (1024, 1, 1e-3, 2e-2, 0.0, 100)
+    assert (o.batch_size, o.epochs, o.lr, o.sparse_lr, o.embedding_l2, o.warmup_steps) == (
+        1024,
+        1,
+        1e-3,
+        2e-2,
+        0.0,
+        100,
+    )
     assert r.model == ModelConfig(dropout=0.0)
 
 
@@ -76,8 +88,16 @@ def test_a_small_day_takes_several_passes_at_a_higher_dense_learning_rate() -> N
 
 @pytest.mark.parametrize("rows", SIZES)
 def test_explicit_values_are_kept_and_the_rest_follow_from_them(rows: int) -> None:
-    given = {"batch_size": 64, "epochs": 2, "lr": 0.5, "sparse_lr": 0.25, "embedding_l2": 0.125, "warmup_steps": 7,
-             "cross_lr_scale": 0.5, "wide_loss": 0.25}
+    given = {
+        "batch_size": 64,
+        "epochs": 2,
+        "lr": 0.5,
+        "sparse_lr": 0.25,
+        "embedding_l2": 0.125,
+        "warmup_steps": 7,
+        "cross_lr_scale": 0.5,
+        "wide_loss": 0.25,
+    }
     for name, value in given.items():
         r = derive(OptimConfig(**{name: value}), ModelConfig(), rows=rows, world_size=2)
         if name == "warmup_steps":
@@ -89,7 +109,8 @@ def test_explicit_values_are_kept_and_the_rest_follow_from_them(rows: int) -> No
     assert r.steps == _steps(rows, 1, 64, r.optim.epochs)  # epochs derived from the given batch
     everything = derive(OptimConfig(**given), ModelConfig(dropout=0.25), rows=rows, world_size=1)
     assert everything.derived == () and everything.optim == dataclasses.replace(
-        OptimConfig(**given), warmup_steps=min(7, everything.steps))
+        OptimConfig(**given), warmup_steps=min(7, everything.steps)
+    )
     assert everything.model.dropout == 0.25
 
 
@@ -142,7 +163,9 @@ def test_derive_refuses_an_empty_day() -> None:
 
 def test_auto_and_numbers_in_the_config() -> None:
     assert ModelConfig().unresolved() == ["model.dropout"] and ModelConfig(dropout="0.5").dropout == 0.5
-    assert OptimConfig().unresolved() and all(getattr(OptimConfig(), n) == AUTO for n in (*DERIVED_INTS, *DERIVED_FLOATS))
+    assert OptimConfig().unresolved() and all(
+        getattr(OptimConfig(), n) == AUTO for n in (*DERIVED_INTS, *DERIVED_FLOATS)
+    )
     o = OptimConfig(lr="1e-2", epochs="3")  # what YAML and --set hand over as text
     assert o.lr == 0.01 and o.epochs == 3 and math.isclose(o.lr, 1e-2)
     with pytest.raises(ValueError, match=r"optim.epochs must be 'auto' or an integer, got 'three'"):

@@ -39,7 +39,9 @@ def test_the_choice_is_a_candidate_and_records_every_candidates_score():
     optim = _recipe(3_600)
     choice = choose_sparse_lr(labels, dense, keys, optim=optim)
     assert list(choice.logloss) == [float(f"{optim.sparse_lr * f:.3g}") for f in FACTORS]
-    assert choice.lr == min(choice.logloss, key=choice.logloss.__getitem__) or choice.lr == float(f"{optim.sparse_lr:.3g}")
+    assert choice.lr == min(choice.logloss, key=choice.logloss.__getitem__) or choice.lr == float(
+        f"{optim.sparse_lr:.3g}"
+    )
     assert all(0 < v < 0.7 for v in choice.logloss.values()), choice.logloss  # better than a constant at p = 0.5
     assert "5-fold" in choice.reason() and "3,600" in choice.reason()
 
