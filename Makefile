@@ -45,9 +45,10 @@ RANDOM_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 test-random: install-test
 	$(PY) -m pytest -p randomly --randomly-seed=$(RANDOM_SEED) --randomly-dont-reset-seed -n $(TEST_WORKERS) --dist loadfile
 
-# The edit loop: everything but the end-to-end, crash and multi-process tests (a few minutes on 2 cores).
+# The edit loop: every module's unit tests, on two workers: none that is slow or starts a process, a server or
+# torchrun (markers subprocess, server, distributed; tests/conftest.py fails a test that starts one unmarked).
 test-fast: install-test
-	$(PY) -m pytest -q -m "not slow and not distributed"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not distributed and not subprocess and not server"
 
 # Kill whole runs at random moments and check every rerun (tests/chaos; long: about 30 minutes on 2 cores).
 # CHAOS_SEED=<n> replays a run, CHAOS_TRIALS=<n> sets the single-day trials (default 20).

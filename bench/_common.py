@@ -1,17 +1,16 @@
 """Helpers shared by the benchmark scripts: tables on stdout, JSON results, memory readings.
 
 Benchmarks are scripts (`python -m bench.<name>`), never tests; each prints a
-table and writes its numbers to `bench/results/<name>.json` (or $BENCH_RESULTS_DIR) with the
-machine and library versions, so a report can be reproduced.  Each also takes `--smoke`: a tiny size
+table and writes its numbers to `bench/results/<name>.json` (or $BENCH_RESULTS_DIR), stamped with the
+commit, machine and date (`bench._results`): committed files, from which `bench._report` generates the
+tables of docs/benchmarks.md.  Each also takes `--smoke`: a tiny size
 that runs in seconds, which `tests/bench/test_smoke.py` runs so that a benchmark that breaks fails CI.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -50,8 +49,8 @@ def apply_smoke(args: argparse.Namespace, smoke: dict[str, Any]) -> argparse.Nam
 
 def row_format_overrides(name: str) -> dict[str, str]:
     """The config keys (`--set` values) that give the rows called `name`, `optimizer/row_dtype[/state_dtype]`
-    (`storage.embedding.row_format.RowFormat.parse`'s names): the benchmarks' `--row-formats`."""
-    from storage.embedding.row_format import RowFormat
+    (`storage.embedding.rows.format.RowFormat.parse`'s names): the benchmarks' `--row-formats`."""
+    from storage.embedding.rows.format import RowFormat
 
     fmt = RowFormat.parse(16, name)  # checks the name; the dim plays no part in the keys
     return {
@@ -103,32 +102,18 @@ class Variant:
 
 
 def environment() -> dict[str, Any]:
-    """Machine and library versions to store beside the numbers."""
-    import dask
-    import numpy
-    import pandas
-    import pyarrow
+    """The commit, date and machine to store beside the numbers, with the library versions (`bench._results`)."""
+    from bench._results import stamp
 
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "pyarrow": pyarrow.__version__,
-        "pandas": pandas.__version__,
-        "numpy": numpy.__version__,
-        "dask": dask.__version__,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    return stamp()
 
 
 def write_json(name: str, payload: dict[str, Any]) -> Path:
-    """Write `payload` plus the environment to <results_dir()>/<name>.json and return the path."""
-    folder = results_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2, sort_keys=True, default=str))
-    return path
+    """Write `payload`, stamped with the commit, machine and date, to <results_dir()>/<name>.json and return the
+    path: the small file docs/benchmarks.md's tables are generated from (`bench._results.write_result`)."""
+    from bench._results import write_result
+
+    return write_result(results_dir(), name, payload)
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
@@ -206,7 +191,7 @@ class WorkerMemory:
             try:
                 for addr, m in self.client.run(proc_memory).items():
                     self.sampled_bytes[addr] = max(self.sampled_bytes.get(addr, 0), m["rss"])
-            except Exception:  # a sample lost while workers are busy is not an error
+            except Exception:  # noqa: S112 - a sample lost while workers are busy is not an error
                 continue
 
 
@@ -279,8 +264,8 @@ def train_spec(
     from storage.features_manifest import read_features_manifest
     from storage.io import fsio
     from trainer.config import HetConfig, OptimConfig, TrainerConfig
+    from trainer.launch.spec import TrainSpec
     from trainer.plan.recipe import derive
-    from trainer.spec import TrainSpec
 
     sections = {"optim": OptimConfig, "het": HetConfig, "trainer": TrainerConfig}
     names = {s: {f.name for f in dataclasses.fields(c)} for s, c in sections.items()}

@@ -12,8 +12,8 @@ GPUs, DRAM, SSD bytes and IOPS, and network bytes/s it needs, each line naming i
 side for three row formats: the fp32 rows with Adam of the releases before compact rows, the
 default (`store.row_dtype`, `store.state_dtype`, `optim.sparse_optimizer`), int8 rows with Adam's moments in
 log8, and int8 rows with row-wise AdaGrad (`FORMATS`; a format listed twice appears once).
-docs/capacity.md explains the model and holds one printout; the numbers also go to
-bench/results/capacity.json.  `--smoke` is the same run (it takes seconds at any size).
+docs/capacity.md explains the model; the numbers also go to bench/results/capacity.json, whose main lines
+docs/benchmarks.md shows.  `--smoke` is the same run (it takes seconds at any size).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import add_smoke, results_dir, write_json
+from bench._results import transcribed
 from storage.embedding.config import StoreConfig
 from storage.embedding.host import host_row_bytes
-from storage.embedding.row_format import RowFormat
-from storage.embedding.ssd_format import RecordLayout
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.ssd.disk_format import RecordLayout
 from trainer.config import OptimConfig
 
 FIELDS, DENSE = 26, 13
@@ -81,8 +82,11 @@ AdaGrad, 36-byte records); a format listed twice keeps its first label."""
 
 
 def _load(results: Path, name: str) -> dict[str, Any] | None:
+    """The result, or None where it is absent or transcribed (it holds only a table's numbers, and the
+    fallbacks below are those same figures)."""
     path = results / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    result = json.loads(path.read_text()) if path.exists() else None
+    return None if result is None or transcribed(result) else result
 
 
 def _synthetic_bytes_per_row() -> float:
@@ -165,13 +169,13 @@ def load_inputs(results: Path, gpu_probe: Path | None) -> dict[str, Input]:
     for fmt in FORMATS:
         layout = RecordLayout.of(fmt)
         out[f"record_bytes {fmt.name}"] = Input(
-            layout.record_bytes, "B", f"storage.embedding.ssd_format: dim 16, {fmt.name} + clock + key"
+            layout.record_bytes, "B", f"storage.embedding.ssd.disk_format: dim 16, {fmt.name} + clock + key"
         )
         out[f"host_row_bytes {fmt.name}"] = Input(
             host_row_bytes(fmt), "B", "storage.embedding.host.host_row_bytes: payload + 64 B bookkeeping"
         )
     out["unit_bytes"] = Input(
-        RecordLayout.of(FORMATS[0]).unit_bytes, "B", "storage.embedding.ssd_format: one random read"
+        RecordLayout.of(FORMATS[0]).unit_bytes, "B", "storage.embedding.ssd.disk_format: one random read"
     )
     scale = _load(results, "store_scale")
     if scale:

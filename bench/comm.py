@@ -195,7 +195,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
     """Two torchrun nodes x 2 ranks (in the namespaces when `netns`); returns model.json's train stats."""
     from storage.embedding.config import StoreConfig
     from trainer import model_dir
-    from trainer.launch import torchrun_command, trainer_env
+    from trainer.launch.torchrun import torchrun_command, trainer_env
 
     endpoint = f"{ADDRS[0] if netns else '127.0.0.1'}:{_free_port()}"
     out = tmp / "runs" / f"k{k}" / "model"
@@ -255,7 +255,7 @@ def train_two_nodes(tmp: Path, features: Path, k: int, steps_cfg: dict[str, Any]
 
 def bench_k(ks: list[int], steps: int, batch: int, netns: bool, eval_rows: int = 20_000) -> list[dict[str, Any]]:
     from bench.train import write_synthetic_features
-    from trainer.scoring import evaluate_model
+    from trainer.eval.scoring import evaluate_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-comm-k-"))
     rows = []

@@ -10,7 +10,7 @@ What `make gpu-check` (infra/gpu-check.sh) runs between the CUDA conformance tes
 - `phases`: mean ms of pull / forward / backward / push / dense Adam (a device sync after each);
 - `throughput`: examples/s of `train_step` fp32 and bf16, host store and device cache, and on CPU;
 - `determinism`: two identical runs, with and without `trainer.deterministic`: bitwise equal, or
-  the largest difference (docs/user-guide.md "The training step on a GPU, and determinism");
+  the largest difference (docs/user-guide.md, "Configure": processes, precision and determinism);
 - `restore_memory`: peak device memory while a device cache restores a snapshot, against its buffer.
 
 Every section also runs with `--device cpu` (a dry run of the probe's code; `tests/bench` does it),
@@ -46,12 +46,12 @@ from trainer.config import OptimConfig, TrainerConfig
 from trainer.data import Batch
 from trainer.distributed.context import init_distributed
 from trainer.distributed.sharded_embedding import ShardedEmbedding
+from trainer.launch.world import resolve_world, visible_gpus
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.precision import Precision
-from trainer.train import train_step
-from trainer.world import resolve_world, visible_gpus
+from trainer.step import train_step
 
 REPO = Path(__file__).resolve().parents[1]
 FIELDS, DENSE, DIM = 26, 13, 16

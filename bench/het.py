@@ -4,7 +4,7 @@
 
 Data: synthetic Criteo-shaped rows (`pipeline.generate`, via
 `bench.train.write_synthetic_features`); every run trains one epoch on the
-same train rows with `trainer.launch.run_training` (torchrun, gloo, CPU, one
+same train rows with `trainer.launch.torchrun.run_training` (torchrun, gloo, CPU, one
 thread per process) and is scored on the same eval rows (`evaluate_model`).
 
 Per run: sparse bytes per step moved between ranks (keys, rows, pushed
@@ -33,8 +33,8 @@ from bench._common import add_smoke, apply_smoke, report, train_spec
 from bench.comm import MODEL
 from bench.train import write_synthetic_features
 from storage.embedding.config import StoreConfig
-from trainer.launch import run_training
-from trainer.scoring import evaluate_model
+from trainer.eval.scoring import evaluate_model
+from trainer.launch.torchrun import run_training
 
 SMOKE = {"rows": 2_000, "eval_rows": 500, "batch": 64, "procs": "2", "bounds": "0,1"}
 

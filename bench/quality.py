@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import Variant, add_smoke
+from bench.quality_product import model_name, product_config, run_product, train_seconds
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 DATASETS = ("criteo", "avazu", "synthetic-100k", "synthetic-1000k")
@@ -74,28 +75,6 @@ COLUMNS = (
 log = logging.getLogger("bench.quality")
 
 
-def product_config(files: Any, root: Path, *, arch: str, seed: int, variant: Variant | None = None) -> Any:
-    """The run config a user's `ctrpipe backfill` of `files` has, with the seed and the architecture named (and
-    a variant's keys, e.g. another row format, when one is asked for)."""
-    from flows.config import RunConfig, with_overrides
-
-    sets: dict[str, Any] = {
-        "root": str(root),
-        "input.url": files.url,
-        "input.format": files.fmt,
-        "optim.seed": seed,
-        "model.arch": arch,
-        "dask.processes": False,
-        "dask.n_workers": 1,  # operational: the same result with any cluster
-    }
-    return with_overrides(RunConfig(), sets | (variant.sets if variant else {}))
-
-
-def model_name(arch: str, variant: Variant | None) -> str:
-    """A model's name in the tables: the arch, and the variant's label in brackets."""
-    return arch if variant is None else f"{arch} [{variant.label}]"
-
-
 def variants_of(args: argparse.Namespace) -> tuple[Variant, ...]:
     """`--row-formats` and `--variants` as variants of the default architecture.
 
@@ -108,38 +87,6 @@ def variants_of(args: argparse.Namespace) -> tuple[Variant, ...]:
     for v in out:
         with_overrides(RunConfig(), v.sets)  # an unknown key or a bad value fails here, before hours of runs
     return out
-
-
-def run_product(files: Any, root: Path, *, arch: str, seed: int, variant: Variant | None = None) -> dict[str, Any]:
-    """Every training day through `run_day`, then LATEST on the later day: labels, probabilities, day records."""
-    from flows.cli.evaluate_file import score_log
-    from flows.day.run import run_day
-
-    cfg = product_config(files, root, arch=arch, seed=seed, variant=variant)
-    records = [run_day(cfg, date).record for date in files.train_dates]
-    labels, probs = score_log(cfg, "latest", files.later, files.fmt)
-    return {"labels": labels, "probs": probs, "days": [_day(r) for r in records]}
-
-
-def _day(record: Any) -> dict[str, Any]:
-    return {
-        "date": record.date,
-        "status": record.status,
-        "auc": record.auc,
-        "next_day_auc": record.next_day_auc,
-        "rows_train": record.rows_train,
-        "recipe": record.train.get("recipe", {}).get("values"),
-        "steps": record.train.get("steps"),
-        "rows_carried": (record.train.get("parent_eval") or {}).get("rows", 0),
-        "train_s": record.seconds.get("train"),
-    }
-
-
-def train_seconds(chains: list[list[dict[str, Any]]]) -> float | None:
-    """The train stage's wall seconds summed over each chain's days (a product model's chains, one per seed),
-    their mean (`train_s`: what a model costs to train, beside what it scores); None without chains."""
-    per_chain = [sum(d.get("train_s") or 0.0 for d in days) for days in chains]
-    return float(sum(per_chain) / len(per_chain)) if per_chain else None
 
 
 def run_dataset(
@@ -160,7 +107,7 @@ def run_dataset(
 
     from bench.quality_data import dataset_days
     from bench.quality_stats import paired_bootstrap_sd, summarize
-    from trainer.metrics import auc
+    from trainer.eval.metrics import auc
 
     files = dataset_days(name, work / "raw", interactions=interactions)
     synthetic = files.truth is not None
@@ -250,7 +197,7 @@ def warm_start_check(work: Path, *, days: int, rows_per_day: int, interactions: 
     from flows.cli.evaluate_file import score_log
     from flows.day.run import run_day
     from pipeline.generate import generate_days
-    from trainer.metrics import auc
+    from trainer.eval.metrics import auc
 
     gen = generate_days(str(work / "raw"), days + 1, rows_per_day, seed=0, interactions=interactions, with_truth=True)
     files = DayFiles(

@@ -162,7 +162,7 @@ def train_planted_form(
     score_index: torch.Tensor | None = None,
 ) -> tuple[nn.Module, list[float]]:
     """Adam over `index` for `epochs` shuffled passes; the AUC on (`score`, `score_index`) after each."""
-    from trainer.metrics import auc
+    from trainer.eval.metrics import auc
 
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)

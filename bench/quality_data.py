@@ -59,9 +59,9 @@ class DayFiles:
 
     def train_split_events(self, eval_fraction: float) -> pd.DataFrame:
         """The rows the published model has trained on: every training day's rows but the last day's last
-        `eval_fraction`.  Each day holds its last tenth out for its publish gate (`pipeline.encode.stage`'s
+        `eval_fraction`.  Each day holds its last tenth out for its publish gate (`pipeline.encode.split`'s
         time-order split), and the next day trains it (`trainer.plan.parent_eval`); the last day's stays out."""
-        from pipeline.encode.stage import eval_size
+        from pipeline.encode.split import eval_size
 
         days = [read_log_file(self.path(d), self.fmt)[0] for d in self.train_dates]
         last = days[-1]

@@ -30,10 +30,10 @@ import pandas as pd
 
 from bench.quality_data import dataset_days
 from bench.quality_peers import _categorical_text, _hashed
-from pipeline.encode.stage import eval_size
+from pipeline.encode.split import eval_size
 from pipeline.ingest.parse import read_log_file
 from pipeline.schema import get_schema
-from trainer.metrics import auc
+from trainer.eval.metrics import auc
 
 LRS = (0.0115, 0.023, 0.046)
 EVAL_FRACTION = 0.1

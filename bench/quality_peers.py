@@ -35,8 +35,8 @@ import pandas as pd
 import torch
 
 from pipeline.schema import LogSchema
-from trainer.metrics import logloss
-from trainer.models.key_counts import KeyCounts
+from trainer.companion.key_counts import KeyCounts
+from trainer.eval.metrics import logloss
 
 LR_CS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 """The inverse L2 strengths the logistic regression chooses from."""
@@ -173,19 +173,19 @@ def poly2_keys(events: pd.DataFrame, schema: LogSchema) -> np.ndarray:
 def poly2_inputs(
     events: pd.DataFrame, schema: LogSchema, bits: int, counts: KeyCounts | None = None, *, fit_rows: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The product Poly2's inputs of raw rows, as the companion makes them (`trainer.companion.inputs`): the
-    product's keys of the raw values, their count classes in `counts` (`trainer.models.key_counts.KeyCounts`,
+    """The product Poly2's inputs of raw rows, as the companion makes them (`trainer.companion.model.inputs`): the
+    product's keys of the raw values, their count classes in `counts` (`trainer.companion.key_counts.KeyCounts`,
     or none), and the log1p dense values."""
-    from trainer.companion import inputs
+    from trainer.companion.model import inputs
 
     return inputs(poly2_keys(events, schema), _dense_log(events, schema), bits, counts, fit_rows=fit_rows)
 
 
 def poly2_fit(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:
-    """The product's Poly2 LR (`trainer.models.poly2`, no scikit-learn) on the companion's inputs (the train
-    rows' key counts too), C chosen as the companion chooses it (`trainer.models.poly2.fit_cv`); returns
+    """The product's Poly2 LR (`trainer.companion.poly2`, no scikit-learn) on the companion's inputs (the train
+    rows' key counts too), C chosen as the companion chooses it (`trainer.companion.poly2.fit_cv`); returns
     (probabilities of `later`, {"C": chosen C})."""
-    from trainer.models.poly2 import Poly2Config, fit_cv
+    from trainer.companion.poly2 import Poly2Config, fit_cv
 
     config = Poly2Config(cs=POLY2_CS)
     counts = KeyCounts.of(poly2_keys(train, schema))

@@ -6,7 +6,7 @@
 
 Each shared real sample (`bench.quality_data`) is cut by row order (time order) into `days` day files.
 The product is what a user's backfill gives: `flows.day.run.run_day` on day 1, 2, ... with the default
-config (`bench.quality.product_config`), each day warm-started from the one before; after day k the
+config (`bench.quality_product.product_config`), each day warm-started from the one before; after day k the
 registry's LATEST, the model a user serves, is scored on day k+1's file (`ctrpipe evaluate`'s
 `score_log`).  So origin k trains on days 1..k and scores day k+1, and the scored rows of every
 origin are pooled: days 2..K, 8,000 of the 10,000 Criteo rows, against the 2,000 of the later-day
@@ -25,7 +25,7 @@ Peers, on the same splits and rows:
   days 1..k, its epochs chosen by an inner time split of those rows
   (`bench.quality_peers.deepctr_deepfm_time_split`; the chosen ones, per seed and origin, are in the
   result's `peers`, as the LR's C are).
-Beside the peers, two rows that are not peers: `poly2`, this project's own Poly2 LR (`trainer.models.poly2`,
+Beside the peers, two rows that are not peers: `poly2`, this project's own Poly2 LR (`trainer.companion.poly2`,
 no scikit-learn; the learner of the companion the product blends in on small days), on the companion's
 inputs (the pairs and the train rows' key counts) with C chosen as the companion chooses it
 (`bench.quality_peers.poly2_fit`); and a probe, `probe: attention + poly2`:
@@ -77,17 +77,17 @@ SMOKE = RollingSize(days=3, rows=3_300, datasets=("criteo",))
 
 POLY2 = "sklearn-poly2"
 OWN_POLY2 = "poly2"
-"""Not a peer: this project's Poly2 LR (`trainer.models.poly2`) on the companion's inputs, its C chosen as the
-companion chooses it (`trainer.models.poly2.fit_cv`)."""
+"""Not a peer: this project's Poly2 LR (`trainer.companion.poly2`) on the companion's inputs, its C chosen as the
+companion chooses it (`trainer.companion.poly2.fit_cv`)."""
 BLEND = f"probe: {OURS} + {OWN_POLY2}"
 """Not a peer: the mean of the default's and `poly2`'s logits, a probe of what a second, different learner adds
 to the default on these days (issue 31)."""
 
 
 def blend(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """The probabilities of `p` and `q` blended as the companion's scorer blends logits (`trainer.companion.blend`,
-    their mean); probabilities clipped at 1e-7 from 0 and 1."""
-    from trainer.companion import blend as blend_logits
+    """The probabilities of `p` and `q` blended as the companion's scorer blends logits
+    (`trainer.companion.model.blend`, their mean); probabilities clipped at 1e-7 from 0 and 1."""
+    from trainer.companion.model import blend as blend_logits
 
     z = [np.log(np.clip(x, 1e-7, 1 - 1e-7)) - np.log1p(-np.clip(x, 1e-7, 1 - 1e-7)) for x in (p, q)]
     return 1 / (1 + np.exp(-blend_logits(z[0], z[1])))
@@ -115,7 +115,7 @@ def product_chain(files: Any, root: Path, *, arch: str, seed: int, variant: Vari
     """`run_day` on every day but the last, LATEST after day k scored on day k+1: per origin, (labels, probs)
     or None when nothing was published yet, and each day's record.  A `variant` (e.g. another row format) sets
     its keys on every day; each day warm-starts from the day before in the same chain."""
-    from bench.quality import _day, product_config
+    from bench.quality_product import day_summary, product_config
     from flows.cli.evaluate_file import score_log
     from flows.day.run import run_day
 
@@ -124,7 +124,7 @@ def product_chain(files: Any, root: Path, *, arch: str, seed: int, variant: Vari
     scored: list[tuple[np.ndarray, np.ndarray] | None] = []
     days = []
     for date, after in zip(dates[:-1], dates[1:], strict=True):
-        days.append(_day(run_day(cfg, date).record))
+        days.append(day_summary(run_day(cfg, date).record))
         scored.append(score_log(cfg, "latest", files.path(after), files.fmt) if _registry_latest(cfg) else None)
     return {"scored": scored, "days": days}
 
@@ -148,11 +148,11 @@ def run_rolling_dataset(
 ) -> dict[str, Any]:
     """Every model on one sample's rolling origins (this project's `lr` arch when `lr_arch`), and the default
     arch again with each of `variants`; returns the pooled results (JSON-ready)."""
-    from bench.quality import model_name, train_seconds
     from bench.quality_data import DATA, real_days, real_rows
+    from bench.quality_product import model_name, train_seconds
     from bench.quality_stats import paired_bootstrap_sd
     from pipeline.ingest.parse import read_log_file
-    from trainer.metrics import auc, logloss
+    from trainer.eval.metrics import auc, logloss
 
     data = data or DATA
     total = real_rows(name, data=data)

@@ -12,7 +12,7 @@ import statistics
 
 import numpy as np
 
-from trainer.metrics import auc, logloss
+from trainer.eval.metrics import auc, logloss
 
 BOOTSTRAP = 1000
 """Resamples of the later rows."""

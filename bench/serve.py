@@ -126,7 +126,7 @@ def write_registry_version(out: Path, made: dict) -> None:
     """The same model as a registry-format model directory (dense, Adam state, fp32 rows with Adam's m, v, clock)."""
     import torch
 
-    from storage.embedding.row_format import RowFormat
+    from storage.embedding.rows.format import RowFormat
     from storage.embedding.snapshot import write_snapshot
     from storage.io import fsio
     from trainer import model_dir
@@ -164,7 +164,7 @@ def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> di
 
     from flows.serving.bundle import BundleReader
     from flows.serving.model import ScoreRequest, StageTimes, load_model
-    from pipeline.encode.stage import encode_frame
+    from pipeline.encode.frame import encode_frame
     from pipeline.ingest.parse import parse_chunk
 
     model = load_model([BundleReader(str(bundle))])
@@ -538,7 +538,7 @@ def size_rows(bundle: Path, made: dict, keys: int, tmp: Path) -> list[dict[str, 
     write_registry_version(tmp / "registry-v", made)
     from flows.serving.bundle import BundleReader
     from flows.serving.model import load_model
-    from trainer.scoring import load_model as load_registry_model
+    from trainer.eval.scoring import load_model as load_registry_model
 
     t0 = time.perf_counter()
     load_registry_model(str(tmp / "registry-v"))

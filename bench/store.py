@@ -47,7 +47,7 @@ import torch
 
 from bench._common import add_smoke, report
 from storage.embedding.config import StoreConfig
-from storage.embedding.row_format import RowFormat
+from storage.embedding.rows.format import RowFormat
 from trainer.config import OptimConfig
 
 DIM = 16
@@ -124,8 +124,8 @@ def bench_index(n_keys: int, batches: list[int]) -> None:
         n_batches = max(1, min(200, (4 << 20) // b))
         qs = [keys[rng.integers(0, keys.size, b)] for _ in range(n_batches)]
         misses = [rng.integers(0, 2**62, b, dtype=np.int64) for _ in range(n_batches)]  # almost surely absent
-        assert np.array_equal(idx.get(qs[0]), pidx.get_indexer(qs[0]))
-        assert np.array_equal(idx.get(misses[0]), pidx.get_indexer(misses[0]))
+        assert np.array_equal(idx.get(qs[0]), pidx.get_indexer(qs[0]))  # noqa: S101 - checks the peer
+        assert np.array_equal(idx.get(misses[0]), pidx.get_indexer(misses[0]))  # noqa: S101 - checks the peer
         for op, batch_list in (("lookup (hits)", qs), ("lookup (misses)", misses)):
             ours, theirs = paired_rates(
                 lambda bl=batch_list: [idx.get(q) for q in bl],
@@ -166,7 +166,9 @@ def bench_host(n_rows: int, batches: list[int], total: int = 1 << 20) -> None:
         pos = [rng.integers(0, n_rows, b) for _ in range(n_batches)]
         qs = [torch.from_numpy(keys[p]) for p in pos]
         idxs = [torch.from_numpy(p) for p in pos]
-        torch.testing.assert_close(host.lookup(qs[0]).rows, host._buf.gather_emb(host._cache.map.lookup(keys[pos[0]])))
+        torch.testing.assert_close(
+            host.lookup(qs[0]).rows, host._buf.gather_emb(host._resident.cache.map.lookup(keys[pos[0]]))
+        )
         dense_np = dense.numpy()
         ours, base, take = paired_rates(
             lambda qs=qs: [host.lookup(q).rows for q in qs],
@@ -244,7 +246,7 @@ def _raw_random_reads(path: str, n_blocks: int, reads: int, threads: int, block:
 
 
 def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int = 3) -> None:
-    from storage.embedding.ssd import SsdStore
+    from storage.embedding.ssd.store import SsdStore
 
     rng = np.random.default_rng(2)
     shard = workdir / "ssd-bench"
@@ -267,7 +269,7 @@ def bench_ssd(n_rows: int, batch: int, workdir: Path, threads: int, repeat: int 
 
     def units_of(qs: list[np.ndarray]) -> int:
         """Distinct 4 KiB units the rows of each batch sit in now: what a read costs."""
-        return sum(np.unique(store._map.lookup(q) // rpu).size for q in qs)
+        return sum(np.unique(store._shard.index.lookup(q) // rpu).size for q in qs)
 
     # Warm-up: random updates of as many rows as the table holds, so writes are timed with
     # garbage in the file and reclamation running (a fresh file has none).
@@ -485,8 +487,8 @@ _SCALE_CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np, torch
 from storage.embedding.host import HostStore, host_row_bytes
-from storage.embedding.row_format import RowFormat
-from storage.embedding.ssd import SsdStore
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.ssd.store import SsdStore
 
 n, dim, shard, budget, queries, qbatch = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                           int(sys.argv[5]), int(sys.argv[6]))
@@ -511,7 +513,7 @@ ssd.flush()
 t_build = time.perf_counter() - t0
 build_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 rss_built = rss()
-index_bytes = ssd._map.nbytes
+index_bytes = ssd._shard.index.nbytes
 file_bytes = ssd.file_bytes
 t0 = time.perf_counter()
 ssd.close()  # releases the index
@@ -534,12 +536,12 @@ t_upd = time.perf_counter() - t0
 qk = (rng.integers(0, n, 1 << 16) * 0x9E3779B1) & ((1 << 62) - 1)
 t0 = time.perf_counter()
 for _ in range(20):
-    ssd._map.lookup(qk)
+    ssd._shard.index.lookup(qk)
 t_idx = (time.perf_counter() - t0) / (20 << 16)
 miss = rng.integers(0, 1 << 62, 1 << 16)
 t0 = time.perf_counter()
 for _ in range(20):
-    ssd._map.lookup(miss)
+    ssd._shard.index.lookup(miss)
 t_miss = (time.perf_counter() - t0) / (20 << 16)
 t0 = time.perf_counter()
 found, _ = ssd.read_rows(np.unique(qk))
@@ -563,7 +565,7 @@ print(json.dumps({
 def bench_scale(
     sizes: list[int], workdir: Path, budget: int, queries: int, qbatch: int, formats: list[RowFormat]
 ) -> None:
-    from storage.embedding.ssd_format import RecordLayout
+    from storage.embedding.ssd.disk_format import RecordLayout
 
     rows = []
     for n, fmt in itertools.product(sizes, formats):

@@ -6,7 +6,7 @@ TorchRec.
 Model and optimisation: the defaults a daily run trains with: `model` and `store` of
 `flows.config.RunConfig()`, and the `optim` values `trainer.plan.recipe.derive` gives for `--rows`
 train rows on N ranks (batch size, epochs, learning rates, dropout, the cross term's lr scale, the wide
-term's own loss, `trainer.train.ctr_loss`);
+term's own loss, `trainer.step.ctr_loss`);
 `--batch` overrides the recipe's batch.  The plain loop and TorchRec train the same model with the
 1-rank recipe's values.
 
@@ -16,11 +16,11 @@ layer (`batch x 624 x 624` by default), measured in this run before and after th
 reading).  `--smoke`: 1,000 rows on 1 process (seconds; checks it runs).
 
 Data: synthetic Criteo-shaped rows (26 categorical + 13 integer fields,
-`pipeline.generate`) encoded into a features directory (`pipeline.encode.stage.encode_frame`).
+`pipeline.generate`) encoded into a features directory (`pipeline.encode.frame.encode_frame`).
 
 Rows measured, all on CPU with one thread per process:
 
-- `ours wN`: `trainer.launch.run_training` (torchrun, gloo) with N ranks, the
+- `ours wN`: `trainer.launch.torchrun.run_training` (torchrun, gloo) with N ranks, the
   table in the tiered store (host memory over SSD); examples/s over the
   training loop (`train_s` of model.json: process start-up excluded);
 - `ours w1 prefetch=2` / `ours w2 prefetch=2`: the same with the reader thread
@@ -79,12 +79,12 @@ from bench._mfu import mfu, model_mfu
 from pipeline.schema import LogSchema
 from storage.embedding.config import StoreConfig
 from trainer.config import OptimConfig
-from trainer.launch import run_training
+from trainer.launch.torchrun import run_training
 from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.plan.recipe import Recipe, derive
-from trainer.train import ctr_loss
+from trainer.step import ctr_loss
 
 SMOKE = {"rows": 1000, "procs": "1", "staleness": 0, "bf16": False, "repeat": 1}
 """`--smoke`: one rank, 1,000 rows (the recipe: 3 passes of 4 steps), no bf16, prefetch or staleness rows."""
@@ -118,8 +118,8 @@ def events_frame(table: pa.Table, schema: LogSchema) -> pd.DataFrame:
 
 def write_synthetic_features(root: Path, rows: int, *, eval_rows: int, seed: int = 0) -> Path:
     """Generate one synthetic Criteo day, admit keys seen twice, encode and commit `root` (train/eval splits)."""
+    from pipeline.encode.frame import dense_columns, encode_frame, key_columns
     from pipeline.encode.keys import feature_keys
-    from pipeline.encode.stage import dense_columns, encode_frame, key_columns
     from pipeline.generate import generate_day
     from pipeline.schema import get_schema
     from storage.features_manifest import FeaturesManifest

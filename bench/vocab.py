@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
 
             def manifest() -> VocabManifest:
                 m = read_vocab_manifest(fs, vocab_dir(Layout(str(work)), dates[-1]))
-                assert m is not None, f"vocab/date={dates[-1]} is not committed"
+                assert m is not None, f"vocab/date={dates[-1]} is not committed"  # noqa: S101 - an invariant
                 return m
 
             scratch_dir = work / "scratch-counts"

@@ -95,8 +95,8 @@ if [[ -f "$SPEC" ]] && (( $(left) > 40 )); then
     say "5. trainer variants from $SPEC"
     "$VPY" - "$SPEC" "$WORK" > "$OUT/variants.log" 2>&1 <<'PY'
 import dataclasses, json, sys
-from trainer.launch import TrainingError, run_training
-from trainer.spec import TrainSpec
+from trainer.launch.torchrun import TrainingError, run_training
+from trainer.launch.spec import TrainSpec
 spec, work = TrainSpec.read(sys.argv[1]), sys.argv[2]
 for name, over in (("gloo2", {"nproc_per_node": 2, "backend": "gloo", "device": "cuda", "timeout_s": 90}),
                    ("nccl2", {"nproc_per_node": 2, "backend": "nccl", "device": "cuda", "timeout_s": 60})):

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.dest).mkdir(parents=True, exist_ok=True)
     cmd = download_command(args.dest, reqs, python_version=args.python_version, platforms=platforms)
     print(" ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd)  # noqa: S603 - pip of this interpreter, arguments from pyproject.toml, no shell
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ import torch
 from storage.embedding.base import EmbeddingStore, owner_of
 from storage.embedding.config import StoreConfig
 from storage.embedding.host import rows_for_budget
-from storage.embedding.row_format import RowFormat
+from storage.embedding.rows.format import RowFormat
 from storage.embedding.snapshot import iter_snapshot, snapshot_format
-from storage.embedding.ssd import SsdStore
+from storage.embedding.ssd.store import SsdStore
 from storage.io import fsio
 from storage.io.layout import NodeLayout
 
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 WORKING_SET = "working_set.npy"
 """File name of a rank's working set inside its shard directory."""
-TOKEN = "warm_token"
+TOKEN = "warm_token"  # noqa: S105 - a file name, no secret
 """File inside a shard directory naming the warm it holds (`WarmPlan.token`)."""
 COMPACT_FRACTION = 0.25
 """Compact a shard when at least this fraction of its slots are holes."""
@@ -173,6 +173,76 @@ def _restore_many(
     return src
 
 
+def _restore_stale(
+    shards: dict[int, SsdStore],
+    reports: dict[int, dict[str, Any]],
+    fmt: RowFormat,
+    snapshot_url: str | None,
+    snapshot_tag: str | None,
+    *,
+    world: int,
+    storage_options: dict[str, Any] | None,
+) -> str | None:
+    """Step 2 of `warm_shards`: the shards not tagged `snapshot_tag` get the rows they own of `snapshot_url`
+    (emptied when it is None); each report gets `restored` and its share of the time.  Returns the snapshot's
+    format name when its rows were converted to `fmt`, else None."""
+    stale = {r: s for r, s in shards.items() if snapshot_tag is None or s.tag != snapshot_tag}
+    if not stale:
+        return None
+    converted_from: str | None = None
+    t0 = time.perf_counter()
+    if snapshot_url is not None:
+        src = _restore_many(stale, snapshot_url, world, storage_options)
+        if src is not None and src != fmt:
+            converted_from = src.name
+            log.info("converted the rows of %s from %s to %s", snapshot_url, src.name, fmt.name)
+        for r in stale:
+            reports[r]["restored"] = True
+    else:
+        for s in stale.values():
+            s.wipe()
+    share = (time.perf_counter() - t0) / len(stale)
+    for r in stale:
+        reports[r]["seconds"] += share
+    return converted_from
+
+
+def _finish_shard(
+    s: SsdStore,
+    report: dict[str, Any],
+    world: int,
+    evict_keys: np.ndarray,
+    working_set: np.ndarray,
+    *,
+    capacity: int,
+    snapshot_tag: str | None,
+) -> None:
+    """Steps 3-5 of `warm_shards` for the shard of `report["rank"]`, then close it: drop the evicted keys
+    it owns (compacting a file a quarter holes), tag it, write the working set it owns cut to `capacity`
+    rows.  Adds rows, evicted, working_set_keys, working_set_fits and the time taken to `report`."""
+    t0 = time.perf_counter()
+    rank = report["rank"]
+    ek = evict_keys[owner_of(evict_keys, world) == rank]
+    evicted = int(s.contains(ek).sum()) if ek.size else 0
+    if evicted:
+        s.evict(torch.from_numpy(ek))
+        st = s.stats()["ssd"]
+        if st["free_slots"] >= COMPACT_FRACTION * max(1, st["slots"]):
+            s.compact()
+    s.set_tag(snapshot_tag)
+    ws = _ordered_unique(working_set[owner_of(working_set, world) == rank])
+    keep = ws[:capacity]
+    _save_npy_atomic(Path(report["shard_dir"]) / WORKING_SET, keep)
+    report.update(
+        rows=len(s),
+        evicted=evicted,
+        working_set_keys=int(keep.size),
+        working_set_fits=float(min(1.0, capacity / ws.size)) if ws.size else 1.0,
+    )
+    s.close()
+    report["seconds"] = round(report["seconds"] + time.perf_counter() - t0, 4)
+
+
 def warm_shards(
     *,
     node: NodeLayout,
@@ -222,7 +292,6 @@ def warm_shards(
     working_set = np.ascontiguousarray(working_set, dtype=np.int64).reshape(-1)
     fmt = store.row_format(optimizer)
     capacity = rows_for_budget(store.host_budget_mb << 20, fmt)
-    converted_from: str | None = None
 
     shards: dict[int, SsdStore] = {}
     reports: dict[int, dict[str, Any]] = {}
@@ -230,44 +299,13 @@ def warm_shards(
         for r in ranks:
             shards[r] = _open(shard_dirs[r], store, fmt)
             reports[r] = {"rank": r, "shard_dir": shard_dirs[r], "restored": False, "seconds": 0.0}
-        stale = {r: s for r, s in shards.items() if snapshot_tag is None or s.tag != snapshot_tag}
-        if stale:
-            t0 = time.perf_counter()
-            if snapshot_url is not None:
-                src = _restore_many(stale, snapshot_url, world_size, storage_options)
-                if src is not None and src != fmt:
-                    converted_from = src.name
-                    log.info("converted the rows of %s from %s to %s", snapshot_url, src.name, fmt.name)
-                for r in stale:
-                    reports[r]["restored"] = True
-            else:
-                for s in stale.values():
-                    s.wipe()
-            share = (time.perf_counter() - t0) / len(stale)
-            for r in stale:
-                reports[r]["seconds"] += share
+        converted_from = _restore_stale(
+            shards, reports, fmt, snapshot_url, snapshot_tag, world=world_size, storage_options=storage_options
+        )
         for r in ranks:
-            t0 = time.perf_counter()
-            s = shards[r]
-            ek = evict_keys[owner_of(evict_keys, world_size) == r]
-            evicted = int(s.contains(ek).sum()) if ek.size else 0
-            if evicted:
-                s.evict(torch.from_numpy(ek))
-                st = s.stats()["ssd"]
-                if st["free_slots"] >= COMPACT_FRACTION * max(1, st["slots"]):
-                    s.compact()
-            s.set_tag(snapshot_tag)
-            ws = _ordered_unique(working_set[owner_of(working_set, world_size) == r])
-            keep = ws[:capacity]
-            _save_npy_atomic(Path(shard_dirs[r]) / WORKING_SET, keep)
-            reports[r].update(
-                rows=len(s),
-                evicted=evicted,
-                working_set_keys=int(keep.size),
-                working_set_fits=float(min(1.0, capacity / ws.size)) if ws.size else 1.0,
+            _finish_shard(
+                shards[r], reports[r], world_size, evict_keys, working_set, capacity=capacity, snapshot_tag=snapshot_tag
             )
-            s.close()
-            reports[r]["seconds"] = round(reports[r]["seconds"] + time.perf_counter() - t0, 4)
     finally:
         for s in shards.values():
             s.close()

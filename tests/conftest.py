@@ -1,15 +1,28 @@
-"""Shared fixtures.
+"""Shared fixtures, and the check that a test starting a process or a server says so.
 
 Every test run gets its own temp root (TMPDIR, PREFECT_HOME) so Dask,
 torchelastic and Prefect leave nothing in shared temp dirs or in `~`.
+
+A test (or a fixture it uses) that starts a process carries one of the markers `subprocess`, `server`,
+`distributed` or `chaos`, and one that listens on a socket in the test process `server` (or `distributed`,
+`chaos`): `make test-fast` leaves those out.  Every run checks it: `subprocess.Popen`, `multiprocessing`'s
+`Process.start` and `socket.listen` fail an unmarked test, naming the marker it needs (with
+CTRPIPE_TESTS_REPORT_UNMARKED=1 the run goes on and lists them at the end).  The attention kernel's one-time
+compiler run, `git rev-parse` of the code version, `uname -p`, `ldconfig -p` and the HTTP endpoint of an in-process
+Dask scheduler are not processes or servers a test manages, and are let through (`INCIDENTAL`).  A test that uses a
+server fixture (`prefect_api`) is marked `server` by that alone.
 """
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,8 +40,123 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+PROCESS_MARKERS = ("subprocess", "server", "distributed", "chaos")
+"""A test that starts a process carries one of these (`make test-fast` runs none of them)."""
+LISTEN_MARKERS = ("server", "distributed", "chaos")
+"""A test that listens on a socket in the test process (a server in a thread) carries one of these."""
+INCIDENTAL = (
+    "trainer.models.attention_native",
+    "storage.io.version",
+    "bench._results",
+    "platform",
+    "ctypes.util",
+    "distributed.node",
+)
+"""Modules whose short-lived helper processes any unit test may start (the attention kernel's compiler, once per
+machine; `git rev-parse` for the code version and a benchmark result's commit; the standard library's `uname -p` for
+`platform.processor()` and `ldconfig -p` for `ctypes.util.find_library`), and the HTTP endpoint every Dask scheduler
+opens (a cluster of threads in the test process is no server the test is about; one of processes is)."""
+REPORT_UNMARKED_ENV = "CTRPIPE_TESTS_REPORT_UNMARKED"
+"""=1: an unmarked test that starts a process or a server goes on, and the run lists it at the end instead (to mark
+a suite's tests in one run)."""
+_UNMARKED = pytest.StashKey[list[str]]()
+_current: list[pytest.Item] = []
+"""The test being set up, run or torn down (its fixtures' processes are its own)."""
+
+
+def _unmarked(action: str, markers: tuple[str, ...]) -> None:
+    """Fail the current test (raise now; the report fails too, should the caller swallow it) unless it carries one
+    of `markers`."""
+    if not _current:
+        return
+    item = _current[0]
+    if any(item.get_closest_marker(m) for m in markers):
+        return
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in INCIDENTAL:
+            return
+        frame = frame.f_back
+    names = " or ".join(f"@pytest.mark.{m}" for m in markers)
+    message = f"{item.nodeid} {action} without a marker that says so: mark it (or its module) {names}"
+    item.stash.setdefault(_UNMARKED, []).append(message)
+    if os.environ.get(REPORT_UNMARKED_ENV) != "1":
+        raise RuntimeError(message)
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+_listen = socket.socket.listen
+
+
+def _guarded_popen_init(self, args, *a, **kw):  # type: ignore[no-untyped-def]
+    _unmarked(
+        f"starts a process ({args if isinstance(args, str) else ' '.join(map(str, args))[:200]})", PROCESS_MARKERS
+    )
+    _popen_init(self, args, *a, **kw)
+
+
+def _guarded_process_start(self):  # type: ignore[no-untyped-def]
+    _unmarked(f"starts a process ({self.name})", PROCESS_MARKERS)
+    _process_start(self)
+
+
+def _guarded_listen(self, *a):  # type: ignore[no-untyped-def]
+    _unmarked(f"listens on {self.getsockname()}", LISTEN_MARKERS)
+    _listen(self, *a)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+multiprocessing.process.BaseProcess.start = _guarded_process_start  # type: ignore[method-assign]
+socket.socket.listen = _guarded_listen  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    _current[:] = [item]
+    try:
+        return (yield)
+    finally:
+        _current.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    report = yield
+    unmarked = item.stash.get(_UNMARKED, None)
+    if unmarked and os.environ.get(REPORT_UNMARKED_ENV) == "1":
+        if report.when == "teardown":
+            report.user_properties.append(("unmarked", unmarked[0]))  # travels with the report from an xdist worker
+    elif unmarked and report.when == "call" and report.passed:  # the error was swallowed
+        report.outcome = "failed"
+        report.longrepr = "\n".join(unmarked)
+    return report
+
+
+SERVER_FIXTURES = ("prefect_api",)
+"""Fixtures that start a server: a test using one is marked `server` at collection."""
+
+
+_reported: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _reported.extend(v for k, v in report.user_properties if k == "unmarked")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _reported:
+        terminalreporter.section(f"{len(_reported)} tests start a process or a server unmarked")
+        for line in _reported:
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The chaos suite (tests/chaos, `make chaos`, long) runs only when a `-m` expression names it."""
+    """A test using a server fixture is marked `server`; the chaos suite (tests/chaos, `make chaos`, long) runs only
+    when a `-m` expression names it."""
+    for item in items:
+        if any(f in getattr(item, "fixturenames", ()) for f in SERVER_FIXTURES):
+            item.add_marker(pytest.mark.server)
     if "chaos" in (config.getoption("markexpr") or ""):
         return
     chaos = [item for item in items if item.get_closest_marker("chaos")]
@@ -57,3 +185,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The API URL of one real `prefect server start` on 127.0.0.1 (`tests.helpers.procs.PrefectServer`), for the
+    `ctrpipe` runs whose test is not about Prefect's temporary server nor needs a server of its own (restarts, kills,
+    deployments): pass it as PREFECT_API_URL.  Started by the first test of a session (of a worker, under xdist) that
+    asks for it, stopped when the session ends.  Each run keeps its own root, so their slots
+    (`flows.prefect.slot`, keyed by root and model) never meet."""
+    from tests.helpers.procs import PrefectServer, processes
+
+    folder = tmp_path_factory.mktemp("prefect-session")
+    with processes() as procs:
+        server = PrefectServer(procs, folder, folder / "home")
+        server.start()
+        yield server.api

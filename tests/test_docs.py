@@ -1,6 +1,5 @@
-"""The README, docs/*.md and infra/**/README.md: their links resolve, and every backticked Python name or repository
-path in
-them still exists.
+"""The README, docs/**/*.md and infra/**/README.md: their links resolve, every backticked Python name or repository
+path in them still exists, and together they stay small enough to read.
 
 What counts as a name or a path, and what resolves, is tests/helpers/references.py's rule (shared with
 tests/test_code_references.py, which checks docstrings and comments).  Fenced code blocks are not checked.
@@ -23,7 +22,11 @@ from tests.helpers.references import (
     resolves,
 )
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "infra").rglob("README.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "infra").rglob("README.md"))]
+BUDGET_BYTES = 150_000
+"""README.md and docs/**/*.md together: a reference that grows past it has started keeping a log."""
+BENCHMARKS_BYTES = 40_000
+"""docs/benchmarks.md: what each benchmark measures, its command and its latest table (history lives in git)."""
 
 FENCE = re.compile(r"(?ms)^ {0,3}(```|~~~).*?^ {0,3}\1")
 LINK = re.compile(r"(?<!\!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -122,3 +125,24 @@ def test_the_checker_sees_what_it_should(tmp_path):
     ]
     assert resolves("flows.config.RunConfig") and not resolves("flows.config.Nope")
     assert "trainer.nproc_per_node" in config_keys()
+
+
+def test_the_docs_fit_their_budget():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    sizes = {p.relative_to(REPO): len(p.read_bytes()) for p in pages}
+    total = sum(sizes.values())
+    largest = ", ".join(f"{p} {n:,}" for p, n in sorted(sizes.items(), key=lambda x: -x[1])[:5])
+    assert total <= BUDGET_BYTES, f"README + docs are {total:,} bytes > {BUDGET_BYTES:,} (largest: {largest})"
+    bench = sizes[Path("docs/benchmarks.md")]
+    assert bench <= BENCHMARKS_BYTES, f"docs/benchmarks.md is {bench:,} bytes > {BENCHMARKS_BYTES:,}"
+
+
+def test_each_report_is_dated_and_says_its_decision_and_command():
+    reports = sorted((REPO / "docs" / "reports").glob("*.md"))
+    assert reports, "docs/reports/ holds one report per investigation whose decision is in force"
+    for path in reports:
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md", path.name), path.name
+        text = path.read_text()
+        assert "**Decision.**" in text and "**Command" in text, (
+            f"{path.name}: a decision and the command that measured it"
+        )

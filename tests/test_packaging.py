@@ -66,8 +66,8 @@ REVIEWED = frozenset(
         "torch.dtype",
         "torch.iinfo",
         "torch.int16",
-        "torch.int32",  # compact rows (storage.embedding.row_format): basic since 1.x
-        "torch.sparse_csr_tensor",  # the companion's Poly2 fit (trainer.models.poly2): check_invariants= since 2.0
+        "torch.int32",  # compact rows (storage.embedding.rows.format): basic since 1.x
+        "torch.sparse_csr_tensor",  # the companion's Poly2 fit (trainer.companion.poly2): check_invariants= since 2.0
         "torch.distributed.PrefixStore",
         "torch.distributed.ProcessGroup",
         "torch.distributed.ReduceOp.SUM",
@@ -138,7 +138,8 @@ REVIEWED = frozenset(
         "torch.where",
         "torch.zeros",
         "torch.zeros_like",
-        # int8 rows and log8 state (storage.embedding.quantize): basic since 1.x (Tensor.nextafter and amin/amax 1.7)
+        # int8 rows and log8 state (storage.embedding.rows.quantize): basic since 1.x
+        # (Tensor.nextafter and amin/amax 1.7)
         "torch.exp2",
         "torch.floor",
         "torch.inf",

@@ -32,7 +32,7 @@ from tests.helpers.serving import call, cli_args, criteo_line, day_config, score
 from trainer.config import OptimConfig
 from trainer.model_dir import SPARSE, read_meta
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 PREVIOUS_RELEASE = "56e72fbd9a05cfe1899514d08b84e8b1898264a7"
 """The last commit before compact rows (issue 28): fp32 embedding rows with Adam's m and v in every snapshot,

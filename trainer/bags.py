@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from storage.embedding.rows import host_to_device, segment_sum
+from storage.embedding.rows.segments import segment_sum
+from storage.embedding.rows.transfer import host_to_device
 from trainer.models.config import BAG_POOLINGS
 from trainer.optim.schedule import embedding_l2_grad
 

@@ -8,16 +8,24 @@
 - `het`: the worker-side cache of remote embedding rows (HET's bounded staleness).
 
 Every field declares what a change of it does (`storage.io.identity`: `result_field`, `run_field`):
-the run identity (`trainer.spec.TrainSpec.identity`) hashes the `optim` and `het` fields and the
+the run identity (`trainer.launch.spec.TrainSpec.identity`) hashes the `optim` and `het` fields and the
 world's shape and precision, and not the rest of `trainer`: rerunning a killed day with a longer
 timeout or another log interval resumes from that day's checkpoints.
+
+The fields that may be `auto` are numbers only once something decides them for the day and the node:
+`trainer.plan.recipe.derive` the `optim` ones (and `model.dropout`), `trainer.launch.world.resolve_world` the
+ranks per node.  What they return is a resolved type, `ResolvedOptim` and `ResolvedTrainer` (`ResolvedModel` in
+`trainer.models.config`): a subclass of the section whose `auto` fields are plain numbers, so the code after
+the decision reads numbers, and a section read back from JSON becomes one by `OptimConfig.resolved`, which
+refuses a field still `auto`.  The fields and their roles are the section's: a resolved section hashes and
+encodes as the same values in the section do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-from storage.embedding.sparse_optim import OPTIMIZERS
+from storage.embedding.rows.sparse_optim import OPTIMIZERS
 from storage.io.identity import result_field, run_field
 
 LR_DECAYS = ("none", "linear", "cosine")
@@ -37,7 +45,7 @@ class TrainerConfig:
         "auto", why="the world's shape: the rows each rank reads and the k-step averages"
     )
     """Training processes per node, launched by torchrun.  `auto`: one per visible GPU on a CUDA node,
-    one on CPU (`trainer.world.resolve_world`); with NCCL at most the node's GPUs (checked at launch)."""
+    one on CPU (`trainer.launch.world.resolve_world`); with NCCL at most the node's GPUs (checked at launch)."""
     nnodes: int = result_field(1, why="the world's shape")
     """Nodes of the training job (torchrun `--nnodes`); more than 1 needs `rdzv_endpoint`."""
     node_rank: int = run_field(0)
@@ -49,7 +57,7 @@ class TrainerConfig:
     device: str = run_field(
         "auto", why="devices differ in rounding only; the checkpoint fingerprint checks the resolved precision"
     )
-    """`cuda`, `cpu`, or `auto`: CUDA when a GPU is visible, else the CPU (`trainer.world`)."""
+    """`cuda`, `cpu`, or `auto`: CUDA when a GPU is visible, else the CPU (`trainer.launch.world`)."""
     timeout_s: int = run_field(3600)
     """The training subprocess is killed after this long."""
     nccl_env: dict[str, str] = run_field(factory=dict)
@@ -84,11 +92,17 @@ class TrainerConfig:
         """nnodes x nproc_per_node.
 
         Raises:
-            ValueError: `nproc_per_node` is still `auto` (`trainer.world.resolve_world` fixes it on the node).
+            ValueError: `nproc_per_node` is still `auto` (`trainer.launch.world.resolve_world` fixes it on the node).
         """
         if self.nproc_per_node == "auto":
-            raise ValueError("trainer.nproc_per_node is 'auto': resolve it on the node (trainer.world.resolve_world)")
+            raise ValueError(
+                "trainer.nproc_per_node is 'auto': resolve it on the node (trainer.launch.world.resolve_world)"
+            )
         return self.nnodes * int(self.nproc_per_node)
+
+    def with_nproc(self, nproc: int) -> ResolvedTrainer:
+        """This section with `nproc_per_node` the number `nproc` (`trainer.launch.world.resolve_world` decides it)."""
+        return ResolvedTrainer(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "nproc_per_node": nproc})
 
     def __post_init__(self) -> None:
         n = self.nproc_per_node
@@ -143,17 +157,16 @@ class OptimConfig:
     lr: str | float = result_field(AUTO)
     """Adam learning rate of the dense parameters; `auto`: 1e-3, higher (up to 1e-2) for a day of few steps."""
     sparse_optimizer: str = result_field("wide_rowwise_adam", neutral="adam")
-    """Update rule of the embedding rows (`storage.embedding.sparse_optim`): `wide_rowwise_adam` (Adam's first
+    """Update rule of the embedding rows (`storage.embedding.rows.sparse_optim`): `wide_rowwise_adam` (Adam's first
     moment per element, its second moment once for column 0, the key's wide weight, and once for the other
     columns; with the default int8s rows and log8 state, 48 B SSD records at dim 16), `adam` (lazy per-element
     Adam: two moments per element; 64 B records with int8 rows), `partial_rowwise_adam` (fbgemm's: one second
     moment per row), `rmsprop` (Adam without momentum: one moment per element), `rowwise_adagrad` (fbgemm's
     row-wise AdaGrad: one accumulator per row) or `sgd` (no state). The rows keep its state on every tier and in
     snapshots; a model trained with another rule is continued with its state converted
-    (`sparse_optim.convert_state`). Chosen by `bench.quality` (docs/benchmarks.md, "bench.quality: a 48-byte
-    default"): on the rolling-origin protocol the default rows are within 0.0006 AUC of per-element Adam on int8
-    rows (Criteo -0.0006, Avazu -0.0003, the 1M-row days -0.0006); fbgemm's one-moment-per-row rule lost 0.039 on
-    Criteo, because the wide weight's gradient set the deep columns' step; rmsprop lost 0.0066 on Avazu."""
+    (`sparse_optim.convert_state`). The default keeps Adam's per-element momentum in 48 bytes; fbgemm's
+    one-moment-per-row rule loses because the wide weight's gradient sets the deep columns' step, and rmsprop
+    (no momentum) loses on Avazu (`docs/reports/2026-12-03-48-byte-rows.md`)."""
     sparse_lr: str | float = result_field(AUTO)
     """Learning rate of the embedding rows (for `optim.sparse_optimizer`); `auto`: 2e-2, lower when the day takes
     several passes.
@@ -174,15 +187,15 @@ class OptimConfig:
     cross_lr_scale: str | float = result_field(AUTO)
     """The `model.cross` term's learning rate, as a multiple of `lr`; `auto`: 1 on a day of at least
     `trainer.plan.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
-    since on fewer rows it fits noise (docs/benchmarks.md).  At 0 the day does not compute it: no weight
-    gradients or Adam moments, and no forward while it is zero (`CTRModel.hold_cross`)."""
+    since on fewer rows it fits noise (`docs/reports/2026-12-02-cross-term.md`).  At 0 the day does not compute
+    it: no weight gradients or Adam moments, and no forward while it is zero (`CTRModel.hold_cross`)."""
     wide_loss: str | float = result_field(AUTO, neutral=0.0)
     """Weight of a second loss on the `model.wide` term's own logit (the wide term and the bias: a logistic
     regression on the key weights), added to the model's loss in training; serving scores the whole model as
     before.  The wide part then predicts well by itself and the deep parts learn what it misses, which pays
     where the day is too small for them: `auto` is 1 on a day of fewer than `trainer.plan.recipe.CROSS_MIN_ROWS`
-    train rows, else 0 (docs/benchmarks.md, issue 31: +0.0013 and +0.0030 pooled AUC on the shared samples'
-    2,000-row days, -0.0020 on synthetic 36,000-row days); 0 trains the model's loss alone.  No effect on a
+    train rows, else 0, since on larger days it costs AUC (`docs/reports/2026-12-03-wide-loss.md`); 0 trains the
+    model's loss alone.  No effect on a
     model without a wide term (`model.wide` false, or an arch other than `attention`)."""
     lr_decay: str = result_field("cosine")
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
@@ -227,6 +240,16 @@ class OptimConfig:
         """The `optim.*` keys still `auto` (a spec the trainer runs has none: `trainer.plan.recipe.derive`)."""
         return [f"optim.{n}" for n in (*DERIVED_INTS, *DERIVED_FLOATS) if getattr(self, n) == AUTO]
 
+    def resolved(self) -> ResolvedOptim:
+        """This section as the resolved type (itself when it is one): what the ranks train with.
+
+        Raises:
+            ValueError: a field is still `auto` (named).
+        """
+        if isinstance(self, ResolvedOptim):
+            return self
+        return ResolvedOptim(**{f.name: getattr(self, f.name) for f in fields(self)})
+
 
 DERIVED_INTS = ("batch_size", "epochs", "warmup_steps")
 DERIVED_FLOATS = ("lr", "sparse_lr", "embedding_l2", "cross_lr_scale", "wide_loss")
@@ -250,6 +273,59 @@ def _set_number(cfg: OptimConfig, name: str, kind: type) -> None:
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"optim.{name} must be {AUTO!r} or {what}, got {value!r}") from None
     object.__setattr__(cfg, name, number)
+
+
+def refuse_auto(keys: list[str]) -> None:
+    """Refuse the config keys `keys` still `auto` where a resolved section is built.
+
+    Raises:
+        ValueError: naming them, and what decides them.
+    """
+    if keys:
+        raise ValueError(
+            f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} 'auto': derive the day's values with "
+            "trainer.plan.recipe.derive (flows.day.stages.train_plan does for a day's spec), or set numbers"
+        )
+
+
+def _declared(cls: type, name: str) -> dict:
+    """The field metadata `cls` declares for `name` (its role): a resolved section's field declares the same."""
+    return dict(next(f.metadata for f in fields(cls) if f.name == name))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResolvedTrainer(TrainerConfig):
+    """The `trainer` section with `nproc_per_node` a number: the world of a node, fixed
+    (`trainer.launch.world.resolve_world`).  `prefetch_batches` may stay `auto`: each rank decides it for its
+    device (`trainer.data.prefetch_depth`)."""
+
+    nproc_per_node: int = field(metadata=_declared(TrainerConfig, "nproc_per_node"))
+
+    def __post_init__(self) -> None:
+        TrainerConfig.__post_init__(self)
+        refuse_auto(["trainer.nproc_per_node"] if self.nproc_per_node == AUTO else [])
+
+
+_OPTIM = {name: _declared(OptimConfig, name) for name in (*DERIVED_INTS, *DERIVED_FLOATS)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResolvedOptim(OptimConfig):
+    """The `optim` section with every field a number: what `trainer.plan.recipe.derive` returns and the ranks
+    train with (`OptimConfig.resolved`).  Built only with every derived field given."""
+
+    batch_size: int = field(metadata=_OPTIM["batch_size"])
+    epochs: int = field(metadata=_OPTIM["epochs"])
+    lr: float = field(metadata=_OPTIM["lr"])
+    sparse_lr: float = field(metadata=_OPTIM["sparse_lr"])
+    embedding_l2: float = field(metadata=_OPTIM["embedding_l2"])
+    warmup_steps: int = field(metadata=_OPTIM["warmup_steps"])
+    cross_lr_scale: float = field(metadata=_OPTIM["cross_lr_scale"])
+    wide_loss: float = field(metadata=_OPTIM["wide_loss"])
+
+    def __post_init__(self) -> None:
+        OptimConfig.__post_init__(self)  # text to numbers, and their bounds
+        refuse_auto(self.unresolved())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -107,7 +107,7 @@ def onnx_bytes(model: CTRModel) -> bytes:
             dynamo=True,
             verbose=False,
         )
-    assert program is not None  # dynamo=True returns the ONNXProgram
+    assert program is not None  # noqa: S101 - dynamo=True returns the ONNXProgram
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "dense.onnx"
         program.save(str(path))

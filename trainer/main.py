@@ -1,6 +1,6 @@
 """Rank entry point: `torchrun ... -m trainer.main --spec SPEC.json`.
 
-Single node, 2 CPU ranks (what `trainer.launch.run_training` runs)::
+Single node, 2 CPU ranks (what `trainer.launch.torchrun.run_training` runs)::
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m trainer.main --spec spec.json
 
@@ -10,7 +10,7 @@ Two nodes x 8 GPUs (run on each node, node_rank 0 and 1)::
         --rdzv_endpoint host0:29400 --nproc_per_node 8 -m trainer.main --spec spec.json
 
 `main()` owns the lifecycle: init the process groups, open and warm the store
-shard, train, write the model directory, and always close the store and
+shard, train, write the model directory (`trainer.commit.write_model`), and always close the store and
 destroy the process groups.
 """
 
@@ -22,29 +22,20 @@ import importlib
 import logging
 import os
 import sys
-from contextlib import AbstractContextManager
-from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
 from storage.embedding.base import EmbeddingStore
-from storage.features_manifest import read_features_manifest
-from storage.io import fsio, version
+from storage.io import fsio
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, load_working_set
-from trainer import checkpoint, companion, model_dir
+from trainer.commit import write_model
 from trainer.config import TrainerConfig
-from trainer.data import FeatureSchema
 from trainer.distributed.context import DistContext, init_distributed
-from trainer.lifetime import exit_when_orphaned
+from trainer.launch.lifetime import exit_when_orphaned
+from trainer.launch.spec import TrainSpec
 from trainer.malloc import tune_malloc
-from trainer.model_dir import ModelMeta
-from trainer.spec import TrainSpec
-from trainer.summary import TrainSummary
-from trainer.threads import core_count, torch_threads
-from trainer.train import StepHook, Trainer, TrainStats
+from trainer.train import StepHook, Trainer
 
 log = logging.getLogger("trainer.main")
 
@@ -109,186 +100,6 @@ def open_store(spec: TrainSpec, ctx: DistContext) -> EmbeddingStore:
     return store
 
 
-def _gather(obj: Any, ctx: DistContext) -> list[Any]:
-    if ctx.world_size == 1:
-        return [obj]
-    out: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _broadcast(obj: Any, ctx: DistContext) -> Any:
-    if ctx.world_size == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def write_model(spec: TrainSpec, ctx: DistContext, store: EmbeddingStore, trainer: Trainer, stats: TrainStats) -> None:
-    """Every rank writes its sparse part into a shared staging dir; rank 0 writes the dense files and commits."""
-    so = spec.storage_options
-    fs, final = fsio.get_fs(spec.output_url, so)
-    staging = None
-    if ctx.rank == 0:
-        fsio.remove_stale_staging(fs, final)
-        staging = fsio.staging_dir(fs, final)
-        fs.makedirs(fsio.join(staging, model_dir.SPARSE), exist_ok=True)
-    staging = _broadcast(staging, ctx)
-    staging_url = fs.unstrip_protocol(staging) if "://" in spec.output_url else staging
-
-    store.flush()
-    store.set_tag(spec.run_tag)
-    part = fsio.join(staging_url, model_dir.SPARSE, model_dir.sparse_part_name(ctx.rank))
-    sparse_rows = store.snapshot(part, storage_options=so)
-
-    mine = {
-        "rows": sparse_rows,
-        "sparse_bytes": trainer.sparse.sparse_bytes,
-        "sparse_s": trainer.sparse.seconds,
-        "dense_sync_bytes": trainer.opt.sync_bytes,
-        "dense_sync_s": trainer.opt.sync_seconds,
-        "examples": stats.examples,
-        "loss_sum": stats.loss_sum,
-        "final_loss": stats.final_loss,
-        "train_s": stats.train_s,
-        "store": store.stats(),
-        "cache": trainer.sparse.cache.stats() if trainer.sparse.cache is not None else None,
-        "sparse_comm": trainer.sparse.comm_stats(),
-    }
-    everyone = _gather(mine, ctx)
-    if ctx.rank == 0:
-        examples = sum(r["examples"] for r in everyone)
-        train_s = max(r["train_s"] for r in everyone)
-        steps = stats.steps
-        sparse_rows = sum(r["rows"] for r in everyone)
-        summary = TrainSummary(
-            steps=steps,
-            epochs=spec.optim.epochs,
-            examples=examples,
-            dropped_rows=stats.dropped_rows,
-            carried={"date": spec.carried.date, "rows": spec.carried.rows} if spec.carried else None,
-            final_loss=float(np.mean([r["final_loss"] for r in everyone])),
-            mean_loss=sum(r["loss_sum"] for r in everyone) / max(1, steps * ctx.world_size),
-            train_s=train_s,
-            examples_per_s=examples / train_s if train_s > 0 else 0.0,
-            world_size=ctx.world_size,
-            backend=ctx.backend,
-            device=str(ctx.device),
-            resumed_from_step=stats.resumed_from,
-            prefetch_depth=stats.prefetch_depth,
-            stats={
-                "dense_sync_bytes": sum(r["dense_sync_bytes"] for r in everyone),
-                "dense_sync_s": max(r["dense_sync_s"] for r in everyone),
-                "dense_merges": trainer.opt.merges,
-                "sparse_bytes": sum(r["sparse_bytes"] for r in everyone),
-                "sparse_s": max(r["sparse_s"] for r in everyone),
-                "sparse_rows": sparse_rows,
-                "sparse_bytes_per_step": sum(r["sparse_bytes"] for r in everyone) / max(1, steps),
-                "staleness_bound": spec.het.staleness_bound,
-                "stale_cache": [r["cache"] for r in everyone],
-                **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
-                "groups": [list(g) for g in ctx.topology.groups],
-                "store_stats": [r["store"] for r in everyone],
-            },
-        )
-        schema = trainer.schema
-        companion_record = None
-        with _every_core():  # the node's other ranks wait at the barrier below: the fit may take their cores
-            fitted = fit_companion(spec, schema)
-        if fitted is not None:
-            companion.save(fsio.join(staging_url, companion.FILE), fitted[0], so)
-            companion_record = fitted[1]
-        meta = ModelMeta.of(
-            model_name=spec.model_name,
-            model_config=spec.model,
-            dim=spec.store.embedding_dim,
-            init_std=spec.store.init_std,
-            num_dense=schema.num_dense,
-            num_fields=schema.num_fields,
-            fields=schema.fields,
-            dense_columns=schema.dense_columns,
-            key_columns=schema.key_columns,
-            bag_columns=schema.bag_columns,
-            vocab_date=spec.vocab_date,
-            run_tag=spec.run_tag,
-            features_url=spec.features_url,
-            init_model_url=spec.init_model_url,
-            optim=spec.optim,
-            het=spec.het,
-            trainer=spec.trainer,
-            train=summary.to_dict(),
-            recipe=spec.recipe,
-            companion=companion_record,
-        )
-        model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
-        model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(), so)
-        model_dir.write_meta(fs, staging, meta)
-    ctx.barrier()  # every sparse part is written before the commit
-    if ctx.rank == 0:
-        manifest = {
-            "run_tag": spec.run_tag,
-            "vocab_date": spec.vocab_date,
-            "world_size": ctx.world_size,
-            "sparse_parts": ctx.world_size,
-            "sparse_rows": sparse_rows,
-            "steps": stats.steps,
-            "code_version": version.code_version(),
-        }
-        fsio.commit_dir(fs, staging, final, manifest)
-        log.info("committed %s (%d steps, %d examples)", spec.output_url, stats.steps, summary.examples)
-        if spec.checkpoint_url:  # the committed model supersedes the run's checkpoints
-            checkpoint.remove_checkpoints(spec.checkpoint_url, so)
-    # no rank exits before the commit: the launcher of every node reads the committed model.json
-    ctx.barrier()
-
-
-def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[companion.Companion, dict[str, Any]] | None:
-    """The day's companion (`trainer.companion`) and its record, fit on its lineage's rows (the start model's
-    record names them), or None when the day gets none (`companion.why_none`)."""
-    so = spec.storage_options
-    fs, path = fsio.get_fs(spec.features_url, so)
-    features = read_features_manifest(fs, path)
-    if features is None:
-        raise FileNotFoundError(f"{spec.features_url} is not committed: run the encode stage first")
-    why = companion.why_none(spec.model.companion, features)
-    if why is not None:
-        log.info("companion: none for this model: %s", why)
-        return None
-    parent = model_dir.read_meta(spec.init_model_url, so) if spec.init_model_url else None
-    return companion.fit_for_spec(
-        spec.features_url,
-        schema,
-        spec.model.companion_rows,
-        parent=parent.companion if parent else None,
-        parent_features_url=parent.features_url if parent else None,
-        storage_options=so,
-        auto=spec.model.companion == "auto",
-    )
-
-
-def _every_core() -> AbstractContextManager[None]:
-    """torch's threads raised to every core this rank may run on, then put back.
-
-    A rank trains on one thread (`trainer.launch.spec_env`); the companion's fit runs on rank 0 alone, and its
-    sparse products take more threads (1.3-1.6x less time on two cores: docs/benchmarks.md).  The products' sums
-    are per row, in a fixed order, so the fit's weights do not depend on how many threads there were."""
-    return torch_threads(max(torch.get_num_threads(), core_count()))
-
-
-def _sparse_comm_stats(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:
-    """Sparse bytes per step by kind, what the synchronous path would have moved, and the HET cache hit rate."""
-    per = 1 / max(1, steps)
-    kinds = {k: sum(r["bytes_by_kind"][k] for r in ranks) * per for k in ranks[0]["bytes_by_kind"]}
-    caches = [r["cache"] for r in ranks if r["cache"] is not None]
-    looked = sum(c["hits"] + c["misses"] for c in caches)
-    return {
-        "sparse_bytes_per_step_by_kind": kinds,
-        "sparse_bytes_per_step_uncached": sum(r["uncached_bytes"] for r in ranks) * per,
-        "stale_cache_hit_rate": sum(c["hits"] for c in caches) / looked if looked else 0.0,
-    }
-
-
 def step_hooks(names: str | None = None) -> list[StepHook]:
     """The hooks `names` (default: `$CTRPIPE_TRAINER_HOOKS`) asks for, in its order (see `HOOKS_ENV`).
 
@@ -337,7 +148,7 @@ def run(spec: TrainSpec) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="train spec JSON written by trainer.launch")
+    parser.add_argument("--spec", required=True, help="train spec JSON written by trainer.launch.torchrun")
     args = parser.parse_args(argv)
     _setup_logging()
     exit_when_orphaned()  # a torchrun agent SIGKILLed with its launcher must not leave this rank training

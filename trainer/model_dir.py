@@ -43,7 +43,7 @@ MODEL = records.RecordFormat(
 )
 """model.json: version 2 is a model without a companion (what every model before it held); version 3 one with
 a companion of the pairs alone (`ModelMeta.companion`, `trainer.companion`); version 4 one whose companion also
-counts its keys (`trainer.models.key_counts`: the counts are in its file).  A reader must blend the companion
+counts its keys (`trainer.companion.key_counts`: the counts are in its file).  A reader must blend the companion
 into every score, with its counts: a release that reads version 2 alone refuses 3 and 4, and one that reads up
 to 3 refuses 4, instead of scoring without them.  This code writes 2 or 4; a version 3 model scores as it was
 fit (its companion's file has no counts)."""
@@ -68,7 +68,7 @@ class ModelMeta:
     dim: int
     """Embedding width."""
     init_std: float
-    """Std of the initial rows of keys the model never trained (`storage.embedding.row_init`)."""
+    """Std of the initial rows of keys the model never trained (`storage.embedding.rows.initial`)."""
     num_dense: int
     num_fields: int
     fields: tuple[str, ...]
@@ -92,7 +92,7 @@ class ModelMeta:
     recipe: dict[str, Any] = field(default_factory=dict)
     """The `optim` values derived for the day's size and why (`trainer.plan.recipe.Recipe.record`)."""
     companion: dict[str, Any] | None = None
-    """The companion's record (`trainer.companion.fit_for_spec`: kind, C, rows, sources), or None: without one
+    """The companion's record (`trainer.companion.fit.fit_for_spec`: kind, C, rows, sources), or None: without one
     the model scores by its network alone."""
 
     @classmethod

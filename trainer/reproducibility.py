@@ -5,8 +5,8 @@ repeats bit for bit.  On CUDA, sums over duplicate indices (`index_add_`: duplic
 bag pooling, the device cache) use atomics whose order changes between runs, so two runs, or a run
 and its resumed twin, agree only within float32 rounding of those sums.  With
 `trainer.deterministic: true` the rank turns on `torch.use_deterministic_algorithms` (those sums
-become sorted segment sums: `storage.embedding.rows.segment_sum`; cuBLAS needs the
-CUBLAS_WORKSPACE_CONFIG that `trainer.launch.spec_env` sets), and checkpoints carry the CUDA
+become sorted segment sums: `storage.embedding.rows.segments.segment_sum`; cuBLAS needs the
+CUBLAS_WORKSPACE_CONFIG that `trainer.launch.torchrun.spec_env` sets), and checkpoints carry the CUDA
 generator's state beside the CPU one (dropout on the GPU draws from it), so runs repeat bitwise.
 """
 
@@ -31,7 +31,7 @@ def apply_determinism(deterministic: bool) -> None:
     if torch.cuda.is_available() and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
         raise RuntimeError(
             "trainer.deterministic on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 "
-            "(trainer.launch sets it; export it where torchrun is started by hand)"
+            "(trainer.launch.torchrun sets it; export it where torchrun is started by hand)"
         )
     torch.use_deterministic_algorithms(True)
 

@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from storage.embedding.rows import host_to_device
+from storage.embedding.rows.transfer import host_to_device
 from trainer.data import Batch
 
 

@@ -1,5 +1,8 @@
 """The training loop of one rank: batches -> pull rows -> model -> push row grads -> local Adam -> k-step merge.
 
+The step itself is `trainer.step.train_step`; this module builds what it runs on (`Trainer`), decides each
+step's learning rates, merges, checkpoints and resumes, and tells the step hooks.
+
 Every `trainer.checkpoint_every` steps, and at the end, the ranks write a
 checkpoint (`trainer.checkpoint`): each rank's store shard, and the state of
 its Stateful components (`Trainer.components`: model, optimizer, sparse
@@ -24,7 +27,6 @@ update runs before the step's dense Adam step).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,14 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from storage.embedding.base import EmbeddingStore
 from storage.warm import read_keys
 from trainer import checkpoint, model_dir
-from trainer.bags import cells_l2_grad, expand_cells, pool_rows
 from trainer.data import (
-    Batch,
     RankReader,
     Source,
     prefetch_depth,
@@ -51,20 +50,17 @@ from trainer.distributed.collectives import broadcast_tensors
 from trainer.distributed.context import DistContext
 from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.distributed.topology import bind_io_threads
+from trainer.launch.spec import TrainSpec
 from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.optim.schedule import set_step_lrs
 from trainer.precision import Precision, resolve_precision
 from trainer.reproducibility import TorchRNG, apply_determinism
-from trainer.spec import TrainSpec
-from trainer.staging import BatchStager, staged_inputs
+from trainer.staging import BatchStager
 from trainer.stateful import Stateful, require_keys
+from trainer.step import train_step
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss of a step was NaN or infinite; nothing of that step was applied."""
 
 
 @dataclass(frozen=True)
@@ -83,82 +79,6 @@ class StepInfo:
 StepHook = Callable[[StepInfo], None]
 """Called by `Trainer.train` on every rank after each step, once its checkpoint (if one is due) is written:
 the place to observe the loop, or, in the crash tests (tests/helpers/faults.py), to end the rank there."""
-
-
-def ctr_loss(
-    model: CTRModel, dense: torch.Tensor, emb: torch.Tensor, labels: torch.Tensor, *, wide_loss: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the model's mean log loss, the objective a step minimises): the objective adds `wide_loss` times the
-    log loss of the wide term's own logit (`CTRModel.logits_and_wide`), so the wide part learns to predict
-    alone while the deep parts learn what it misses; the model's loss is what the step reports.  Without a wide
-    term, or at `wide_loss` 0, the objective is the model's loss (the same tensor)."""
-    if not wide_loss:
-        loss = F.binary_cross_entropy_with_logits(model(dense, emb).float(), labels)
-        return loss, loss
-    logits, wide = model.logits_and_wide(dense, emb)  # (B,), (B,) or None
-    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
-    if wide is None:
-        return loss, loss
-    return loss, loss + wide_loss * F.binary_cross_entropy_with_logits(wide.float(), labels)
-
-
-def train_step(
-    model: CTRModel,
-    sparse: ShardedEmbedding,
-    opt: KStepAdam,
-    batch: Batch,
-    *,
-    step: int,
-    embedding_l2: float = 0.0,
-    where: str = "",
-    precision: Precision | None = None,
-    check_loss: bool = True,
-    wide_loss: float = 0.0,
-) -> torch.Tensor:
-    """One synchronous step on this rank's batch; returns the batch's mean loss (detached).
-
-    The pushed row gradients are those of the GLOBAL mean loss: every rank's
-    batch has the same size, so d(global mean)/d row = sum over ranks of
-    d(local mean)/d row / world.
-
-    Bags of keys (multi-valued fields, `batch.bags`) are pulled with the `k_*`
-    keys in the same pull and pooled into their field's row (`trainer.bags`).
-
-    Args:
-        precision: the dense network's autocast and loss scaling (default fp32: `trainer.precision`).
-        wide_loss: `optim.wide_loss`, the weight of the wide term's own loss in the objective (`ctr_loss`).
-        check_loss: read the loss on the host and refuse a non-finite one before any update (the
-            Trainer asks at its log points only: on CUDA the read waits for the GPU; a non-finite loss
-            between them still stops at the store, which refuses non-finite gradients).
-
-    Raises:
-        NonFiniteLossError: the loss is NaN/Inf (with `check_loss`: before any update is applied).
-    """
-    dev = sparse.ctx.device
-    precision = precision or Precision("fp32", dev)
-    pooling = model.config.bag_pooling
-    cells = expand_cells(batch.keys, batch.bags if pooling != "none" else ())  # keys (N,), N >= B*F
-    pulled = sparse.pull(cells.keys)  # one pull for k_* and bag keys
-    rows = pulled.rows.requires_grad_(True)  # (N, D) leaf
-    emb = pool_rows(rows, cells, pooling)  # (B, F, D); a view of `rows` without bags
-    dense, labels = staged_inputs(batch, dev)
-    with precision.autocast():
-        loss, objective = ctr_loss(model, dense, emb, labels, wide_loss=wide_loss)
-    if check_loss:
-        value = objective.item()  # host read: the loss, where the Trainer checks it (see `check_loss`)
-        if not math.isfinite(value):
-            raise NonFiniteLossError(
-                f"non-finite loss {value} at step {step} on rank {sparse.ctx.rank}{' (' + where + ')' if where else ''}"
-            )
-    opt.zero_grad()
-    precision.backward(objective)
-    if rows.grad is None:  # cannot happen for a leaf that requires grad; guards refactors
-        raise RuntimeError("embedding rows received no gradient")
-    grad = cells_l2_grad(rows, precision.unscale(rows.grad), cells, pooling, embedding_l2)  # (N, D)
-    world = sparse.ctx.world_size
-    sparse.push(pulled, grad if world == 1 else grad / world)  # the pull's route and store lookup, reused
-    precision.step(opt)
-    return loss.detach()
 
 
 @dataclass
@@ -230,15 +150,13 @@ class Trainer:
     def __init__(
         self, spec: TrainSpec, *, ctx: DistContext, store: EmbeddingStore, step_hooks: Sequence[StepHook] = ()
     ) -> None:
-        cfg, het = spec.optim, spec.het
-        if unresolved := cfg.unresolved():
-            raise ValueError(
-                f"{', '.join(unresolved)} still 'auto' in the train spec: derive the day's values with "
-                "trainer.plan.recipe.derive before training (flows.day.stages.train_plan does)"
-            )
+        # the spec read back from JSON: its optim values as numbers, or refused while one is still `auto`
+        cfg, het = spec.optim.resolved(), spec.het
         if store.dim != spec.store.embedding_dim:
             raise ValueError(f"store dim {store.dim} != store.embedding_dim {spec.store.embedding_dim}")
         self.spec, self.ctx, self.store = spec, ctx, store
+        self.optim = cfg
+        """`spec.optim`, resolved: what this rank trains with."""
         self.step_hooks = tuple(step_hooks)
         self.schema = read_schema(spec.features_url, spec.storage_options).for_pooling(spec.model.bag_pooling)
         self.reader = RankReader(
@@ -367,7 +285,7 @@ class Trainer:
 
         The HET cache is flushed first, so the store shards hold every gradient.
         """
-        assert self.spec.checkpoint_url is not None
+        assert self.spec.checkpoint_url is not None  # noqa: S101 - an invariant, for mypy
         so, rank = self.spec.storage_options, self.ctx.rank
         t0 = time.perf_counter()
         url = checkpoint.make_step_dir(self.spec.checkpoint_url, step, so)
@@ -432,7 +350,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def _where(self, step: int) -> str:
-        per_epoch, B = self.reader.steps_per_epoch, self.spec.optim.batch_size
+        per_epoch, B = self.reader.steps_per_epoch, self.optim.batch_size
         epoch, b = divmod(step - 1, per_epoch)
         lo = self.reader.share.start + b * B
         hi = min(lo + B, self.reader.share.stop)
@@ -460,7 +378,7 @@ class Trainer:
 
     def train(self) -> TrainStats:
         """Run every epoch (from the resumed step), then merge so all ranks hold identical dense parameters."""
-        cfg, run, ctx, stats = self.spec.optim, self.spec.trainer, self.ctx, self.stats
+        cfg, run, ctx, stats = self.optim, self.spec.trainer, self.ctx, self.stats
         total_steps = self.reader.steps_per_epoch * cfg.epochs
         ckpt_every = run.checkpoint_every if self.spec.checkpoint_url else 0
         start = self.start_step

@@ -48,7 +48,7 @@ def encode_log(
             `max_bad_fraction` (the message says why the rows were quarantined and what to check), or the model
             was trained on other fields than `fmt` has.
     """
-    from pipeline.encode.stage import encode_frame
+    from pipeline.encode.frame import encode_frame
     from pipeline.ingest.parse import ORDER_FILE_SHIFT, read_log_file
     from pipeline.vocab.stage import load_admitted
     from storage.io.registry import ModelRegistry
@@ -152,7 +152,7 @@ def evaluate_log(
             `label` and `score` there as one Parquet file: what the online scorer's answers are compared
             with (`tests/flows/serving/test_parity.py`).
     """
-    from trainer.scoring import evaluate_model, load_model, score
+    from trainer.eval.scoring import evaluate_model, load_model, score
 
     log = encode_log(cfg, model, input_url, fmt, format_key=format_key, max_bad_fraction=cfg.ingest.max_bad_fraction)
     loaded = load_model(log.url, cfg.storage_options)
@@ -180,7 +180,7 @@ def evaluate_log(
 
 def score_log(cfg: RunConfig, model: str, input_url: str, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     """(labels, click probabilities) of the valid rows of `input_url`, in file order, scored as `evaluate_log` does."""
-    from trainer.scoring import load_model, score
+    from trainer.eval.scoring import load_model, score
 
     log = encode_log(cfg, model, input_url, fmt)
     probs = score(load_model(log.url, cfg.storage_options), log.features)

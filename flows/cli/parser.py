@@ -117,7 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="show Prefect's, Dask's and the trainer's log lines, and tracebacks of errors",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    _add_demo(sub)
+    _add_generate(sub)
+    _add_run(sub)
+    _add_backfill(sub)
+    _add_evaluate(sub)
+    _add_models(sub)
+    _add_serving_parsers(sub)
+    _add_deploy(sub)
+    _add_serve(sub)
+    _add_warm_node(sub)
+    return parser
 
+
+def _add_demo(sub: Any) -> None:
     p = _command(
         sub,
         "demo",
@@ -143,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_set(p)
 
+
+def _add_generate(sub: Any) -> None:
     p = _command(
         sub,
         "generate",
@@ -168,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s, the additive model)",
     )
 
+
+def _add_run(sub: Any) -> None:
     p = _command(
         sub,
         "run",
@@ -190,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
 
+
+def _add_backfill(sub: Any) -> None:
     p = _command(
         sub,
         "backfill",
@@ -204,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="redo completed dates too (no ingest ahead)")
     _add_config_args(p)
 
+
+def _add_evaluate(sub: Any) -> None:
     p = _command(
         sub,
         "evaluate",
@@ -238,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
 
+
+def _add_models(sub: Any) -> None:
     p = _command(
         sub,
         "models",
@@ -265,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="prune: only say what would be deleted")
     _add_config_args(p)
 
-    _add_serving_parsers(sub)
 
+def _add_deploy(sub: Any) -> None:
     p = _command(
         sub,
         "deploy",
@@ -290,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-alerts", action="store_true", help="create no alert automations (see the alerts section)")
     _add_config_args(p)
 
+
+def _add_serve(sub: Any) -> None:
     p = _command(
         sub,
         "serve",
@@ -303,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-alerts", action="store_true", help="create no alert automations (see the alerts section)")
     _add_config_args(p)
 
+
+def _add_warm_node(sub: Any) -> None:
     p = _command(
         sub,
         "warm-node",
@@ -329,10 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the spec's environment of the ranks (trainer.nccl_env, ...) here, to source before torchrun",
     )
     p.add_argument("--skip-warm", action="store_true", help="only fetch and check the spec")
-    return parser
 
 
 def _add_serving_parsers(sub: Any) -> None:
+    """The serving commands: export, score-server."""
+    _add_export(sub)
+    _add_score_server(sub)
+
+
+def _add_export(sub: Any) -> None:
     p = _command(
         sub,
         "export",
@@ -364,6 +396,8 @@ def _add_serving_parsers(sub: Any) -> None:
     p.add_argument("--onnx", action="store_true", help="also export dense.onnx (needs the onnx extra)")
     _add_config_args(p)
 
+
+def _add_score_server(sub: Any) -> None:
     p = _command(
         sub,
         "score-server",

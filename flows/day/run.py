@@ -17,12 +17,12 @@ itself when its committed output is already there, and train and publish reuse t
 the registry version an interrupted run of the same work committed, so a rerun after a kill
 resumes at the first stage that had not committed and ends with the uninterrupted run's result.
 Two runs of one model and date at once (a scheduled run and a manual retry) never share a staging
-directory: the second waits for the first at the date's lock (`flows.node.slot.day_lock`, seconds.day_wait),
+directory: the second waits for the first at the date's lock (`flows.node.locks.day_lock`, seconds.day_wait),
 logging whom it waits for once a minute, then finds the date completed; and each data stage holds the
-date's data lock, which every model of the root takes (`flows.node.slot.data_lock`).
+date's data lock, which every model of the root takes (`flows.node.locks.data_lock`).
 The runner decides how a stage is called: `call` calls it once and logs its summary (tests,
 benchmarks, scripts); `flows.prefect.daily` runs each as a Prefect task with its retry policy.  The slot
-keeps two runs of one model apart: the node's kernel lock by default (`flows.node.slot`), the Prefect
+keeps two runs of one model apart: the node's kernel lock by default (`flows.node.locks`), the Prefect
 server's slot in front of it when the flow talks to a server (`flows.prefect.slot`).
 """
 
@@ -46,7 +46,7 @@ from flows.day.record import (
     write_record,
 )
 from flows.day.state import DayState, read_published
-from flows.node.slot import Taken, day_lock, node_slot
+from flows.node.locks import Taken, day_lock, node_slot
 from pipeline.cluster import dask_client
 from storage.io.dates import shift_date, validate_date
 from storage.io.layout import Layout
@@ -114,7 +114,7 @@ Slot = Callable[[RunConfig], AbstractContextManager[Taken]]
 
 
 def local_slot(cfg: RunConfig) -> AbstractContextManager[Taken]:
-    """The model's slot on this node (`flows.node.slot`), waiting runs logging to the `ctrpipe` logger."""
+    """The model's slot on this node (`flows.node.locks`), waiting runs logging to the `ctrpipe` logger."""
     return node_slot(cfg.layout(), cfg.publish.lock_timeout_s, log=log)
 
 

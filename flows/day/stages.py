@@ -9,9 +9,9 @@ before it built, and returns a frozen result whose `summary()` is the one line t
     encode   events + vocab -> features/                 (pipeline.encode.stage, on Dask)
     checks   the day's statistics vs the window's        (flows.guards.data_checks)
     warm     this node's SSD shards <- the published rows (storage.warm)
-    train    features -> runs/<model>/date=D/model       (trainer.launch: torchrun)
+    train    features -> runs/<model>/date=D/model       (trainer.launch.torchrun: torchrun)
              after the parent's eval rows                (trainer.plan.parent_eval)
-    evaluate candidate and published model on the day    (flows.guards.evaluation, trainer.scoring_pass)
+    evaluate candidate and published model on the day    (flows.guards.evaluation, trainer.eval.scoring_pass)
     publish  gate -> registry version, LATEST            (flows.guards.gate, storage.io.registry)
              -> serving bundles, prune                   (flows.serving.export, ModelRegistry.prune)
 
@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client
 
 from flows.config import RunConfig
 from flows.day.record import recent_records
+from flows.day.results import ChecksOutcome, PublishResult, TrainOutcome, WarmResult
 from flows.day.state import DayState
 from flows.guards.check_config import overridden
 from flows.guards.checks_chart import write_checks_png
-from flows.guards.data_checks import CheckReport, data_stats, run_checks
+from flows.guards.data_checks import data_stats, run_checks
 from flows.guards.evaluation import Evaluation, evaluate_day
 from flows.guards.gate import Scores, gate
-from flows.node.slot import data_lock
+from flows.node.locks import data_lock
 from flows.security import redacted
 from flows.serving.export import point_servers_at, write_bundles
 from pipeline.encode.stage import EncodeResult, encode_date
@@ -50,13 +51,13 @@ from storage.io.dates import shift_date
 from storage.io.registry import ModelRegistry
 from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
-from trainer.launch import TrainResult, run_training
+from trainer.launch.spec import TrainSpec
+from trainer.launch.torchrun import TrainResult, run_training
+from trainer.launch.world import resolve_world, uses_cuda, visible_gpus
 from trainer.model_dir import SPARSE, read_meta, warm_start
 from trainer.plan.day_recipe import day_recipe
 from trainer.plan.parent_eval import ParentEval, parent_eval
 from trainer.plan.recipe import Recipe
-from trainer.spec import TrainSpec
-from trainer.world import resolve_world, uses_cuda, visible_gpus
 
 log = logging.getLogger("ctrpipe")
 
@@ -93,22 +94,6 @@ def encode(cfg: RunConfig, state: DayState, *, client: Client) -> EncodeResult:
 
 
 # ---- checks -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ChecksOutcome:
-    report: CheckReport
-    stats: dict[str, Any]
-    """The day's checked series (kept in its record for the days after it)."""
-    chart_url: str
-
-    def summary(self) -> str:
-        r = self.report
-        bad = "; ".join(f"{c.name} {c.status.upper()}: {c.detail}" for c in (*r.failed, *r.warned))
-        return (
-            f"checks: {len(r.results)} run against {len(r.window)} day(s), {len(r.failed)} failed, "
-            f"{len(r.warned)} warned" + (f"; {bad}" if bad else "") + (f" ({r.note})" if r.note else "")
-        )
-
-
 def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
     """The data checks of the day against the completed days of the trailing window (`flows.guards.data_checks`)."""
     ing, voc, enc = state.ingest, state.vocab, state.encode
@@ -127,44 +112,6 @@ def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
 
 
 # ---- warm -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class WarmResult:
-    plan: WarmPlan
-    """The plan the train spec carries: ranks on other nodes warm their own shards from it."""
-    warmed_by: str
-    """`flow` (this node's shards, here) or `ranks` (several nodes: each rank warms its own)."""
-    warm_start: str
-    """How the run starts: from the published model, or cold (and why)."""
-    rows: int = 0
-    shards_restored: int = 0
-    seconds: float = 0.0
-    row_format: str = ""
-    """The day's rows, `optimizer/row_dtype` (`storage.embedding.row_format.RowFormat.name`)."""
-    converted_from: str | None = None
-    """The published rows' format when it differs: the warm converts them (`RowFormat.convert`)."""
-
-    def summary(self) -> str:
-        conv = f"; rows converted from {self.converted_from} to {self.row_format}" if self.converted_from else ""
-        if self.warmed_by == "ranks":
-            return f"warm: left to the ranks of {self.plan.world_size} (several nodes); {self.warm_start}{conv}"
-        return (
-            f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored; "
-            f"{self.warm_start}{conv}"
-        )
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "warmed_by": self.warmed_by,
-            "rows": self.rows,
-            "shards_restored": self.shards_restored,
-            "published_version": self.plan.published_version,
-            "token": self.plan.token,
-            "warm_start": self.warm_start,
-            "row_format": self.row_format,
-            "converted_from": self.converted_from,
-        }
-
-
 def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     """Plan the day's warm once and bring this node's SSD shards to the published model's rows.
 
@@ -209,47 +156,6 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
 
 
 # ---- train ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TrainOutcome:
-    result: TrainResult
-    parent_version: str | None
-    """The model published when the run started (None before the first publish); `warm_start`
-    says whether its weights were used."""
-    warm_start: str
-    run_tag: str
-    recipe: Recipe
-    """The optim values for the day's size (`trainer.plan.recipe`)."""
-    parent_eval: ParentEval
-    """The eval rows of the parent's day trained before the day's own, or why none (`trainer.plan.parent_eval`)."""
-
-    def summary(self) -> str:
-        carried = self.parent_eval.summary() if self.parent_version else ""  # nothing to say before a first model
-        c = self.result.meta.companion
-        second = f"; companion: {c['rows']:,} rows, C {c['C']:g}, {c['fit_s']:.1f} s" if c else ""
-        return f"{self.result.summary()}; {self.warm_start}{carried}; {self.recipe.summary()}{second}"
-
-    def record(self) -> dict[str, Any]:
-        r, t = self.result, self.result.train
-        return {
-            "steps": t.steps,
-            "examples": t.examples,
-            "final_loss": t.final_loss,
-            "mean_loss": t.mean_loss,
-            "examples_per_s": t.examples_per_s,
-            "world_size": t.world_size,
-            "wall_s": r.wall_s,
-            "backend": t.backend,
-            "device": t.device,
-            "model_url": r.model_url,
-            "parent_version": self.parent_version,
-            "warm_start": self.warm_start,
-            "run_tag": self.run_tag,
-            "recipe": self.recipe.record(),
-            "parent_eval": self.parent_eval.record(),
-            "companion": r.meta.companion,
-        }
-
-
 @dataclass(frozen=True)
 class TrainPlan:
     """What the train stage runs (`spec`) and the two decisions behind it, for its record."""
@@ -353,26 +259,6 @@ def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
 
 
 # ---- publish ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PublishResult:
-    published: bool
-    version: str
-    reason: str
-    latest: str | None
-    """The version `LATEST` names after the stage."""
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    """The gate's checks with their values (`flows.guards.gate.GateDecision.values`)."""
-    bundles: dict[str, Any] | None = None
-    """What `flows.serving.export.write_bundles` wrote (bytes of the full bundle and of the delta)."""
-    pruned: str = ""
-    """The retention summary (`ModelRegistry.prune`)."""
-
-    def summary(self) -> str:
-        if self.published:
-            return f"publish: {self.version} is now LATEST ({self.reason}); {self.pruned}"
-        return f"publish: REFUSED {self.version}: {self.reason}; LATEST stays {self.latest or 'unset'}"
-
-
 def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
     """Where the version came from: dates, parent, inputs, config (credentials redacted), code."""
     ingested, trained = state.ingest, state.train

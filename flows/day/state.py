@@ -18,14 +18,9 @@ from storage.io.registry import ModelRegistry
 from trainer.model_dir import read_meta
 from trainer.plan.published import Published
 
-if TYPE_CHECKING:  # results of the stages (flows.day.stages); only their types are needed here
-    from flows.day.stages import (
-        ChecksOutcome,
-        Evaluation,
-        PublishResult,
-        TrainOutcome,
-        WarmResult,
-    )
+if TYPE_CHECKING:  # results of the stages; only their types are needed here
+    from flows.day.results import ChecksOutcome, PublishResult, TrainOutcome, WarmResult
+    from flows.guards.evaluation import Evaluation
     from pipeline.encode.stage import EncodeResult
     from pipeline.ingest.stage import IngestResult
     from pipeline.vocab.stage import VocabResult

@@ -5,7 +5,7 @@
                                                                   (DeLong's, on the sample's rows)
 
 Both models are loaded once and scored in one pass over the eval rows on every core
-(`trainer.scoring_pass`).  Scored on every train row, the next-day AUC made evaluation grow with the
+(`trainer.eval.scoring_pass`).  Scored on every train row, the next-day AUC made evaluation grow with the
 day as training does; it is a monitoring number, so a sample of bounded size whose interval is
 recorded beside it serves it.
 """
@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from storage.io import fsio
-from trainer.metrics import EvalMetrics
+from trainer.eval.metrics import EvalMetrics
 
 if TYPE_CHECKING:
-    from trainer.group_metrics import GroupAUC
-    from trainer.paired import Difference
+    from trainer.eval.group_metrics import GroupAUC
+    from trainer.eval.paired import Difference
+    from trainer.eval.scoring import LoadedModel
     from trainer.plan.published import Published
 
 Z95 = 1.959963984540054
@@ -168,13 +169,12 @@ def evaluate_day(
             checks (`publish.group_fields()`), on the eval rows, for both models.
     """
     # here, not at the top: `flows.config` imports this module, and every CLI command loads the config
-    from trainer.scoring import load_model
-    from trainer.scoring_pass import (
+    from trainer.eval.scoring import load_model
+    from trainer.eval.scoring_pass import (
         evaluate_together,
         feature_columns,
         has_own_keys,
         read_split,
-        sample_rows,
     )
     from trainer.threads import core_count
 
@@ -197,20 +197,9 @@ def evaluate_day(
     scored = new.rows * len(models)
     if not published:
         return Evaluation(new, None, None, None, scored, time.perf_counter() - t0, threads, by_field[0])
-    old = models[1]
-    sample = sample_rows(
-        fsio.join(features_url, "train"),
-        feature_columns([old]),
-        cfg.next_day_rows,
-        seed=[cfg.seed, int(date.replace("-", ""))],
-        storage_options=storage_options,
+    next_day, sampled = _next_day(
+        cfg, models[1], date=date, features_url=features_url, threads=threads, storage_options=storage_options
     )
-    (seen,) = evaluate_together([old], [sample.frame], batch_size=cfg.batch_size, threads=threads)
-    try:
-        se = seen.auc.standard_error()
-    except ValueError:  # a sample with a single positive or negative: AUC defined, its spread not
-        se = float("nan")
-    next_day = NextDay(EvalMetrics.of(seen.result()), se, sample.of_rows, cfg.seed)
     versus = on_eval[1].versus_first
     versus_groups = {
         groups[c]: {v.item(): float(e) for v, e in zip(on_eval[1].groups[c].values, se, strict=True)}
@@ -221,7 +210,7 @@ def evaluate_day(
         EvalMetrics.of(on_eval[1].result()),
         next_day,
         published.version,
-        scored + sample.rows,
+        scored + sampled,
         time.perf_counter() - t0,
         threads,
         by_field[0],
@@ -230,3 +219,31 @@ def evaluate_day(
         versus_groups,
         left_out,
     )
+
+
+def _next_day(
+    cfg: EvaluateConfig,
+    published: LoadedModel,
+    *,
+    date: str,
+    features_url: str,
+    threads: int,
+    storage_options: dict | None,
+) -> tuple[NextDay, int]:
+    """The published model's AUC on a seeded sample of the day's train rows (a day it has not trained on), with
+    DeLong's interval; (that, the rows sampled)."""
+    from trainer.eval.scoring_pass import evaluate_together, feature_columns, sample_rows
+
+    sample = sample_rows(
+        fsio.join(features_url, "train"),
+        feature_columns([published]),
+        cfg.next_day_rows,
+        seed=[cfg.seed, int(date.replace("-", ""))],
+        storage_options=storage_options,
+    )
+    (seen,) = evaluate_together([published], [sample.frame], batch_size=cfg.batch_size, threads=threads)
+    try:
+        se = seen.auc.standard_error()
+    except ValueError:  # a sample with a single positive or negative: AUC defined, its spread not
+        se = float("nan")
+    return NextDay(EvalMetrics.of(seen.result()), se, sample.of_rows, cfg.seed), sample.rows

@@ -23,12 +23,12 @@ which would keep a small model from ever being published.  So a check refuses on
 exceeds both its threshold and publish.noise_sds standard errors of it on the eval rows, and its reason
 prints the interval (the value +- noise_sds standard errors):
 
-    auc_drop, logloss  the paired standard errors of the differences, row by row (`trainer.paired`)
+    auc_drop, logloss  the paired standard errors of the differences, row by row (`trainer.eval.paired`)
     calibration        the click rate's binomial sd: refused only when the whole interval of mean
                        prediction / click rate lies outside the range (`flows.guards.noise`), the
                        first model too
     slices, gauc       each slice's (group's) paired DeLong standard error of the two models' AUC
-                       difference on its rows (`trainer.group_metrics.paired_group_se`); where the
+                       difference on its rows (`trainer.eval.group_metrics.paired_group_se`); where the
                        evaluation has none, both models' Hanley-McNeil errors as if independent (an
                        upper bound, which never refuses on noise but lets a little more through)
 
@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from flows.guards.noise import calibration_interval, click_rate_sd, hanley_mcneil_se
-from trainer.group_metrics import GroupAUC
-from trainer.metrics import EvalMetrics
-from trainer.paired import Difference
+from trainer.eval.group_metrics import GroupAUC
+from trainer.eval.metrics import EvalMetrics
+from trainer.eval.paired import Difference
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

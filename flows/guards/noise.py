@@ -9,7 +9,7 @@ compares each difference with when no row-by-row pairing measured it.
   ratio's full (delta-method) interval is a little narrower than this one.
 - an AUC from its positives and negatives alone: Hanley & McNeil (1982), for a slice or GAUC group
   that has no paired error (the evaluation gives each group DeLong's paired error of the two models'
-  difference, `trainer.group_metrics.paired_group_se`, where the group holds two clicks and two
+  difference, `trainer.eval.group_metrics.paired_group_se`, where the group holds two clicks and two
   non-clicks).  Two models' AUCs on the same rows are correlated, so the unpaired standard error of
   their difference, sqrt(se_a^2 + se_b^2), overstates it: an upper bound, which never refuses on noise.
 """
@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from trainer.metrics import EvalMetrics
+from trainer.eval.metrics import EvalMetrics
 
 
 def click_rate_sd(m: EvalMetrics) -> float:

@@ -16,9 +16,9 @@ from typing import Any
 from storage.io import fsio
 from storage.io.layout import NodeLayout
 from storage.warm import ensure_warm, group_rank, node_ranks
-from trainer.launch import env_file_text
-from trainer.spec import TrainSpec
-from trainer.world import resolve_world
+from trainer.launch.spec import TrainSpec
+from trainer.launch.torchrun import env_file_text
+from trainer.launch.world import resolve_world
 
 
 class NodeMismatchError(ValueError):
@@ -52,7 +52,7 @@ def warm_node(
     """Fetch and check the spec, then warm the shards of this node's ranks exactly as they would.
 
     Args:
-        env_file: where to write the spec's environment of the ranks (`trainer.launch.env_file_text`:
+        env_file: where to write the spec's environment of the ranks (`trainer.launch.torchrun.env_file_text`:
             `trainer.nccl_env` and the rest), for the job script to source before its torchrun, so a
             job started outside the flow runs with the same NCCL settings as one the flow launches.
 

@@ -2,7 +2,7 @@
 
 `daily_retrain` is `flows.day.run.run_day` with each stage run as a Prefect task (retried only where a
 retry can succeed: transient I/O) and warm -> publish inside the model's slot, so two runs never
-train or publish the same model at once: the node's kernel lock (`flows.node.slot`), behind the Prefect
+train or publish the same model at once: the node's kernel lock (`flows.node.locks`), behind the Prefect
 server's concurrency slot with a renewed lease when the flow talks to a server
 (`flows.prefect.slot`).  It returns the day's record.  A refused publish ends the flow in a `Failed`
 state named `PublishRefused`, a day stopped by a data check in one named `DataCheckFailed` (not green,
@@ -18,7 +18,7 @@ their runs inside `model_tags(cfg)`.
 
 Every run logs the digest of its config (`flows.prefect.keys.config_digest`; a deployment's config is
 frozen at deploy time) and, once the day's record is written, replaces the model's Prometheus textfile
-(`flows.metrics.textfile`) and shows the day as a markdown artifact keyed by model and root.
+(`flows.metrics.textfile`) and shows the day as a markdown artifact keyed by model and root (`flows.prefect.artifact`).
 
 Callers in this process (the CLI, `backfill`) call it through `call_daily_retrain`, which notes the
 moment of the call, so the day's record counts Prefect's start (creating the flow run, and the
@@ -28,7 +28,6 @@ from a deployment is timed from the flow's body on.
 
 from __future__ import annotations
 
-import base64
 import contextvars
 import datetime as _dt
 import logging
@@ -39,26 +38,24 @@ from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 from prefect import flow, get_run_logger, tags, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
 
 from flows.cli.console import SHOW, level_from
 from flows.config import RunConfig, from_dict, with_overrides
-from flows.day.history import HISTORY_DAYS
 from flows.day.record import (
     DayRecord,
     Status,
     is_completed,
     read_record,
-    recent_records,
 )
 from flows.day.run import DATA_STAGES, Stage, run_day
 from flows.day.state import DayState
 from flows.metrics import textfile
-from flows.node.slot import Taken, node_slot
-from flows.prefect.keys import config_digest, model_key, run_tags
+from flows.node.locks import Taken, node_slot
+from flows.prefect.artifact import write_artifact
+from flows.prefect.keys import config_digest, run_tags
 from flows.prefect.slot import server_configured, server_slot
 from flows.presets import default
 from storage.io import dates
@@ -263,7 +260,7 @@ def _report(cfg: RunConfig, record: DayRecord, digest: str) -> None:
             layout.metrics_textfile(),
             exc,
         )
-    _artifact(cfg, record, latest=latest, digest=digest)
+    write_artifact(cfg, record, latest=latest, digest=digest)
 
 
 def _report_failed(cfg: RunConfig, date: str, digest: str) -> None:
@@ -291,121 +288,6 @@ def call_daily_retrain(date: str | None = None, **kw: Any) -> Any:
         return daily_retrain(date, **kw)
     finally:
         _CALLED_AT.reset(token)
-
-
-MAX_INLINE_IMAGE_BYTES = 150_000
-"""A chart up to this size is embedded in the artifact (a `data:` URI the UI shows); a larger one is named."""
-
-
-def artifact_key(cfg: RunConfig, date: str) -> str:
-    """`daily-retrain-<model>-<root digest>-<date>`: two roots of one model on one server keep their own."""
-    return f"daily-retrain-{model_key(cfg.layout())}-{date}".lower().replace("_", "-").replace(".", "-")
-
-
-def day_markdown(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: str) -> str:
-    """The day as markdown: its stage results, the last days' AUC (a table the UI shows), the checks, the charts.
-
-    Args:
-        latest: the version LATEST names now (a stopped or failed day's record does not know it).
-        digest: the run's config digest (`flows.prefect.keys.config_digest`).
-    """
-
-    def f4(v: float | None) -> str:
-        return "none" if v is None else f"{v:.4f}"
-
-    layout = cfg.layout()
-    rows = [
-        ("rows read / ingested / quarantined", f"{r.rows_read} / {r.rows_ingested} / {r.rows_quarantined}"),
-        ("vocabulary (admitted keys)", f"{r.vocab_size}"),
-        ("train / eval rows", f"{r.rows_train} / {r.rows_eval}"),
-        ("AUC / logloss", f"{f4(r.auc)} / {f4(r.logloss)}"),
-        ("published model AUC on the same eval rows", f4(r.published_auc)),
-        ("next-day AUC of the published model (a sample of today's train rows)", _next_day(r)),
-        ("outcome", f"{r.status}: {r.reason}"),
-        ("model version", f"{r.model_version or 'none'} (LATEST = {latest or 'none'})"),
-        ("wall time (of which training)", f"{r.wall_s:.1f} s ({r.seconds.get('train', 0.0):.1f} s)"),
-        ("model and root", f"{cfg.model_name} on {cfg.root} (`{model_key(layout)}`)"),
-        ("config digest", f"`{digest}` (a deployment's config is frozen at `ctrpipe deploy`)"),
-    ]
-    table = "\n".join(f"| {k} | {_cell(v)} |" for k, v in rows)
-    history = [h for h in recent_records(layout, r.date, HISTORY_DAYS) if h.date != r.date] + [r]
-    days = "\n".join(
-        f"| {h.date} | {h.status} | {f4(h.auc)} | {f4(h.logloss)} | {h.model_version or '-'} |" for h in history
-    )
-    charts = "\n\n".join(
-        _image(layout, url, title)
-        for url, title in (
-            (layout.run_history(r.date), f"AUC and logloss over the last {HISTORY_DAYS} days"),
-            (layout.run_checks_chart(r.date), "the checked data series"),
-        )
-    )
-    return (
-        f"# Daily retrain of {cfg.model_name}, {r.date}\n\n| stage result | value |\n|---|---|\n{table}\n\n"
-        f"## The last {len(history)} day(s)\n\n| date | outcome | AUC | logloss | version |\n|---|---|---|---|---|\n"
-        f"{days}\n\n{checks_markdown(r)}\n\n{charts}\n"
-    )
-
-
-def _cell(v: str) -> str:
-    return v.replace("|", "\\|").replace("\n", " ")
-
-
-def _image(layout: Any, url: str, title: str) -> str:
-    """The chart embedded as a `data:` URI when it exists and is small, else its path."""
-    fs, path = layout.fs(url)
-    try:
-        size = fs.size(path)
-        if size and size <= MAX_INLINE_IMAGE_BYTES:
-            data = base64.b64encode(fs.cat_file(path)).decode()
-            return f"![{title}](data:image/png;base64,{data})"
-    except FileNotFoundError:
-        return f"{title}: not drawn"
-    return f"{title}: `{url}`"
-
-
-def _artifact(cfg: RunConfig, r: DayRecord, *, latest: str | None, digest: str) -> None:
-    """The day's markdown (`day_markdown`) as an artifact, shown in the Prefect UI."""
-    create_markdown_artifact(
-        key=artifact_key(cfg, r.date),
-        markdown=day_markdown(cfg, r, latest=latest, digest=digest),
-        description=f"Daily retrain of {cfg.model_name} on {cfg.root}, {r.date}: {r.status}",
-    )
-
-
-def checks_markdown(r: DayRecord) -> str:
-    """The data checks and the publish gate's checks of a record as markdown tables."""
-
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "-" if v is None else str(v)
-
-    lines = [
-        f"## Data checks ({r.checks_note or f'against {len(r.checks_window)} completed day(s)'})",
-        "",
-        "| check | status | value | threshold | detail |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {c['name']} | {c['status']} | {cell(c['value'])} | {cell(c['threshold'])} | {c['detail']} |"
-        for c in r.checks
-    ]
-    if r.gate:
-        lines += ["", "## Publish gate", "", "| check | passed | value | threshold | detail |", "|---|---|---|---|---|"]
-        lines += [
-            f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
-            f"| {c['detail']} |"
-            for c in r.gate
-        ]
-    return "\n".join(lines)
-
-
-def _next_day(r: DayRecord) -> str:
-    nd = r.evaluate.get("next_day")
-    if not nd:
-        return "none"
-    lo, hi = nd["auc_ci95"]
-    return f"{nd['auc']:.4f} [{lo:.4f}, {hi:.4f}] on {nd['rows']} of {nd['of_rows']} rows"
 
 
 def record_of(state: Any, layout: Any, date: str) -> DayRecord | None:

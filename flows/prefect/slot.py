@@ -1,7 +1,7 @@
 """The train -> publish slot across machines: a Prefect global concurrency limit with a short lease.
 
 Against a Prefect server (PREFECT_API_URL set) runs of one model may start on different machines
-that share the root, so the node's kernel lock (`flows.node.slot`) is not enough.  The slot is then the
+that share the root, so the node's kernel lock (`flows.node.locks`) is not enough.  The slot is then the
 limit `ctr-train-publish-<model>-<root digest>` (one slot), keyed by the root and the model so that
 unrelated roots never wait for each other.  It is taken with a lease of `LEASE_S` (the server's
 minimum) that a thread renews every 3/4 of it while the holder lives; when the holder dies, the
@@ -30,7 +30,7 @@ from prefect.client.schemas.objects import ConcurrencyLeaseHolder
 from prefect.concurrency.sync import concurrency
 from prefect.settings import PREFECT_API_URL
 
-from flows.node.slot import REPORT_EVERY_S, Holder, Taken, node_slot, wait_for_slot
+from flows.node.locks import REPORT_EVERY_S, Holder, Taken, node_slot, wait_for_slot
 from storage.io import fsio
 from storage.io.layout import Layout, root_digest
 

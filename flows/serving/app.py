@@ -150,87 +150,7 @@ def build_app(
             milliseconds, version).
         metrics: the counters `/metrics` shows (a fresh set when None).
     """
-    metrics = metrics or ServerMetrics()
-    expected = f"Bearer {auth_token}".encode() if auth_token else None
-
-    def authorized(request: Request) -> bool:
-        if expected is None:
-            return True
-        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
-
-    async def score(request: Request) -> Response:
-        t0 = time.perf_counter()
-        entries_n, version = 0, "-"
-        try:
-            if not authorized(request):
-                raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
-            wanted = entries(await read_body(request, limits), limits)
-            entries_n = len(wanted)
-            model = holder.current  # the request stays on this version, whatever the reloader does meanwhile
-            if model is None:
-                raise RequestError(503, "no model loaded yet (see GET /readyz)")
-            version = model.version
-            try:
-                scored = await batcher.score(model, wanted)
-            except Exception as exc:  # a bug or a broken bundle: a 500 that says so, never a dropped connection
-                log.exception("scoring failed on %s", version)
-                raise RequestError(500, f"scoring failed: {type(exc).__name__}: {exc}") from exc
-            metrics.scored(len(scored.scores) - len(scored.errors), [r for _, r in scored.errors])
-            response: Response = JSONResponse(
-                {
-                    "model_version": version,
-                    "scores": scored.scores,
-                    "errors": [{"index": i, "reason": r} for i, r in scored.errors],
-                }
-            )
-        except RequestError as exc:
-            metrics.request_errors[ERROR_REASONS.get(exc.status, str(exc.status))] += 1
-            response = _error(exc.status, str(exc))
-        seconds = time.perf_counter() - t0
-        metrics.answered(response.status_code, seconds)
-        if access_log:
-            client = request.client.host if request.client else "-"
-            access.info(
-                '%s "POST /v1/score" %d %d entries %.1fms %s',
-                client,
-                response.status_code,
-                entries_n,
-                seconds * 1000,
-                version,
-            )
-        return response
-
-    async def metrics_text(request: Request) -> Response:
-        return Response(
-            metrics.exposition(
-                model=holder.current, batch_stats=batcher.stats, switches=holder.switches, refusals=holder.refusals
-            ),
-            media_type=CONTENT_TYPE,
-        )
-
-    async def model_info(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
-        model = holder.current
-        if model is None:
-            return _error(503, "no model loaded yet (see GET /readyz)")
-        return JSONResponse(
-            {
-                **model.info(),
-                "switches": holder.switches,
-                "refused": holder.refused,
-                "batching": batcher.stats.as_dict(),
-            }
-        )
-
-    async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "alive"})
-
-    async def readyz(request: Request) -> JSONResponse:
-        model = holder.current
-        if model is None:
-            return JSONResponse({"status": "not ready", "reason": "no model loaded yet"}, status_code=503)
-        return JSONResponse({"status": "ready", "model_version": model.version})
+    api = _Api(holder, batcher, limits, metrics or ServerMetrics(), auth_token=auth_token, access_log=access_log)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -245,10 +165,129 @@ def build_app(
             await batcher.stop()
 
     routes = [
-        Route("/v1/score", score, methods=["POST"]),
-        Route("/v1/model", model_info, methods=["GET"]),
-        Route("/metrics", metrics_text, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
+        Route("/v1/score", api.score, methods=["POST"]),
+        Route("/v1/model", api.model_info, methods=["GET"]),
+        Route("/metrics", api.metrics_text, methods=["GET"]),
+        Route("/healthz", api.healthz, methods=["GET"]),
+        Route("/readyz", api.readyz, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+@dataclass
+class _Seen:
+    """What the access log says of a score request, as far as it got: its entries and the version scoring them."""
+
+    entries: int = 0
+    version: str = "-"
+
+
+class _Api:
+    """The endpoints of `build_app` over one served model holder, batcher and set of counters."""
+
+    def __init__(
+        self,
+        holder: ModelHolder,
+        batcher: MicroBatcher,
+        limits: ApiLimits,
+        metrics: ServerMetrics,
+        *,
+        auth_token: str | None,
+        access_log: bool,
+    ) -> None:
+        self.holder, self.batcher, self.limits, self.metrics = holder, batcher, limits, metrics
+        self.expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self.access_log = access_log
+
+    def authorized(self, request: Request) -> bool:
+        if self.expected is None:
+            return True
+        return hmac.compare_digest(request.headers.get("authorization", "").encode(), self.expected)
+
+    async def score(self, request: Request) -> Response:
+        """POST /v1/score: the scores of the request's lines or rows, or a 4xx/5xx saying what is wrong."""
+        t0 = time.perf_counter()
+        seen = _Seen()
+        try:
+            response = await self._scores(request, seen)
+        except RequestError as exc:
+            self.metrics.request_errors[ERROR_REASONS.get(exc.status, str(exc.status))] += 1
+            response = _error(exc.status, str(exc))
+        seconds = time.perf_counter() - t0
+        self.metrics.answered(response.status_code, seconds)
+        if self.access_log:
+            client = request.client.host if request.client else "-"
+            access.info(
+                '%s "POST /v1/score" %d %d entries %.1fms %s',
+                client,
+                response.status_code,
+                seen.entries,
+                seconds * 1000,
+                seen.version,
+            )
+        return response
+
+    async def _scores(self, request: Request, seen: _Seen) -> Response:
+        """The 200 response of a score request; `seen` learns its entries and the version scoring them.
+
+        Raises:
+            RequestError: what is wrong with the request, or a failed scoring (500).
+        """
+        if not self.authorized(request):
+            raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        wanted = entries(await read_body(request, self.limits), self.limits)
+        seen.entries = len(wanted)
+        model = self.holder.current  # the request stays on this version, whatever the reloader does meanwhile
+        if model is None:
+            raise RequestError(503, "no model loaded yet (see GET /readyz)")
+        seen.version = version = model.version
+        try:
+            scored = await self.batcher.score(model, wanted)
+        except Exception as exc:  # a bug or a broken bundle: a 500 that says so, never a dropped connection
+            log.exception("scoring failed on %s", version)
+            raise RequestError(500, f"scoring failed: {type(exc).__name__}: {exc}") from exc
+        self.metrics.scored(len(scored.scores) - len(scored.errors), [r for _, r in scored.errors])
+        return JSONResponse(
+            {
+                "model_version": version,
+                "scores": scored.scores,
+                "errors": [{"index": i, "reason": r} for i, r in scored.errors],
+            }
+        )
+
+    async def metrics_text(self, request: Request) -> Response:
+        """GET /metrics: the counters in Prometheus text format."""
+        holder = self.holder
+        return Response(
+            self.metrics.exposition(
+                model=holder.current, batch_stats=self.batcher.stats, switches=holder.switches, refusals=holder.refusals
+            ),
+            media_type=CONTENT_TYPE,
+        )
+
+    async def model_info(self, request: Request) -> JSONResponse:
+        """GET /v1/model: what the served model is, its switches and the batching so far."""
+        if not self.authorized(request):
+            return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        model = self.holder.current
+        if model is None:
+            return _error(503, "no model loaded yet (see GET /readyz)")
+        return JSONResponse(
+            {
+                **model.info(),
+                "switches": self.holder.switches,
+                "refused": self.holder.refused,
+                "batching": self.batcher.stats.as_dict(),
+            }
+        )
+
+    async def healthz(self, request: Request) -> JSONResponse:
+        """GET /healthz: the process runs."""
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(self, request: Request) -> JSONResponse:
+        """GET /readyz: a model is loaded."""
+        model = self.holder.current
+        if model is None:
+            return JSONResponse({"status": "not ready", "reason": "no model loaded yet"}, status_code=503)
+        return JSONResponse({"status": "ready", "model_version": model.version})

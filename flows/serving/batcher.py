@@ -91,7 +91,7 @@ class MicroBatcher:
         return await done
 
     async def _next_batch(self) -> list[_Item]:
-        assert self._queue is not None
+        assert self._queue is not None  # noqa: S101 - an invariant, for mypy
         first = self._carry or await self._queue.get()
         self._carry = None
         batch, rows = [first], len(first.request)

@@ -45,9 +45,9 @@ from storage.io import fsio
 from storage.io.layout import Layout
 from storage.io.registry import Lineage, ModelRegistry, RegistryError
 from trainer import export, model_dir
-from trainer.companion import Companion
-from trainer.companion import load as load_companion
-from trainer.companion import to_bytes as companion_bytes
+from trainer.companion.file import load as load_companion
+from trainer.companion.file import to_bytes as companion_bytes
+from trainer.companion.model import Companion
 from trainer.model_dir import ModelMeta
 
 log = logging.getLogger("ctrpipe")
@@ -297,7 +297,7 @@ class VersionExport:
         if dtype == "float32":
             return None
         from trainer.data import FeatureSchema
-        from trainer.scoring import FrozenEmbeddings, LoadedModel, evaluate_model
+        from trainer.eval.scoring import FrozenEmbeddings, LoadedModel, evaluate_model
 
         m = self.meta
         schema = FeatureSchema(

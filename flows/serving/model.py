@@ -5,7 +5,7 @@ The server holds a `ServingModel` per version (two while it switches).  It needs
 the feature path, `companion.safetensors` when the model has a companion, model.json for the
 columns (`ServingMeta`: only what the scorer uses, read tolerantly, so an older scorer loads a
 newer trainer's bundle; a model with a companion is a model.json version it refuses).  Scoring goes through
-`trainer.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
+`trainer.eval.scoring.score_features`, the path evaluation takes, so served and evaluated scores agree.
 
 `score_batch` scores several requests in one pass (the micro-batcher's call): their lines are
 parsed and encoded together and scored in one forward pass, so the fixed cost of the feature path
@@ -42,12 +42,12 @@ from flows.serving.small import SmallBatch, fits, small_batch
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
-from trainer.companion import Companion
-from trainer.companion import from_bytes as companion_from_bytes
+from trainer.companion.file import from_bytes as companion_from_bytes
+from trainer.companion.model import Companion
 from trainer.data import FeatureSchema
+from trainer.eval.scoring import score_arrays, score_features
 from trainer.export import load_program
 from trainer.model_dir import MODEL
-from trainer.scoring import score_arrays, score_features
 from trainer.threads import torch_threads
 
 log = logging.getLogger("ctrpipe.serve")
@@ -65,7 +65,7 @@ class ServingMeta:
     model_name: str = ""
     dim: int
     init_std: float
-    """Std of the rows of keys the model never trained (`storage.embedding.row_init`)."""
+    """Std of the rows of keys the model never trained (`storage.embedding.rows.initial`)."""
     fields: tuple[str, ...]
     dense_columns: tuple[str, ...]
     key_columns: tuple[str, ...]
@@ -212,7 +212,7 @@ class ServingModel:
                 probs = self.score_small(small, times)
                 index, errors = range(len(lines)), []
             else:
-                assert parsed is not None
+                assert parsed is not None  # noqa: S101 - an invariant, for mypy
                 probs = self.score_features(parsed.features, times)
                 index, errors = parsed.index.tolist(), parsed.errors
         times.seconds["score"] += time.perf_counter() - t2

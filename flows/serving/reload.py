@@ -56,7 +56,7 @@ class BundleSource:
             return self.reader("").version
         if not self.follows_latest:
             return self.version
-        assert self.layout is not None
+        assert self.layout is not None  # noqa: S101 - an invariant, for mypy
         fs, path = self.layout.fs(self.layout.bundle_latest())
         if not fs.exists(path):
             return None

@@ -1,13 +1,14 @@
-"""The features of a few plain lines without the Arrow and pandas machinery: a request of one line in ~0.2 ms.
+"""The features of a few plain lines without the Arrow and pandas machinery.
 
-`FeatureSpec.parse_lines` (ingest's parser, then the encode stage) costs about 10 ms of CPU
-whatever the number of lines: Arrow's CSV reader, pandas frames, a factorize per field.  At
+`FeatureSpec.parse_lines` (ingest's parser, then the encode stage) has a fixed CPU cost of milliseconds
+whatever the number of lines: Arrow's CSV reader, pandas frames, a factorize per field
+(`docs/reports/2026-12-02-serve-small-batches.md`).  At
 batch 1 that fixed cost is nearly all of a request.  `small_batch` computes the same features for
 a batch of at most `SMALL_BATCH` lines when every line is plainly valid (a known label, every
 field present, integers written plainly, no bags or timestamps), with the same functions for keys
 and the same dense transform, and returns None for anything else, so the caller takes the
 feature path: every refusal reason, quirk and format still comes from the one implementation.
-The arrays go to `trainer.scoring.score_arrays` (the core of `score_features`), with no frame in between;
+The arrays go to `trainer.eval.scoring.score_arrays` (the core of `score_features`), with no frame in between;
 tests/flows/serving/test_small.py checks that both paths give identical frames on the real Criteo samples.
 """
 
@@ -21,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
+from pipeline.encode.frame import dense_columns, features_schema, key_columns
 from pipeline.encode.keys import FIELD_SHIFT, hash_value, missing_key, oov_key
-from pipeline.encode.stage import dense_columns, features_schema, key_columns
 from storage.features_manifest import raw_column
 
 SMALL_BATCH = 32

@@ -1,6 +1,6 @@
 """A bundle's embedding rows as a lookup, in memory or memory-mapped, and delta chains applied to them.
 
-`memory_table` holds the rows in RAM (`trainer.scoring.FrozenEmbeddings`, the lookup evaluation
+`memory_table` holds the rows in RAM (`trainer.eval.scoring.FrozenEmbeddings`, the lookup evaluation
 uses).  `MmapTable` (`score-server --mmap`) serves a table larger than RAM: the key -> row map is a
 `storage.embedding.index.KeyIndex` in memory, and the vectors stay in `rows/emb.npy`, memory-mapped.
 Its anonymous resident memory is bounded by the index, `KeyIndex.nbytes` (13 bytes per cell, at
@@ -20,8 +20,8 @@ import torch
 
 from flows.serving.bundle import EMB, EVICTED, KEYS, BundleError, BundleReader
 from storage.embedding.index import KeyIndex
+from trainer.eval.scoring import FrozenEmbeddings, fill_rows
 from trainer.export import SparseRows, apply_delta, rows_digest
-from trainer.scoring import FrozenEmbeddings, fill_rows
 
 
 def read_table(reader: BundleReader) -> SparseRows:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline.encode.frame import bag_columns, encode_frame
 from pipeline.encode.keys import FIELD_SHIFT, MISSING_HASH, OOV_HASH
-from pipeline.encode.stage import bag_columns, encode_frame
 from pipeline.ingest.parse import ORDER_FILE_SHIFT, parse_chunk
 from pipeline.schema import LogSchema
 

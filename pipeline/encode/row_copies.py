@@ -2,7 +2,7 @@
 
 A replayed upstream export (the day's file written twice) or a logging bug copies rows.  Copies
 that fall on both sides of the train/eval split put training rows into the hold-out, and the AUC
-gate then measures memorisation: a day repeated 10 times scored AUC 0.999.  So encode drops from
+gate then measures memorisation: a day repeated 10 times scores an AUC near 1.  So encode drops from
 the eval part every row whose exact copy is a training row of the same day (`copies_in`), and
 reports the day's duplicate share, which the data checks gate.
 
@@ -72,7 +72,7 @@ def row_hashes(events: pd.DataFrame, schema: LogSchema, keys: dict[int, np.ndarr
     Args:
         events: events rows (columns per `LogSchema.events_schema`).
         keys: per categorical field index, the rows' keys (missing key when missing) when the caller
-            has them already (`pipeline.encode.stage` does); the others are computed here.
+            has them already (`pipeline.encode.frame.encode_rows` does); the others are computed here.
     """
     keys = dict(keys or {})
     acc = mix(start(len(events)), events["label"].to_numpy(np.int64))

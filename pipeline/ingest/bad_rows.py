@@ -1,6 +1,6 @@
 """Quarantined rows explained in words a user acts on: counts per reason, a sample line, the likely fix.
 
-The ingest's quality check (`pipeline.ingest.stage.check_quality`) and `ctrpipe evaluate` both say why
+The ingest's quality check (`pipeline.ingest.totals.check_quality`) and `ctrpipe evaluate` both say why
 rows were rejected with `explain`.  A share of bad rows this high (`MOSTLY_BAD`) is a schema mistake,
 not dirty data, so the advice then points at the format rather than at `ingest.max_bad_fraction`.
 Pure functions over the quarantine table and the reason counts; the sample of each reason is its first

@@ -9,7 +9,7 @@ stored in the events manifest under `stats`:
     missing    {field: rows where the field is missing}, every dense and categorical field
     dense_hist {dense field: rows per bin of log1p(max(x, 0))}, bins split at `DENSE_EDGES`
 
-Why log1p(max(x, 0)): it is what the model sees (`pipeline.encode.stage`), so a shift the bins show is a
+Why log1p(max(x, 0)): it is what the model sees (`pipeline.encode.frame`), so a shift the bins show is a
 shift of the model's input.  The bins are fixed, the same every day, so histograms of several days
 add up and compare bin by bin (the population stability index, `flows.guards.data_checks`).
 """

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 
+from pipeline.ingest.fields import Fields, split_fast, split_lines
 from pipeline.schema import LogSchema, get_schema
 
 ORDER_FILE_SHIFT = 40
@@ -40,8 +40,6 @@ _NUMBER_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"  # "260
 SEPARATORS = ("\t", ",", ";", "|")
 """Separators tried on a line that does not split into the schema's columns, to name the likely mistake."""
 _DAY_SECONDS = 86_400
-_CSV_BLOCK = 1 << 20
-"""Bytes per block of pyarrow's CSV reader on the fast path (see `_fast_columns`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +120,43 @@ def parse_table(
     Fast path: pyarrow's CSV reader splits the chunk into string columns (no
     quoting, empty = null) when every line has exactly all columns; a chunk
     with any structurally odd line (wrong field count, blank, not UTF-8, a lone
-    CR) falls back to the per-line split below.  Value rules (label,
+    CR) falls back to the per-line split (`pipeline.ingest.fields`).  Value rules (label,
     timestamp, numbers) are vectorised on both paths.
+    """
+    data, first_line = _without_bom_and_header(data, first_line, schema, file)
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)  # the final newline ends no extra line
+    if end == 0:
+        return _empty_table(schema)
+    fields = split_fast(data, end, schema) or split_lines(data, end, schema)
+    line_no = first_line + np.arange(fields.n, dtype=np.int64)
+    checked = _check_values(fields, schema, date)
+    good = checked.good
+    events = _events_table(schema, good, checked.is_one, checked.ts, file_index, line_no, checked.dense, fields.col)
+    bad_rows = np.flatnonzero(~good & ~checked.other_date)
+    quarantine = pa.table(
+        {
+            "file": pa.array([file] * len(bad_rows), pa.string()),
+            "line": pa.array(line_no[bad_rows].astype(np.int64), pa.int64()),
+            "raw": pa.array([fields.raw_of(int(i)) for i in bad_rows], pa.string()),
+            "reason": pa.array([_reason(int(i), fields, checked, schema) for i in bad_rows], pa.string()),
+        },
+        schema=QUARANTINE_SCHEMA,
+    )
+    return ParsedTable(
+        events=events,
+        quarantine=quarantine,
+        rows_read=fields.n,
+        rows_other_dates=int(checked.other_date.sum()),
+        fast_path=fields.fast,
+        rows_padded=int((good & (fields.counts < len(schema.columns))).sum()),
+    )
+
+
+def _without_bom_and_header(data: bytes, first_line: int, schema: LogSchema, file: str) -> tuple[bytes, int]:
+    """(`data` without a UTF-8 BOM and a header line, its first line number): only a chunk at line 1 has them.
+
+    Raises:
+        ValueError: line 1 of a format with a header is a header for other columns (`_is_header`).
     """
     if first_line == 1 and data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
@@ -135,64 +168,33 @@ def parse_table(
         except UnicodeDecodeError:
             head_text = None
         if head_text is not None and _is_header(head_text, schema, file):
-            data = data[nl + 1 :] if nl >= 0 else b""
-            first_line = 2
-    end = len(data) - 1 if data.endswith(b"\n") else len(data)  # the final newline ends no extra line
-    if end == 0:
-        return _empty_table(schema)
+            return (data[nl + 1 :] if nl >= 0 else b""), 2
+    return data, first_line
 
-    fast = _fast_columns(data, end, schema, typed=True)
-    typed = fast is not None
-    if fast is None:  # a dense value is not a number: keep the fast split, check values below
-        fast = _fast_columns(data, end, schema, typed=False)
-    if fast is not None:
-        n = fast.num_rows
-        structural = undecodable = blank = bad_count = np.zeros(n, dtype=bool)
-        counts = np.full(n, len(schema.columns), dtype=np.int64)
 
-        def column(name: str) -> tuple[pa.ChunkedArray, np.ndarray]:
-            # kept in the reader's 1 MiB chunks: combining would copy every string column once more
-            arr = fast.column(name)
-            return arr, arr.is_valid().to_numpy(zero_copy_only=False)
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """The value rules' verdict on a chunk's lines (each rule only on the lines no earlier rule rejected)."""
 
-        raw_lines: list[str] | None = None
+    ts: np.ndarray
+    """Seconds since the epoch (0 without a timestamp)."""
+    bad_ts: np.ndarray
+    other_date: np.ndarray
+    """A valid timestamp of another date than the one asked for."""
+    is_one: np.ndarray
+    """A positive label."""
+    bad_label: np.ndarray
+    dense: dict[str, np.ndarray]
+    """float32 values of each dense field (NaN when missing)."""
+    first_bad_dense: np.ndarray
+    """Index in `schema.dense` of a line's first non-numeric dense value, -1 when none."""
+    good: np.ndarray
+    """Lines that become events."""
 
-        def raw_of(i: int) -> str:
-            nonlocal raw_lines
-            if raw_lines is None:  # only for the rare bad rows of a fast chunk
-                raw_lines = [line.removesuffix("\r") for line in data[:end].decode("utf-8").split("\n")]
-            return raw_lines[i]
-    else:
-        lines, undecodable, raw_bad = _decode_lines(data[:end])
-        n = len(lines)
-        ncols = len(schema.columns)
-        blank = ~undecodable & (pc.utf8_length(pc.utf8_trim_whitespace(lines)).to_numpy(zero_copy_only=False) == 0)
-        split = pc.split_pattern(lines, schema.separator)
-        counts = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
-        offsets = np.asarray(split.offsets, dtype=np.int64)
-        flat = pc.list_flatten(split)
-        bad_count = ~undecodable & ~blank & ((counts < schema.required_fields) | (counts > ncols))
-        structural = undecodable | blank | bad_count
 
-        def column(name: str) -> tuple[pa.Array, np.ndarray]:
-            """Column `name` as strings (null when missing or empty) and its presence mask."""
-            c = schema.columns.index(name)
-            has = c < counts
-            taken = flat.take(pa.array(np.where(has, offsets[:-1] + c, 0))) if len(flat) else pa.nulls(n, flat.type)
-            present = has & (pc.utf8_length(taken).to_numpy(zero_copy_only=False) > 0)
-            return pc.if_else(pa.array(present), taken, pa.scalar(None, taken.type)), present
-
-        def raw_of(i: int) -> str:
-            return raw_bad[i] if undecodable[i] else lines[i].as_py()
-
-    line_no = first_line + np.arange(n, dtype=np.int64)
-    cache: dict[str, tuple[pa.Array, np.ndarray]] = {}
-
-    def col(name: str) -> tuple[pa.Array, np.ndarray]:
-        if name not in cache:
-            cache[name] = column(name)
-        return cache[name]
-
+def _check_values(fields: Fields, schema: LogSchema, date: str | None) -> _Checked:
+    """Timestamp, date, label and number rules, in that order, over the structurally sound lines."""
+    n, structural, col = fields.n, fields.structural, fields.col
     ts = np.zeros(n, dtype=np.int64)
     bad_ts = np.zeros(n, dtype=bool)
     other_date = np.zeros(n, dtype=bool)
@@ -216,7 +218,7 @@ def parse_table(
     first_bad_dense = np.full(n, -1, dtype=np.int64)
     for i, name in enumerate(schema.dense):
         text, present = col(name)
-        if typed:  # already float64 from the CSV reader
+        if fields.typed:  # already float64 from the CSV reader
             values = text.to_numpy(zero_copy_only=False)
             numeric = np.isfinite(values)
             values = np.where(numeric, values, np.nan).astype(np.float32)
@@ -225,102 +227,31 @@ def parse_table(
         bad = present & ~numeric
         first_bad_dense[(first_bad_dense < 0) & bad & ~rest] = i
         dense[name] = values
-    bad_dense = first_bad_dense >= 0
-    good = ~(rest | bad_dense)
+    good = ~(rest | (first_bad_dense >= 0))
+    return _Checked(ts, bad_ts, other_date, is_one, bad_label, dense, first_bad_dense, good)
 
-    events = _events_table(schema, good, is_one, ts, file_index, line_no, dense, col)
-    bad_rows = np.flatnonzero(~good & ~other_date)
+
+def _reason(i: int, fields: Fields, checked: _Checked, schema: LogSchema) -> str:
+    """Why line i is quarantined, with the offending value: the rare path, one Python step per rejected line."""
     ncols = len(schema.columns)
-    reasons = []
-    for i in bad_rows.tolist():  # the rare path: one Python step per rejected line
-
-        def text_of(name: str, i: int = i) -> str:
-            c = schema.columns.index(name)
-            if typed:  # the typed reader keeps no text: split the raw line
-                fields = raw_of(int(i)).split(schema.separator)
-                return fields[c] if c < len(fields) else ""
-            return (col(name)[0][int(i)].as_py() or "") if c < counts[i] else ""
-
-        if undecodable[i]:
-            reasons.append("undecodable bytes: not UTF-8")
-        elif blank[i]:
-            reasons.append("blank line")
-        elif bad_count[i]:
-            want = f"{ncols}" if schema.required_fields == ncols else f"{schema.required_fields}..{ncols}"
-            reasons.append(f"wrong field count: {counts[i]} fields, expected {want}")
-        elif bad_ts[i]:
-            reasons.append(
-                f"bad timestamp: {schema.timestamp}={text_of(schema.timestamp)!r}, "  # type: ignore[arg-type]  # bad_ts: it has one
-                f"expected format {schema.timestamp_format!r}"
-            )
-        elif bad_label[i]:
-            allowed = " or ".join((*schema.label_positive, *schema.label_negative))
-            reasons.append(f"bad label: {schema.label}={text_of(schema.label)!r}, expected {allowed}")
-        else:
-            name = schema.dense[first_bad_dense[i]]
-            kind = "float" if name in schema.floats else "integer"
-            reasons.append(f"non-numeric {kind} field: {name}={text_of(name)!r}")
-    quarantine = pa.table(
-        {
-            "file": pa.array([file] * len(bad_rows), pa.string()),
-            "line": pa.array(line_no[bad_rows].astype(np.int64), pa.int64()),
-            "raw": pa.array([raw_of(int(i)) for i in bad_rows], pa.string()),
-            "reason": pa.array(reasons, pa.string()),
-        },
-        schema=QUARANTINE_SCHEMA,
-    )
-    return ParsedTable(
-        events=events,
-        quarantine=quarantine,
-        rows_read=n,
-        rows_other_dates=int(other_date.sum()),
-        fast_path=fast is not None,
-        rows_padded=int((good & (counts < len(schema.columns))).sum()),
-    )
-
-
-def _fast_columns(data: bytes, end: int, schema: LogSchema, *, typed: bool) -> pa.Table | None:
-    """The columns of `data[:end]` via pyarrow.csv, or None when a line is not a plain full row.
-
-    All columns are strings, except with `typed` the dense ones, read as float64
-    (then None also when a dense value is not a number).
-
-    The row count must equal the newline count + 1: pyarrow also ends lines at
-    a lone CR, which the per-line path keeps inside the line.
-
-    The reader works in blocks of `_CSV_BLOCK` bytes, its default: a chunk of
-    tens of MB read as one block parses slower, its working set no longer
-    fitting in the CPU caches.  A line longer than a block fails the fast path
-    and is parsed by the per-line path instead.
-    """
-    names = list(schema.columns)
-    dense = set(schema.dense)
-    if typed and not dense:
-        return None
-    try:
-        table = pacsv.read_csv(
-            pa.py_buffer(data).slice(0, end),
-            read_options=pacsv.ReadOptions(column_names=names, use_threads=False, block_size=_CSV_BLOCK),
-            parse_options=pacsv.ParseOptions(
-                delimiter=schema.separator,
-                quote_char=False,
-                double_quote=False,
-                escape_char=False,
-                newlines_in_values=False,
-                ignore_empty_lines=False,
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.float64() if typed and n in dense else pa.string() for n in names},
-                null_values=[""],
-                strings_can_be_null=True,
-                check_utf8=True,
-            ),
+    if fields.undecodable[i]:
+        return "undecodable bytes: not UTF-8"
+    if fields.blank[i]:
+        return "blank line"
+    if fields.bad_count[i]:
+        want = f"{ncols}" if schema.required_fields == ncols else f"{schema.required_fields}..{ncols}"
+        return f"wrong field count: {fields.counts[i]} fields, expected {want}"
+    if checked.bad_ts[i]:
+        return (
+            f"bad timestamp: {schema.timestamp}={fields.text_of(schema.timestamp, i, schema)!r}, "  # type: ignore[arg-type]  # bad_ts: it has one
+            f"expected format {schema.timestamp_format!r}"
         )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
-        return None
-    if table.num_rows != data.count(b"\n", 0, end) + 1:
-        return None
-    return table
+    if checked.bad_label[i]:
+        allowed = " or ".join((*schema.label_positive, *schema.label_negative))
+        return f"bad label: {schema.label}={fields.text_of(schema.label, i, schema)!r}, expected {allowed}"
+    name = schema.dense[checked.first_bad_dense[i]]
+    kind = "float" if name in schema.floats else "integer"
+    return f"non-numeric {kind} field: {name}={fields.text_of(name, i, schema)!r}"
 
 
 def _is_in(text: pa.Array, values: tuple[str, ...]) -> np.ndarray:
@@ -351,29 +282,6 @@ def _to_numbers(text: pa.Array, dtype=np.float32) -> tuple[np.ndarray, np.ndarra
         values = values.to_numpy(zero_copy_only=False)
     finite = np.isfinite(values)
     return np.where(finite, values, np.nan).astype(dtype), finite
-
-
-def _decode_lines(data: bytes) -> tuple[pa.Array, np.ndarray, dict[int, str]]:
-    """Lines of `data` (CR stripped), a not-UTF-8 mask, and the escaped text of such lines."""
-    raw_bad: dict[int, str] = {}
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:  # rare: find the bad lines one by one
-        parts = data.split(b"\n")
-        decoded = []
-        for i, part in enumerate(parts):
-            try:
-                decoded.append(part.decode("utf-8"))
-            except UnicodeDecodeError:
-                raw_bad[i] = part.removesuffix(b"\r").decode("utf-8", errors="backslashreplace")
-                decoded.append("")
-        text = "\n".join(decoded)
-    lines = pc.list_flatten(pc.split_pattern(pa.array([text], pa.large_string()), "\n"))
-    if "\r" in text:  # CRLF line ends
-        lines = pc.utf8_rtrim(lines, characters="\r")
-    undecodable = np.zeros(len(lines), dtype=bool)
-    undecodable[list(raw_bad)] = True
-    return lines, undecodable, raw_bad
 
 
 def _is_header(first: str, schema: LogSchema, file: str) -> bool:

@@ -1,8 +1,9 @@
 """Ingest stage: raw log files of a date -> events/date=D/ and quarantine/date=D/.
 
 Wiring only: resolving the input URL, planning one Dask task per file or byte
-range (`pipeline.ingest.tasks`), the quality check and the commit.  Parsing
-rules live in `pipeline.ingest.parse`.
+range (`pipeline.ingest.tasks`), the totals and their quality check
+(`pipeline.ingest.totals`) and the commit of the two manifests
+(`pipeline.ingest.manifest`).  Parsing rules live in `pipeline.ingest.parse`.
 
 Large plain files: a file over `ingest.block_size` bytes is cut into byte
 ranges.  Block i owns the lines that *start* in its range [s_i, s_i+1).  A
@@ -11,7 +12,7 @@ parallel, so block i knows its first line number (2 + the newlines before
 s_i - 1) and quarantine rows and `order` carry true line numbers.
 Compressed files are not seekable and are read whole by one task.
 
-Row accounting (in the manifest): rows_read = rows_written + rows_quarantined
+Row accounting (in the events manifest): rows_read = rows_written + rows_quarantined
 + rows_other_dates, where rows_read counts every non-header line; rows_padded
 counts the written rows with missing trailing fields, and `stats` the labels,
 missing values and dense-value histograms of the written rows
@@ -34,7 +35,6 @@ date as done, so it rewrites both.
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,21 +47,24 @@ from fsspec.utils import infer_compression
 
 from pipeline.cluster import finished, gather
 from pipeline.config import IngestConfig, InputConfig
-from pipeline.ingest import bad_rows
-from pipeline.ingest.day_stats import add_stats, empty_stats
 from pipeline.ingest.error import IngestError
 from pipeline.ingest.input_wait import wait_for_input
+from pipeline.ingest.manifest import (
+    EventsManifest,
+    committed_events,
+    read_events_manifest,
+    read_quarantine_manifest,
+)
 from pipeline.ingest.parse import QUARANTINE_SCHEMA
 from pipeline.ingest.tasks import FileTask, count_newlines, ingest_file
+from pipeline.ingest.totals import check_quality, per_file, summarize
 from pipeline.schema import LogSchema, get_schema
 from storage.io.dates import validate_date
 from storage.io.fsio import (
     commit_dir,
     committed_data_url,
-    data_dir,
     get_fs,
     join,
-    read_manifest,
     remove_stale_staging,
     staging_dir,
 )
@@ -152,7 +155,7 @@ def ingest_date(
     fs, events_final = layout.fs(layout.events(date))
     _, quarantine_final = layout.fs(layout.quarantine(date))
     if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
-        return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
+        return _result(date, done, skipped=True, url=done.data_dir(layout.events(date)))
 
     for final in (events_final, quarantine_final):
         remove_stale_staging(fs, final)
@@ -169,36 +172,22 @@ def ingest_date(
             "overlap_io": ingest.overlap_io,
         }
         tasks = plan_tasks(inputs, base, block_size=ingest.block_size, client=client)
-        per_task = _run_tasks(client, tasks, f"ingest {date}: files")
-        per_file = _per_file(per_task, schema)
-        manifest = summarize(date, schema, inputs, per_file)
-        check_quality(manifest, per_file, ingest.max_bad_fraction, schema=schema, fmt=input.format)
+        files = per_file(_run_tasks(client, tasks, f"ingest {date}: files"), schema)
+        day = summarize(date, schema, inputs, files)
+        check_quality(day, files, ingest.max_bad_fraction, schema=schema, fmt=input.format)
         if not force and (done := _committed(fs, events_final, quarantine_final, inputs, schema)) is not None:
             # another model's run on this root committed the same input meanwhile: the first commit wins,
             # so runs that started on its events keep reading them
             for stage in (events_stage, quarantine_stage):
                 fs.rm(stage, recursive=True)
-            return _result(date, done, skipped=True, url=data_dir(layout.events(date), done))
-        run_id = uuid.uuid4().hex
-        manifest.update(
-            run_id=run_id,
-            quarantine_run_id=run_id,
-            code_version=code_version(),
-            rows_per_partition=ingest.rows_per_partition,
-            blocks=len(tasks),
+            return _result(date, done, skipped=True, url=done.data_dir(layout.events(date)))
+        run_id, version = uuid.uuid4().hex, code_version()
+        manifest = day.events_manifest(
+            run_id=run_id, code_version=version, rows_per_partition=ingest.rows_per_partition, blocks=len(tasks)
         )
-        quarantine_manifest = {
-            "date": date,
-            "rows_quarantined": manifest["rows_quarantined"],
-            "parts": manifest.pop("quarantine_parts"),
-            "reasons": manifest["reasons"],
-            "samples": manifest.pop("samples"),
-            "run_id": run_id,
-            "events_run_id": run_id,
-            "code_version": manifest["code_version"],
-        }
-        commit_dir(fs, quarantine_stage, quarantine_final, quarantine_manifest)
-        commit_dir(fs, events_stage, events_final, manifest)  # the commit point of the pair
+        quarantine = day.quarantine_manifest(run_id=run_id, code_version=version)
+        commit_dir(fs, quarantine_stage, quarantine_final, quarantine.to_dict())
+        commit_dir(fs, events_stage, events_final, manifest.to_dict())  # the commit point of the pair
     except BaseException:
         for stage in (events_stage, quarantine_stage):
             if fs.exists(stage):
@@ -209,13 +198,13 @@ def ingest_date(
 
 def _committed(
     fs: Any, events_final: str, quarantine_final: str, inputs: list[dict], schema: LogSchema
-) -> dict[str, Any] | None:
+) -> EventsManifest | None:
     """The committed events manifest of the date when it was ingested from `inputs` in this format, else None."""
-    done = read_manifest(fs, events_final)
-    if not done or done.get("inputs") != inputs or done.get("format") != schema.name:
+    done = read_events_manifest(fs, events_final)
+    if not done or list(done.inputs) != inputs or done.format != schema.name:
         return None
-    quarantine_done = read_manifest(fs, quarantine_final)
-    if quarantine_done is None or quarantine_done.get("events_run_id") != done.get("run_id"):
+    quarantine_done = read_quarantine_manifest(fs, quarantine_final)
+    if quarantine_done is None or quarantine_done.events_run_id != done.run_id:
         return None
     return done
 
@@ -306,32 +295,6 @@ def find_inputs(url: str, storage_options: dict | None = None) -> list[dict[str,
     return out
 
 
-def _per_file(per_task: list[dict], schema: LogSchema) -> list[dict]:
-    """Task results (one per file or byte range) summed per file, in task order."""
-    out: dict[str, dict] = {}
-    for r in per_task:
-        acc = out.setdefault(
-            r["file"],
-            {
-                "file": r["file"],
-                "parts": [],
-                "quarantine_parts": [],
-                "reasons": Counter(),
-                "stats": empty_stats(schema),
-                "samples": {},
-            },
-        )
-        for k, v in r.items():
-            if isinstance(v, int):
-                acc[k] = acc.get(k, 0) + v
-        acc["parts"] += r["parts"]
-        acc["quarantine_parts"] += r["quarantine_parts"]
-        acc["reasons"].update(r["reasons"])
-        acc["stats"] = add_stats(acc["stats"], r["stats"])
-        bad_rows.merge_samples(acc["samples"], r.get("samples", {}))
-    return [{**v, "reasons": dict(v["reasons"])} for v in out.values()]
-
-
 def read_quarantine(layout: Layout, date: str) -> pd.DataFrame:
     """The quarantined rows of `date` (file, line, raw, reason), checked against the committed events run.
 
@@ -340,125 +303,39 @@ def read_quarantine(layout: Layout, date: str) -> pd.DataFrame:
         IngestError(kind="inconsistent"): the committed quarantine belongs to another run than the
             committed events (an ingest crashed between its two renames); rerun the ingest of the date.
     """
-    fs, events_dir = layout.fs(layout.events(date))
-    events = read_manifest(fs, events_dir)
-    if events is None:
-        raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
+    fs, _, events = committed_events(layout, date)
     _, qdir = layout.fs(layout.quarantine(date))
-    quarantine = read_manifest(fs, qdir)
-    expected = events["quarantine_run_id"]
-    if quarantine is None or quarantine.get("events_run_id") != expected:
+    quarantine = read_quarantine_manifest(fs, qdir)
+    expected = events.quarantine_run_id
+    if quarantine is None or expected is None or quarantine.events_run_id != expected:
         raise IngestError(
             f"quarantine of {date} at {layout.quarantine(date)} does not belong to the committed "
             f"events run {expected}; an ingest stopped between its two commits: rerun the ingest of {date}",
             kind="inconsistent",
         )
     tables = []
-    for p in quarantine["parts"]:
-        with fs.open(join(data_dir(qdir, quarantine), p["name"]), "rb") as f:
+    for p in quarantine.parts:
+        with fs.open(join(quarantine.data_dir(qdir), p.name), "rb") as f:
             tables.append(pq.read_table(f, schema=QUARANTINE_SCHEMA))
     return pa.concat_tables(tables or [QUARANTINE_SCHEMA.empty_table()]).to_pandas()
-
-
-def summarize(date: str, schema: LogSchema, inputs: list[dict], per_file: list[dict]) -> dict[str, Any]:
-    """The events manifest (without run ids) from the per-file task results."""
-    totals: Counter[str] = Counter()
-    reasons: Counter = Counter()
-    stats = empty_stats(schema)
-    counted = ("rows_read", "rows_written", "rows_quarantined", "rows_other_dates", "rows_padded")
-    samples: dict[str, dict] = {}
-    for r in per_file:
-        totals.update({k: r.get(k, 0) for k in counted})
-        reasons.update(r["reasons"])
-        stats = add_stats(stats, r["stats"])
-        bad_rows.merge_samples(samples, r.get("samples", {}))
-    return {
-        "date": date,
-        "format": schema.name,
-        **{k: int(totals[k]) for k in counted},
-        "stats": stats,
-        "parts": sorted((p for r in per_file for p in r["parts"]), key=lambda p: p["name"]),
-        "quarantine_parts": sorted((p for r in per_file for p in r["quarantine_parts"]), key=lambda p: p["name"]),
-        "reasons": dict(reasons.most_common()),
-        "samples": samples,
-        "inputs": inputs,
-        "slow_chunks": int(sum(r.get("slow_chunks", 0) for r in per_file)),
-    }
-
-
-def check_quality(
-    manifest: dict[str, Any], per_file: list[dict], max_bad_fraction: float, *, schema: LogSchema, fmt: str
-) -> None:
-    """Raise IngestError when the date has no valid rows or too many bad ones.
-
-    The bad share is quarantined / rows of the date (rows of other dates are not the date's concern).
-    The message names the top reasons with a sample line each and the likely fix (`pipeline.ingest.bad_rows`);
-    `fmt` is `input.format` as configured.
-    """
-    date = manifest["date"]
-    of_date = manifest["rows_read"] - manifest["rows_other_dates"]
-    files = ", ".join(r["file"] for r in per_file)
-    if manifest["rows_read"] == 0:
-        raise IngestError(
-            f"no rows for {date}: {files} {'is' if len(per_file) == 1 else 'are'} empty"
-            f"{' (or holds the header only)' if schema.has_header else ''}; check that the day's logs were written "
-            "completely, and input.url",
-            kind="no_rows",
-        )
-    if manifest["rows_written"] == 0 and manifest["rows_quarantined"] == 0:
-        raise IngestError(
-            f"no rows of {date} in {files}: all {manifest['rows_other_dates']} rows are of other dates; "
-            "check input.url and the date",
-            kind="no_rows",
-        )
-    bad = manifest["rows_quarantined"]
-    if of_date and bad / of_date > max_bad_fraction:
-        lines = [
-            f"ingest of {date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
-            f"ingest.max_bad_fraction={max_bad_fraction}; nothing was committed"
-        ]
-        lines += [f"  {line}" for line in bad_rows.describe_reasons(manifest["reasons"], manifest["samples"])]
-        if len(per_file) > 1:
-            worst = sorted(per_file, key=lambda r: r.get("rows_quarantined", 0), reverse=True)[:3]
-            lines.append(
-                "  worst files: "
-                + "; ".join(
-                    f"{r['file']} ({r.get('rows_quarantined', 0)} bad of {r.get('rows_read', 0)})"
-                    for r in worst
-                    if r.get("rows_quarantined", 0)
-                )
-            )
-        lines.append(
-            "  "
-            + bad_rows.advice(
-                manifest["reasons"],
-                manifest["samples"],
-                share=bad / of_date,
-                schema=schema,
-                format_key="input.format",
-                fmt=fmt,
-                tolerance=f"raise ingest.max_bad_fraction (now {max_bad_fraction})",
-            )
-        )
-        raise IngestError("\n".join(lines), kind="too_many_bad_rows")
 
 
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, int | float | str) else str(value)
 
 
-def _result(date: str, manifest: dict[str, Any], *, skipped: bool, url: str) -> IngestResult:
+def _result(date: str, manifest: EventsManifest, *, skipped: bool, url: str) -> IngestResult:
     return IngestResult(
         date=date,
-        rows_read=manifest["rows_read"],
-        rows_written=manifest["rows_written"],
-        rows_quarantined=manifest["rows_quarantined"],
-        rows_other_dates=manifest["rows_other_dates"],
-        parts=len(manifest["parts"]),
+        rows_read=manifest.rows_read,
+        rows_written=manifest.rows_written,
+        rows_quarantined=manifest.rows_quarantined,
+        rows_other_dates=manifest.rows_other_dates,
+        parts=len(manifest.parts),
         skipped=skipped,
-        inputs=manifest["inputs"],
-        rows_padded=manifest["rows_padded"],
-        stats=manifest["stats"],
-        run_id=manifest["run_id"],
+        inputs=list(manifest.inputs),
+        rows_padded=manifest.rows_padded,
+        stats=manifest.stats,
+        run_id=manifest.run_id,
         url=url,
     )

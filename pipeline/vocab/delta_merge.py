@@ -153,49 +153,56 @@ def delta_vocab(
     seen_at = at[found]  # previous rows seen today
     new = ~found & (tc > 0)  # (a count of 0 would be neither seen nor kept)
     new_at, nk, nc = at[new], tk[new], tc[new]
-    count = np.array(previous["count"], np.int64)  # a copy: updated in place
-    count[seen_at] += tc[found]
-    if dropped is not None and len(dropped[0]):
-        dk = np.asarray(dropped[0], np.int64)
-        dat = np.searchsorted(pk, dk)
-        if not _found(pk, dk, dat).all():
-            raise _negative(date)
-        count[dat] -= np.asarray(dropped[1], np.int64)
-        if count[dat].min() < 0:  # only these rows went down
-            raise _negative(date)
-
-    days = np.asarray(days, np.int64)
-    hit = np.flatnonzero(days == date)
-    if len(hit):
-        today_index = int(hit[0])
-    else:
-        days, today_index = np.append(days, date), len(days)
-    first = np.asarray(previous["first"], np.int32)
-    last = np.array(previous["last"], np.int32)
-    if len(seen_at):
-        later = days[first[seen_at]] > date  # never for a previous vocabulary of D - 1; kept for equality
-        if later.any():
-            first = first.copy()
-            first[seen_at[later]] = today_index
-        earlier = days[last[seen_at]] <= date
-        last[seen_at[earlier]] = today_index
+    count = _window_counts(date, pk, previous["count"], seen_at, tc[found], dropped)
+    days, today_index, first, last = _dates_seen(date, np.asarray(days, np.int64), previous, seen_at)
 
     # admission, per field slice (keys sorted: a field is a contiguous range)
     limit = np.asarray(thresholds, np.float64) - 1e-9  # decayed sums are floats (here: exact integer counts)
     starts = _field_starts(pk)
-    by_count = np.empty(len(pk), bool)
-    for f, s, e in starts:
-        np.greater_equal(count[s:e], limit[f], out=by_count[s:e])
     was = np.asarray(previous["admitted"], bool)
-    stale = days < date - ttl_days  # unseen for more than ttl_days
-    if stale.any():
-        expired = was & stale[last] & ~by_count
-        admitted = by_count | (was & ~expired)
-    else:
-        expired, admitted = None, by_count | was
+    admitted, expired = _admit(date, count, was, days, last, starts, limit, ttl_days)
     new_field = field_of(nk)
     new_admitted = nc >= limit[new_field]
 
+    vocab = _lay_out(
+        pk,
+        count,
+        first,
+        last,
+        admitted,
+        new_at=new_at,
+        nk=nk,
+        nc=nc,
+        new_admitted=new_admitted,
+        today_index=today_index,
+    )
+
+    gone = np.empty(0, np.int64) if expired is None else np.flatnonzero(expired)  # no cap: evicted = expired
+    evicted: dict[str, np.ndarray] = {
+        "field": field_of(pk[gone]).astype(np.int16),
+        "key": pk[gone],
+        "last_seen": days[last[gone]],
+    }
+    seen_today = _Today(tk, tc, found, new, admitted[seen_at], was[seen_at], new_admitted)
+    totals = _totals(starts, count, admitted, new_field, new_admitted, evicted["field"], seen_today, n_fields)
+    return DeltaVocab(vocab=vocab, days=days, evicted=evicted, totals=totals)
+
+
+def _lay_out(
+    pk: np.ndarray,
+    count: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    admitted: np.ndarray,
+    *,
+    new_at: np.ndarray,
+    nk: np.ndarray,
+    nc: np.ndarray,
+    new_admitted: np.ndarray,
+    today_index: int,
+) -> Columns:
+    """The vocabulary's columns: the previous rows kept (seen in the window, or admitted) and today's new keys
+    (`nk`, `nc`, going before the previous rows at `new_at`), each column laid out once."""
     keep = (count > 0) | admitted
     kept = None if keep.all() else np.flatnonzero(keep)
     n_kept = len(pk) if kept is None else len(kept)
@@ -212,7 +219,7 @@ def delta_vocab(
 
     keys = lay_out(pk, nk, np.int64)
     out_count = lay_out(count, nc, np.int64)
-    vocab = {
+    return {
         "field": field_of(keys).astype(np.int16),
         "key": keys,
         "count": out_count,
@@ -222,29 +229,120 @@ def delta_vocab(
         "admitted": lay_out(admitted, new_admitted, bool),
     }
 
-    gone = np.empty(0, np.int64) if expired is None else np.flatnonzero(expired)  # no cap: evicted = expired
-    evicted: dict[str, np.ndarray] = {
-        "field": field_of(pk[gone]).astype(np.int16),
-        "key": pk[gone],
-        "last_seen": days[last[gone]],
-    }
-    on_field = field_of(tk)
-    today_admitted = np.zeros(len(tk), bool)
-    today_admitted[found] = admitted[seen_at]
-    today_admitted[new] = new_admitted
-    today_known = np.zeros(len(tk), bool)
-    today_known[found] = was[seen_at]
-    weights = tc.astype(np.float64)
-    totals = FieldTotals(
+
+def _window_counts(
+    date: int,
+    pk: np.ndarray,
+    previous_count: np.ndarray,
+    seen_at: np.ndarray,
+    seen_count: np.ndarray,
+    dropped: tuple[np.ndarray, np.ndarray] | None,
+) -> np.ndarray:
+    """The previous rows' window counts: today's counts added at their rows, the dropped day's subtracted.
+
+    Raises:
+        ValueError: as `delta_combine`.
+    """
+    count = np.array(previous_count, np.int64)  # a copy: updated in place
+    count[seen_at] += seen_count
+    if dropped is not None and len(dropped[0]):
+        dk = np.asarray(dropped[0], np.int64)
+        dat = np.searchsorted(pk, dk)
+        if not _found(pk, dk, dat).all():
+            raise _negative(date)
+        count[dat] -= np.asarray(dropped[1], np.int64)
+        if count[dat].min() < 0:  # only these rows went down
+            raise _negative(date)
+    return count
+
+
+def _dates_seen(
+    date: int, days: np.ndarray, previous: Columns, seen_at: np.ndarray
+) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """(days with the run date, its index, first, last): the previous rows' date indices (`first`, `last`), moved
+    to the run date for the rows seen today."""
+    hit = np.flatnonzero(days == date)
+    if len(hit):
+        today_index = int(hit[0])
+    else:
+        days, today_index = np.append(days, date), len(days)
+    first = np.asarray(previous["first"], np.int32)
+    last = np.array(previous["last"], np.int32)
+    if len(seen_at):
+        later = days[first[seen_at]] > date  # never for a previous vocabulary of D - 1; kept for equality
+        if later.any():
+            first = first.copy()
+            first[seen_at[later]] = today_index
+        earlier = days[last[seen_at]] <= date
+        last[seen_at[earlier]] = today_index
+    return days, today_index, first, last
+
+
+def _admit(
+    date: int,
+    count: np.ndarray,
+    was: np.ndarray,
+    days: np.ndarray,
+    last: np.ndarray,
+    starts: list[tuple[int, int, int]],
+    limit: np.ndarray,
+    ttl_days: int,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(admitted, expired or None when none can be) of the previous rows: a count at its field's limit admits,
+    an admitted key stays until unseen for more than `ttl_days` below the limit."""
+    by_count = np.empty(len(count), bool)
+    for f, s, e in starts:
+        np.greater_equal(count[s:e], limit[f], out=by_count[s:e])
+    stale = days < date - ttl_days  # unseen for more than ttl_days
+    if stale.any():
+        expired = was & stale[last] & ~by_count
+        return by_count | (was & ~expired), expired
+    return by_count | was, None
+
+
+@dataclass(frozen=True, slots=True)
+class _Today:
+    """Today's keys and what the merge decided for them, for the day's per-field totals."""
+
+    keys: np.ndarray
+    counts: np.ndarray
+    found: np.ndarray
+    """In the previous vocabulary."""
+    new: np.ndarray
+    """Not in it, with a count above 0."""
+    found_admitted: np.ndarray
+    found_known: np.ndarray
+    """Admitted before today."""
+    new_admitted: np.ndarray
+
+
+def _totals(
+    starts: list[tuple[int, int, int]],
+    count: np.ndarray,
+    admitted: np.ndarray,
+    new_field: np.ndarray,
+    new_admitted: np.ndarray,
+    evicted_field: np.ndarray,
+    today: _Today,
+    n_fields: int,
+) -> FieldTotals:
+    """The bucket's per-field totals (`pipeline.vocab.report.FieldTotals`) of the merged rows and of today's keys."""
+    on_field = field_of(today.keys)
+    today_admitted = np.zeros(len(today.keys), bool)
+    today_admitted[today.found] = today.found_admitted
+    today_admitted[today.new] = today.new_admitted
+    today_known = np.zeros(len(today.keys), bool)
+    today_known[today.found] = today.found_known
+    weights = today.counts.astype(np.float64)
+    return FieldTotals(
         seen=_per_field(starts, count > 0, n_fields) + count_by_field(new_field, None, n_fields),
         admitted=_per_field(starts, admitted, n_fields) + count_by_field(new_field, new_admitted, n_fields),
-        evicted=count_by_field(evicted["field"], None, n_fields),
+        evicted=count_by_field(evicted_field, None, n_fields),
         covered=count_by_field(on_field, today_admitted, n_fields, weights),
         present=count_by_field(on_field, None, n_fields, weights),
         known=count_by_field(on_field, today_known, n_fields, weights),
-        distinct=count_by_field(on_field, tc > 0, n_fields),
+        distinct=count_by_field(on_field, today.counts > 0, n_fields),
     )
-    return DeltaVocab(vocab=vocab, days=days, evicted=evicted, totals=totals)
 
 
 def _field_starts(sorted_keys: np.ndarray) -> list[tuple[int, int, int]]:

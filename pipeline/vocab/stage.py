@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import cast
 
 import fsspec
@@ -43,6 +43,7 @@ from distributed import Client
 
 from pipeline.cluster import gather
 from pipeline.config import VocabConfig
+from pipeline.ingest.manifest import EventsManifest, committed_events
 from pipeline.schema import LogSchema, get_schema
 from pipeline.vocab.bucket import BucketRule
 from pipeline.vocab.buckets import auto_buckets
@@ -74,9 +75,7 @@ from storage.io.dates import shift_date, validate_date
 from storage.io.fsio import (
     commit_dir,
     committed_data_url,
-    data_dir,
     join,
-    read_manifest,
     staged,
 )
 from storage.io.layout import Layout, date_of
@@ -139,19 +138,13 @@ def build_vocab(
     """
     validate_date(date)
     schema = get_schema(fmt)
-    fs, events_dir = layout.fs(layout.events(date))
-    events = read_manifest(fs, events_dir)
-    if events is None:
-        raise FileNotFoundError(f"no committed events for {date} at {layout.events(date)}: run ingest first")
+    fs, events_dir, events = committed_events(layout, date)
     final = vocab_dir(layout, date)
     done = read_vocab_manifest(fs, final)
-    if done and not force and done.events_run_id == events.get("run_id") and done.config == asdict(vocab):
+    if done and not force and done.events_run_id == events.run_id and done.config == asdict(vocab):
         return _result(done, skipped=True, url=done.data_dir(layout.vocab(date)))
 
-    fields = list(schema.categorical)
-    multi = [name for name, _ in schema.multi_valued]
-    rule = BucketRule.of(vocab, fields)  # raises on a min_count_per_field of no field
-    run_id = uuid.uuid4().hex
+    rule = BucketRule.of(vocab, list(schema.categorical))  # raises on a min_count_per_field of no field
     window = _committed_window(fs, layout, date, vocab.window_days)  # date -> manifest, without D
     prev_date = latest_vocab_before(fs, layout, date)
     prev = read_vocab_manifest(fs, vocab_dir(layout, prev_date)) if prev_date else None
@@ -160,21 +153,7 @@ def build_vocab(
 
     with staged(fs, final) as stage:
         t0 = time.perf_counter()
-        for sub in (
-            f"{SCRATCH}/counts",
-            f"{SCRATCH}/merged",
-            f"{SCRATCH}/evicted",
-            "day_counts.parquet",
-            "vocab.parquet",
-        ):
-            fs.makedirs(join(stage, sub), exist_ok=True)
-        outs = [scratch(stage, "counts", i) for i in range(len(events["parts"]))]
-        inputs = [join(data_dir(events_dir, events), p["name"]) for p in events["parts"]]
-        distinct = gather(
-            client,
-            client.map(count_part, inputs, outs, fs=fs, fields=fields, multi_valued=multi, pure=False),
-            what=f"vocab {date}: counting keys",
-        )
+        outs, distinct = _count_keys(client, fs, stage, events.part_urls(events_dir), date=date, schema=schema)
         t1 = time.perf_counter()
         buckets = vocab.merge_buckets or auto_buckets(
             sum(distinct) + sum(m.day_keys for m in window.values()) + (prev.vocab_rows if prev else 0)
@@ -195,7 +174,54 @@ def build_vocab(
         )
         results = _merge(client, plan, fs=fs, cap=vocab.max_keys_per_field)
         t2 = time.perf_counter()
-        n_evicted = gather(
+        evicted = _concat_evicted(client, stage, results, date=date, fs=fs)
+        fs.rm(join(stage, SCRATCH), recursive=True)
+        manifest = _report_and_manifest(
+            fs, stage, date, schema, vocab, events=events, window=window, prev=prev_date, plan=plan, results=results
+        )
+        manifest = replace(
+            manifest,
+            evicted=evicted,
+            seconds={
+                "count": round(t1 - t0, 3),
+                "merge": round(t2 - t1, 3),
+                "evicted_and_report": round(time.perf_counter() - t2, 3),
+            },
+        )
+        commit_dir(fs, stage, final, manifest.to_dict())
+    return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
+
+
+def _count_keys(
+    client: Client, fs: fsspec.AbstractFileSystem, stage: str, parts: list[str], *, date: str, schema: LogSchema
+) -> tuple[list[str], list[int]]:
+    """The staging directory's folders, then one task per events part counting its keys into a scratch file
+    sorted by key hash; (the scratch files, each part's distinct keys)."""
+    for sub in (
+        f"{SCRATCH}/counts",
+        f"{SCRATCH}/merged",
+        f"{SCRATCH}/evicted",
+        "day_counts.parquet",
+        "vocab.parquet",
+    ):
+        fs.makedirs(join(stage, sub), exist_ok=True)
+    fields = list(schema.categorical)
+    multi = [name for name, _ in schema.multi_valued]
+    outs = [scratch(stage, "counts", i) for i in range(len(parts))]
+    distinct = gather(
+        client,
+        client.map(count_part, parts, outs, fs=fs, fields=fields, multi_valued=multi, pure=False),
+        what=f"vocab {date}: counting keys",
+    )
+    return outs, distinct
+
+
+def _concat_evicted(
+    client: Client, stage: str, results: list[BucketResult], *, date: str, fs: fsspec.AbstractFileSystem
+) -> int:
+    """evicted.parquet from the buckets' evicted parts (one task, one part at a time); the keys evicted."""
+    return int(
+        gather(
             client,
             [
                 client.submit(
@@ -209,44 +235,54 @@ def build_vocab(
             ],
             what=f"vocab {date}: evicted keys",
         )[0]
-        fs.rm(join(stage, SCRATCH), recursive=True)
+    )
 
-        # every bucket has its totals once merged (and capped)
-        totals = sum((cast(FieldTotals, r.totals) for r in results), FieldTotals.zeros(len(fields)))
-        stats = stats_from_totals(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
-        window_dates = sorted([*window, date])
-        _write_report(fs, stage, date, stats, window_dates=window_dates, config=vocab)
-        manifest = VocabManifest(
-            date=date,
-            format=schema.name,
-            config=asdict(vocab),
-            window_dates=tuple(window_dates),
-            window_runs={**{d: m.run_id for d, m in window.items()}, date: run_id},
-            previous_vocab_date=prev_date,
-            merge="delta" if delta else "window",
-            buckets=buckets,
-            day_rows=events["rows_written"],
-            day_keys=sum(r.day_keys for r in results),
-            vocab_rows=sum(r.vocab_rows for r in results),
-            admitted=int(totals.admitted.sum()),
-            seen=int(totals.seen.sum()),
-            evicted=int(n_evicted),
-            per_field=tuple(FieldStats(**s) for s in stats),
-            day_fields=tuple(
-                DayFieldStats(**s)
-                for s in day_field_stats(totals, day_rows=events["rows_written"], fields=fields, multi_valued=multi)
-            ),
-            seconds={
-                "count": round(t1 - t0, 3),
-                "merge": round(t2 - t1, 3),
-                "evicted_and_report": round(time.perf_counter() - t2, 3),
-            },
-            events_run_id=events.get("run_id"),
-            run_id=run_id,
-            code_version=code_version(),
-        )
-        commit_dir(fs, stage, final, manifest.to_dict())
-    return _result(manifest, skipped=False, url=committed_data_url(layout.vocab(date), fs, stage))
+
+def _report_and_manifest(
+    fs: fsspec.AbstractFileSystem,
+    stage: str,
+    date: str,
+    schema: LogSchema,
+    vocab: VocabConfig,
+    *,
+    events: EventsManifest,
+    window: dict[str, VocabManifest],
+    prev: str | None,
+    plan: MergePlan,
+    results: list[BucketResult],
+) -> VocabManifest:
+    """The report files of the merged buckets, and the day's manifest (its `evicted` and `seconds` still to set)."""
+    fields = list(schema.categorical)
+    multi = [name for name, _ in schema.multi_valued]
+    # every bucket has its totals once merged (and capped)
+    totals = sum((cast(FieldTotals, r.totals) for r in results), FieldTotals.zeros(len(fields)))
+    stats = stats_from_totals(totals, day_rows=events.rows_written, fields=fields, multi_valued=multi)
+    window_dates = sorted([*window, date])
+    _write_report(fs, stage, date, stats, window_dates=window_dates, config=vocab)
+    run_id = uuid.uuid4().hex
+    return VocabManifest(
+        date=date,
+        format=schema.name,
+        config=asdict(vocab),
+        window_dates=tuple(window_dates),
+        window_runs={**{d: m.run_id for d, m in window.items()}, date: run_id},
+        previous_vocab_date=prev,
+        merge="delta" if plan.delta else "window",
+        buckets=plan.buckets,
+        day_rows=events.rows_written,
+        day_keys=sum(r.day_keys for r in results),
+        vocab_rows=sum(r.vocab_rows for r in results),
+        admitted=int(totals.admitted.sum()),
+        seen=int(totals.seen.sum()),
+        per_field=tuple(FieldStats(**s) for s in stats),
+        day_fields=tuple(
+            DayFieldStats(**s)
+            for s in day_field_stats(totals, day_rows=events.rows_written, fields=fields, multi_valued=multi)
+        ),
+        events_run_id=events.run_id,
+        run_id=run_id,
+        code_version=code_version(),
+    )
 
 
 def _write_report(

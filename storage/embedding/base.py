@@ -3,7 +3,7 @@
 A store maps int64 feature keys (see `pipeline.encode.keys`) to rows.  A row is the
 embedding vector, the state its sparse optimizer keeps (Adam's moments, row-wise
 AdaGrad's accumulator, nothing for SGD) and its clock (the number of updates applied
-to it), all as the store's `row_format` lays them out (`storage.embedding.row_format`),
+to it), all as the store's `row_format` lays them out (`storage.embedding.rows.format`),
 so moving a row between tiers or evicting it never loses optimizer state.
 
 Guarantees every tier keeps (checked by `tests/storage/embedding/conformance.py`):
@@ -48,15 +48,12 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from storage.embedding.row_format import RowFormat
-from storage.embedding.rows import (
-    Rows,
-    check_keys,
-    check_update,
-    host_to_device,
-    sum_duplicates,
-)
-from storage.embedding.sparse_optim import ADAM_BETAS, ADAM_EPS
+from storage.embedding.rows.batch import Rows
+from storage.embedding.rows.checks import check_keys, check_update
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.segments import sum_duplicates
+from storage.embedding.rows.sparse_optim import ADAM_BETAS, ADAM_EPS
+from storage.embedding.rows.transfer import host_to_device
 
 __all__ = ["ADAM_BETAS", "ADAM_EPS", "EmbeddingStore", "Lookup", "as_row_format", "owner_of"]
 
@@ -101,10 +98,10 @@ class EmbeddingStore(abc.ABC):
     """A key -> (weights, optimizer state, clock) table.  See the module docstring for the contract."""
 
     row_format: RowFormat
-    """What a row holds and how `update` changes it (`storage.embedding.row_format`)."""
+    """What a row holds and how `update` changes it (`storage.embedding.rows.format`)."""
     dim: int
     init_std: float
-    """Std of the initial rows of unseen keys (`storage.embedding.row_init.init_rows`)."""
+    """Std of the initial rows of unseen keys (`storage.embedding.rows.initial.init_rows`)."""
     device: torch.device
     """Where `lookup` returns rows and where gradients are applied."""
 
@@ -139,7 +136,7 @@ class EmbeddingStore(abc.ABC):
 
         Unknown keys get their initial rows and become part of the store.
         """
-        from storage.embedding.row_init import init_rows
+        from storage.embedding.rows.initial import init_rows
 
         k = np.unique(check_keys(keys))
         missing = k[~self.contains(k)]

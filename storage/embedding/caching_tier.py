@@ -7,7 +7,8 @@ write-back, so moving rows up and down never loses optimizer state:
 
 - a row read from below is admitted clean (`in_below`); an update makes it dirty;
 - admission and eviction happen once per call, for the whole batch (the policy is
-  `storage.embedding.slot_cache.SlotCache`); the keys of the current call are never
+  `storage.embedding.slot_cache.SlotCache`; the rows and their moves to and from below,
+  `storage.embedding.resident_rows.ResidentRows`); the keys of the current call are never
   victims; dirty victims go below in one `write_rows` call;
 - keys that do not fit (a batch larger than the cache) pass through to below;
 - `lookup` of an unknown key returns its `init_rows` row without storing it.
@@ -27,27 +28,17 @@ import numpy as np
 import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, as_row_format
-from storage.embedding.row_format import RowFormat
-from storage.embedding.row_init import init_rows
-from storage.embedding.rows import (
-    RowBuffer,
-    Rows,
-    check_keys,
-    check_update,
-    host_to_device,
-    strictly_increasing,
-    sum_duplicates,
-)
-from storage.embedding.slot_cache import SlotCache
+from storage.embedding.resident_rows import ResidentRows
+from storage.embedding.rows.batch import Rows
+from storage.embedding.rows.checks import check_keys, check_update, strictly_increasing
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.segments import sum_duplicates
+from storage.embedding.rows.transfer import host_to_device
 from storage.embedding.snapshot import (
     SnapshotWriter,
     check_snapshot_dim,
     iter_snapshot,
 )
-
-
-class StoreCapacityError(RuntimeError):
-    """A tier with no tier below ran out of room for rows it must keep."""
 
 
 @dataclass(frozen=True)
@@ -113,140 +104,43 @@ class CachingTier(EmbeddingStore):
         self.init_std = init_std
         self.device = torch.device(device)
         self.below = below
-        self._cache = SlotCache(capacity, policy, evict_extra=evict_extra)
-        self._buf = RowBuffer(
-            fmt, self.device, capacity if (preallocate and capacity) else 0, fixed=preallocate, limit=capacity
+        self._resident = ResidentRows(
+            fmt,
+            tier=self.tier,
+            init_std=init_std,
+            device=self.device,
+            capacity=capacity,
+            policy=policy,
+            below=below,
+            preallocate=preallocate,
+            evict_extra=evict_extra,
         )
-        self._counters = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "evictions"), 0)
+        self._buf = self._resident.buf
+        self._counters = self._resident.counters
         self._generation = 0
         """Counts the calls that change the tier: a `Lookup.plan` is reusable while this is unchanged."""
 
     @property
     def capacity(self) -> int | None:
         """Rows this tier holds at most (None: unbounded)."""
-        return self._cache.capacity
+        return self._resident.cache.capacity
 
     @property
     def policy(self) -> str:
         """Replacement policy, `lfu` or `lru`."""
-        return self._cache.policy
-
-    # -- internals ------------------------------------------------------------------
-    def _read_below(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
-        if self.below is None or keys.size == 0:
-            fresh = self.row_format.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std))
-            return np.zeros(keys.size, dtype=bool), fresh
-        found, rows = self.below.read_rows(keys)
-        self._counters["bytes_read"] += int(found.sum()) * self._row_bytes
-        return found, rows
-
-    def _write_below(self, keys: np.ndarray, rows: Rows) -> None:
-        if keys.size == 0:
-            return
-        if self.below is None:
-            raise StoreCapacityError("no tier below to write rows to")  # unreachable: unbounded without below
-        self.below.write_rows(keys, rows)
-        self._counters["bytes_written"] += keys.size * self._row_bytes
-
-    def _admit_plan(self, counts: np.ndarray, protect: np.ndarray) -> np.ndarray:
-        """Evict for the newcomers with `counts`; returns the admit mask over them."""
-        c = self._cache
-        if self.below is None:
-            if c.capacity is not None and counts.size > c.map.free_slots:
-                raise StoreCapacityError(
-                    f"{self.tier} tier is full ({c.capacity} rows, {counts.size} new) and has no tier below "
-                    "to spill to; raise its budget or give it a `below` tier"
-                )
-            return np.ones(counts.size, dtype=bool)
-        gone, admit = c.plan(counts, protect)
-        self._drop(gone, write_back=True)
-        return admit
-
-    def _drop(self, slots: np.ndarray, *, write_back: bool) -> None:
-        c = self._cache
-        if slots.size == 0:
-            return
-        keys = c.map.slot_keys[slots]
-        if write_back:
-            dirty = c.dirty[slots]
-            if dirty.any():
-                self._write_below(keys[dirty], self._buf.gather(slots[dirty]))
-            self._counters["evictions"] += slots.size
-        c.map.remove(keys)
-        c.dirty[slots] = False
-        c.in_below[slots] = False
-
-    def _resolve(
-        self,
-        keys: np.ndarray,
-        counts: np.ndarray | int,
-        mode: str,
-        *,
-        slots: np.ndarray | None = None,
-        below: tuple[np.ndarray, Rows | None] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Rows | None]:
-        """Make the distinct `keys` resident where they fit.
-
-        mode: ``"read"`` admits only rows the tier below holds; ``"create"`` admits
-        every key (reading old values below); ``"write"`` admits every key without
-        reading below (the caller overwrites the rows).
-
-        slots: the keys' slots when the caller has just looked them up (the map unchanged since),
-        so they are not hashed again; `below`: (found mask, rows) of the keys with slot -1 as just
-        read from the tier below (an earlier `lookup` of the same keys), so they are not read again.
-
-        Returns (slots (-1: not resident), outside positions, found-below mask of
-        the outside keys, rows of the outside keys (None in write mode)).
-        """
-        c = self._cache
-        c.next_tick()
-        slots = c.map.lookup(keys) if slots is None else slots
-        miss = np.flatnonzero(slots < 0)
-        self._counters["hits"] += keys.size - miss.size
-        self._counters["misses"] += miss.size
-        outside = miss
-        found_out = np.zeros(0, dtype=bool)
-        rows_out: Rows | None = None
-        if miss.size:
-            mkeys = keys[miss]
-            if mode == "write":
-                found = self.below.contains(mkeys) if self.below is not None else np.zeros(miss.size, dtype=bool)
-                rows = None
-            elif below is not None and below[1] is not None:
-                found, rows = below  # read below by the lookup just before: count the read, do not redo it
-                self._counters["bytes_read"] += int(found.sum()) * self._row_bytes if self.below is not None else 0
-            else:
-                found, rows = self._read_below(mkeys)
-            want = found if mode == "read" else np.ones(miss.size, dtype=bool)
-            want_idx = np.flatnonzero(want)
-            mcounts = counts[miss] if isinstance(counts, np.ndarray) else np.ones(miss.size, dtype=np.int64)
-            take = want_idx[self._admit_plan(mcounts[want_idx], slots[slots >= 0])]
-            if take.size:
-                new = c.add(mkeys[take])
-                if rows is not None:
-                    self._buf.scatter(new, rows.select(take))
-                c.in_below[new] = found[take]
-                slots[miss[take]] = new
-            rest = np.ones(miss.size, dtype=bool)
-            rest[take] = False
-            outside = miss[rest]
-            found_out = found[rest]
-            rows_out = rows.select(np.flatnonzero(rest)) if rows is not None else None
-        res = slots >= 0
-        c.touch(slots[res], counts[res] if isinstance(counts, np.ndarray) else counts)
-        return slots, outside, found_out, rows_out
+        return self._resident.cache.policy
 
     # -- tier-to-tier interface ----------------------------------------------------------
     def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
         self._generation += 1
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        slots, outside, found_out, rows_out = self._resolve(keys, 1, "read")
+        slots, outside, found_out, rows_out = self._resident.resolve(keys, 1, "read")
         res = np.flatnonzero(slots >= 0)
         found = np.ones(keys.size, dtype=bool)
         found[outside] = found_out
         if outside.size == 0:
             return found, self._buf.gather(slots)
-        assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
+        assert rows_out is not None  # noqa: S101 - only a "write" resolve leaves the rows outside the cache unread
         rows = self.row_format.empty(keys.size, self.device)
         rows.put(res, self._buf.gather(slots[res]))
         rows.put(outside, rows_out)
@@ -255,18 +149,18 @@ class CachingTier(EmbeddingStore):
     def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
         self._generation += 1
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        slots, outside, _, _ = self._resolve(keys, 1, "write")
+        slots, outside, _, _ = self._resident.resolve(keys, 1, "write")
         res = np.flatnonzero(slots >= 0)
         self._buf.scatter(slots[res], rows.select(res))
-        self._cache.dirty[slots[res]] = True
+        self._resident.cache.dirty[slots[res]] = True
         if self.below is None:
             self._counters["bytes_written"] += res.size * self._row_bytes
         if outside.size:
-            self._write_below(keys[outside], rows.select(outside))
+            self._resident.write_below(keys[outside], rows.select(outside))
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        held = self._cache.map.lookup(keys) >= 0
+        held = self._resident.cache.map.lookup(keys) >= 0
         if self.below is not None and not held.all():
             held[~held] = self.below.contains(keys[~held])
         return held
@@ -278,7 +172,7 @@ class CachingTier(EmbeddingStore):
         self._generation += 1
         k = check_keys(keys)
         handle_keys = torch.from_numpy(k.copy())
-        c = self._cache
+        c = self._resident.cache
         slots = c.map.lookup(k)
         distinct = strictly_increasing(k)
         if k.size and (slots >= 0).all():
@@ -296,16 +190,16 @@ class CachingTier(EmbeddingStore):
         counts: np.ndarray | int
         if distinct:  # already np.unique's output: no sort, and `slots` need no second hashing
             uniq, inverse, counts = k, None, 1
-            slots, outside, found_out, rows_out = self._resolve(uniq, counts, "read", slots=slots)
+            slots, outside, found_out, rows_out = self._resident.resolve(uniq, counts, "read", slots=slots)
             plan = self._plan(slots, found_out, rows_out)
         else:
             uniq, inverse, counts = np.unique(k, return_inverse=True, return_counts=True)
-            slots, outside, _, rows_out = self._resolve(uniq, counts, "read")
+            slots, outside, _, rows_out = self._resident.resolve(uniq, counts, "read")
         if outside.size == 0:  # all resident: one gather straight into the caller's order
             return Lookup(
                 handle_keys, self._buf.gather_emb(slots if inverse is None else slots[inverse.reshape(-1)]), plan
             )
-        assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
+        assert rows_out is not None  # noqa: S101 - only a "write" resolve leaves the rows outside the cache unread
         out = torch.empty((uniq.size, self.dim), dtype=torch.float32, device=self.device)
         res = np.flatnonzero(slots >= 0)
         dev = self.device
@@ -341,11 +235,11 @@ class CachingTier(EmbeddingStore):
             counts = np.unique(k, return_counts=True)[1]
         if plan is not None and uniq is k:
             # the same keys as the lookup just before: its slots and rows read below still hold
-            slots, outside, _, rows_out = self._resolve(
+            slots, outside, _, rows_out = self._resident.resolve(
                 uniq, counts, "create", slots=plan.slots.copy(), below=(plan.found_out, plan.rows_out)
             )
         else:
-            slots, outside, _, rows_out = self._resolve(uniq, counts, "create")
+            slots, outside, _, rows_out = self._resident.resolve(uniq, counts, "create")
         res = np.flatnonzero(slots >= 0)
         # Compute every new row first (`RowFormat.step` refuses non-finite results), then write: a
         # refused update changes no value here or below, and admits no key it was to create.
@@ -361,7 +255,7 @@ class CachingTier(EmbeddingStore):
                     weight_decay=weight_decay,
                 )
             if outside.size:
-                assert rows_out is not None  # only a "write" resolve leaves the rows outside the cache unread
+                assert rows_out is not None  # noqa: S101 - an invariant
                 idx = host_to_device(torch.from_numpy(outside), self.device)
                 new_out = self.row_format.step(
                     host_to_device(torch.from_numpy(uniq[outside]), self.device),
@@ -371,7 +265,7 @@ class CachingTier(EmbeddingStore):
                     weight_decay=weight_decay,
                 )
         except ValueError:
-            c = self._cache
+            c = self._resident.cache
             admitted = slots[res]
             unwritten = admitted[~c.dirty[admitted] & ~c.in_below[admitted]]
             c.map.remove(c.map.slot_keys[unwritten])
@@ -379,11 +273,11 @@ class CachingTier(EmbeddingStore):
         if new_res is not None:
             rs = slots[res]
             self._buf.scatter(rs, new_res)
-            self._cache.dirty[rs] = True
+            self._resident.cache.dirty[rs] = True
             if self.below is None:  # the bottom tier counts what it stores
                 self._counters["bytes_written"] += rs.size * self._row_bytes
         if new_out is not None:
-            self._write_below(uniq[outside], new_out)
+            self._resident.write_below(uniq[outside], new_out)
 
     def _warm_below_first(self) -> bool:
         return False
@@ -404,12 +298,12 @@ class CachingTier(EmbeddingStore):
         head = ordered if cap is None else ordered[:cap]
         if self.below is None and cap is not None:
             # Nowhere to spill: warm only what fits (a hint never raises StoreCapacityError).
-            resident = self._cache.map.lookup(head) >= 0
-            new = np.flatnonzero(~resident)[: self._cache.map.free_slots]
+            resident = self._resident.cache.map.lookup(head) >= 0
+            new = np.flatnonzero(~resident)[: self._resident.cache.map.free_slots]
             resident[new] = True
             head = head[resident]
-        slots, outside, found_out, rows_out = self._resolve(head, 1, "create")
-        c = self._cache
+        slots, outside, found_out, rows_out = self._resident.resolve(head, 1, "create")
+        c = self._resident.cache
         res = slots[slots >= 0]
         c.dirty[res] |= ~c.in_below[res]  # new rows are materialised here until written below
         tail = ordered[head.size :]
@@ -421,31 +315,19 @@ class CachingTier(EmbeddingStore):
     def evict(self, keys: torch.Tensor) -> None:
         self._generation += 1
         k = np.unique(check_keys(keys))
-        slots = self._cache.map.lookup(k)
+        slots = self._resident.cache.map.lookup(k)
         held = slots[slots >= 0]
         self._counters["evictions"] += held.size
-        self._drop(held, write_back=False)
+        self._resident.drop(held, write_back=False)
         if self.below is not None:
             self.below.evict(torch.from_numpy(k))
-
-    def _materialised_slots(self) -> np.ndarray:
-        c = self._cache
-        live = c.map.live_slots()
-        slots: np.ndarray = live[c.dirty[live] | c.in_below[live]]
-        return slots
 
     def flush(self) -> None:
         """Write every dirty row below (they stay cached, clean), then flush below."""
         self._generation += 1
         if self.below is None:
             return
-        c = self._cache
-        live = c.map.live_slots()
-        dirty = live[c.dirty[live]]
-        if dirty.size:
-            self._write_below(c.map.slot_keys[dirty], self._buf.gather(dirty))
-            c.dirty[dirty] = False
-            c.in_below[dirty] = True
+        self._resident.write_dirty()
         self.below.flush()
 
     def snapshot(self, url: str, storage_options: dict[str, Any] | None = None) -> int:
@@ -453,8 +335,8 @@ class CachingTier(EmbeddingStore):
         if self.below is not None:
             self.flush()
             return self.below.snapshot(url, storage_options)
-        slots = self._materialised_slots()
-        keys = self._cache.map.slot_keys[slots]
+        slots = self._resident.materialised_slots()
+        keys = self._resident.cache.map.slot_keys[slots]
         order = np.argsort(keys, kind="stable")
         keys, slots = keys[order], slots[order]
         with SnapshotWriter(url, self.row_format, storage_options) as w:
@@ -466,11 +348,7 @@ class CachingTier(EmbeddingStore):
     def _clear(self, *, release: bool = False) -> None:
         """Forget every row; the buffer is zeroed in place (`RowBuffer.reset`), or freed on close."""
         self._generation += 1
-        self._cache = SlotCache(self._cache.capacity, self._cache.policy, evict_extra=self._cache.evict_extra)
-        if release:
-            self._buf.release()
-        else:
-            self._buf.reset()
+        self._resident.clear(release=release)
 
     def restore(
         self, url: str, *, owner: tuple[int, int] | None = None, storage_options: dict[str, Any] | None = None
@@ -490,7 +368,7 @@ class CachingTier(EmbeddingStore):
     def tag(self) -> str | None:
         """The tag of the persistent tier at the bottom of the stack (see `SsdStore.tag`); None without
         one, or while this tier holds changes not written down yet (its content is no longer the tagged one)."""
-        if self.below is None or self._cache.dirty.any():
+        if self.below is None or self._resident.cache.dirty.any():
             return None
         return self.below.tag
 
@@ -501,7 +379,7 @@ class CachingTier(EmbeddingStore):
             self.below.set_tag(tag)
 
     def _own_stats(self) -> dict[str, Any]:
-        c = self._cache
+        c = self._resident.cache
         return {
             **self._counters,
             "rows": len(c),
@@ -523,7 +401,7 @@ class CachingTier(EmbeddingStore):
         return out
 
     def __len__(self) -> int:
-        c = self._cache
+        c = self._resident.cache
         live = c.map.live_slots()
         if self.below is None:
             return live.size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.embedding.row_format import ROW_DTYPES, STATE_DTYPES, RowFormat
+from storage.embedding.rows.format import ROW_DTYPES, STATE_DTYPES, RowFormat
 from storage.io.identity import result_field, run_field, shape_field
 
 POLICIES = ("lfu", "lru")
@@ -18,13 +18,12 @@ class StoreConfig:
     """Dtype of the stored embedding weights on every tier and in snapshots: `fp16`, `bf16`, `fp32`, `int8`
     (8-bit codes with an fp16 scale and offset per row, fbgemm's fused 8-bit row-wise layout: dim + 4 bytes), or
     `int8s` (8-bit codes symmetric around zero with one fp16 scale per row: dim + 2 bytes).
-    Updates are computed in fp32 and written back with stochastic rounding (docs/benchmarks.md, "bench.quality:
-    8-bit rows and optimizer state": int8 rows with log8 state train within noise of fp32 rows; "bench.quality: a
-    48-byte default": int8s rows lost nothing against int8 ones). Serving bundles keep their own `--dtype`."""
+    Updates are computed in fp32 and written back with stochastic rounding, which keeps 8-bit rows within noise
+    of fp32 ones (`docs/reports/2026-12-03-48-byte-rows.md`). Serving bundles keep their own `--dtype`."""
     state_dtype: str = result_field("log8", neutral="fp32")
     """Dtype of the sparse optimizer's stored state (Adam's m and v, AdaGrad's accumulator): `fp32`, or `log8`
     (one byte per value on a logarithmic grid, 9% resolution, written back with stochastic rounding:
-    `storage.embedding.quantize`)."""
+    `storage.embedding.rows.quantize`)."""
     init_std: float = result_field(0.01)
     """Std of the deterministic per-key initialisation of a new row."""
     host_budget_mb: int = run_field(1024)

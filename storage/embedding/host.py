@@ -20,7 +20,7 @@ from typing import Any
 
 from storage.embedding.base import EmbeddingStore, as_row_format
 from storage.embedding.caching_tier import CachingTier
-from storage.embedding.row_format import RowFormat
+from storage.embedding.rows.format import RowFormat
 
 __all__ = ["HostStore", "host_row_bytes", "rows_for_budget"]
 
@@ -45,7 +45,7 @@ class HostStore(CachingTier):
         dim: the rows' `RowFormat` (an int: its width, fp32 rows with Adam).
         budget_bytes: memory for rows; capacity is `rows_for_budget(budget_bytes, dim)` rows.
         below: the tier rows spill to (an `SsdStore`, a `MemoryStore` in tests), or None.
-            Without one, going over budget raises `caching_tier.StoreCapacityError`.
+            Without one, going over budget raises `resident_rows.StoreCapacityError`.
         init_std: std of `init_rows` for unseen keys.
         policy: ``"lfu"`` (default) or ``"lru"``.
         evict_extra: fraction of the capacity freed beyond need when a call must evict

@@ -14,13 +14,11 @@ import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, as_row_format
 from storage.embedding.index import SlotMap
-from storage.embedding.row_format import RowFormat
-from storage.embedding.row_init import init_rows
-from storage.embedding.rows import (
-    RowBuffer,
-    Rows,
-    check_keys,
-)
+from storage.embedding.rows.batch import Rows
+from storage.embedding.rows.buffer import RowBuffer
+from storage.embedding.rows.checks import check_keys
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.initial import init_rows
 from storage.embedding.snapshot import (
     SnapshotWriter,
     check_snapshot_dim,

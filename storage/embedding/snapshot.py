@@ -34,8 +34,8 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from storage.embedding.base import owner_of
-from storage.embedding.row_format import RowFormat
-from storage.embedding.rows import Rows
+from storage.embedding.rows.batch import Rows
+from storage.embedding.rows.format import RowFormat
 from storage.io.fsio import get_fs
 
 ROW_GROUP_ROWS = 65536

@@ -19,7 +19,7 @@ from storage.embedding.base import EmbeddingStore
 from storage.embedding.config import StoreConfig
 from storage.embedding.device_cache import DeviceCache
 from storage.embedding.host import HostStore
-from storage.embedding.ssd import SsdStore
+from storage.embedding.ssd.store import SsdStore
 
 
 def open_shard(

@@ -4,7 +4,7 @@
 and value against the field's type annotation: an unknown key or a wrong type raises `ConfigError`
 naming the dotted key, and a value the dataclass's own `__post_init__` refuses keeps its message.
 `encode(obj)` is the inverse (`dataclasses.asdict`).  The run config (`flows.config`) and the train
-spec (`trainer.spec`) go through it strictly: a key a user misspells must fail.
+spec (`trainer.launch.spec`) go through it strictly: a key a user misspells must fail.
 
 Files the product writes (model.json, metrics.json, lineage, bundle manifests) outlive the code that
 wrote them, so they are read with `unknown="ignore"` (through `storage.io.records`): a key this code

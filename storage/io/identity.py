@@ -3,7 +3,7 @@
 A field is declared with `shape_field`, `result_field` or `run_field` (dataclass field metadata)
 instead of a bare default, and three rules read the declarations instead of keeping lists by hand:
 
-- the run identity (`trainer.spec.TrainSpec.identity`) hashes `identity_parts` of every section;
+- the run identity (`trainer.launch.spec.TrainSpec.identity`) hashes `identity_parts` of every section;
 - the dense warm start (`trainer.models.config.reshaping_changes`) compares `shape_changes`;
 - `unclassified` names the fields that declare nothing (tests fail on them; `identity_parts` refuses them).
 

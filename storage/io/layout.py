@@ -135,7 +135,7 @@ class NodeLayout:
         return str(Path(self.local_dir) / self.model_name / "serving" / validate_version(version))
 
     def slot_lock(self) -> str:
-        """The file whose kernel lock is the model's train/publish slot on this node (`flows.node.slot`).
+        """The file whose kernel lock is the model's train/publish slot on this node (`flows.node.locks`).
 
         Beside the shards it guards: runs that would share them wait for each other, and the default
         node-local folder is per root, so runs on unrelated roots never do.
@@ -143,12 +143,12 @@ class NodeLayout:
         return str(Path(self.local_dir) / self.model_name / "slot.lock")
 
     def day_lock(self, date: str) -> str:
-        """The file whose kernel lock keeps two runs of the model's `date` apart on this node (`flows.node.slot`)."""
+        """The file whose kernel lock keeps two runs of the model's `date` apart on this node (`flows.node.locks`)."""
         return str(Path(self.local_dir) / self.model_name / "days" / f"{dated_name(date)}.lock")
 
     def data_lock(self, date: str) -> str:
         """The file whose kernel lock keeps two writers of `date`'s data stages apart on this node, whatever the
-        model (events are shared by the models of a root: `flows.node.slot.data_lock`)."""
+        model (events are shared by the models of a root: `flows.node.locks.data_lock`)."""
         return str(Path(self.local_dir) / "data" / f"{dated_name(date)}.lock")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench import capacity
-from storage.embedding.ssd_format import RecordLayout
+from storage.embedding.ssd.disk_format import RecordLayout
 
 
 def test_every_scenario_is_planned_for_each_row_format_and_ssd_bytes_follow_the_record(tmp_path, capsys) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.quality import run_product
 from bench.quality_data import real_days
-from trainer.metrics import auc
+from bench.quality_product import run_product
+from trainer.eval.metrics import auc
 from trainer.model_dir import DENSE, read_tensors
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 FLOOR = 0.725
 """Well above what the defaults gave before they were derived from the day's size (0.704 on these rows:

@@ -16,7 +16,7 @@ from bench.quality_bound import (
 )
 from bench.quality_data import synthetic_days
 from pipeline import generate as g
-from trainer.metrics import auc
+from trainer.eval.metrics import auc
 
 SEED, PAIRS = 0, 8
 

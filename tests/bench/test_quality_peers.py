@@ -57,7 +57,7 @@ def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> No
     pytest.importorskip("sklearn")
     from bench.quality_peers import POLY2_CS, sklearn_lr_time_split
     from pipeline.schema import get_schema
-    from trainer.metrics import auc
+    from trainer.eval.metrics import auc
 
     schema = get_schema("criteo")
     rng = np.random.default_rng(2)
@@ -77,8 +77,8 @@ def test_the_poly2_lr_learns_a_pair_of_fields_that_the_one_hot_lr_cannot() -> No
 def test_the_projects_own_poly2_learns_the_pair_too_without_scikit_learn() -> None:
     from bench.quality_peers import POLY2_CS, poly2_fit, poly2_inputs, poly2_keys
     from pipeline.schema import get_schema
-    from trainer.metrics import auc
-    from trainer.models.key_counts import KeyCounts
+    from trainer.companion.key_counts import KeyCounts
+    from trainer.eval.metrics import auc
 
     schema = get_schema("criteo")
     rng = np.random.default_rng(2)

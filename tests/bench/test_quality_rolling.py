@@ -35,8 +35,9 @@ def test_a_variant_is_the_default_config_with_its_keys_set_and_named_by_them(tmp
     import argparse
 
     from bench._common import Variant
-    from bench.quality import model_name, product_config, variants_of
+    from bench.quality import variants_of
     from bench.quality_data import DayFiles
+    from bench.quality_product import model_name, product_config
 
     v = Variant.parse("vocab.min_count=1, optim.batch_size=64")
     assert v.sets == {"vocab.min_count": 1, "optim.batch_size": 64}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench.quality_stats import mean_auc, paired_bootstrap_sd, summarize
-from trainer.metrics import auc
+from trainer.eval.metrics import auc
 
 
 def _scores(rng: np.random.Generator, y: np.ndarray, signal: float) -> np.ndarray:

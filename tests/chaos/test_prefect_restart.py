@@ -41,7 +41,7 @@ def _deployment_run(env: dict, log: Path) -> str:
 
 def _state(api: str, run_id: str) -> str | None:
     try:
-        with urllib.request.urlopen(f"{api}/flow_runs/{run_id}", timeout=5) as r:
+        with urllib.request.urlopen(f"{api}/flow_runs/{run_id}", timeout=5) as r:  # noqa: S310 - the test's server
             return json.load(r)["state"]["type"]
     except OSError:
         return None  # the server is down

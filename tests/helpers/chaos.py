@@ -192,7 +192,7 @@ def kill_and_rerun(
     stage = stage_at_kill(killed, dates)
     rerun = run(args, ws.env, ws.base / f"{name}-rerun.log", timeout=3 * ref.run.seconds + 120)
     problems = rerun_problems(ref, rerun, layout, dates)
-    if killed.survivors:  # the job must end with its run (trainer.lifetime), not train on beside the rerun
+    if killed.survivors:  # the job must end with its run (trainer.launch.lifetime), not train on beside the rerun
         problems = [*problems, f"outlived the kill by {OUTLIVE_S:g}s: {', '.join(killed.survivors)}"]
     reports.setdefault(variant, VariantReport()).add(stage, not problems, slot_wait(layout, dates), killed.survivors)
     when = f"{kill_at}s after {after!r}" if after else f"at {kill_at}s"

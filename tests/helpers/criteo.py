@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.encode.frame import dense_columns, encode_frame, key_columns
 from pipeline.encode.keys import feature_keys
-from pipeline.encode.stage import dense_columns, encode_frame, key_columns
 from pipeline.ingest.parse import read_log_file
 from pipeline.schema import get_schema
 

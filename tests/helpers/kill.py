@@ -108,7 +108,7 @@ def kill_tree(proc: subprocess.Popen) -> tuple[str, ...]:
         tree = []
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    # the job outside the group stops by itself (trainer.lifetime): give it OUTLIVE_S before it counts
+    # the job outside the group stops by itself (trainer.launch.lifetime): give it OUTLIVE_S before it counts
     psutil.wait_procs(tree, timeout=OUTLIVE_S)
     alive = [p for p in tree if _alive(p)]
     names = tuple(_command(p) for p in alive)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from storage.embedding.row_format import RowFormat
+from storage.embedding.rows.format import RowFormat
 from storage.embedding.snapshot import write_snapshot
 from storage.io import fsio
 from trainer import model_dir

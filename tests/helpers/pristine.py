@@ -6,7 +6,7 @@ otherwise leave it to the next test, which then passes or fails by the order the
 test starts from the state the fixture built, whatever ran before it.
 
 The copy goes back to the same path, not to the test's tmp_path: a day's run identity hashes absolute
-paths under the root (its features, the model it starts from: `trainer.spec.TrainSpec.identity`), so the
+paths under the root (its features, the model it starts from: `trainer.launch.spec.TrainSpec.identity`), so the
 same state under another path would be another run to the pipeline, and a rerun would train again.
 Copying a test-sized root takes well under a second.
 """

@@ -133,7 +133,7 @@ class PrefectServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prefect server exited with {self.proc.returncode}; see {self.log_dir}")
             try:
-                with urllib.request.urlopen(f"{self.api}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"{self.api}/health", timeout=2) as r:  # noqa: S310 - http://127.0.0.1
                     if r.status == 200:
                         self._keep_migrated_database()
                         return

@@ -3,7 +3,7 @@
 
 A backticked `pkg.module.name` (or `pkg.module:name`) whose first part is one of the project's packages must import
 (a module, or an attribute of one, or an attribute of that: `storage.io.layout.Layout`,
-`trainer.spec.TrainSpec.identity`),
+`trainer.launch.spec.TrainSpec.identity`),
 unless it is a config key (`trainer.nproc_per_node`: the `trainer` section shares the package's name).
 A backticked `dir/file.py` whose first folder is one of the repository's must exist.  Text with
 placeholders (`<model>`, `{date}`, `*`) is not a name, nor a path under a folder the code writes

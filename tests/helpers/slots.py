@@ -1,4 +1,4 @@
-"""A model slot held by another process, which a test can then SIGKILL (flows.node.slot, flows.prefect.slot)."""
+"""A model slot held by another process, which a test can then SIGKILL (flows.node.locks, flows.prefect.slot)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ kind, root = sys.argv[1], sys.argv[2]
 if kind == "server":
     from flows.prefect.slot import server_slot as slot
 else:
-    from flows.node.slot import node_slot as slot
+    from flows.node.locks import node_slot as slot
 with slot(Layout(root, "ctr"), 60, log=logging.getLogger("holder")):
     print("HELD", flush=True)
     time.sleep(3600)

@@ -10,10 +10,10 @@ from storage.embedding.config import StoreConfig
 from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.launch.spec import TrainSpec
+from trainer.launch.world import resolve_world
 from trainer.models.config import ModelConfig
 from trainer.plan.recipe import derive
-from trainer.spec import TrainSpec
-from trainer.world import resolve_world
 
 _OPTIM = {f.name for f in dataclasses.fields(OptimConfig)}
 _HET = {"staleness_bound", "cache_rows"}

@@ -10,12 +10,12 @@ import torch
 from storage.embedding.base import ADAM_BETAS, ADAM_EPS, EmbeddingStore
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
-from storage.embedding.row_format import RowFormat
-from storage.embedding.row_init import init_rows
-from storage.embedding.rows import Rows
+from storage.embedding.rows.batch import Rows
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.initial import init_rows
+from storage.embedding.rows.sparse_optim import ADAGRAD_EPS
 from storage.embedding.snapshot import read_snapshot
-from storage.embedding.sparse_optim import ADAGRAD_EPS
-from storage.embedding.ssd import SsdStore
+from storage.embedding.ssd.store import SsdStore
 
 DIM = 8
 STD = 0.05
@@ -260,4 +260,4 @@ REFERENCES = {
     "wide_rowwise_adam": ReferenceWideRowwiseAdam,
     "sgd": ReferenceSgd,
 }
-"""`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.sparse_optim`."""
+"""`optim.sparse_optimizer` -> its oracle, written independently of `storage.embedding.rows.sparse_optim`."""

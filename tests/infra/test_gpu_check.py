@@ -6,10 +6,13 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "infra" / "gpu-check.sh"
 
 
+@pytest.mark.subprocess  # bash -n
 def test_the_gpu_check_is_valid_bash_run_by_make() -> None:
     out = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, timeout=10)
     assert out.returncode == 0, out.stderr

@@ -605,7 +605,7 @@ def test_scorer_deployment() -> None:
     argv = [*container["command"], *container["args"]]
     assert argv[:4] == ["python", "-m", "flows.cli.main", "score-server"]
     opt = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
-    assert opt["--model"] == "latest" and opt["--host"] == "0.0.0.0", "a pod must listen beyond loopback"
+    assert opt["--model"] == "latest" and opt["--host"] == "0.0.0.0", "a pod must listen beyond loopback"  # noqa: S104
     port = int(opt["--port"])
     assert port in [p["containerPort"] for p in container["ports"]]
     assert [p["targetPort"] for p in svc["spec"]["ports"]] == [container["ports"][0]["name"]]
@@ -688,6 +688,7 @@ def test_dockerfile_bases() -> None:
 
 
 # ---- Slurm ----------------------------------------------------------------------------------------
+@pytest.mark.subprocess  # bash -n
 def test_sbatch_syntax() -> None:
     out = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=10)
     assert out.returncode == 0, out.stderr

@@ -14,9 +14,9 @@ from tests.helpers.raw_days import DAYS, ROWS_PER_DAY, RawDays
 
 @pytest.fixture(scope="session")
 def client():
-    """Two worker threads in this process: real Dask scheduling without process start-up cost."""
+    """Two worker threads in this process: real Dask scheduling without process start-up cost (no dashboard)."""
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
         Client(cluster) as c,
     ):
         yield c

@@ -46,6 +46,7 @@ def _slow_scratch_warnings() -> int:
     return len(seen)
 
 
+@pytest.mark.server  # a LocalCluster of worker processes and its scheduler
 def test_the_slow_scratch_folder_warning_never_reaches_the_days_report(monkeypatch):
     # Seen once in the demo on a loaded CI machine: a 305-character line among the stage lines.
     monkeypatch.setenv("PYTHONWARNINGS", "default::DeprecationWarning")
@@ -61,6 +62,7 @@ def malloc_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
 
 
+@pytest.mark.server  # a LocalCluster of worker processes and its scheduler
 def test_a_local_cluster_spawns_its_workers_with_them_and_leaves_this_process_alone():
     before = malloc_environ()
     with dask_client(DaskConfig(n_workers=1, memory_limit="1GiB")) as client:

@@ -19,7 +19,7 @@ from storage.io.layout import Layout
 from tests.helpers.procs import REPO
 from tests.helpers.stage_runs import StageConfigs, run_stages, stage_command
 
-pytestmark = pytest.mark.slow  # kills processes mid-write: minutes, not seconds
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]  # kills processes mid-write: minutes, not seconds
 
 DATES = ("2026-01-01", "2026-01-02")
 STAGES = ("events", "quarantine", "vocab", "features")

@@ -21,7 +21,7 @@ from storage.io.layout import Layout
 from tests.helpers.procs import AWS_ENV, moto_s3, processes, start
 from tests.helpers.stage_runs import StageConfigs, run_stages, stage_command
 
-pytestmark = pytest.mark.slow  # kills processes mid-write: minutes, not seconds
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # kills processes mid-write on a moto S3 server: minutes
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")

@@ -28,7 +28,7 @@ from tests.helpers.procs import (
 )
 from tests.helpers.stage_runs import StageConfigs, StageResults, run_stages
 
-pytestmark = pytest.mark.slow  # a real scheduler and a moto S3 server: tens of seconds
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # a real scheduler and a moto S3 server: tens of seconds
 
 DATE = "2026-01-01"
 

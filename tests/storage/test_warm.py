@@ -10,9 +10,9 @@ from storage.embedding.base import owner_of
 from storage.embedding.config import StoreConfig
 from storage.embedding.host import rows_for_budget
 from storage.embedding.memory import MemoryStore
-from storage.embedding.row_format import RowFormat
+from storage.embedding.rows.format import RowFormat
 from storage.embedding.snapshot import read_snapshot
-from storage.embedding.ssd import SsdStore
+from storage.embedding.ssd.store import SsdStore
 from storage.embedding.tiered import open_shard
 from storage.io.layout import NodeLayout
 from storage.warm import WORKING_SET, warm_shards

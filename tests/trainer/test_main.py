@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.helpers.host_reads import REPO
-from trainer.main import _every_core
+from trainer.commit import _every_core
 
 NOT_A_RANKS = ("pipeline", "flows", "prefect", "dask", "distributed", "isal")
 
@@ -24,6 +25,7 @@ print(json.dumps(sorted({m.split(".")[0] for m, mod in sys.modules.items() if mo
 """
 
 
+@pytest.mark.subprocess  # a fresh interpreter
 def test_a_rank_imports_no_orchestration_or_ingest_package() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE % (NOT_A_RANKS,)],
@@ -40,7 +42,7 @@ def test_a_rank_imports_no_orchestration_or_ingest_package() -> None:
 
 def test_rank_zeros_companion_fit_takes_every_core_and_gives_them_back() -> None:
     saved = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a rank trains (trainer.launch.spec_env)
+    torch.set_num_threads(1)  # as a rank trains (trainer.launch.torchrun.spec_env)
     try:
         with _every_core():
             assert torch.get_num_threads() == len(os.sched_getaffinity(0))

@@ -55,6 +55,7 @@ print(json.dumps({"applied": applied, "faults_per_step": (faults() - f0) / 20}))
 """
 
 
+@pytest.mark.subprocess  # a fresh process
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc mallopt")
 def test_a_tuned_process_stops_faulting_its_step_memory_in_again() -> None:
     out = subprocess.run([sys.executable, "-c", _STEPS], capture_output=True, text=True, check=True, cwd=_REPO)

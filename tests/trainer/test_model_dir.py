@@ -11,7 +11,7 @@ from flows.presets import demo
 from storage.io import codec, fsio
 from storage.io.records import FormatError
 from tests.helpers.formats import newer, sample
-from trainer.companion import INPUTS
+from trainer.companion.model import INPUTS
 from trainer.model_dir import MODEL_FORMAT, ModelMeta, read_meta, warm_start
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel

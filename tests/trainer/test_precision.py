@@ -16,13 +16,13 @@ from tests.helpers.specs import make_spec
 from trainer.data import Batch
 from trainer.distributed.context import init_distributed
 from trainer.distributed.sharded_embedding import ShardedEmbedding
+from trainer.eval.scoring import evaluate_model
 from trainer.main import run
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.precision import Precision, resolve_precision
-from trainer.scoring import evaluate_model
-from trainer.train import train_step
+from trainer.step import train_step
 
 
 def test_auto_is_bf16_on_cuda_and_fp32_on_cpu() -> None:

@@ -1,5 +1,5 @@
 """The ranks' step hooks (`trainer.main.step_hooks`, `CTRPIPE_TRAINER_HOOKS`) and the crash tests' fault
-(tests/helpers/faults.py: once per marker).  The crash and resume tests (tests/trainer/test_launch.py,
+(tests/helpers/faults.py: once per marker).  The crash and resume tests (tests/trainer/launch/test_torchrun.py,
 tests/flows/day/test_run.py) run the fault in real ranks."""
 
 from __future__ import annotations

@@ -30,19 +30,19 @@ from trainer.train import StepInfo, Trainer
 HOST_SIDE = {
     ("trainer/distributed/routing.py", "unique_keys"): "deduplicates the reader's keys, on the host",
     ("trainer/distributed/routing.py", "route_keys"): "counts the reader's keys per owner, on the host",
-    ("storage/embedding/rows.py", "check_keys"): "the store's key index is a host NumPy array",
-    ("storage/embedding/rows.py", "_take"): "the host tier gathers its own (host) rows",
-    ("storage/embedding/rows.py", "all_finite"): "a tier checks the gradients only where its rows are host rows",
+    ("storage/embedding/rows/checks.py", "check_keys"): "the store's key index is a host NumPy array",
+    ("storage/embedding/rows/buffer.py", "_take"): "the host tier gathers its own (host) rows",
+    ("storage/embedding/rows/checks.py", "all_finite"): "a tier checks the gradients only where its rows are host rows",
 }
 """(path, function) -> why its reads are of host values on a GPU rank as well."""
 HOST_TIER_CHECKS = {
-    ("storage/embedding/row_format.py", "step"): "the new rows' one finiteness check, of host rows",
+    ("storage/embedding/rows/format.py", "step"): "the new rows' one finiteness check, of host rows",
 }
 """The store's refusal of non-finite gradients, a read of host values where the rows live on the host."""
 LEFT = {
     "device tier": {
         (
-            "storage/embedding/row_format.py",
+            "storage/embedding/rows/format.py",
             "step",
         ): "the new rows' one finiteness check per update: on a GPU device tier a wait for the GPU",
     },
@@ -57,6 +57,8 @@ LEFT = {
         ("trainer/distributed/sharded_embedding.py", "_pull_cached"): "masks of cached / valid keys",
         ("trainer/distributed/sharded_embedding.py", "_stage_cached"): "the direct keys' gradients, by a mask",
         ("trainer/distributed/het_pull.py", "pull_with_clocks"): "stale copies by a mask; split sizes",
+        ("trainer/distributed/het_pull.py", "_exchange_counts"): "split sizes",
+        ("trainer/distributed/het_pull.py", "_serve"): "the owner's rows to send, by a mask; split sizes",
         ("trainer/distributed/het_pull.py", "_split_by_owner"): "split sizes",
         ("trainer/distributed/het_pull.py", "<listcomp>"): "split sizes",
         ("trainer/distributed/routing.py", "apply_updates"): "rows updated more than once, by a mask",
@@ -147,7 +149,7 @@ def _check(reads: Counter, *left: str, host_tier: bool) -> None:
 
 def _features(tmp_path: Path) -> Path:
     # imported here: the spawned ranks need not import the launch tests' module
-    from tests.trainer.test_launch import write_features
+    from tests.trainer.launch.test_torchrun import write_features
 
     write_features(tmp_path / "features", train_rows=STEPS * 64 * 2 + 10, eval_rows=50)
     return tmp_path

@@ -34,7 +34,7 @@ from trainer.distributed.sharded_embedding import Pulled, ShardedEmbedding
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import BIAS_SCALE, CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
-from trainer.train import NonFiniteLossError, train_step
+from trainer.step import NonFiniteLossError, train_step
 
 
 def test_non_finite_loss_raises_naming_the_step_before_any_update() -> None:

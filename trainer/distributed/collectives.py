@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from storage.embedding.rows import host_to_device
+from storage.embedding.rows.transfer import host_to_device
 from trainer.distributed.context import DistContext
 
 OPS = ("avg", "sum")

@@ -25,7 +25,7 @@ from trainer.distributed.topology import (
     emulated_places,
     two_phase_groups,
 )
-from trainer.world import check_ranks_fit_gpus
+from trainer.launch.world import check_ranks_fit_gpus
 
 
 @dataclass
@@ -86,7 +86,7 @@ def pick_backend_and_device(cfg: TrainerConfig, local_rank: int, local_world_siz
 
     Ranks share a GPU (`local_rank % device_count`) only with gloo: NCCL refuses two ranks on one
     device at init, so more NCCL ranks on the node than GPUs is refused here, naming both numbers
-    (the ranks of a job started without `trainer.launch`, e.g. by infra/slurm, meet it first).
+    (the ranks of a job started without `trainer.launch.torchrun`, e.g. by infra/slurm, meet it first).
 
     Raises:
         ValueError: the config asks for CUDA or NCCL on a machine without CUDA, or for more NCCL
@@ -144,13 +144,7 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
         )
 
     timeout = _dt.timedelta(seconds=timeout_s if timeout_s is not None else cfg.timeout_s)
-    kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-    # torchrun keeps its store across worker restarts (trainer.max_restarts): without a per-attempt prefix
-    # a restarted rank can read a dead rank's address left by the previous attempt and fail to connect
-    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"ctrpipe/attempt-{attempt}", store)
-    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
+    _init_process_group(backend, device, rank=rank, world=world, timeout=timeout)
     ctx = DistContext(
         rank=rank,
         world_size=world,
@@ -164,25 +158,46 @@ def init_distributed(cfg: TrainerConfig, *, timeout_s: float | None = None) -> D
         initialized_pg=True,
     )
     try:
-        if cfg.intra_group_size:
-            places = emulated_places(world, cfg.intra_group_size)
-        else:
-            gathered: list[RankPlace | None] = [None] * world
-            dist.all_gather_object(gathered, me)
-            places = [p for p in gathered if p is not None]
-        topo = two_phase_groups(places)
-        ctx.places, ctx.topology = places, topo
-        # every rank must call new_group for every group, in the same order
-        for g in topo.groups:
-            if len(g) > 1:
-                pg = dist.new_group(list(g))
-                if rank in g:
-                    ctx.intra_group = pg
-        if len(topo.leaders) > 1:
-            pg = dist.new_group(list(topo.leaders))
-            if rank in topo.leaders:
-                ctx.leader_group = pg
+        _build_groups(ctx, me, intra_group_size=cfg.intra_group_size)
     except BaseException:
         ctx.destroy()
         raise
     return ctx
+
+
+def _init_process_group(backend: str, device: torch.device, *, rank: int, world: int, timeout: _dt.timedelta) -> None:
+    """The default process group, through torchrun's store under a prefix of this restart attempt.
+
+    torchrun keeps its store across worker restarts (trainer.max_restarts): without a per-attempt prefix
+    a restarted rank can read a dead rank's address left by the previous attempt and fail to connect.
+    """
+    kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"ctrpipe/attempt-{attempt}", store)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
+
+
+def _build_groups(ctx: DistContext, me: RankPlace, *, intra_group_size: int) -> None:
+    """Every rank's place (gathered, or emulated with `intra_group_size` > 0) and the two-phase groups, into `ctx`.
+
+    A collective: every rank calls `new_group` for every group, in the same order.
+    """
+    world, rank = ctx.world_size, ctx.rank
+    if intra_group_size:
+        places = emulated_places(world, intra_group_size)
+    else:
+        gathered: list[RankPlace | None] = [None] * world
+        dist.all_gather_object(gathered, me)
+        places = [p for p in gathered if p is not None]
+    topo = two_phase_groups(places)
+    ctx.places, ctx.topology = places, topo
+    for g in topo.groups:
+        if len(g) > 1:
+            pg = dist.new_group(list(g))
+            if rank in g:
+                ctx.intra_group = pg
+    if len(topo.leaders) > 1:
+        pg = dist.new_group(list(topo.leaders))
+        if rank in topo.leaders:
+            ctx.leader_group = pg

@@ -75,19 +75,12 @@ def pull_with_clocks(
     order_n, m = _split_by_owner(need, W)
     order_c, c = _split_by_owner(check, W)
     need_s, check_s, thr_s = need[order_n], check[order_c], threshold.to(i64)[order_c]
-    send_counts = torch.tensor([m, c], dtype=i64).T.reshape(-1)  # (W * 2,): [m_0, c_0, m_1, c_1, ...]
-    if W == 1:
-        recv = send_counts
-    else:
-        send_counts = send_counts.to(dev)
-        recv = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv, send_counts)
-    rm, rc = recv.view(W, 2)[:, 0].tolist(), recv.view(W, 2)[:, 1].tolist()
+    rm, rc = _exchange_counts(m, c, ctx)
 
     # 1) keys: to owner r, [its misses, its cached keys, their thresholds]
-    seg_n, seg_c = _segments(m), _segments(c)
+    seg_c = _segments(c)
     payload = torch.cat(
-        [torch.cat([need_s[a:b], check_s[x:y], thr_s[x:y]]) for (a, b), (x, y) in zip(seg_n, seg_c, strict=True)]
+        [torch.cat([need_s[a:b], check_s[x:y], thr_s[x:y]]) for (a, b), (x, y) in zip(_segments(m), seg_c, strict=True)]
     )
     got = all_to_all_rows(
         payload,
@@ -97,6 +90,74 @@ def pull_with_clocks(
     ).cpu()
 
     # 2) the owner: clocks of every key asked, rows of the misses and of the stale cached keys
+    served = _serve(store, got, rm, rc, dev)
+
+    # 3) clocks back; the requester works out which rows follow
+    own_clk = [mi + ci for mi, ci in zip(m, c, strict=True)]
+    back_clk = all_to_all_rows(served.clocks.to(dev), served.clock_counts, own_clk, ctx).cpu()
+    clk_need_s, clk_check_s = _split_pairs(back_clk, m, own_clk, torch.empty(0, dtype=i64))
+    stale_s = clk_check_s > thr_s
+    recv_rows = [mi + int(stale_s[x:y].sum()) for mi, (x, y) in zip(m, seg_c, strict=True)]
+
+    # 4) rows back: from owner r, [its misses' rows, its stale cached keys' rows]
+    back = all_to_all_rows(served.rows, served.row_counts, recv_rows, ctx).cpu()
+    D = store.dim
+    need_rows_s, stale_rows_sorted = _split_pairs(back, m, recv_rows, torch.empty(0, D))
+    need_rows = torch.empty((need.numel(), D), dtype=back.dtype)
+    need_rows[order_n] = need_rows_s
+    need_clocks = torch.empty(need.numel(), dtype=i64)
+    need_clocks[order_n] = clk_need_s
+    check_clocks = torch.empty(check.numel(), dtype=i64)
+    check_clocks[order_c] = clk_check_s
+    stale = torch.empty(check.numel(), dtype=torch.bool)
+    stale[order_c] = stale_s
+    # stale rows arrive grouped by owner, in `check_s` order: put them in `check` order
+    stale_rows = stale_rows_sorted[torch.argsort(order_c[stale_s])]  # (S, D) in `check` order
+
+    row_b = D * back.element_size()
+
+    def wire(counts: list[int]) -> int:  # items exchanged with the other ranks (this rank's own stay here)
+        return sum(counts) - counts[ctx.rank]
+
+    nbytes = {  # (sent, received)
+        "pull_keys": (8 * wire(m), 8 * wire(rm)),
+        "clock": (16 * wire(c) + 8 * wire(served.clock_counts), 16 * wire(rc) + 8 * wire(own_clk)),
+        "pull_rows": (row_b * wire(served.row_counts), row_b * wire(recv_rows)),
+    }
+    return CachedPull(need_rows, need_clocks, check_clocks, stale, stale_rows, nbytes)
+
+
+def _exchange_counts(m: list[int], c: list[int], ctx: DistContext) -> tuple[list[int], list[int]]:
+    """The first collective: (misses, cached keys) this rank asks of each owner -> those each rank asks of it."""
+    W = ctx.world_size
+    send_counts = torch.tensor([m, c], dtype=torch.int64).T.reshape(-1)  # (W * 2,): [m_0, c_0, m_1, c_1, ...]
+    if W == 1:
+        recv = send_counts
+    else:
+        send_counts = send_counts.to(ctx.comm_device)
+        recv = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv, send_counts)
+    return recv.view(W, 2)[:, 0].tolist(), recv.view(W, 2)[:, 1].tolist()
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The owner's side of one pull: what it sends back to the ranks that asked, grouped by rank."""
+
+    clocks: torch.Tensor
+    """(A,) int64: the clock of every key asked."""
+    rows: torch.Tensor
+    """(R, D) fp32 on the communication device: the rows of the misses and of the stale cached keys."""
+    clock_counts: list[int]
+    """Clocks sent to each rank (the keys it asked)."""
+    row_counts: list[int]
+    """Rows sent to each rank."""
+
+
+def _serve(store: EmbeddingStore, got: torch.Tensor, rm: list[int], rc: list[int], dev: torch.device) -> _Served:
+    """The owner: clocks of the keys each rank asked, and rows of its misses and of its cached keys whose clock
+    passed their threshold.  `got` holds, from rank r, [its rm[r] misses, its rc[r] cached keys, their thresholds]."""
+    i64 = torch.int64
     parts_keys, parts_thr, lo = [], [], 0
     for mi, ci in zip(rm, rc, strict=True):
         parts_keys += [got[lo : lo + mi + ci]]
@@ -116,49 +177,17 @@ def pull_with_clocks(
     for n in sizes_clk:
         sizes_rows.append(int(send_row[lo : lo + n].sum()))
         lo += n
+    return _Served(clocks, served, sizes_clk, sizes_rows)
 
-    # 3) clocks back; the requester works out which rows follow
-    back_clk = all_to_all_rows(clocks.to(dev), sizes_clk, [mi + ci for mi, ci in zip(m, c, strict=True)], ctx).cpu()
-    clk_need_s, clk_check_s = [], []
-    lo = 0
-    for mi, ci in zip(m, c, strict=True):
-        clk_need_s.append(back_clk[lo : lo + mi])
-        clk_check_s.append(back_clk[lo + mi : lo + mi + ci])
-        lo += mi + ci
-    clk_need_s_t = torch.cat(clk_need_s) if clk_need_s else torch.empty(0, dtype=i64)
-    clk_check_s_t = torch.cat(clk_check_s) if clk_check_s else torch.empty(0, dtype=i64)
-    stale_s = clk_check_s_t > thr_s
-    recv_rows = [mi + int(stale_s[x:y].sum()) for mi, (x, y) in zip(m, seg_c, strict=True)]
 
-    # 4) rows back: from owner r, [its misses' rows, its stale cached keys' rows]
-    back = all_to_all_rows(served, sizes_rows, recv_rows, ctx).cpu()
-    need_rows_s, stale_rows_s, lo = [], [], 0
-    for mi, n in zip(m, recv_rows, strict=True):
-        need_rows_s.append(back[lo : lo + mi])
-        stale_rows_s.append(back[lo + mi : lo + n])
+def _split_pairs(
+    back: torch.Tensor, firsts: list[int], sizes: list[int], empty: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`back`, blocks of `sizes` from each rank, each block [its first `firsts[r]` items, the rest]: (every block's
+    first part, every block's rest), each concatenated in rank order (`empty` when there are no blocks)."""
+    heads, tails, lo = [], [], 0
+    for first, n in zip(firsts, sizes, strict=True):
+        heads.append(back[lo : lo + first])
+        tails.append(back[lo + first : lo + n])
         lo += n
-    D = store.dim
-    need_rows = torch.empty((need.numel(), D), dtype=back.dtype)
-    need_rows[order_n] = torch.cat(need_rows_s) if need_rows_s else torch.empty(0, D)
-    need_clocks = torch.empty(need.numel(), dtype=i64)
-    need_clocks[order_n] = clk_need_s_t
-    check_clocks = torch.empty(check.numel(), dtype=i64)
-    check_clocks[order_c] = clk_check_s_t
-    stale = torch.empty(check.numel(), dtype=torch.bool)
-    stale[order_c] = stale_s
-    # stale rows arrive grouped by owner, in `check_s` order: put them in `check` order
-    stale_rows_sorted = torch.cat(stale_rows_s) if stale_rows_s else torch.empty(0, D)
-    stale_rows = stale_rows_sorted[torch.argsort(order_c[stale_s])]  # (S, D) in `check` order
-
-    row_b = D * back.element_size()
-
-    def wire(counts: list[int]) -> int:  # items exchanged with the other ranks (this rank's own stay here)
-        return sum(counts) - counts[ctx.rank]
-
-    own_clk = [mi + ci for mi, ci in zip(m, c, strict=True)]
-    nbytes = {  # (sent, received)
-        "pull_keys": (8 * wire(m), 8 * wire(rm)),
-        "clock": (16 * wire(c) + 8 * wire(sizes_clk), 16 * wire(rc) + 8 * wire(own_clk)),
-        "pull_rows": (row_b * wire(sizes_rows), row_b * wire(recv_rows)),
-    }
-    return CachedPull(need_rows, need_clocks, check_clocks, stale, stale_rows, nbytes)
+    return (torch.cat(heads) if heads else empty), (torch.cat(tails) if tails else empty)

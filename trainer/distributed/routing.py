@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, owner_of
-from storage.embedding.rows import host_to_device, segment_sum
+from storage.embedding.rows.segments import segment_sum
+from storage.embedding.rows.transfer import host_to_device
 from trainer.distributed.collectives import all_to_all_rows, exchange_counts
 from trainer.distributed.context import DistContext
 

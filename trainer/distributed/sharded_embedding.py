@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, owner_of
-from storage.embedding.rows import host_to_device, segment_sum
+from storage.embedding.rows.segments import segment_sum
+from storage.embedding.rows.transfer import host_to_device
 from trainer.distributed.context import DistContext
 from trainer.distributed.het_pull import pull_with_clocks
 from trainer.distributed.routing import (
@@ -241,7 +242,7 @@ class ShardedEmbedding:
     # ------------------------------------------------------------------ the HET cache path
 
     def _pull_cached(self, keys: torch.Tensor) -> Pulled:
-        assert self.cache is not None
+        assert self.cache is not None  # noqa: S101 - an invariant, for mypy
         cache = self.cache
         unique, inverse = unique_keys(keys)  # (U,), (N,)
         cached, pos = cache.find(unique)  # only remote keys are ever cached
@@ -270,7 +271,7 @@ class ShardedEmbedding:
 
     def _stage_cached(self, pulled: Pulled, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sum `grads` per key, keep the cached copies' share, and return what must be sent this step."""
-        assert self.cache is not None
+        assert self.cache is not None  # noqa: S101 - an invariant, for mypy
         unique = pulled.unique
         summed = segment_sum(grads, pulled.inverse, unique.numel())  # (U, D), as `send_grads` sums them
         # what the synchronous path moves for these keys: key + row at the pull, the gradient at the push

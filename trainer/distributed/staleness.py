@@ -1,7 +1,7 @@
 """HET's worker-side cache of remote embedding rows with per-row clocks (Miao et al., VLDB 2022).
 
 Clocks.  Every stored row carries a clock: the number of sparse-optimizer updates
-its owner has applied (`storage.embedding.rows.Rows.clock`).  A rank's cached copy of a
+its owner has applied (`storage.embedding.rows.batch.Rows.clock`).  A rank's cached copy of a
 remote row records
 
 - `base`: the owner's clock when the copy was fetched (sent with the row);
@@ -27,7 +27,7 @@ Copies that no pull needs are never checked and cost nothing.
 
 Local updates.  The gradient a rank computes for a cached row is summed into
 `pending` and also applied to the copy with the store's own rule
-(`storage.embedding.sparse_optim`, the store's `row_format.rule`), in fp32, with the
+(`storage.embedding.rows.sparse_optim`, the store's `row_format.rule`), in fp32, with the
 rule's state kept per copy and started at zero at the fetch: with Adam or row-wise
 AdaGrad the rank sees its own first updates at about `lr` per step, whatever the
 gradient's magnitude (plain SGD would move a row by lr * |g|, a vanishing amount for
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 
-from storage.embedding.sparse_optim import SparseAdam, SparseOptimizer
+from storage.embedding.rows.sparse_optim import SparseAdam, SparseOptimizer
 
 
 class StaleRowCache:

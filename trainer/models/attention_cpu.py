@@ -3,20 +3,17 @@
 The default model attends over its 26 field tokens with 8-wide heads (39 tokens, the dense bucket tokens too,
 with `model.attention_input: tokens`): per (example, head) a Tx8 by 8xT product for the scores and a TxT by
 Tx8 one for the weighted values, and their four backward products.  On one CPU thread MKL's batched matmul
-runs the products whose output is 8 rows wide (8x39 by 39x39) about 2.5x as fast as the same FLOPs as 39x39
-by 39x8 (measured at 39 tokens), and autograd's own backward of the plain formulation
-picks the slow form for three of the six.  So here each head's q, k and v are held transposed,
-(N, head_dim, T), and the products and their backward are written out (one `torch.autograd.Function`)
-in the forms that are fast: `attend(...)` is `F.dropout(softmax(q k^T / sqrt(d)), p) v` in values and
-gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` examples, so one block's
-(T x T) weights stay in the core's L2 between its products, and the dropout mask is drawn once for the
-whole batch, with the draw `F.dropout` makes, so a seeded run drops what it dropped before.
+runs the products whose output is 8 rows wide (8xT by TxT) much faster than the same FLOPs as TxT by Tx8, and
+autograd's own backward of the plain formulation picks the slow form for three of the six.  So here each head's q, k
+and v are held transposed, (N, head_dim, T), and the products and their backward are written out (one
+`torch.autograd.Function`) in the forms that are fast: `attend(...)` is `F.dropout(softmax(q k^T / sqrt(d)), p) v` in
+values and gradients, up to float rounding.  The batch goes through in blocks of `BLOCK` examples, so one block's (T x
+T) weights stay in the core's L2 between its products, and the dropout mask is drawn once for the whole batch, with
+the draw `F.dropout` makes, so a seeded run drops what it dropped before.
 
 Where a C compiler builds it, `attend` runs the compiled kernel of `trainer.models.attention_native` instead (the
-same values to float rounding, its forward and backward about twice as fast); this torch-ops kernel is its fallback.
-
-Measured on the default model's dense step at the recipe's batches (`python -m bench.dense_step`, 1 thread):
-docs/benchmarks.md, "The attention's CPU kernel" and "The attention's compiled kernel".
+same values to float rounding, faster); this torch-ops kernel is its fallback.  Both are timed against the plain
+formulation by `python -m bench.dense_step` (`docs/reports/2026-12-04-dense-step.md`).
 `trainer.models.ctr_model.self_attention` calls this for a training forward on a CPU in fp32, and its plain matmuls
 elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
 """
@@ -34,10 +31,8 @@ from trainer.models import attention_native
 __all__ = ["BLOCK", "attend", "in_use", "plain_formulation", "torch_ops_kernel"]
 
 BLOCK = 128
-"""Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  The dense step at batch
-512 with 39 tokens against the plain formulation (the kernel's first version, in a timing script): blocks of 64
-1.18x, 128 1.21x, 256 1.11x, one block 1.06x.  With the default's 26 tokens at batch 1,024, blocks of 64 to 1,024
-were within +-3% of 128 (docs/benchmarks.md, "The attention over the field tokens")."""
+"""Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  Timed against 64, 256
+and one block per batch, 128 was the fastest with 39 tokens and as fast as any with the default's 26."""
 
 
 _enabled = True

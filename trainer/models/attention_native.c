@@ -4,7 +4,7 @@
    products are broadcasts times vectors over i, the softmax over the keys j is elementwise across rows, and q, k, v
    are read from (and their gradients written to) the projections' own (B, T, 3D) layout, with no permute copies.
    The sums over i (the keys' and values' gradients) run four partial sums, so that FMA latency does not bound them.
-   Measured in docs/benchmarks.md, "The attention's compiled kernel". */
+   Measured by python -m bench.dense_step (docs/reports/2026-12-04-dense-step.md). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -1,12 +1,16 @@
-"""Typed configuration of the model (the `model` section), and which of its fields reshape parameters."""
+"""Typed configuration of the model (the `model` section), and which of its fields reshape parameters.
+
+`model.dropout` may be `auto` until `trainer.plan.recipe.derive` decides it for the day: `ResolvedModel` is the
+section with it a number, what the modules read (`ModelConfig.resolved`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from storage.io.identity import result_field, shape_changes, shape_field
-from trainer.config import AUTO
+from trainer.config import AUTO, refuse_auto
 
 ARCHS = ("attention", "lr", "dnn", "deepfm", "dcn_v2")
 CROSS_INPUTS = ("tokens", "fields")
@@ -28,8 +32,8 @@ class ModelConfig:
     """`attention` only: what the attention layers attend over: `fields`, the sparse fields' tokens alone (the
     dense bucket tokens join them after the attention, as they are, on their way to the MLP), or `tokens`, the
     field and bucket tokens together (the attention before this key existed).  On Criteo's 26 fields and 13
-    dense columns `fields` is (26/39)^2 of the attention's work, 1.2x faster dense steps at batch 1,024, for
-    the same or better AUC on the real samples and synthetic days of 36,000 and 360,000 rows (docs/benchmarks.md).
+    dense columns `fields` is (26/39)^2 of the attention's work, for the same or better AUC
+    (`docs/reports/2026-12-04-dense-step.md`).
     Reshapes no parameter: a change keeps the warm start."""
     mlp_dims: tuple[int, ...] = shape_field((256, 128))
     """Hidden widths of the MLP on top of the attended field embeddings and the dense features."""
@@ -58,7 +62,7 @@ class ModelConfig:
     dense features reach the logit through the attention, the MLP and the wide term), or `tokens`, the
     field and dense bucket tokens (F'*D, the term before this key existed).  Its cost grows with the
     square of the width: on Criteo's 26 fields and 13 bucket tokens `fields` is 0.44x its FLOPs, for the
-    same AUC at 36,000 and 360,000 rows a day (docs/benchmarks.md).  A model published with `tokens`
+    same AUC (`docs/reports/2026-12-04-dense-step.md`).  A model published with `tokens`
     does not fit `fields`: the first day after the change starts its dense part cold (embedding rows
     kept; the record says `architecture changed: model.cross_input`); `tokens` keeps its warm start."""
     cross_layers: int = shape_field(3)
@@ -79,14 +83,13 @@ class ModelConfig:
     companion: str = result_field("auto", neutral="off", why="blends a second learner's logit into every score")
     """A second learner beside the network, its logit averaged with the network's by every scorer: a Poly2
     logistic regression with a weight per key, per pair of a row's keys and dense buckets, and per field for
-    how often the key was seen in its rows (`trainer.models.key_counts`), fit to convergence after the day's
+    how often the key was seen in its rows (`trainer.companion.key_counts`), fit to convergence after the day's
     training on every row so far but the day's eval rows (`trainer.companion`; the newest `companion_rows`), C
     by 3-fold cross-validation of them.  It reads each value's own key (`r_<j>`).  `auto`:
     on a day of fewer than 10,000 train rows (`trainer.plan.recipe.CROSS_MIN_ROWS`, the days too small for the
     cross term) whose features carry the own keys (`encode.raw_keys_up_to`), none on larger days; `poly2`: on
-    every day (needs `encode.raw_keys: true`); `off`: never.  On the small real days it gains over the network
-    alone (Criteo +0.0032, Avazu +0.0059, both decided); on synthetic 36,000-row days it did not (-0.0013, not
-    decided) at 7x the train stage's time (docs/benchmarks.md, issue 31); its fit's cost grows with the rows.
+    every day (needs `encode.raw_keys: true`); `off`: never.  It pays on small days and not on larger ones, where it
+    costs train time (`docs/reports/2026-12-05-companion.md`); its fit's cost grows with the rows.
     Reshapes no parameter: a change keeps the warm start."""
     companion_rows: int = result_field(50_000, neutral=50_000, why="which rows the companion is fit on")
     """The most rows the companion is fit on: the newest ones of the days so far (today's train rows first)."""
@@ -118,17 +121,40 @@ class ModelConfig:
             try:
                 if isinstance(self.dropout, bool):
                     raise ValueError
-                object.__setattr__(self, "dropout", float(self.dropout))  # YAML/CLI text -> a number
+                dropout = float(self.dropout)  # YAML/CLI text -> a number
             except (TypeError, ValueError):
                 raise ValueError(
                     f"model.dropout must be {AUTO!r} or a number in [0, 1), got {self.dropout!r}"
                 ) from None
-            if not 0.0 <= self.dropout < 1.0:
-                raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+            object.__setattr__(self, "dropout", dropout)
+            if not 0.0 <= dropout < 1.0:
+                raise ValueError(f"model.dropout must be in [0, 1), got {dropout}")
 
     def unresolved(self) -> list[str]:
         """The `model.*` keys still `auto` (`trainer.plan.recipe.derive` resolves them for the day)."""
         return ["model.dropout"] if self.dropout == AUTO else []
+
+    def resolved(self) -> ResolvedModel:
+        """This section as the resolved type (itself when it is one): what the modules are built from.
+
+        Raises:
+            ValueError: `model.dropout` is still `auto`.
+        """
+        if isinstance(self, ResolvedModel):
+            return self
+        return ResolvedModel(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResolvedModel(ModelConfig):
+    """The `model` section with `dropout` a number (`trainer.plan.recipe.derive`, `ModelConfig.resolved`); its
+    fields and their roles are the section's."""
+
+    dropout: float = field(metadata=dict(next(f.metadata for f in fields(ModelConfig) if f.name == "dropout")))
+
+    def __post_init__(self) -> None:
+        ModelConfig.__post_init__(self)
+        refuse_auto(self.unresolved())
 
 
 ATTENTION_ONLY = ("num_heads", "attention_layers", "attention_input", "cross", "cross_input", "wide", "wide_scale")

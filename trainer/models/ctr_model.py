@@ -80,6 +80,8 @@ class SequenceAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for attn, norm in zip(self.attn, self.norm, strict=True):
+            # nn.ModuleList is not generic: it yields Modules, and these are the MultiheadAttentions built above
+            assert isinstance(attn, nn.MultiheadAttention)  # noqa: S101 - an invariant, for mypy
             x = norm(x + self_attention(attn, x))  # (B, F, D)
         return x
 
@@ -89,9 +91,8 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor
 
     The same parameters and arithmetic as `nn.MultiheadAttention` (its dropout on the attention
     weights included), computed the way a short sequence is cheap on a CPU: one projection GEMM
-    and batched matmuls over (B, H).  On 39 tokens of 8-wide heads torch's fused kernel took
-    1.6x as long forward and backward (docs/benchmarks.md, "The cross term's input and the
-    attention kernel"), and a saved model loads unchanged.  A training step on a CPU in fp32 runs
+    and batched matmuls over (B, H), faster than torch's fused kernel on short sequences of 8-wide heads
+    (`docs/reports/2026-12-04-dense-step.md`), and a saved model loads unchanged.  A training step on a CPU in fp32 runs
     `trainer.models.attention_cpu.attend`, whose backward takes the fast forms of the same products;
     anything else (CUDA, bf16 autocast, eval, `torch.export`) runs `plain_attention`.
     """
@@ -168,11 +169,7 @@ class CTRModel(nn.Module):
             raise ValueError(
                 f"CTRModel needs num_dense >= 0, num_fields >= 1, dim >= 1; got {num_dense}, {num_fields}, {dim}"
             )
-        if unresolved := config.unresolved():
-            raise ValueError(
-                f"{', '.join(unresolved)} is 'auto': derive the day's value with trainer.plan.recipe.derive "
-                "(or set a number) before building the model"
-            )
+        dropout = config.resolved().dropout  # refuses `auto`: derive the day's value first (trainer.plan.recipe)
         self.config = config
         self.num_dense, self.num_fields, self.dim = num_dense, num_fields, dim
         self.bias = nn.Parameter(torch.zeros(()))  # logit offset, scaled by BIAS_SCALE
@@ -185,10 +182,10 @@ class CTRModel(nn.Module):
             self.dense_arch = dense_arch(config, num_dense=num_dense, dim=dim)
         tokens = num_fields + (num_dense if config.dense_buckets else 0)
         self.attention = SequenceAttention(
-            dim=dim, num_heads=config.num_heads, num_layers=config.attention_layers, dropout=config.dropout
+            dim=dim, num_heads=config.num_heads, num_layers=config.attention_layers, dropout=dropout
         )
         self.interaction = InteractionArch(num_dense=num_dense, num_fields=tokens, dim=dim)
-        self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
+        self.over = OverArch(in_dim=self.interaction.out_dim, mlp_dims=config.mlp_dims, dropout=dropout)
         if config.wide:  # first-order term: the row's e[0] is the key's weight, as in `lr`
             self.wide = dense_linear(num_dense)
         if config.cross:  # on a forked RNG: every other draw (initial values, dropout) is as without it
@@ -203,9 +200,8 @@ class CTRModel(nn.Module):
         (the rows still get the gradient through it: its output depends on them).  While its output
         layer is all zero (a term never trained) its output is exactly 0 and adds exactly 0 to every
         gradient, so its forward and backward are skipped altogether: the same logits and gradients
-        without the term's FLOPs (~80% of the default model's; 1.6-1.9x the examples per CPU-second of a
-        9,000-row day, 1 rank).  Its parameters stay in the state dict, unchanged, for the
-        day that trains it.  Returns whether the forward is skipped; without a cross term, False.
+        without the term's FLOPs, most of the default model's.  Its parameters stay in the state dict,
+        unchanged, for the day that trains it.  Returns whether the forward is skipped; without a cross term, False.
         Call it after the parameters are loaded (a warm start or a checkpoint): the check reads them once.
         """
         if not self.config.cross or self.config.arch != "attention":

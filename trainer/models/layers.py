@@ -63,7 +63,7 @@ def concat_linear(parts: tuple[torch.Tensor, ...], linear: nn.Linear) -> torch.T
     """`linear(torch.cat(parts, dim=1))` for 2-D parts (B, w_i) whose widths sum to `linear.in_features`.
 
     Why: the default model's MLP input is 13 dense values and 39 tokens of 16 (637 wide); MKL runs the input
-    gradient's (B, 256) @ (256, 637) about 1.3x as long as the (256, 624) product of the tokens' own columns, and
+    gradient's (B, 256) @ (256, 637) markedly slower than the (256, 624) product of the tokens' own columns, and
     the dense values need no gradient.  A forward with gradients on a CPU in fp32 runs `_ConcatLinear`; anything
     else (CUDA, bf16 autocast, no gradient wanted, `torch.export`, a layer without bias) the plain cat and linear.
     """

@@ -82,7 +82,7 @@ class DNNArch(nn.Module):
         super().__init__()
         self.dense_arch = dense_arch(config, num_dense=num_dense, dim=dim)
         in_dim = num_dense + (num_fields + self.dense_arch.num_tokens) * dim
-        self.over = OverArch(in_dim=in_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
+        self.over = OverArch(in_dim=in_dim, mlp_dims=config.mlp_dims, dropout=config.resolved().dropout)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         B = emb.shape[0]
@@ -111,7 +111,7 @@ class DeepFMArch(nn.Module):
         self.linear = dense_linear(num_dense)
         self.fm = FactorizationMachine()
         in_dim = num_dense + (num_fields + self.dense_arch.num_tokens) * (dim - 1)
-        self.over = OverArch(in_dim=in_dim, mlp_dims=config.mlp_dims, dropout=config.dropout)
+        self.over = OverArch(in_dim=in_dim, mlp_dims=config.mlp_dims, dropout=config.resolved().dropout)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         B = emb.shape[0]
@@ -143,7 +143,8 @@ class DCNv2Arch(nn.Module):
         deep: list[nn.Module] = []
         width = in_dim
         for hidden in config.mlp_dims:
-            deep += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(config.dropout)]  # names free of the dropout
+            # a Dropout even at 0: the layers' names do not depend on the (per-day) dropout
+            deep += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(config.resolved().dropout)]
             width = hidden
         self.deep = nn.Sequential(*deep)
         self.head = nn.Linear(in_dim + width, 1)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import OptimConfig
+from trainer.config import ResolvedOptim
 
 
 def lr_at(
@@ -48,7 +48,7 @@ def lr_at(
     return base_lr * (min_ratio + (1.0 - min_ratio) * shape)
 
 
-def set_step_lrs(opt: Any, sparse: Any, cfg: OptimConfig, *, step: int, total_steps: int) -> None:
+def set_step_lrs(opt: Any, sparse: Any, cfg: ResolvedOptim, *, step: int, total_steps: int) -> None:
     """Set the dense (KStepAdam) and sparse (ShardedEmbedding) learning rates of `step` from `cfg`
     (resolved: `trainer.plan.recipe.derive` sized its warm-up to the day).
 

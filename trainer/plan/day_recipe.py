@@ -6,14 +6,13 @@ data (`trainer.plan.sparse_lr_search`), and how depends on where the embedding r
 - from zero (no published model, or one whose rows cannot be restored): the search cross-validates
   a logistic regression trained from zero on the day's train rows, which is this day's situation;
 - from the published model: the search would answer for rows starting at zero and asks for too
-  large a step (on the demo's warm-started days it chose 0.04 over 0.02 and cost 0.004-0.007 AUC),
-  so the day keeps the factor over the rule's value that its model's first searched day chose.
+  large a step (on the demo's warm-started days that cost AUC), so the day keeps the factor over the rule's
+  value that its model's first searched day chose.
 
 Days over `MAX_ROWS` train rows, a `sparse_lr` set in the config, and a sparse optimizer other than those of
 `SEARCHED`, keep what `derive` gives.  The search's proxy was validated against the product with Adam; with
-row-wise AdaGrad it picks the largest candidate (4x, 0.046 on the Criteo sample's first day) where the product
-does best at the derived value (later-day AUC 0.711 at 0.046 and 0.05, 0.728 at the derived 0.0115, 0.721 at
-0.006, 0.690 at 0.1; seed 1, docs/benchmarks.md), so AdaGrad rows keep the derived value.  The row-wise
+row-wise AdaGrad it picks the largest candidate where the product does best at the derived value (a sweep on
+the Criteo sample), so AdaGrad rows keep the derived value.  The row-wise
 Adams are Adam on the proxy's one-value-per-key rows, so they are searched as Adam is.
 """
 
@@ -22,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.embedding.config import StoreConfig
-from storage.embedding.sparse_optim import OPTIMIZERS, SparseAdam
+from storage.embedding.rows.sparse_optim import OPTIMIZERS, SparseAdam
 from trainer.config import OptimConfig
 from trainer.data import RankReader, read_schema, split_dir
 from trainer.model_dir import warm_start

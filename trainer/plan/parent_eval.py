@@ -7,7 +7,8 @@ epoch (`optim.train_parent_eval`), with the keys today's vocabulary evicted read
 (`trainer.data.Source`).  Today's own eval rows stay out of training, so today's gate still scores
 rows no model it compares has trained on.
 
-On the quality samples this is what `bench.quality_ladder` row 6 adds to row 5 (docs/benchmarks.md).
+On the quality samples this is what `bench.quality_ladder` row 6 adds to row 5
+(`docs/reports/2026-12-01-daily-recipe.md`).
 
 Nothing is carried, and the record says why, when there is no published model, the option is off,
 the published model's day is not before this one (a rerun of an older date), or that day's features
@@ -22,8 +23,8 @@ from typing import Any
 from storage.features_manifest import read_features_manifest
 from storage.io import fsio
 from trainer.data import read_schema
+from trainer.launch.spec import CarriedRows
 from trainer.plan.published import Published
-from trainer.spec import CarriedRows
 
 
 @dataclass(frozen=True)

@@ -9,30 +9,27 @@ dropout) is derived here, in this order, from the rows per rank n = rows // worl
 - batch_size: the largest power of two in [MIN_BATCH, the device's MAX_BATCH] with which one pass over
   n rows is at least BATCH_STEPS steps (MIN_BATCH when none is);
 - epochs: 1 when that pass is at least MIN_STEPS steps, else the passes that reach MIN_STEPS, at
-  most MAX_EPOCHS.  More passes over the same rows overfit them: on the demo's synthetic days one
-  pass of 71 steps beat two and three, and on synthetic days of 36,000 rows one pass of 141 steps
-  beat three (0.748 vs 0.737 on the later day), while on the shared samples' 3,600-row days three
-  passes of 15 steps beat one (Avazu 0.705 vs 0.687; docs/benchmarks.md);
+  most MAX_EPOCHS.  More passes over the same rows overfit them where one pass has the steps, while a
+  day of a few dozen steps needs them (`docs/reports/2026-12-01-daily-recipe.md`);
 - lr: BASE_LR * sqrt(LR_REF_STEPS / steps), within [BASE_LR, MAX_LR]: the dense network must
   travel as far in a few hundred steps as in 10^4;
 - sparse_lr: BASE_SPARSE_LR / sqrt(epochs): a row met in every pass takes as large a step in
   total as in one pass.  A day of at most 50,000 train rows then has it replaced by the best of a
   few multiples, cross-validated on its rows (`trainer.plan.sparse_lr_search`, `trainer.plan.day_recipe`):
-  the value that suits one dataset hurts another (docs/benchmarks.md);
+  the value that suits one dataset hurts another;
 - embedding_l2 and model.dropout: L2_PER_EXTRA_EPOCH and DROPOUT_PER_EXTRA_EPOCH per pass after
   the first (L2 on the rows a batch touches, dropout in the MLP and attention, at most MAX_DROPOUT):
   the regularisation that stops the extra passes from memorising the day (the cosine decay of
-  `optim.lr_decay` does the rest).  On the shared samples' 3,600-row days the MLP overfits first:
-  dropout 0.5 at 3 passes took the Criteo later-day AUC from 0.717 to 0.731 (docs/benchmarks.md);
+  `optim.lr_decay` does the rest).  On small real days the MLP overfits first, so dropout grows fastest;
 - warmup_steps: a tenth of the day's steps, at most WARMUP_CAP;
 - cross_lr_scale: 1 on a day of at least CROSS_MIN_ROWS train rows, else 0: the `model.cross` term's
-  crosses need rows to estimate.  Trained on days of 3,600-4,000 rows it cost the later day's AUC
-  0.004-0.024 (the shared samples, synthetic days); from 7,200 rows a day it added 0.005-0.02
-  (docs/benchmarks.md).  At 0 the term stays as it is: zero on a model that never trained it, whose
-  predictions are then those of the model without it;
+  crosses need rows to estimate: on days of a few thousand rows it fits noise and costs AUC, on larger
+  ones it adds (`docs/reports/2026-12-02-cross-term.md`).  At 0 the term stays as it is: zero on a model that
+  never trained it, whose predictions are then those of the model without it;
 - wide_loss: WIDE_LOSS on a day of fewer than CROSS_MIN_ROWS train rows, else 0: on a small day the wide
   part (a logistic regression on the key weights inside the model) is trained to predict alone too, so
-  the deep parts learn only what it misses; on larger days that costs them (docs/benchmarks.md).
+  the deep parts learn only what it misses; on larger days that costs them
+  (`docs/reports/2026-12-03-wide-loss.md`).
 
 An explicit value in the config always wins, and the fields after it are derived from it (a set
 batch size decides the epochs that reach MIN_STEPS); an explicit warm-up is only cut to the day's
@@ -48,18 +45,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import AUTO, OptimConfig
-from trainer.models.config import ModelConfig
+from trainer.config import AUTO, OptimConfig, ResolvedOptim
+from trainer.models.config import ModelConfig, ResolvedModel
 
 BATCH_STEPS = 500
-"""Steps one pass should have: the batch shrinks (down to MIN_BATCH) until it does (a 360,000-row synthetic
-day: 704 steps at batch 512 beat 352 at 1024 by 0.005 AUC, and 1,407 at 256 added nothing; docs/benchmarks.md)."""
+"""Steps one pass should have: the batch shrinks (down to MIN_BATCH) until it does; fewer, larger steps
+cost a large day AUC (`docs/reports/2026-12-01-daily-recipe.md`)."""
 MIN_STEPS = 50
 """Optimizer steps a day must reach: a day whose one pass has fewer takes more passes."""
 MIN_BATCH = 128
-"""The smallest derived batch.  On the shared samples' days of 1,800-2,000 train rows, 128 (3 passes of 15 steps)
-beat 256 (3 of 8) by 0.008 pooled AUC on Criteo and tied on Avazu (-0.0007, sd 0.0022), and took synthetic
-days of 36,000 rows from 0.7546 to 0.7570; 64 and 32 gained no more on average (docs/benchmarks.md)."""
+"""The smallest derived batch: on small days twice the steps of 256 gain AUC, smaller batches no more
+(`docs/reports/2026-12-03-small-day-batch.md`)."""
 MAX_BATCH = {"cpu": 1024, "cuda": 8192}
 """The largest derived batch per device type of the ranks: a CPU rank's production batch; a GPU rank needs
 larger ones to spread each step's kernel launches and host work over more examples (issue 29's estimate for
@@ -81,18 +77,17 @@ CROSS_MIN_ROWS = 10_000
 """Train rows from which a day trains the `model.cross` term (all ranks together), and under which it trains the
 wide term's own loss (`optim.wide_loss`)."""
 WIDE_LOSS = 1.0
-"""`optim.wide_loss` of a day under CROSS_MIN_ROWS train rows.  On the shared samples' 2,000-row days 1 raised the
-pooled AUC by 0.0013 (Criteo) and 0.0030 (Avazu), both decided; on synthetic days of 36,000 rows it cost 0.0020
-(0.5: 0.0006), so larger days train the model's loss alone (docs/benchmarks.md)."""
+"""`optim.wide_loss` of a day under CROSS_MIN_ROWS train rows: it gains on small days and costs on larger ones,
+which train the model's loss alone (`docs/reports/2026-12-03-wide-loss.md`)."""
 
 
 @dataclass(frozen=True)
 class Recipe:
     """The resolved `optim` section (and model dropout) of a day, and what was derived from what."""
 
-    optim: OptimConfig
+    optim: ResolvedOptim
     """Every field a number: what the ranks train with."""
-    model: ModelConfig
+    model: ResolvedModel
     """The model config with its dropout resolved."""
     rows: int
     world_size: int
@@ -165,81 +160,111 @@ def derive(optim: OptimConfig, model: ModelConfig, *, rows: int, world_size: int
         raise ValueError(f"derive knows the batch bounds of devices {sorted(MAX_BATCH)}, got {device!r}")
     max_batch = MAX_BATCH[device]
     n = max(1, rows // world_size)  # a rank's share (trainer.data.rank_share drops the remainder)
-    why: dict[str, str] = {}
-    values: dict[str, Any] = {}
-    derived: list[str] = []
-
-    def pick(name: str, value: Any, reason: str, section: str = "optim") -> Any:
-        given = getattr(optim if section == "optim" else model, name)
-        if given == AUTO:
-            value = float(f"{value:.3g}") if isinstance(value, float) else value  # 0.00685, not 0.006851892...
-            values[f"{section}.{name}"], why[f"{section}.{name}"] = value, reason
-            derived.append(f"{section}.{name}")
-            return value
-        why[f"{section}.{name}"] = "set in the config"
-        return given
-
-    def per_pass(batch: int) -> int:
-        return -(-n // batch)
-
-    batch = MIN_BATCH
-    while batch < max_batch and per_pass(batch * 2) >= BATCH_STEPS:
-        batch *= 2
-    batch = pick(
+    picks = _Picks(optim, model)
+    batch = picks.pick_int(
         "batch_size",
-        batch,
+        _largest_batch(n, max_batch),
         f"{n:,} rows/rank on {device}: the largest batch in [{MIN_BATCH}, {max_batch}] whose "
         f"pass has at least {BATCH_STEPS} steps (or the smallest)",
     )
-    one_pass = per_pass(batch)
-    epochs = pick(
+    one_pass = -(-n // batch)
+    epochs = picks.pick_int(
         "epochs",
         min(MAX_EPOCHS, max(1, -(-MIN_STEPS // one_pass))),
         f"{one_pass} steps a pass: the passes reaching {MIN_STEPS} steps, at most {MAX_EPOCHS}",
     )
     steps = one_pass * epochs
-    pick(
+    picks.pick_float(
         "lr",
         min(MAX_LR, max(BASE_LR, BASE_LR * math.sqrt(LR_REF_STEPS / steps))),
         f"{steps} steps: {BASE_LR:g} * sqrt({LR_REF_STEPS} / steps) within [{BASE_LR:g}, {MAX_LR:g}]",
     )
-    pick("sparse_lr", BASE_SPARSE_LR / math.sqrt(epochs), f"{epochs} passes: {BASE_SPARSE_LR:g} / sqrt(epochs)")
-    pick(
+    picks.pick_float(
+        "sparse_lr", BASE_SPARSE_LR / math.sqrt(epochs), f"{epochs} passes: {BASE_SPARSE_LR:g} / sqrt(epochs)"
+    )
+    picks.pick_float(
         "embedding_l2",
         L2_PER_EXTRA_EPOCH * (epochs - 1),
         f"{epochs} passes: {L2_PER_EXTRA_EPOCH:g} per pass after the first",
     )
-    pick(
+    picks.pick_float(
         "dropout",
         min(MAX_DROPOUT, DROPOUT_PER_EXTRA_EPOCH * (epochs - 1)),
         f"{epochs} passes: {DROPOUT_PER_EXTRA_EPOCH:g} per pass after the first, at most {MAX_DROPOUT:g}",
         section="model",
     )
-    pick(
+    picks.pick_float(
         "cross_lr_scale",
         1.0 if rows >= CROSS_MIN_ROWS else 0.0,
         f"{rows:,} train rows: 1 from {CROSS_MIN_ROWS:,} rows (enough to estimate crosses), else 0",
     )
-    pick(
+    picks.pick_float(
         "wide_loss",
         WIDE_LOSS if rows < CROSS_MIN_ROWS else 0.0,
         f"{rows:,} train rows: {WIDE_LOSS:g} under {CROSS_MIN_ROWS:,} rows (the wide part must predict alone), else 0",
     )
-    warmup = pick(
+    warmup = picks.pick_int(
         "warmup_steps",
         min(WARMUP_CAP, int(steps * WARMUP_SHARE)),
         f"{steps} steps: a tenth of them, at most {WARMUP_CAP}",
     )
     if warmup > steps:  # an explicit warm-up longer than the day would never reach the learning rate
-        values["optim.warmup_steps"] = steps
-        why["optim.warmup_steps"] = f"set in the config ({warmup}), cut to the day's {steps} steps"
-    of = {s: {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(s + ".")} for s in ("optim", "model")}
-    return Recipe(
-        dataclasses.replace(optim, **of["optim"]),
-        dataclasses.replace(model, **of["model"]),
-        rows,
-        world_size,
-        steps,
-        why,
-        tuple(derived),
-    )
+        picks.values["optim.warmup_steps"] = steps
+        picks.why["optim.warmup_steps"] = f"set in the config ({warmup}), cut to the day's {steps} steps"
+    return picks.recipe(rows=rows, world_size=world_size, steps=steps)
+
+
+def _largest_batch(n: int, max_batch: int) -> int:
+    """The largest power of two in [MIN_BATCH, max_batch] whose pass over `n` rows has at least BATCH_STEPS steps
+    (MIN_BATCH when none has)."""
+    batch = MIN_BATCH
+    while batch < max_batch and -(-n // (batch * 2)) >= BATCH_STEPS:
+        batch *= 2
+    return batch
+
+
+class _Picks:
+    """`derive`'s choices: for each field that may be `auto`, the config's number, or the rule's value when the
+    field is `auto`, and why."""
+
+    def __init__(self, optim: OptimConfig, model: ModelConfig) -> None:
+        self.optim, self.model = optim, model
+        self.why: dict[str, str] = {}
+        self.values: dict[str, Any] = {}
+        """The derived values by key (`optim.<field>`, `model.dropout`)."""
+        self.derived: list[str] = []
+
+    def _pick(self, name: str, value: int | float, reason: str, section: str) -> int | float | str:
+        key = f"{section}.{name}"
+        given = getattr(self.optim if section == "optim" else self.model, name)
+        if given == AUTO:
+            value = float(f"{value:.3g}") if isinstance(value, float) else value  # 0.00685, not 0.006851892...
+            self.values[key], self.why[key] = value, reason
+            self.derived.append(key)
+            return value
+        self.why[key] = "set in the config"
+        return given  # a number: the config's own (`OptimConfig` and `ModelConfig` turn text into numbers)
+
+    def pick_int(self, name: str, value: int, reason: str) -> int:
+        """The `optim` integer `name`: the config's, or `value` when it is `auto`."""
+        return int(self._pick(name, value, reason, "optim"))
+
+    def pick_float(self, name: str, value: float, reason: str, section: str = "optim") -> float:
+        """The float `name` of `section`: the config's, or `value` when it is `auto`."""
+        return float(self._pick(name, value, reason, section))
+
+    def recipe(self, *, rows: int, world_size: int, steps: int) -> Recipe:
+        """The recipe of these choices: the sections with every `auto` field replaced, as resolved types."""
+        of = {
+            s: {k.split(".", 1)[1]: v for k, v in self.values.items() if k.startswith(s + ".")}
+            for s in ("optim", "model")
+        }
+        return Recipe(
+            dataclasses.replace(self.optim, **of["optim"]).resolved(),
+            dataclasses.replace(self.model, **of["model"]).resolved(),
+            rows,
+            world_size,
+            steps,
+            self.why,
+            tuple(self.derived),
+        )

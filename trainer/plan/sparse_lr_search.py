@@ -3,9 +3,8 @@
 Embedding rows train with a per-row adaptive rule (row-wise AdaGrad or Adam, `optim.sparse_optimizer`),
 which moves a row by about `sparse_lr` on its first touches whatever its gradient, so `sparse_lr`
 decides how far a key seen a few times may move: the shrinkage that
-C sets in a logistic regression.  No one value suits every dataset.  On the shared samples'
-3,600-row days the product's later-day AUC is best at 0.0115 on Criteo and at 0.02-0.05 on Avazu
-(docs/benchmarks.md); scikit-learn settles the same question by cross-validating C.
+C sets in a logistic regression.  No one value suits every dataset: the shared samples want opposite ones
+(`docs/reports/2026-12-01-daily-recipe.md`); scikit-learn settles the same question by cross-validating C.
 
 So a day of at most MAX_ROWS train rows whose `sparse_lr` is `auto` gets it chosen here: a
 logistic regression on the day's keys and dense columns, trained as the embedding rows are (the
@@ -15,8 +14,8 @@ cross-validated over
 candidate with the lowest mean held-out logloss wins (ties go to the derived value).  The dense
 weights train at the dense `optim.lr` and the bias starts at the click rate, as the model's own bias
 reaches it within the warm-up.  It is a proxy, a linear model where the product also trains a deep
-part, chosen because it costs well under a second on such a day where a training of the real
-model per candidate and fold costs a torchrun each.  Pure NumPy, no I/O.
+part, chosen because it is cheap on such a day where a training of the real model per candidate and
+fold costs a torchrun each.  Pure NumPy, no I/O.
 """
 
 from __future__ import annotations
@@ -26,14 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from storage.embedding.sparse_optim import (
-    ADAGRAD_EPS,
-    ADAM_BETAS,
-    ADAM_EPS,
-    SparseAdam,
-    get_optimizer,
-)
-from trainer.config import OptimConfig
+from storage.embedding.rows.sparse_optim import ADAGRAD_EPS, ADAM_BETAS, ADAM_EPS, SparseAdam, get_optimizer
+from trainer.config import ResolvedOptim
 from trainer.optim.schedule import lr_at
 
 MAX_ROWS = 50_000
@@ -67,7 +60,7 @@ def choose_sparse_lr(
     dense: np.ndarray,
     keys: np.ndarray,
     *,
-    optim: OptimConfig,
+    optim: ResolvedOptim,
     folds: int = FOLDS,
     factors: tuple[float, ...] = FACTORS,
 ) -> SparseLrChoice:
@@ -137,13 +130,13 @@ def _train(
     y: np.ndarray,
     width: int,
     *,
-    optim: OptimConfig,
+    optim: ResolvedOptim,
     lr: float,
     n_fields: int,
     n_ids: int,
 ) -> np.ndarray:
     """Weights after the recipe's passes over the rows in order: the rule of `optim.sparse_optimizer` at `lr` on
-    the key weights (as `storage.embedding.sparse_optim`, a row of width 1), Adam at the dense `optim.lr` on the
+    the key weights (as `storage.embedding.rows.sparse_optim`, a row of width 1), Adam at the dense `optim.lr` on the
     dense and bias weights (ids >= n_ids)."""
     b1, b2 = ADAM_BETAS
     rule = optim.sparse_optimizer

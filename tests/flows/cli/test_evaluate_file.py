@@ -34,6 +34,7 @@ def _lines(shared_data, n: int) -> bytes:
     return b"".join((shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)[:n])
 
 
+@pytest.mark.subprocess  # `ctrpipe evaluate` as a user runs it
 def test_a_file_without_labels_is_refused_saying_so(shared_data, published):
     unlabelled = str(shared_data / "criteo" / "test_unlabelled_10k.tsv")
     with pytest.raises(ValueError, match="no labels") as raised:
@@ -43,6 +44,7 @@ def test_a_file_without_labels_is_refused_saying_so(shared_data, published):
     assert "ctrpipe score-server" in message
 
 
+@pytest.mark.subprocess  # `ctrpipe evaluate` as a user runs it
 def test_a_file_with_more_bad_lines_than_ingest_allows_is_refused(shared_data, published, tmp_path):
     mixed = tmp_path / "mixed.tsv"
     mixed.write_bytes(_lines(shared_data, 3000) + b"garbage\n" * 40)  # 1.3% bad
@@ -59,6 +61,7 @@ def test_a_file_with_more_bad_lines_than_ingest_allows_is_refused(shared_data, p
         evaluate_log(with_overrides(cfg, {"ingest.max_bad_fraction": 0.05}), "latest", str(mixed), "criteo")
 
 
+@pytest.mark.subprocess  # `ctrpipe evaluate` as a user runs it
 def test_the_command_exits_failed_with_the_word(shared_data, published):
     out = subprocess.run(
         [

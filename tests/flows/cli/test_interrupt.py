@@ -53,6 +53,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
     return proc, psutil.Process(proc.pid).children(recursive=True)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_command_and_all_it_started_in_one_line(tmp_path, sig):
     proc, children = _start(tmp_path)
@@ -85,6 +86,7 @@ def test_without_a_signal_the_block_runs_and_leaves_the_handlers_as_they_were():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+@pytest.mark.subprocess
 def test_descendants_are_found_across_sessions_and_stopped():
     outer = subprocess.Popen(
         [

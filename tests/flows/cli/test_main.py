@@ -1,8 +1,13 @@
-"""`ctrpipe` as a user runs it: subprocesses, real Prefect (a temporary server), real files, and what it prints.
+"""`ctrpipe` as a user runs it: subprocesses, real Prefect, real files, and what it prints.
 
 The fast tests need no flow run: help texts, usage and config errors (found before Prefect starts),
-an empty registry, a closed pipe.  The slow ones share one demo run (3 small days; each test gets its root as
-the demo left it) and check its output, the run-time failure of a missing day, `evaluate` and `models` on its registry.
+an empty registry, a closed pipe.  The command line itself, its usage exit code, a closed pipe and `generate` run as
+subprocesses; the help texts and the input refused before anything starts run `flows.cli.main.main` in this process
+(`here`: the same `main` a subprocess runs, its environment and what it changes in the process put back).  The slow
+ones share one demo run (3 small days, on Prefect's temporary server as
+a user's first run; each test gets its root as the demo left it) and check its output, the run-time failure of a
+missing day (against the session's Prefect server, `prefect_api`: starting a temporary one is the demo's part),
+`evaluate` and `models` on its registry (in this process, `here`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flows.cli.exit_codes import ExitCode, help_text
+from tests.helpers.in_process import isolated
 from tests.helpers.pristine import Pristine
 
 CTRPIPE = [sys.executable, "-m", "flows.cli.main"]
@@ -55,6 +60,23 @@ def ctrpipe(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess
     return subprocess.run([*CTRPIPE, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def here(*args: str, env: dict[str, str], tmp: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """`ctrpipe args` as `ctrpipe` would run it with the environment `env`, in this process: its exit code, stdout
+    and stderr (what it changes in this process is put back: `tests.helpers.in_process.isolated`)."""
+    from flows.cli.main import main
+
+    capfd.readouterr()
+    with isolated(tmp):
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse: --help, or a command line it cannot read
+            code = exc.code
+    out = capfd.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
 def lines_of(out: subprocess.CompletedProcess) -> list[str]:
     return (out.stdout + out.stderr).splitlines()
 
@@ -86,8 +108,8 @@ def undocumented_options(text: str) -> list[str]:
 
 # ---- no flow run -------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_explains_itself(command, tmp_path):
-    out = ctrpipe(command, "--help", env=user_env(tmp_path))
+def test_every_command_explains_itself(command, tmp_path, capfd):
+    out = here(command, "--help", env=user_env(tmp_path), tmp=tmp_path, capfd=capfd)
     assert out.returncode == 0, out.stderr
     description = out.stdout.split("\n\n")[1]
     assert len(description) > 60 and not description.startswith(("options:", "positional")), out.stdout
@@ -108,6 +130,7 @@ def test_recipe_is_still_read_as_preset_but_help_names_only_preset(capsys):
     assert "--preset NAME" in shown and "--recipe" not in shown
 
 
+@pytest.mark.subprocess
 def test_the_top_help_states_the_date_format_exit_codes_and_environment(tmp_path):
     out = ctrpipe("--help", env=user_env(tmp_path))
     assert out.returncode == 0
@@ -116,6 +139,7 @@ def test_the_top_help_states_the_date_format_exit_codes_and_environment(tmp_path
     assert all(f"    {c}" in out.stdout for c in COMMANDS)
 
 
+@pytest.mark.subprocess
 def test_a_command_line_argparse_cannot_read_exits_with_the_usage_code(tmp_path):
     out = ctrpipe("run", "--date", "2026-01-01", "--bogus", env=user_env(tmp_path))
     assert_short_error(out, "unrecognized arguments: --bogus", "--help", code=ExitCode.USAGE)
@@ -137,10 +161,11 @@ def test_a_command_line_argparse_cannot_read_exits_with_the_usage_code(tmp_path)
         (["demo", "--days", "0"], "--days must be at least 1, got 0"),
     ],
 )
-def test_bad_input_gets_a_clear_one_line_error_before_anything_starts(tmp_path, args, message):
-    out = ctrpipe(*args, "--set", f"root={tmp_path / 'root'}", env=user_env(tmp_path), timeout=60)
+def test_bad_input_gets_a_clear_one_line_error_before_anything_starts(tmp_path, args, message, capfd):
+    out = here(*args, "--set", f"root={tmp_path / 'root'}", env=user_env(tmp_path), tmp=tmp_path, capfd=capfd)
     assert_short_error(out, message, max_lines=1)
     assert "Prefect" not in out.stderr  # found before a server or a cluster started
+    assert not (tmp_path / "prefect").exists()  # no Prefect server ever started: its home was never made
 
 
 @pytest.mark.parametrize(
@@ -154,37 +179,49 @@ def test_bad_input_gets_a_clear_one_line_error_before_anything_starts(tmp_path, 
         (None, "does not exist"),
     ],
 )
-def test_a_schema_file_mistake_fails_in_a_second_naming_input_format(tmp_path, schema, message):
+def test_a_schema_file_mistake_fails_before_anything_starts_naming_input_format(tmp_path, schema, message, capfd):
     path = tmp_path / "shop.yaml"
     if schema is not None:
         path.write_text(schema)
-    t0 = time.monotonic()
-    out = ctrpipe("run", "--date", "2026-02-01", "--set", f"input.format={path}", env=user_env(tmp_path), timeout=60)
-    assert time.monotonic() - t0 < 20  # no Prefect server, no Dask cluster (15-31 s per try before)
+    out = here(
+        "run",
+        "--date",
+        "2026-02-01",
+        "--set",
+        f"input.format={path}",
+        env=user_env(tmp_path),
+        tmp=tmp_path,
+        capfd=capfd,
+    )
     assert_short_error(out, "ctrpipe run: error: input.format: ", str(path), message, max_lines=1)
+    assert not (tmp_path / "prefect").exists()  # no Prefect server ever started (nor a Dask cluster, before it)
 
 
-def test_the_traceback_is_there_on_request(tmp_path):
-    out = ctrpipe(
+def test_the_traceback_is_there_on_request(tmp_path, capfd):
+    out = here(
         "run",
         "--date",
         "2026-02-01",
         "--set",
         "optim.k_steps=0",
         env=user_env(tmp_path, CTRPIPE_TRACEBACK="1"),
-        timeout=60,
+        tmp=tmp_path,
+        capfd=capfd,
     )
     assert out.returncode == ExitCode.FAILED
     assert "Traceback" in out.stderr and out.stderr.rstrip().splitlines()[-1].startswith("ctrpipe run: error: ")
 
 
-def test_an_empty_registry_says_where_it_looked_and_how_to_look_elsewhere(tmp_path):
-    out = ctrpipe("models", "list", "--set", f"root={tmp_path / 'root'}", env=user_env(tmp_path), timeout=60)
+def test_an_empty_registry_says_where_it_looked_and_how_to_look_elsewhere(tmp_path, capfd):
+    out = here(
+        "models", "list", "--set", f"root={tmp_path / 'root'}", env=user_env(tmp_path), tmp=tmp_path, capfd=capfd
+    )
     assert out.returncode == 0 and out.stdout == ""
     assert f"no versions of model ctr under {tmp_path / 'root' / 'models' / 'ctr'}" in out.stderr
     assert all(way in out.stderr for way in ("--config FILE", "--set root=DIR", "--preset demo"))
 
 
+@pytest.mark.subprocess
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     proc = subprocess.Popen(
         [*CTRPIPE, "generate", "--out", str(tmp_path / "raw"), "--days", "3", "--rows-per-day", "500"],
@@ -198,6 +235,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     assert proc.wait(timeout=60) == ExitCode.BROKEN_PIPE and err == ""
 
 
+@pytest.mark.subprocess
 def test_generate_is_deterministic(tmp_path):
     env = user_env(tmp_path)
     for name in ("a", "b"):
@@ -232,6 +270,7 @@ def demo_run(built_demo_run):
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_demo_prints_about_a_screen_and_no_traceback(demo_run):
     _, _, _, _, out = demo_run
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
@@ -246,9 +285,10 @@ def test_the_demo_prints_about_a_screen_and_no_traceback(demo_run):
 
 
 @pytest.mark.slow
-def test_a_completed_date_prints_its_table_and_says_so(demo_run):
+@pytest.mark.subprocess
+def test_a_completed_date_prints_its_table_and_says_so(demo_run, capfd):
     tmp, root, env, sets, _ = demo_run
-    out = ctrpipe("run", "--date", DEMO_DAYS[1], *sets, env=env)
+    out = here("run", "--date", DEMO_DAYS[1], *sets, env=env, tmp=tmp, capfd=capfd)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(
         r"^2026-01-02\s+3000\s+0\s+\d+\s+2700\s+300\s+0\.\d{4}\s+0\.\d{4}\s+yes\s+v00002$", out.stdout, re.MULTILINE
@@ -260,9 +300,12 @@ def test_a_completed_date_prints_its_table_and_says_so(demo_run):
 
 
 @pytest.mark.slow
-def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how_to_resume(demo_run):
+@pytest.mark.subprocess
+def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how_to_resume(demo_run, prefect_api):
     _, _, env, sets, _ = demo_run
-    out = ctrpipe("backfill", "--start", DEMO_DAYS[0], "--end", "2026-01-04", *sets, env=env)
+    out = ctrpipe(
+        "backfill", "--start", DEMO_DAYS[0], "--end", "2026-01-04", *sets, env={**env, "PREFECT_API_URL": prefect_api}
+    )
     skipped = re.findall(r"backfill: (\S+) already completed \(published (v\d+)\); skipped$", out.stderr, re.MULTILINE)
     assert skipped == [(d, f"v0000{i + 1}") for i, d in enumerate(DEMO_DAYS)], out.stderr
     assert out.returncode == ExitCode.FAILED and "Traceback" not in out.stderr
@@ -276,9 +319,10 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
 
 
 @pytest.mark.slow
-def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run):
+@pytest.mark.subprocess
+def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run, prefect_api):
     _, root, env, sets, _ = demo_run
-    out = ctrpipe("run", "--date", "2026-01-04", *sets, env=env)
+    out = ctrpipe("run", "--date", "2026-01-04", *sets, env={**env, "PREFECT_API_URL": prefect_api})
     missing = root / "raw" / "day_2026-01-04.tsv.gz"
     assert_short_error(
         out,
@@ -290,27 +334,29 @@ def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run)
 
 
 @pytest.mark.slow
-def test_evaluate_scores_the_published_model_on_a_log_file(demo_run):
+@pytest.mark.subprocess
+def test_evaluate_scores_the_published_model_on_a_log_file(demo_run, capfd):
     tmp, root, env, sets, _ = demo_run
     day = str(root / "raw" / f"day_{DEMO_DAYS[2]}.tsv.gz")
-    out = ctrpipe("evaluate", "--model", "latest", "--input", day, *sets, env=env)
+    out = here("evaluate", "--model", "latest", "--input", day, *sets, env=env, tmp=tmp, capfd=capfd)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["rows"] == DEMO_ROWS and result["model"] == "v00003"
     assert 0.6 < result["auc"] <= 1.0 and result["logloss"] > 0
     schema = tmp / "criteo_copy.yaml"
     schema.write_text(CRITEO_SCHEMA)
-    again = ctrpipe("evaluate", "--input", day, "--format", str(schema), *sets, env=env)
+    again = here("evaluate", "--input", day, "--format", str(schema), *sets, env=env, tmp=tmp, capfd=capfd)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["auc"] == pytest.approx(result["auc"])  # a schema file works as --format
 
 
 @pytest.mark.slow
-def test_evaluate_on_a_file_of_another_format_says_why_no_row_is_valid(demo_run):
+@pytest.mark.subprocess
+def test_evaluate_on_a_file_of_another_format_says_why_no_row_is_valid(demo_run, capfd):
     tmp, _, env, sets, _ = demo_run
     bad = tmp / "five_fields.tsv"
     bad.write_text("".join(f"0\t1\t2\t3\t{i}\n" for i in range(2059)))
-    out = ctrpipe("evaluate", "--input", str(bad), *sets, env=env)
+    out = here("evaluate", "--input", str(bad), *sets, env=env, tmp=tmp, capfd=capfd)
     assert_short_error(
         out,
         "no valid rows to score, all 2059 quarantined: wrong field count x2059, "
@@ -321,23 +367,29 @@ def test_evaluate_on_a_file_of_another_format_says_why_no_row_is_valid(demo_run)
 
 
 @pytest.mark.slow
-def test_models_list_show_latest_and_rollback_previous(demo_run):
-    _, _, env, sets, _ = demo_run
-    out = ctrpipe("models", "list", *sets, env=env)
+@pytest.mark.subprocess
+def test_models_list_show_latest_and_rollback_previous(demo_run, capfd):
+    tmp, _, env, sets, _ = demo_run
+
+    def models(*args: str) -> subprocess.CompletedProcess:
+        return here("models", *args, *sets, env=env, tmp=tmp, capfd=capfd)
+
+    out = models("list")
     assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("* v00003  published"), out.stdout
-    info = json.loads(ctrpipe("models", "show", "latest", *sets, env=env).stdout)
+    info = json.loads(models("show", "latest").stdout)
     assert info["version"] == "v00003" and info["lineage"]["date"] == DEMO_DAYS[2]
-    out = ctrpipe("models", "rollback", "previous", *sets, env=env)
+    out = models("rollback", "previous")
     assert out.returncode == 0 and out.stdout.splitlines() == [
         "LATEST -> v00002 (was v00003)",
         "servers -> v00002 (bundles/ctr/LATEST)",
     ], out.stdout
-    out = ctrpipe("models", "rollback", "v00003", *sets, env=env)
+    out = models("rollback", "v00003")
     assert out.stdout.splitlines()[0] == "LATEST -> v00003 (was v00002)"
-    assert json.loads(ctrpipe("models", "show", "latest", *sets, env=env).stdout)["version"] == "v00003"
+    assert json.loads(models("show", "latest").stdout)["version"] == "v00003"
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_credential_in_the_environment_appears_in_no_output_or_file(demo_run):
     tmp, _, _, _, out = demo_run
     assert SECRET not in out.stdout and SECRET not in out.stderr

@@ -35,6 +35,8 @@ DATE = "2026-01-01"
 ROWS = 3000
 PREFECT_STARTS = "starting a temporary Prefect server"
 
+pytestmark = pytest.mark.subprocess  # `ctrpipe` as a user runs it
+
 
 def user_env(tmp: Path, **extra: str) -> dict[str, str]:
     """The environment of a user's shell (one PREFECT_HOME for every run), this worktree's code first."""

@@ -21,10 +21,10 @@ from flows.presets import demo
 from pipeline.generate import generate_days
 from storage.io.registry import ModelRegistry
 from tests.helpers.faults import crash_once
-from trainer.launch import TrainingError
+from trainer.launch.torchrun import TrainingError
 from trainer.model_dir import read_meta
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DATE = "2026-02-01"
 

@@ -10,18 +10,19 @@ from pathlib import Path
 import pytest
 
 from flows.config import RunConfig, with_overrides
-from flows.day.stages import WarmResult, train_plan
+from flows.day.results import WarmResult
+from flows.day.stages import train_plan
 from flows.day.state import DayState
 from pipeline.encode.stage import EncodeResult
 from storage.warm import WarmPlan
 from tests.helpers.model_dirs import committed_feature_day
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.launch.world import resolve_world
 from trainer.model_dir import ModelMeta
 from trainer.plan.day_recipe import SEARCHED
 from trainer.plan.published import Published
 from trainer.plan.recipe import derive
 from trainer.plan.sparse_lr_search import FACTORS
-from trainer.world import resolve_world
 
 DATE = "2026-01-05"
 

@@ -21,7 +21,7 @@ from pipeline.generate import generate_days
 from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DAYS = ["2026-06-01", "2026-06-02"]
 SAME = (

@@ -19,12 +19,13 @@ from fsspec.implementations.local import LocalFileSystem
 from flows.guards.evaluation import Z95, EvaluateConfig, evaluate_day
 from flows.guards.noise import hanley_mcneil_se
 from tests.helpers.model_dirs import make_model_dir, write_feature_day
-from trainer import companion
+from trainer.companion import file as companion_file
+from trainer.companion.fit import fit_rows
+from trainer.companion.poly2 import Poly2Config
+from trainer.eval.scoring import evaluate_model, load_model
+from trainer.eval.scoring_pass import read_split
 from trainer.model_dir import read_meta, write_meta
-from trainer.models.poly2 import Poly2Config
 from trainer.plan.published import Published
-from trainer.scoring import evaluate_model, load_model
-from trainer.scoring_pass import read_split
 
 DATE = "2026-01-02"
 
@@ -136,8 +137,8 @@ def test_a_published_companion_is_left_out_on_a_day_without_own_keys(day: dict) 
     before = _evaluate(day, EvaluateConfig())
     rng = np.random.default_rng(0)
     keys, labels = rng.integers(0, 50, (400, 2)), (rng.random(400) < 0.3).astype(np.float64)
-    fitted, record = companion.fit_rows(keys, None, labels, config=Poly2Config(bits=14, cs=(1.0,)))
-    companion.save(f"{pub}/{companion.FILE}", fitted)
+    fitted, record = fit_rows(keys, None, labels, config=Poly2Config(bits=14, cs=(1.0,)))
+    companion_file.save(f"{pub}/{companion_file.FILE}", fitted)
     write_meta(LocalFileSystem(), pub, replace(read_meta(pub), companion={**record, "sources": []}))
     assert load_model(pub).companion is not None
     ev = _evaluate(day, EvaluateConfig(), published=Published("v00001", pub, read_meta(pub)))

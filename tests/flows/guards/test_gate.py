@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from flows.guards.gate import PublishConfig, Scores, gate
-from trainer.group_metrics import group_auc, paired_group_se
-from trainer.metrics import EvalMetrics, StreamingMetrics
-from trainer.paired import Difference, PairedDifference
+from trainer.eval.group_metrics import group_auc, paired_group_se
+from trainer.eval.metrics import EvalMetrics, StreamingMetrics
+from trainer.eval.paired import Difference, PairedDifference
 
 CFG = PublishConfig(max_auc_drop=0.01, min_eval_rows=100)
 

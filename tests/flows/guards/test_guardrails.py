@@ -23,7 +23,7 @@ from flows.presets import demo
 from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DAYS = ["2026-04-01", "2026-04-02", "2026-04-03"]
 

@@ -13,8 +13,8 @@ from flows.cli.main import main
 from storage.embedding.config import StoreConfig
 from storage.warm import group_rank, node_ranks
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.launch.spec import TrainSpec
 from trainer.models.config import ModelConfig
-from trainer.spec import TrainSpec
 
 
 def test_group_rank_is_c10d_order() -> None:
@@ -104,6 +104,7 @@ def test_warm_node_copies_the_spec_and_picks_ranks(tmp_path: Path, capsys: pytes
     assert json.loads(out.read_text()) == json.loads(json.dumps(data))
 
 
+@pytest.mark.subprocess  # bash sources the written environment
 def test_warm_node_writes_the_specs_rank_environment(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = _spec_dict(tmp_path, nnodes=2, nproc=4)
     data["trainer"]["nccl_env"] = {"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "bond0"}

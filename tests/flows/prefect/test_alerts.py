@@ -100,6 +100,7 @@ print(json.dumps({"deployments": deps, "automations": autos}))
 
 
 @pytest.mark.slow
+@pytest.mark.server  # its own Prefect server and a webhook receiver
 def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_data, tmp_path, free_port):
     raw, root = tmp_path / "raw", tmp_path / "root"
     raw.mkdir()

@@ -32,7 +32,7 @@ from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine
 from trainer.model_dir import read_meta
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
 ROWS = 6000
@@ -180,7 +180,7 @@ def test_a_degraded_model_is_refused_and_latest_stays(three_days):
     root, cfg, _ = three_days
     generate_days(str(root / "raw"), 1, ROWS, seed=7, start_date="2026-01-04")
     # the network alone: what the gate must refuse is its divergence, and a companion on the lineage's 23,000
-    # rows would cost this test most of its time (the companion's own runs: tests/trainer/test_companion.py)
+    # rows would cost this test most of its time (the companion's own runs: tests/trainer/companion/test_fit.py)
     bad = with_overrides(
         cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0, "model.companion": "off"}
     )

@@ -22,7 +22,7 @@ from flows.presets import demo
 from pipeline.encode.keys import feature_keys
 from storage.io.layout import Layout
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DATE = "2026-02-01"
 ROWS = 5000

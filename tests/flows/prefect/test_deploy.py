@@ -21,7 +21,7 @@ from tests.helpers.chaos import write_days
 from tests.helpers.prefect_server import criteo_config
 from tests.helpers.procs import BIN, PrefectServer, processes, start
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DAYS = ["2026-04-01", "2026-04-02", "2026-04-03"]
 

@@ -23,7 +23,7 @@ from flows.prefect.alerts import failed_run_automation, missing_run_automation
 from tests.helpers.prefect_server import criteo_config, webhook_receiver
 from tests.helpers.procs import BIN, PrefectServer, processes, start
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 STATE = """
 import json

@@ -22,12 +22,13 @@ from prefect.flow_engine import run_flow
 from prometheus_client.parser import text_string_to_metric_families
 
 from flows.config import RunConfig, with_overrides
-from flows.prefect.daily import GuardStopped, artifact_key, daily_retrain, record_of
+from flows.prefect.artifact import artifact_key
+from flows.prefect.daily import GuardStopped, daily_retrain, record_of
 from flows.prefect.keys import model_key
 from flows.presets import demo
 from pipeline.generate import generate_days
 
-pytestmark = pytest.mark.slow  # two flow runs of a small day (~40 s on 2 cores)
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # two flow runs of a small day (~40 s on 2 cores)
 
 DATE = "2026-02-01"
 

@@ -27,6 +27,7 @@ def test_the_limit_is_keyed_by_root_and_model(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.server  # its own Prefect server, a holder process killed
 def test_a_killed_holders_slot_is_freed_by_the_server_within_the_bound(tmp_path, caplog):
     root = tmp_path / "root"
     layout = Layout(str(root), "ctr")

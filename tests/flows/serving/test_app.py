@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers.serving import call, criteo_line, score_server, write_tiny_bundle
 
+pytestmark = pytest.mark.server  # one `ctrpipe score-server` for the module
+
 TOKEN = "tok-3e9a1c77-never-logged"
 
 

@@ -22,11 +22,11 @@ from storage.features_manifest import raw_columns
 from storage.io.registry import ModelRegistry
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, day_config, score_server
-from trainer.companion import blend
+from trainer.companion.model import blend
+from trainer.eval.scoring import evaluate_model, load_model, score
 from trainer.model_dir import read_meta
-from trainer.scoring import evaluate_model, load_model, score
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 DATES = ("2026-04-01", "2026-04-02")
 ROWS = 2_000  # a day: the first 4,000 rows of the shared head, in order
 

@@ -15,9 +15,9 @@ import pytest
 from flows.day.run import run_day
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, day_config, score_server
-from trainer.metrics import auc
+from trainer.eval.metrics import auc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 DATE = "2026-04-01"
 HELD_OUT = 1000
 

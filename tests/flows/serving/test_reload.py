@@ -21,7 +21,7 @@ from storage.io.registry import ModelRegistry
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, criteo_line, day_config, score_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 DAYS = ("2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04")
 RELOAD_S = 1.0
 

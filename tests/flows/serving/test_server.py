@@ -56,6 +56,7 @@ def test_help_shows_every_default(capsys):
         assert default in text, default
 
 
+@pytest.mark.server  # `ctrpipe score-server`
 def test_port_0_announces_the_port_bound_and_the_access_log_shows_each_request(tmp_path):
     write_tiny_bundle(str(tmp_path / "b"))
     log = tmp_path / "server.log"
@@ -93,6 +94,7 @@ def test_port_0_announces_the_port_bound_and_the_access_log_shows_each_request(t
     assert re.search(r'"POST /v1/score" 422 0 entries', text), text
 
 
+@pytest.mark.server  # a listening socket holds the port
 def test_a_port_in_use_fails_before_serving_with_a_documented_exit_code(tmp_path):
     write_tiny_bundle(str(tmp_path / "b"))
     with socket.socket() as taken:

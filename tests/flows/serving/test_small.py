@@ -102,8 +102,8 @@ def test_a_small_batch_of_a_model_with_a_companion_is_scored_exactly_as_its_fram
     from flows.serving.bundle import BundleReader
     from flows.serving.model import ScoreRequest, load_model
     from tests.helpers.serving import criteo_line, write_tiny_bundle
-    from trainer import companion
-    from trainer.models.poly2 import Poly2Config
+    from trainer.companion.fit import fit_rows
+    from trainer.companion.poly2 import Poly2Config
 
     write_tiny_bundle(str(tmp_path / "b"))
     plain = load_model([BundleReader(str(tmp_path / "b"))])
@@ -111,7 +111,7 @@ def test_a_small_batch_of_a_model_with_a_companion_is_scored_exactly_as_its_fram
     spec = dataclasses.replace(plain.spec, raw_keys=True)
     rows = spec.parse_lines(lines).features
     own, dense = rows[[f"r_{j}" for j in range(26)]].to_numpy(), rows[[f"d_{i}" for i in range(13)]].to_numpy()
-    fitted, _ = companion.fit_rows(own, dense, np.arange(8) % 2, config=Poly2Config(bits=14, cs=(1.0,)))
+    fitted, _ = fit_rows(own, dense, np.arange(8) % 2, config=Poly2Config(bits=14, cs=(1.0,)))
     model = dataclasses.replace(plain, spec=spec, companion=fitted)
     assert model.small_path
     served = model.score_batch([ScoreRequest("lines", lines[:3]), ScoreRequest("lines", lines[3:])])

@@ -9,7 +9,7 @@ import torch
 from flows.serving.bundle import BundleError, BundleReader, npy_bytes, write_bundle
 from flows.serving.export import row_files
 from flows.serving.tables import MmapTable, chain_table, memory_table
-from storage.embedding.row_init import init_rows
+from storage.embedding.rows.initial import init_rows
 from trainer.export import SparseRows, delta_rows, rows_digest
 
 

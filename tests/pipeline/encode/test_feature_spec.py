@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from pipeline.encode.feature_spec import FeatureSpec
+from pipeline.encode.frame import encode_frame
 from pipeline.encode.keys import feature_keys, oov_key
-from pipeline.encode.stage import encode_frame
 from pipeline.ingest.parse import read_log_file
 from pipeline.schema import get_schema
 

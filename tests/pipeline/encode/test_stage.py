@@ -8,14 +8,10 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.config import EncodeConfig, IngestConfig, InputConfig, VocabConfig
+from pipeline.encode.frame import encode_frame
 from pipeline.encode.keys import feature_keys, missing_key, oov_key
-from pipeline.encode.stage import (
-    encode_date,
-    encode_frame,
-    eval_size,
-    positional_split,
-    ts_threshold,
-)
+from pipeline.encode.split import eval_size, positional_split, ts_threshold
+from pipeline.encode.stage import encode_date
 from pipeline.ingest.parse import parse_chunk
 from pipeline.ingest.stage import ingest_date
 from pipeline.schema import AVAZU, CRITEO

@@ -197,6 +197,7 @@ def test_a_criteo_url_without_the_date_is_refused(raw_root, client):
         )
 
 
+@pytest.mark.server  # a LocalCluster of worker processes and its scheduler
 def test_worker_processes_run_the_same_ingest(raw_root):
     with dask_client(DaskConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
         r = ingest_date(DAYS[3], layout=Layout(str(raw_root)), input=InputConfig(), ingest=SMALL_PARTS, client=client)

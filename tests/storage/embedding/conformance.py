@@ -9,12 +9,13 @@ A tier's test module does::
                 return MyStore(fmt, init_std=init_std, ...)
             return make
 
-The suite runs once per row format (`fmt`: every sparse optimizer x row dtype,
-`tests.helpers.stores.FORMATS`).  The tests use only the `fmt`, `make_store`,
-`reopen_store` and `tmp_path` fixtures.  `make_store` must return a fresh, empty
-store of `fmt` each call; small capacities (so caching tiers spill and evict
-during the tests) are encouraged.  A store with a persistent level subclasses
-`PersistentStoreContractTests` instead and defines `open(path, fmt, init_std)`
+The suite runs once per representative row format (`fmt`: `TIER_FORMATS`, the default's, fp32 Adam's and
+another coded one's): a tier keeps, moves and writes back stored rows without reading their bytes, so every
+format's bytes go through the one path that reads them in `test_format_matrix.py` (step encode and decode,
+SSD record, snapshot, restore and conversion), and each tier here with three.  The tests use only the `fmt`,
+`make_store`, `reopen_store` and `tmp_path` fixtures.  `make_store` must return a fresh, empty store of `fmt` each
+call; small capacities (so caching tiers spill and evict during the tests) are encouraged.  A store with a
+persistent level subclasses `PersistentStoreContractTests` instead and defines `open(path, fmt, init_std)`
 and `path_of(store)`: its `reopen_store` fixture closes a store and opens it
 again on the same files.  Every value is checked bit for bit against a
 `MemoryStore` of the same format, and the update rule against an oracle per
@@ -29,13 +30,12 @@ import torch
 
 from storage.embedding.base import Lookup, owner_of
 from storage.embedding.memory import MemoryStore
-from storage.embedding.row_format import RowFormat
-from storage.embedding.row_init import init_rows
-from storage.embedding.rows import Rows
+from storage.embedding.rows.batch import Rows
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.initial import init_rows
 from storage.embedding.snapshot import write_snapshot
 from tests.helpers.stores import (
     DIM,
-    FORMATS,
     STD,
     TOLERANCE,
     all_rows,
@@ -46,13 +46,24 @@ from tests.helpers.stores import (
     stored,
 )
 
+TIER_FORMATS = [
+    RowFormat(DIM, "wide_rowwise_adam", "int8s", "log8"),
+    RowFormat(DIM, "adam", "fp32"),
+    RowFormat(DIM, "adam", "int8", "log8"),
+]
+"""The formats every tier runs the suite with: the default (`optim.sparse_optimizer`, `store.row_dtype`,
+`store.state_dtype`: symmetric int8 rows, log8 state, two second moments a row), fp32 Adam (every value exact:
+the reference's rows bit for bit with nothing rounded), and int8 rows with an offset and Adam's per-element signed
+and unsigned log8 state (the other coded layout).  Every format runs through the byte paths in
+`test_format_matrix.py`; `tests.helpers.stores.FORMATS` keeps the wider set the unit tests of rows use."""
+
 
 class StoreContractTests:
     """Contract tests; subclasses provide the `make_store` fixture (and `reopen_store` for a persistent tier)."""
 
-    @pytest.fixture(params=FORMATS, ids=lambda f: f.name.replace("/", "-"))
+    @pytest.fixture(params=TIER_FORMATS, ids=lambda f: f.name.replace("/", "-"))
     def fmt(self, request) -> RowFormat:
-        """The row format of the stores under test (every optimizer x row dtype)."""
+        """The row format of the stores under test (`TIER_FORMATS`)."""
         return request.param
 
     @pytest.fixture
@@ -128,7 +139,7 @@ class StoreContractTests:
 
         On a CUDA store this checks the bitwise claim of `trainer.deterministic`: it runs under
         `torch.use_deterministic_algorithms(True)`, where duplicate-key sums are sorted segment sums
-        (`storage.embedding.rows.segment_sum`), not atomic `index_add_`.
+        (`storage.embedding.rows.segments.segment_sum`), not atomic `index_add_`.
         """
         store = make_store()
         deterministic = store.device.type == "cuda"

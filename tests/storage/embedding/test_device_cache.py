@@ -40,8 +40,8 @@ def test_lfu_keeps_frequent_rows_lru_keeps_recent_rows() -> None:
     lfu, lru = caches["lfu"].stats()["device"], caches["lru"].stats()["device"]
     assert lfu["hits"] == 3  # the final 1 hits: LFU evicted 2, 3 for 10, 11
     assert lru["hits"] == 2  # LRU evicted 1 when 11 came
-    assert caches["lfu"]._cache.map.lookup(np.array([1]))[0] >= 0
-    assert caches["lru"]._cache.map.lookup(np.array([10, 11]))[0] >= 0
+    assert caches["lfu"]._resident.cache.map.lookup(np.array([1]))[0] >= 0
+    assert caches["lru"]._resident.cache.map.lookup(np.array([10, 11]))[0] >= 0
 
 
 def test_updates_stay_on_device_until_eviction_or_flush() -> None:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from storage.embedding.memory import MemoryStore
-from storage.embedding.row_format import RowFormat
-from storage.embedding.sparse_optim import ADAGRAD_EPS
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.sparse_optim import ADAGRAD_EPS
 
 fbgemm = pytest.importorskip("fbgemm_gpu", reason="fbgemm-gpu-cpu is not installed (make bench-peers installs it)")
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: E402

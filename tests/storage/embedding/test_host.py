@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from storage.embedding.caching_tier import StoreCapacityError
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
+from storage.embedding.resident_rows import StoreCapacityError
 from tests.helpers.stores import DIM, STD, all_rows, keys_of
 from tests.storage.embedding.conformance import StoreContractTests
 
@@ -84,7 +84,7 @@ def test_one_big_batch_does_not_flush_hot_rows() -> None:
     for _ in range(3):
         host.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
     host.update(torch.arange(100, 130, dtype=torch.int64), torch.ones(30, DIM), lr=0.1)
-    assert (host._cache.map.lookup(np.array([1, 2])) >= 0).all()
+    assert (host._resident.cache.map.lookup(np.array([1, 2])) >= 0).all()
     assert host.stats()["host"]["evictions"] == 0 and len(host) == 32
 
 
@@ -118,7 +118,7 @@ def test_warm_prefers_the_first_keys() -> None:
     host = _host(5, below)
     order = torch.tensor([19, 3, 7, 11, 2, 5, 6, 8], dtype=torch.int64)
     host.warm(order)
-    resident = host._cache.map.lookup(np.arange(20)) >= 0
+    resident = host._resident.cache.map.lookup(np.arange(20)) >= 0
     assert set(np.flatnonzero(resident).tolist()) == {19, 3, 7, 11, 2}
 
 

@@ -72,7 +72,7 @@ def test_key_index_int32_values_refuse_overflow() -> None:
 
 def _keys_with_hashes(hashes: np.ndarray) -> np.ndarray:
     """Keys whose Fibonacci hash (key * FIB mod 2^64) is each of `hashes` (dropping negative keys)."""
-    from storage.embedding.compact_index import unmix
+    from storage.embedding.ssd.compact_index import unmix
 
     keys = unmix(np.asarray(hashes, dtype=np.uint64))
     return keys[keys >= 0]

@@ -12,7 +12,7 @@ import torch
 
 from storage.embedding import snapshot as snap
 from storage.embedding.base import owner_of
-from storage.embedding.row_format import RowFormat
+from storage.embedding.rows.format import RowFormat
 from storage.embedding.snapshot import (
     SnapshotWriter,
     iter_snapshot,

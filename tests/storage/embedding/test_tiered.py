@@ -9,8 +9,8 @@ from storage.embedding.config import StoreConfig
 from storage.embedding.device_cache import DeviceCache
 from storage.embedding.host import HostStore, host_row_bytes
 from storage.embedding.memory import MemoryStore
-from storage.embedding.row_format import RowFormat
-from storage.embedding.ssd import SsdStore
+from storage.embedding.rows.format import RowFormat
+from storage.embedding.ssd.store import SsdStore
 from storage.embedding.tiered import open_shard
 from tests.helpers.stores import DIM, STD, all_rows
 from tests.storage.embedding.conformance import PersistentStoreContractTests

@@ -71,12 +71,12 @@ def _fs_root(kind, request, tmp_path):
     return s3fs.S3FileSystem(**request.getfixturevalue("s3_options")), f"ctr/{tmp_path.name}"
 
 
-@pytest.fixture(params=["file", "memory", "s3"])
+@pytest.fixture(params=["file", "memory", pytest.param("s3", marks=pytest.mark.server)])  # s3: a moto server
 def fs_root(request, tmp_path):
     return _fs_root(request.param, request, tmp_path)
 
 
-@pytest.fixture(params=["memory", "s3"])
+@pytest.fixture(params=["memory", pytest.param("s3", marks=pytest.mark.server)])
 def store_root(request, tmp_path):
     """Object stores only: the data-prefix commit."""
     return _fs_root(request.param, request, tmp_path)

@@ -183,6 +183,7 @@ def test_publishing_a_version_twice_is_the_same_as_once(tmp_path):
     assert sorted(p.name for p in (tmp_path / "root" / "models" / "ctr").iterdir()) == ["LATEST", v1]
 
 
+@pytest.mark.server  # a moto S3 server
 def test_a_candidate_on_an_object_store_is_read_with_the_roots_storage_options(tmp_path, monkeypatch):
     import importlib.util
 

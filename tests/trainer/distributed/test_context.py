@@ -31,7 +31,7 @@ def test_cpu_means_gloo_and_cuda_or_nccl_without_cuda_are_refused(monkeypatch: p
 
 
 def test_a_rank_refuses_more_nccl_ranks_on_its_node_than_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a job started outside trainer.launch (Slurm, Kubernetes) meets before NCCL's own error."""
+    """What a job started outside trainer.launch.torchrun (Slurm, Kubernetes) meets before NCCL's own error."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="nproc_per_node=2 ranks on a node with 1 visible GPU"):

@@ -15,7 +15,7 @@ from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.models.config import ModelConfig
 from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
-from trainer.train import train_step
+from trainer.step import train_step
 
 pytestmark = pytest.mark.distributed
 

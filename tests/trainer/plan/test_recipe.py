@@ -62,7 +62,7 @@ def test_a_production_day_trains_with_the_production_values(world: int) -> None:
         0.0,
         100,
     )
-    assert r.model == ModelConfig(dropout=0.0)
+    assert r.model == ModelConfig(dropout=0.0).resolved()
 
 
 @pytest.mark.parametrize("rows", SIZES)
@@ -108,8 +108,10 @@ def test_explicit_values_are_kept_and_the_rest_follow_from_them(rows: int) -> No
     r = derive(OptimConfig(batch_size=64), ModelConfig(), rows=rows, world_size=1)
     assert r.steps == _steps(rows, 1, 64, r.optim.epochs)  # epochs derived from the given batch
     everything = derive(OptimConfig(**given), ModelConfig(dropout=0.25), rows=rows, world_size=1)
-    assert everything.derived == () and everything.optim == dataclasses.replace(
-        OptimConfig(**given), warmup_steps=min(7, everything.steps)
+    assert (
+        everything.derived == ()
+        and everything.optim
+        == dataclasses.replace(OptimConfig(**given), warmup_steps=min(7, everything.steps)).resolved()
     )
     assert everything.model.dropout == 0.25
 
