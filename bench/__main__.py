@@ -14,6 +14,8 @@ Each benchmark is also a command of its own with full-size defaults:
     python -m bench.quality [--datasets ...] [--seeds ...] AUC/logloss vs sklearn LR, DeepFM; ceiling, planted-form
     bound
     python -m bench.day     [--rows N ...] [--days 3]    the day through `ctrpipe backfill`: per stage, vs a bare script
+    python -m bench.rare_positives [--replicates 3]       negative sampling on rare positives: AUC, calibration, time
+    python -m bench.bigday  [--rows N] [--keys K] [--budget-mb B] a day mostly on SSD vs all in memory, disk limit
     python -m bench.capacity                             a terabyte day on paper, from bench/results/*.json
     python -m bench.gpu_probe --out probe.json           the trainer's checks on a GPU (`make gpu-check`)
 
@@ -49,9 +51,11 @@ SMOKE = [
     "bench.comm",
     "bench.het",
     "bench.day",
+    "bench.bigday",
     "bench.serve",
     "bench.quality",
     "bench.quality_ladder",
+    "bench.rare_positives",
     "bench.gpu_probe",
     "bench.capacity",
 ]

@@ -1,4 +1,4 @@
-"""CPU time and peak memory of a process and all its descendants, by kind, sampled from /proc (Linux).
+"""CPU time and peak memory of a process and all its descendants, by kind, sampled with psutil (peak RSS: Linux).
 
 A daily run is several kinds of process: the driver (the CLI), its Dask workers, the torchrun
 agent and its ranks, Prefect's ephemeral API server.  `ProcessTree` samples them in a thread:

@@ -126,6 +126,19 @@ TABLES = {
             ),
         ),
         Table(
+            "bench.store_upgrade",
+            "store_upgrade",
+            (
+                _c("keys", "keys", "{:,}"),
+                _c("path", "path"),
+                _c("seconds", "wall s", "{:.1f}"),
+                _c("cpu_s", "CPU s", "{:.1f}"),
+                _c("s_per_1e8_keys", "s per 10^8 keys", "{:,.0f}"),
+                _c("v2_MB", "0.1.0 shard MB", "{:,.0f}"),
+                _c("new_MB", "new shard MB", "{:,.0f}"),
+            ),
+        ),
+        Table(
             "bench.store_hitrate",
             "store_hitrate",
             (
@@ -166,6 +179,17 @@ TABLES = {
                 _c("ms_per_step", "ms/step", "{:.2f}"),
                 _c("mfu", "MFU", "{:.3f}"),
                 _c("mfu_best", "mfu_best", "{:.3f}"),
+            ),
+        ),
+        Table(
+            "bench.kernel_build",
+            "kernel_build",
+            (
+                _c("run", "attention kernel built by"),
+                _c("cold_build_s", "cold build s", "{:.1f}"),
+                _c("cold_build_cpu_s", "compiler CPU s", "{:.1f}"),
+                _c("warm_load_ms", "warm load ms", "{:.1f}"),
+                *(_c(f"call_us_b{b}", f"us/call B={b:,}", "{:,.1f}") for b in (1, 128, 1024)),
             ),
         ),
         Table(
@@ -232,6 +256,37 @@ TABLES = {
             ),
         ),
         Table(
+            "bench.companion-blend",
+            "companion-blend",
+            (
+                _c("dataset", "dataset"),
+                _c("model", "model"),
+                _c("vs_default", "AUC vs 0.5", DIFF),
+                _c("vs_sd", "sd", "{:.4f}"),
+            ),
+        ),
+        Table(
+            "bench.companion_folds",
+            "companion_folds",
+            (
+                _c("dataset", "dataset"),
+                _c("cv", "folds"),
+                _c("vs_blocks", "AUC vs blocks", DIFF),
+                _c("vs_sd", "sd", "{:.4f}"),
+                _c("fit_s", "fit s", "{:.0f}"),
+            ),
+        ),
+        Table(
+            "bench.companion_solver",
+            "companion_solver",
+            (
+                _c("dataset", "dataset"),
+                _c("run", "solver"),
+                _c("s", "s", "{:.1f}"),
+                _c("loss_excess_ppm", "loss excess, ppm", "{:.2f}"),
+            ),
+        ),
+        Table(
             "bench.quality-ladder",
             "quality-ladder",
             (
@@ -240,6 +295,21 @@ TABLES = {
                 _c("lr 0.0115", "sparse lr 0.0115", AUC),
                 _c("lr 0.023", "0.023", AUC),
                 _c("lr 0.046", "0.046", AUC),
+            ),
+        ),
+        Table(
+            "bench.rare_positives",
+            "rare_positives",
+            (
+                _c("keep_rate", "keep-rate", "{:g}"),
+                _c("auc", "AUC", AUC),
+                _c("auc_vs_1", "vs 1", DIFF),
+                _c("auc_vs_1_sd", "paired sd", "{:.4f}"),
+                _c("logloss", "logloss", "{:.4f}"),
+                _c("calibration", "calibration", "{:.2f}"),
+                _c("uncorrected", "uncorrected", "{:.2f}"),
+                _c("train_s", "train s", "{:.1f}"),
+                _c("fit_s", "loop s", "{:.2f}"),
             ),
         ),
         Table(
@@ -271,6 +341,22 @@ TABLES = {
                 _c("auc", "AUC", AUC),
             ),
             rows="runs.*.days.*",
+        ),
+        Table(
+            "bench.bigday",
+            "bigday",
+            (
+                _c("run", "run"),
+                _c("examples_per_s", "examples/s", "{:,.0f}"),
+                _c("vs_unbounded", "vs unbounded", "{:.2f}x"),
+                _c("auc", "AUC", AUC),
+                _c("host_hit_rate", "host hit rate", "{:.3f}"),
+                _c("ssd_read_bytes_per_example", "SSD B read/ex", "{:,.0f}"),
+                _c("ssd_write_bytes_per_example", "SSD B written/ex", "{:,.0f}"),
+                _c("ssd_wait_share", "SSD wait share", "{:.0%}"),
+                _c("evictions_per_example", "evictions/ex", "{:.2f}"),
+                _c("rank_peak_rss_mib", "rank peak RSS MiB", "{:,.0f}"),
+            ),
         ),
         Table(
             "bench.capacity",

@@ -2,6 +2,10 @@
 CPU kernels against autograd's plain formulation in the same run.
 
     python -m bench.dense_step [--rows 100000 900000] [--rounds 30] [--variants KEY=VALUE[,KEY=VALUE] ...] [--smoke]
+    python -m bench.dense_step --build [--rounds 3]
+
+`--build` compares how the compiled kernel is built, loaded and called: this project's ctypes build against torch's
+`cpp_extension.load_inline`, in the same rounds (`bench._kernel_build`; results `kernel_build`).
 
 For each day size (train rows of one rank) the recipe (`trainer.plan.recipe.derive`) gives the batch and the
 model's dropout; the default model (`flows.config.RunConfig`) is built at that batch and runs forward + backward
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -143,10 +148,24 @@ def main(argv: list[str] | None = None) -> None:
         help="the default config with these keys set, timed with the kernel in the same rounds "
         "(e.g. model.attention_input=tokens)",
     )
+    p.add_argument("--build", action="store_true", help="compare the kernel's ctypes build with load_inline instead")
     add_smoke(p)
     args = apply_smoke(p.parse_args(argv), SMOKE)
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.build:
+        from bench._kernel_build import measure as measure_build
+
+        rounds = args.rounds if "--rounds" in (argv or sys.argv) else 3
+        report(
+            "kernel_build",
+            measure_build(rounds),
+            params={"rounds": rounds, "shape": "26 tokens, 2 heads x 8", "batches": [1, 128, 1024]},
+            notes=f"medians over {rounds} alternating rounds on a shared machine; cold build: wall s and the compiler "
+            "processes' CPU s in an empty cache; warm load: ms in a new process with the build cached; call_us_bN: "
+            "CPU us per forward at batch N on preallocated tensors.",
+        )
+        return
     torch.set_num_threads(1)
     malloc = tune_malloc()  # as a rank does at start (trainer.main)
     variants = tuple(Variant.parse(v) for v in args.variants)

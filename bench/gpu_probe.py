@@ -5,8 +5,11 @@ What `make gpu-check` (infra/gpu-check.sh) runs between the CUDA conformance tes
 - `world`: `trainer.nproc_per_node: auto` and the refusal of more NCCL ranks than GPUs, on this host;
 - `nccl`: a one-rank NCCL group through the collectives the trainer issues (CUDA only);
 - `host_reads`: one `train_step` (after warm-up) with `torch.cuda.set_sync_debug_mode("warn")`, each
-  synchronisation by source line, for the host store and for the device cache (the CPU test counts
-  the `.item()` / `.tolist()` / `.cpu()` calls instead: tests/trainer/test_train.py);
+  synchronisation by source line, for the host store (`store.device_cache_rows: 0`: the push's copy of the
+  gradients) and the CUDA default (`auto`: the device tier; tests/trainer/test_step_host_reads.py counts the
+  same on CPU by kind);
+- `sync_free_step`: the CUDA default's steps between log points under `set_sync_debug_mode("error")`: any
+  synchronisation raises, and the section reports where (`make gpu-check` fails on it);
 - `phases`: mean ms of pull / forward / backward / push / dense Adam (a device sync after each);
 - `throughput`: examples/s of `train_step` fp32 and bf16, host store and device cache, and on CPU;
 - `determinism`: two identical runs, with and without `trainer.deterministic`: bitwise equal, or
@@ -16,7 +19,8 @@ What `make gpu-check` (infra/gpu-check.sh) runs between the CUDA conformance tes
 Every section also runs with `--device cpu` (a dry run of the probe's code; `tests/bench` does it),
 where the CUDA-only sections report `skipped`.  Each section writes its result as it finishes, so a
 probe cut short by its time budget still leaves what it measured.  `--smoke`: `--device cpu` and the
-sections of SMOKE_SECTIONS (seconds; checks it runs); `--out` defaults to <results>/gpu_probe.json.
+sections of SMOKE_SECTIONS (seconds; checks it runs); `--out` defaults to <results>/gpu_probe.json.  The exit status
+is 1 when a section ended in error, or one that needs CUDA was skipped on `--device cuda`.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def batches(n: int, *, batch: int = 1024, seed: int = 0) -> list[Batch]:
 class Rank:
     """One rank's model, optimizer and sharded store on `device` (world of one)."""
 
-    def __init__(self, device: str, *, device_cache_rows: int = 0, deterministic: bool = False) -> None:
+    def __init__(self, device: str, *, device_cache_rows: int | str = 0, deterministic: bool = False) -> None:
         torch.use_deterministic_algorithms(deterministic)
         self.ctx = init_distributed(TrainerConfig(device=device, backend="auto", nproc_per_node=1))
         torch.manual_seed(0)
@@ -169,7 +173,7 @@ def section_nccl(device: str) -> dict[str, Any]:
 
 def section_host_reads(device: str) -> dict[str, Any]:
     out = {}
-    for label, rows in (("host_store", 0), ("device_cache", 200_000)):
+    for label, rows in (("host_store", 0), ("cuda_default", "auto")):
         rank = Rank(device, device_cache_rows=rows)
         bs = batches(6, seed=1)
         for i in range(5):
@@ -193,6 +197,36 @@ def section_host_reads(device: str) -> dict[str, Any]:
         }
         rank.close()
     return out
+
+
+def section_sync_free_step(device: str) -> dict[str, Any]:
+    """Steps between log points (`check_loss=False`) of the CUDA default under `set_sync_debug_mode("error")`: a
+    synchronisation raises; the error names the project line that made it.  On CPU the same steps, unchecked."""
+    rank = Rank(device, device_cache_rows="auto")
+    cuda = rank.ctx.device.type == "cuda"
+    try:
+        bs = batches(8, batch=256, seed=6)
+        for i in range(5):
+            rank.step(bs[i], i + 1, check_loss=True)
+        sync(rank.ctx.device)
+        if cuda:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            for i in range(5, 8):
+                rank.step(bs[i], i + 1)
+        except RuntimeError as exc:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(REPO))]
+            where = _where(frames[-1].filename, frames[-1].lineno or 0) if frames else "?"
+            raise RuntimeError(f"a step synchronised at {where}: {str(exc).splitlines()[0]}") from exc
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+        sync(rank.ctx.device)
+        rank.sparse.check_updates()  # the deferred finiteness check, read here as a log step would
+        device_tier = rank.store.stats().get("device", {}).get("capacity")
+        return {"steps": 3, "sync_debug": "error" if cuda else "n/a (CPU)", "device_tier_rows": device_tier}
+    finally:
+        rank.close()
 
 
 def section_phases(device: str) -> dict[str, Any]:
@@ -235,7 +269,7 @@ def section_phases(device: str) -> dict[str, Any]:
 def section_throughput(device: str, steps: int = 40) -> dict[str, Any]:
     out: dict[str, Any] = {}
     bs = batches(steps, seed=3)
-    legs = [(device, 0, "fp32"), (device, 0, "bf16"), (device, 200_000, "bf16"), ("cpu", 0, "fp32")]
+    legs = [(device, 0, "fp32"), (device, 0, "bf16"), (device, "auto", "bf16"), ("cpu", 0, "fp32")]
     for dev, rows, prec in dict.fromkeys(legs):
         rank = Rank(dev, device_cache_rows=rows)
         for i in range(3):
@@ -303,13 +337,14 @@ SECTIONS: dict[str, tuple[Callable[[str], dict[str, Any]], bool]] = {
     "world": (section_world, False),
     "nccl": (section_nccl, True),
     "host_reads": (section_host_reads, False),
+    "sync_free_step": (section_sync_free_step, False),
     "phases": (section_phases, False),
     "throughput": (section_throughput, False),
     "determinism": (section_determinism, False),
     "restore_memory": (section_restore_memory, True),
 }
 """name -> (function of the device, needs CUDA)."""
-SMOKE_SECTIONS = ("world", "nccl", "phases", "restore_memory")
+SMOKE_SECTIONS = ("world", "nccl", "sync_free_step", "phases", "restore_memory")
 """The sections `--smoke` runs on CPU: every kind (CUDA-only ones report skipped), none of the long ones."""
 
 
@@ -355,8 +390,13 @@ def main(argv: list[str] | None = None) -> int:
         args.out = str(results_dir() / "gpu_probe.json")
     torch.set_num_threads(1)  # what a rank runs with (OMP_NUM_THREADS=1)
     deadline = time.time() + args.budget_s if args.budget_s else None
-    run_probe(args.device, args.out, sections=args.sections.split(","), deadline=deadline)
-    return 0
+    res = run_probe(args.device, args.out, sections=args.sections.split(","), deadline=deadline)
+    bad = [n for n, r in res.items() if isinstance(r, dict) and r.get("status") == "error"]
+    if args.device == "cuda":
+        bad += [n for n, r in res.items() if isinstance(r, dict) and str(r.get("status", "")).startswith("skipped")]
+    if bad:
+        print(f"[probe] not passed: {', '.join(bad)}", flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

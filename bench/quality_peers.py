@@ -146,16 +146,23 @@ def sklearn_lr(
 
 
 def sklearn_lr_time_split(
-    train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, holdout: float = 0.2, pairs: bool = False
+    train: pd.DataFrame,
+    later: pd.DataFrame,
+    schema: LogSchema,
+    *,
+    holdout: float = 0.2,
+    pairs: bool = False,
+    cs: tuple[float, ...] | None = None,
 ) -> tuple[np.ndarray, dict]:
     """The hashed one-hot logistic regression (with `pairs`, Poly2: `_hashed`) with C chosen by an inner time
-    split of the train rows: each C fit on the first 1 - `holdout` of them (row order is time order), the C
-    of the lowest log loss on the rest, refit on every train row.  Returns (probabilities of `later`,
-    {"C": chosen C, "holdout_rows": n})."""
+    split of the train rows: each C of `cs` (default LR_CS, with `pairs` POLY2_CS) fit on the first 1 - `holdout`
+    of them (row order is time order), the C of the lowest log loss on the rest, refit on every train row.
+    Returns (probabilities of `later`, {"C": chosen C, "holdout_rows": n})."""
     cut = len(train) - max(1, int(len(train) * holdout))
     fit, check = train.iloc[:cut], train.iloc[cut:]
     Xa, Xb, ya = _hashed(fit, schema, pairs=pairs), _hashed(check, schema, pairs=pairs), fit["label"].to_numpy()
-    losses = {C: logloss(check["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb)) for C in (POLY2_CS if pairs else LR_CS)}
+    tried = cs or (POLY2_CS if pairs else LR_CS)
+    losses = {C: logloss(check["label"].to_numpy(), _lr_probs(C, Xa, ya, Xb)) for C in tried}
     C = min(losses, key=losses.__getitem__)
     probs = _lr_probs(
         C, _hashed(train, schema, pairs=pairs), train["label"].to_numpy(), _hashed(later, schema, pairs=pairs)
@@ -181,13 +188,15 @@ def poly2_inputs(
     return inputs(poly2_keys(events, schema), _dense_log(events, schema), bits, counts, fit_rows=fit_rows)
 
 
-def poly2_fit(train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema) -> tuple[np.ndarray, dict]:
+def poly2_fit(
+    train: pd.DataFrame, later: pd.DataFrame, schema: LogSchema, *, cs: tuple[float, ...] | None = None
+) -> tuple[np.ndarray, dict]:
     """The product's Poly2 LR (`trainer.companion.poly2`, no scikit-learn) on the companion's inputs (the train
-    rows' key counts too), C chosen as the companion chooses it (`trainer.companion.poly2.fit_cv`); returns
-    (probabilities of `later`, {"C": chosen C})."""
+    rows' key counts too), C chosen from `cs` (default POLY2_CS) as the companion chooses it
+    (`trainer.companion.poly2.fit_cv`); returns (probabilities of `later`, {"C": chosen C})."""
     from trainer.companion.poly2 import Poly2Config, fit_cv
 
-    config = Poly2Config(cs=POLY2_CS)
+    config = Poly2Config(cs=cs or POLY2_CS)
     counts = KeyCounts.of(poly2_keys(train, schema))
     ids, dense = poly2_inputs(train, schema, config.bits, counts, fit_rows=True)
     model, _ = fit_cv(ids, dense, train["label"].to_numpy(np.float64), config=config)

@@ -69,10 +69,20 @@ class RollingSize:
     """Rows of each sample used (its first ones); None = every row."""
     datasets: tuple[str, ...] = ("criteo", "avazu")
     seeds: tuple[int, ...] = (0,)
+    lr_cs: tuple[float, ...] | None = None
+    """The Cs the scikit-learn LR chooses from at each origin (None: `bench.quality_peers.LR_CS`)."""
+    poly2_cs: tuple[float, ...] | None = None
+    """The Cs the Poly2 LRs (`poly2`, `sklearn-poly2`) choose from (None: `bench.quality_peers.POLY2_CS`)."""
+    deepfm_epochs: tuple[int, ...] | None = None
+    """The epoch counts DeepFM chooses from (None: `bench.quality_peers.DEEPFM_EPOCHS`)."""
 
 
-SMOKE = RollingSize(days=3, rows=3_300, datasets=("criteo",))
-"""3 Criteo days of 1,100 rows (the gate needs min_eval_rows=100 eval rows, a tenth of a day): 2 origins."""
+SMOKE = RollingSize(
+    days=3, rows=3_300, datasets=("criteo",), lr_cs=(0.03, 0.1), poly2_cs=(0.001, 0.003), deepfm_epochs=(1, 2)
+)
+"""3 Criteo days of 1,100 rows (the gate needs min_eval_rows=100 eval rows, a tenth of a day): 2 origins; each peer
+chooses its C (DeepFM its epochs) from two: a choice all the same, where the full grids fit each origin's rows 5-16
+times."""
 
 
 POLY2 = "sklearn-poly2"
@@ -216,24 +226,26 @@ def run_rolling_dataset(
             models[model] = [each_origin(at_origin)]
             seconds[model], info[model] = time.perf_counter() - t0, {"C_per_origin": chosen}
 
-        refit_each_origin(OWN_POLY2, poly2_fit)
+        refit_each_origin(OWN_POLY2, functools.partial(poly2_fit, cs=size.poly2_cs))
         models[BLEND] = [blend(p, models[OWN_POLY2][0]) for p in models[OURS]]
         seconds[BLEND] = seconds[OWN_POLY2]
         if (why := _peer_missing("sklearn")) is None:
             from bench.quality_peers import sklearn_lr_time_split
 
-            refit_each_origin("sklearn-lr", sklearn_lr_time_split)
-            refit_each_origin(POLY2, functools.partial(sklearn_lr_time_split, pairs=True))
+            refit_each_origin("sklearn-lr", functools.partial(sklearn_lr_time_split, cs=size.lr_cs))
+            refit_each_origin(POLY2, functools.partial(sklearn_lr_time_split, pairs=True, cs=size.poly2_cs))
         else:
             skipped["sklearn-lr"] = skipped[POLY2] = why
         if (why := _peer_missing("deepctr_torch")) is None:
             from bench.quality_peers import DEEPFM_EPOCHS, deepctr_deepfm_time_split
 
+            deepfm_epochs = size.deepfm_epochs or DEEPFM_EPOCHS
+
             def deepfm(seed: int) -> tuple[np.ndarray, list[int]]:
                 epochs: list[int] = []
 
                 def fit(train: Any, later: Any, k: int) -> np.ndarray:
-                    p, meta = deepctr_deepfm_time_split(train, later, schema, seed=seed)
+                    p, meta = deepctr_deepfm_time_split(train, later, schema, seed=seed, epochs=deepfm_epochs)
                     epochs.append(meta["epochs"])
                     return p
 
@@ -246,7 +258,7 @@ def run_rolling_dataset(
             info["deepctr-deepfm"] = {
                 "epochs_per_origin": [e for _, e in fits],
                 "seeds": list(size.seeds),
-                "epochs_tried": list(DEEPFM_EPOCHS),
+                "epochs_tried": list(deepfm_epochs),
             }
         else:
             skipped["deepctr-deepfm"] = why

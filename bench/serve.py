@@ -2,12 +2,15 @@
 
     python -m bench.serve [--keys 200000] [--seconds 4] [--batches 1,32,256] [--clients 1,8,32]
                           [--mmap-keys 10000000] [--mmap-dim 16] [--parts http,reload,size]
+                          [--format criteo|avazu] [--request whole|used]
 
-A synthetic bundle (the demo architecture, Criteo fields, `--keys` rows, lines from `pipeline.generate`)
-is served by `ctrpipe score-server --bundle` in a child process; client threads with keep-alive
-connections post `batch` raw lines per request for `--seconds` per cell.  The baseline, in the same
-run, scores the same lines in this process without HTTP (`ServingModel.parse` + `score_features`,
-one request at a time, in one worker thread as the server does): the ceiling of the model itself.
+A synthetic bundle (the demo architecture, `--keys` rows; Criteo fields and lines from `pipeline.generate`, or
+with `--format avazu` a timestamped schema's fields and Zipf-distributed lines) is served by
+`ctrpipe score-server --bundle` in a child process; client threads with keep-alive connections post `batch` raw
+lines per request for `--seconds` per cell (`--request used`: features-only lines of only the columns the model
+reads, `"labelled": false`; the default: whole labelled lines).  The baseline, in the same run, scores the same
+lines in this process without HTTP (`ServingModel.score_batch`, one request at a time, in one worker thread as the
+server does): the ceiling of the model itself.
 
 Where the time goes: the in-process rows split a request into the server's stages (`ServingModel.score_batch`'s
 `StageTimes`: prepare = entries to labelled lines, features = parse + encode, lookup, forward, other scoring),
@@ -43,9 +46,12 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 # ---- the bundle ------------------------------------------------------------------------------------
-def synthetic_lines(n: int, seed: int = 0) -> list[str]:
-    """`n` raw Criteo lines from the project's generator."""
+def synthetic_lines(n: int, seed: int = 0, fmt: str = "criteo") -> list[str]:
+    """`n` raw lines: Criteo's from the project's generator, or Avazu's (`avazu_lines`)."""
     from pipeline.generate import generate_days
+
+    if fmt == "avazu":
+        return avazu_lines(n, seed)
 
     tmp = tempfile.mkdtemp(prefix="bench-serve-lines-")
     try:
@@ -57,7 +63,35 @@ def synthetic_lines(n: int, seed: int = 0) -> list[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int, version: str = "v00001") -> dict:
+def avazu_lines(n: int, seed: int = 0) -> list[str]:
+    """`n` lines of the Avazu format (a timestamp, `hour`, that only dates rows): Zipf-distributed values, 17%
+    clicks."""
+    from pipeline.schema import AVAZU
+
+    rng = np.random.default_rng(seed)
+    nf = len(AVAZU.categorical)
+    ranks = rng.zipf(1.4, (n, nf)) % 20_000
+    clicks = (rng.random(n) < 0.17).astype(int)
+    out = []
+    for i in range(n):
+        values = {c: f"{j:02d}{ranks[i, j]:x}" for j, c in enumerate(AVAZU.categorical)}
+        values |= {"id": str(10**18 + i), "click": str(clicks[i]), "hour": f"141021{i % 24:02d}"}
+        out.append(",".join(values[c] for c in AVAZU.columns))
+    return out
+
+
+def used_lines(lines: list[str], fmt: str) -> list[str]:
+    """`lines` as features-only lines of only the columns the model reads (`LogSchema.request_columns`)."""
+    from pipeline.schema import get_schema
+
+    s = get_schema(fmt)
+    at = [s.columns.index(c) for c in s.request_columns]
+    return [s.separator.join(f[k] for k in at) for f in (line.split(s.separator) for line in lines)]
+
+
+def write_bundle(
+    out: Path, lines: list[str], *, keys: int, dim: int, seed: int, version: str = "v00001", fmt: str = "criteo"
+) -> dict:
     """A full bundle whose admitted keys are the values of `lines`
     seen twice, padded with random keys to `keys` rows."""
     import torch
@@ -73,7 +107,8 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
     from trainer.models.config import ModelConfig
     from trainer.models.ctr_model import CTRModel
 
-    schema = get_schema("criteo")
+    schema = get_schema(fmt)
+    nd, nf = len(schema.dense), len(schema.categorical)
     events = parse_chunk(("\n".join(lines) + "\n").encode(), schema=schema, file="bench").events
     seen = np.concatenate([feature_keys(j, events[c]) for j, c in enumerate(schema.categorical)])
     uniq, counts = np.unique(seen, return_counts=True)
@@ -84,17 +119,17 @@ def write_bundle(out: Path, lines: list[str], *, keys: int, dim: int, seed: int,
     rows = export.SparseRows(row_keys, rng.normal(0, 0.05, (row_keys.size, dim)).astype(np.float32))
     cfg = ModelConfig(num_heads=2, mlp_dims=(64, 32), dropout=0.0)
     torch.manual_seed(seed)
-    net = CTRModel(cfg, num_dense=13, num_fields=26, dim=dim).eval()
+    net = CTRModel(cfg, num_dense=nd, num_fields=nf, dim=dim).eval()
     meta = ModelMeta.of(
         model_name="ctr",
         model_config=cfg,
         dim=dim,
         init_std=0.05,
-        num_dense=13,
-        num_fields=26,
+        num_dense=nd,
+        num_fields=nf,
         fields=schema.categorical,
-        dense_columns=tuple(f"d_{i}" for i in range(13)),
-        key_columns=tuple(f"k_{j}" for j in range(26)),
+        dense_columns=tuple(f"d_{i}" for i in range(nd)),
+        key_columns=tuple(f"k_{j}" for j in range(nf)),
         vocab_date="2026-01-01",
         run_tag="bench",
         features_url="",
@@ -159,10 +194,13 @@ def percentiles(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
-def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> dict[str, Any]:
+def in_process(
+    bundle: Path, lines: list[str], batch: int, seconds: float, labelled: bool | None = None
+) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     from flows.serving.bundle import BundleReader
+    from flows.serving.lines import with_labels
     from flows.serving.model import ScoreRequest, StageTimes, load_model
     from pipeline.encode.frame import encode_frame
     from pipeline.ingest.parse import parse_chunk
@@ -175,12 +213,15 @@ def in_process(bundle: Path, lines: list[str], batch: int, seconds: float) -> di
         while time.perf_counter() < t_end:
             chunk = [lines[(i + j) % len(lines)] for j in range(batch)]
             t0 = time.perf_counter()
-            model.score_batch([ScoreRequest("lines", chunk)], times)
+            model.score_batch([ScoreRequest("lines", chunk, labelled)], times)
             lat.append(time.perf_counter() - t0)
             i += batch
         parts = {"parse": 0.0, "encode": 0.0}  # the feature path's two halves, on the same batches
         for k in range(min(len(lat), 50)):
-            data = ("\n".join(lines[(k * batch + j) % len(lines)] for j in range(batch)) + "\n").encode()
+            chunk = [lines[(k * batch + j) % len(lines)] for j in range(batch)]
+            data = (
+                "\n".join(str(x) for x in with_labels(chunk, model.spec.schema, labelled=labelled)[0]) + "\n"
+            ).encode()
             t0 = time.perf_counter()
             chunk_ = parse_chunk(data, schema=model.spec.schema, file="bench", first_line=2)
             t1 = time.perf_counter()
@@ -255,7 +296,14 @@ def server_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[
 
 
 def http_load(
-    port: int, lines: list[str], *, batch: int, clients: int, seconds: float, versions: list[str] | None = None
+    port: int,
+    lines: list[str],
+    *,
+    batch: int,
+    clients: int,
+    seconds: float,
+    versions: list[str] | None = None,
+    labelled: bool | None = None,
 ) -> dict[str, Any]:
     lat: list[float] = []
     failures: list[Any] = []
@@ -266,7 +314,8 @@ def http_load(
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         i = k * 997
         while time.perf_counter() < t_end:
-            body = json.dumps({"lines": [lines[(i + j) % len(lines)] for j in range(batch)]})
+            said = {} if labelled is None else {"labelled": labelled}
+            body = json.dumps({"lines": [lines[(i + j) % len(lines)] for j in range(batch)], **said})
             t0 = time.perf_counter()
             try:
                 conn.request("POST", "/v1/score", body=body, headers={"Content-Type": "application/json"})
@@ -401,6 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mmap-keys", type=int, default=10_000_000, help="0 skips the memory part")
     p.add_argument("--mmap-dim", type=int, default=16)
     p.add_argument("--parts", default="http,reload,size", help="which parts to run (the memory part: --mmap-keys)")
+    p.add_argument("--format", default="criteo", choices=["criteo", "avazu"], help="avazu: a timestamped schema")
+    p.add_argument("--request", default="whole", choices=["whole", "used"], help="used: only the columns read")
+    p.add_argument("--out", default="serve", help="the results' name: bench/results/<out>.json")
     add_smoke(p)  # every part, tiny: 10^4 keys, half-second cells, 1 and 4 clients, 10^5 mapped keys
     args = apply_smoke(
         p.parse_args(argv), {"keys": 10_000, "seconds": 0.5, "batches": "1,32", "clients": "1,4", "mmap_keys": 100_000}
@@ -411,15 +463,17 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     rows: list[dict[str, Any]] = []
     try:
-        lines = synthetic_lines(20_000)
+        lines = synthetic_lines(20_000, fmt=args.format)
         root = tmp / "root"
-        made = write_bundle(root / "bundles" / "ctr" / "v00001", lines, keys=args.keys, dim=args.dim, seed=0)
-        write_bundle(root / "bundles" / "ctr" / "v00002", lines, keys=args.keys, dim=args.dim, seed=1, version="v00002")
+        sizes = {"keys": args.keys, "dim": args.dim, "fmt": args.format}
+        made = write_bundle(root / "bundles" / "ctr" / "v00001", lines, seed=0, **sizes)
+        write_bundle(root / "bundles" / "ctr" / "v00002", lines, seed=1, version="v00002", **sizes)
         (root / "bundles" / "ctr" / "LATEST").write_text("v00001\n")
         bundle = root / "bundles" / "ctr" / "v00001"
 
         if "http" in parts:
-            rows += http_rows(bundle, lines, batches, clients, args.seconds, tmp)
+            sent, labelled = (used_lines(lines, args.format), False) if args.request == "used" else (lines, None)
+            rows += http_rows(bundle, sent, batches, clients, args.seconds, tmp, labelled=labelled)
         if "reload" in parts:
             rows += reload_rows(root, lines, args.seconds, tmp)
         if "size" in parts:
@@ -463,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         "peak_MiB",
     ]
     report(
-        "serve",
+        args.out,
         rows,
         params=vars(args),
         columns=cols,
@@ -471,25 +525,32 @@ def main(argv: list[str] | None = None) -> None:
         "latency.  Breakdown (ms per request, means): wait in the batcher's queue, prepare, features (parse + "
         "encode; path_parse/path_encode: the feature path's halves timed apart), lookup, forward, other "
         "scoring, http_other (HTTP, JSON, event loop, handoffs).  Goals: >= 0.5x at 32 clients x 32 lines; "
-        "batch 1 adds <= ~2 ms p50, ~10 ms p99; 0 failed requests during the reload.  Clients, server and "
-        "baseline share this machine's cores.",
+        "one line <= 3 ms p50, <= 6 ms p99 on a quiet machine (Criteo and --format avazu); 0 failed requests "
+        "during the reload.  Clients, server and baseline share this machine's cores.",
     )
 
 
 def http_rows(
-    bundle: Path, lines: list[str], batches: list[int], clients: list[int], seconds: float, tmp: Path
+    bundle: Path,
+    lines: list[str],
+    batches: list[int],
+    clients: list[int],
+    seconds: float,
+    tmp: Path,
+    *,
+    labelled: bool | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    base = {b: in_process(bundle, lines, b, seconds) for b in batches}
+    base = {b: in_process(bundle, lines, b, seconds, labelled) for b in batches}
     port = free_port()
     proc = start_server(["--bundle", str(bundle)], port, tmp / "server.log")
     try:
-        http_load(port, lines, batch=32, clients=4, seconds=1.0)  # warm-up
+        http_load(port, lines, batch=32, clients=4, seconds=1.0, labelled=labelled)  # warm-up
         for b in batches:
             rows.append({"part": "in-process", "batch": b, "clients": 1, **base[b]})
             for c in clients:
                 before = scrape(port)
-                r = http_load(port, lines, batch=b, clients=c, seconds=seconds)
+                r = http_load(port, lines, batch=b, clients=c, seconds=seconds, labelled=labelled)
                 rows.append(
                     {
                         "part": "http",

@@ -21,6 +21,10 @@ Parts (``--parts``, default all):
   AdaGrad): bytes per key on SSD and in
   DRAM, rows per 4 KiB unit,
   build rate, peak RSS, index bytes, SSD read and update cost per key.
+- ``upgrade``: a shard of the 0.1.0 release (`ctr-ssd-shard/2`: fp32 rows with Adam's moments, dim 16) of 10^6 and
+  10^7 keys converted where it lies to the default rows (`storage.embedding.ssd.upgrade`, what the warm stage does
+  now), beside the rebuild it replaces (the shard wiped and restored from the published snapshot of the same rows,
+  converted on the way), with each one's seconds per 10^8 keys extrapolated linearly from the measured sizes.
 
 The host, ssd and index parts use the default row format (`StoreConfig()`, `OptimConfig().sparse_optimizer`).
 
@@ -47,6 +51,7 @@ import torch
 
 from bench._common import add_smoke, report
 from storage.embedding.config import StoreConfig
+from storage.embedding.rows.batch import Rows
 from storage.embedding.rows.format import RowFormat
 from trainer.config import OptimConfig
 
@@ -662,6 +667,111 @@ so) and `--smoke` (seconds; the first
 row format only)."""
 
 
+def write_v2_shard(path: Path, keys: np.ndarray, seed: int = 0, tag: str = "published", dim: int = DIM) -> Rows:
+    """A shard as the 0.1.0 release wrote it (`ctr-ssd-shard/2`, closed cleanly, tagged `tag`) holding random fp32
+    Adam rows of `keys`; returns the rows (int32 clock)."""
+    from storage.embedding.ssd import disk_format
+    from storage.embedding.ssd.compact_index import CompactSlotMap
+    from storage.embedding.ssd.shard_file import ShardFile
+
+    layout = disk_format.RecordLayout.v2(dim)
+    g = torch.Generator().manual_seed(seed)
+    n = keys.size
+    rows = Rows(
+        torch.randn(n, dim, generator=g) * 0.05,
+        {"m": torch.randn(n, dim, generator=g) * 1e-3, "v": torch.rand(n, dim, generator=g) * 1e-4},
+        torch.randint(0, 1000, (n,), generator=g, dtype=torch.int32),
+    )
+    path.mkdir(parents=True)
+    shard = ShardFile(path, layout, CompactSlotMap(), gc_threshold=0.5, direct_io=True, io_threads=4)
+    for lo in range(0, n, 1 << 18):
+        k = keys[lo : lo + (1 << 18)]
+        shard.write(k, layout.to_records(k, rows.select(np.arange(lo, lo + k.size))))
+    shard.file.fsync()
+    disk_format.write_index(path, disk_format.index_name(1), shard.index)
+    shard.close()
+    sizes = {
+        "record_bytes": layout.record_bytes,
+        "unit_bytes": layout.unit_bytes,
+        "rows_per_unit": layout.rows_per_unit,
+    }
+    meta = {"format": disk_format.V2, "dim": dim, "block": 4096, **sizes, "generation": 1, "clean": True}
+    disk_format.write_meta(path, {**meta, "index": disk_format.index_name(1), "tag": tag, "rows": n})
+    return rows
+
+
+def _uncached(path: Path) -> None:
+    """Drop `path`'s pages from the page cache (written, synced): read back from the disk, as a day's would be."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def bench_upgrade(sizes: list[int], workdir: Path) -> None:
+    """The ``upgrade`` part (module docstring): convert in place vs rebuild from the snapshot, per size; wall and
+    CPU seconds (this process's), the files read from the disk, not the page cache."""
+    from storage.embedding.snapshot import SnapshotWriter
+    from storage.embedding.ssd.store import SsdStore
+    from storage.embedding.ssd.upgrade import PER, convert_shard
+
+    out = []
+    for n in sizes:
+        keys = np.arange(n, dtype=np.int64) * 7 + 3
+        shard, snapshot = workdir / f"upgrade-{n}", workdir / f"upgrade-{n}.parquet"
+        rows = write_v2_shard(shard, keys)
+        with SnapshotWriter(str(snapshot), FP32_ADAM) as w:  # the published model's rows (0.1.0 wrote fp32 Adam)
+            for lo in range(0, n, 1 << 18):
+                w.write(keys[lo : lo + (1 << 18)], rows.select(np.arange(lo, min(n, lo + (1 << 18)))))
+        v2_bytes = (shard / "rows.bin").stat().st_size
+        for path in (shard / "rows.bin", snapshot):
+            _uncached(path)
+        t0, c0 = time.perf_counter(), time.process_time()
+        converted = convert_shard(shard, DEFAULT, init_std=0.01, tag="published")
+        took = {"convert in place (now)": (time.perf_counter() - t0, time.process_time() - c0)}
+        with SsdStore(str(shard), DEFAULT) as s:
+            if converted is None or converted.rows != n or len(s) != n or s.tag != "published":
+                raise RuntimeError(f"the conversion of {n} keys left {len(s)} rows tagged {s.tag}: {converted}")
+            new_bytes = s.file_bytes
+        shutil.rmtree(shard)
+        t0, c0 = time.perf_counter(), time.process_time()
+        with SsdStore(str(shard), DEFAULT) as s:  # what the warm stage did before: wipe, restore from the snapshot
+            s.restore(str(snapshot))
+        took["rebuild from snapshot (before)"] = (time.perf_counter() - t0, time.process_time() - c0)
+        shutil.rmtree(shard)
+        snapshot.unlink()
+        for path, (secs, cpu) in took.items():
+            out.append(
+                {
+                    "keys": n,
+                    "path": path,
+                    "seconds": secs,
+                    "cpu_s": cpu,
+                    "keys_per_s": n / secs,
+                    "s_per_1e8_keys": secs / n * PER,
+                    "cpu_s_per_1e8_keys": cpu / n * PER,
+                    "v2_MB": v2_bytes / 1e6,
+                    "new_MB": new_bytes / 1e6,
+                }
+            )
+    report(
+        "store_upgrade",
+        out,
+        params={
+            "dim": DIM,
+            "from": "ctr-ssd-shard/2 adam/fp32",
+            "to": DEFAULT.name,
+            "sizes": sizes,
+            "torch_threads": torch.get_num_threads(),
+            "load_average": os.getloadavg(),
+        },
+        notes="s_per_1e8_keys: the measured seconds scaled linearly to 10^8 keys (one shard, one process); cpu_s: "
+        "this process's CPU seconds (both paths convert the rows the same way: the rebuild also reads the snapshot).",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (a minute or so)")
@@ -669,8 +779,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--parts",
         nargs="+",
-        default=["index,host,ssd,hitrate,scale"],
-        help="parts to run, space- or comma-separated (index host ssd hitrate scale)",
+        default=["index,host,ssd,hitrate,scale,upgrade"],
+        help="parts to run, space- or comma-separated (index host ssd hitrate scale upgrade)",
     )
     ap.add_argument("--max-keys", type=int, default=None, help="largest table of the scale part (default 10^7)")
     ap.add_argument("--workdir", default=None, help="directory for SSD files (default: a temp dir under /work or /tmp)")
@@ -686,9 +796,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     formats = [RowFormat.parse(DIM, f) for f in args.formats]
     parts = {p for arg in args.parts for p in arg.split(",") if p}
-    unknown = parts - {"index", "host", "ssd", "hitrate", "scale"}
+    unknown = parts - {"index", "host", "ssd", "hitrate", "scale", "upgrade"}
     if unknown:
-        ap.error(f"unknown --parts {sorted(unknown)}; choose from index, host, ssd, hitrate, scale")
+        ap.error(f"unknown --parts {sorted(unknown)}; choose from index, host, ssd, hitrate, scale, upgrade")
     size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     if args.smoke:
         formats = formats[:1]
@@ -710,6 +820,8 @@ def main(argv: list[str] | None = None) -> None:
             if max_keys not in sizes:
                 sizes.append(max_keys)
             bench_scale(sizes, work, HOST_CAP_BYTES, size["queries"], 1 << 14, formats)
+        if "upgrade" in parts:
+            bench_upgrade([10**4] if args.smoke else [10**5, 10**6] if args.quick else [10**6, 10**7], work)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -31,12 +32,30 @@ from pipeline.schema import LogSchema, get_schema, yaml_error_text
 from storage.embedding.config import StoreConfig
 from storage.io import codec
 from storage.io.codec import ConfigError
+from storage.io.identity import Role, declarations, with_absent_values
 from storage.io.layout import Layout, validate_model_name
 from storage.io.registry import RegistryConfig
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
 from trainer.models.config import ModelConfig
 
-__all__ = ["ConfigError", "RunConfig", "check_format", "from_dict", "load_config", "parse_yaml", "with_overrides"]
+if TYPE_CHECKING:  # model.json's record; only its type is needed here (trainer.model_dir imports torch)
+    from trainer.model_dir import ModelMeta
+
+log = logging.getLogger("ctrpipe")
+
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "check_format",
+    "config_sources",
+    "from_dict",
+    "lineage_config",
+    "lineage_values",
+    "load_config",
+    "parse_yaml",
+    "shape_keys",
+    "with_overrides",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +100,10 @@ class RunConfig:
     """Where `ctrpipe deploy`'s alert automations send, and when a missing daily run alerts."""
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     """Retention of the model registry: how many versions are kept."""
+    set_keys: tuple[str, ...] = ()
+    """The dotted keys the config file and `--set` gave (`load_config` fills it in; a preset's values are defaults).
+    A lineage keeps its published model's value of every shape key not named here (`lineage_config`): a default
+    that changes between releases reaches new lineages only."""
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -165,6 +188,7 @@ def load_config(
     behind `input.format` (`check_format`).
     """
     data: dict[str, Any] = base.to_dict() if base is not None else {}
+    given: list[str] = list(data.get("set_keys", ()))
     if path:
         try:
             loaded = parse_yaml(Path(path).read_text()) or {}
@@ -175,11 +199,15 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         _merge(data, loaded)
+        given += _leaves(loaded)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
-        _set_path(data, key.strip().split("."), parse_yaml(raw) if raw != "" else "")
+        value = parse_yaml(raw) if raw != "" else ""
+        _set_path(data, key.strip().split("."), value)
+        given += _leaves({key.strip(): value})
+    data["set_keys"] = _set_keys(data, given)
     cfg = from_dict(data)
     check_format(cfg.input.format, key="input.format")
     return cfg
@@ -201,12 +229,108 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     return codec.decode(RunConfig, data)
 
 
-def with_overrides(config: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    """A copy of `config` with dotted-key overrides applied and validated again."""
+def with_overrides(config: RunConfig, overrides: dict[str, Any], *, given: bool = True) -> RunConfig:
+    """A copy of `config` with dotted-key overrides applied and validated again; `given`: they count as set by the
+    user (`RunConfig.set_keys`), as `--set` does."""
     data = config.to_dict()
     for key, value in overrides.items():
         _set_path(data, key.split("."), value)
+    if given:
+        data["set_keys"] = _set_keys(data, [*config.set_keys, *_leaves(overrides)])
     return from_dict(data)
+
+
+# ---- a lineage's shape keys ---------------------------------------------------------------------
+SOURCES = ("set", "lineage", "default")
+"""Where a shape key's value comes from (`config_sources`): the config file or `--set`, the published model, or the
+preset and the code's defaults."""
+
+
+def shape_keys() -> tuple[str, ...]:
+    """The keys a lineage keeps: the `model` fields declared `Role.SHAPE` and `store.embedding_dim`.  Another value
+    of one does not fit the published model's dense weights (or rows): `trainer.model_dir.warm_start`."""
+    model = [f"model.{n}" for n, d in declarations(ModelConfig).items() if d.role is Role.SHAPE]
+    return (*model, "store.embedding_dim")
+
+
+def lineage_values(meta: ModelMeta) -> dict[str, Any]:
+    """The shape keys' values the published model `meta` was trained with, as plain data, where known: its
+    model.json `model_config`, a key added since at the value it stood for before it existed, and its `dim`."""
+    saved = with_absent_values(meta.model_config, ModelConfig)
+    model = {key: key.removeprefix("model.") for key in shape_keys() if key.startswith("model.")}
+    return {**{key: saved[name] for key, name in model.items() if name in saved}, "store.embedding_dim": meta.dim}
+
+
+def lineage_config(cfg: RunConfig, meta: ModelMeta | None) -> tuple[RunConfig, dict[str, tuple[Any, Any]]]:
+    """`cfg` continuing the lineage whose published model is `meta`, and the pins that changed a value (key ->
+    (the lineage's value, `cfg`'s)).
+
+    Each shape key that `cfg` does not set (`RunConfig.set_keys`) takes the value the model was trained with,
+    so the day warm-starts its dense part whatever today's defaults are; a key the user sets keeps its value
+    (`trainer.model_dir.warm_start` then says whether it starts the dense part cold).  No `meta` (a new
+    lineage): `cfg`.  Values that `cfg` refuses together (a kept `model.num_heads` that does not divide a set
+    `store.embedding_dim`) leave `cfg` as it is, with a warning, and the warm stage says why the dense part
+    starts cold.
+    """
+    if meta is None:
+        return cfg, {}
+    data = cfg.to_dict()
+    pins = {key: value for key, value in lineage_values(meta).items() if key not in cfg.set_keys}
+    kept = {k: (_plain(v), _plain(_value(data, k))) for k, v in pins.items() if _plain(v) != _plain(_value(data, k))}
+    try:
+        return with_overrides(cfg, pins, given=False), kept
+    except ConfigError as exc:
+        log.warning("the published model's shape keys do not fit this config (%s): kept none of them", exc)
+        return cfg, {}
+
+
+def config_sources(cfg: RunConfig, meta: ModelMeta | None) -> dict[str, str]:
+    """Where each shape key's value in `cfg` (a `lineage_config`) came from (`SOURCES`): `set` when the config
+    file or `--set` gave it, `lineage` when it is the published model `meta`'s value, else `default`."""
+    data, saved = cfg.to_dict(), lineage_values(meta) if meta is not None else {}
+    return {
+        key: "set"
+        if key in cfg.set_keys
+        else "lineage"
+        if key in saved and _plain(saved[key]) == _plain(_value(data, key))
+        else "default"
+        for key in shape_keys()
+    }
+
+
+def kept_line(version: str, kept: dict[str, tuple[Any, Any]]) -> str:
+    """The run's line for the pins of `lineage_config` that changed a value."""
+    keys = ", ".join(f"{k}={_plain(lineage)} (default {_plain(default)})" for k, (lineage, default) in kept.items())
+    return (
+        f"lineage: {version} was trained with {keys}; kept, so the dense part warm-starts "
+        "(set a key in the config to change it: the dense part then starts cold)"
+    )
+
+
+def _value(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON has it (tuples are lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of the values in `data` (a nested mapping of sections, or dotted keys)."""
+    out: list[str] = []
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        out += _leaves(value, f"{name}.") if isinstance(value, dict) and value else [name]
+    return out
+
+
+def _set_keys(data: dict[str, Any], given: list[str]) -> list[str]:
+    """`RunConfig.set_keys`: the keys given, with those `data` already names, sorted once each."""
+    return sorted((set(given) | set(data.get("set_keys", ()))) - {"set_keys"})
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:

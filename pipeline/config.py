@@ -59,7 +59,8 @@ class IngestConfig:
     rows_per_partition: int = 200_000
     """Rows per Dask partition (and per output Parquet part): bounds one task's memory."""
     max_bad_fraction: float = 0.01
-    """If more than this share of a date's rows is quarantined, the date fails and nothing is committed."""
+    """If more than this share of the rows read for a date (its files' lines) is quarantined, the date fails and
+    nothing is committed."""
     block_size: int = 128 << 20
     """Plain (uncompressed) input files larger than this many bytes are cut into byte ranges of this
     size, each parsed by its own task; compressed files are always read by one task."""

@@ -15,7 +15,10 @@ the properties the pipeline and the model care about:
 - with `interactions=N`, N planted pairwise field interactions (FM-style: the
   dot product of two values' latent vectors) and one three-way term on top:
   what a logistic regression on one-hot values cannot learn and a model of
-  feature interactions can (`planted_interactions` says which fields).
+  feature interactions can (`planted_interactions` says which fields);
+- with `keys=N`, the large fields (`KEYED_FIELDS`) draw from N distinct values in all instead of ~0.9M (a day
+  bigger than the host tier's memory), and `zipf` sets their skew: how many keys a day admits depends on both
+  and on its rows, so the generator counts them (`GeneratedDay.keys`, `repeated`).
 
 Everything is vectorised numpy and deterministic for a seed; a value's weight
 and its text depend only on (seed, field, value id), never on the day or row.
@@ -112,6 +115,8 @@ INTERCEPT = -1.3
 # With these the true probabilities reach AUC ~0.79 at a click rate ~0.24.
 INTERACTION_FIELDS = (0, 1, 4, 5, 6, 7, 10, 12, 13, 14, 16, 17, 18, 21, 22, 24)
 """The fields `interactions` pairs: those of at most ~14k values, whose pairs a day of data can show."""
+KEYED_FIELDS = tuple(j for j, c in enumerate(CARDINALITY) if c > 14_000)
+"""The fields `keys` widens: the large ones, none weighted or paired in the click model (so AUC's ceiling stays)."""
 LATENT_DIM = 4
 """Width of the values' latent vectors in the planted interactions."""
 PAIR_SCALE = 0.4
@@ -126,6 +131,10 @@ class GeneratedDay:
     path: str
     rows: int
     click_rate: float
+    keys: int = 0
+    """Distinct (field, value) pairs the day holds."""
+    repeated: int = 0
+    """Of those, the ones seen twice or more: what `vocab.min_count: 2` admits from this day alone."""
 
 
 def generate_days(
@@ -137,13 +146,15 @@ def generate_days(
     start_date: str = "2026-01-01",
     with_truth: bool = False,
     interactions: int = 0,
+    keys: int | None = None,
+    zipf: float = ZIPF_EXPONENT,
     storage_options: dict | None = None,
 ) -> list[GeneratedDay]:
     """Write `days` files `<out>/day_YYYY-MM-DD.tsv.gz` of `rows_per_day` rows each (or, given one
     count per day, of that day's count).
 
     With `with_truth`, `day_D.truth.npy` beside each file holds every row's true
-    click probability (float32), the ceiling any model can reach.  `interactions`:
+    click probability (float32), the ceiling any model can reach.  `interactions`, `keys`, `zipf`:
     see `generate_day`.
     """
     counts = (rows_per_day,) * days if isinstance(rows_per_day, int) else tuple(rows_per_day)
@@ -158,7 +169,7 @@ def generate_days(
     result = []
     for d, rows in enumerate(counts):
         date = (first + _dt.timedelta(days=d)).isoformat()
-        table, prob = generate_day(d, rows, seed=seed, interactions=interactions)
+        table, prob = generate_day(d, rows, seed=seed, interactions=interactions, keys=keys, zipf=zipf)
         path = join(out, f"day_{date}.tsv.gz")
         with (
             fs.open(join(base, f"day_{date}.tsv.gz"), "wb") as raw,
@@ -170,22 +181,44 @@ def generate_days(
             with fs.open(join(base, f"day_{date}.truth.npy"), "wb") as f:
                 np.save(f, prob)
         labels = table.column("label").to_numpy()
-        result.append(GeneratedDay(date=date, path=path, rows=rows, click_rate=float(labels.mean())))
+        distinct, repeated = key_counts(table)
+        result.append(
+            GeneratedDay(
+                date=date,
+                path=path,
+                rows=rows,
+                click_rate=float(labels.mean()),
+                keys=distinct,
+                repeated=repeated,
+            )
+        )
     return result
 
 
-def generate_day(day_index: int, rows: int, *, seed: int = 0, interactions: int = 0) -> tuple[pa.Table, np.ndarray]:
+def generate_day(
+    day_index: int,
+    rows: int,
+    *,
+    seed: int = 0,
+    interactions: int = 0,
+    keys: int | None = None,
+    zipf: float = ZIPF_EXPONENT,
+) -> tuple[pa.Table, np.ndarray]:
     """One day's rows as an Arrow table (label, I1..I13, C1..C26) and the true click probabilities.
 
     `interactions` = N > 0 adds the N pairwise terms and the three-way term of
     `planted_interactions(seed, N)` to the click model; N = 0 writes the same rows as before they existed.
+    `keys` and `zipf`: the large fields' value counts and skew (`cardinalities`); the defaults write the same
+    rows as before they existed.
     """
     pairs, triple = planted_interactions(seed, interactions)
+    cards = cardinalities(keys)
     rng = np.random.default_rng([seed, day_index])
     ids = np.empty((N_CATEGORICAL, rows), dtype=np.int64)
     missing = np.empty((N_CATEGORICAL, rows), dtype=bool)
-    for j, card in enumerate(CARDINALITY):
-        ids[j] = value_ids(_zipf_ranks(rng, card, rows), card, day_index)
+    for j, card in enumerate(cards):
+        exponent = zipf if j in KEYED_FIELDS else ZIPF_EXPONENT
+        ids[j] = value_ids(_zipf_ranks(rng, card, rows, exponent), card, day_index)
         missing[j] = rng.random(rows) < MISSING_RATE[j]
     dense = np.empty((N_DENSE, rows), dtype=np.int64)
     dense_missing = np.empty((N_DENSE, rows), dtype=bool)
@@ -222,6 +255,33 @@ def generate_day(day_index: int, rows: int, *, seed: int = 0, interactions: int 
     return pa.table(columns), prob
 
 
+def cardinalities(keys: int | None) -> tuple[int, ...]:
+    """Distinct values per field when all fields together draw from `keys` values (None: `CARDINALITY`): the
+    large fields (`KEYED_FIELDS`) scaled by one factor, the others as they are.
+
+    Raises:
+        ValueError: `keys` leaves the large fields fewer values than they have by default.
+    """
+    if keys is None:
+        return CARDINALITY
+    fixed = sum(c for j, c in enumerate(CARDINALITY) if j not in KEYED_FIELDS)
+    large = sum(CARDINALITY) - fixed
+    if keys < sum(CARDINALITY):
+        raise ValueError(f"keys must be >= {sum(CARDINALITY):,} (the default fields' values), got {keys:,}")
+    scale = (keys - fixed) / large
+    return tuple(round(c * scale) if j in KEYED_FIELDS else c for j, c in enumerate(CARDINALITY))
+
+
+def key_counts(table: pa.Table) -> tuple[int, int]:
+    """(distinct, seen twice or more) (field, value) pairs of a day's categorical columns."""
+    distinct = repeated = 0
+    for j in range(N_CATEGORICAL):
+        counts = pc.value_counts(table.column(f"C{j + 1}").drop_null()).field("counts").to_numpy()
+        distinct += counts.size
+        repeated += int((counts >= 2).sum())
+    return distinct, repeated
+
+
 def planted_interactions(seed: int, n: int) -> tuple[tuple[tuple[int, int], ...], tuple[int, int, int] | None]:
     """The `n` field pairs (0-based categorical indexes) and the three fields of the three-way term that
     `generate_day(..., interactions=n)` plants for `seed`: drawn from `INTERACTION_FIELDS` by the seed alone.
@@ -251,8 +311,8 @@ def value_ids(ranks: np.ndarray, cardinality: int, day_index: int) -> np.ndarray
     return np.where(ranks < head, ranks, ranks + day_index * shift)
 
 
-def _zipf_ranks(rng: np.random.Generator, cardinality: int, rows: int) -> np.ndarray:
-    weights = np.arange(1, cardinality + 1, dtype=np.float64) ** -ZIPF_EXPONENT
+def _zipf_ranks(rng: np.random.Generator, cardinality: int, rows: int, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
+    weights = np.arange(1, cardinality + 1, dtype=np.float64) ** -exponent
     cdf = np.cumsum(weights)
     return np.minimum(np.searchsorted(cdf, rng.random(rows) * cdf[-1]), cardinality - 1)
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import difflib
 import functools
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 _CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
@@ -44,6 +47,9 @@ _AVAZU_COLUMNS = (
     "C20",
     "C21",
 )
+TIME_FEATURES = ("hour_of_day", "day_of_week")
+"""Categorical fields a schema may derive from its timestamp (`time_features`, `time_feature_values`)."""
+_WEEKDAYS = np.array(["mon", "tue", "wed", "thu", "fri", "sat", "sun"], dtype=object)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,10 +85,14 @@ class LogSchema:
     multi_valued: tuple[tuple[str, str], ...] = ()
     """(column, inner separator) of categorical columns holding a list of values in one field;
     they become list<string> events columns and bags of keys in features (`bag_<j>`)."""
+    time_features: tuple[str, ...] = ()
+    """Members of `categorical` derived from `timestamp` rather than read from a column (`TIME_FEATURES`):
+    the parser writes them (`time_feature_values`), so ingest and scoring derive them alike."""
 
     def __post_init__(self) -> None:
         known = set(self.columns)
-        for role in (self.label, *self.dense, *self.categorical):
+        derived = set(self.time_features)
+        for role in (self.label, *self.dense, *(c for c in self.categorical if c not in derived)):
             if role not in known:
                 raise ValueError(f"schema {self.name}: column {role!r} is not in columns {self.columns}")
         if self.timestamp is not None and (self.timestamp not in known or not self.timestamp_format):
@@ -109,6 +119,20 @@ class LogSchema:
                 )
         if not set(self.floats) <= set(self.dense):
             raise ValueError(f"schema {self.name}: float columns {self.floats} must be dense columns")
+        self._check_time_features()
+
+    def _check_time_features(self) -> None:
+        for name in self.time_features:
+            if name not in TIME_FEATURES:
+                raise ValueError(
+                    f"schema {self.name}: unknown time feature {name!r}; known: {', '.join(TIME_FEATURES)}"
+                )
+            if self.timestamp is None:
+                raise ValueError(f"schema {self.name}: time feature {name!r} needs a timestamp column")
+            if name in self.columns or name not in self.categorical or name in self.multi_separator:
+                raise ValueError(
+                    f"schema {self.name}: time feature {name!r} must be a categorical field and not a column name"
+                )
 
     @property
     def required_fields(self) -> int:
@@ -119,8 +143,27 @@ class LogSchema:
         """Multi-valued column -> its inner separator."""
         return dict(self.multi_valued)
 
+    @property
+    def reads_timestamp(self) -> bool:
+        """Whether a feature is derived from `timestamp` (then a scoring request must carry it); otherwise the
+        timestamp only dates rows."""
+        return bool(self.time_features)
+
+    @property
+    def request_columns(self) -> tuple[str, ...]:
+        """The columns the model reads, in file order: every feature column (dense, categorical, multi-valued)
+        and the timestamp when a feature reads it.  A scoring request may leave out every other column."""
+        used = {*self.dense, *self.categorical, *((self.timestamp,) if self.reads_timestamp else ())}
+        return tuple(c for c in self.columns if c in used)
+
+    def digest(self) -> str:
+        """A short hash of what the schema says (fields left at their defaults are left out, so a field added
+        later does not change it): committed events parsed with another schema of the same name are stale."""
+        said = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+        return hashlib.sha256(json.dumps(said, sort_keys=True).encode()).hexdigest()[:16]
+
     def events_schema(self) -> pa.Schema:
-        """Arrow schema of the events Parquet (docs/ARCHITECTURE.md, "events")."""
+        """Arrow schema of the events Parquet (docs/formats.md, "events")."""
         multi = self.multi_separator
         return pa.schema(
             [("label", pa.int8()), ("ts", pa.int64()), ("order", pa.int64())]
@@ -153,6 +196,19 @@ AVAZU = LogSchema(
 )
 
 SCHEMAS = {s.name: s for s in (CRITEO, AVAZU)}
+
+
+def time_feature_values(name: str, seconds: np.ndarray) -> pa.Array:
+    """The values of time feature `name` (`TIME_FEATURES`) of events at `seconds` since the epoch.
+
+    The time is the timestamp's own: the wall clock a strptime pattern's text states (read as UTC, so its
+    hours are the text's), UTC for unix numbers.  `hour_of_day`: "0".."23"; `day_of_week`: "mon".."sun".
+    """
+    if name == "hour_of_day":
+        return pa.array(((seconds // 3600) % 24).astype(str), pa.string())
+    if name == "day_of_week":
+        return pa.array(_WEEKDAYS[(seconds // 86_400 + 3) % 7], pa.string())  # 1970-01-01 was a Thursday
+    raise ValueError(f"unknown time feature {name!r}; known: {', '.join(TIME_FEATURES)}")
 
 
 SCHEMA_FILE_SUFFIXES = (".yaml", ".yml")
@@ -194,6 +250,8 @@ def load_schema_file(url: str) -> LogSchema:
         categorical: [site]        # field index = position (multi-valued ones follow unless listed)
         multi_valued: {tags: "|"}  # column -> inner separator: a list of values in one field
         min_fields: 0              # rows with fewer fields (but >= this) read missing trailing fields
+        time_features: [hour_of_day, day_of_week]   # categorical fields derived from the timestamp
+                                   # (after categorical and multi_valued unless listed in categorical)
 
     Raises:
         ValueError: the file is not valid YAML or describes an inconsistent schema (the message says what).
@@ -231,6 +289,7 @@ _SCHEMA_KEYS = {
     "categorical",
     "multi_valued",
     "min_fields",
+    "time_features",
 }
 
 
@@ -275,6 +334,8 @@ def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "s
         raise ValueError(f"{where}: multi_valued must map column -> inner separator, got {multi!r}")
     categorical = names("categorical")
     categorical += tuple(c for c in multi if c not in categorical)
+    time_features = names("time_features")
+    categorical += tuple(c for c in time_features if c not in categorical)
     integer, real = names("integer"), names("float")
     dense = tuple(c for c in columns if c in set(integer) | set(real))  # file order
     if not dense and not categorical:
@@ -295,6 +356,7 @@ def schema_from_dict(spec: Any, *, default_name: str = "custom", where: str = "s
             label_negative=negative,
             floats=real,
             multi_valued=tuple((str(k), str(v)) for k, v in multi.items()),
+            time_features=time_features,
         )
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None

@@ -13,7 +13,9 @@ One module for every side of it:
 
 `warm_shards`, for each rank:
 
-1. open its SSD shard (`NodeLayout.shard`);
+1. open its SSD shard (`NodeLayout.shard`); one of another row format or record layout (the 0.1.0 release's
+   `ctr-ssd-shard/2`) that holds the published model's rows is converted where it lies
+   (`storage.embedding.ssd.upgrade`), any other is wiped;
 2. keep it when its tag equals the plan's `snapshot_tag` (the published model's run tag) and it
    holds rows of the day's format; otherwise wipe it and restore the rows it owns from
    `snapshot_url` (a model's ``sparse/`` directory, written by any world size), or leave it empty
@@ -47,6 +49,7 @@ from storage.embedding.host import rows_for_budget
 from storage.embedding.rows.format import RowFormat
 from storage.embedding.snapshot import iter_snapshot, snapshot_format
 from storage.embedding.ssd.store import SsdStore
+from storage.embedding.ssd.upgrade import convert_shard, cost
 from storage.io import fsio
 from storage.io.layout import NodeLayout
 
@@ -124,14 +127,29 @@ def read_keys(url: str | None, storage_options: dict[str, Any] | None = None) ->
         return keys
 
 
-def _open(shard: str, store: StoreConfig, fmt: RowFormat) -> SsdStore:
+def _open(
+    rank: int, shard: str, store: StoreConfig, fmt: RowFormat, tag: str | None
+) -> tuple[SsdStore, dict[str, Any]]:
+    """Rank `rank`'s shard as a store of `fmt`, and the start of its report (with `converted`, when it held records
+    of another format: `{"from", "rows", "s"}`).
+
+    A shard of another row format or record layout that holds the rows tagged `tag` (the published model's) is
+    converted where it lies (`storage.embedding.ssd.upgrade`); any other (another dim, not closed cleanly, other
+    rows) is a cache of a snapshot: it starts over, and `_restore_stale` restores it."""
+    report: dict[str, Any] = {"rank": rank, "shard_dir": shard, "restored": False, "seconds": 0.0}
     try:
-        return SsdStore(shard, fmt, init_std=store.init_std)
+        return SsdStore(shard, fmt, init_std=store.init_std), report
     except ValueError as exc:
-        # Another dim, row format or layout version: the shard is a cache of a snapshot, so start it over.
-        log.warning("discarding shard %s: %s", shard, exc)
-        shutil.rmtree(shard)
-        return SsdStore(shard, fmt, init_std=store.init_std)
+        t0 = time.perf_counter()
+        converted = convert_shard(Path(shard), fmt, init_std=store.init_std, tag=tag)
+        if converted is not None:
+            log.info("%s", converted.summary(shard))
+            report["converted"] = {"from": converted.source, "rows": converted.rows, "s": converted.seconds}
+            report["seconds"] = time.perf_counter() - t0
+        else:
+            log.warning("discarding shard %s (restored from the published snapshot): %s", shard, exc)
+            shutil.rmtree(shard)
+        return SsdStore(shard, fmt, init_std=store.init_std), report
 
 
 def _ordered_unique(keys: np.ndarray) -> np.ndarray:
@@ -201,9 +219,13 @@ def _restore_stale(
     else:
         for s in stale.values():
             s.wipe()
-    share = (time.perf_counter() - t0) / len(stale)
+    took = time.perf_counter() - t0
+    if snapshot_url is not None and (rows := sum(len(s) for s in stale.values())):
+        log.info("restored %d shard(s) from %s: %s", len(stale), snapshot_url, cost(rows, took))
     for r in stale:
-        reports[r]["seconds"] += share
+        reports[r]["seconds"] += took / len(stale)
+        if snapshot_url is not None:
+            reports[r]["restored_rows"], reports[r]["restore_s"] = len(stale[r]), took / len(stale)
     return converted_from
 
 
@@ -273,10 +295,12 @@ def warm_shards(
     Returns:
         ``{"world_size", "snapshot_url", "snapshot_tag", "row_format", "converted_from", "seconds", "rows",
         "ranks": [per rank:
-        {"rank", "shard_dir", "rows", "restored", "evicted", "working_set_keys",
-        "working_set_fits", "seconds"}]}`` where `working_set_fits` is the fraction of
-        the rank's working set that fits the host budget (the file holds that part); `converted_from`
-        names the snapshot's format (`optimizer/row_dtype`) when its rows were converted, else None.
+        {"rank", "shard_dir", "rows", "restored", "evicted", "working_set_keys", "working_set_fits", "seconds"},
+        with "restored_rows" and "restore_s" for a shard restored from the snapshot, and "converted" ({"from": the
+        records' former format, "rows", "s"}) for one converted where it lies]}`` where `working_set_fits` is the
+        fraction of the rank's working set that fits the host budget (the file holds that part); `converted_from`
+        names the rows' former format (`optimizer/row_dtype`) when the snapshot's or a shard's rows were converted,
+        else None.
 
     Raises:
         ValueError: bad ranks / world size, or a snapshot of another dim.
@@ -297,8 +321,7 @@ def warm_shards(
     reports: dict[int, dict[str, Any]] = {}
     try:
         for r in ranks:
-            shards[r] = _open(shard_dirs[r], store, fmt)
-            reports[r] = {"rank": r, "shard_dir": shard_dirs[r], "restored": False, "seconds": 0.0}
+            shards[r], reports[r] = _open(r, shard_dirs[r], store, fmt, snapshot_tag)
         converted_from = _restore_stale(
             shards, reports, fmt, snapshot_url, snapshot_tag, world=world_size, storage_options=storage_options
         )
@@ -311,12 +334,13 @@ def warm_shards(
             s.close()
     out = [reports[r] for r in ranks]
     log.info("warmed %d shards of %s (restored %d)", len(out), node.model_name, sum(x["restored"] for x in out))
+    rows_from = next((x["converted"]["from"].split()[-1] for x in out if "converted" in x), None)
     return {
         "world_size": world_size,
         "snapshot_url": snapshot_url,
         "snapshot_tag": snapshot_tag,
         "row_format": fmt.name,
-        "converted_from": converted_from,
+        "converted_from": converted_from or rows_from,
         "rows": sum(x["rows"] for x in out),
         "seconds": round(time.perf_counter() - t_start, 4),
         "ranks": out,

@@ -159,6 +159,14 @@ REVIEWED = frozenset(
         "torch.bmm",
         "torch.is_grad_enabled",
         "torch.softmax",
+        # the device cache's auto size (storage.embedding.tiered): cuda.mem_get_info since 1.10
+        "torch.cuda.mem_get_info",
+        # the modules a process's first torch.export imports (trainer.export.FIRST_EXPORT_IMPORTS, preloaded by
+        # flows.day.preload): both exist in 2.4 (_dynamo since 2.0, export._trace since 2.2)
+        "torch._dynamo",
+        "torch.export._trace",
+        # named in attention_native's docstring as the build path it does not take; cpp_extension since 1.x
+        "torch.utils.cpp_extension.load_inline",
     }
 )
 """The torch names the runtime code uses, each present in torch {LOWER}."""

@@ -1,7 +1,7 @@
 """Bags of keys: multi-valued fields pooled into one embedding row per field.
 
 A multi-valued field j (a schema file's `multi_valued`) reaches the trainer as
-two columns (docs/ARCHITECTURE.md, "Multi-valued fields"): `k_j`, the key of
+two columns (docs/formats.md, "Multi-valued fields"): `k_j`, the key of
 the list's first value (or the field's missing key), and `bag_j`, the keys of
 all its values.  The model keeps its input `emb` (B, F, D), one row per
 field, so every architecture works unchanged: the row of a bag field is the

@@ -105,6 +105,7 @@ def rank_counters(trainer: Trainer, stats: TrainStats, store: EmbeddingStore, sp
         "store": store.stats(),
         "cache": trainer.sparse.cache.stats() if trainer.sparse.cache is not None else None,
         "sparse_comm": trainer.sparse.comm_stats(),
+        "attention_forwards": stats.attention_forwards,
     }
 
 
@@ -115,11 +116,13 @@ def train_summary(
     examples = sum(r["examples"] for r in everyone)
     train_s = max(r["train_s"] for r in everyone)
     steps = stats.steps
+    forwards = _summed([r["attention_forwards"] for r in everyone])
     return TrainSummary(
         steps=steps,
         epochs=trainer.optim.epochs,
         examples=examples,
         dropped_rows=stats.dropped_rows,
+        sampled_out=stats.sampled_out,
         carried={"date": spec.carried.date, "rows": spec.carried.rows} if spec.carried else None,
         final_loss=float(np.mean([r["final_loss"] for r in everyone])),
         mean_loss=sum(r["loss_sum"] for r in everyone) / max(1, steps * ctx.world_size),
@@ -130,6 +133,7 @@ def train_summary(
         device=str(ctx.device),
         resumed_from_step=stats.resumed_from,
         prefetch_depth=stats.prefetch_depth,
+        attention_kernel=attention_kernel(forwards),
         stats={
             "dense_sync_bytes": sum(r["dense_sync_bytes"] for r in everyone),
             "dense_sync_s": max(r["dense_sync_s"] for r in everyone),
@@ -143,8 +147,23 @@ def train_summary(
             **_sparse_comm_stats([r["sparse_comm"] for r in everyone], steps),
             "groups": [list(g) for g in ctx.topology.groups],
             "store_stats": [r["store"] for r in everyone],
+            "attention_forwards": forwards,
         },
     )
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, n in c.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def attention_kernel(forwards: dict[str, int]) -> str:
+    """The kernels that ran the training forwards, most forwards first, joined by `+` (`none`: no attention)."""
+    ran = sorted((k for k, n in forwards.items() if n), key=lambda k: -forwards[k])
+    return "+".join(ran) or "none"
 
 
 def write_dense(
@@ -180,7 +199,9 @@ def write_dense(
         trainer=spec.trainer,
         train=summary.to_dict(),
         recipe=spec.recipe,
+        config_sources=spec.config_sources,
         companion=companion_record,
+        negative_sampling=trainer.optim.negative_sampling,
     )
     model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE), trainer.model.state_dict(), so)
     model_dir.write_tensors(fsio.join(staging_url, model_dir.DENSE_OPTIM), trainer.opt.state_tensors(), so)
@@ -208,6 +229,7 @@ def fit_companion(spec: TrainSpec, schema: FeatureSchema) -> tuple[Companion, di
         parent_features_url=parent.features_url if parent else None,
         storage_options=so,
         auto=spec.model.companion == "auto",
+        blend_weight=spec.model.companion_blend_weight,
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 
 from storage.embedding.rows.sparse_optim import OPTIMIZERS
 from storage.io.identity import result_field, run_field
+from trainer.sampling import check_keep_rate
 
 LR_DECAYS = ("none", "linear", "cosine")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -44,8 +45,8 @@ class TrainerConfig:
     nproc_per_node: str | int = result_field(
         "auto", why="the world's shape: the rows each rank reads and the k-step averages"
     )
-    """Training processes per node, launched by torchrun.  `auto`: one per visible GPU on a CUDA node,
-    one on CPU (`trainer.launch.world.resolve_world`); with NCCL at most the node's GPUs (checked at launch)."""
+    """Training processes per node (torchrun).  `auto`: one per visible GPU on a CUDA node, one on CPU
+    (`trainer.launch.world.resolve_world`); with NCCL at most the node's GPUs."""
     nnodes: int = result_field(1, why="the world's shape")
     """Nodes of the training job (torchrun `--nnodes`); more than 1 needs `rdzv_endpoint`."""
     node_rank: int = run_field(0)
@@ -63,19 +64,19 @@ class TrainerConfig:
     nccl_env: dict[str, str] = run_field(factory=dict)
     """NCCL settings exported to every rank (e.g. NCCL_NET_GDR_LEVEL, NCCL_IB_HCA, NCCL_SOCKET_IFNAME)."""
     intra_group_size: int = result_field(0, why="the two-phase allreduce's grouping: the order of the sums")
-    """Ranks per phase-1 group of the two-phase allreduce.  0 = detect from the topology (ranks on the
-    same node and NUMA socket, else the same node); N > 0 = groups of N consecutive ranks (emulates
-    N ranks per node on one machine, or overrides a wrong detection); must divide the world size."""
+    """Ranks per phase-1 group of the two-phase allreduce: 0 = detect from the topology (same node and NUMA socket,
+    else same node); N > 0 = groups of N consecutive ranks (emulates N ranks per node, or overrides a wrong
+    detection); must divide the world size."""
     prefetch_batches: str | int = run_field("auto")
-    """Batches the background reader thread prepares ahead of the training step (bounded queue); 0 = read
-    in the training thread; `auto` = 2 on a CUDA device, 0 on CPU (`trainer.data.prefetch_depth`)."""
+    """Batches the reader thread prepares ahead of the step (0 = read in the training thread); `auto` = 2 on CUDA,
+    0 on CPU (`trainer.data.prefetch_depth`)."""
     bind_io_threads: bool = run_field(True)
     """Pin the reader thread to the cores of the rank's NUMA node (no effect on single-node machines)."""
     log_every: int = run_field(100)
     """Steps between progress log lines of rank 0."""
     checkpoint_every: int = run_field(1000)
-    """Steps between checkpoints (dense + optimizer state + store snapshot + data position), also written at
-    the end; a rerun (or a torchrun restart) resumes from the latest one.  0 = no checkpoints."""
+    """Steps between checkpoints (dense, optimizer, store snapshot, data position), also written at the end; a
+    rerun or torchrun restart resumes from the latest.  0 = none."""
     max_restarts: int = run_field(0)
     """torchrun `--max-restarts`: times the job's workers are restarted (from the last checkpoint) after a failure."""
     precision: str = result_field(
@@ -84,8 +85,8 @@ class TrainerConfig:
     """Arithmetic of the dense network (`trainer.precision`): `fp32`, `bf16` or `fp16` autocast with fp32
     master weights and Adam state (fp16 adds loss scaling); `auto` = bf16 on CUDA, fp32 on CPU."""
     deterministic: bool = run_field(False, why="the same sums in a fixed order: it changes rounding only")
-    """Bitwise-reproducible CUDA runs: deterministic algorithms (sorted segment sums instead of atomic
-    `index_add_`), at some speed.  On CPU every run is reproducible either way."""
+    """Bitwise-reproducible CUDA runs (sorted segment sums instead of atomic `index_add_`), at some speed; CPU
+    runs are reproducible either way."""
 
     @property
     def world_size(self) -> int:
@@ -152,64 +153,51 @@ class OptimConfig:
     epochs: str | int = result_field(AUTO)
     """Passes over the day's rows; `auto`: 1, more (up to 3) on a day of too few steps."""
     seed: int = result_field(0)
-    """Seed of the dense network's initial values and of dropout (`torch.manual_seed`); embedding rows start from
-    a deterministic per-key value (`store.init_std`)."""
+    """Seed of the dense network's initial values, dropout and the embedding rows' stochastic rounding; rows start
+    from a per-key value (`store.init_std`)."""
     lr: str | float = result_field(AUTO)
     """Adam learning rate of the dense parameters; `auto`: 1e-3, higher (up to 1e-2) for a day of few steps."""
     sparse_optimizer: str = result_field("wide_rowwise_adam", neutral="adam")
-    """Update rule of the embedding rows (`storage.embedding.rows.sparse_optim`): `wide_rowwise_adam` (Adam's first
-    moment per element, its second moment once for column 0, the key's wide weight, and once for the other
-    columns; with the default int8s rows and log8 state, 48 B SSD records at dim 16), `adam` (lazy per-element
-    Adam: two moments per element; 64 B records with int8 rows), `partial_rowwise_adam` (fbgemm's: one second
-    moment per row), `rmsprop` (Adam without momentum: one moment per element), `rowwise_adagrad` (fbgemm's
-    row-wise AdaGrad: one accumulator per row) or `sgd` (no state). The rows keep its state on every tier and in
-    snapshots; a model trained with another rule is continued with its state converted
-    (`sparse_optim.convert_state`). The default keeps Adam's per-element momentum in 48 bytes; fbgemm's
-    one-moment-per-row rule loses because the wide weight's gradient sets the deep columns' step, and rmsprop
-    (no momentum) loses on Avazu (`docs/reports/2026-12-03-48-byte-rows.md`)."""
+    """Update rule of the embedding rows (`storage.embedding.rows.sparse_optim`): `wide_rowwise_adam` (Adam; second
+    moment once for column 0, the wide weight, once for the rest: 48 B records at dim 16), `adam` (64 B with int8
+    rows), `partial_rowwise_adam`, `rmsprop`, `rowwise_adagrad` or `sgd`.  Another rule's state is converted
+    (`sparse_optim.convert_state`).  Why: `docs/reports/2026-12-03-48-byte-rows.md`."""
     sparse_lr: str | float = result_field(AUTO)
-    """Learning rate of the embedding rows (for `optim.sparse_optimizer`); `auto`: 2e-2, lower when the day takes
-    several passes.
-    On a day of at most 50,000 train rows whose rows start from zero (a model's first day), with Adam rows (`adam` or a
-    row-wise Adam), `auto` picks
-    among 0.5x-4x of that value by 5-fold validation of a per-key logistic regression on its rows
-    (`trainer.plan.sparse_lr_search`, under a second); the days warm-started from that model keep the chosen
-    factor (`trainer.plan.day_recipe`)."""
+    """Learning rate of the embedding rows; `auto`: 2e-2, lower when the day takes several passes.  On a model's
+    first day of at most 50,000 train rows, with Adam rows, `auto` picks among 0.5x-4x of that by 5-fold validation
+    of a per-key logistic regression (`trainer.plan.sparse_lr_search`, under a second); its later days keep the
+    chosen factor (`trainer.plan.day_recipe`)."""
     weight_decay: float = result_field(0.0)
     """Adam's L2 weight decay on the dense parameters and on the embedding rows a step updates (0 = none)."""
     embedding_l2: str | float = result_field(AUTO)
-    """L2 on the embedding rows a batch touches: adds embedding_l2 * row / B to the gradient of every
-    pulled row occurrence (the gradient of (embedding_l2 / 2) * mean_b sum_f ||e_bf||^2); `auto`: 0 for
-    one pass, more for each further pass over the same rows."""
+    """L2 on the embedding rows a batch touches (the gradient of (embedding_l2 / 2) * mean_b sum_f ||e_bf||^2);
+    `auto`: 0 for one pass, more for each further pass."""
     warmup_steps: str | int = result_field(AUTO)
     """Linear learning-rate warm-up from 0 over this many steps (dense and sparse lr; 0 = none), never
     longer than the day; `auto`: a tenth of the day's steps, at most 100."""
     cross_lr_scale: str | float = result_field(AUTO)
     """The `model.cross` term's learning rate, as a multiple of `lr`; `auto`: 1 on a day of at least
-    `trainer.plan.recipe.CROSS_MIN_ROWS` train rows, else 0 (the term stays as it is: zero on a new model),
-    since on fewer rows it fits noise (`docs/reports/2026-12-02-cross-term.md`).  At 0 the day does not compute
-    it: no weight gradients or Adam moments, and no forward while it is zero (`CTRModel.hold_cross`)."""
+    `trainer.plan.recipe.CROSS_MIN_ROWS` train rows, else 0 (on fewer it fits noise:
+    `docs/reports/2026-12-02-cross-term.md`).  At 0 the term is not computed (`CTRModel.hold_cross`)."""
     wide_loss: str | float = result_field(AUTO, neutral=0.0)
-    """Weight of a second loss on the `model.wide` term's own logit (the wide term and the bias: a logistic
-    regression on the key weights), added to the model's loss in training; serving scores the whole model as
-    before.  The wide part then predicts well by itself and the deep parts learn what it misses, which pays
-    where the day is too small for them: `auto` is 1 on a day of fewer than `trainer.plan.recipe.CROSS_MIN_ROWS`
-    train rows, else 0, since on larger days it costs AUC (`docs/reports/2026-12-03-wide-loss.md`); 0 trains the
-    model's loss alone.  No effect on a
-    model without a wide term (`model.wide` false, or an arch other than `attention`)."""
+    """Weight of a training loss on the `model.wide` term's own logit (with the bias): the deep parts then learn what
+    it misses.  `auto`: 1 on a day of fewer than `trainer.plan.recipe.CROSS_MIN_ROWS` train rows, else 0
+    (`docs/reports/2026-12-03-wide-loss.md`)."""
     lr_decay: str = result_field("cosine")
     """After warm-up: `none` (constant), `linear` or `cosine` decay to min_lr_ratio * lr at the last step."""
     min_lr_ratio: float = result_field(0.1)
     """Where `lr_decay` ends: the learning rates at the last step are this share of their peak."""
     k_steps: int = result_field(10)
     """Dense parameters and both Adam moments are averaged across ranks every k steps (1 = synchronous)."""
+    negative_sampling: float = result_field(1.0, neutral=1.0)
+    """Keep-rate w in (0, 1] of the negative train rows (1 = all): every positive trains, a seeded hash picks the
+    negatives, eval rows are never sampled; scores get logit + log(w) (`trainer.sampling`)."""
     train_parent_eval: bool = run_field(
         True, why="it changes the model only through TrainSpec.carried, which the identity hashes"
     )
-    """Train first on the eval rows of the model the day starts from: its gate has used them, and they are
-    its day's latest rows (`trainer.plan.parent_eval`); false trains on the day's own train rows only.
-    Only a published model's rows are carried, only forward in time, with the keys today's vocabulary
-    has evicted read as OOV; the day's own eval rows stay held out for its gate."""
+    """Train first on the eval rows of the published model the day starts from (its gate used them; they are its
+    day's latest rows: `trainer.plan.parent_eval`), only forward in time, with keys today's vocabulary evicted read as
+    OOV; false trains on the day's own train rows only.  The day's own eval rows stay held out for its gate."""
 
     def __post_init__(self) -> None:
         for name in DERIVED_INTS:
@@ -231,6 +219,7 @@ class OptimConfig:
         for name in ("weight_decay", "embedding_l2", "warmup_steps", "cross_lr_scale", "wide_loss"):
             if _is_number(v := getattr(self, name)) and v < 0:
                 raise ValueError(f"optim.{name} must be >= 0, got {v}")
+        object.__setattr__(self, "negative_sampling", check_keep_rate(self.negative_sampling))
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.lr_decay not in LR_DECAYS:
@@ -333,10 +322,9 @@ class HetConfig:
     """The `het` section: HET's worker-side cache of remote rows with a staleness bound (trainer/distributed)."""
 
     staleness_bound: int = result_field(0)
-    """Bounded staleness in row updates (per-row clocks): a cached copy of a remote row is served while
-    (owner's updates since the fetch + this rank's updates not yet pushed) <= bound; the rank applies its
-    own updates to the copy and pushes their sum when the bound would be crossed, the copy is evicted,
-    or it is dirty and bound steps old.  0 = synchronous (no cache)."""
+    """Bounded staleness in row updates (per-row clocks): a cached copy of a remote row serves while the owner's
+    updates since the fetch plus this rank's unpushed ones stay <= bound; the rank pushes its summed updates when
+    the bound would be crossed or the copy is evicted.  0 = synchronous (no cache)."""
     cache_rows: int = result_field(1_000_000, why="evicting a copy pushes its pending gradients early")
     """Capacity, in rows, of each rank's cache (when staleness_bound > 0); the least frequently used
     copies are evicted (their pending gradients pushed) beyond it."""

@@ -3,7 +3,8 @@
 The rows of `features/date=D/train/part-*.parquet`, taken in file order, are
 split into `world` contiguous, disjoint blocks of `total // world` rows (the
 remainder, fewer than `world` rows, is dropped and counted), so every rank runs
-the same number of steps, which the collectives of every step require.
+the same number of steps, which the collectives of every step require.  With a keep-rate below 1
+(`trainer.sampling`) the rows are those kept, split the same way.
 
 Paddle's heterogeneous PS pipelines IO with compute: here a thread reads and
 decodes the next batches into a bounded queue while the current step runs.  It
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ from storage.io import fsio
 from storage.io.read_ahead import read_ahead
 from storage.key_layout import to_oov
 from trainer.bags import FieldBags, Jagged
+from trainer.sampling import keep_masks
 from trainer.stateful import require_keys
 
 log = logging.getLogger(__name__)
@@ -90,13 +92,15 @@ class FeatureSchema:
 class Batch:
     """One step's examples: labels float32 (B,), dense float32 (B, n), keys int64 (B, F), and the bags
     of keys of its multi-valued fields (empty without them; see `trainer.bags`).  `ready`: the CUDA
-    event of a batch whose dense and labels were copied to the GPU ahead (`trainer.staging`)."""
+    event of a batch whose dense and labels were copied to the GPU ahead (`trainer.staging`).  `upcoming_keys`:
+    the next batch's keys, when `Reader.stream` hands it over (the store reads their rows ahead)."""
 
     labels: torch.Tensor
     dense: torch.Tensor
     keys: torch.Tensor
     bags: tuple[FieldBags, ...] = ()
     ready: Any = None
+    upcoming_keys: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -266,6 +270,7 @@ class RankReader:
         rank, world_size: this rank's place; all ranks get the same number of rows.
         batch_size: examples per batch.
         storage_options: fsspec options.
+        keep_rate, seed: the share of negative rows read, and the seed picking them (`trainer.sampling`).
 
     Example::
 
@@ -284,6 +289,8 @@ class RankReader:
         world_size: int,
         batch_size: int,
         storage_options: dict | None = None,
+        keep_rate: float = 1.0,
+        seed: int = 0,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -300,6 +307,13 @@ class RankReader:
         for path in self.files:
             with self.fs.open(path, "rb") as f:
                 self.file_rows.append(pq.ParquetFile(f).metadata.num_rows)
+        self._keep = keep_masks(self.fs, self.files, keep_rate, seed=seed)
+        """Per file, which rows are read (None: all); `file_rows` then counts the kept ones."""
+        self.sampled_out = 0
+        """Negative rows left out by the keep-rate."""
+        if self._keep is not None:
+            self.sampled_out = sum(self.file_rows) - sum(int(k.sum()) for k in self._keep)
+            self.file_rows = [int(k.sum()) for k in self._keep]
         self.share = rank_share(sum(self.file_rows), rank, world_size)
         self.position = 0
         """Batches handed to training so far, over every epoch: where `stream` continues."""
@@ -312,18 +326,22 @@ class RankReader:
         """The share's rows in order from its `skip_rows`-th, one Parquet row group slice at a time."""
         lo, hi = self.share.start + skip_rows, self.share.stop
         offset = 0
-        for path, rows, evicted in zip(self.files, self.file_rows, self._evicted, strict=True):
+        keeps: list[np.ndarray | None] = list(self._keep) if self._keep is not None else [None] * len(self.files)
+        for path, rows, evicted, keep in zip(self.files, self.file_rows, self._evicted, keeps, strict=True):
             if offset >= hi:
                 break
             if offset + rows > lo:
                 with self.fs.open(path, "rb") as f:
                     pf = pq.ParquetFile(f)
-                    rg_off = offset
+                    rg_off, raw = offset, 0  # rg_off counts kept rows, raw the file's rows
                     for i in range(pf.metadata.num_row_groups):
-                        n = pf.metadata.row_group(i).num_rows
+                        n_raw = pf.metadata.row_group(i).num_rows
+                        kept = None if keep is None else keep[raw : raw + n_raw]
+                        n, raw = n_raw if kept is None else int(kept.sum()), raw + n_raw
                         a, b = max(lo, rg_off), min(hi, rg_off + n)
                         if a < b:
-                            table = pf.read_row_group(i, columns=self.columns).slice(a - rg_off, b - a)
+                            table = pf.read_row_group(i, columns=self.columns)
+                            table = (table if kept is None else table.filter(pa.array(kept))).slice(a - rg_off, b - a)
                             decoded = _Rows(*table_to_arrays(table, self.schema), table_to_bags(table, self.schema))
                             yield decoded.to_oov(evicted)
                         rg_off += n
@@ -384,9 +402,13 @@ class RankReader:
                     yield batch if prepare is None else prepare(batch)
 
         def handed_over(ahead: Iterable[Batch]) -> Iterator[Batch]:
-            for batch in ahead:
+            items = iter(ahead)  # one batch ahead: each carries the next one's keys (the store reads their rows)
+            batch = next(items, None)
+            while batch is not None:
+                following = next(items, None)
                 self.position += 1  # before the step: a checkpoint at its end resumes after it
-                yield batch
+                yield batch if following is None else replace(batch, upcoming_keys=following.keys)
+                batch = following
 
         with Prefetcher(batches, depth=depth, on_start=on_start) as ahead:
             yield handed_over(ahead)

@@ -31,6 +31,9 @@ DTYPES = {"float32": np.float32, "float16": np.float16}
 _EXAMPLE_BATCH = 4
 """Batch of the example inputs `torch.export` traces with (not 0 or 1, which it would specialise on)."""
 _MAX_BATCH = 1 << 20
+FIRST_EXPORT_IMPORTS = ("torch._dynamo", "torch.export._trace")
+"""What the first `export_program` of a process imports before it traces (about 1.5 s of CPU; torch imports
+`torch.export` itself, not its tracer): `flows.day.preload` loads them while the train stage waits."""
 
 
 @dataclass(frozen=True)
@@ -200,12 +203,13 @@ def rows_digest(rows: SparseRows) -> str:
     return h.hexdigest()
 
 
-def describe_program(model: CTRModel) -> dict[str, Any]:
-    """The input and output shapes of the exported network, for the bundle manifest."""
+def describe_program(model: CTRModel, keep_rate: float = 1.0) -> dict[str, Any]:
+    """The input and output shapes of the exported network, for the bundle manifest; its probability is corrected
+    for the keep-rate of negatives it trained with (`trainer.sampling`)."""
     return {
         "inputs": {"dense": ["batch", model.num_dense], "emb": ["batch", model.num_fields, model.dim]},
         "outputs": {"logits": ["batch"]},
-        "probability": "sigmoid(logits)",
+        "probability": "sigmoid(logits)" if keep_rate == 1.0 else f"sigmoid(logits + log({keep_rate:g}))",
     }
 
 

@@ -30,7 +30,9 @@ from safetensors.torch import save as st_save
 from storage.embedding.config import StoreConfig
 from storage.io import codec, fsio, records
 from storage.io.identity import with_absent_values
+from trainer.companion.model import blend_weight_of
 from trainer.config import HetConfig, OptimConfig, TrainerConfig
+from trainer.eval.metrics import PROB_EPS
 from trainer.models.config import ModelConfig, reshaping_changes
 from trainer.models.ctr_model import CTRModel
 
@@ -91,15 +93,30 @@ class ModelMeta:
     """Train statistics (steps, examples, losses, rates, communication, store counters)."""
     recipe: dict[str, Any] = field(default_factory=dict)
     """The `optim` values derived for the day's size and why (`trainer.plan.recipe.Recipe.record`)."""
+    config_sources: dict[str, str] = field(default_factory=dict)
+    """Where each shape key's value came from: `set` (the config file or --set), `lineage` (the published model it
+    started from), `default` (`flows.config.config_sources`); empty in a model.json from before it was recorded."""
     companion: dict[str, Any] | None = None
-    """The companion's record (`trainer.companion.fit.fit_for_spec`: kind, C, rows, sources), or None: without one
-    the model scores by its network alone."""
+    """The companion's record (`trainer.companion.fit.fit_for_spec`: kind, C, rows, sources, the fit's convergence;
+    `blend_weight`, the network's weight in every score), or None: without one the model scores by its network
+    alone."""
+    score_eps: float = PROB_EPS
+    """Every score is clipped to [score_eps, 1 - score_eps] (`trainer.eval.metrics.clip_probabilities`), in
+    evaluation and serving alike; a model.json from before it was recorded reads the default."""
+    negative_sampling: float = 1.0
+    """The keep-rate of negatives it trained with (`optim.negative_sampling`): scores are corrected by log(w) in
+    logit (`trainer.sampling`); a model.json from before it was recorded reads 1.0 (no correction)."""
 
     @classmethod
     def of(
         cls, *, model_config: ModelConfig, optim: OptimConfig, het: HetConfig, trainer: TrainerConfig, **fields: Any
     ) -> ModelMeta:
-        """The record of a model trained with these live config sections (stored as plain data)."""
+        """The record of a model trained with these live config sections (stored as plain data).
+
+        A companion's record gets the network's blend weight trained with (`model.companion_blend_weight`), which
+        every scorer reads from it (`companion_blend_weight`)."""
+        if fields.get("companion"):
+            fields["companion"] = {**fields["companion"], "blend_weight": model_config.companion_blend_weight}
         return cls(
             model_config=codec.encode(model_config),
             optim=codec.encode(optim),
@@ -107,6 +124,18 @@ class ModelMeta:
             trainer=codec.encode(trainer),
             **fields,
         )
+
+    @property
+    def companion_blend_weight(self) -> float:
+        """The network's logit weight in every score of a model with a companion (its record's `blend_weight`;
+        0.5, the mean, in a record from before it was recorded).
+
+        Raises:
+            ValueError: the record has none (`companion` is None) or a weight out of [0, 1].
+        """
+        if not self.companion:
+            raise ValueError(f"{self.run_tag or 'the model'}: model.json records no companion: nothing to blend")
+        return blend_weight_of(self.companion, f"model.json of {self.run_tag or 'the model'}")
 
     def model_cfg(self) -> ModelConfig:
         """`model_config` as today's `ModelConfig`: retired keys skipped, keys added since at the value they
@@ -188,6 +217,8 @@ class WarmStart:
     dense: bool
     sparse: bool
     reason: str = ""
+    changed: tuple[str, ...] = ()
+    """The keys whose value does not fit the saved model (`model.cross_input`, `store.embedding_dim`)."""
 
 
 def warm_start(saved: ModelMeta, model: ModelConfig, store: StoreConfig) -> WarmStart:
@@ -195,13 +226,27 @@ def warm_start(saved: ModelMeta, model: ModelConfig, store: StoreConfig) -> Warm
 
     A config change that reshapes the network (another arch, MLP widths, dense buckets, ...) or the
     rows (embedding_dim) must not fail every daily run until someone intervenes: the affected part
-    starts cold, and the run's record says so.  Only the `model` fields declared `Role.SHAPE` that the
-    architecture reads are compared (`reshaping_changes`): dropout and bag pooling reshape nothing.
+    starts cold, and the run's record says so, naming each key with the saved value and the run's.  Only the
+    `model` fields declared `Role.SHAPE` that the architecture reads are compared (`reshaping_changes`): dropout
+    and bag pooling reshape nothing.  A lineage's day keeps the saved values of the keys its config does not set
+    (`flows.config.lineage_config`), so only a key the user sets (or a saved value this code refuses) gets here.
     """
     changed = reshaping_changes(saved.model_config, model)
     sparse_ok = saved.dim == store.embedding_dim
     if not sparse_ok:
         changed.append("store.embedding_dim")
     if changed:
-        return WarmStart(False, sparse_ok, "architecture changed: " + ", ".join(changed))
+        theirs = {**with_absent_values(saved.model_config, ModelConfig), "embedding_dim": saved.dim}
+        ours = {**codec.encode(model), "embedding_dim": store.embedding_dim}
+        values = [
+            f"{k} {_shown(theirs.get(k.split('.')[-1]))} -> {_shown(ours.get(k.split('.')[-1]))}" for k in changed
+        ]
+        return WarmStart(False, sparse_ok, "architecture changed: " + ", ".join(values), tuple(changed))
     return WarmStart(True, True)
+
+
+def _shown(value: Any) -> str:
+    """A config value as a message shows it (lists as YAML writes them inline, a missing one as `-`)."""
+    if value is None:
+        return "-"
+    return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list | tuple) else str(value)

@@ -67,9 +67,10 @@ def train_step(
     Args:
         precision: the dense network's autocast and loss scaling (default fp32: `trainer.precision`).
         wide_loss: `optim.wide_loss`, the weight of the wide term's own loss in the objective (`ctr_loss`).
-        check_loss: read the loss on the host and refuse a non-finite one before any update (the
-            Trainer asks at its log points only: on CUDA the read waits for the GPU; a non-finite loss
-            between them still stops at the store, which refuses non-finite gradients).
+        check_loss: read the loss on the host and refuse a non-finite one before any update, and the store's
+            deferred refusals after the push (the Trainer asks at its log points only: on CUDA the reads wait for
+            the GPU; a non-finite loss between them still stops at the store, which refuses non-finite
+            gradients: at once on the host, at this check or the next flush on a GPU tier).
 
     Raises:
         NonFiniteLossError: the loss is NaN/Inf (with `check_loss`: before any update is applied).
@@ -79,6 +80,8 @@ def train_step(
     pooling = model.config.bag_pooling
     cells = expand_cells(batch.keys, batch.bags if pooling != "none" else ())  # keys (N,), N >= B*F
     pulled = sparse.pull(cells.keys)  # one pull for k_* and bag keys
+    if batch.upcoming_keys is not None:  # the SSD tier reads the next batch's missing rows while this one computes
+        sparse.prefetch(batch.upcoming_keys)
     rows = pulled.rows.requires_grad_(True)  # (N, D) leaf
     emb = pool_rows(rows, cells, pooling)  # (B, F, D); a view of `rows` without bags
     dense, labels = staged_inputs(batch, dev)
@@ -97,5 +100,7 @@ def train_step(
     grad = cells_l2_grad(rows, precision.unscale(rows.grad), cells, pooling, embedding_l2)  # (N, D)
     world = sparse.ctx.world_size
     sparse.push(pulled, grad if world == 1 else grad / world)  # the pull's route and store lookup, reused
+    if check_loss:  # the store's deferred refusal of non-finite gradients (a GPU tier's), read with the loss
+        sparse.check_updates()
     precision.step(opt)
     return loss.detach()

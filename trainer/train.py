@@ -17,11 +17,12 @@ Host reads of the step.  On CUDA a read of a device value on the host (`.item()`
 `# host read:` with its reason (tests/trainer/test_train.py counts them): the
 all-to-all split sizes once per step, the owner's keys for the store's host
 index, the loss only at log points (on CPU too: a step between them is the same
-code on every device, and tests/trainer/test_step_host_reads.py checks it reads
-nothing); and a host-memory store's gradients reach it on the host
-(`ShardedEmbedding._to_store`; none with the device cache).  Between log points
-a non-finite loss stops at the store, which refuses non-finite gradients (its
-update runs before the step's dense Adam step).
+code on every device, and tests/trainer/test_step_host_reads.py counts what it
+copies and reads, by kind); and a host-memory store's gradients reach it on the host
+(`ShardedEmbedding._to_store`; none with the device tier, CUDA's default).  Between
+log points a non-finite loss stops at the store, which refuses non-finite gradients
+(on the host before the step's dense Adam step; a GPU tier's refusal is read at the
+next log step or checkpoint, the refused updates having changed no row).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from trainer.distributed.context import DistContext
 from trainer.distributed.sharded_embedding import ShardedEmbedding
 from trainer.distributed.topology import bind_io_threads
 from trainer.launch.spec import TrainSpec
+from trainer.models import attention_cpu
 from trainer.models.ctr_model import CROSS_PREFIX, CTRModel
 from trainer.optim.kstep_adam import KStepAdam
 from trainer.optim.schedule import set_step_lrs
@@ -90,10 +92,14 @@ class TrainStats:
     final_loss: float = float("nan")
     train_s: float = 0.0
     dropped_rows: int = 0
+    sampled_out: int = 0
+    """Negative rows the keep-rate left out (`optim.negative_sampling`)."""
     resumed_from: int = 0
     """Step of the checkpoint this run resumed from (0 = a fresh start)."""
     prefetch_depth: int = 0
     """Batches the reader thread ran ahead (`trainer.prefetch_batches` resolved; 0 = no thread)."""
+    attention_forwards: dict[str, int] = field(default_factory=dict)
+    """This run's training forwards of the attention by kernel (`trainer.models.attention_cpu.ran`)."""
 
 
 class Progress:
@@ -166,6 +172,8 @@ class Trainer:
             world_size=ctx.world_size,
             batch_size=cfg.batch_size,
             storage_options=spec.storage_options,
+            keep_rate=cfg.negative_sampling,
+            seed=cfg.seed,
         )
         if self.reader.share.rows == 0:
             raise ValueError(
@@ -201,7 +209,7 @@ class Trainer:
             staleness_bound=het.staleness_bound,
             cache_rows=het.cache_rows,
         )
-        self.stats = TrainStats(dropped_rows=self.reader.share.dropped)
+        self.stats = TrainStats(dropped_rows=self.reader.share.dropped, sampled_out=self.reader.sampled_out)
         self.progress = Progress(ctx.device)
         self.start_step = self.resume() if spec.checkpoint_url else 0
         if cfg.cross_lr_scale == 0 and self.model.hold_cross() and ctx.rank == 0:
@@ -399,6 +407,7 @@ class Trainer:
         progress = self.progress
         progress.start()
         stager = BatchStager(ctx.device)  # copies each batch's dense part to the GPU in the reader thread
+        kernels_before = attention_cpu.ran.copy()
         with self.reader.stream(cfg.epochs, depth=depth, on_start=self._bind, prepare=stager) as batches:
             for batch in batches:
                 step = self.reader.position
@@ -432,5 +441,6 @@ class Trainer:
         if ckpt_every and stats.steps > start:
             self.save_checkpoint(stats.steps)
         stats.examples, stats.train_s = progress.examples, progress.seconds()
+        stats.attention_forwards = dict(attention_cpu.ran - kernels_before)
         stats.loss_sum, stats.final_loss = float(progress.loss_sum), float(progress.last)
         return stats

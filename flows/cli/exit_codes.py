@@ -20,11 +20,12 @@ class ExitCode(IntEnum):
 
 
 MEANINGS: dict[ExitCode, str] = {
-    ExitCode.OK: "done",
+    ExitCode.OK: "done (score-server: stopped by SIGTERM after answering the requests in flight)",
     ExitCode.FAILED: "failed: the error line says what failed and what to do",
     ExitCode.REFUSED: "refused: a guard said no (the publish gate kept LATEST, or a data check stopped the day)",
     ExitCode.USAGE: "the command line was not understood (unknown option, missing or bad argument)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM): one line says what was interrupted and how to resume",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C; SIGTERM to any command but score-server): one line says what was "
+    "interrupted and how to resume",
     ExitCode.BROKEN_PIPE: "the reader of the output went away (`ctrpipe ... | head`); nothing is reported",
 }
 

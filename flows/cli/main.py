@@ -1,11 +1,14 @@
 """`ctrpipe`: the command line of ctr-pipeline (`ctrpipe --help`, `ctrpipe COMMAND --help`).
 
+    ctrpipe --version
     ctrpipe demo [--root DIR] [--days N]
     ctrpipe generate --out DIR --days N --rows-per-day R [--seed S] [--start-date D] [--interactions N]
+                     [--keys N] [--zipf S]
     ctrpipe run --date D [--config FILE] [--preset NAME] [--set KEY=VALUE ...] [--force] [--allow-older]
     ctrpipe backfill --start D --end D [--config FILE] [--preset NAME] [--set ...] [--force]
     ctrpipe evaluate --model latest|VERSION --input URL [--format criteo|avazu|SCHEMA.yaml] [--predictions URL]
                      [--config FILE]
+    ctrpipe check-schema [--date D] [--input URL] [--format F] [--lines N] [--config FILE]
     ctrpipe models list|show VERSION|rollback VERSION|prune [--dry-run] [--config FILE] [--set ...]
     ctrpipe export --model latest|VERSION --out URL [--delta-from VERSION] [--dtype float16] [--onnx] [--config FILE]
     ctrpipe score-server [--model latest|VERSION | --bundle URL] [--host H] [--port P] [--reload-every S] [--mmap]
@@ -31,6 +34,7 @@ import traceback
 
 from flows.cli import console
 from flows.cli.arguments import at_least_one, load_config_of
+from flows.cli.check_schema import cmd_check_schema
 from flows.cli.errors import RunFailed, describe
 from flows.cli.exit_codes import ExitCode
 from flows.cli.models_command import cmd_models
@@ -80,8 +84,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         start_date=args.start_date,
         interactions=args.interactions,
+        keys=args.keys,
+        **({"zipf": args.zipf} if args.zipf is not None else {}),
     ):
-        print(f"{day.date}  {day.rows:>9} rows  click rate {day.click_rate:.3f}  {day.path}", flush=True)
+        print(
+            f"{day.date}  {day.rows:>9} rows  click rate {day.click_rate:.3f}  {day.keys:,} keys "
+            f"({day.repeated:,} seen twice or more)  {day.path}",
+            flush=True,
+        )
     return ExitCode.OK
 
 
@@ -213,6 +223,7 @@ _COMMANDS = {
     "run": cmd_run,
     "backfill": cmd_backfill,
     "evaluate": cmd_evaluate,
+    "check-schema": cmd_check_schema,
     "models": cmd_models,
     "warm-node": cmd_warm_node,
     "export": cmd_export,

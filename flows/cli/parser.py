@@ -1,7 +1,6 @@
 """The `ctrpipe` argument parser: every command, its options, help text and examples.
 
-Kept apart from the commands (`flows.cli.main`) so that `--help` is one readable place and the commands
-stay short; building the parser imports nothing heavy.
+Apart from the commands (`flows.cli.main`): `--help` is one readable place; building it imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import sys
 from typing import Any, NoReturn
 
 from flows.cli.exit_codes import ExitCode, help_text
+from storage.io.version import VERSION
 
 DEMO_START = "2026-01-01"
 DEMO_ROWS_PER_DAY = 20_000
@@ -116,12 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="show Prefect's, Dask's and the trainer's log lines, and tracebacks of errors",
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"ctrpipe {VERSION}",
+        help="print the release this is (RELEASES and CHANGELOG.md list them) and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     _add_demo(sub)
     _add_generate(sub)
     _add_run(sub)
     _add_backfill(sub)
     _add_evaluate(sub)
+    _add_check_schema(sub)
     _add_models(sub)
     _add_serving_parsers(sub)
     _add_deploy(sub)
@@ -182,6 +189,8 @@ def _add_generate(sub: Any) -> None:
         help="plant N pairwise field interactions and one three-way term in the click model "
         "(default: %(default)s, the additive model)",
     )
+    p.add_argument("--keys", type=int, metavar="N", help="values the fields draw from in all (default: ~0.9M)")
+    p.add_argument("--zipf", type=float, metavar="S", help="skew of the large fields (default: 1.25; lower: more keys)")
 
 
 def _add_run(sub: Any) -> None:
@@ -260,13 +269,34 @@ def _add_evaluate(sub: Any) -> None:
     _add_config_args(p)
 
 
+def _add_check_schema(sub: Any) -> None:
+    p = _command(
+        sub,
+        "check-schema",
+        "read an input file's first lines with the schema; per-column stats and problems",
+        "Read the first lines of the date's input file (any date's without --date) with input.format, as ingest "
+        "reads them, without a run: rows valid, quarantined and dated elsewhere, each column's role, fill, "
+        "distinct and common values, and the problems found.  Exit code 1 when the schema does not fit them.",
+        [
+            "ctrpipe check-schema --config prod.yaml --date 2026-03-01",
+            "ctrpipe check-schema --input f.csv --format s.yaml",
+        ],
+    )
+    p.add_argument("--date", metavar="D", help=f"the date whose input to read, {DATE_HELP}; its rows count as valid")
+    p.add_argument("--input", metavar="URL", help="read this file instead of input.url's")
+    p.add_argument("--format", metavar="FORMAT", help="criteo, avazu or a schema file (default: input.format)")
+    p.add_argument("--lines", type=int, default=1000, metavar="N", help="lines to read (default: %(default)s)")
+    _add_config_args(p)
+
+
 def _add_models(sub: Any) -> None:
     p = _command(
         sub,
         "models",
         "list, show, roll back or prune registry versions",
         "The model registry under ROOT/models/NAME/: `list` its versions (* marks LATEST) with status, "
-        "date, AUC and bytes; `show` one version's metrics, lineage and bundle sizes as JSON; `rollback` "
+        "date, AUC and bytes; `show` a summary of one version (metrics, gate, lineage, sizes and the shape keys a "
+        "next day keeps), everything as JSON with --json; `rollback` "
         "moves LATEST (and the servers' bundle pointer) to an earlier published version, atomically; "
         "`prune` applies the retention of the registry section (also run after each publish).",
         [
@@ -286,6 +316,9 @@ def _add_models(sub: Any) -> None:
         help="v00003, latest, or previous (the published version before LATEST)",
     )
     p.add_argument("--dry-run", action="store_true", help="prune: only say what would be deleted")
+    p.add_argument(
+        "--json", action="store_true", help="show: everything as JSON (metrics, gate checks, lineage, config)"
+    )
     _add_config_args(p)
 
 

@@ -4,6 +4,8 @@
 cannot tell the dates apart, or a root (or node-local folder) this user cannot write, would otherwise fail
 only at the stage that meets it, after the temporary Prefect server and the Dask cluster started.  The
 error names the key and the fix; `ctrpipe` exits with `ExitCode.FAILED`, as for any config error.
+`run` and `backfill` then call `check_inputs` for the dates they will run: each has an input file (unless
+`input.wait_s` waits for it) and the first file's first lines fit the schema (`pipeline.ingest.sample`).
 
 `dates_done` decides, from the day records alone, whether a run has anything to do.
 """
@@ -30,6 +32,23 @@ def check_before_start(cfg: Any) -> None:
     check_writable(layout.root, key="root")
     if cfg.store.local_dir:
         check_writable(layout.local_dir, key="store.local_dir")
+
+
+def check_inputs(cfg: Any, dates: list[str], *, force: bool = False) -> None:
+    """Each date to run (not completed, or every one with `force`) has its input, and its lines fit the schema.
+
+    Raises:
+        FileNotFoundError: a date's input URL matches no file and `input.wait_s` is 0 (the message names the URL).
+        ValueError: most of a sample's lines would be quarantined (the reasons, a line each, and the fix).
+    """
+    from flows.day.record import read_record
+    from pipeline.ingest.sample import check_inputs as check_input_files
+    from pipeline.ingest.stage import find_inputs, input_url
+
+    layout = cfg.layout()
+    todo = [d for d in dates if force or not ((r := read_record(layout, d)) and r.completed)]
+    urls = {d: input_url(cfg.input, layout, d) for d in todo}
+    check_input_files(cfg.input, urls, find=lambda url: find_inputs(url, cfg.input.storage_options))
 
 
 def check_writable(url: str, *, key: str) -> None:

@@ -19,7 +19,7 @@ from flows.cli.errors import RunFailed, describe
 from flows.cli.exit_codes import ExitCode
 from flows.cli.parser import DEMO_START
 from flows.cli.prefect_env import prefect_defaults
-from flows.cli.table import format_table
+from flows.cli.table import format_table, where_line
 
 log = logging.getLogger("ctrpipe")
 
@@ -56,13 +56,16 @@ def _guarded(args: argparse.Namespace) -> Iterator[None]:
         yield
 
 
-def _preflight(cfg: Any, dates: list[str], *, force: bool) -> list[Any] | None:
-    """Check what would fail later (`flows.cli.preflight`); the dates'
+def _preflight(cfg: Any, dates: list[str], *, force: bool, inputs: bool = True) -> list[Any] | None:
+    """Check what would fail later (`flows.cli.preflight`; the input files too unless not `inputs`); the dates'
     records when all are completed (nothing to do)."""
-    from flows.cli.preflight import check_before_start, dates_done
+    from flows.cli.preflight import check_before_start, check_inputs, dates_done
 
     check_before_start(cfg)
-    return None if force else dates_done(cfg.layout(), dates)
+    done = None if force else dates_done(cfg.layout(), dates)
+    if done is None and inputs:
+        check_inputs(cfg, dates, force=force)
+    return done
 
 
 def _nothing_to_do(records: list[Any]) -> None:
@@ -96,6 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     record = record_of(state, cfg.layout(), args.date)
     if state.is_completed() or (record and record.status in (Status.REFUSED, Status.CHECK_FAILED)):
         print(format_table([record]))
+        if where := where_line(cfg.layout(), args.date):
+            print(where)
         return ExitCode.OK if state.is_completed() else ExitCode.REFUSED
     raise _failure(state, args.date, record)
 
@@ -123,6 +128,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     records = [r for d in date_range(args.start, args.end) if (r := read_record(layout, d)) and r.completed]
     if records:
         print(format_table(records))
+        if state.is_completed() and (where := where_line(layout, records[-1].date)):
+            print(where)
     if not state.is_completed():
         cause = state.result(raise_on_failure=False)
         raise RunFailed(describe(cause) if isinstance(cause, BaseException) else state.message) from (
@@ -146,7 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     end = shift_date(DEMO_START, args.days - 1)
     cfg = with_overrides(cfg, {"input.url": str(raw / "day_{date}.tsv.gz")})
     days = date_range(DEMO_START, end)
-    if done := _preflight(cfg, days, force=False):  # run again: no Prefect server, no cluster
+    if done := _preflight(cfg, days, force=False, inputs=False):  # run again: no Prefect server, no cluster
         _nothing_to_do(done)
         records = done
     else:
@@ -160,6 +167,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             records = _demo_days(cfg, days)
     if len(records) > 1 or done:
         print("\nAll days:\n" + format_table(records))
+    if records and (where := where_line(cfg.layout(), records[-1].date)):
+        print(where)
     print(
         f"\nOutputs under {root}: events/ quarantine/ vocab/ features/ runs/ models/{cfg.model_name}/\n"
         f"Next: ctrpipe models list --preset demo --set root={root}"

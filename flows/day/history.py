@@ -12,8 +12,8 @@ HISTORY_DAYS = 30
 
 
 def plot_history(records: list[DayRecord]) -> bytes:
-    """PNG bytes of AUC and logloss by date (published days as dots, refused as crosses), and of each
-    day's wall time with its training part."""
+    """PNG bytes of AUC (with its 95% interval) and logloss by date (published days as dots, refused as crosses),
+    and of each day's wall time with its training part."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
@@ -32,6 +32,8 @@ def plot_history(records: list[DayRecord]) -> bytes:
                 ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=status, zorder=3)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+    lo, hi = auc_interval(records)
+    ax_auc.fill_between(dates, lo, hi, color="tab:blue", alpha=0.15, lw=0, label="95% interval")
     wall = [r.wall_s / 60 for r in records]
     ax_wall.bar(dates, wall, color="tab:gray", label="wall")
     ax_wall.bar(
@@ -50,11 +52,28 @@ def plot_history(records: list[DayRecord]) -> bytes:
     return figure_png(fig, dpi=90)
 
 
+def auc_interval(records: list[DayRecord]) -> tuple[list[float], list[float]]:
+    """Each day's AUC +- 1.96 Hanley-McNeil standard errors from its eval positives and negatives (NaN where the
+    record has no AUC or no positives: nothing is drawn there)."""
+    from flows.guards.noise import hanley_mcneil_se
+
+    lo, hi = [], []
+    for r in records:
+        pos = getattr(r, "eval_positives", 0) or 0
+        se = float(hanley_mcneil_se(r.auc, pos, r.rows_eval - pos)) if r.auc is not None and pos else float("nan")
+        lo.append(r.auc - 1.96 * se if r.auc is not None else float("nan"))
+        hi.append(r.auc + 1.96 * se if r.auc is not None else float("nan"))
+    return lo, hi
+
+
 def figure_png(fig: Any, *, dpi: int) -> bytes:
     """PNG bytes of a matplotlib figure, which is closed (laid out tight first)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
+    # tight_layout leaves a placeholder layout engine behind, and savefig lays out a figure that has an engine
+    # by drawing it once more, unwritten, before the draw it writes (the same pixels): none is left
+    fig.set_layout_engine(None)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)

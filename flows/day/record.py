@@ -50,6 +50,8 @@ class DayRecord:
     rows_read: int = 0
     rows_ingested: int = 0
     rows_quarantined: int = 0
+    rows_other_dates: int = 0
+    """Rows read of a valid timestamp of another date: rows_read = rows_ingested + rows_quarantined + this."""
     vocab_size: int = 0
     rows_train: int = 0
     rows_eval: int = 0
@@ -78,7 +80,15 @@ class DayRecord:
     data_stats: dict[str, Any] = field(default_factory=dict)
     """The day's checked series (`flows.guards.data_checks.data_stats`): what later days compare with."""
     gate: list[dict[str, Any]] = field(default_factory=list)
-    """The publish gate's checks: {name, passed, value, threshold, detail} (`flows.guards.gate`)."""
+    """The publish gate's checks: {name, passed, value, threshold, detail, interval, undecided} 
+    (`flows.guards.gate`)."""
+    gate_verdict: str = ""
+    """The gate's verdict: `passed`, `refused` or `undecided: <why>` (empty: the gate did not run)."""
+    gate_evidence: dict[str, Any] = field(default_factory=dict)
+    """What the gate's comparisons read: `rows`, `positives`, `auc_se` (of the AUC difference; for a first model,
+    of its AUC) and `dates` (the day's, or the pooled ones: `flows.guards.pool`)."""
+    eval_positives: int = 0
+    """Positives (clicks) among the day's `rows_eval`."""
     slot_wait_s: float = 0.0
     """Seconds the run waited for the model's train/publish slot (another run of the model held it)."""
 

@@ -8,10 +8,12 @@ them to the stages after; the data stages' results are their packages' (`IngestR
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from flows.guards.data_checks import CheckReport
+from storage.embedding.ssd.upgrade import cost
 from storage.warm import WarmPlan
 from trainer.launch.torchrun import TrainResult
 from trainer.plan.parent_eval import ParentEval
@@ -44,20 +46,34 @@ class WarmResult:
     """How the run starts: from the published model, or cold (and why)."""
     rows: int = 0
     shards_restored: int = 0
+    rebuilt: Mapping[str, Any] = field(default_factory=dict)
+    """What rebuilding the shards cost: `restored_rows` and `restore_s` (from the published snapshot), and
+    `converted_shards` (each `{"from", "rows", "s"}`: records of another format or row format converted where they
+    lie, `storage.embedding.ssd.upgrade`)."""
     seconds: float = 0.0
     row_format: str = ""
     """The day's rows, `optimizer/row_dtype` (`storage.embedding.rows.format.RowFormat.name`)."""
     converted_from: str | None = None
     """The published rows' format when it differs: the warm converts them (`RowFormat.convert`)."""
+    config_sources: Mapping[str, str] = field(default_factory=dict)
+    """Where each shape key's value came from: `set`, `lineage` or `default` (`flows.config.config_sources`)."""
 
     def summary(self) -> str:
         conv = f"; rows converted from {self.converted_from} to {self.row_format}" if self.converted_from else ""
         if self.warmed_by == "ranks":
             return f"warm: left to the ranks of {self.plan.world_size} (several nodes); {self.warm_start}{conv}"
         return (
-            f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored; "
-            f"{self.warm_start}{conv}"
+            f"warm: {self.plan.world_size} shard(s), {self.rows} rows, {self.shards_restored} restored"
+            f"{self._rebuilt()}; {self.warm_start}{conv}"
         )
+
+    def _rebuilt(self) -> str:
+        """The cost of the shards' rebuilds, each with its rate per 10^8 rows."""
+        rows, took = self.rebuilt.get("restored_rows", 0), self.rebuilt.get("restore_s", 0.0)
+        text = f" ({cost(rows, took)})" if rows else ""
+        for c in self.rebuilt.get("converted_shards", ()):
+            text += f", 1 converted where it lies from {c['from']} ({cost(c['rows'], c['s'])})"
+        return text
 
     def record(self) -> dict[str, Any]:
         return {
@@ -69,6 +85,8 @@ class WarmResult:
             "warm_start": self.warm_start,
             "row_format": self.row_format,
             "converted_from": self.converted_from,
+            "rebuilt": dict(self.rebuilt),
+            "config_sources": dict(self.config_sources),
         }
 
 
@@ -96,6 +114,7 @@ class TrainOutcome:
         return {
             "steps": t.steps,
             "examples": t.examples,
+            "sampled_out": t.sampled_out,
             "final_loss": t.final_loss,
             "mean_loss": t.mean_loss,
             "examples_per_s": t.examples_per_s,
@@ -103,6 +122,7 @@ class TrainOutcome:
             "wall_s": r.wall_s,
             "backend": t.backend,
             "device": t.device,
+            "attention_kernel": t.attention_kernel,
             "model_url": r.model_url,
             "parent_version": self.parent_version,
             "warm_start": self.warm_start,
@@ -110,6 +130,7 @@ class TrainOutcome:
             "recipe": self.recipe.record(),
             "parent_eval": self.parent_eval.record(),
             "companion": r.meta.companion,
+            "store": p.record() if (p := t.store_pressure()) else None,
         }
 
 
@@ -126,8 +147,13 @@ class PublishResult:
     """What `flows.serving.export.write_bundles` wrote (bytes of the full bundle and of the delta)."""
     pruned: str = ""
     """The retention summary (`ModelRegistry.prune`)."""
+    verdict: str = "passed"
+    """The gate's verdict: `passed`, `refused` or `undecided: <why>` (`flows.guards.gate.GateDecision.verdict`)."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """What the gate's comparisons read: rows, positives, auc_se, dates (`GateDecision.evidence`)."""
 
     def summary(self) -> str:
         if self.published:
             return f"publish: {self.version} is now LATEST ({self.reason}); {self.pruned}"
-        return f"publish: REFUSED {self.version}: {self.reason}; LATEST stays {self.latest or 'unset'}"
+        refused = "UNDECIDED" if self.verdict.startswith("undecided") else "REFUSED"
+        return f"publish: {refused} {self.version}: {self.reason}; LATEST stays {self.latest or 'unset'}"

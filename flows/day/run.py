@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from flows.config import RunConfig
+from flows.config import RunConfig, kept_line, lineage_config
 from flows.day import stages
 from flows.day.history import HISTORY_DAYS, write_history_png
 from flows.day.record import (
@@ -226,6 +226,10 @@ def _run_stages(cfg: RunConfig, date: str, *, force: bool, runner: Runner, slot:
                 taken = held.enter_context(slot(cfg))
             waited = round(taken.waited_s, 3)
             state = replace(state, published=read_published(layout, date=None if force else date))
+            # the lineage keeps its network: shape keys not set take the published model's values
+            cfg, kept = lineage_config(cfg, state.published.meta if state.published else None)
+            if kept and state.published:
+                log.info("%s", kept_line(state.published.version, kept))
             for stage in MODEL_STAGES:
                 step(stage)
             with clock.part("slot_release"):
@@ -264,6 +268,7 @@ def _data_fields(state: DayState) -> dict[str, Any]:
         "rows_read": ing.rows_read,
         "rows_ingested": ing.rows_written,
         "rows_quarantined": ing.rows_quarantined,
+        "rows_other_dates": ing.rows_other_dates,
         "vocab_size": voc.admitted,
         "rows_train": enc.rows_train,
         "rows_eval": enc.rows_eval,
@@ -309,6 +314,9 @@ def day_record(state: DayState, seconds: dict[str, float], wall_s: float, slot_w
         seconds=dict(seconds),
         wall_s=wall_s,
         gate=pub.checks,
+        gate_verdict=pub.verdict,
+        gate_evidence=pub.evidence,
+        eval_positives=ev.positives,
         slot_wait_s=slot_wait_s,
         **_data_fields(state),
     )

@@ -28,15 +28,17 @@ from typing import Any
 
 from distributed import Client
 
-from flows.config import RunConfig
+from flows.config import RunConfig, config_sources
+from flows.day.preload import preloaded
 from flows.day.record import recent_records
 from flows.day.results import ChecksOutcome, PublishResult, TrainOutcome, WarmResult
 from flows.day.state import DayState
 from flows.guards.check_config import overridden
 from flows.guards.checks_chart import write_checks_png
 from flows.guards.data_checks import data_stats, run_checks
-from flows.guards.evaluation import Evaluation, evaluate_day
-from flows.guards.gate import Scores, gate
+from flows.guards.evaluation import Evaluation, evaluate_day, gate_day
+from flows.guards.leakage import Found, sample_separation
+from flows.guards.pool import PastDay, unseen_dates
 from flows.node.locks import data_lock
 from flows.security import redacted
 from flows.serving.export import point_servers_at, write_bundles
@@ -45,12 +47,13 @@ from pipeline.ingest.stage import IngestResult, ingest_date
 from pipeline.schema import get_schema
 from pipeline.vocab.stage import VocabResult, build_vocab
 from storage.embedding.snapshot import snapshot_format
-from storage.features_manifest import key_column
+from storage.features_manifest import dense_column, key_column
 from storage.io import fsio
 from storage.io.dates import shift_date
 from storage.io.registry import ModelRegistry
 from storage.io.version import code_version
 from storage.warm import WarmPlan, warm_plan_shards
+from trainer.export import FIRST_EXPORT_IMPORTS
 from trainer.launch.spec import TrainSpec
 from trainer.launch.torchrun import TrainResult, run_training
 from trainer.launch.world import resolve_world, uses_cuda, visible_gpus
@@ -58,6 +61,7 @@ from trainer.model_dir import SPARSE, read_meta, warm_start
 from trainer.plan.day_recipe import day_recipe
 from trainer.plan.parent_eval import ParentEval, parent_eval
 from trainer.plan.recipe import Recipe
+from trainer.sampling import kept_rows
 
 log = logging.getLogger("ctrpipe")
 
@@ -107,8 +111,24 @@ def checks(cfg: RunConfig, state: DayState) -> ChecksOutcome:
     )
     before = recent_records(state.layout, shift_date(state.date, -1), cfg.checks.window_days)
     window = [(r.date, r.data_stats) for r in before if r.completed and r.data_stats]
-    report = run_checks(stats, window, cfg.checks)
+    report = run_checks(stats, window, cfg.checks, leakage=leakage(cfg, state))
     return ChecksOutcome(report, stats, write_checks_png(state.layout, state.date, stats, window, report))
+
+
+def leakage(cfg: RunConfig, state: DayState) -> Found | None:
+    """The leakage check's finding on a sample of the day's train rows (`flows.guards.leakage`); None when off."""
+    if cfg.checks.action("leakage") == "off":
+        return None
+    schema = get_schema(cfg.input.format)
+    return sample_separation(
+        state.encode.url,
+        dense_names={dense_column(i): name for i, name in enumerate(schema.dense)},
+        key_names={key_column(j): name for j, name in enumerate(schema.categorical)},
+        date=state.date,
+        max_auc=cfg.checks.max_feature_auc,
+        max_missing=cfg.checks.max_one_class_missing,
+        storage_options=cfg.storage_options,
+    )
 
 
 # ---- warm -------------------------------------------------------------------------------------
@@ -131,9 +151,12 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
         working_set_url=fsio.join(features, WORKING_SET_FILE),
     )
     how = "cold: no published model"
+    sources = config_sources(cfg, published.meta if published else None)
     if published:
         ws = warm_start(published.meta, cfg.model, cfg.store)
         how = f"from {published.version}" if ws.dense else f"cold dense ({ws.reason})"
+        if set_here := [k for k in ws.changed if sources.get(k) == "set"]:
+            how += f"; set by this config: {', '.join(set_here)} (leave them unset to keep the published values)"
         if not ws.sparse:  # rows of another width cannot be restored: the table starts empty
             plan = plan.cold()
             how += "; cold sparse (store.embedding_dim changed)"
@@ -141,7 +164,9 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
     src = snapshot_format(plan.snapshot_url, state.layout.storage_options) if plan.snapshot_url else None
     converted_from = src.name if src is not None and src != fmt else None
     if cfg.trainer.nnodes > 1:
-        return WarmResult(plan, "ranks", how, row_format=fmt.name, converted_from=converted_from)
+        return WarmResult(
+            plan, "ranks", how, row_format=fmt.name, converted_from=converted_from, config_sources=sources
+        )
     report = warm_plan_shards(plan, state.layout.node, list(range(world)), cfg.store, state.layout.storage_options)
     return WarmResult(
         plan,
@@ -150,8 +175,14 @@ def warm(cfg: RunConfig, state: DayState) -> WarmResult:
         rows=report["rows"],
         seconds=report["seconds"],
         shards_restored=sum(r["restored"] for r in report["ranks"]),
+        rebuilt={
+            "restored_rows": sum(r.get("restored_rows", 0) for r in report["ranks"]),
+            "restore_s": round(sum(r.get("restore_s", 0.0) for r in report["ranks"]), 3),
+            "converted_shards": [r["converted"] for r in report["ranks"] if r.get("converted")],
+        },
         row_format=fmt.name,
         converted_from=converted_from,
+        config_sources=sources,
     )
 
 
@@ -184,7 +215,7 @@ def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
         cfg.optim,
         cfg.model,
         cfg.store,
-        rows=encoded.rows_train + carry.rows,
+        rows=trained_rows(cfg, encoded, carry),
         features_url=encoded.url,
         published=published,
         world_size=world.world_size,
@@ -211,8 +242,20 @@ def train_plan(cfg: RunConfig, state: DayState) -> TrainPlan:
         warm=warmed.plan,
         carried=carry.carried,
         recipe=recipe.record(),
+        config_sources=dict(warmed.config_sources),
     )
     return TrainPlan(spec.with_run_tag(state.date, published.version if published else None), recipe, carry)
+
+
+def trained_rows(cfg: RunConfig, encoded: EncodeResult, carry: ParentEval) -> int:
+    """The rows the day trains, the recipe's size: with a keep-rate of negatives below 1 (`trainer.sampling`), those
+    it keeps of the carried eval rows and the day's train rows, in the reader's order."""
+    w = cfg.optim.negative_sampling
+    if w == 1.0:
+        return encoded.rows_train + carry.rows
+    urls = [fsio.join(carry.carried.features_url, "eval")] if carry.carried else []
+    urls.append(fsio.join(encoded.url, "train"))
+    return kept_rows(urls, w, seed=cfg.optim.seed, storage_options=cfg.storage_options)
 
 
 def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
@@ -225,9 +268,12 @@ def train(cfg: RunConfig, state: DayState) -> TrainOutcome:
     spec = plan.spec
     result = None if state.force else committed_candidate(spec)
     if result is None:
-        result = run_training(
-            spec, work_dir=state.layout.node.work_dir(state.date), spec_copy_url=state.layout.run_train_spec(state.date)
-        )
+        with preloaded(FIRST_EXPORT_IMPORTS):  # publish's first torch.export imports, loaded while the rank trains
+            result = run_training(
+                spec,
+                work_dir=state.layout.node.work_dir(state.date),
+                spec_copy_url=state.layout.run_train_spec(state.date),
+            )
     parent = state.published.version if state.published else None
     return TrainOutcome(result, parent, state.warm.warm_start, spec.run_tag, plan.recipe, plan.parent_eval)
 
@@ -255,7 +301,20 @@ def evaluate(cfg: RunConfig, state: DayState) -> Evaluation:
         published=state.published,
         storage_options=cfg.storage_options,
         groups=groups,
+        publish=cfg.publish,
+        pool=pool_urls(cfg, state),
     )
+
+
+def pool_urls(cfg: RunConfig, state: DayState) -> dict[str, str]:
+    """date -> eval rows of the earlier dates among the last `publish.pool_days` whose eval rows neither the
+    candidate nor the published model trained on (`flows.guards.pool`), newest first."""
+    days = cfg.publish.pool_days - 1
+    before = recent_records(state.layout, shift_date(state.date, -1), days) if days else []
+    past = [PastDay(r.date, str(r.status), (r.train.get("parent_eval") or {}).get("date")) for r in before]
+    carried = state.train.parent_eval.carried
+    dates = unseen_dates(state.date, past, carried.date if carried else None)
+    return {d: fsio.join(state.layout.features(d), "eval") for d in dates if d != state.date}
 
 
 # ---- publish ----------------------------------------------------------------------------------
@@ -271,6 +330,7 @@ def lineage(cfg: RunConfig, state: DayState) -> dict[str, Any]:
             "rows_read": ingested.rows_read,
             "rows_written": ingested.rows_written,
             "rows_quarantined": ingested.rows_quarantined,
+            "rows_other_dates": ingested.rows_other_dates,
         },
         "vocab_date": state.date,
         "run_tag": trained.run_tag,
@@ -289,13 +349,8 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
     (unless `force`).
     """
     ev, published, trained = state.evaluation, state.published, state.train
-    new = Scores(ev.new, ev.new_groups, trained_through=state.date)
-    before = (
-        Scores(ev.published, ev.published_groups, trained_through=published.meta.vocab_date)
-        if ev.published and published
-        else None
-    )
-    decision = gate(new, before, cfg.publish, versus=ev.versus, versus_groups=ev.versus_groups)
+    through = published.meta.vocab_date if published else None
+    decision = gate_day(ev, cfg.publish, date=state.date, published_through=through)
     metrics = {
         "date": state.date,
         "auc": ev.new.auc,
@@ -308,6 +363,8 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         "published_logloss_same_rows": ev.published.logloss if ev.published else None,
         **({"gauc": ev.new_groups[cfg.publish.gauc_field].gauc()} if cfg.publish.gauc_field else {}),
         "gate": decision.values(),
+        "gate_verdict": decision.verdict,
+        "gate_evidence": decision.evidence,
     }
     registry = ModelRegistry(state.layout)
     version = None if state.force else registry.find(trained.run_tag)
@@ -327,4 +384,14 @@ def publish(cfg: RunConfig, state: DayState) -> PublishResult:
         point_servers_at(state.layout, version)
     latest = version if decision.publish else (state.published.version if state.published else None)
     pruned = registry.prune(cfg.registry).summary()
-    return PublishResult(decision.publish, version, decision.reason, latest, decision.values(), bundles, pruned)
+    return PublishResult(
+        decision.publish,
+        version,
+        decision.reason,
+        latest,
+        decision.values(),
+        bundles,
+        pruned,
+        decision.verdict,
+        decision.evidence,
+    )

@@ -55,6 +55,10 @@ class ChecksConfig:
     """psi: population stability index of a dense field's values against the window's (a unit or scale change)."""
     max_oov_increase: float = 0.2
     """oov_rate: rise of one field's share of values the previous vocabulary lacks, absolute (re-hashed ids)."""
+    max_feature_auc: float = 0.99
+    """leakage: a feature whose value or presence alone predicts the label with this AUC."""
+    max_one_class_missing: float = 0.99
+    """leakage: ... or missing on this share of one class's rows (at most half of the other's)."""
     volume: CheckAction = field(default_factory=_fail)
     """volume: the day's rows read outside [min_volume_ratio, max_volume_ratio] x the window's median."""
     click_rate: CheckAction = field(default_factory=_fail)
@@ -65,6 +69,8 @@ class ChecksConfig:
     """missing_rate: a field's missing share up by more than `max_missing_increase`."""
     duplicates: CheckAction = field(default_factory=_fail)
     """duplicates: over `max_duplicate_share` of rows exact copies of another (always)."""
+    leakage: CheckAction = field(default_factory=_fail)
+    """leakage: a feature that gives the label away (always)."""
     quarantined: CheckAction = field(default_factory=_warn)
     """quarantined: the quarantined share up by more than `max_quarantined_increase`."""
     psi: CheckAction = field(default_factory=_warn)
@@ -93,6 +99,9 @@ class ChecksConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"checks.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_feature_auc", "max_one_class_missing"):
+            if not 0.5 < getattr(self, name) <= 1:
+                raise ValueError(f"checks.{name} must be in (0.5, 1], got {getattr(self, name)}")
 
     def action(self, check: str) -> str:
         """The action of check `check`."""

@@ -5,7 +5,8 @@ checked series, `run_checks` compares them with the series of the completed days
 manner of TFDV's statistics comparison.  The stage (`flows.day.stages.checks`) reads the window from the
 days' records, where each day's series is kept (`DayRecord.data_stats`).
 
-Absolute checks run on every day: padded rows, a click rate of 0 or 1 (AUC is undefined), duplicates.
+Absolute checks run on every day: padded rows, a click rate of 0 or 1 (AUC is undefined), duplicates, and
+leakage (a feature that separates the labels, `flows.guards.leakage`, found on the day's rows by the stage).
 The others compare with the window's median and need at least 2 completed days in it.
 """
 
@@ -85,13 +86,22 @@ class CheckReport:
         return "data checks failed: " + "; ".join(f"{r.name}: {r.detail}" for r in self.failed)
 
 
-def run_checks(today: dict[str, Any], window: Sequence[tuple[str, dict[str, Any]]], cfg: ChecksConfig) -> CheckReport:
-    """Every check that is not `off`, in `CHECKS` order; relative ones only with `MIN_WINDOW` days."""
+def run_checks(
+    today: dict[str, Any],
+    window: Sequence[tuple[str, dict[str, Any]]],
+    cfg: ChecksConfig,
+    *,
+    leakage: tuple[bool, float | None, Any, str] | None = None,
+) -> CheckReport:
+    """Every check that is not `off`, in `CHECKS` order; relative ones only with `MIN_WINDOW` days.  `leakage`: what
+    `flows.guards.leakage.label_separation` found on the day's rows (None: not looked at)."""
     past = [stats for _, stats in window]
     relative = len(past) >= MIN_WINDOW
     found: dict[str, tuple[bool, float | None, Any, str]] = {}  # name -> (violated, value, threshold, detail)
     found["padded_rows"] = _at_most(today["padded_share"], cfg.max_padded_share, "of rows have missing trailing fields")
     found["duplicates"] = _at_most(today["duplicate_share"], cfg.max_duplicate_share, "of rows copy another row")
+    if leakage is not None:
+        found["leakage"] = leakage
     ctr = today["click_rate"]
     if ctr in (0.0, 1.0):
         found["click_rate"] = (

@@ -6,7 +6,9 @@ compares each difference with when no row-by-row pairing measured it.
   anywhere in [1.05, 1.65] at 2 sd.  The interval maps the click rate's interval through
   mean_prediction / rate, so it is skewed like the ratio and never negative.  The mean prediction's
   own spread is left out: the scores vary far less than 0/1 labels and move with them, so the
-  ratio's full (delta-method) interval is a little narrower than this one.
+  ratio's full (delta-method) interval is a little narrower than this one.  When the click rate's
+  interval reaches 0 (a handful of clicks) the ratio's has no upper end: no range could refuse it, so
+  the calibration is not judged, and the gate records that with the clicks (`calibration_interval`: None).
 - an AUC from its positives and negatives alone: Hanley & McNeil (1982), for a slice or GAUC group
   that has no paired error (the evaluation gives each group DeLong's paired error of the two models'
   difference, `trainer.eval.group_metrics.paired_group_se`, where the group holds two clicks and two
@@ -29,17 +31,22 @@ def click_rate_sd(m: EvalMetrics) -> float:
     return math.sqrt(max(0.0, p * (1.0 - p)) / m.rows) if m.rows > 0 else 0.0
 
 
-def calibration_interval(m: EvalMetrics, sds: float) -> tuple[float, float]:
+def clicks(m: EvalMetrics) -> int:
+    """The clicks (positives) among `m.rows` rows."""
+    return round(m.click_rate * m.rows)
+
+
+def calibration_interval(m: EvalMetrics, sds: float) -> tuple[float, float] | None:
     """mean_prediction / rate for the click rates within `sds` binomial sds of the observed one.
 
-    The upper end is inf when the interval of the click rate reaches 0; (nan, nan) when the
-    calibration itself is undefined (no clicks).
+    None when it cannot be judged: the calibration is undefined (no clicks) or the click rate's interval
+    reaches 0 (too few clicks: the ratio would have no upper end).
     """
     if not math.isfinite(m.calibration):
-        return math.nan, math.nan
+        return None
     half = sds * click_rate_sd(m)
     low_rate, high_rate = m.click_rate - half, m.click_rate + half
-    return m.mean_prediction / high_rate, (m.mean_prediction / low_rate if low_rate > 0 else math.inf)
+    return (m.mean_prediction / high_rate, m.mean_prediction / low_rate) if low_rate > 0 else None
 
 
 def hanley_mcneil_se(

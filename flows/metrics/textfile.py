@@ -15,16 +15,18 @@ the host's metrics, so the daily numbers reach the place a platform scrapes with
     ctrpipe_run_auc, ctrpipe_run_logloss                                   the candidate on the eval rows (when trained)
     ctrpipe_run_published_auc                                              LATEST's AUC on the same rows (when any)
 
-Every series carries `model` and `root` (`flows.prefect.keys.model_key`'s digest) labels.  The file is
-replaced atomically (a temporary file renamed over it), so the collector never reads half a file; it
-holds the last run only: a platform keeps the history.  Alert on `ctrpipe_run_status{status="published"}
-== 0` or on `time() - ctrpipe_run_completion_timestamp_seconds > 26 * 3600`.
+Written with prometheus_client (a registry per file, `collect`).  Every series carries `model` and `root`
+(`flows.prefect.keys.model_key`'s digest) labels.  The file is replaced atomically (a temporary file renamed
+over it), so the collector never reads half a file; it holds the last run only: a platform keeps the history.
+Alert on `ctrpipe_run_status{status="published"} == 0` or on `time() - ctrpipe_run_completion_timestamp_seconds
+> 26 * 3600`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import math
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from flows.day.record import DayRecord, Status
 from storage.io import fsio
@@ -33,39 +35,26 @@ from storage.io.layout import Layout, root_digest
 PREFIX = "ctrpipe_run"
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def render(
+def collect(
     record: DayRecord, *, model: str, root: str, latest: str | None, config_digest: str = "", written_at: float
-) -> str:
-    """The record as Prometheus text exposition format (version 0.0.4), one gauge family per number.
+) -> CollectorRegistry:
+    """The record's numbers as gauges, one family per number (a number the record lacks: no family), in a
+    registry of their own.
 
     Args:
         root: the root's digest (the `root` label).
         latest: the version LATEST names now (a stopped or failed day's record does not know it).
         written_at: Unix seconds of the run's end.
     """
+    registry = CollectorRegistry()
     base = {"model": model, "root": root}
-    families: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = []
 
     def gauge(name: str, help_: str, *samples: tuple[dict[str, str], float | None]) -> None:
         kept = [(labels, float(v)) for labels, v in samples if v is not None]
         if kept:
-            families.append((f"{PREFIX}_{name}", help_, kept))
+            family = Gauge(f"{PREFIX}_{name}", help_, [*base, *kept[0][0]], registry=registry)
+            for labels, v in kept:
+                family.labels(**base, **labels).set(v)
 
     info = {
         "date": record.date,
@@ -103,12 +92,17 @@ def render(
     gauge("auc", "AUC of the last daily run's model on its eval rows.", ({}, record.auc))
     gauge("logloss", "Log loss of the last daily run's model on its eval rows.", ({}, record.logloss))
     gauge("published_auc", "AUC of the published model on the same eval rows.", ({}, record.published_auc))
+    return registry
 
-    lines: list[str] = []
-    for name, help_, samples in families:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
-        lines += [f"{name}{_labels({**base, **labels})} {_number(v)}" for labels, v in samples]
-    return "\n".join(lines) + "\n"
+
+def render(
+    record: DayRecord, *, model: str, root: str, latest: str | None, config_digest: str = "", written_at: float
+) -> str:
+    """`collect`'s gauges in the Prometheus text exposition format (version 0.0.4)."""
+    registry = collect(
+        record, model=model, root=root, latest=latest, config_digest=config_digest, written_at=written_at
+    )
+    return generate_latest(registry).decode()
 
 
 def write(

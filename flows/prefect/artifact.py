@@ -115,7 +115,8 @@ def checks_markdown(r: DayRecord) -> str:
     if r.gate:
         lines += ["", "## Publish gate", "", "| check | passed | value | threshold | detail |", "|---|---|---|---|---|"]
         lines += [
-            f"| {c['name']} | {'yes' if c['passed'] else 'NO'} | {cell(c['value'])} | {cell(c['threshold'])} "
+            f"| {c['name']} | {'yes' if c['passed'] else 'undecided' if c.get('undecided') else 'NO'} "
+            f"| {cell(c['value'])} | {cell(c['threshold'])} "
             f"| {c['detail']} |"
             for c in r.gate
         ]

@@ -1,20 +1,21 @@
 """The scorer's HTTP API (Starlette, an ASGI app; `flows.serving.server` runs it on uvicorn).
 
-    POST /v1/score   {"lines": ["<raw log line>", ...]} or {"rows": [{"<field>": value, ...}, ...]}
+    POST /v1/score   {"lines": ["<raw log line>", ...]} or {"rows": [{"<field>": value, ...}, ...]}, or a CSV body
+                     (text/csv) whose header names the columns
                      -> 200 {"model_version": "v00002", "scores": [p | null, ...], "errors": [{"index", "reason"}]}
     GET  /v1/model   version, trained dates, AUC, export time of the model being served
     GET  /metrics    Prometheus text format (`flows.serving.metrics`); open like the probes
     GET  /healthz    200 while the process runs (liveness)
     GET  /readyz     200 once a model is loaded, else 503 (readiness)
 
-A line may carry the label column or not (a request-time log has none): one field fewer than the
-format's columns is a features-only line (`flows.serving.lines`); `"labelled": true | false` beside
-`"lines"` says it for every line of the request.  A malformed line gets `null` and the reason
-ingest would quarantine it for (a wrong field count names the counts accepted); the other lines are
+A line may carry the label column or not, and may hold only the columns the model reads (`flows.serving.lines`
+says which field counts mean what); `"labelled": true | false` beside `"lines"` settles a count with two
+meanings for every line of the request.  A malformed line gets `null` and the reason
+ingest would quarantine it for (a wrong or ambiguous field count names the readings); the other lines are
 scored.  What is wrong with the request itself gets a 4xx and `{"error": "..."}`, never a 500:
-400 invalid JSON or body shape, 401 missing or wrong bearer token (only with `auth_token`),
+400 invalid JSON or CSV or body shape, 401 missing or wrong bearer token (only with `auth_token`),
 413 body over `max_body_bytes` or more than `max_lines` entries, 415 a content type other than
-application/json, 422 entries of the wrong type, 503 no model loaded yet; a failure while scoring
+application/json or text/csv, 422 entries of the wrong type, 503 no model loaded yet; a failure while scoring
 (a bug, a broken bundle) is a 500 with its reason.  With a token, `/v1/*` needs
 `Authorization: Bearer <token>`; the probes and `/metrics` stay open.
 """
@@ -36,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from flows.serving.batcher import MicroBatcher
+from flows.serving.lines import csv_rows
 from flows.serving.metrics import CONTENT_TYPE, ServerMetrics
 from flows.serving.model import ScoreRequest
 from flows.serving.reload import ModelHolder, Reloader
@@ -84,11 +86,24 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_body(request: Request, limits: ApiLimits) -> Any:
-    """The request's JSON, with the content type, size and syntax checked (`RequestError` otherwise)."""
+async def read_request(request: Request, limits: ApiLimits) -> ScoreRequest:
+    """The entries of a score request: a JSON body (`entries`) or a CSV one (`csv_entries`), with the content type,
+    size and syntax checked (`RequestError` otherwise)."""
     ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if ctype != "application/json":
-        raise RequestError(415, f"content type must be application/json, got {ctype or 'none'!r}")
+    if ctype not in ("application/json", "text/csv"):
+        raise RequestError(415, f"content type must be application/json or text/csv, got {ctype or 'none'!r}")
+    body = await _read_bytes(request, limits)
+    if ctype == "text/csv":
+        return csv_entries(body, limits)
+    try:
+        payload = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"invalid JSON: {exc}") from None
+    return entries(payload, limits)
+
+
+async def _read_bytes(request: Request, limits: ApiLimits) -> bytearray:
+    """The body, refused (413) once over the size limit."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise RequestError(413, f"body of {declared} bytes is over the limit of {limits.max_body_bytes} bytes")
@@ -97,10 +112,20 @@ async def read_body(request: Request, limits: ApiLimits) -> Any:
         body += chunk
         if len(body) > limits.max_body_bytes:
             raise RequestError(413, f"body is over the limit of {limits.max_body_bytes} bytes")
+    return body
+
+
+def csv_entries(body: bytes | bytearray, limits: ApiLimits) -> ScoreRequest:
+    """The rows of a CSV body whose header names the columns (`flows.serving.lines.csv_rows`)."""
     try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"invalid JSON: {exc}") from None
+        rows, refused = csv_rows(bytes(body).decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise RequestError(400, f"invalid CSV: not UTF-8 ({exc})") from None
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
+    if len(rows) > limits.max_lines:
+        raise RequestError(413, f"{len(rows)} rows in one request, the limit is {limits.max_lines}: split it")
+    return ScoreRequest("rows", rows, refused=tuple(refused))
 
 
 def entries(payload: Any, limits: ApiLimits) -> ScoreRequest:
@@ -235,7 +260,7 @@ class _Api:
         """
         if not self.authorized(request):
             raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
-        wanted = entries(await read_body(request, self.limits), self.limits)
+        wanted = await read_request(request, self.limits)
         seen.entries = len(wanted)
         model = self.holder.current  # the request stays on this version, whatever the reloader does meanwhile
         if model is None:

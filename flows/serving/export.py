@@ -174,7 +174,8 @@ class VersionExport:
         self.companion: Companion | None = None
         if self.meta.companion:
             try:  # read as every scorer reads it, so a missing or broken file is refused here, not when served
-                self.companion = load_companion(fsio.join(self.url, COMPANION), so)
+                weight = self.meta.companion_blend_weight
+                self.companion = load_companion(fsio.join(self.url, COMPANION), so, blend_weight=weight)
             except (FileNotFoundError, ValueError) as exc:
                 raise ExportError(f"{self.version}: {exc}") from None
 
@@ -241,7 +242,7 @@ class VersionExport:
             "metrics": self.info.metrics,
             "table_rows": len(table),
             "rows_digest": export.rows_digest(table),
-            "network": export.describe_program(self.network),
+            "network": export.describe_program(self.network, self.meta.negative_sampling),
             "lineage": {
                 "registry_version": self.version,
                 "registry_url": self.url,

@@ -1,4 +1,4 @@
-"""The scorer's numbers in the Prometheus text format (`GET /metrics`), kept by hand: no client library.
+"""The scorer's numbers in the Prometheus text format (`GET /metrics`), with prometheus_client.
 
     ctrpipe_score_requests_total{code}              /v1/score requests answered, by HTTP status
     ctrpipe_score_rows_total{outcome}               entries scored, or refused (null score)
@@ -12,147 +12,144 @@
     ctrpipe_model_age_seconds                       seconds since the served bundle was exported
     ctrpipe_model_reloads_total{outcome}            switches to a new version (ok) and bundles refused
 
-Everything is updated on the server's event loop (or read from the batcher's and the holder's
-counters), so no lock is needed; reading is a snapshot at scrape time.
+Each app has a registry of its own (`ServerMetrics.registry`, not prometheus_client's global one): the counters
+the app updates per request, and the batcher's and the holder's counters read at scrape time.  The counters'
+`_created` series are left out: the families are the ones above.  Everything is updated on the server's event
+loop, and prometheus_client's metrics take their own locks.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import time
-from collections import Counter
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Upper bounds (seconds) of the latency histogram's buckets."""
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
-class Histogram:
-    """Cumulative-bucket histogram of observed values (the Prometheus histogram type)."""
+class _Tally:
+    """`tally[value] += n` on a counter with the one label `label` (`ServerMetrics.request_errors`)."""
 
-    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
-        self.sum, self.count = 0.0, 0
+    def __init__(self, counter: Counter, label: str) -> None:
+        self._counter, self._label = counter, label
 
-    def observe(self, value: float) -> None:
-        i = 0
-        while i < len(self.bounds) and value > self.bounds[i]:
-            i += 1
-        self.counts[i] += 1
-        self.sum += value
-        self.count += 1
+    def __getitem__(self, value: str) -> float:
+        samples = (s for m in self._counter.collect() for s in m.samples if s.name.endswith("_total"))
+        return next((s.value for s in samples if s.labels[self._label] == value), 0.0)
 
-    def lines(self, name: str) -> list[str]:
-        out, total = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
-            total += n
-            out.append(f'{name}_bucket{{le="{_number(bound)}"}} {total}')
-        return [*out, f"{name}_sum {_number(self.sum)}", f"{name}_count {self.count}"]
+    def __setitem__(self, label: str, total: float) -> None:
+        self._counter.labels(label).inc(total - self[label])
 
 
 class ServerMetrics:
-    """What the app counts per request (see the module docstring)."""
+    """What the app counts per request, and its registry (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.requests: Counter[int] = Counter()
-        self.rows: Counter[str] = Counter()
-        self.request_errors: Counter[str] = Counter()
-        self.refused: Counter[str] = Counter()
-        self.latency = Histogram()
+        # not registered anywhere: `collect` hands them to `registry` without their `_created` series
+        self._requests = Counter(
+            "ctrpipe_score_requests", "/v1/score requests answered, by HTTP status.", ["code"], registry=None
+        )
+        self._rows = Counter(
+            "ctrpipe_score_rows",
+            "Entries (lines or rows) scored, or refused with a null score.",
+            ["outcome"],
+            registry=None,
+        )
+        for outcome in ("scored", "refused"):
+            self._rows.labels(outcome)
+        self._errors = Counter(
+            "ctrpipe_score_request_errors",
+            "Requests answered with an error status, by reason.",
+            ["reason"],
+            registry=None,
+        )
+        self._refused = Counter(
+            "ctrpipe_score_refused", "Entries refused, by the rule of their reason.", ["reason"], registry=None
+        )
+        self._latency = Histogram(
+            "ctrpipe_score_latency_seconds",
+            "/v1/score latency, from the request to its answer.",
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.request_errors = _Tally(self._errors, "reason")
+        """`request_errors[reason] += 1` counts a request answered with an error (`error`)."""
+        self._scrape: dict[str, Any] = {}
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
 
     def answered(self, status: int, seconds: float) -> None:
-        self.requests[status] += 1
-        self.latency.observe(seconds)
+        self._requests.labels(str(status)).inc()
+        self._latency.observe(seconds)
+
+    def error(self, reason: str) -> None:
+        """A request answered with an error status, for `reason`."""
+        self._errors.labels(reason).inc()
 
     def scored(self, scored: int, refused_reasons: list[str]) -> None:
-        self.rows["scored"] += scored
-        self.rows["refused"] += len(refused_reasons)
+        self._rows.labels("scored").inc(scored)
+        self._rows.labels("refused").inc(len(refused_reasons))
         for reason in refused_reasons:
-            self.refused[reason.split(":", 1)[0]] += 1  # the rule, as ingest's summaries group them
+            self._refused.labels(reason.split(":", 1)[0]).inc()  # the rule, as ingest's summaries group them
 
     def exposition(self, *, model: Any, batch_stats: Any, switches: int, refusals: int) -> str:
         """The text `/metrics` answers (`model`: the `ServingModel` served, or None)."""
-        out: list[str] = []
+        self._scrape = {"model": model, "batch_stats": batch_stats, "switches": switches, "refusals": refusals}
+        try:
+            return generate_latest(self.registry).decode()
+        finally:
+            self._scrape = {}
 
-        def family(name: str, kind: str, help_: str, samples: list[str]) -> None:
-            out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples])
+    def collect(self) -> Iterator[Metric]:
+        """The families of `registry`: the app's counters, and those read at scrape time (`exposition`)."""
+        for own in (self._requests, self._rows, self._errors, self._refused, self._latency):
+            for family in own.collect():
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+                yield family
+        if self._scrape:
+            yield from _read_at_scrape(**self._scrape)
 
-        family(
-            "ctrpipe_score_requests_total",
-            "counter",
-            "/v1/score requests answered, by HTTP status.",
-            [f'ctrpipe_score_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.requests.items())],
-        )
-        family(
-            "ctrpipe_score_rows_total",
-            "counter",
-            "Entries (lines or rows) scored, or refused with a null score.",
-            [f'ctrpipe_score_rows_total{{outcome="{k}"}} {self.rows[k]}' for k in ("scored", "refused")],
-        )
-        family(
-            "ctrpipe_score_request_errors_total",
-            "counter",
-            "Requests answered with an error status, by reason.",
-            [
-                f'ctrpipe_score_request_errors_total{{reason="{_label(r)}"}} {n}'
-                for r, n in sorted(self.request_errors.items())
-            ],
-        )
-        family(
-            "ctrpipe_score_refused_total",
-            "counter",
-            "Entries refused, by the rule of their reason.",
-            [f'ctrpipe_score_refused_total{{reason="{_label(r)}"}} {n}' for r, n in sorted(self.refused.items())],
-        )
-        family(
-            "ctrpipe_score_latency_seconds",
-            "histogram",
-            "/v1/score latency, from the request to its answer.",
-            self.latency.lines("ctrpipe_score_latency_seconds"),
-        )
-        family(
-            "ctrpipe_score_batches_total",
-            "counter",
-            "Batches scored by the micro-batcher.",
-            [f"ctrpipe_score_batches_total {batch_stats.batches}"],
-        )
-        family(
-            "ctrpipe_score_batch_wait_seconds_total",
-            "counter",
-            "Seconds requests waited in the micro-batcher's queue, summed over requests.",
-            [f"ctrpipe_score_batch_wait_seconds_total {_number(batch_stats.wait_s)}"],
-        )
-        family(
-            "ctrpipe_score_stage_seconds_total",
-            "counter",
-            "Seconds spent per scoring stage, summed over batches.",
-            [
-                f'ctrpipe_score_stage_seconds_total{{stage="{k}"}} {_number(v)}'
-                for k, v in batch_stats.times.seconds.items()
-            ],
-        )
-        info, age = [], []
-        if model is not None:
-            name = model.manifest.get("model_name") or ""
-            info.append(f'ctrpipe_model_info{{version="{_label(model.version)}",model="{_label(name)}"}} 1')
-            exported = model_age_seconds(model.manifest.get("exported"))
-            if exported is not None:
-                age.append(f"ctrpipe_model_age_seconds {_number(exported)}")
-        family("ctrpipe_model_info", "gauge", "1 for the model version served.", info)
-        family("ctrpipe_model_age_seconds", "gauge", "Seconds since the served bundle was exported.", age)
-        family(
-            "ctrpipe_model_reloads_total",
-            "counter",
-            "Switches to a new model version (ok) and bundles refused (the old one kept serving).",
-            [
-                f'ctrpipe_model_reloads_total{{outcome="ok"}} {switches}',
-                f'ctrpipe_model_reloads_total{{outcome="refused"}} {refusals}',
-            ],
-        )
-        return "\n".join(out) + "\n"
+
+def _read_at_scrape(*, model: Any, batch_stats: Any, switches: int, refusals: int) -> Iterator[Metric]:
+    """The batcher's and the model holder's numbers as metric families."""
+    yield CounterMetricFamily(
+        "ctrpipe_score_batches", "Batches scored by the micro-batcher.", value=batch_stats.batches
+    )
+    yield CounterMetricFamily(
+        "ctrpipe_score_batch_wait_seconds",
+        "Seconds requests waited in the micro-batcher's queue, summed over requests.",
+        value=batch_stats.wait_s,
+    )
+    stages = CounterMetricFamily(
+        "ctrpipe_score_stage_seconds", "Seconds spent per scoring stage, summed over batches.", labels=["stage"]
+    )
+    for stage, seconds in batch_stats.times.seconds.items():
+        stages.add_metric([stage], seconds)
+    yield stages
+    info = GaugeMetricFamily("ctrpipe_model_info", "1 for the model version served.", labels=["version", "model"])
+    age = GaugeMetricFamily("ctrpipe_model_age_seconds", "Seconds since the served bundle was exported.")
+    if model is not None:
+        info.add_metric([model.version, model.manifest.get("model_name") or ""], 1)
+        exported = model_age_seconds(model.manifest.get("exported"))
+        if exported is not None:
+            age.add_metric([], exported)
+    yield info
+    yield age
+    reloads = CounterMetricFamily(
+        "ctrpipe_model_reloads",
+        "Switches to a new model version (ok) and bundles refused (the old one kept serving).",
+        labels=["outcome"],
+    )
+    reloads.add_metric(["ok"], switches)
+    reloads.add_metric(["refused"], refusals)
+    yield reloads
 
 
 def model_age_seconds(exported: Any, now: float | None = None) -> float | None:
@@ -166,13 +163,3 @@ def model_age_seconds(exported: Any, now: float | None = None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.UTC)
     return max((now if now is not None else time.time()) - when.timestamp(), 0.0)
-
-
-def _number(x: float) -> str:
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    return repr(float(x))
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

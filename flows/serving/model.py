@@ -37,17 +37,19 @@ from flows.serving.bundle import (
     BundleError,
     BundleReader,
 )
-from flows.serving.lines import with_labels
+from flows.serving.lines import placeholder_timestamp, rows_as_lines, with_labels
 from flows.serving.small import SmallBatch, fits, small_batch
 from flows.serving.tables import MmapTable, chain_table, memory_table
 from pipeline.encode.feature_spec import FeatureSpec, Parsed
 from storage.io import records
 from trainer.companion.file import from_bytes as companion_from_bytes
-from trainer.companion.model import Companion
+from trainer.companion.model import Companion, blend_weight_of
 from trainer.data import FeatureSchema
+from trainer.eval.metrics import PROB_EPS
 from trainer.eval.scoring import score_arrays, score_features
 from trainer.export import load_program
 from trainer.model_dir import MODEL
+from trainer.sampling import check_keep_rate
 from trainer.threads import torch_threads
 
 log = logging.getLogger("ctrpipe.serve")
@@ -75,7 +77,15 @@ class ServingMeta:
     vocab_date: str | None = None
     run_tag: str = ""
     companion: dict[str, Any] | None = None
-    """The companion's record when the model has one (its weights: the bundle's `companion.safetensors`)."""
+    """The companion's record when the model has one (its weights: the bundle's `companion.safetensors`; the
+    network's blend weight: its `blend_weight`, `trainer.companion.model.blend_weight_of`)."""
+    score_eps: float = PROB_EPS
+    """Scores are clipped to [score_eps, 1 - score_eps]; a bundle from before it was recorded reads the default."""
+    negative_sampling: float = 1.0
+    """The keep-rate of negatives it trained with: logits get + log(w) (`trainer.sampling`); older bundles read 1.0."""
+
+    def __post_init__(self) -> None:
+        check_keep_rate(self.negative_sampling, "model.json negative_sampling")  # from_dict: a BundleError
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> ServingMeta:
@@ -92,10 +102,12 @@ class ScoreRequest:
     """The entries of one `/v1/score` request."""
 
     kind: str
-    """"lines" (raw log lines) or "rows" (objects of named fields)."""
+    """"lines" (raw log lines) or "rows" (objects of named fields: JSON objects, or CSV records with a header)."""
     items: list[Any]
     labelled: bool | None = None
     """Lines only: None: told by field count (`flows.serving.lines`); True / False: every line has / lacks the label."""
+    refused: tuple[tuple[int, str], ...] = ()
+    """Rows only: (index, reason) of entries refused before scoring (a CSV record of another field count)."""
 
     def __len__(self) -> int:
         return len(self.items)
@@ -143,6 +155,10 @@ class ServingModel:
     schema: FeatureSchema
     companion: Companion | None = None
     """The second learner blended into every score (`trainer.companion`), or None."""
+    score_eps: float = PROB_EPS
+    """Every score is clipped to [score_eps, 1 - score_eps] (model.json `score_eps`)."""
+    keep_rate: float = 1.0
+    """The network's logits get + log(keep_rate) (model.json `negative_sampling`)."""
     loaded_s: float = 0.0
     loaded_at: float = field(default_factory=time.time)
     small_path: bool = field(init=False)
@@ -164,7 +180,16 @@ class ServingModel:
         lookup: Callable[..., Any] = self.table.lookup
         if times is not None:
             net, lookup = times.timed("forward", net), times.timed("lookup", lookup)
-        return score_features(net, lookup, self.schema, self.spec.bag_pooling, features, companion=self.companion)
+        return score_features(
+            net,
+            lookup,
+            self.schema,
+            self.spec.bag_pooling,
+            features,
+            companion=self.companion,
+            eps=self.score_eps,
+            keep_rate=self.keep_rate,
+        )
 
     def score_small(self, batch: SmallBatch, times: StageTimes | None = None) -> np.ndarray:
         """`score_features` of a `SmallBatch`'s arrays (no frame in between)."""
@@ -179,15 +204,17 @@ class ServingModel:
             self.spec.bag_pooling,
             batch.dense if batch.dense.shape[1] else None,
             batch.keys,
-            [],
+            batch.bags if self.schema.bag_columns else [],
             companion=self.companion,
             raw_all=batch.own,
+            eps=self.score_eps,
+            keep_rate=self.keep_rate,
         )
 
     def request_lines(self, request: ScoreRequest) -> tuple[list[str | None], list[tuple[int, str]]]:
         """A request's entries as labelled lines of the format (None where refused) and the refused entries' reasons."""
         if request.kind == "rows":
-            return self.spec.rows_to_lines(request.items)
+            return rows_as_lines(request.items, self.spec, request.refused)
         return with_labels(request.items, self.spec.schema, labelled=request.labelled)
 
     def score_batch(self, requests: list[ScoreRequest], times: StageTimes | None = None) -> list[Scored]:
@@ -290,7 +317,8 @@ def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> S
     second = None
     if meta.companion:
         try:
-            second = companion_from_bytes(last.read(COMPANION), f"{last.url}/{COMPANION}")
+            weight = blend_weight_of(meta.companion, f"{last.url}/{MODEL_JSON}")
+            second = companion_from_bytes(last.read(COMPANION), f"{last.url}/{COMPANION}", blend_weight=weight)
         except ValueError as exc:
             raise BundleError(str(exc)) from None
     model = ServingModel(
@@ -301,6 +329,8 @@ def load_model(readers: list[BundleReader], *, mmap_dir: str | None = None) -> S
         table=table,
         schema=schema,
         companion=second,
+        score_eps=meta.score_eps,
+        keep_rate=meta.negative_sampling,
         loaded_s=time.perf_counter() - t0,
     )
     smoke_check(model)
@@ -326,7 +356,7 @@ def smoke_check(model: ServingModel) -> None:
     values = ["" for _ in s.columns]
     values[s.columns.index(s.label)] = s.label_negative[0]
     if s.timestamp is not None:
-        values[s.columns.index(s.timestamp)] = _example_timestamp(s.timestamp_format)
+        values[s.columns.index(s.timestamp)] = placeholder_timestamp(s)
     parsed = model.parse(lines=[s.separator.join(values)])
     if parsed.errors:
         raise BundleError(f"bundle {model.version}: smoke line refused: {parsed.errors[0][1]}")
@@ -334,11 +364,5 @@ def smoke_check(model: ServingModel) -> None:
         p = model.score_features(parsed.features)
     except Exception as exc:
         raise BundleError(f"bundle {model.version}: smoke score failed: {type(exc).__name__}: {exc}") from exc
-    if p.shape != (1,) or not math.isfinite(float(p[0])) or not 0.0 <= float(p[0]) <= 1.0:
+    if p.shape != (1,) or not math.isfinite(float(p[0])) or not 0.0 < float(p[0]) < 1.0:
         raise BundleError(f"bundle {model.version}: smoke score gave {p!r}, not one probability")
-
-
-def _example_timestamp(fmt: str | None) -> str:
-    if fmt in ("unix", "unix_ms"):
-        return "0"
-    return time.strftime(fmt or "%Y", time.gmtime(0))

@@ -8,6 +8,10 @@ not load stops the server with the reason.
 
 The port is bound before anything else (`bind`), so a port in use is an error at once, before a
 bundle is loaded, and the address announced is the one bound (`--port 0`: the port the system chose).
+
+SIGTERM (a pod being stopped) ends it gracefully: uvicorn stops taking connections, the requests in flight are
+answered, the batcher stops, then one line "score-server stopped on SIGTERM ..." and exit code 0
+(`flows.cli.exit_codes.ExitCode.OK`).  Ctrl-C (SIGINT) stops it the same way and exits 130.
 """
 
 from __future__ import annotations
@@ -15,8 +19,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 
 from flows.serving.reload import BundleSource, ModelHolder, Reloader
 
@@ -102,49 +111,82 @@ def bound_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived: raised by `_on_sigterm` (uvicorn, once stopped gracefully, raises the signal again)."""
+
+
+def _on_sigterm(sig: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+@contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """Within the block, SIGTERM raises `_Terminated` (uvicorn's own handler takes over while it serves, and
+    raises the signal again once it has stopped); the handler before it is restored after (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def serve(source: BundleSource, config: ServeConfig) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers stop it gracefully: requests in flight finish).
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers stop it gracefully: requests in flight finish); on SIGTERM
+    log one line and return (see the module docstring).
 
     Raises:
         ServeError: the port cannot be bound, or the server did not start.
     """
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - the optional extra, checked before the port is bound
     except ImportError:
         raise RuntimeError("the scorer needs the optional extra: pip install 'ctr-pipeline[serve]'") from None
-    from flows.serving.app import ApiLimits, build_app
-    from flows.serving.batcher import MicroBatcher
-
     token = config.auth_token()
     sock = bind(config.host, config.port)
     try:
-        holder = ModelHolder()
-        reloader = Reloader(source, holder, every_s=config.reload_every_s)
-        first = source.wanted()
-        if first is None:
-            log.warning("no bundle published yet (%s): not ready until one is", source.layout.bundle_latest())  # type: ignore[union-attr]
-        elif source.follows_latest:
-            reloader.check()  # a refused bundle is logged; the server waits, unready, for the next one
-        else:
-            holder.swap(source.load(first))  # pinned: a bundle that does not load is an error
-        app = build_app(
-            holder,
-            MicroBatcher(max_rows=config.max_batch_rows, max_wait_s=config.max_wait_ms / 1000),
-            limits=ApiLimits(max_body_bytes=config.max_body_bytes, max_lines=config.max_lines),
-            reloader=reloader if source.follows_latest else None,
-            auth_token=token,
-            access_log=config.access_log,
-        )
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-        log.info(
-            "score-server on %s (%s%s)",
-            bound_url(sock),
-            f"serving {holder.current.version}" if holder.current else "no model yet",
-            ", bearer token required" if token else "",
-        )
-        try:
-            server.run(sockets=[sock])
-        except SystemExit:  # uvicorn's startup failure exits 3, a code `ctrpipe` does not document
-            raise ServeError("the server did not start: see the lines above") from None
+        with _sigterm_stops():
+            _run(source, config, sock, token)
+    except _Terminated:
+        log.info("score-server stopped on SIGTERM after answering the requests in flight")
     finally:
         sock.close()
+
+
+def _run(source: BundleSource, config: ServeConfig, sock: socket.socket, token: str | None) -> None:
+    """Load the first bundle (or wait for one), then serve the app on `sock` until stopped."""
+    import uvicorn
+
+    from flows.serving.app import ApiLimits, build_app
+    from flows.serving.batcher import MicroBatcher
+
+    holder = ModelHolder()
+    reloader = Reloader(source, holder, every_s=config.reload_every_s)
+    first = source.wanted()
+    if first is None:
+        log.warning("no bundle published yet (%s): not ready until one is", source.layout.bundle_latest())  # type: ignore[union-attr]
+    elif source.follows_latest:
+        reloader.check()  # a refused bundle is logged; the server waits, unready, for the next one
+    else:
+        holder.swap(source.load(first))  # pinned: a bundle that does not load is an error
+    app = build_app(
+        holder,
+        MicroBatcher(max_rows=config.max_batch_rows, max_wait_s=config.max_wait_ms / 1000),
+        limits=ApiLimits(max_body_bytes=config.max_body_bytes, max_lines=config.max_lines),
+        reloader=reloader if source.follows_latest else None,
+        auth_token=token,
+        access_log=config.access_log,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    log.info(
+        "score-server on %s (%s%s)",
+        bound_url(sock),
+        f"serving {holder.current.version}" if holder.current else "no model yet",
+        ", bearer token required" if token else "",
+    )
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn's startup failure exits 3, a code `ctrpipe` does not document
+        raise ServeError("the server did not start: see the lines above") from None

@@ -1,6 +1,6 @@
 """The encode stage's pure row transform: events rows + the admitted keys -> the features the trainer reads.
 
-`encode_frame` (docs/ARCHITECTURE.md, "features"): label float32, d_i = log1p(max(x, 0)) with missing -> 0,
+`encode_frame` (docs/formats.md, "features"): label float32, d_i = log1p(max(x, 0)) with missing -> 0,
 k_j = the value's key when admitted, else the field's OOV key, or its missing key; with `raw_keys`
 (`encode.raw_keys`, the companion's input), r_j = the value's own key, admitted or not (the missing key
 for a missing value).
@@ -45,6 +45,21 @@ def bag_columns(schema: LogSchema) -> list[str]:
     return [bag_column(j) for j, name in enumerate(schema.categorical) if name in multi]
 
 
+def dense_transform(x: np.ndarray) -> np.ndarray:
+    """d = log1p(max(x, 0)) of float32 values, missing (NaN) -> 0, as float32: the one dense rule of the encode
+    stage and the scorer's small batches (`flows.serving.small`)."""
+    return np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
+
+
+def admit(keys: np.ndarray, admitted: np.ndarray, oov: np.ndarray | int) -> np.ndarray:
+    """`keys` (int64) where they are among the sorted `admitted` keys, else `oov` (the field's OOV key, or an
+    array of them broadcast against `keys`): the one OOV rule of the encode stage and the scorer's small batches."""
+    if not len(admitted):
+        return np.broadcast_to(np.asarray(oov, np.int64), keys.shape).copy()
+    pos = np.minimum(np.searchsorted(admitted, keys), len(admitted) - 1)
+    return np.where(admitted[pos] == keys, keys, oov).astype(np.int64)
+
+
 def features_schema(schema: LogSchema, *, raw_keys: bool = False) -> pa.Schema:
     return pa.schema(
         [("label", pa.float32())]
@@ -68,8 +83,7 @@ def encode_rows(
     """`encode_frame` and the rows' content hashes (`pipeline.encode.row_copies.row_hashes`, from the same keys)."""
     cols: dict[str, Any] = {"label": events["label"].to_numpy(np.float32)}  # arrays; a bag column: a list of them
     for i, name in enumerate(schema.dense):
-        x = events[name].to_numpy(np.float32, na_value=np.nan)
-        cols[dense_column(i)] = np.log1p(np.maximum(np.nan_to_num(x, nan=0.0), 0.0)).astype(np.float32)
+        cols[dense_column(i)] = dense_transform(events[name].to_numpy(np.float32, na_value=np.nan))
     multi = schema.multi_separator
     raw: dict[int, np.ndarray] = {}
     for j, name in enumerate(schema.categorical):
@@ -89,11 +103,7 @@ def _encode_values(j: int, values, admitted: np.ndarray) -> tuple[np.ndarray, np
     present = codes >= 0
     own = np.full(len(codes), missing_key(j), dtype=np.int64)
     own[present] = keys[codes[present]]
-    if len(admitted):
-        pos = np.minimum(np.searchsorted(admitted, keys), len(admitted) - 1)
-        keys = np.where(admitted[pos] == keys, keys, oov_key(j))
-    else:
-        keys = np.full(len(keys), oov_key(j), dtype=np.int64)
+    keys = admit(keys, admitted, oov_key(j))
     out = np.full(len(codes), missing_key(j), dtype=np.int64)
     out[present] = keys[codes[present]]
     return out, own

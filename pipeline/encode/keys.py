@@ -4,7 +4,7 @@ key = j << 56 | h, where h is xxhash64 of the value's UTF-8 text masked to 56
 bits.  h = 0 is the field's out-of-vocabulary key and h = 1 its missing-value
 key; real hashes 0 and 1 are moved to 2 and 3.  No central id assignment is
 needed, so every machine and every day agrees on a value's key (see
-docs/ARCHITECTURE.md, "Feature keys").  The layout's constants (and `to_oov`, which a rank uses) live
+docs/formats.md, "Feature keys").  The layout's constants (and `to_oov`, which a rank uses) live
 in `storage.key_layout`, so that a rank does not import this package.
 """
 

@@ -74,11 +74,15 @@ class EventsManifest:
     date: str = ""
     format: str | None = None
     """The input log format the rows were parsed with (`pipeline.schema`), e.g. `criteo`."""
+    schema_digest: str = ""
+    """`LogSchema.digest()` of that format: a rerun after the schema file changed ingests again ("": not recorded)."""
     rows_read: int = 0
     """Every non-header line of the inputs."""
     rows_written: int = 0
     rows_quarantined: int = 0
     rows_other_dates: int = 0
+    """Rows of a valid timestamp of another date (a file of several days): counted here, written by their date's
+    ingest."""
     rows_padded: int = 0
     """Written rows that had fewer fields than the format's columns."""
     stats: dict[str, Any] = field(default_factory=dict)

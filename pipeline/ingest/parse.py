@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.ingest.fields import Fields, split_fast, split_lines
-from pipeline.schema import LogSchema, get_schema
+from pipeline.schema import LogSchema, get_schema, time_feature_values
 
 ORDER_FILE_SHIFT = 40
 """events.order = file_index << 40 | line number: time order within a day."""
@@ -332,7 +332,11 @@ def _events_table(
         pa.array((np.int64(file_index) << ORDER_FILE_SHIFT) + line_no[keep]),
     ]
     arrays += [pa.array(dense[name][keep], pa.float32()) for name in schema.dense]
+    derived = set(schema.time_features)
     for name in schema.categorical:
+        if name in derived:  # hour_of_day, ...: from the row's timestamp, never missing on a valid row
+            arrays.append(time_feature_values(name, ts[keep]))
+            continue
         text = pc.cast(pick(col(name)[0]), pa.string())
         if name in multi:  # "a|b|c" -> ["a", "b", "c"]; a missing field stays null
             text = pc.split_pattern(text, multi[name])

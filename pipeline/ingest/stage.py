@@ -101,11 +101,12 @@ class IngestResult:
     """The files of the committed `events/date=D` (`storage.io.fsio.data_url`)."""
 
     def summary(self) -> str:
-        """One line for the run log."""
+        """One line for the run log: every row read is written, quarantined or dated elsewhere."""
         done = " (already committed)" if self.skipped else ""
+        share = f" ({self.rows_quarantined / self.rows_read:.2%})" if self.rows_quarantined else ""
         return (
-            f"ingest {self.date}: {self.rows_read} rows read, {self.rows_written} written, "
-            f"{self.rows_quarantined} quarantined{done}"
+            f"ingest {self.date}: {self.rows_read} rows read = {self.rows_written} written + "
+            f"{self.rows_quarantined} quarantined{share} + {self.rows_other_dates} dated elsewhere{done}"
         )
 
 
@@ -199,9 +200,12 @@ def ingest_date(
 def _committed(
     fs: Any, events_final: str, quarantine_final: str, inputs: list[dict], schema: LogSchema
 ) -> EventsManifest | None:
-    """The committed events manifest of the date when it was ingested from `inputs` in this format, else None."""
+    """The committed events manifest of the date when it was ingested from `inputs` in this format, else None
+    (a manifest from before `schema_digest` was recorded matches any schema of the format's name)."""
     done = read_events_manifest(fs, events_final)
     if not done or list(done.inputs) != inputs or done.format != schema.name:
+        return None
+    if done.schema_digest and done.schema_digest != schema.digest():  # the schema file was edited since
         return None
     quarantine_done = read_quarantine_manifest(fs, quarantine_final)
     if quarantine_done is None or quarantine_done.events_run_id != done.run_id:

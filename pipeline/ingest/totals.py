@@ -26,6 +26,7 @@ class DayTotals:
 
     date: str
     format: str
+    schema_digest: str
     rows_read: int
     rows_written: int
     rows_quarantined: int
@@ -48,6 +49,7 @@ class DayTotals:
         return EventsManifest(
             date=self.date,
             format=self.format,
+            schema_digest=self.schema_digest,
             rows_read=self.rows_read,
             rows_written=self.rows_written,
             rows_quarantined=self.rows_quarantined,
@@ -125,6 +127,7 @@ def summarize(date: str, schema: LogSchema, inputs: list[dict], files: list[dict
     return DayTotals(
         date=date,
         format=schema.name,
+        schema_digest=schema.digest(),
         **{k: int(totals[k]) for k in COUNTED},
         stats=stats,
         parts=parts("parts"),
@@ -139,12 +142,12 @@ def summarize(date: str, schema: LogSchema, inputs: list[dict], files: list[dict
 def check_quality(day: DayTotals, files: list[dict], max_bad_fraction: float, *, schema: LogSchema, fmt: str) -> None:
     """Raise IngestError when the date has no valid rows or too many bad ones.
 
-    The bad share is quarantined / rows of the date (rows of other dates are not the date's concern).
+    The bad share is quarantined / rows read: a line whose timestamp does not read has no date, so a file of
+    several days has its bad lines counted by each date it is ingested for, against all of its lines.
     The message names the top reasons with a sample line each and the likely fix (`pipeline.ingest.bad_rows`);
     `fmt` is `input.format` as configured.
     """
     date = day.date
-    of_date = day.rows_read - day.rows_other_dates
     names = ", ".join(r["file"] for r in files)
     if day.rows_read == 0:
         raise IngestError(
@@ -159,8 +162,7 @@ def check_quality(day: DayTotals, files: list[dict], max_bad_fraction: float, *,
             "check input.url and the date",
             kind="no_rows",
         )
-    bad = day.rows_quarantined
-    if of_date and bad / of_date > max_bad_fraction:
+    if day.rows_quarantined / day.rows_read > max_bad_fraction:
         raise IngestError(
             "\n".join(_too_many_bad_rows(day, files, max_bad_fraction, schema=schema, fmt=fmt)),
             kind="too_many_bad_rows",
@@ -171,10 +173,11 @@ def _too_many_bad_rows(
     day: DayTotals, files: list[dict], max_bad_fraction: float, *, schema: LogSchema, fmt: str
 ) -> list[str]:
     """The lines of the error of a day with too many bad rows: the share, the top reasons, the worst files, a fix."""
-    bad, of_date = day.rows_quarantined, day.rows_read - day.rows_other_dates
+    bad, read = day.rows_quarantined, day.rows_read
     lines = [
-        f"ingest of {day.date}: {bad} of {of_date} rows ({bad / of_date:.2%}) quarantined, over "
-        f"ingest.max_bad_fraction={max_bad_fraction}; nothing was committed"
+        f"ingest of {day.date}: {read} rows read = {day.rows_written} valid + {bad} quarantined ({bad / read:.2%}) "
+        f"+ {day.rows_other_dates} dated elsewhere; quarantined over ingest.max_bad_fraction={max_bad_fraction}, "
+        "nothing was committed"
     ]
     lines += [f"  {line}" for line in bad_rows.describe_reasons(day.reasons, day.samples)]
     if len(files) > 1:
@@ -192,7 +195,7 @@ def _too_many_bad_rows(
         + bad_rows.advice(
             day.reasons,
             day.samples,
-            share=bad / of_date,
+            share=bad / read,
             schema=schema,
             format_key="input.format",
             fmt=fmt,

@@ -24,7 +24,9 @@ Guarantees every tier keeps (checked by `tests/storage/embedding/conformance.py`
   either way.
 - Keys are int64 tensors of shape (N,) with non-negative values; gradients are
   float32 (N, dim).  Anything else raises `TypeError` / `ValueError` before any
-  row changes.  Non-finite gradients raise `ValueError` before any row changes.
+  row changes.  Non-finite gradients raise `ValueError` before any row changes; a tier on a GPU, which reads
+  nothing of the device in `update`, raises it at its next `check_updates` (or `flush`) instead, the refused
+  update having changed no row.
 - `read_rows(keys)` returns full rows (weights, optimizer state, clock) without
   materialising unknown ones (`found=False`, fresh rows); `write_rows`
   upserts full rows as given; `contains` says which keys are held.  Caching
@@ -189,6 +191,14 @@ class EmbeddingStore(abc.ABC):
 
     def set_tag(self, tag: str | None) -> None:  # noqa: B027 - a store with no persistent level keeps no tag
         """Flush, then record `tag` in the persistent level (cleared again by the next change)."""
+
+    def check_updates(self) -> None:  # noqa: B027 - a tier that checks in `update` defers nothing
+        """Raise the `ValueError` of a refused update whose check this store deferred (a tier on a GPU: one
+        host read here instead of one per `update`); no-op for a store that checks in `update`."""
+
+    def prefetch(self, keys: np.ndarray) -> None:  # noqa: B027 - a store with nothing below memory reads nothing
+        """A hint: `keys` are looked up soon.  A tier over a slower one starts reading the rows it lacks in the
+        background (the SSD tier, while the step computes); the lookup then finds them read.  Changes no row."""
 
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Write dirty rows down to the persistent level (no-op for purely in-memory stores)."""

@@ -33,7 +33,7 @@ from storage.embedding.rows.batch import Rows
 from storage.embedding.rows.checks import check_keys, check_update, strictly_increasing
 from storage.embedding.rows.format import RowFormat
 from storage.embedding.rows.segments import sum_duplicates
-from storage.embedding.rows.transfer import host_to_device
+from storage.embedding.rows.transfer import host_to_device, is_host
 from storage.embedding.snapshot import (
     SnapshotWriter,
     check_snapshot_dim,
@@ -119,6 +119,8 @@ class CachingTier(EmbeddingStore):
         self._counters = self._resident.counters
         self._generation = 0
         """Counts the calls that change the tier: a `Lookup.plan` is reusable while this is unchanged."""
+        self._refused: torch.Tensor | None = None
+        """A tier off the host: whether an update since the last `check_updates` was refused (a bool on the device)."""
 
     @property
     def capacity(self) -> int | None:
@@ -164,6 +166,13 @@ class CachingTier(EmbeddingStore):
         if self.below is not None and not held.all():
             held[~held] = self.below.contains(keys[~held])
         return held
+
+    def prefetch(self, keys: np.ndarray) -> None:
+        """Pass the keys this tier does not hold to the tier below (`EmbeddingStore.prefetch`)."""
+        if self.below is None:
+            return
+        k = np.unique(np.ascontiguousarray(keys, dtype=np.int64))
+        self.below.prefetch(k[self._resident.cache.map.lookup(k) < 0])
 
     # -- contract ----------------------------------------------------------------------------
     def lookup(self, keys: torch.Tensor) -> Lookup:
@@ -224,8 +233,11 @@ class CachingTier(EmbeddingStore):
             plan = None  # another tier's, or the tier changed since the lookup: resolve afresh
         self._generation += 1
         keys = target.keys if isinstance(target, Lookup) else target
-        # on a GPU the new rows' one finiteness check (`RowFormat.step`) also refuses non-finite gradients
-        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay, finite=self.device.type == "cpu")
+        # Off the host (a GPU) an update reads nothing of the device: the new rows' finiteness, which also
+        # refuses non-finite gradients, stays a flag on the device that keeps the old rows where it is False,
+        # read by `check_updates` (at `flush` and the trainer's log steps) instead of here.
+        deferred = not is_host(self.device)
+        k = check_update(keys, grads, self.dim, lr=lr, weight_decay=weight_decay, finite=not deferred)
         if k.size == 0:
             return
         uniq, g = sum_duplicates(k, grads.to(self.device))
@@ -242,34 +254,29 @@ class CachingTier(EmbeddingStore):
             slots, outside, _, rows_out = self._resident.resolve(uniq, counts, "create")
         res = np.flatnonzero(slots >= 0)
         # Compute every new row first (`RowFormat.step` refuses non-finite results), then write: a
-        # refused update changes no value here or below, and admits no key it was to create.
-        new_res = new_out = None
+        # refused update changes no value here or below, and admits no key it was to create (deferred: the
+        # keys it created stay, with their initial rows).
+        new_res = new_out = old_res = old_out = None
+        ok_res = ok_out = None
         try:
             if res.size:
-                idx = host_to_device(torch.from_numpy(res), self.device)
-                new_res = self.row_format.step(
-                    host_to_device(torch.from_numpy(uniq[res]), self.device),
-                    self._buf.gather(slots[res]),
-                    g.index_select(0, idx),
-                    lr=lr,
-                    weight_decay=weight_decay,
-                )
+                old_res = self._buf.gather(slots[res])
+                new_res, ok_res = self._step_rows(uniq[res], old_res, g, res, lr, weight_decay, deferred)
             if outside.size:
                 assert rows_out is not None  # noqa: S101 - an invariant
-                idx = host_to_device(torch.from_numpy(outside), self.device)
-                new_out = self.row_format.step(
-                    host_to_device(torch.from_numpy(uniq[outside]), self.device),
-                    rows_out.to(self.device),
-                    g.index_select(0, idx),
-                    lr=lr,
-                    weight_decay=weight_decay,
-                )
+                old_out = rows_out.to(self.device)
+                new_out, ok_out = self._step_rows(uniq[outside], old_out, g, outside, lr, weight_decay, deferred)
         except ValueError:
             c = self._resident.cache
             admitted = slots[res]
             unwritten = admitted[~c.dirty[admitted] & ~c.in_below[admitted]]
             c.map.remove(c.map.slot_keys[unwritten])
             raise
+        if deferred:
+            flags = [f for f in (ok_res, ok_out) if f is not None]
+            ok = flags[0] if len(flags) == 1 else flags[0] & flags[1]
+            new_res, new_out = _kept(ok, new_res, old_res), _kept(ok, new_out, old_out)
+            self._refused = ~ok if self._refused is None else self._refused | ~ok
         if new_res is not None:
             rs = slots[res]
             self._buf.scatter(rs, new_res)
@@ -278,6 +285,46 @@ class CachingTier(EmbeddingStore):
                 self._counters["bytes_written"] += rs.size * self._row_bytes
         if new_out is not None:
             self._resident.write_below(uniq[outside], new_out)
+
+    def _step_rows(
+        self,
+        keys: np.ndarray,
+        rows: Rows,
+        g: torch.Tensor,
+        pos: np.ndarray,
+        lr: float,
+        weight_decay: float,
+        deferred: bool,
+    ) -> tuple[Rows, torch.Tensor | None]:
+        """The new rows of `keys` (`rows`, their gradients `g[pos]`) and, `deferred`, whether all are finite (a
+        device bool, `RowFormat.step_unchecked`); else checked here (`RowFormat.step` raises `ValueError`)."""
+        dev = self.device
+        args = (
+            host_to_device(torch.from_numpy(keys), dev),
+            rows,
+            g.index_select(0, host_to_device(torch.from_numpy(pos), dev)),
+        )
+        if deferred:
+            return self.row_format.step_unchecked(*args, lr=lr, weight_decay=weight_decay)
+        return self.row_format.step(*args, lr=lr, weight_decay=weight_decay), None
+
+    def check_updates(self) -> None:
+        """Raise the refusal of an update this tier deferred (a tier off the host reads nothing of the device in
+        `update`), then the tier below's; one host read, clearing the flag.
+
+        Raises:
+            ValueError: an update since the last check had a NaN or inf gradient, or would have made rows
+                non-finite; it changed no row (the keys it created hold their initial rows).
+        """
+        refused, self._refused = self._refused, None
+        if refused is not None and bool(refused):  # host read: the deferred finiteness of the updates
+            raise ValueError(
+                f"an update of the {self.tier} tier since its last check had NaN or inf gradients, or would have made "
+                f"rows non-finite in {self.row_format.row_dtype}: it changed no row (the keys it created hold their "
+                "initial rows); clip the gradients, or look for the step whose loss went non-finite"
+            )
+        if self.below is not None:
+            self.below.check_updates()
 
     def _warm_below_first(self) -> bool:
         return False
@@ -323,8 +370,13 @@ class CachingTier(EmbeddingStore):
             self.below.evict(torch.from_numpy(k))
 
     def flush(self) -> None:
-        """Write every dirty row below (they stay cached, clean), then flush below."""
+        """Write every dirty row below (they stay cached, clean), then flush below.
+
+        Raises:
+            ValueError: an update since the last check was refused (`check_updates`); nothing is written.
+        """
         self._generation += 1
+        self.check_updates()
         if self.below is None:
             return
         self._resident.write_dirty()
@@ -348,6 +400,7 @@ class CachingTier(EmbeddingStore):
     def _clear(self, *, release: bool = False) -> None:
         """Forget every row; the buffer is zeroed in place (`RowBuffer.reset`), or freed on close."""
         self._generation += 1
+        self._refused = None
         self._resident.clear(release=release)
 
     def restore(
@@ -409,8 +462,17 @@ class CachingTier(EmbeddingStore):
         return len(self.below) + only_here
 
     def close(self) -> None:
-        """Flush and close the tiers below; the cache is emptied and its buffer freed."""
+        """Flush and close the tiers below; the cache is emptied and its buffer freed.  A refused update not
+        checked yet is dropped, not raised: closing is what a failed run's cleanup does."""
+        self._refused = None
         if self.below is not None:
             self.flush()
             self.below.close()
         self._clear(release=True)
+
+
+def _kept(ok: torch.Tensor, new: Rows | None, old: Rows | None) -> Rows | None:
+    """`new` where the device bool `ok` is True, else `old` (a refused update keeps every old row)."""
+    if new is None or old is None:
+        return new
+    return new.like([torch.where(ok, n, o) for n, o in zip(new.tensors(), old.tensors(), strict=True)])

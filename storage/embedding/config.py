@@ -29,8 +29,9 @@ class StoreConfig:
     host_budget_mb: int = run_field(1024)
     """CPU memory for rows (weights + optimizer state + clock, and 64 B of bookkeeping each); over it, the
     coldest rows go to SSD."""
-    device_cache_rows: int = run_field(0)
-    """Rows cached on the training device (GPU HBM, or CPU); 0 disables the device cache."""
+    device_cache_rows: str | int = run_field("auto")
+    """Rows cached on the training device (GPU HBM, or CPU); 0 disables the device cache. `auto`: the host budget's
+    rows on CUDA, within a quarter of free GPU memory; 0 elsewhere (`storage.embedding.tiered.device_cache_rows`)."""
     cache_policy: str = run_field("lfu")
     """Device-cache replacement: `lfu` (HET's choice) or `lru`."""
     local_dir: str = run_field("")
@@ -48,8 +49,12 @@ class StoreConfig:
             raise ValueError(f"store.init_std must be > 0, got {self.init_std}")
         if self.host_budget_mb < 1:
             raise ValueError(f"store.host_budget_mb must be >= 1, got {self.host_budget_mb}")
-        if self.device_cache_rows < 0:
-            raise ValueError(f"store.device_cache_rows must be >= 0, got {self.device_cache_rows}")
+        rows = self.device_cache_rows
+        if isinstance(rows, str) and rows.isdigit():  # a number the YAML/CLI loader handed over as text
+            rows = int(rows)
+            object.__setattr__(self, "device_cache_rows", rows)
+        if rows != "auto" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(f"store.device_cache_rows must be 'auto' or an integer >= 0, got {rows!r}")
         if self.cache_policy not in POLICIES:
             raise ValueError(f"store.cache_policy must be one of {POLICIES}, got {self.cache_policy!r}")
         if "://" in self.local_dir and not self.local_dir.startswith("file://"):
@@ -57,6 +62,7 @@ class StoreConfig:
                 f"store.local_dir must be a local directory (the SSD tier uses direct I/O), got {self.local_dir!r}"
             )
 
-    def row_format(self, optimizer: str) -> RowFormat:
-        """The rows this store keeps when trained with `optimizer` (`optim.sparse_optimizer`)."""
-        return RowFormat(self.embedding_dim, optimizer, self.row_dtype, self.state_dtype)
+    def row_format(self, optimizer: str, seed: int = 0) -> RowFormat:
+        """The rows this store keeps when trained with `optimizer` (`optim.sparse_optimizer`), their stochastic
+        rounding seeded with `seed` (`optim.seed`)."""
+        return RowFormat(self.embedding_dim, optimizer, self.row_dtype, self.state_dtype, seed=seed)

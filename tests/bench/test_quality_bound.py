@@ -17,6 +17,7 @@ from bench.quality_bound import (
 from bench.quality_data import synthetic_days
 from pipeline import generate as g
 from trainer.eval.metrics import auc
+from trainer.threads import torch_threads
 
 SEED, PAIRS = 0, 8
 
@@ -62,15 +63,18 @@ def test_the_true_weights_give_the_true_probabilities(tmp_path) -> None:
 @pytest.mark.slow
 def test_fit_on_100k_rows_learns_the_interactions_and_stays_below_the_ceiling(tmp_path) -> None:
     files, train, later, _ = _days(100_000, tmp_path)  # at 40k rows the interactions add 0.001
-    probs, info = planted_form_fit(train, later, seed=SEED, interactions=PAIRS)
+    # One torch thread: the fits' steps are small ops, and under `make test` (two workers on two cores, their
+    # processes beside them) a second intra-op thread waits at every op's barrier: 10x the time, the same fit.
+    with torch_threads(1):
+        probs, info = planted_form_fit(train, later, seed=SEED, interactions=PAIRS)
+        form = planted_form(SEED, PAIRS)
+        first_order = type(form)(form.weighted, (), (), None, form.pair_table, form.dense)  # no latent terms
+        tr, te, vocab = encode(train, later, first_order)
+        model, _ = train_planted_form(
+            first_order, vocab, tr, torch.arange(len(tr.label)), l2=info["l2"], epochs=info["epochs"], seed=0
+        )
+        with torch.no_grad():
+            first = torch.sigmoid(model(te)[0]).double().numpy()
     y = later["label"].to_numpy(np.float64)
-    form = planted_form(SEED, PAIRS)
-    first_order = type(form)(form.weighted, (), (), None, form.pair_table, form.dense)  # no latent terms
-    tr, te, vocab = encode(train, later, first_order)
-    model, _ = train_planted_form(
-        first_order, vocab, tr, torch.arange(len(tr.label)), l2=info["l2"], epochs=info["epochs"], seed=0
-    )
-    with torch.no_grad():
-        first = torch.sigmoid(model(te)[0]).double().numpy()
     assert info["l2"] in (1e-3, 1e-2, 1e-1) and 1 <= info["epochs"] <= 6
     assert auc(y, first) + 0.01 < auc(y, probs) < auc(y, files.truth)

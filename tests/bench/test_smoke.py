@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from bench.__main__ import SMOKE
 from bench._common import RESULTS_ENV
@@ -28,7 +29,7 @@ from tests.helpers.in_process import isolated
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = {"quality_bound", "quality_data", "quality_peers", "quality_product", "quality_rolling", "quality_stats"}
 """Modules of bench/ that are not commands (nor are `_*` ones)."""
-SHARED_DATA = {"bench.quality", "bench.quality_ladder"}
+SHARED_DATA = {"bench.quality", "bench.quality_ladder", "bench.rare_positives"}
 """Smoke runs on the real samples of ../shared/data (the `shared_data` fixture skips, saying why, without them)."""
 
 
@@ -39,6 +40,8 @@ def run_smoke(
     main = importlib.import_module(name).main
     with isolated(tmp):
         os.environ.update({RESULTS_ENV: str(results), **(env or {})})
+        # one torch thread, as every rank has: beside the other test worker a second intra-op thread only waits
+        torch.set_num_threads(1)
         code = main(["--smoke"])
     assert code in (None, 0), f"{name}.main(['--smoke']) returned {code}"
     return capfd.readouterr().out
@@ -127,6 +130,18 @@ def check_day(out: str, results: Path) -> None:
     assert "train mfu" in out
 
 
+def check_bigday(out: str, results: Path) -> None:
+    data = load(results, "bigday")
+    bounded, unbounded = data["rows"]
+    assert bounded["budget_mib"] == 1 and unbounded["budget_mib"] > bounded["budget_mib"], data["rows"]
+    for row in (bounded, unbounded):
+        assert row["examples_per_s"] > 0 and 0 < row["auc"] < 1 and 0 < row["host_hit_rate"] <= 1, row
+        assert row["rank_peak_rss_mib"] > 0 and row["ssd_wait_share"] >= 0, row
+    assert unbounded["vs_unbounded"] == 1.0 and data["day"]["repeated"] > 0
+    assert data["disk"]["reads_per_s"] > 0 and data["disk"]["queue_depth"] >= 1
+    assert "random 4 KiB reads/s" in out
+
+
 def check_serve(out: str, results: Path) -> None:
     rows = load(results, "serve")["rows"]
     http = [r for r in rows if r["part"] == "http"]
@@ -148,8 +163,9 @@ def check_quality(out: str, results: Path) -> None:
         assert peer in rows or (peer in criteo["skipped"] and f"{peer} skipped" in out)  # run, or skipped: why
     if "sklearn-poly2" in rows:
         assert len(criteo["peers"]["sklearn-poly2"]["C_per_origin"]) == 2
-    # this project's Poly2 and the probe need no peer package: always there
+    # this project's Poly2 and the probe need no peer package: always there; each C from the smoke's grid
     assert len(criteo["peers"]["poly2"]["C_per_origin"]) == 2
+    assert set(criteo["peers"]["poly2"]["C_per_origin"]) <= set(ROLLING_SMOKE.poly2_cs or ())
     assert rows["probe: attention + poly2"]["seeds"] == rows["attention"]["seeds"]
     assert {"attention", "lr", "poly2"} <= set(rows)
     assert rows["attention"]["train_s"] > 0 and "train_s" not in rows.get("sklearn-lr", {})  # the product's cost only
@@ -170,10 +186,18 @@ def check_quality_ladder(out: str, results: Path) -> None:
     assert all(0.5 < r["lr 0.023"] < 0.9 for r in rows), rows
 
 
+def check_rare_positives(out: str, results: Path) -> None:
+    rows = {r["keep_rate"]: r for r in load(results, "rare_positives")["rows"]}
+    assert set(rows) == {1.0, 0.25} and rows[1.0]["auc_vs_1"] == 0.0
+    assert rows[0.25]["examples"] < rows[1.0]["examples"] and rows[1.0]["uncorrected"] == rows[1.0]["calibration"]
+    assert rows[0.25]["uncorrected"] > rows[0.25]["calibration"] > 0  # the correction lowers every score
+
+
 def check_gpu_probe(out: str, results: Path) -> None:
     probe = load(results, "gpu_probe")
     assert probe["device"] == "cpu" and probe["world"]["status"] == probe["phases"]["status"] == "ok", probe
     assert probe["nccl"]["status"] == "skipped: no CUDA"
+    assert probe["sync_free_step"]["status"] == "ok" and probe["sync_free_step"]["sync_debug"] == "n/a (CPU)"
 
 
 def check_capacity(out: str, results: Path) -> None:
@@ -192,11 +216,13 @@ CHECKS: dict[str, Callable[[str, Path], None]] = {
     "bench.comm": check_comm,
     "bench.het": check_het,
     "bench.day": check_day,
+    "bench.bigday": check_bigday,
     "bench.gpu_probe": check_gpu_probe,
     "bench.capacity": check_capacity,
     "bench.serve": check_serve,
     "bench.quality": check_quality,
     "bench.quality_ladder": check_quality_ladder,
+    "bench.rare_positives": check_rare_positives,
 }
 MARKS = {
     "bench.ingest": [pytest.mark.server],  # a Dask cluster of worker processes, a fresh process per memory reading
@@ -207,10 +233,12 @@ MARKS = {
     "bench.het": [pytest.mark.distributed],
     # `ctrpipe backfill` (Dask, torchrun) for 2 days against the session's Prefect server: a minute or more
     "bench.day": [pytest.mark.slow, pytest.mark.server],
+    "bench.bigday": [pytest.mark.slow, pytest.mark.server],  # `ctrpipe generate`, then `ctrpipe run` twice
     "bench.serve": [pytest.mark.server],  # `ctrpipe score-server`
     "bench.quality": [pytest.mark.slow, pytest.mark.server],  # 2 archs x 3 days through the flow, and the peers
+    "bench.rare_positives": [pytest.mark.slow, pytest.mark.server],  # 2 days through the flow: about a minute
 }
-PREFECT_API = {"bench.day"}
+PREFECT_API = {"bench.day", "bench.bigday"}
 """Smoke runs whose `ctrpipe` talks to the session's Prefect server (`prefect_api`) rather than starting a temporary
 one: which server a run reports to is no part of what the benchmark measures, at a smoke size least of all."""
 

@@ -1,9 +1,22 @@
 """The run configuration: YAML + --set overrides, typed and validated, errors naming the key."""
 
+from dataclasses import replace
+
 import pytest
 
-from flows.config import ConfigError, load_config
+from flows.config import (
+    ConfigError,
+    config_sources,
+    from_dict,
+    kept_line,
+    lineage_config,
+    load_config,
+    shape_keys,
+    with_overrides,
+)
 from flows.presets import by_name, demo
+from tests.helpers.formats import sample
+from trainer.model_dir import ModelMeta, warm_start
 
 
 def test_defaults_are_valid_and_documented_keys_exist():
@@ -125,3 +138,38 @@ def test_words_that_yaml_1_1_made_booleans_stay_words_in_files_and_overrides(tmp
     assert load_config(overrides=["model.companion=off"]).model.companion == "off"
     with pytest.raises(ConfigError, match="encode.raw_keys must be true or false, got 'yes'"):
         load_config(overrides=["encode.raw_keys=yes"])
+
+
+def test_the_keys_a_file_and_set_give_are_recorded_and_a_preset_s_are_not(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  mlp_dims: [8]\noptim:\n  k_steps: 5\n")
+    cfg = load_config(f, ["store.embedding_dim=16", "model.cross_input=tokens"], base=demo("/tmp/x"))
+    assert cfg.set_keys == ("model.cross_input", "model.mlp_dims", "optim.k_steps", "store.embedding_dim")
+    assert demo("/tmp/x").set_keys == () and load_config(base=demo("/tmp/x")).set_keys == ()  # a preset's: defaults
+    assert from_dict(cfg.to_dict()).set_keys == cfg.set_keys  # kept in a deployment's frozen config
+    assert "model.num_heads" in with_overrides(cfg, {"model.num_heads": 4}).set_keys  # as --set
+    assert with_overrides(cfg, {"model.num_heads": 4}, given=False).set_keys == cfg.set_keys
+
+
+def test_a_lineage_keeps_the_shape_keys_its_config_does_not_set_and_says_where_each_came_from():
+    meta = ModelMeta.from_dict(sample("model-v2.json"))  # before cross_input (tokens then): mlp [32, 16], dim 8
+    cfg = load_config(None, ["model.num_heads=4"], base=demo("/tmp/x"))  # demo: mlp [64, 32], dim 8
+    assert lineage_config(cfg, None) == (cfg, {})  # a new lineage: the defaults
+    pinned, kept = lineage_config(cfg, meta)
+    assert (pinned.model.cross_input, pinned.model.mlp_dims, pinned.model.num_heads) == ("tokens", (32, 16), 4)
+    assert kept == {"model.mlp_dims": ([32, 16], [64, 32]), "model.cross_input": ("tokens", "fields")}
+    assert pinned.set_keys == cfg.set_keys  # what the lineage gave is not what the user set
+    assert "model.cross_input=tokens (default fields)" in kept_line("v00002", kept)
+    sources = config_sources(pinned, meta)
+    assert set(sources) == set(shape_keys()) and sources["model.num_heads"] == "set"
+    assert {k for k, v in sources.items() if v != "lineage"} == {"model.num_heads"}
+    assert set(config_sources(cfg, None).values()) == {"set", "default"}
+    ws = warm_start(meta, pinned.model, pinned.store)  # only the key set to another value starts the dense part cold
+    assert not ws.dense and ws.changed == ("model.num_heads",) and "model.num_heads 2 -> 4" in ws.reason
+
+
+def test_a_lineage_s_values_that_do_not_fit_the_set_keys_are_not_kept():
+    meta = ModelMeta.from_dict(sample("model-v2.json"))
+    meta = replace(meta, model_config={**meta.model_config, "num_heads": 8})
+    cfg = load_config(None, ["store.embedding_dim=12"], base=demo("/tmp/x"))  # 8 heads do not divide 12
+    assert lineage_config(cfg, meta) == (cfg, {})

@@ -51,6 +51,9 @@ OUR_FILES = [
 WORK_POOLS = {"ctr-process": "process", "ctr-k8s": "kubernetes"}
 DEPLOYMENTS = {"ctr-daily", "ctr-on-demand", "ctr-backfill"}  # flows.prefect.deploy.deployment_names("ctr")
 LOCAL_DIR = "/mnt/ctr-local"  # store.local_dir inside the pods
+INIT = ["/usr/bin/tini", "--"]
+"""The init our images run their command under (PID 1: it reaps zombies; ctrpipe stops only what its run started)."""
+OUR_IMAGES = ("registry.example.com/ctr-pipeline:", "{{ image }}")  # the work pool's pods run our image
 
 
 # ---- loading ---------------------------------------------------------------------------------
@@ -319,15 +322,33 @@ def check_references(text: str, subcommands: set[str]) -> list[str]:
     return problems
 
 
+def containers(objects: list[dict]) -> list[dict]:
+    """Every container (and init container) of the pods `objects` create."""
+    return [
+        c
+        for o in objects
+        for _, pod, _ in pod_templates(o)
+        for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]
+    ]
+
+
 def container_commands(objects: list[dict]) -> list[str]:
-    """command + args of every container, as one shell-like line each."""
+    """command + args of every container, after the image's init (`INIT`), as one shell-like line each."""
     out = []
-    for o in objects:
-        for _, pod, _ in pod_templates(o):
-            for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
-                argv = [*(c.get("command") or []), *(c.get("args") or [])]
-                out.append(" ".join(str(a) for a in argv))
+    for c in containers(objects):
+        argv = [*(c.get("command") or []), *(c.get("args") or [])]
+        argv = argv[len(INIT) :] if argv[: len(INIT)] == INIT else argv
+        out.append(" ".join(str(a) for a in argv))
     return out
+
+
+def check_init(cs: list[dict]) -> list[str]:
+    """Containers of our images whose command replaces the image's ENTRYPOINT without its init (`INIT`)."""
+    return [
+        f"container {c.get('name')}: command {c['command']} does not start with {INIT} (the image's init)"
+        for c in cs
+        if str(c.get("image", "")).startswith(OUR_IMAGES) and c.get("command") and c["command"][: len(INIT)] != INIT
+    ]
 
 
 def dockerfile_copy_sources(text: str) -> list[str]:
@@ -354,8 +375,10 @@ def check_dockerfile(text: str) -> list[str]:
     if not users or users[-1].split(":")[0] in ("root", "0"):
         problems.append("the image does not end with a non-root USER")
     entry = re.findall(r"^ENTRYPOINT\s+(.+)$", text, flags=re.MULTILINE)
-    if not entry or json.loads(entry[-1]) != ["ctrpipe"]:
-        problems.append(f'ENTRYPOINT is {entry[-1] if entry else None}, expected ["ctrpipe"]')
+    if not entry or json.loads(entry[-1]) != [*INIT, "ctrpipe"]:
+        problems.append(f"ENTRYPOINT is {entry[-1] if entry else None}, expected {json.dumps([*INIT, 'ctrpipe'])}")
+    if not re.search(r"apt-get install [^\n]*\btini\b", re.sub(r"\\\n", " ", text)):
+        problems.append("tini (the ENTRYPOINT's init) is not installed with apt-get")
     if not re.search(r"torch==\$\{TORCH_VERSION\}|torch==2\.13\.0", text) or "TORCH_VERSION=2.13.0" not in text:
         problems.append("torch is not pinned to 2.13.0")
     if "download.pytorch.org/whl/" not in text:
@@ -602,7 +625,7 @@ def test_scorer_deployment() -> None:
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert not check_http_probes(container, {"readinessProbe": "/readyz", "livenessProbe": "/healthz"})
-    argv = [*container["command"], *container["args"]]
+    argv = container_commands([dep])[0].split()
     assert argv[:4] == ["python", "-m", "flows.cli.main", "score-server"]
     opt = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
     assert opt["--model"] == "latest" and opt["--host"] == "0.0.0.0", "a pod must listen beyond loopback"  # noqa: S104
@@ -648,7 +671,7 @@ def test_work_pool_template() -> None:
     pvcs = {d["metadata"]["name"] for _, d in k8s_objects() if d["kind"] == "PersistentVolumeClaim"}
     assert props["ssd_claim_name"]["default"] in pvcs, "the default SSD claim must be a PVC in infra/k8s"
     # the image's ENTRYPOINT is ctrpipe: Prefect's `prefect flow-run execute` args need a neutral command
-    assert container["command"] == ["/usr/bin/env"] and container["args"] == "{{ command }}"
+    assert container["command"] == [*INIT, "/usr/bin/env"] and container["args"] == "{{ command }}"
     sas = {d["metadata"]["name"] for _, d in k8s_objects() if d["kind"] == "ServiceAccount"}
     assert props["service_account_name"]["default"] in sas
 
@@ -685,6 +708,9 @@ def test_dockerfile_bases() -> None:
     assert "is_nccl_available" in cuda, "the CUDA image checks that torch has NCCL"
     for text in (cpu, cuda):
         assert "CTR_PIPELINE_HOME=/opt/ctr-pipeline" in text, "infra/prefect.yaml's pull step uses it"
+    assert re.search(r"apt-get install [^\n]*\bgcc\b", cpu) and "kernel(26, 2, 8) is not None" in cpu, (
+        "the CPU image carries a compiler and checks that the attention's CPU kernel builds with it"
+    )
 
 
 # ---- Slurm ----------------------------------------------------------------------------------------
@@ -803,14 +829,31 @@ def test_checker_dockerfile_fails() -> None:
     assert any("does not exist" in p for p in check_dockerfile(good + "\nCOPY no_such_dir ./x\n"))
     assert any("non-root" in p for p in check_dockerfile(good + "\nUSER root\n"))
     assert any(
-        "ENTRYPOINT" in p for p in check_dockerfile(good.replace('ENTRYPOINT ["ctrpipe"]', 'ENTRYPOINT ["bash"]'))
+        "ENTRYPOINT" in p
+        for p in check_dockerfile(good.replace('ENTRYPOINT ["/usr/bin/tini", "--", "ctrpipe"]', 'ENTRYPOINT ["bash"]'))
     )
+    no_init = good.replace('ENTRYPOINT ["/usr/bin/tini", "--", "ctrpipe"]', 'ENTRYPOINT ["ctrpipe"]')
+    assert any("ENTRYPOINT" in p for p in check_dockerfile(no_init))
+    assert any("tini" in p for p in check_dockerfile(good.replace(" tini ", " ")))
     assert any("2.13.0" in p for p in check_dockerfile(good.replace("TORCH_VERSION=2.13.0", "TORCH_VERSION=2.12.0")))
     assert dockerfile_copy_sources('COPY --chown=1:1 a b ./\nCOPY --from=build /x /y\nCOPY ["c", "d"]\n') == [
         "a",
         "b",
         "c",
     ]
+
+
+def test_the_containers_of_our_images_run_under_its_init() -> None:
+    pool = json.loads(WORK_POOL_TEMPLATE.read_text())["job_configuration"]["job_manifest"]
+    cs = containers([d for _, d in k8s_objects()]) + containers([pool])
+    assert not check_init(cs), "\n".join(check_init(cs))
+    assert sum(str(c.get("image", "")).startswith(OUR_IMAGES) for c in cs) >= 5  # server, worker, scorer, train, pool
+
+
+def test_checker_init_fails() -> None:
+    ours = {"name": "x", "image": "registry.example.com/ctr-pipeline:0.1.0-cpu"}
+    assert check_init([{**ours, "args": ["run"]}, {**ours, "command": [*INIT, "prefect"]}]) == []
+    assert check_init([{**ours, "command": ["prefect"]}]) and not check_init([{"image": "b", "command": ["c"]}])
 
 
 def test_checker_work_pool_template_fails() -> None:

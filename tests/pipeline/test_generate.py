@@ -109,3 +109,21 @@ def test_days_of_different_sizes(tmp_path) -> None:
     assert [len(read_log_file(d.path, "criteo")[0]) for d in days] == [300, 200]
     with pytest.raises(ValueError, match="one count, or one per day"):
         generate_days(str(tmp_path), 2, (10,))
+
+
+def test_keys_widen_the_large_fields_only_and_a_flatter_skew_admits_more(tmp_path) -> None:
+    from pipeline.generate import CARDINALITY, KEYED_FIELDS, WEIGHTED_FIELDS, cardinalities, key_counts
+
+    wide = cardinalities(10**7)
+    assert sum(wide) == pytest.approx(10**7, rel=1e-6) and cardinalities(None) == CARDINALITY
+    assert all((w > c) == (j in KEYED_FIELDS) for j, (w, c) in enumerate(zip(wide, CARDINALITY, strict=True)))
+    assert not set(KEYED_FIELDS) & set(WEIGHTED_FIELDS)  # the click model, and so AUC's ceiling, is unchanged
+    with pytest.raises(ValueError, match="keys must be >= 898,681"):
+        cardinalities(10**5)
+    plain, _ = generate_day(0, 20_000, seed=3)
+    keyed, _ = generate_day(0, 20_000, seed=3, keys=10**7, zipf=1.0)
+    assert keyed.column("label").equals(plain.column("label"))  # same clicks, other values in the large fields
+    (d_plain, r_plain), (d_keyed, r_keyed) = key_counts(plain), key_counts(keyed)
+    assert d_keyed > 1.5 * d_plain and r_keyed > r_plain  # more distinct keys, and more seen twice (admitted)
+    day = generate_days(str(tmp_path), 1, 2_000, seed=3, keys=2 * 10**6)[0]
+    assert day.keys > day.repeated > 0

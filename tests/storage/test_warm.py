@@ -96,7 +96,7 @@ def test_rows_of_a_model_written_before_compact_rows_are_converted_and_the_repor
     assert not any(r["restored"] for r in again["ranks"])
 
 
-def test_a_shard_of_another_row_format_is_rebuilt_even_under_the_right_tag(tmp_path) -> None:
+def test_a_shard_of_another_row_format_under_the_right_tag_is_converted_where_it_lies(tmp_path) -> None:
     url, keys = _published(tmp_path, fmt=OLD)
     _warm(
         tmp_path,
@@ -104,12 +104,25 @@ def test_a_shard_of_another_row_format_is_rebuilt_even_under_the_right_tag(tmp_p
         "v1",
         ranks=[0],
         optimizer="adam",
-        cfg=StoreConfig(embedding_dim=DIM, init_std=0.02, host_budget_mb=1, row_dtype="fp32"),
+        cfg=StoreConfig(embedding_dim=DIM, init_std=0.02, host_budget_mb=1, row_dtype="fp32", state_dtype="fp32"),
     )
     report = _warm(tmp_path, url, "v1", ranks=[0])  # same tag, the compact default: never read as the old records
-    assert report["ranks"][0]["restored"] and report["converted_from"] == "adam/fp32"
+    rank = report["ranks"][0]
+    assert not rank["restored"] and report["converted_from"] == "adam/fp32"
+    assert rank["converted"]["from"] == "ctr-ssd-shard/3 adam/fp32" and rank["converted"]["rows"] > 0
     with SsdStore(NodeLayout(str(tmp_path / "local"), "ctr").shard(0, 3), FMT) as s:
-        assert len(s) == int((owner_of(keys, 3) == 0).sum())
+        assert len(s) == int((owner_of(keys, 3) == 0).sum()) and s.tag == "v1"
+    # under another tag it holds other rows than the day starts from: restored, not converted
+    _warm(
+        tmp_path,
+        url,
+        "v1",
+        ranks=[0],
+        optimizer="adam",
+        cfg=StoreConfig(embedding_dim=DIM, host_budget_mb=1, row_dtype="fp32", state_dtype="fp32"),
+    )
+    report = _warm(tmp_path, url, "v2", ranks=[0])
+    assert report["ranks"][0]["restored"] and "converted" not in report["ranks"][0]
 
 
 def test_tag_match_skips_restore_and_evictions_apply(tmp_path) -> None:

@@ -7,12 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
+from storage.embedding.config import StoreConfig
 from tests.helpers.host_reads import REPO
+from tests.helpers.specs import make_spec
 from trainer.commit import _every_core
+from trainer.main import open_store
+from trainer.models.config import ModelConfig
 
 NOT_A_RANKS = ("pipeline", "flows", "prefect", "dask", "distributed", "isal")
 
@@ -49,3 +54,20 @@ def test_rank_zeros_companion_fit_takes_every_core_and_gives_them_back() -> None
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(saved)
+
+
+def test_a_ranks_store_rounds_with_the_specs_optim_seed(tmp_path) -> None:
+    spec = make_spec(
+        tmp_path / "features",
+        tmp_path / "model",
+        tmp_path / "local",
+        store=StoreConfig(device_cache_rows=0, host_budget_mb=1),
+        model=ModelConfig(),
+        run_tag="t",
+        seed=3,
+    )
+    store = open_store(spec, types.SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu")))
+    try:
+        assert spec.optim.seed == 3 and store.row_format.seed == 3
+    finally:
+        store.close()

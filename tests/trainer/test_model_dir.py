@@ -70,7 +70,8 @@ def test_new_mlp_widths_start_dense_cold_but_keep_the_rows():
     cfg = demo("/tmp/x")
     new = with_overrides(cfg, {"model.mlp_dims": [16]})
     ws = warm_start(_meta(cfg), new.model, new.store)
-    assert (ws.dense, ws.sparse) == (False, True) and "model.mlp_dims" in ws.reason
+    assert (ws.dense, ws.sparse) == (False, True) and ws.changed == ("model.mlp_dims",)
+    assert ws.reason == "architecture changed: model.mlp_dims [64, 32] -> [16]"  # the key, its saved and new values
 
 
 def test_new_embedding_width_starts_both_cold():
@@ -177,3 +178,25 @@ def test_read_meta_of_a_committed_directory_with_a_retired_trainer_key(tmp_path)
         fsio.commit_dir(fs, stage, path, {"ok": True})
     meta = read_meta(str(tmp_path / "m"))
     assert meta.trainer["retired_key"] == "retired value" and meta.dim == 8
+
+
+def test_the_blend_weight_trained_with_is_recorded_with_the_companion_and_an_older_record_reads_the_mean():
+    cfg = demo("/tmp/x")
+    model = replace(cfg.model, companion_blend_weight=0.3)
+    meta = ModelMeta.of(
+        **{
+            **_meta(cfg).__dict__,
+            "model_config": model,
+            "optim": cfg.optim,
+            "het": cfg.het,
+            "trainer": cfg.trainer,
+            "companion": {"kind": "poly2", "C": 0.01},
+        }
+    )
+    assert meta.companion == {"kind": "poly2", "C": 0.01, "blend_weight": 0.3}
+    assert ModelMeta.from_dict(json.loads(json.dumps(meta.to_dict()))).companion_blend_weight == 0.3
+    assert _meta(cfg).companion is None  # no companion, no weight: the network scores alone
+    assert "blend_weight" not in sample("model-v4.json")["companion"]
+    assert ModelMeta.from_dict(sample("model-v4.json")).companion_blend_weight == 0.5  # before it was recorded
+    with pytest.raises(ValueError, match=r"companion.blend_weight must be a number in \[0, 1\]"):
+        _ = replace(meta, companion={**meta.companion, "blend_weight": 2.0}).companion_blend_weight

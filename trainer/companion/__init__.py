@@ -1,4 +1,4 @@
-"""The companion: a Poly2 LR fit beside the network on every row so far, its logit averaged into every score.
+"""The companion: a Poly2 LR fit beside the network on every row so far, its logit blended into every score.
 
 `model.companion`: `auto` (the default) on a small day with own keys (`trainer.companion.fit.why_none`), `poly2`
 on every day.  After a day's training rank 0 fits it (`trainer.companion.fit.fit_for_spec`) on the newest
@@ -22,8 +22,10 @@ value too rare for a weight of its own still says how rare it is.
 
 Stored as `companion.safetensors` (the weights, and the fit rows' key counts a scorer counts against) in the
 model directory and the serving bundle (`trainer.companion.file`); every scorer blends through
-`trainer.eval.scoring.score_arrays`.  A model with a companion is written as model.json version 4, which
-releases that cannot blend it with its counts refuse (`trainer.model_dir.MODEL`).
+`trainer.eval.scoring.score_arrays`, at the network's weight model.json's record states (`blend_weight`, from
+`model.companion_blend_weight`; 0.5 in a record from before it).  The record also says how the fit stopped
+(`convergence`), and a fit that stops short of the tolerance warns.  A model with a companion is written as
+model.json version 4, which releases that cannot blend it with its counts refuse (`trainer.model_dir.MODEL`).
 
 The modules, one responsibility each: `model` (the companion as a scorer uses it: its inputs, logits and the
 blend), `file` (its safetensors file), `rows` (the rows of its lineage it is fit on), `fit` (whether a day gets

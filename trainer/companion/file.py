@@ -39,8 +39,9 @@ def to_bytes(companion: Companion) -> bytes:
     )
 
 
-def from_bytes(data: bytes | bytearray, where: str) -> Companion:
-    """A companion from `to_bytes`'s file.
+def from_bytes(data: bytes | bytearray, where: str, *, blend_weight: float) -> Companion:
+    """A companion from `to_bytes`'s file, blended at `blend_weight` (its model.json record's,
+    `trainer.companion.model.blend_weight_of`: the file holds the weights alone).
 
     Raises:
         ValueError: the file is not a companion (the message names `where`).
@@ -64,7 +65,7 @@ def from_bytes(data: bytes | bytearray, where: str) -> Companion:
         raise ValueError(f"{where} is not a companion file ({type(exc).__name__}: {exc}); retrain the model") from None
     if poly2.buckets.shape != poly2.weights.shape:
         raise ValueError(f"{where}: {poly2.buckets.size} buckets but {poly2.weights.size} weights; retrain the model")
-    return Companion(poly2, bits, counts)
+    return Companion(poly2, bits, counts, blend_weight)
 
 
 def save(url: str, companion: Companion, storage_options: dict | None = None) -> None:
@@ -73,8 +74,8 @@ def save(url: str, companion: Companion, storage_options: dict | None = None) ->
         f.write(to_bytes(companion))
 
 
-def load(url: str, storage_options: dict | None = None) -> Companion:
-    """The companion file at `url`.
+def load(url: str, storage_options: dict | None = None, *, blend_weight: float) -> Companion:
+    """The companion file at `url`, blended at `blend_weight` (`from_bytes`).
 
     Raises:
         FileNotFoundError: no file there (a model.json that names a companion needs it).
@@ -83,4 +84,4 @@ def load(url: str, storage_options: dict | None = None) -> Companion:
     if not fs.exists(path):
         raise FileNotFoundError(f"{url} is missing: the model's model.json names a companion; retrain the model")
     with fs.open(path, "rb") as f:
-        return from_bytes(f.read(), url)
+        return from_bytes(f.read(), url, blend_weight=blend_weight)

@@ -16,15 +16,16 @@ from storage.features_manifest import FeaturesManifest
 from trainer.companion.key_counts import KeyCounts
 from trainer.companion.model import INPUTS, KIND, Companion, inputs
 from trainer.companion.poly2 import Poly2, Poly2Config, fit, fit_cv
-from trainer.companion.rows import candidate_sources, date_of, read_rows
+from trainer.companion.rows import candidate_sources, read_rows
 from trainer.data import FeatureSchema
+from trainer.models.config import COMPANION_BLEND_WEIGHT
 from trainer.plan.recipe import CROSS_MIN_ROWS
 
 log = logging.getLogger(__name__)
 
 CONFIG = Poly2Config()
-"""The fit's settings: 2^22 buckets, C from 0.001..0.1 by 3-fold cross-validation of the rows (what the benchmarks
-measured)."""
+"""The fit's settings: 2^22 buckets, C from 0.001..0.1 by 3-fold forward-chaining cross-validation of the rows (what
+the benchmarks measured: `trainer.companion.poly2.fit_cv`)."""
 C_SEARCH_GROWTH = 2
 """A day's fit keeps its parent's C until its rows are this many times those the C was chosen on (`kept_c`)."""
 C_SEARCH_FITS = 7
@@ -64,12 +65,15 @@ def fit_rows(
     *,
     config: Poly2Config = CONFIG,
     chosen: dict[str, Any] | None = None,
+    blend_weight: float = COMPANION_BLEND_WEIGHT,
 ) -> tuple[Companion, dict[str, Any]]:
     """The companion of rows in time order, and its record for model.json.
 
     Its C is cross-validation's (`fit_cv`), or, with `chosen` (the parent's C, `kept_c`), that C refit on these
     rows: the refit alone, where the choice makes three fits per C tried (three or four Cs on the real samples)
-    before it.
+    before it.  The record says how the fit stopped (`convergence`: converged or not, the Newton steps, the final
+    gradient norm) and the network's `blend_weight` (`model.companion_blend_weight`; `ModelMeta.of` writes the
+    config's).
     """
     t0 = time.perf_counter()
     counts = KeyCounts.of(keys)
@@ -91,9 +95,11 @@ def fit_rows(
         "rows": int(len(labels)),
         "buckets": int(saved.buckets.size),
         "holdout_logloss": {str(c): v for c, v in losses.items()},
+        "convergence": poly2.convergence.to_dict() if poly2.convergence is not None else None,
+        "blend_weight": blend_weight,
         "fit_s": round(time.perf_counter() - t0, 3),
     }
-    return Companion(saved, config.bits, counts), record
+    return Companion(saved, config.bits, counts, blend_weight), record
 
 
 def kept_c(parent: dict[str, Any] | None, rows: int, config: Poly2Config = CONFIG) -> dict[str, Any] | None:
@@ -125,6 +131,7 @@ def fit_for_spec(
     storage_options: dict | None = None,
     config: Poly2Config = CONFIG,
     auto: bool = False,
+    blend_weight: float = COMPANION_BLEND_WEIGHT,
 ) -> tuple[Companion, dict[str, Any]] | None:
     """The day's companion: fit on the newest `max_rows` rows of its lineage (`candidate_sources`).
 
@@ -134,9 +141,11 @@ def fit_for_spec(
         parent_features_url: the start model's features (their eval rows), or None without a start model.
         auto: `model.companion: auto`: a source without the own keys is skipped, and rows of one label give
             no companion (None), where `poly2` raises.
+        blend_weight: `model.companion_blend_weight`, the network's weight in every score (`fit_rows`).
 
     Raises:
-        ValueError: with `auto` false, a source without the own keys, or rows of one label.
+        ValueError: a source whose manifest states no date (`trainer.companion.rows.date_of`); with `auto` false,
+            a source without the own keys, or rows of one label.
     """
     candidates = candidate_sources(parent, parent_features_url, features_url)
     keys, dense, labels, sources, skipped = read_rows(
@@ -145,7 +154,6 @@ def fit_for_spec(
         max_rows,
         storage_options,
         without_keys="skip" if auto else "raise",
-        day=date_of(features_url, storage_options),
     )
     if labels.min() == labels.max():
         if auto:
@@ -155,7 +163,9 @@ def fit_for_spec(
             f"the companion's {len(labels)} rows are all of one label: nothing to fit; "
             "set model.companion=auto (no companion on such a day)"
         )
-    companion, record = fit_rows(keys, dense, labels, config=config, chosen=kept_c(parent, len(labels), config))
+    companion, record = fit_rows(
+        keys, dense, labels, config=config, chosen=kept_c(parent, len(labels), config), blend_weight=blend_weight
+    )
     record["sources"] = [s.to_dict() for s in sources]
     if skipped:
         record["skipped_sources"] = skipped
@@ -164,12 +174,15 @@ def fit_for_spec(
         if not record["C_chosen"]["fits_ago"]
         else f"kept from the choice on {record['C_chosen']['rows']:,} rows"
     )
+    done = record["convergence"]
     log.info(
-        "companion: poly2 fit on %d rows of %d sources, C %s (%s), %.1f s",
+        "companion: poly2 fit on %d rows of %d sources, C %s (%s), %s after %d Newton steps, %.1f s",
         len(labels),
         len(sources),
         record["C"],
         how,
+        "converged" if done["converged"] else f"unconverged ({done['stop']})",
+        done["newton_steps"],
         record["fit_s"],
     )
     return companion, record
@@ -182,4 +195,5 @@ def _rounded(p: Poly2) -> Poly2:
         dense_weights=p.dense_weights.astype(np.float32).astype(np.float64),
         bias=float(np.float32(p.bias)),
         C=p.C,
+        convergence=p.convergence,
     )

@@ -6,7 +6,11 @@ default is trained by Adam through a warm-started chain, a day at a time; this i
 with a strong L2, of every row it is given.  It is the learner of `model.companion` (`trainer.companion`), and
 of `bench.quality_rolling`'s `poly2` row and probe.
 
-numpy and torch's sparse CSR products, no scikit-learn (not a runtime dependency): tokens are int64 keys
+numpy and torch's sparse CSR products, no scikit-learn: it is not a runtime dependency, and its liblinear was not
+faster at the production settings on real rows (8,000 rows, the C cross-validation chose; medians of 3 rounds on a
+shared 2-core machine): Criteo 7.7 s here against 11.9 s, Avazu 2.8 s against 3.9 s, each within 0.4 millionths of
+the minimum's loss; at liblinear's own (tighter) stop, for equal loss, 8.1 s against 11.9 s and 4.7 s against 3.9 s
+(`python -m bench._companion_solver`, `bench/results/companion_solver.json`).  Tokens are int64 keys
 (`pipeline.encode.keys`: the field in the top bits), the pairs are hashed into 2^bits buckets, and the objective
 is scikit-learn's liblinear one (C times the summed log loss plus half the squared weights, the intercept
 penalised too), minimised by a truncated Newton method (conjugate gradients on Hessian-vector products, a
@@ -16,8 +20,10 @@ products with a CSR matrix of ones (`_Design`).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,8 +32,37 @@ import torch
 from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
 from trainer.eval.metrics import logloss
 
+log = logging.getLogger(__name__)
+
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+CV_ORDERS = ("blocks", "forward")
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """How a fit's Newton iterations stopped: model.json `companion.convergence` (`to_dict`)."""
+
+    converged: bool
+    """The gradient met the tolerance (`Poly2Config.tol`)."""
+    stop: str
+    """`tolerance`, `newton_steps` (the most steps were taken) or `line_search` (no step decreased the objective)."""
+    newton_steps: int
+    grad_norm: float
+    """|g(w)| at the weights returned."""
+    grad_ratio: float
+    """|g(w)| / |g(0)|: converged when at most tol."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "converged": self.converged,
+            "stop": self.stop,
+            "newton_steps": self.newton_steps,
+            "grad_norm": self.grad_norm,
+            "grad_ratio": self.grad_ratio,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,14 +74,21 @@ class Poly2Config:
     cs: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
     """Inverse L2 strengths tried by `fit_cv` (scikit-learn's C)."""
     folds: int = 3
-    """`fit_cv`'s blocks of rows, each left out of one fit: 3 chose as 5 did on both real samples' lineages, in
-    less time (`docs/reports/2026-12-05-companion.md`)."""
+    """`fit_cv`'s left-out blocks of rows: 3 chose as 5 did on both real samples' lineages, in less time
+    (`docs/reports/2026-12-05-companion.md`)."""
+    cv: str = "forward"
+    """How `fit_cv` cuts the rows: `forward`, `folds` + 1 blocks, each of the later `folds` scored by a fit of the
+    blocks before it alone, or `blocks`, each of `folds` blocks left out of a fit of the others (the later rows
+    too; before issue 51).  `fit_cv` says why `forward`."""
     newton_steps: int = 30
+    """The most Newton steps of a fit: one that stops there unconverged warns and says so (`Convergence`)."""
     tol: float = 1e-4
-    """Stop when the gradient's norm is below tol times its norm at zero weights (liblinear's rule: measured
-    against zero weights, so a warm start stops as near the minimum as a cold one; 1e-4 is scikit-learn's
-    liblinear default).  Against 1e-6 it fits in less time, with the same C and nearly the same logits, on the
-    real samples' lineages."""
+    """Stop when the gradient's norm is at most tol times its norm at zero weights, |g(w)| <= tol |g(0)|: measured
+    against zero weights, so a warm start stops as near the minimum as a cold one.  liblinear (scikit-learn's
+    `solver="liblinear"`, whose default tol is 1e-4 too) scales its tol by max(min(pos, neg), 1) / rows, which at
+    click rates of 3-25 % is a 4-30x tighter stop; this solver does not: against 1e-6 (and so against liblinear's
+    rule) 1e-4 fit in less time, with the same C and nearly the same logits, on the real samples' lineages
+    (`docs/reports/2026-12-05-companion.md`; the time against liblinear: `bench/results/companion_solver.json`)."""
 
     def __post_init__(self) -> None:
         if not 8 <= self.bits <= 30:
@@ -55,6 +97,10 @@ class Poly2Config:
             raise ValueError(f"poly2 cs must be positive, got {self.cs}")
         if self.folds < 2:
             raise ValueError(f"poly2 folds must be >= 2 (each fold leaves out a block of rows), got {self.folds}")
+        if self.cv not in CV_ORDERS:
+            raise ValueError(f"poly2 cv must be one of {CV_ORDERS}, got {self.cv!r}")
+        if self.newton_steps < 1 or not 0 < self.tol < 1:
+            raise ValueError(f"poly2 newton_steps must be >= 1 and tol in (0, 1), got {self.newton_steps}, {self.tol}")
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -113,6 +159,8 @@ class Poly2:
     """float64 (n,): the weights of the log1p dense values."""
     bias: float
     C: float
+    convergence: Convergence | None = None
+    """How the fit that made it stopped; None for one read from a file (the record keeps it)."""
 
     def weights_of(self, ids: np.ndarray) -> np.ndarray:
         """The weights of bucket ids (any shape), 0 for a bucket no fit row used."""
@@ -137,15 +185,24 @@ class _Design:
         self.dense, self.width, self.nd = dense, width, dense.shape[1]
         index = torch.int32 if n * per_row < 2**31 else torch.int64  # int32: a third faster products
         crow = torch.arange(0, n * per_row + 1, per_row, dtype=index)
-        flat = torch.from_numpy(np.ascontiguousarray(cols, dtype=np.int64).ravel()).to(index)
+        columns = np.ascontiguousarray(cols, dtype=np.int64).ravel()
+        ones = torch.ones(columns.size, dtype=torch.float64)
+        # X^T's rows: each bucket's rows in ascending order (a stable sort of X's columns), what X.to_sparse_csc()
+        # gives, without its conversion (the longest part of building a design)
+        order = np.argsort(columns, kind="stable")
+        ccol = np.zeros(width + 1, dtype=np.int64)
+        np.cumsum(np.bincount(columns, minlength=width), out=ccol[1:])
         with warnings.catch_warnings():  # "sparse CSR support is in beta": the two products used here are not
             warnings.simplefilter("ignore", UserWarning)
             self._x = torch.sparse_csr_tensor(
-                crow, flat, torch.ones(flat.numel(), dtype=torch.float64), size=(n, width), check_invariants=False
+                crow, torch.from_numpy(columns).to(index), ones, size=(n, width), check_invariants=False
             )
-            xt = self._x.to_sparse_csc()
             self._xt = torch.sparse_csr_tensor(
-                xt.ccol_indices(), xt.row_indices(), xt.values(), size=(width, n), check_invariants=False
+                torch.from_numpy(ccol).to(index),
+                torch.from_numpy(order // per_row).to(index),
+                ones,
+                size=(width, n),
+                check_invariants=False,
             )
 
     @property
@@ -185,23 +242,32 @@ def _numbered(ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray) -> tup
 
 
 class _Fold:
-    """The rows but a block [lo, hi), on the buckets they use (`rows`), and the block's columns in their numbering
-    (-1: a bucket no other row has, whose weight in the fold's fit is 0): a fit of the other rows, scored on the
-    block, with no lookup of the ids again."""
+    """The rows a fold fits: those but the block [lo, hi) (`blocks`), or those before it (`forward`), on the buckets
+    they use (`rows`); and the block's columns in their numbering (-1: a bucket none of them has, whose weight in
+    the fold's fit is 0): a fit scored on the block, with no lookup of the ids again."""
 
     def __init__(
-        self, cols: np.ndarray, buckets: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, lo: int, hi: int
+        self,
+        cols: np.ndarray,
+        buckets: np.ndarray,
+        log_dense: np.ndarray,
+        labels: np.ndarray,
+        lo: int,
+        hi: int,
+        *,
+        forward: bool = False,
     ) -> None:
         self.lo, self.hi = lo, hi
-        keep = np.concatenate([cols[:lo], cols[hi:]])
+        after = hi if not forward else len(labels)  # forward: none of the rows from the block on
+        keep = np.concatenate([cols[:lo], cols[after:]])
         self.used = np.zeros(buckets.size, dtype=bool)
         self.used[keep] = True
         number = np.cumsum(self.used) - 1
         self.rows = _Rows(
             number[keep],
             buckets[self.used],
-            np.concatenate([log_dense[:lo], log_dense[hi:]]),
-            np.concatenate([labels[:lo], labels[hi:]]),
+            np.concatenate([log_dense[:lo], log_dense[after:]]),
+            np.concatenate([labels[:lo], labels[after:]]),
         )
         block = cols[lo:hi]
         self.block = np.where(self.used[block], number[block], -1)
@@ -234,9 +300,16 @@ class _Rows:
             w[self.buckets.size : -1], w[-1] = model.dense_weights, model.bias
         return w
 
-    def model(self, w: np.ndarray, C: float) -> Poly2:
+    def model(self, w: np.ndarray, C: float, convergence: Convergence | None = None) -> Poly2:
         k = self.buckets.size
-        return Poly2(buckets=self.buckets, weights=w[:k].copy(), dense_weights=w[k:-1].copy(), bias=float(w[-1]), C=C)
+        return Poly2(
+            buckets=self.buckets,
+            weights=w[:k].copy(),
+            dense_weights=w[k:-1].copy(),
+            bias=float(w[-1]),
+            C=C,
+            convergence=convergence,
+        )
 
 
 def fit(
@@ -258,29 +331,70 @@ def fit(
         ValueError: no rows, or shapes that disagree.
     """
     rows = _Rows.of(ids, log_dense, labels)
-    return rows.model(_minimise(rows, C, rows.start(start), config), C)
+    w, done = _minimise(rows, C, rows.start(start), config)
+    return rows.model(w, C, done)
 
 
-def _minimise(rows: _Rows, C: float, w: np.ndarray, config: Poly2Config) -> np.ndarray:
-    """Truncated Newton from `w` on liblinear's objective at C; the minimising weights."""
+def _minimise(
+    rows: _Rows, C: float, w: np.ndarray, config: Poly2Config, what: str = ""
+) -> tuple[np.ndarray, Convergence]:
+    """Truncated Newton from `w` on liblinear's objective at C: the weights it stopped at and how it stopped.
+
+    It stops converged (`Poly2Config.tol`), or unconverged after `newton_steps` steps or a line search that found
+    no decrease (liblinear stops there too), keeping the last weights that decreased the objective; unconverged,
+    it logs a warning with how far the gradient is from the tolerance (`what` names the fit)."""
     X, y = rows.X, rows.y
     g0 = float(np.linalg.norm(C * X.rmatvec(0.5 - y)))  # the gradient at zero weights
-    for _ in range(config.newton_steps):
+    steps, stop = 0, "newton_steps"
+    while True:
         z = X.matvec(w)
         p = _sigmoid(z)
         g = C * X.rmatvec(p - y) + w
         gn = float(np.linalg.norm(g))
         if gn <= config.tol * g0:
+            stop = "tolerance"
+            break
+        if steps == config.newton_steps:
             break
         d = _newton_direction(X, C * p * (1.0 - p), g, gn)
-        f0, slope, step = _objective(C, z, y, w), float(g @ d), 1.0
-        while step > 1e-6:  # backtracking (Armijo): a full Newton step is almost always taken
-            trial = w + step * d
-            if _objective(C, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
-                break
-            step *= 0.5
-        w = trial
-    return w
+        trial = _line_search(X, y, C, w, d, _objective(C, z, y, w), float(g @ d))
+        if trial is None:
+            stop = "line_search"
+            break
+        w, steps = trial, steps + 1
+    done = Convergence(stop == "tolerance", stop, steps, gn, gn / g0 if g0 > 0 else 0.0)
+    if not done.converged:
+        why = (
+            f"after {steps} Newton steps (Poly2Config.newton_steps)"
+            if stop == "newton_steps"
+            else f"at Newton step {steps + 1}: its line search found no step that decreased the objective"
+        )
+        log.warning(
+            "companion: the poly2 fit %sof %d rows at C %g stopped unconverged %s: its gradient is %.2e of its "
+            "norm at zero weights, %.1fx the tolerance %g; its weights are short of the minimum",
+            f"{what} " if what else "",
+            len(y),
+            C,
+            why,
+            done.grad_ratio,
+            done.grad_ratio / config.tol,
+            config.tol,
+        )
+    return w, done
+
+
+def _line_search(
+    X: _Design, y: np.ndarray, C: float, w: np.ndarray, d: np.ndarray, f0: float, slope: float
+) -> np.ndarray | None:
+    """Backtracking (Armijo) along `d` from `w`: the first of steps 1, 1/2, ... down to 1e-6 that decreases the
+    objective enough (a full Newton step is almost always taken), or None when none does."""
+    step = 1.0
+    while step > 1e-6:
+        trial = w + step * d
+        if _objective(C, X.matvec(trial), y, trial) <= f0 + 1e-4 * step * slope:
+            return trial
+        step *= 0.5
+    return None
 
 
 def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: float, *, iters: int = 250) -> np.ndarray:
@@ -310,37 +424,47 @@ def _newton_direction(X: _Design, curvature: np.ndarray, g: np.ndarray, gn: floa
 def fit_cv(
     ids: np.ndarray, log_dense: np.ndarray, labels: np.ndarray, *, config: Poly2Config = Poly2Config()
 ) -> tuple[Poly2, dict[float, float]]:
-    """The Poly2 LR with C chosen by cross-validation: the rows are cut, in row order, into `config.folds`
-    blocks, each left out of one fit of the others; the Cs of `config.cs` are tried in ascending order (each
-    fold from its weights at the C before) until one's log loss over every left-out row is above the best so
-    far (the loss over C has one minimum in every fit measured, and the large Cs are the slow fits); the best C
-    is then refit on every row, from the mean of its folds' weights.
+    """The Poly2 LR with C chosen by cross-validation of rows in time order: the Cs of `config.cs` are tried in
+    ascending order (each fold from its weights at the C before) until one's log loss over the left-out rows is
+    above the best so far (the loss over C has one minimum in every fit measured, and the large Cs are the slow
+    fits); the best C is then refit on every row, from the mean of its folds' weights.
 
-    Every row is left out once, so the choice rests on all the rows, not on a last fifth: on a lineage's first small
-    day that fifth is a few hundred rows, and its choice was the noisiest of the chain's
-    (`docs/reports/2026-12-05-companion.md`).  The buckets are numbered once for all the rows; each fold is the other
-    rows on the buckets they use (`_Fold`), and scores its block by the same numbers.  The folds' designs (each of the
-    rows but a block: twice the rows' design in all, with 3 folds) are freed before the refit's is built.
+    `config.cv` cuts the rows: `blocks` into `folds` blocks, each scored by a fit of the others, so every row is
+    left out once and the choice rests on all the rows, not on a last fifth (on a lineage's first small day that
+    fifth is a few hundred rows, and its choice was the noisiest of the chain's); `forward` into `folds` + 1
+    blocks, each but the first scored by a fit of the blocks before it, as the companion is used: fit on the past,
+    scored on what comes after.  `forward` is the default: at every origin of the rolling benchmark both chose
+    the same C on both real samples (AUC the same to 2e-5, paired sd 2e-5), in 9-11 % less fit time (its folds fit
+    fewer rows), and no fold is fit on rows later than those it scores (`bench/results/companion_folds.json`).
+
+    The buckets are numbered once for all the rows; each fold is its fit rows on the buckets they use (`_Fold`), and
+    scores its block by the same numbers.  The folds' designs (twice the rows' design in all, with 3 blocks) are
+    freed before the refit's is built.
 
     Returns:
-        (the refit model, {C: left-out log loss} of the Cs fit).
+        (the refit model, its `convergence` set, {C: left-out log loss} of the Cs fit).
     """
-    n = len(labels)
-    if n < config.folds:
-        raise ValueError(f"poly2 cross-validation needs at least {config.folds} rows (config.folds), got {n}")
+    n, forward = len(labels), config.cv == "forward"
+    blocks = config.folds + 1 if forward else config.folds
+    if n < blocks:
+        raise ValueError(f"poly2 cross-validation needs at least {blocks} rows ({config.cv} folds), got {n}")
     cols, buckets = _numbered(ids, log_dense, labels)
     dense, y = np.asarray(log_dense, dtype=np.float64), np.asarray(labels, dtype=np.float64)
-    edges = np.linspace(0, n, config.folds + 1).astype(np.int64)
-    folds = [_Fold(cols, buckets, dense, y, int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    edges = np.linspace(0, n, blocks + 1).astype(np.int64)
+    scored = (
+        list(zip(edges[1:-1], edges[2:], strict=True)) if forward else list(zip(edges[:-1], edges[1:], strict=True))
+    )
+    folds = [_Fold(cols, buckets, dense, y, int(lo), int(hi), forward=forward) for lo, hi in scored]
     weights = [f.rows.start(None) for f in folds]
+    left_out = slice(int(scored[0][0]), n)  # the rows some fold scores: every row, or all but the first block
     losses: dict[float, float] = {}
     best: tuple[float, list[np.ndarray]] | None = None
     for C in sorted(config.cs):
         z = np.empty(n)
         for j, fold in enumerate(folds):
-            weights[j] = _minimise(fold.rows, C, weights[j], config)
+            weights[j], _ = _minimise(fold.rows, C, weights[j], config, f"(fold {j + 1} of {len(folds)})")
             z[fold.lo : fold.hi] = fold.block_logits(weights[j])
-        losses[C] = logloss(y, _sigmoid(z))
+        losses[C] = logloss(y[left_out], _sigmoid(z[left_out]))
         if best is not None and losses[C] > losses[best[0]]:
             break
         best = (C, list(weights))
@@ -353,4 +477,5 @@ def fit_cv(
         start[buckets.size :] += w[k:] / len(folds)
     del folds, weights
     rows = _Rows(cols, buckets, dense, y)
-    return rows.model(_minimise(rows, C, start, config), C), losses
+    w, done = _minimise(rows, C, start, config, "(the refit on every row)")
+    return rows.model(w, C, done), losses

@@ -2,7 +2,9 @@
 
 The sources are, oldest first, the rows the parent's companion was fit on, the parent's eval rows and the day's
 train rows (`candidate_sources`); `read_rows` takes the newest `model.companion_rows` of them, skipping (and
-naming) a source that is gone, lacks the values' own keys, or is not of a date before the day's.
+naming) a source that is gone, lacks the values' own keys, or is not of a date before the day's.  A source whose
+manifest states no date is refused (`date_of`): the guard that keeps the gate's eval rows out of the fit reads the
+dates, and a guard that turned itself off would fit them unseen.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pyarrow.parquet as pq
 
 from storage.features_manifest import raw_columns, read_features_manifest
 from storage.io import fsio
+from storage.io.fsio import SUCCESS
 from trainer.data import FeatureSchema, list_parts
 
 log = logging.getLogger(__name__)
@@ -55,27 +58,28 @@ def read_rows(
     storage_options: dict | None = None,
     *,
     without_keys: str = "raise",
-    day: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list[RowSource], list[str]]:
     """The newest `max_rows` rows of the candidates (newest source first, each its newest rows), in time order:
     the values' own keys (`r_<j>`, `encode.raw_keys`), the dense columns and the labels.
 
     A source whose rows are gone (features deleted by hand) is skipped and named: the companion is fit on the
     rows still there rather than failing an unattended day.  So is, with `without_keys="skip"`
-    (`model.companion: auto`), a source encoded without the own keys (a large day of the lineage).  With `day`
-    (the date of the last candidate, the day's train rows), so is every other source not of an earlier date: a
-    rerun of a day, or a backfill of an older one, must not fit the day's eval rows (the gate's) or its train
-    rows twice.
+    (`model.companion: auto`), a source encoded without the own keys (a large day of the lineage).  So is every
+    source not of a date before the last candidate's (the day's train rows): a rerun of a day, or a backfill of
+    an older one, must not fit the day's eval rows (the gate's) or its train rows twice.
 
     Returns:
         (own keys (N, F) int64, dense (N, n) float32 or None, labels (N,) float64, the sources as read, oldest
         first, and the skipped ones as `url (split)`).
 
     Raises:
-        FileNotFoundError: no source has rows.
-        ValueError: a source's rows lack the own keys (encoded without `encode.raw_keys`), with
-            `without_keys="raise"` (`model.companion: poly2`).
+        FileNotFoundError: no source has rows, or the day's own features are gone.
+        ValueError: a source's manifest states no date (`date_of`), or its rows lack the own keys (encoded
+            without `encode.raw_keys`), with `without_keys="raise"` (`model.companion: poly2`).
     """
+    day = date_of(candidates[-1][0], storage_options)
+    if day is None:
+        raise FileNotFoundError(f"the day's features {candidates[-1][0]} are gone: run the encode stage again")
     raw = list(raw_columns(schema.key_columns))
     cols = ["label", *schema.dense_columns, *raw]
     parts: list[tuple[pd.DataFrame, RowSource]] = []
@@ -84,7 +88,7 @@ def read_rows(
     for i, (url, split, most) in enumerate(reversed(candidates)):
         if left <= 0:
             break
-        if i and day is not None and (when := date_of(url, storage_options)) is not None and when >= day:
+        if i and (when := date_of(url, storage_options)) is not None and when >= day:
             log.warning(
                 "companion: the rows of %s (%s) are of %s, not before the day's %s; fitting without them",
                 url,
@@ -155,10 +159,24 @@ def _newest_rows(
 
 
 def date_of(url: str, storage_options: dict | None) -> str | None:
-    """The date of the committed features directory `url` (its manifest's), or None when it has none."""
+    """The date of the committed features directory `url` (its manifest's), or None when the directory is gone
+    (`read_rows` skips it and names it).
+
+    Raises:
+        ValueError: `url` is there but its manifest (`_SUCCESS.json`) is missing or states no date: whether its
+            rows are before the day's cannot be told, and fitting them could fit the gate's eval rows.
+    """
     fs, path = fsio.get_fs(url, storage_options)
-    try:
-        manifest = read_features_manifest(fs, path)
-    except FileNotFoundError:
+    manifest = read_features_manifest(fs, path)
+    if manifest is not None and manifest.date is not None:
+        return manifest.date
+    if manifest is None and not fs.exists(path):
         return None
-    return manifest.date if manifest is not None else None
+    success = fsio.join(url, SUCCESS)
+    what = f"are not committed ({success} is missing)" if manifest is None else f"have no date ({success} states none)"
+    raise ValueError(
+        f"the companion's rows {url} {what}: a companion is fit only on rows of dates "
+        "before the day's, so that the gate's eval rows stay out of it; encode that date again "
+        "(`ctrpipe run --date <its date> --force`: the manifest it writes states the date), or set "
+        "model.companion=off"
+    )

@@ -8,9 +8,10 @@ the caller passed or on what it did to it since.
 
 The push of the synchronous path sends only the gradients, back along the pull's route (the owners
 know the keys and the counts from the pull): a step is four all-to-alls (counts, keys, rows,
-gradients) and one host read (the counts').  So the ranks never compare keys at the push; each
-rank checks locally that it pushes the handle of its latest pull, once, and ranks that run the
-same loop then push the same pull.
+gradients), one host read (the counts') and, under NCCL, one copy to the host (the served keys, for the
+store's key index): tests/trainer/test_step_host_reads.py counts them.  So the ranks never compare keys at
+the push; each rank checks locally that it pushes the handle of its latest pull, once, and ranks that run
+the same loop then push the same pull.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from storage.embedding.base import EmbeddingStore, Lookup, owner_of
 from storage.embedding.rows.segments import segment_sum
-from storage.embedding.rows.transfer import host_to_device
+from storage.embedding.rows.transfer import host_to_device, is_host
 from trainer.distributed.context import DistContext
 from trainer.distributed.het_pull import pull_with_clocks
 from trainer.distributed.routing import (
@@ -153,9 +154,15 @@ class ShardedEmbedding:
         self._pushed = 0
 
     def _to_store(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` where the store's rows are: a GPU rank's gradients reach a host-memory store here (a
-        device-to-host copy the host store needs; with the device cache they stay on the GPU)."""
+        """`t` where the store's rows are: a GPU rank's gradients reach a host-memory store here, a blocking
+        device-to-host copy every push (`store.device_cache_rows: 0` on CUDA); with the device tier, the default
+        on CUDA (`storage.embedding.tiered.device_cache_rows`), they stay on the GPU."""
         return host_to_device(t, self.store.device)
+
+    def check_updates(self) -> None:
+        """Raise a refusal of non-finite gradients that this rank's store deferred (`EmbeddingStore.check_updates`:
+        a GPU tier reads it here, at a step that reads the device anyway, not at every push)."""
+        self.store.check_updates()
 
     def _count(self, kind: str, sent: int, received: int) -> None:
         if self.ctx.world_size > 1:
@@ -174,6 +181,15 @@ class ShardedEmbedding:
         pulled = self._pull_cached(flat) if self.cache is not None else self._pull_sync(flat)
         self.seconds += time.perf_counter() - t0
         return dataclasses.replace(pulled, seq=self._pulls)
+
+    def prefetch(self, keys: torch.Tensor) -> None:
+        """Hint this rank's store with the keys of a coming batch that it owns (`EmbeddingStore.prefetch`: the SSD
+        tier reads the rows the host tier lacks while the step computes).  Other ranks' keys in their own batches
+        arrive only with their pull, so with several ranks this covers the rank's own batch's share."""
+        flat = keys.reshape(-1).to(torch.int64)
+        if self.ctx.world_size > 1:
+            flat = flat[owner_of(flat, self.ctx.world_size) == self.ctx.rank]
+        self.store.prefetch(flat.numpy())
 
     def push(self, pulled: Pulled, grads: torch.Tensor) -> None:
         """Apply `grads` (N, D) of the keys of `pulled` on their owners (duplicates summed, one Adam step per row).
@@ -216,8 +232,8 @@ class ShardedEmbedding:
 
     def _pull_sync(self, keys: torch.Tensor) -> Pulled:
         route, owned, recv_counts = exchange_keys(keys, self.ctx)
-        if owned.device.type != "cpu":  # NCCL delivers the keys on the GPU
-            owned = owned.cpu()  # host read: the store's key index lives on the host
+        if not is_host(owned.device):  # NCCL delivers the keys on the GPU
+            owned = owned.cpu()  # host read: the store's key index lives on the host (a copy the lookup waits for)
         looked = self.store.lookup(owned)
         served = looked.rows  # (M, D) rows this rank owns, for the requesters
         rows = exchange_rows(served, route, recv_counts, self.ctx)  # (U, D)

@@ -8,7 +8,20 @@ from typing import Any
 import numpy as np
 
 PROB_EPS = 1e-7
-"""Probabilities are clipped to [PROB_EPS, 1 - PROB_EPS] before a log (log loss of 0 or 1 predictions)."""
+"""Every score is clipped to [PROB_EPS, 1 - PROB_EPS] (`clip_probabilities`): a predicted CTR of exactly 0 or 1
+breaks bid pricing and log loss.  A model records the eps it is scored with (model.json `score_eps`)."""
+
+
+def clip_probabilities(probs: np.ndarray, eps: float = PROB_EPS) -> np.ndarray:
+    """`probs` (float64) clipped to [eps, 1 - eps]: the one rule of evaluation and serving
+    (`trainer.eval.scoring.score_arrays`) and of log loss.
+
+    Raises:
+        ValueError: eps outside (0, 0.5).
+    """
+    if not 0.0 < eps < 0.5:
+        raise ValueError(f"the score clipping eps must be in (0, 0.5), got {eps}")
+    return np.clip(np.asarray(probs, dtype=np.float64), eps, 1.0 - eps)
 
 
 def as_binary_labels(labels: np.ndarray) -> np.ndarray:
@@ -59,9 +72,9 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 
 def logloss(labels: np.ndarray, probs: np.ndarray) -> float:
-    """Mean binary cross-entropy of probabilities (clipped to [1e-7, 1 - 1e-7])."""
+    """Mean binary cross-entropy of probabilities (clipped to [1e-7, 1 - 1e-7]: `clip_probabilities`)."""
     y = as_binary_labels(labels)
-    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), PROB_EPS, 1 - PROB_EPS)
+    p = clip_probabilities(np.asarray(probs).ravel())
     if y.shape != p.shape:
         raise ValueError(f"labels ({y.size}) and probs ({p.size}) differ in length")
     if y.size == 0:

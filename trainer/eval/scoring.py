@@ -14,6 +14,7 @@ A model trained with bags of keys (model.json `bag_columns`, pooled with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +34,10 @@ from trainer import model_dir
 from trainer.bags import FieldBags, Jagged, expand_cells, pool_rows
 from trainer.companion.file import FILE as COMPANION_FILE
 from trainer.companion.file import load as load_companion
-from trainer.companion.model import Companion, blend
+from trainer.companion.model import Companion
 from trainer.data import FeatureSchema, list_parts
 from trainer.eval.group_metrics import group_auc
-from trainer.eval.metrics import StreamingMetrics, slice_metrics
+from trainer.eval.metrics import PROB_EPS, StreamingMetrics, clip_probabilities, slice_metrics
 from trainer.model_dir import ModelMeta
 from trainer.models.ctr_model import CTRModel
 
@@ -143,7 +144,11 @@ def load_model(
     ).for_pooling(cfg.bag_pooling)
     emb_table = FrozenEmbeddings(keys, emb, dim=dim, init_std=meta.init_std)
     dev = scoring_device(device)
-    second = load_companion(fsio.join(model_url, COMPANION_FILE), storage_options) if meta.companion else None
+    second = (
+        load_companion(fsio.join(model_url, COMPANION_FILE), storage_options, blend_weight=meta.companion_blend_weight)
+        if meta.companion
+        else None
+    )
     return LoadedModel(
         model=model.to(dev), embeddings=emb_table, schema=schema, meta=meta, device=dev, companion=second
     )
@@ -167,6 +172,8 @@ def score(loaded: LoadedModel, features: pd.DataFrame, *, batch_size: int = 8192
         batch_size=batch_size,
         device=loaded.device,
         companion=loaded.companion,
+        eps=loaded.meta.score_eps,
+        keep_rate=loaded.meta.negative_sampling,
     )
 
 
@@ -181,6 +188,8 @@ def score_features(
     batch_size: int = 8192,
     device: torch.device = torch.device("cpu"),
     companion: Companion | None = None,
+    eps: float = PROB_EPS,
+    keep_rate: float = 1.0,
 ) -> np.ndarray:
     """`score` with any network (the trained module or an exported program) and any row lookup.
 
@@ -193,8 +202,12 @@ def score_features(
         schema: the model's columns (`FeatureSchema.for_pooling` applied).
         pooling: `model.bag_pooling`.
         device: where `net` scores (the rows and dense features are copied there).
-        companion: a second learner whose logit is averaged with the network's (`trainer.companion`); it reads
-            the values' own keys, the `r_<j>` columns (`encode.raw_keys`).
+        companion: a second learner whose logit is blended with the network's at its weight
+            (`trainer.companion.model.Companion.blend`); it reads the values' own keys, the `r_<j>` columns
+            (`encode.raw_keys`).
+        eps: every probability is clipped to [eps, 1 - eps] (`clip_probabilities`; model.json `score_eps`).
+        keep_rate: the network trained on this share of the negatives (model.json `negative_sampling`): its
+            logit gets + log(keep_rate) before the blend and the clip (`trainer.sampling`).
     """
     s = schema
     raw = raw_columns(s.key_columns) if companion is not None else ()
@@ -225,6 +238,8 @@ def score_features(
         device=device,
         companion=companion,
         raw_all=raw_all,
+        eps=eps,
+        keep_rate=keep_rate,
     )
 
 
@@ -242,11 +257,14 @@ def score_arrays(
     device: torch.device = torch.device("cpu"),
     companion: Companion | None = None,
     raw_all: np.ndarray | None = None,
+    eps: float = PROB_EPS,
+    keep_rate: float = 1.0,
 ) -> np.ndarray:
     """`score_features` on the columns as arrays: dense (N, n) float32 (None without dense columns), keys (N, F)
     int64, one `Jagged` per bag column.  The online scorer's small batches come here without a frame.  With a
-    `companion`, a row's logit is the mean of the network's and the companion's (`trainer.companion.model.blend`), which
-    reads the values' own keys `raw_all` (N, F) int64.
+    `companion`, a row's logit is w * the network's + (1 - w) * the companion's, w its recorded weight
+    (`trainer.companion.model.Companion.blend`); it reads the values' own keys `raw_all` (N, F) int64.  Every
+    probability is clipped to [eps, 1 - eps].
 
     Raises:
         ValueError: a companion without `raw_all`.
@@ -265,13 +283,15 @@ def score_arrays(
         emb = pool_rows(host_to_device(lookup(cells.keys), device), cells, pooling)  # (B, F, D)
         dense = torch.tensor(dense_all[lo:hi]) if dense_all is not None else torch.zeros(B, 0)
         z = net(host_to_device(dense, device), emb)
+        if keep_rate != 1.0:  # trained on a share of the negatives: its odds are 1/keep_rate too high
+            z = z + math.log(keep_rate)
         if companion is None:
             out[lo:hi] = torch.sigmoid(z).double().cpu().numpy()
         else:
             assert raw_all is not None  # noqa: S101 - an invariant, for mypy
             second = companion.logits(raw_all[lo:hi], dense_all[lo:hi] if dense_all is not None else None)
-            out[lo:hi] = torch.sigmoid(torch.from_numpy(blend(z.double().cpu().numpy(), second))).numpy()
-    return out
+            out[lo:hi] = torch.sigmoid(torch.from_numpy(companion.blend(z.double().cpu().numpy(), second))).numpy()
+    return clip_probabilities(out, eps)
 
 
 def evaluate_model(

@@ -12,6 +12,9 @@ same day.  Two guards, both Linux-only (elsewhere they do nothing):
   (where prctl is missing, or the agent died before the call), for a torchrun that was itself SIGKILLed
   and could not stop its ranks: a rank whose torchrun is gone exits within a second.
 
+A run stops only what it started (`flows.cli.interrupt`): the processes of its own process group, and the
+groups its launchers start outside it, which they register for their lifetime (`own_group`: torchrun's session).
+
 Every commit of the job is atomic, so a job stopped at any point leaves the last committed state.
 """
 
@@ -23,12 +26,31 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when the thread that created it exits."""
 ORPHAN_POLL_S = 0.25
 """How often a rank checks that its torchrun agent is still its parent."""
+_OWN_GROUPS: set[int] = set()
+
+
+@contextmanager
+def own_group(pgid: int) -> Iterator[None]:
+    """For the block, process group `pgid` (a child started in a group or session of its own: its pid) is this
+    process's: a signal that stops the run stops it too (`own_groups`).  Register it before anything can signal
+    the run, and leave the block only once the child is reaped (until then no new group can take its number)."""
+    _OWN_GROUPS.add(pgid)
+    try:
+        yield
+    finally:
+        _OWN_GROUPS.discard(pgid)
+
+
+def own_groups() -> frozenset[int]:
+    """The process groups outside its own that this process has started and not yet reaped (`own_group`)."""
+    return frozenset(_OWN_GROUPS)
 
 
 def _prctl() -> Callable[..., int] | None:

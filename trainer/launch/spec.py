@@ -74,6 +74,9 @@ class TrainSpec:
     recipe: dict[str, Any] = field(default_factory=dict)
     """How `optim` was derived for the day's size (`trainer.plan.recipe.Recipe.record`), for model.json; not
     part of `identity()`, which hashes the values themselves."""
+    config_sources: dict[str, str] = field(default_factory=dict)
+    """Where each shape key's value came from (`set`, `lineage`, `default`: `flows.config.config_sources`), for
+    model.json; not part of `identity()`, which hashes the values themselves."""
 
     def identity(self) -> str:
         """A short hash of everything that changes the trained model (and nothing that does not).

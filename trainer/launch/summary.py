@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from storage.embedding.pressure import StorePressure
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSummary:
@@ -32,6 +34,8 @@ class TrainSummary:
     """Examples trained, all ranks and epochs together."""
     dropped_rows: int = 0
     """Rows of the day no rank trained (the remainder of an even split, `trainer.data.rank_share`)."""
+    sampled_out: int = 0
+    """Negative rows the keep-rate left out (`optim.negative_sampling`; 0 at 1.0)."""
     carried: dict[str, Any] | None = None
     """The parent's eval rows trained first, `{date, rows}` (`trainer.plan.parent_eval`), or None."""
     final_loss: float = math.nan
@@ -49,6 +53,10 @@ class TrainSummary:
     """Step of the checkpoint the job resumed from (0: a fresh start)."""
     prefetch_depth: int = 0
     """Batches the reader thread ran ahead (0: no thread)."""
+    attention_kernel: str | None = None
+    """The attention kernel that ran the training forwards (`trainer.models.attention_cpu.KERNELS`: `compiled`,
+    `torch-ops`, `plain`; kernels that ran on different ranks or steps joined by `+`, most forwards first; `none`:
+    a model without attention); None in records written before it was recorded."""
     stats: dict[str, Any] = field(default_factory=dict)
     """Everything else the ranks counted: dense and sparse traffic, cache hits, groups, store counters."""
 
@@ -60,7 +68,17 @@ class TrainSummary:
     def to_dict(self) -> dict[str, Any]:
         """The flat model.json `train` section."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "stats"}
+        if out["attention_kernel"] is None:  # a record from before it was recorded writes back as it was
+            del out["attention_kernel"]
+        if not out["sampled_out"]:  # likewise a day that sampled nothing
+            del out["sampled_out"]
         return {**out, **self.stats}
+
+    def store_pressure(self) -> StorePressure | None:
+        """The host hit rate, SSD bytes and wait, evictions of the job's stores (`stats["store_stats"]`, per rank);
+        None for a record without them."""
+        ranks = self.stats.get("store_stats")
+        return StorePressure.of(ranks, examples=self.examples, train_s=self.train_s) if ranks else None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TrainSummary:
@@ -86,6 +104,7 @@ _KINDS: dict[str, Any] = {
     "epochs": int,
     "examples": int,
     "dropped_rows": int,
+    "sampled_out": int,
     "carried": dict,
     "final_loss": float,
     "mean_loss": float,
@@ -96,6 +115,7 @@ _KINDS: dict[str, Any] = {
     "device": str,
     "resumed_from_step": int,
     "prefetch_depth": int,
+    "attention_kernel": str,
 }
 """How each typed field is read back from JSON."""
 _TYPED = frozenset(_KINDS)

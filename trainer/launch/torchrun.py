@@ -3,7 +3,9 @@
 `run_training` is the train stage's function: it writes the train spec, starts
 `python -m torch.distributed.run ... -m trainer.main --spec <spec>` as a
 subprocess, streams its output to the logger, and returns the train stats the
-ranks committed in `model.json`.
+ranks committed in `model.json`.  A job of one rank on one node without restarts (`alone`: the default on a
+machine without GPUs) needs nothing of torchrun's agent, and its rank is started directly, with torchrun's
+environment for it (`rank_command`, `rank_env`).
 
 Several nodes: call `run_training` on every node with the same arguments
 except `trainer.node_rank` (`trainer.nnodes` > 1 and `trainer.rdzv_endpoint`
@@ -21,6 +23,7 @@ deleted once the model is committed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -40,7 +43,7 @@ from storage.io import fsio
 from storage.io.progress import Bar
 from trainer import model_dir
 from trainer.config import TrainerConfig
-from trainer.launch.lifetime import die_with_parent
+from trainer.launch.lifetime import die_with_parent, own_group
 from trainer.launch.spec import TrainSpec
 from trainer.launch.summary import TrainSummary
 from trainer.launch.world import resolve_world
@@ -102,8 +105,10 @@ class TrainResult:
             else ""
         )
         return (
-            f"train: {t.steps} steps on {t.world_size} rank(s), {t.examples} examples, "
-            f"{t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}{again}"
+            f"train: {t.steps} steps on {t.world_size} rank(s), {t.examples} examples"
+            + (f" ({t.sampled_out:,} negatives sampled out)" if t.sampled_out else "")
+            + f", {t.examples_per_s:,.0f} examples/s, final loss {t.final_loss:.4f}{again}"
+            + (f"; {p.summary()}" if (p := t.store_pressure()) else "")
         )
 
 
@@ -133,6 +138,36 @@ def torchrun_command(
         cmd += ["--log-dir", log_dir]
     cmd += ["-m", "trainer.main", "--spec", spec_path]
     return cmd
+
+
+def alone(cfg: TrainerConfig) -> bool:
+    """Whether the job is one rank on one node that is not restarted: torchrun's agent would only relay for it.
+
+    The agent is a second interpreter with torch imported (about two seconds of a small day's train stage,
+    start and exit) that, for such a job, rendezvous with itself, sets five variables and waits; the launcher
+    starts that rank itself instead (`rank_command`, `rank_env`), with the same lifetime guards (`_run_streaming`,
+    `trainer.launch.lifetime`).  Several ranks, several nodes or `trainer.max_restarts` > 0 go through torchrun.
+    """
+    return cfg.nnodes == 1 and not cfg.rdzv_endpoint and cfg.nproc_per_node == 1 and cfg.max_restarts == 0
+
+
+def rank_command(spec_path: str) -> list[str]:
+    """The argv of the rank of a job that runs `alone`: what torchrun would start."""
+    return [sys.executable, "-m", "trainer.main", "--spec", spec_path]
+
+
+def rank_env(run_id: str) -> dict[str, str]:
+    """What torchrun tells the one rank of a job that runs `alone` (`trainer.distributed.context.init_distributed`
+    reads it): rank 0 of a world of one, the job's first attempt."""
+    one = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "ROLE_RANK": "0"}
+    sizes = {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "1"}
+    return {
+        **one,
+        **sizes,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id,
+    }
 
 
 def spec_env(cfg: TrainerConfig) -> tuple[dict[str, str], dict[str, str]]:
@@ -219,24 +254,26 @@ def _run_streaming(
 
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
-    try:
-        code: int | None = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        code = None
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=15)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
+    with own_group(proc.pid):  # the job's session is the run's: a Ctrl-C of the run stops it (flows.cli.interrupt)
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=15)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):  # the interrupt's watcher may have stopped it already
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     reader.join(timeout=10)
     return code, "\n".join(tail)
 
@@ -270,11 +307,17 @@ def run_training(spec: TrainSpec, *, work_dir: str, spec_copy_url: str | None = 
     run_id = f"ctrpipe-{spec.model_name}-{spec.run_tag}".replace("/", "-")
     t0 = time.perf_counter()
     nccl: list[str] = []
-    # torchrun's folder (empty unless a rank's output is redirected) goes with the job: a daily run left one a day
-    with tempfile.TemporaryDirectory(prefix="ctrpipe-torchrun-", ignore_cleanup_errors=True) as torchrun_dir:
-        cmd = torchrun_command(trainer, spec_path, run_id=run_id, log_dir=torchrun_dir)
+    if alone(trainer):  # no torchrun agent to start: the rank itself
+        cmd = rank_command(spec_path)
         log.info("launching: %s", " ".join(cmd))
-        code, tail = _run_streaming(cmd, trainer_env(trainer), timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
+        env = trainer_env(trainer) | rank_env(run_id)
+        code, tail = _run_streaming(cmd, env, timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
+    else:  # torchrun's folder (empty unless a rank's output is redirected) goes with the job: a day left one
+        with tempfile.TemporaryDirectory(prefix="ctrpipe-torchrun-", ignore_cleanup_errors=True) as torchrun_dir:
+            cmd = torchrun_command(trainer, spec_path, run_id=run_id, log_dir=torchrun_dir)
+            log.info("launching: %s", " ".join(cmd))
+            env = trainer_env(trainer)
+            code, tail = _run_streaming(cmd, env, timeout_s=trainer.timeout_s, cwd=str(_REPO), nccl=nccl)
     if nccl:
         log.info("NCCL transport:\n%s", "\n".join(nccl))
     wall = time.perf_counter() - t0

@@ -20,6 +20,7 @@ elsewhere (CUDA, bf16 autocast, eval, `torch.export`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,7 +29,7 @@ import torch
 
 from trainer.models import attention_native
 
-__all__ = ["BLOCK", "attend", "in_use", "plain_formulation", "torch_ops_kernel"]
+__all__ = ["BLOCK", "KERNELS", "attend", "in_use", "plain_formulation", "ran", "torch_ops_kernel"]
 
 BLOCK = 128
 """Examples per block: 128 x 2 heads x 39 x 39 fp32 weights are 0.8 MB, within a core's L2.  Timed against 64, 256
@@ -37,6 +38,12 @@ and one block per batch, 128 was the fastest with 39 tokens and as fast as any w
 
 _enabled = True
 _native = True
+KERNELS = ("compiled", "torch-ops", "plain")
+"""The attention's kernels: `attention_native`'s compiled one, this module's torch-ops one, autograd's plain matmuls."""
+ran: Counter[str] = Counter()
+"""Training forwards of the attention since the process started, by kernel (`KERNELS`): `attend` counts its two,
+`trainer.models.ctr_model.self_attention` the plain ones (CUDA, bf16); the Trainer records the day's
+(`trainer.train.TrainStats.attention_forwards`, model.json `train.attention_kernel`)."""
 
 
 def in_use(qkv: torch.Tensor, *, training: bool) -> bool:
@@ -125,6 +132,7 @@ def attend(qkv: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
         )
     native = _native and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
     lib = attention_native.kernel(t, heads, hd) if native else None
+    ran["compiled" if lib is not None else "torch-ops"] += 1
     if lib is not None:  # the compiled kernel: the mask laid out (B, H, T_key, T_query), as it holds the weights
         keep_t = None if keep is None else keep.transpose(-1, -2).contiguous()
         return attention_native.NativeAttention.apply(qkv, keep_t, heads, lib)

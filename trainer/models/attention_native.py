@@ -6,6 +6,13 @@ Why: the default model attends over 26 tokens with 8-wide heads, and in torch op
 matmuls run near the machine's rate.  The C file does one example and head at a time with every shape a
 compile-time constant, so the compiler vectorises it for this CPU (`-march=native`) and keeps it in registers.
 
+Why ctypes rather than `torch.utils.cpp_extension.load_inline` (the ecosystem's JIT path, ninja and its own build
+lock): measured in the same alternating rounds (`python -m bench.dense_step --build`, docs/benchmarks.md), a cold
+build takes 2.4 s here (0.5 s of compiler CPU) against load_inline's 254 s (33 s: torch's headers compile with each
+build), a new process loads the cached build in 21 ms against 82 ms, and a call costs the same: 2.5 against 2.2 us
+at batch 1, 2.34 against 2.18 ms per forward at batch 1,024 (7%, this shared machine's run-to-run spread; 0.2 ms of
+a 63 ms step).  Every rank of a new node builds at the start of its first day, so the build decides it.
+
 Building needs a C compiler (`$CC`, else `cc`).  The shared object is cached per user and machine in
 `$CTRPIPE_KERNEL_DIR`, default `$XDG_CACHE_HOME/ctrpipe/kernels` (`~/.cache/ctrpipe/kernels`), named by a hash of the
 source, the flags, the shapes, the compiler's version and this CPU's model and flags, so a cache shared between

@@ -17,6 +17,8 @@ CROSS_INPUTS = ("tokens", "fields")
 ATTENTION_INPUTS = ("tokens", "fields")
 BAG_POOLINGS = ("mean", "sum", "none")
 COMPANIONS = ("auto", "poly2", "off")
+COMPANION_BLEND_WEIGHT = 0.5
+"""`model.companion_blend_weight`'s default: the mean of the two logits."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,9 +64,10 @@ class ModelConfig:
     dense features reach the logit through the attention, the MLP and the wide term), or `tokens`, the
     field and dense bucket tokens (F'*D, the term before this key existed).  Its cost grows with the
     square of the width: on Criteo's 26 fields and 13 bucket tokens `fields` is 0.44x its FLOPs, for the
-    same AUC (`docs/reports/2026-12-04-dense-step.md`).  A model published with `tokens`
-    does not fit `fields`: the first day after the change starts its dense part cold (embedding rows
-    kept; the record says `architecture changed: model.cross_input`); `tokens` keeps its warm start."""
+    same AUC (`docs/reports/2026-12-04-dense-step.md`).  A lineage keeps its published model's value unless the
+    config sets the key (`flows.config.lineage_config`): a model published with `tokens` does not fit `fields`, so
+    setting `fields` on its lineage starts the dense part cold once (embedding rows kept; the record says
+    `architecture changed: model.cross_input tokens -> fields`)."""
     cross_layers: int = shape_field(3)
     """Cross layers of `dcn_v2` and of the `attention` model's cross term."""
     cross_rank: int = shape_field(0)
@@ -81,11 +84,12 @@ class ModelConfig:
     `mean` or `sum` of the bag's rows (an empty bag uses the missing key's row), or `none` to ignore the
     bags and use the first value's key `k_j`.  Reshapes no parameter: a change keeps the warm start."""
     companion: str = result_field("auto", neutral="off", why="blends a second learner's logit into every score")
-    """A second learner beside the network, its logit averaged with the network's by every scorer: a Poly2
+    """A second learner beside the network, its logit blended with the network's by every scorer
+    (`companion_blend_weight`): a Poly2
     logistic regression with a weight per key, per pair of a row's keys and dense buckets, and per field for
     how often the key was seen in its rows (`trainer.companion.key_counts`), fit to convergence after the day's
     training on every row so far but the day's eval rows (`trainer.companion`; the newest `companion_rows`), C
-    by 3-fold cross-validation of them.  It reads each value's own key (`r_<j>`).  `auto`:
+    by 3-fold forward-chaining cross-validation of them.  It reads each value's own key (`r_<j>`).  `auto`:
     on a day of fewer than 10,000 train rows (`trainer.plan.recipe.CROSS_MIN_ROWS`, the days too small for the
     cross term) whose features carry the own keys (`encode.raw_keys_up_to`), none on larger days; `poly2`: on
     every day (needs `encode.raw_keys: true`); `off`: never.  It pays on small days and not on larger ones, where it
@@ -93,6 +97,11 @@ class ModelConfig:
     Reshapes no parameter: a change keeps the warm start."""
     companion_rows: int = result_field(50_000, neutral=50_000, why="which rows the companion is fit on")
     """The most rows the companion is fit on: the newest ones of the days so far (today's train rows first)."""
+    companion_blend_weight: float = result_field(
+        COMPANION_BLEND_WEIGHT, neutral=COMPANION_BLEND_WEIGHT, why="weighs the two logits of every score"
+    )
+    """The network's weight w in a score's logit, w * network + (1 - w) * companion: recorded in model.json (a
+    record without it reads 0.5).  0.5: the rolling benchmark told no weight from it (docs/benchmarks.md)."""
 
     def __post_init__(self) -> None:
         if self.dense_buckets < 0 or 0 < self.dense_buckets < 3:
@@ -111,6 +120,11 @@ class ModelConfig:
             raise ValueError(f"model.companion must be one of {COMPANIONS}, got {self.companion!r}")
         if self.companion_rows < 100:
             raise ValueError(f"model.companion_rows must be >= 100, got {self.companion_rows}")
+        if isinstance(self.companion_blend_weight, bool) or not 0.0 <= self.companion_blend_weight <= 1.0:
+            raise ValueError(
+                f"model.companion_blend_weight must be a number in [0, 1] (the network's logit weight), got "
+                f"{self.companion_blend_weight!r}"
+            )
         if self.arch not in ARCHS:
             raise ValueError(f"model.arch must be one of {ARCHS}, got {self.arch!r}")
         if self.num_heads < 1 or self.attention_layers < 0:

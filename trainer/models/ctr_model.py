@@ -99,6 +99,8 @@ def self_attention(attn: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor
     qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)  # (B, F, 3D)
     if attention_cpu.in_use(qkv, training=attn.training):
         return attn.out_proj(attention_cpu.attend(qkv, attn.num_heads, attn.dropout))
+    if attn.training:
+        attention_cpu.ran["plain"] += 1
     return attn.out_proj(plain_attention(qkv, attn.num_heads, attn.dropout if attn.training else 0.0))
 
 

@@ -67,6 +67,8 @@ def searched(recipe: Recipe, features_url: str, storage_options: dict[str, Any] 
         world_size=1,
         batch_size=int(recipe.optim.batch_size),
         storage_options=storage_options,
+        keep_rate=recipe.optim.negative_sampling,  # the rows the day trains
+        seed=recipe.optim.seed,
     )
     choice = choose_sparse_lr(*reader.arrays(), optim=recipe.optim)
     return recipe.with_value(KEY, choice.lr, choice.reason())

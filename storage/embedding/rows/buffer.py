@@ -7,7 +7,7 @@ import torch
 
 from storage.embedding.rows.batch import Rows
 from storage.embedding.rows.format import RowFormat
-from storage.embedding.rows.transfer import host_to_device
+from storage.embedding.rows.transfer import host_to_device, is_host
 
 
 def _take(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
@@ -73,7 +73,7 @@ class RowBuffer:
     def gather(self, slots: np.ndarray) -> Rows:
         """Copies of the rows at `slots`."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
-        if self.device.type == "cpu":
+        if is_host(self.device):
             return self.rows.like([_take(t, slots) for t in self.rows.tensors()])
         return self.rows.select(host_to_device(torch.from_numpy(slots), self.device))
 
@@ -87,7 +87,7 @@ class RowBuffer:
     def gather_emb(self, slots: np.ndarray) -> torch.Tensor:
         """The weights at `slots` as float32, (len(slots), dim)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
-        if self.device.type == "cpu":
+        if is_host(self.device):
             return self.fmt.weights(_take(self.rows.emb, slots))
         return self.fmt.weights(self.rows.emb.index_select(0, host_to_device(torch.from_numpy(slots), self.device)))
 

@@ -68,12 +68,16 @@ class RowFormat:
             `rowwise_adagrad`, `sgd`).
         row_dtype: `store.row_dtype` (`fp32`, `fp16`, `bf16`, `int8`, `int8s`).
         state_dtype: `store.state_dtype` (`fp32`, `log8`).
+        seed: `optim.seed`, mixed into the noise of the stochastic rounding of a step (`rounding.uniform_bits`).
+            Not part of the layout: formats that differ only in it compare equal (a snapshot or an SSD record of
+            one is read by the other as it is).
     """
 
     dim: int
     optimizer: str = "adam"
     row_dtype: str = "fp32"
     state_dtype: str = "fp32"
+    seed: int = field(default=0, kw_only=True, compare=False)
     rule: SparseOptimizer = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -223,32 +227,14 @@ class RowFormat:
         Raises:
             ValueError: a gradient is NaN or inf, or the new rows would not be finite (no row is returned).
         """
-        clock = (rows.clock.to(torch.int64) + 1).clamp_(max=CLOCK_MAX)
-        emb32, state32 = self.rule.step(
-            self.weights(rows.emb), self.state_values(rows.state), clock, grads, lr=lr, weight_decay=weight_decay
-        )
-        if self.coded:
-            emb = _CODED[self.row_dtype][1](emb32, uniform_bits(keys.to(emb32.device), clock, self.dim))
-        else:
-            emb = round_to(emb32, self.dtype, keys, clock)
-        noise = None
-        if self.state_dtype != "fp32":
-            k = keys.to(emb32.device)
-            noise = {
-                f.name: uniform_bits(k, clock, self.dim, stream=i + 1)[:, : (f.cols(self.dim) or 1)].reshape(
-                    f.shape(len(clock), self.dim)
-                )
-                for i, f in enumerate(self.rule.state)
-            }
-        state = self.stored_state(state32, noise)
+        new, state32, finite = self._step(keys, rows, grads, lr=lr, weight_decay=weight_decay)
         # One reduction, one host read for the update: a NaN or inf gradient makes the rows non-finite
         # (or the state, for sgd through the weights), so the new rows' check covers the gradients too
-        # (the tiers on a GPU skip `check_grads`' own).
-        sums = [self.weights(emb).sum(), *(s.sum() for s in state32.values())]
-        if not bool(torch.isfinite(torch.stack(sums)).all()):
+        # (the tiers on a GPU skip `check_grads`' own, and this read: `step_unchecked`).
+        if not bool(finite):
             if not bool(torch.isfinite(grads).all()):
                 raise ValueError("grads contain NaN or inf; no row was changed")
-            bad = ~torch.isfinite(self.weights(emb)).all(dim=1)
+            bad = ~torch.isfinite(self.weights(new.emb)).all(dim=1)
             for s in state32.values():
                 bad |= ~torch.isfinite(s.reshape(s.shape[0], -1)).all(dim=1)
             raise ValueError(
@@ -260,7 +246,42 @@ class RowFormat:
                     else " or use store.row_dtype=fp32/bf16 (fp16, and an int8 row's fp16 scale, end at 65504)"
                 )
             )
-        return Rows(emb, state, clock.to(CLOCK_DTYPE))
+        return new
+
+    def step_unchecked(
+        self, keys: torch.Tensor, rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float = 0.0
+    ) -> tuple[Rows, torch.Tensor]:
+        """`step` without its host read: the new rows, and whether every one is finite as a 0-dim bool tensor on
+        their device.  A tier on a GPU keeps the old rows where it is False and reads it at its next check
+        (`storage.embedding.caching_tier.CachingTier.check_updates`), so an update never waits for the GPU."""
+        new, _, finite = self._step(keys, rows, grads, lr=lr, weight_decay=weight_decay)
+        return new, finite
+
+    def _step(
+        self, keys: torch.Tensor, rows: Rows, grads: torch.Tensor, *, lr: float, weight_decay: float
+    ) -> tuple[Rows, dict[str, torch.Tensor], torch.Tensor]:
+        """(the new rows, their fp32 optimizer state, whether the new weights and state are all finite)."""
+        clock = (rows.clock.to(torch.int64) + 1).clamp_(max=CLOCK_MAX)
+        emb32, state32 = self.rule.step(
+            self.weights(rows.emb), self.state_values(rows.state), clock, grads, lr=lr, weight_decay=weight_decay
+        )
+        if self.coded:
+            emb = _CODED[self.row_dtype][1](emb32, uniform_bits(keys.to(emb32.device), clock, self.dim, seed=self.seed))
+        else:
+            emb = round_to(emb32, self.dtype, keys, clock, self.seed)
+        noise = None
+        if self.state_dtype != "fp32":
+            k = keys.to(emb32.device)
+            fields = enumerate(self.rule.state, start=1)  # stream 0 is the weights'
+            noise = {
+                f.name: uniform_bits(k, clock, self.dim, stream=i, seed=self.seed)[
+                    :, : (f.cols(self.dim) or 1)
+                ].reshape(f.shape(len(clock), self.dim))
+                for i, f in fields
+            }
+        state = self.stored_state(state32, noise)
+        sums = [self.weights(emb).sum(), *(s.sum() for s in state32.values())]
+        return Rows(emb, state, clock.to(CLOCK_DTYPE)), state32, torch.isfinite(torch.stack(sums)).all()
 
     def convert(self, rows: Rows, src: RowFormat) -> Rows:
         """`rows` stored in format `src` as rows of this format (`sparse_optim.convert_state`; weights cast

@@ -17,8 +17,9 @@ since O_DIRECT needs aligned offsets and lengths.  The layout is written into
 meta.json with the row format (dim, optimizer, row dtype) and checked on open, so a shard is
 never read with another layout or format: its format version (`SHARD`) is checked strictly
 (`storage.io.records`: the message names the versions read), while fields of meta.json this code
-does not know are ignored.  Version 2 (fp32 + Adam records with an int64 clock) is refused like any
-other: a shard is a cache of the published snapshot, which the warm stage restores into a new one.
+does not know are ignored.  A shard of another row format, or of version 2 (the 0.1.0 release's fp32 + Adam
+records with an int64 clock, `RecordLayout.v2`), is read through `held_layout` by the warm stage, which converts
+it where it lies (`storage.embedding.ssd.upgrade`) rather than restoring it from the published snapshot.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from storage.embedding.rows.batch import Rows
-from storage.embedding.rows.format import RowFormat
+from storage.embedding.rows.format import CLOCK_DTYPE, CLOCK_MAX, RowFormat
 from storage.embedding.ssd.compact_index import CompactSlotMap
 from storage.io import records
 from storage.io.fsio import write_text_atomic
@@ -43,8 +44,10 @@ from storage.io.fsio import write_text_atomic
 _WIPE = "wipe the shard (the warm stage restores it from the published model)"
 SHARD = records.RecordFormat("ctr-ssd-shard", 3, fix=_WIPE, newer=f"{_WIPE}, or upgrade ctr-pipeline here")
 """meta.json: version 3 (records of the row format meta.json names, with their key); a shard of any other
-version is refused."""
+version is refused (`held_layout` reads version 2 too, to convert it)."""
 FORMAT = SHARD.tag
+V2 = f"{SHARD.name}/2"
+"""The records of the 0.1.0 release: fp32 weights and Adam's m and v, an int64 clock, the key (208 bytes at dim 16)."""
 BLOCK = 4096
 """I/O alignment: offsets, lengths and buffer addresses are multiples of this."""
 ROWS_FILE = "rows.bin"
@@ -87,7 +90,18 @@ class RecordLayout:
     @staticmethod
     def of(fmt: RowFormat) -> RecordLayout:
         """The layout this code writes for rows of `fmt`."""
-        record = record_dtype(fmt)
+        return RecordLayout._packed(fmt, record_dtype(fmt))
+
+    @staticmethod
+    def v2(dim: int) -> RecordLayout:
+        """The layout of a `ctr-ssd-shard/2` shard (`V2`), read to be converted: fp32 rows with Adam's moments."""
+        f4 = ("<f4", (dim,))
+        record = np.dtype([("emb", *f4), ("m", *f4), ("v", *f4), ("clock", "<i8"), ("key", "<i8")])
+        return RecordLayout._packed(RowFormat(dim, "adam", "fp32"), record)
+
+    @staticmethod
+    def _packed(fmt: RowFormat, record: np.dtype) -> RecordLayout:
+        """`record`s packed into the fewest 4 KiB blocks that hold one, as many to a unit as fit."""
         unit_bytes = -(-record.itemsize // BLOCK) * BLOCK
         rpu = unit_bytes // record.itemsize
         unit = np.dtype({"names": ["r"], "formats": [(record, (rpu,))], "offsets": [0], "itemsize": unit_bytes})
@@ -164,7 +178,32 @@ class RecordLayout:
         emb = t("emb")
         if self.fmt.row_dtype == "bf16":
             emb = emb.view(torch.int16).view(torch.bfloat16)
-        return Rows(emb, {name: t(name) for name in self.fmt.state_names}, t("clock"))
+        clock = t("clock")
+        if clock.dtype != CLOCK_DTYPE:  # a V2 record's clock is int64
+            clock = clock.clamp(max=CLOCK_MAX).to(CLOCK_DTYPE)
+        return Rows(emb, {name: t(name) for name in self.fmt.state_names}, clock)
+
+
+def held_layout(meta: dict[str, Any], where: Path) -> RecordLayout:
+    """The layout of the records a shard holds, from its meta.json content `meta`: this code's version (any row
+    format it names) or `V2`.
+
+    Raises:
+        ValueError: another version (`storage.io.records.FormatError`), or a layout that is not what that
+            version and row format write (a damaged meta.json).
+    """
+    if meta.get("format") == V2:
+        layout = RecordLayout.v2(int(meta.get("dim", 0)))
+    else:
+        SHARD.version_of(meta, str(where / META_FILE))
+        try:
+            layout = RecordLayout.of(RowFormat.from_meta(meta))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"shard {where}: meta.json names no row format ({exc})") from None
+    for key in ("record_bytes", "unit_bytes", "rows_per_unit"):
+        if meta.get(key) != getattr(layout, key):
+            raise ValueError(f"shard {where}: {key}={meta.get(key)!r}, its format has {getattr(layout, key)!r}")
+    return layout
 
 
 def read_meta(directory: Path) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ a shard lists its rows in slot order, not key order.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from storage.embedding.rows.format import RowFormat
 from storage.embedding.rows.initial import init_rows
 from storage.embedding.snapshot import SnapshotWriter, check_snapshot_dim, iter_snapshot
 from storage.embedding.ssd import disk_format
+from storage.embedding.ssd.behind import ShardIo
 from storage.embedding.ssd.compact_index import CompactSlotMap
 from storage.embedding.ssd.disk_format import ROWS_FILE, RecordLayout
 from storage.embedding.ssd.shard_file import BATCH_ROWS, ShardFile
@@ -56,6 +58,9 @@ class SsdStore(EmbeddingStore):
             reclaimed (its live rows move to the log's tail with the next append), so the row
             file stays within ~1/gc_threshold of the live rows' size (see `shard_file`).
             0 reclaims only units with no live row left.
+        write_behind: `write_rows` hands the rows to the background thread and returns (`behind.ShardIo`; the
+            tier stack's write-backs of evicted rows); a failed write then raises from the next call, its rows
+            held in memory.  Off, a failed write raises from `write_rows` and changes no row.
 
     Raises:
         ValueError: `path` is an object-store URL, or the shard has another dim, row format or format version.
@@ -72,6 +77,7 @@ class SsdStore(EmbeddingStore):
         direct_io: bool = True,
         io_threads: int = 4,
         gc_threshold: float = 0.5,
+        write_behind: bool = False,
     ) -> None:
         if not is_local(str(path)):
             raise ValueError(
@@ -96,12 +102,19 @@ class SsdStore(EmbeddingStore):
         self.record_bytes = self._fmt.record_bytes
         self.unit_bytes = self._fmt.unit_bytes
         self.rows_per_unit = self._fmt.rows_per_unit
-        self._counters = dict.fromkeys(("hits", "misses", "evictions"), 0)
+        self._counters: dict[str, int | float] = dict.fromkeys(("hits", "misses", "evictions"), 0)
+        # Seconds inside `read_rows` / `write_rows`: the tiers above call them on the step's path, so this is
+        # how long training waited on this tier (`storage.embedding.pressure`).
+        self._counters.update(read_s=0.0, write_s=0.0, prefetched=0, from_memory=0, prefetch_s=0.0, write_behind_s=0.0)
         self._closed = False
         index = self._load_meta()
         self._shard = ShardFile(
             self.path, self._fmt, index, gc_threshold=gc_threshold, direct_io=direct_io, io_threads=io_threads
         )
+        self._io = ShardIo(self._shard, self._counters)
+        self.write_behind = write_behind
+        """Reads ahead (`prefetch`) and write-backs (`write_rows`) off the caller's path; `_settle` before any other
+        use of the shard."""
 
     # -- files ------------------------------------------------------------------
     @property
@@ -140,6 +153,7 @@ class SsdStore(EmbeddingStore):
 
     def _save(self, *, clean: bool) -> None:
         """Persist index + meta atomically (new index file, then meta.json, then drop the old index)."""
+        self._settle()
         gen = int(self._meta.get("generation", 0)) + 1
         name = self._meta.get("index")  # unclean: only the flags change
         if clean:
@@ -160,38 +174,73 @@ class SsdStore(EmbeddingStore):
             disk_format.drop_other_indexes(self.path, disk_format.index_name(gen))  # `name`, the index just written
         self._clean = clean
 
-    def _changing(self) -> None:
-        """Call before the first change after a save: marks the shard dirty (and untagged) on disk."""
+    def _changing(self, *, settle: bool = True) -> None:
+        """Call before every change (`settle`: it uses the shard here, so the thread must be idle); before the first
+        change after a save, marks the shard dirty (and untagged) on disk."""
         if self._closed:
             raise RuntimeError(f"SsdStore {self.path} is closed")
+        if settle or self._clean:
+            self._settle()
         if self._clean:
             self._meta["tag"] = None
             self._save(clean=False)
 
     # -- tier-to-tier interface ---------------------------------------------------------
     def read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        slots = self._shard.index.lookup(keys)
-        found = slots >= 0
+        t0 = time.perf_counter()
+        try:
+            return self._read_rows(np.ascontiguousarray(keys, dtype=np.int64))
+        finally:
+            self._counters["read_s"] += time.perf_counter() - t0
+
+    def _read_rows(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
+        served, found, recs = self._io.from_memory(keys)
+        self._counters["from_memory"] += int(served.sum())
+        if not served.all():  # the rest from the file: it is ours once the thread is idle
+            self._settle()
+            rest = np.flatnonzero(~served)
+            slots = self._shard.index.lookup(keys[rest])
+            held = slots >= 0
+            found[rest] = held
+            recs[rest[held]] = self._shard.read(slots[held], keys[rest[held]])
         nf = int(found.sum())
         self._counters["hits"] += nf
         self._counters["misses"] += keys.size - nf
         if nf == keys.size:
-            return found, self._fmt.rows_of(self._shard.read(slots, keys))
+            return found, self._fmt.rows_of(recs)
         rows = self.row_format.fresh(init_rows(torch.from_numpy(keys), self.dim, self.init_std))
         if nf:
             idx = np.flatnonzero(found)
-            rows.put(idx, self._fmt.rows_of(self._shard.read(slots[idx], keys[idx])))
+            rows.put(idx, self._fmt.rows_of(recs[idx]))
         return found, rows
 
+    def prefetch(self, keys: np.ndarray) -> None:
+        """Read the rows of `keys` on a background thread (one batch ahead: a new hint replaces the last), while the
+        caller computes; `read_rows` then takes them from memory (`behind.ShardIo`)."""
+        k = np.unique(np.ascontiguousarray(keys, dtype=np.int64))
+        if k.size and not self._closed:
+            self._io.read_ahead(k)
+
+    def _settle(self) -> None:
+        """Wait for the background reads and writes: the file and the index are this thread's until the next ask."""
+        self._io.settle()
+
     def write_rows(self, keys: np.ndarray, rows: Rows) -> None:
+        """Write the rows, or with `write_behind` hand them to the background thread (reads see them at once)."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         if keys.size == 0:
             return
-        self._changing()
-        self._shard.write(keys, self._fmt.to_records(keys, rows))
+        t0 = time.perf_counter()
+        self._changing(settle=not self.write_behind)
+        if self.write_behind:
+            self._io.write_behind(keys, self._fmt.to_records(keys, rows))
+        else:
+            self._io.drop_staged(keys)  # the staged copies are older than these rows
+            self._shard.write(keys, self._fmt.to_records(keys, rows))
+        self._counters["write_s"] += time.perf_counter() - t0
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
+        self._settle()
         return self._shard.index.lookup(np.ascontiguousarray(keys, dtype=np.int64)) >= 0
 
     # -- contract -------------------------------------------------------------------------
@@ -209,11 +258,13 @@ class SsdStore(EmbeddingStore):
         if k.size == 0 or not self.contains(k).any():
             return
         self._changing()
+        self._io.forget_staged()
         self._counters["evictions"] += self._shard.remove(k)
 
     def iter_rows(self, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[np.ndarray, Rows]]:
         """Yield (keys, Rows) of every row, in slot order (a sequential read of the file), exactly
         `batch_rows` at a time (the last batch may be shorter), so equal shards give equal snapshots."""
+        self._settle()
         held: list[np.ndarray] = []
         n_held = 0
         for _, recs in self._shard.scan():
@@ -237,6 +288,7 @@ class SsdStore(EmbeddingStore):
     def wipe(self) -> None:
         """Delete every row (truncate the file, empty the index) and clear the tag; persisted."""
         self._changing()
+        self._io.forget_staged()
         self._shard.clear()
         self._save(clean=True)
 
@@ -260,6 +312,7 @@ class SsdStore(EmbeddingStore):
         Appends keep the file within the `gc_threshold` bound without this; it gives back the space of
         free units (after a large eviction, say) and leaves every unit full (`ShardFile.compact`)."""
         self._changing()
+        self._io.forget_staged()
         before = self._shard.file.size
         self._shard.compact()
         self._save(clean=True)
@@ -269,6 +322,7 @@ class SsdStore(EmbeddingStore):
         """Size the in-memory index for `n_rows` rows now (a bulk load then never regrows it)."""
         if n_rows < 0:
             raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+        self._settle()
         self._shard.index.reserve(int(n_rows))
 
     # -- tag / meta -------------------------------------------------------------------------
@@ -294,10 +348,13 @@ class SsdStore(EmbeddingStore):
         """Persist the index (rows are already on disk): after this the shard reopens as it is now."""
         if self._closed:
             return
+        self._settle()
         if not self._clean:
             self._save(clean=True)
 
     def stats(self) -> dict[str, Any]:
+        if not self._closed:
+            self._settle()
         shard = self._shard
         free_slots = int(shard.log.free_units.size) * self.rows_per_unit
         return {
@@ -320,12 +377,15 @@ class SsdStore(EmbeddingStore):
         }
 
     def __len__(self) -> int:
+        if not self._closed:
+            self._settle()
         return len(self._shard)
 
     def close(self) -> None:
         if self._closed:
             return
         self.flush()
+        self._io.close()
         self._shard.close()
         self._closed = True
 

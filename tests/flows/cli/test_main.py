@@ -43,7 +43,7 @@ COMMANDS = (
 )
 DEMO_DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
 DEMO_ROWS = 3000
-SCREEN_LINES, SCREEN_WIDTH = 60, 345  # the longest: a day's train line, with its recipe and companion
+SCREEN_LINES, SCREEN_WIDTH = 60, 400  # the longest: a day's train line, with its store, recipe and companion
 CRITEO_SCHEMA = (
     "name: criteo_copy\ncolumns: [label, {dense}, {cat}]\nlabel: label\ninteger: [{dense}]\ncategorical: [{cat}]\n"
     "min_fields: 14\n"
@@ -291,7 +291,9 @@ def test_a_completed_date_prints_its_table_and_says_so(demo_run, capfd):
     out = here("run", "--date", DEMO_DAYS[1], *sets, env=env, tmp=tmp, capfd=capfd)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(
-        r"^2026-01-02\s+3000\s+0\s+\d+\s+2700\s+300\s+0\.\d{4}\s+0\.\d{4}\s+yes\s+v00002$", out.stdout, re.MULTILINE
+        r"^2026-01-02\s+3000\s+0\s+\d+\s+2700\s+300\s+\d+\s+0\.\d{4}\s+0\.\d{4}\s+yes(, undecided)?\s+v00002$",
+        out.stdout,
+        re.MULTILINE,
     ), out.stdout
     assert "2026-01-02 already completed (published v00002); nothing to do" in out.stderr
     record = json.loads((root / "runs" / "ctr" / f"date={DEMO_DAYS[0]}" / "metrics.json").read_text())
@@ -304,7 +306,15 @@ def test_a_completed_date_prints_its_table_and_says_so(demo_run, capfd):
 def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how_to_resume(demo_run, prefect_api):
     _, _, env, sets, _ = demo_run
     out = ctrpipe(
-        "backfill", "--start", DEMO_DAYS[0], "--end", "2026-01-04", *sets, env={**env, "PREFECT_API_URL": prefect_api}
+        "backfill",
+        "--start",
+        DEMO_DAYS[0],
+        "--end",
+        "2026-01-04",
+        *sets,
+        "--set",
+        "input.wait_s=1",  # past the preflight (which refuses a missing file at once), to the stage's own error
+        env={**env, "PREFECT_API_URL": prefect_api},
     )
     skipped = re.findall(r"backfill: (\S+) already completed \(published (v\d+)\); skipped$", out.stderr, re.MULTILINE)
     assert skipped == [(d, f"v0000{i + 1}") for i, d in enumerate(DEMO_DAYS)], out.stderr
@@ -315,19 +325,22 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
         "FileNotFoundError: no input for 2026-01-04"
     )
     assert "skipped (done before): 2026-01-01..2026-01-03" in error and "it resumes at 2026-01-04" in error
-    assert len(error.splitlines()) <= 4 and len(out.stdout.splitlines()) == 5  # the table of the 3 completed dates
+    table, notes = out.stdout.splitlines()[:5], out.stdout.splitlines()[5:]  # the 3 completed dates, then notes
+    assert len(error.splitlines()) <= 4 and [row.split()[0] for row in table[2:]] == list(DEMO_DAYS)
+    assert all(re.match(r"  2026-01-0[23]: published: undecided: ", note) for note in notes), notes
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run, prefect_api):
     _, root, env, sets, _ = demo_run
-    out = ctrpipe("run", "--date", "2026-01-04", *sets, env={**env, "PREFECT_API_URL": prefect_api})
+    wait = ("--set", "input.wait_s=1")  # past the preflight (which refuses a missing file at once), to the stage
+    out = ctrpipe("run", "--date", "2026-01-04", *sets, *wait, env={**env, "PREFECT_API_URL": prefect_api})
     missing = root / "raw" / "day_2026-01-04.tsv.gz"
     assert_short_error(
         out,
         f"ctrpipe run: error: 2026-01-04 failed in ingest: no input for 2026-01-04 at {missing}: "
-        "no file matches the input URL; check input.url",
+        "no file matches the input URL after waiting 1s (input.wait_s=1); check input.url",
         "--verbose",
     )
     assert out.stdout == "" and len(lines_of(out)) <= 3  # before: 119+ lines, two tracebacks, the error 4 times
@@ -376,7 +389,7 @@ def test_models_list_show_latest_and_rollback_previous(demo_run, capfd):
 
     out = models("list")
     assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("* v00003  published"), out.stdout
-    info = json.loads(models("show", "latest").stdout)
+    info = json.loads(models("show", "latest", "--json").stdout)
     assert info["version"] == "v00003" and info["lineage"]["date"] == DEMO_DAYS[2]
     out = models("rollback", "previous")
     assert out.returncode == 0 and out.stdout.splitlines() == [
@@ -385,7 +398,7 @@ def test_models_list_show_latest_and_rollback_previous(demo_run, capfd):
     ], out.stdout
     out = models("rollback", "v00003")
     assert out.stdout.splitlines()[0] == "LATEST -> v00003 (was v00002)"
-    assert json.loads(models("show", "latest").stdout)["version"] == "v00003"
+    assert json.loads(models("show", "latest", "--json").stdout)["version"] == "v00003"
 
 
 @pytest.mark.slow

@@ -38,6 +38,9 @@ def _config(tmp_path: Path, **overrides):
             "dask.processes": False,
             "dask.n_workers": 2,
             "optim.batch_size": 128,
+            # the network alone: a companion's fit would be most of the day's training, and these tests are about
+            # the stages and a resumed training (the companion's runs: tests/flows/serving/test_companion.py)
+            "model.companion": "off",
             **overrides,
         },
     )

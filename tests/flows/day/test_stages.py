@@ -145,3 +145,13 @@ def test_a_warm_day_trains_the_parents_eval_rows_first_and_its_identity_names_th
     )  # the carried rows are hashed
     cold = dataclasses.replace(state, published=None)  # nothing to carry: the option alone changes no identity
     assert train_plan(cfg, cold).spec.identity() == train_plan(off, cold).spec.identity()
+
+
+def test_a_sampled_day_is_sized_for_the_rows_its_keep_rate_keeps(tmp_path: Path, features: str) -> None:
+    from trainer.sampling import kept_rows
+
+    cfg = with_overrides(RunConfig(root=str(tmp_path)), {"optim.negative_sampling": 0.25})
+    spec, recipe = _spec(cfg, _state(cfg, 3_600, features))
+    kept = kept_rows([f"{features}/train"], 0.25, seed=cfg.optim.seed)
+    assert spec.optim.negative_sampling == 0.25 and 900 < kept < 3_600
+    assert recipe.rows == kept == derive(cfg.optim, cfg.model, rows=kept, world_size=1).rows

@@ -45,9 +45,16 @@ def built_two_days(tmp_path_factory):
     """Two days run to the end once per module, and the second day's record."""
     root = tmp_path_factory.mktemp("idem") / "root"
     generate_days(str(root / "raw"), 2, 3000, seed=3, start_date=DAYS[0])
+    # the network alone: a companion's fit would be most of each day's training, and these cases are about what a
+    # rerun reuses (the companion's own runs: tests/flows/serving/test_companion.py, tests/flows/prefect/test_daily.py)
     cfg = with_overrides(
         demo(str(root)),
-        {"input.url": str(root / "raw" / "day_{date}.tsv.gz"), "dask.processes": False, "dask.n_workers": 1},
+        {
+            "input.url": str(root / "raw" / "day_{date}.tsv.gz"),
+            "dask.processes": False,
+            "dask.n_workers": 1,
+            "model.companion": "off",
+        },
     )
     for d in DAYS:
         run_day(cfg, d)

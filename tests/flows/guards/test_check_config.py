@@ -13,6 +13,7 @@ def test_every_check_has_an_action_and_the_defaults_fail_on_broken_data_and_warn
         "padded_rows": "fail",
         "missing_rate": "fail",
         "duplicates": "fail",
+        "leakage": "fail",
         "quarantined": "warn",
         "psi": "warn",
         "oov_rate": "warn",

@@ -35,7 +35,7 @@ def status(report, name):
 
 
 def test_a_normal_day_passes_every_check():
-    report = run_checks(day(rows=10_500), WINDOW, CFG)
+    report = run_checks(day(rows=10_500), WINDOW, CFG, leakage=(False, 0.62, 0.99, "largest: C1 (k_0)"))
     assert [r.name for r in report.results] == list(CHECKS)
     assert {r.status for r in report.results} == {"pass"} and report.note == "" and not report.failed
     assert report.window == ("2026-01-01", "2026-01-02", "2026-01-03")

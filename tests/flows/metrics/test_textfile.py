@@ -93,3 +93,34 @@ def test_the_file_sits_under_the_root_and_is_replaced_whole(tmp_path):
     families = _families(Path(url).read_text())
     assert families["ctrpipe_run_info"].samples[0].labels["date"] == "2026-01-04"
     assert families["ctrpipe_run_info"].samples[0].labels["root"] == root_digest(str(tmp_path / "root"))
+
+
+FAMILIES = {
+    "ctrpipe_run_info": {"model", "root", "date", "status", "version", "latest", "config"},
+    "ctrpipe_run_completion_timestamp_seconds": {"model", "root"},
+    "ctrpipe_run_date_timestamp_seconds": {"model", "root"},
+    "ctrpipe_run_status": {"model", "root", "status"},
+    "ctrpipe_run_published": {"model", "root"},
+    "ctrpipe_run_stage_seconds": {"model", "root", "stage"},
+    "ctrpipe_run_wall_seconds": {"model", "root"},
+    "ctrpipe_run_rows": {"model", "root", "kind"},
+    "ctrpipe_run_vocab_size": {"model", "root"},
+    "ctrpipe_run_auc": {"model", "root"},
+    "ctrpipe_run_logloss": {"model", "root"},
+    "ctrpipe_run_published_auc": {"model", "root"},
+}
+"""Family -> the label names of its samples, as the textfile had them before prometheus_client."""
+
+
+def test_the_textfile_is_prometheus_clients_exposition_of_a_registry_of_its_own():
+    from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+
+    args = {"model": "ctr", "root": "abc123", "latest": "v00003", "config_digest": "d1", "written_at": 1767398400.5}
+    registry = textfile.collect(PUBLISHED, **args)
+    assert isinstance(registry, CollectorRegistry) and registry is not textfile.collect(PUBLISHED, **args)
+    text = textfile.render(PUBLISHED, **args)
+    assert text == generate_latest(registry).decode()
+    assert "ctrpipe_run" not in generate_latest(REGISTRY).decode()  # nothing in prometheus_client's global registry
+    families = _families(text)
+    assert {name: {k for s in f.samples for k in s.labels} for name, f in families.items()} == FAMILIES
+    assert families["ctrpipe_run_completion_timestamp_seconds"].samples[0].value == 1767398400.5

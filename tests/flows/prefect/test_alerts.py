@@ -30,6 +30,7 @@ from flows.prefect.alerts import (
 from flows.prefect.keys import model_key
 from storage.io.layout import Layout
 from tests.helpers.prefect_server import criteo_config, webhook_receiver
+from tests.helpers.prefect_state import automation_names, deployments
 from tests.helpers.procs import BIN, PrefectServer, processes
 
 DATE = "2026-04-01"
@@ -82,21 +83,9 @@ def _ctrpipe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run([str(BIN / "ctrpipe"), *args], env=env, capture_output=True, text=True, timeout=600)
 
 
-def _api(env: dict[str, str], code: str) -> object:
-    """Run `code` against the server in a child (its own client settings) and return what it prints as JSON."""
-    out = subprocess.run([str(BIN / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-LIST = """
-import json
-from prefect.client.orchestration import get_client
-with get_client(sync_client=True) as c:
-    deps = {d.name: [str(s.schedule.cron) for s in d.schedules] for d in c.read_deployments()}
-    autos = sorted(a.name for a in c.read_automations())
-print(json.dumps({"deployments": deps, "automations": autos}))
-"""
+def _schedules(api: str) -> dict[str, list[str]]:
+    """Deployment name -> its cron schedules, on the server at `api`."""
+    return {name: [str(s.schedule.cron) for s in d.schedules] for name, d in deployments(api).items()}
 
 
 @pytest.mark.slow
@@ -115,8 +104,7 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
         for cfg in (a, b, a):  # the second model, then a redeploy of the first
             out = _ctrpipe(["deploy", "--config", str(cfg)], env)
             assert out.returncode == 0, out.stderr + out.stdout
-        server = _api(env, LIST)
-        assert server["deployments"] == {
+        assert _schedules(prefect.api) == {
             "alpha-daily": ["0 2 * * *"],
             "alpha-on-demand": [],
             "alpha-backfill": [],
@@ -125,7 +113,7 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
             "beta-backfill": [],
         }
         layouts = [Layout(str(root), m) for m in ("alpha", "beta")]
-        assert server["automations"] == sorted(
+        assert automation_names(prefect.api) == sorted(
             [failed_run_automation(x) for x in layouts] + [missing_run_automation(x) for x in layouts]
         )
 
@@ -150,7 +138,8 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
                 lambda args: _ctrpipe(args, env),
                 [
                     ["run", "--date", DATE, "--force", "--config", str(a), "--set", "publish.min_auc=0.99"],
-                    ["run", "--date", "2026-04-09", "--config", str(a)],
+                    # input.wait_s: past the preflight, which refuses a missing file before any flow run (no alert)
+                    ["run", "--date", "2026-04-09", "--config", str(a), "--set", "input.wait_s=1"],
                 ],
             )
         assert refused.returncode == 2, refused.stderr

@@ -1,9 +1,10 @@
 """End to end: the daily flow through Prefect (ephemeral mode), real Dask, real torchrun, real files.
 
 These read as the product's specification: three synthetic days are ingested,
-trained and published in order; every row is accounted for; day 2 warm-starts
-from day 1; a rerun changes nothing; a degraded model is refused and LATEST
-stays put; the real Criteo sample runs through the same flow with 2 ranks.
+trained by 2 torchrun ranks and published in order by a backfill, which stops at
+a day whose input is broken and, rerun once it is fixed, runs only that day and
+the later ones; every row is accounted for; day 2 warm-starts from day 1; a rerun
+changes nothing; a degraded model is refused and LATEST stays put.
 """
 
 from __future__ import annotations
@@ -11,20 +12,17 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from flows.config import with_overrides
-from flows.day.record import read_record
+from flows.day.record import DayRecord, read_record
 from flows.day.run import OVERHEADS, STAGES
-from flows.prefect.daily import (
-    _ingest_ahead,
-    backfill,
-    call_daily_retrain,
-    daily_retrain,
-)
+from flows.prefect.daily import _ingest_ahead, backfill, daily_retrain
 from flows.presets import demo
 from pipeline.generate import generate_days
 from storage.io.layout import Layout
@@ -35,7 +33,7 @@ from trainer.model_dir import read_meta
 pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
 
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
-ROWS = 6000
+ROWS = 3000
 
 
 def _config(root: Path, **overrides):
@@ -54,18 +52,42 @@ def _lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
+@dataclass(frozen=True)
+class StoppedBackfill:
+    """What the first backfill left: it stopped at day 2, whose input was broken."""
+
+    state: Any
+    records: dict[str, DayRecord | None]
+    latest: str | None
+    day1_mtime: float
+    """When day 1's record was written (the rerun must not write it again)."""
+
+
 @pytest.fixture(scope="module")
 def built_three_days(tmp_path_factory):
-    """Three generated days run through the daily flow once per module, day 3 with two malformed lines appended."""
+    """Three generated days run once per module by a backfill on 2 ranks, day 3 with two malformed lines appended:
+    day 2's input is broken at first (the backfill stops there), then fixed and the same backfill run again."""
     root = tmp_path_factory.mktemp("e2e") / "root"
     generate_days(str(root / "raw"), 3, ROWS, seed=7, start_date=DAYS[0])
     day3 = root / "raw" / f"day_{DAYS[2]}.tsv.gz"
     with gzip.open(day3, "ab") as f:
         f.write(b"1\tnot-a-number\n")
         f.write(b"7" + b"\t1" * 13 + b"\tabc" * 26 + b"\n")  # label 7
-    cfg = _config(root)
-    states = [call_daily_retrain(d, config=cfg.to_dict(), return_state=True) for d in DAYS]
-    return Pristine(root), (root, cfg, states)
+    day2 = root / "raw" / f"day_{DAYS[1]}.tsv.gz"
+    good = day2.read_bytes()
+    day2.write_bytes(gzip.compress(b"garbage line without tabs\n" * 200 + gzip.decompress(good)))  # 6% bad lines
+    cfg = _config(root, **{"trainer.nproc_per_node": 2})
+    first = backfill(DAYS[0], DAYS[2], config=cfg.to_dict(), return_state=True)
+    stopped = StoppedBackfill(
+        first,
+        {d: read_record(cfg.layout(), d) for d in DAYS},
+        ModelRegistry(cfg.layout()).latest(),
+        (root / "runs" / "ctr" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime,
+    )
+    day2.write_bytes(good)  # fixed input, the same backfill
+    rerun = backfill(DAYS[0], DAYS[2], config=cfg.to_dict(), return_state=True)
+    day1_mtime = (root / "runs" / "ctr" / f"date={DAYS[0]}" / "metrics.json").stat().st_mtime
+    return Pristine(root), (root, cfg, stopped, (rerun, day1_mtime))
 
 
 @pytest.fixture()
@@ -76,9 +98,22 @@ def three_days(built_three_days):
     return days
 
 
+def test_a_backfill_stops_at_a_broken_day_and_its_rerun_runs_only_that_day_and_the_later_ones(three_days):
+    _, _, stopped, (rerun, day1_mtime) = three_days
+    assert stopped.state.is_failed(), stopped.state
+    assert f"stopped at {DAYS[1]} in ingest" in stopped.state.message, stopped.state.message
+    first, broken, later = (stopped.records[d] for d in DAYS)
+    assert first.status == "published" and first.model_version == "v00001"
+    assert broken.status == "failed" and broken.failed_stage == "ingest" and not broken.completed
+    assert later is None  # never started
+    assert stopped.latest == "v00001"
+    assert rerun.is_completed(), rerun
+    assert rerun.result() == {"completed": DAYS[1:], "skipped": DAYS[:1], "refused": [], "not_run": []}
+    assert day1_mtime == stopped.day1_mtime
+
+
 def test_every_day_completes_and_is_published(three_days):
-    root, cfg, states = three_days
-    assert [s.is_completed() for s in states] == [True, True, True]
+    root, cfg, _, _ = three_days
     records = [read_record(cfg.layout(), d) for d in DAYS]
     assert [r.status for r in records] == ["published"] * 3
     assert [r.model_version for r in records] == ["v00001", "v00002", "v00003"]
@@ -92,7 +127,7 @@ def test_every_day_completes_and_is_published(three_days):
 
 
 def test_rows_are_accounted_for(three_days):
-    root, cfg, _ = three_days
+    root, cfg, _, _ = three_days
     for date in DAYS:
         r = read_record(cfg.layout(), date)
         lines = _lines(root / "raw" / f"day_{date}.tsv.gz")
@@ -109,13 +144,13 @@ def test_rows_are_accounted_for(three_days):
 
 
 def test_the_model_learns_the_planted_signal(three_days):
-    _, cfg, _ = three_days
+    _, cfg, _, _ = three_days
     aucs = [read_record(cfg.layout(), d).auc for d in DAYS]
     assert min(aucs) > 0.62, aucs
 
 
 def test_day_two_warm_starts_from_day_one(three_days):
-    root, cfg, _ = three_days
+    root, cfg, _, _ = three_days
     reg = ModelRegistry(Layout(str(root), cfg.model_name))
     assert reg.read_json("v00001", "lineage.json")["parent_version"] is None
     assert reg.read_json("v00002", "lineage.json")["parent_version"] == "v00001"
@@ -127,6 +162,7 @@ def test_day_two_warm_starts_from_day_one(three_days):
     ]
     assert init.rstrip("/").endswith("models/ctr/v00001")
     # the day-2 table still holds rows trained on day 1 only: the sparse state was carried over
+    assert len(list((root / "models/ctr/v00002/sparse").glob("part-*.parquet"))) == 2  # one part per rank
     keys1 = set(pq.read_table(root / "models/ctr/v00001/sparse").column("key").to_pylist())
     keys2 = set(pq.read_table(root / "models/ctr/v00002/sparse").column("key").to_pylist())
     assert keys1 <= keys2
@@ -137,7 +173,7 @@ def test_day_two_warm_starts_from_day_one(three_days):
 
 
 def test_each_day_trains_the_eval_rows_of_the_day_before_it_first(three_days):
-    root, cfg, _ = three_days
+    root, cfg, _, _ = three_days
     first = read_record(cfg.layout(), DAYS[0])
     assert first.train["parent_eval"] == {"date": None, "rows": 0, "reason": "no published model"}
     for before, day in zip(DAYS, DAYS[1:], strict=False):
@@ -146,14 +182,15 @@ def test_each_day_trains_the_eval_rows_of_the_day_before_it_first(three_days):
         meta = read_meta(cfg.layout().run_model(day))
         assert meta.train["carried"] == {"date": before, "rows": prior.rows_eval}
         rows, world = record.rows_train + prior.rows_eval, meta.train["world_size"]
+        assert world == 2 and meta.recipe["world_size"] == 2
         assert meta.recipe["rows"] == rows  # the recipe was sized to every row trained
         assert meta.train["examples"] == meta.optim["epochs"] * (rows // world * world)
 
 
 def test_the_companions_c_is_chosen_again_when_the_rows_double_and_kept_in_between(three_days):
-    _, cfg, _ = three_days
+    _, cfg, _, _ = three_days
     records = [read_meta(cfg.layout().run_model(d)).companion for d in DAYS]
-    assert all(r is not None for r in records)  # days of 6,000 generated rows: a companion each (auto)
+    assert all(r is not None for r in records)  # days of 3,000 generated rows: a companion each (auto)
     rows = [r["rows"] for r in records]
     chosen = [r["C_chosen"] for r in records]
     # day 2's rows are twice day 1's: chosen again; day 3's are fewer than twice day 2's: day 2's C, refit
@@ -164,7 +201,7 @@ def test_the_companions_c_is_chosen_again_when_the_rows_double_and_kept_in_betwe
 
 
 def test_rerun_of_a_completed_date_changes_nothing(three_days):
-    root, cfg, _ = three_days
+    root, cfg, _, _ = three_days
     before = read_record(cfg.layout(), DAYS[1])
     manifest = (root / "events" / f"date={DAYS[1]}" / "_SUCCESS.json").read_text()
     registry = ModelRegistry(Layout(str(root), cfg.model_name))
@@ -177,12 +214,20 @@ def test_rerun_of_a_completed_date_changes_nothing(three_days):
 
 
 def test_a_degraded_model_is_refused_and_latest_stays(three_days):
-    root, cfg, _ = three_days
+    root, cfg, _, _ = three_days
     generate_days(str(root / "raw"), 1, ROWS, seed=7, start_date="2026-01-04")
-    # the network alone: what the gate must refuse is its divergence, and a companion on the lineage's 23,000
-    # rows would cost this test most of its time (the companion's own runs: tests/trainer/companion/test_fit.py)
+    # the network alone, on one rank: what the gate must refuse is its divergence, and a companion on the lineage's
+    # ~11,000 rows would cost this test most of its time (the companion's own runs: tests/trainer/companion/test_fit.py;
+    # 2 ranks: the three days above)
     bad = with_overrides(
-        cfg, {"optim.lr": 3.0, "optim.sparse_lr": 30.0, "publish.max_auc_drop": 0.0, "model.companion": "off"}
+        cfg,
+        {
+            "optim.lr": 3.0,
+            "optim.sparse_lr": 30.0,
+            "publish.max_auc_drop": 0.0,
+            "model.companion": "off",
+            "trainer.nproc_per_node": 1,
+        },
     )
     state = daily_retrain("2026-01-04", config=bad.to_dict(), return_state=True)
     assert state.is_failed() and state.name == "PublishRefused"
@@ -195,7 +240,7 @@ def test_a_degraded_model_is_refused_and_latest_stays(three_days):
 
 
 def test_backfill_skips_completed_dates_and_reports(three_days, caplog):
-    _, cfg, _ = three_days
+    _, cfg, _, _ = three_days
     with caplog.at_level(logging.INFO, logger="prefect.flow_runs"):  # the suite keeps Prefect at WARNING
         report = backfill(DAYS[0], DAYS[2], config=cfg.to_dict())
     assert report["skipped"] == DAYS and report["completed"] == []
@@ -215,26 +260,3 @@ def test_ingest_ahead_of_a_date_without_input_reports_nothing_and_commits_the_ot
     assert (root / "events" / "date=2026-01-02" / "_SUCCESS.json").exists()
     assert not (root / "events" / "date=2026-01-03").exists()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # its turn reports it
-
-
-def test_criteo_sample_split_into_days_with_two_ranks(shared_data, tmp_path):
-    """The real Criteo sample, split by row order into two days, trained by 2 torchrun ranks."""
-    lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    half = len(lines) // 2
-    (raw / "day_2026-03-01.tsv").write_bytes(b"".join(lines[:half]))
-    (raw / "day_2026-03-02.tsv").write_bytes(b"".join(lines[half:]))
-    cfg = _config(
-        tmp_path / "root",
-        **{"input.url": str(raw / "day_{date}.tsv"), "trainer.nproc_per_node": 2, "vocab.min_count": 2},
-    )
-    for date in ("2026-03-01", "2026-03-02"):
-        state = daily_retrain(date, config=cfg.to_dict(), return_state=True)
-        record = read_record(cfg.layout(), date)
-        assert record.rows_read == half and record.rows_quarantined == 0, record
-        assert state.is_completed() or record.status == "refused", record
-        assert record.auc > 0.6, record
-        model = json.loads((tmp_path / "root" / "runs" / "ctr" / f"date={date}" / "model" / "model.json").read_text())
-        assert model["train"]["world_size"] == 2
-    assert len(list((tmp_path / "root" / "models" / "ctr" / "v00002" / "sparse").glob("part-*.parquet"))) == 2

@@ -78,6 +78,8 @@ def _run(base: Path, schema: Path, name: str, **overrides) -> tuple[dict, Layout
             "optim.batch_size": 64,
             "optim.epochs": 4,
             "optim.k_steps": 1,
+            # the network alone: the bags are its input, and a companion's fit would be most of each run's training
+            "model.companion": "off",
             **overrides,
         },
     )

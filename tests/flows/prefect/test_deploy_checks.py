@@ -10,7 +10,6 @@ shared).  `ctrpipe serve` registers the same automations as deploy (it registere
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -20,28 +19,12 @@ import yaml
 
 from flows.config import from_dict
 from flows.prefect.alerts import failed_run_automation, missing_run_automation
+from flows.prefect.keys import config_digest
 from tests.helpers.prefect_server import criteo_config, webhook_receiver
+from tests.helpers.prefect_state import automation_names, client_of, deployments, work_pool_names
 from tests.helpers.procs import BIN, PrefectServer, processes, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
-
-STATE = """
-import json
-from prefect.client.orchestration import get_client
-from flows.prefect.keys import config_digest
-with get_client(sync_client=True) as c:
-    print(json.dumps({"deployments": sorted(d.name for d in c.read_deployments()),
-                      "automations": sorted(a.name for a in c.read_automations()),
-                      "pools": sorted(p.name for p in c.read_work_pools()),
-                      "daily_config": next((config_digest(d.parameters["config"]) for d in c.read_deployments()
-                                            if d.name == "ctr-daily"), None)}))
-"""
-LEGACY = """
-from prefect.automations import Automation, DoNothing, EventTrigger
-Automation(name="ctr-ctr-run-failed", trigger=EventTrigger(expect={"prefect.flow-run.Failed"}),
-           actions=[DoNothing()]).create()
-print("{}")
-"""
 
 
 def _config(path: Path, root: Path, model: str = "ctr") -> tuple[Path, dict]:
@@ -54,10 +37,26 @@ def _ctrpipe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run([str(BIN / "ctrpipe"), *args], env=env, capture_output=True, text=True, timeout=600)
 
 
-def _state(env: dict[str, str], code: str = STATE) -> dict:
-    out = subprocess.run([str(BIN / "python"), "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+def _state(api: str) -> dict:
+    """The server's deployments, automations and work pools, and the digest of the config frozen into ctr-daily."""
+    deps = deployments(api)
+    daily = deps.get("ctr-daily")
+    return {
+        "deployments": sorted(deps),
+        "automations": automation_names(api),
+        "pools": work_pool_names(api),
+        "daily_config": config_digest(daily.parameters["config"]) if daily else None,
+    }
+
+
+def _legacy_automation(api: str) -> None:
+    """The automation of the model before they were keyed by root (`ctr-<model>-run-failed`, every root's runs)."""
+    from prefect.automations import Automation, DoNothing, EventTrigger
+
+    with client_of(api):
+        Automation(
+            name="ctr-ctr-run-failed", trigger=EventTrigger(expect={"prefect.flow-run.Failed"}), actions=[DoNothing()]
+        ).create()
 
 
 def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_port):
@@ -68,11 +67,11 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
         server = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
         server.start()
         env = {k: v for k, v in server.env.items() if k != "CTRPIPE_ALERT_WEBHOOK_URL"}
-        _state(env, LEGACY)  # the automation of the model before they were keyed by root
+        _legacy_automation(server.api)
 
         refused = _ctrpipe(["deploy", "--config", str(staging)], env)
         assert refused.returncode == 1 and "no notification block 'ctr-alerts'" in refused.stderr, refused.stderr
-        assert _state(env) == {
+        assert _state(server.api) == {
             "deployments": [],
             "automations": ["ctr-ctr-run-failed"],
             "pools": [],
@@ -85,10 +84,10 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
             assert out.returncode == 0, out.stderr + out.stdout
             assert "Successfully created" not in out.stdout and "┃" not in out.stdout, out.stdout  # Prefect's tables
         again = _ctrpipe(["deploy", "--config", str(staging)], env).stdout
-        assert f"config {_state(env)['daily_config']} is frozen into the deployments" in again, again
+        assert f"config {_state(server.api)['daily_config']} is frozen into the deployments" in again, again
         layouts = [from_dict(yaml.safe_load(p.read_text())).layout() for p in (staging, prod)]
         expected = sorted(f(x) for x in layouts for f in (failed_run_automation, missing_run_automation))
-        state = _state(env)
+        state = _state(server.api)
         assert state["automations"] == expected and len(set(expected)) == 4, state  # the legacy one deleted
         assert state["deployments"] == ["ctr-backfill", "ctr-daily", "ctr-on-demand"] and state["pools"] == [
             "ctr-process"
@@ -98,14 +97,14 @@ def test_deploy_checks_first_and_serve_registers_the_automations(tmp_path, free_
         gamma = from_dict(yaml.safe_load(served.read_text())).layout()
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            state = _state(env)
+            state = _state(server.api)
             if failed_run_automation(gamma) in state["automations"] and {
                 "gamma-daily",
                 "gamma-on-demand",
                 "gamma-backfill",
             } <= set(state["deployments"]):
                 break  # serve registers the three deployments one after the other
-            time.sleep(2)
+            time.sleep(0.5)
         assert failed_run_automation(gamma) in state["automations"], (tmp_path / "serve.log").read_text()
         assert missing_run_automation(gamma) in state["automations"]
         assert {"gamma-daily", "gamma-on-demand", "gamma-backfill"} <= set(state["deployments"])

@@ -119,19 +119,23 @@ def test_features_only_lines_of_a_real_request_log_score_like_the_same_lines_wit
     port, _, _ = server
     features = (shared_data / "criteo" / "test_unlabelled_10k.tsv").read_text().splitlines()[:20]
     assert {line.count("\t") + 1 for line in features} == {39}  # a request-time log: no label column
-    status, body = call(port, "POST", "/v1/score", {"lines": features}, headers=AUTH)
+    status, body = call(port, "POST", "/v1/score", {"lines": features, "labelled": False}, headers=AUTH)
     assert status == 200 and body["errors"] == [] and None not in body["scores"]
     for label in ("0", "1"):
         replay = call(port, "POST", "/v1/score", {"lines": [f"{label}\t{line}" for line in features]}, headers=AUTH)[1]
         assert replay["errors"] == [] and replay["scores"] == pytest.approx(body["scores"], abs=1e-9)
-    said = call(port, "POST", "/v1/score", {"lines": features, "labelled": False}, headers=AUTH)[1]
-    assert said["scores"] == pytest.approx(body["scores"], abs=1e-9)
+    header = "\t".join(["I" + str(i) for i in range(1, 14)] + ["C" + str(j) for j in range(1, 27)])
+    csv_body = "\n".join(line.replace("\t", ",") for line in [header, *features]).encode()
+    named = call(port, "POST", "/v1/score", raw=csv_body, headers={**AUTH, "Content-Type": "text/csv"})[1]
+    assert named["errors"] == [] and named["scores"] == pytest.approx(body["scores"], abs=1e-9)  # a CSV header
+    unsaid = call(port, "POST", "/v1/score", {"lines": features}, headers=AUTH)[1]  # 39: labelled and cut, or not?
+    assert unsaid["scores"] == [None] * 20 and unsaid["errors"][0]["reason"].startswith("ambiguous field count: 39")
 
 
 def test_a_line_of_a_wrong_field_count_is_refused_naming_both_counts_and_the_others_are_scored(server):
     port, _, _ = server
     features = criteo_line(1).split("\t", 1)[1]
-    lines = [features, features + "\tone-too-many\tand-another", criteo_line(2)]
+    lines = [criteo_line(1), features + "\tone-too-many\tand-another", criteo_line(2)]
     status, body = call(port, "POST", "/v1/score", {"lines": lines}, headers=AUTH)
     assert status == 200 and [s is None for s in body["scores"]] == [False, True, False]
     assert body["errors"] == [

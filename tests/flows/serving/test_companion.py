@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import glob
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -20,6 +18,7 @@ from flows.serving.export import ExportError, VersionExport
 from flows.serving.model import load_model as load_bundle
 from storage.features_manifest import raw_columns
 from storage.io.registry import ModelRegistry
+from tests.helpers.cli_here import ctrpipe_here
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, day_config, score_server
 from trainer.companion.model import blend
@@ -98,27 +97,21 @@ def test_every_score_is_the_mean_of_the_networks_and_the_companions_logits(two_d
         score(loaded, frame.drop(columns=list(raw_columns(s.key_columns))))
 
 
-def test_served_scores_equal_evaluate_predictions_with_the_companion(two_days):
+def test_served_scores_equal_evaluate_predictions_with_the_companion(two_days, capfd):
     tmp, cfg, lines, _ = two_days
     later = lines[2 * ROWS : 2 * ROWS + 300]
     (tmp / "later.tsv").write_text("\n".join(later) + "\n")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli.main",
-            "evaluate",
-            "--model",
-            "latest",
-            "--input",
-            str(tmp / "later.tsv"),
-            "--predictions",
-            str(tmp / "pred.parquet"),
-            *cli_args(cfg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = ctrpipe_here(
+        "evaluate",
+        "--model",
+        "latest",
+        "--input",
+        str(tmp / "later.tsv"),
+        "--predictions",
+        str(tmp / "pred.parquet"),
+        *cli_args(cfg),
+        tmp=tmp,
+        capfd=capfd,
     )
     assert out.returncode == 0, out.stderr
     pred = pd.read_parquet(tmp / "pred.parquet")

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -13,6 +11,7 @@ import pandas as pd
 import pytest
 
 from flows.day.run import run_day
+from tests.helpers.cli_here import ctrpipe_here
 from tests.helpers.procs import free_port
 from tests.helpers.serving import call, cli_args, day_config, score_server
 from trainer.eval.metrics import auc
@@ -22,33 +21,29 @@ DATE = "2026-04-01"
 HELD_OUT = 1000
 
 
-def test_served_scores_equal_evaluate_predictions_line_by_line(shared_data, tmp_path):
+def test_served_scores_equal_evaluate_predictions_line_by_line(shared_data, tmp_path, capfd):
     lines = (shared_data / "criteo" / "train_head_10k.tsv").read_text().splitlines()
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / f"day_{DATE}.tsv").write_text("\n".join(lines) + "\n")
-    cfg = day_config(tmp_path / "root", str(tmp_path / "raw" / "day_{date}.tsv"))
+    # the network alone: a companion's fit would be most of the day's training (the served and evaluated scores of
+    # a model with one: tests/flows/serving/test_companion.py)
+    cfg = day_config(tmp_path / "root", str(tmp_path / "raw" / "day_{date}.tsv"), **{"model.companion": "off"})
     record = run_day(cfg, DATE).record
     assert record.status == "published" and record.rows_eval == HELD_OUT
 
     held_out = lines[-HELD_OUT:]  # the day's eval split: its last rows in file order
     (tmp_path / "eval.tsv").write_text("\n".join(held_out) + "\n")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli.main",
-            "evaluate",
-            "--model",
-            "latest",
-            "--input",
-            str(tmp_path / "eval.tsv"),
-            "--predictions",
-            str(tmp_path / "pred.parquet"),
-            *cli_args(cfg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = ctrpipe_here(
+        "evaluate",
+        "--model",
+        "latest",
+        "--input",
+        str(tmp_path / "eval.tsv"),
+        "--predictions",
+        str(tmp_path / "pred.parquet"),
+        *cli_args(cfg),
+        tmp=tmp_path,
+        capfd=capfd,
     )
     assert out.returncode == 0, out.stderr
     evaluated = json.loads(out.stdout.strip().splitlines()[-1])

@@ -121,3 +121,29 @@ def test_a_port_in_use_fails_before_serving_with_a_documented_exit_code(tmp_path
     assert out.returncode == ExitCode.FAILED and out.returncode in {int(c) for c in ExitCode}, out.stderr
     assert f"--port {port}: 127.0.0.1:{port} is in use by another process" in out.stderr
     assert "score-server on" not in out.stdout + out.stderr  # nothing announced: it never served
+
+
+@pytest.mark.server  # `ctrpipe score-server`
+def test_sigterm_answers_the_request_in_flight_then_ends_with_one_line_and_exit_code_0(tmp_path):
+    import signal
+    import threading
+
+    from tests.helpers.procs import free_port
+    from tests.helpers.serving import score_server
+
+    write_tiny_bundle(str(tmp_path / "b"))
+    port, log = free_port(), tmp_path / "server.log"
+    # a batch waits 2.5 s for company: the request below is in flight when SIGTERM comes
+    with score_server(["--bundle", str(tmp_path / "b"), "--max-wait-ms", "2500"], port, log) as proc:
+        answer: list = []
+        client = threading.Thread(
+            target=lambda: answer.append(call(port, "POST", "/v1/score", {"lines": [criteo_line(1)]}))
+        )
+        client.start()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        client.join(timeout=60)
+        assert proc.wait(timeout=60) == ExitCode.OK == 0
+    assert answer and answer[0][0] == 200 and answer[0][1]["scores"][0] is not None
+    said = [line for line in log.read_text().splitlines() if "SIGTERM" in line]
+    assert len(said) == 1 and "score-server stopped on SIGTERM after answering the requests in flight" in said[0]

@@ -41,8 +41,11 @@ def test_real_criteo_lines_get_the_feature_paths_frame_exactly(shared_data):
     assert len(_small_frames(lines, _spec(lines))) > len(lines) // SMALL_BATCH // 2  # most real batches are plain
 
 
-@pytest.mark.parametrize("value", ["0", "-0", "-5", "7", "123456789012345", "", "999"])
-def test_plain_integers_and_missing_values_match(value):
+@pytest.mark.parametrize(
+    "value",
+    ["0", "-0", "-5", "7", "123456789012345", "", "999", "1.5", "0.1", "-2.25e3", "1e-400", "3.0000000000000001"],
+)
+def test_plain_numbers_and_missing_values_match(value):
     fields = ["1", *[value] * 13, *[f"é{j}" if j % 2 else "" for j in range(26)]]
     spec = FeatureSpec(schema=CRITEO, admitted=np.sort(feature_keys(1, ["é1"])))
     line = "\t".join(fields)
@@ -57,8 +60,9 @@ def test_plain_integers_and_missing_values_match(value):
     "line",
     [
         "2" + "\t1" * 13 + "\tc" * 26,  # a bad label: the feature path says why
-        "1" + "\t007" + "\t1" * 12 + "\tc" * 26,  # leading zeros, floats, signs, spaces: parsers may differ
-        "1" + "\t1.5" + "\t1" * 12 + "\tc" * 26,
+        "1" + "\t007" + "\t1" * 12 + "\tc" * 26,  # leading zeros, signs, spaces, no digit first: parsers may differ
+        "1" + "\t.5" + "\t1" * 12 + "\tc" * 26,
+        "1" + "\t1e999" + "\t1" * 12 + "\tc" * 26,  # not finite: the feature path says why
         "1" + "\t+1" + "\t1" * 12 + "\tc" * 26,
         "1" + "\t 1" + "\t1" * 12 + "\tc" * 26,
         "1" + "\t1" * 13,  # a cut line (padded by ingest)

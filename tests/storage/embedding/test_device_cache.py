@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 import pytest
 import torch
 
 from storage.embedding.device_cache import DeviceCache
 from storage.embedding.memory import MemoryStore
+from storage.embedding.rows.format import RowFormat
+from tests.helpers.host_reads import SIM_DEVICE, TransferMode
 from tests.helpers.stores import DIM, STD, keys_of
-from tests.storage.embedding.conformance import StoreContractTests
+from tests.storage.embedding.conformance import TIER_FORMATS, StoreContractTests
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -22,6 +26,24 @@ class TestDeviceCacheOverMemory(StoreContractTests):
             return DeviceCache(MemoryStore(fmt, init_std=init_std), capacity_rows=32, device=device)
 
         return make
+
+
+class TestSimulatedGpuTier(StoreContractTests):
+    """A GPU tier's code on the CPU: on `cpu:0`, which is not the host (`storage.embedding.rows.transfer.is_host`),
+    the tier gathers with torch and defers its finiteness check to `check_updates`, as on `cuda`;
+    `TransferMode` makes each tensor report where the tier placed it, as tests/helpers/host_reads.py runs a CUDA
+    rank.  The default format only: the formats' byte paths are the same on every device."""
+
+    @pytest.fixture(params=TIER_FORMATS[:1], ids=lambda f: f.name.replace("/", "-"))
+    def fmt(self, request) -> RowFormat:
+        return request.param
+
+    @pytest.fixture
+    def make_store(self, fmt) -> Iterator[Callable[..., DeviceCache]]:
+        with TransferMode():
+            yield lambda init_std=STD: DeviceCache(
+                MemoryStore(fmt, init_std=init_std), capacity_rows=32, device=SIM_DEVICE
+            )
 
 
 def _stream_cache(policy: str) -> tuple[DeviceCache, MemoryStore]:
@@ -92,3 +114,19 @@ def test_restore_reuses_the_buffer_and_close_frees_it(tmp_path) -> None:
     assert torch.equal(cache.lookup(keys_of(1, 2, 3)).rows, below.lookup(keys_of(1, 2, 3)).rows)
     cache.close()
     assert cache._buf.capacity == 0, "a closed cache holds no device memory"
+
+
+def test_a_gpu_tier_refuses_at_its_next_check_or_flush_and_a_close_drops_it() -> None:
+    with TransferMode():
+        below = MemoryStore(DIM, init_std=STD)
+        cache = DeviceCache(below, capacity_rows=4, device=SIM_DEVICE)
+        cache.update(keys_of(1, 2), torch.ones(2, DIM), lr=0.1)
+        before = cache.lookup(keys_of(1, 2)).rows.clone()
+        cache.update(keys_of(1, 2), torch.full((2, DIM), float("nan")), lr=0.1)  # no host read: nothing raised yet
+        assert torch.equal(cache.lookup(keys_of(1, 2)).rows, before)  # the refused update changed no row
+        with pytest.raises(ValueError, match="NaN or inf"):
+            cache.flush()
+        cache.flush()  # raised once: the check starts afresh
+        assert len(below) == 2
+        cache.update(keys_of(3), torch.full((1, DIM), float("inf")), lr=0.1)
+        cache.close()  # a failed run's cleanup: dropped, not raised

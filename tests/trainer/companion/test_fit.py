@@ -3,6 +3,7 @@ the rows it never fits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -31,7 +32,7 @@ def test_the_fit_and_its_file_score_the_same_and_its_record_says_what_it_did(tmp
     keys, dense, labels, _, _ = read_rows([(day, "train", None)], SCHEMA, 10_000)
     z = fitted.logits(keys, dense)
     save(str(tmp_path / "c.safetensors"), fitted)
-    again = load(str(tmp_path / "c.safetensors"))
+    again = load(str(tmp_path / "c.safetensors"), blend_weight=fitted.blend_weight)
     np.testing.assert_array_equal(again.logits(keys, dense), z)  # the saved (float32) weights are the ones fit
     from trainer.eval.metrics import auc
 
@@ -114,11 +115,11 @@ def test_a_fit_counts_its_rows_keys_and_a_scorer_counts_against_the_fit_rows_onl
     keys, dense, *_ = read_rows([(day, "train", None)], SCHEMA, 1_000)
     assert record["inputs"] == INPUTS and fitted.counts is not None
     assert fitted.counts.count(keys).min() >= 1 and fitted.counts.counts.sum() == keys.size
-    again = from_bytes(to_bytes(fitted), "c.safetensors")
+    again = from_bytes(to_bytes(fitted), "c.safetensors", blend_weight=0.5)
     assert again.counts is not None and np.array_equal(again.counts.keys, fitted.counts.keys)
     np.testing.assert_array_equal(again.logits(keys, dense), fitted.logits(keys, dense))
-    pairs_only = Companion(fitted.poly2, fitted.bits, None)  # as a file before the counts loads
-    assert from_bytes(to_bytes(pairs_only), "old.safetensors").counts is None
+    pairs_only = Companion(fitted.poly2, fitted.bits, None, 0.5)  # as a file before the counts loads
+    assert from_bytes(to_bytes(pairs_only), "old.safetensors", blend_weight=0.5).counts is None
     assert not np.allclose(pairs_only.logits(keys, dense), fitted.logits(keys, dense))  # the classes weigh
     new = np.array([[999, (1 << FIELD_SHIFT) | 999]], dtype=np.int64)
     once = np.array([[7, (1 << FIELD_SHIFT) | 8]], dtype=np.int64)
@@ -151,3 +152,18 @@ def test_a_rerun_or_an_older_day_never_fits_the_days_eval_rows_or_its_train_rows
     # a backfill of an older day from a newer parent: the newer day's rows are later than the day's
     _, back = fit_for_spec(older, SCHEMA, 1_000, parent=None, parent_features_url=newer, config=FAST)
     assert back["rows"] == 40 and back["skipped_sources"] == [f"{newer} (eval): not before 2026-01-01"]
+
+
+def test_the_record_says_how_the_fit_stopped_and_the_blend_weight_it_is_scored_with(tmp_path, caplog):
+    day = write_split(tmp_path, "d1", "train", 0, 600)
+    fitted, record = fit_for_spec(
+        day, SCHEMA, 10_000, parent=None, parent_features_url=None, config=FAST, blend_weight=0.7
+    )
+    assert record["convergence"]["converged"] is True and record["convergence"]["stop"] == "tolerance"
+    assert record["convergence"]["newton_steps"] >= 1 and record["convergence"]["grad_norm"] > 0
+    assert record["blend_weight"] == fitted.blend_weight == 0.7
+    short = dataclasses.replace(FAST, newton_steps=1, tol=1e-12)
+    with caplog.at_level("WARNING", logger="trainer.companion.poly2"):
+        _, unconverged = fit_for_spec(day, SCHEMA, 10_000, parent=None, parent_features_url=None, config=short)
+    assert unconverged["convergence"]["converged"] is False and unconverged["convergence"]["stop"] == "newton_steps"
+    assert "(the refit on every row) of 600 rows" in caplog.text and "stopped unconverged" in caplog.text

@@ -151,7 +151,9 @@ def test_cross_validation_chooses_the_c_of_the_lowest_left_out_loss_and_refits_e
     np.testing.assert_allclose(model.weights, refit.weights, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize(("key", "value"), [("bits", 40), ("cs", ()), ("cs", (0.0,)), ("folds", 1)])
+@pytest.mark.parametrize(
+    ("key", "value"), [("bits", 40), ("cs", ()), ("cs", (0.0,)), ("folds", 1), ("cv", "shuffled"), ("newton_steps", 0)]
+)
 def test_bad_settings_are_refused_naming_the_setting(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"poly2 {key}"):
         Poly2Config(**{key: value})  # type: ignore[arg-type]
@@ -159,8 +161,10 @@ def test_bad_settings_are_refused_naming_the_setting(key: str, value: object) ->
 
 def test_cross_validation_needs_a_row_per_fold() -> None:
     tokens, y = xor_rows(2, 7)
-    with pytest.raises(ValueError, match="at least 3 rows"):
+    with pytest.raises(ValueError, match="at least 4 rows"):  # forward: 3 folds cut the rows into 4 blocks
         fit_cv(pair_ids(tokens, 14), np.zeros((2, 0)), y)
+    with pytest.raises(ValueError, match="at least 3 rows"):
+        fit_cv(pair_ids(tokens, 14), np.zeros((2, 0)), y, config=Poly2Config(cv="blocks"))
 
 
 def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
@@ -178,12 +182,12 @@ def test_the_c_search_stops_at_the_first_c_past_the_best() -> None:
 
 
 def test_the_left_out_loss_is_each_blocks_score_by_a_fit_of_the_others_unseen_buckets_weighing_nothing() -> None:
-    """Each of the 3 blocks of rows, in row order, is scored by a fit of the other rows alone; the loss is over
-    every row."""
+    """`cv="blocks"`: each of the 3 blocks of rows, in row order, is scored by a fit of the other rows alone; the
+    loss is over every row."""
     tokens, y = xor_rows(1200, 9)
     rare = (3 << FIELD_SHIFT) | np.random.default_rng(9).integers(2, 10**6, len(y))  # a value of almost every row
     ids, none = pair_ids(np.column_stack([tokens, rare]), 20), np.zeros((len(y), 0))
-    _, losses = fit_cv(ids, none, y, config=Poly2Config(cs=(0.3,), folds=3, tol=1e-8))
+    _, losses = fit_cv(ids, none, y, config=Poly2Config(cs=(0.3,), folds=3, tol=1e-8, cv="blocks"))
     z = np.empty(len(y))
     for lo, hi in ((0, 400), (400, 800), (800, 1200)):
         others = np.r_[0:lo, hi : len(y)]
@@ -206,3 +210,56 @@ def test_the_weights_do_not_depend_on_the_number_of_threads() -> None:
         torch.set_num_threads(saved)
     np.testing.assert_array_equal(one.weights, two.weights)
     np.testing.assert_array_equal(one.dense_weights, two.dense_weights)
+
+
+def test_a_converged_fit_records_its_newton_steps_and_final_gradient() -> None:
+    tokens, y = xor_rows(2000, 11)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    done = fit(ids, none, y, 0.3).convergence
+    assert done is not None and done.converged and done.stop == "tolerance"
+    assert 1 <= done.newton_steps < Poly2Config().newton_steps and done.grad_ratio <= Poly2Config().tol
+    assert done.grad_norm > 0 and done.to_dict()["converged"] is True
+
+
+def test_a_fit_that_runs_out_of_newton_steps_warns_how_far_it_stopped_and_records_converged_false(caplog) -> None:
+    tokens, y = xor_rows(2000, 11)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    with caplog.at_level("WARNING", logger="trainer.companion.poly2"):
+        model = fit(ids, none, y, 0.3, config=Poly2Config(newton_steps=1, tol=1e-10))
+    done = model.convergence
+    assert done is not None and not done.converged and done.stop == "newton_steps" and done.newton_steps == 1
+    assert done.grad_ratio > 1e-10
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "of 2000 rows at C 0.3 stopped unconverged after 1 Newton steps" in warning
+    assert f"{done.grad_ratio:.2e} of its norm at zero weights" in warning and "x the tolerance 1e-10" in warning
+
+
+def test_a_failed_line_search_stops_the_fit_where_it_was_and_warns(monkeypatch, caplog) -> None:
+    import trainer.companion.poly2 as poly2
+
+    tokens, y = xor_rows(500, 12)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    monkeypatch.setattr(poly2, "_line_search", lambda *a: None)  # no step decreases the objective
+    with caplog.at_level("WARNING", logger="trainer.companion.poly2"):
+        model = fit(ids, none, y, 0.3)
+    assert model.convergence is not None and model.convergence.stop == "line_search"
+    assert not model.convergence.converged and model.convergence.newton_steps == 0
+    assert not model.weights.any() and model.bias == 0  # the weights it started from: no step was taken
+    assert "line search found no step" in caplog.text
+
+
+def test_forward_folds_score_each_block_by_a_fit_of_the_blocks_before_it_alone() -> None:
+    """`cv="forward"`: 3 folds cut the rows into 4 blocks in row order; block k is scored by a fit of blocks 1..k-1
+    (never of a later row), and the loss is over the scored rows (all but the first block)."""
+    tokens, y = xor_rows(1200, 9)
+    ids, none = pair_ids(tokens, 14), np.zeros((len(y), 0))
+    config = Poly2Config(cs=(0.3,), folds=3, tol=1e-8, cv="forward")
+    _, losses = fit_cv(ids, none, y, config=config)
+    z = np.empty(len(y))
+    for lo, hi in ((300, 600), (600, 900), (900, 1200)):
+        model = fit(ids[:lo], none[:lo], y[:lo], 0.3, config=TIGHT)
+        z[lo:hi] = model.logits(ids[lo:hi], none[lo:hi])
+    assert losses[0.3] == pytest.approx(logloss(y[300:], 1 / (1 + np.exp(-z[300:]))), abs=1e-6)
+    assert Poly2Config().cv == "forward"  # the default (the rolling benchmark: the same Cs, in less time)
+    with pytest.raises(ValueError, match="at least 4 rows"):
+        fit_cv(ids[:3], none[:3], y[:3], config=config)

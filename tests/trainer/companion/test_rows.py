@@ -3,9 +3,13 @@ a source that is gone or lacks the own keys is skipped and named, or refused."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from storage.features_manifest import FeaturesManifest
+from storage.io.fsio import SUCCESS
 from tests.trainer.companion.splits import FAST, SCHEMA, write_split
 from trainer.companion.fit import fit_for_spec
 from trainer.companion.rows import candidate_sources, read_rows
@@ -58,11 +62,34 @@ def test_a_source_that_is_gone_is_skipped_and_named_and_no_rows_at_all_is_refuse
         config=FAST,
     )
     assert record["skipped_sources"] == [f"{gone} (train)"] and record["rows"] == 40
-    with pytest.raises(FileNotFoundError, match="no rows to fit: every source was skipped.*deleted"):
+    with pytest.raises(FileNotFoundError, match="the day's features .*deleted are gone"):
         read_rows([(gone, "train", None)], SCHEMA, 100)
 
 
 def test_rows_without_the_values_own_keys_are_refused_saying_how_to_encode_them(tmp_path):
     day = write_split(tmp_path, "d1", "train", 0, 50, raw_keys=False)
     with pytest.raises(ValueError, match="lack the values' own keys.*encode.raw_keys=true"):
+        read_rows([(day, "train", None)], SCHEMA, 100)
+
+
+@pytest.mark.parametrize("manifest", ["undated", "none"])
+def test_a_source_whose_manifest_states_no_date_is_refused_naming_its_manifest_and_the_fix(tmp_path, manifest):
+    """The guard that keeps the day's own rows out of its companion reads the sources' dates: a source it cannot
+    date is refused, never fit unseen (it could be the day's eval rows, the gate's)."""
+    undated = write_split(tmp_path, "old", "eval", 0, 30)
+    day = write_split(tmp_path, "d2", "train", 30, 40)
+    success = tmp_path / "old" / SUCCESS
+    if manifest == "undated":
+        success.write_text(json.dumps(FeaturesManifest(date=None).to_dict()))
+    else:
+        success.unlink()
+    what = f"have no date .*old/{SUCCESS} states none" if manifest == "undated" else f"old/{SUCCESS} is missing"
+    with pytest.raises(ValueError, match=f"rows .*old .*{what}.*--force.*model.companion=off"):
+        fit_for_spec(day, SCHEMA, 1_000, parent=None, parent_features_url=undated, config=FAST, auto=True)
+    own = tmp_path / "d2" / SUCCESS  # the day's own features alike
+    if manifest == "undated":
+        own.write_text(success.read_text())
+    else:
+        own.unlink()
+    with pytest.raises(ValueError, match=f"d2/{SUCCESS}"):
         read_rows([(day, "train", None)], SCHEMA, 100)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -96,7 +97,7 @@ def test_evaluation_scores_a_bag_model_with_its_bags_pooled_as_in_training(mode:
         model=model,
         embeddings=FrozenEmbeddings(np.arange(V), table.numpy(), dim=D, init_std=0.01),
         schema=schema,
-        meta={},
+        meta=SimpleNamespace(score_eps=1e-7, negative_sampling=1.0),  # what `score` reads of model.json
     )
     dense = torch.rand(9, 2)
     frame = pd.DataFrame(

@@ -119,6 +119,7 @@ OTHER_VALUE: dict[str, Any] = {
     "model.bag_pooling": "sum",
     "model.companion": "poly2",
     "model.companion_rows": 1000,
+    "model.companion_blend_weight": 0.7,
     "optim.batch_size": 256,
     "optim.epochs": 2,
     "optim.seed": 1,
@@ -131,6 +132,7 @@ OTHER_VALUE: dict[str, Any] = {
     "optim.lr_decay": "linear",
     "optim.min_lr_ratio": 0.0,
     "optim.k_steps": 1,
+    "optim.negative_sampling": 0.5,
     "optim.train_parent_eval": False,
     "optim.sparse_optimizer": "rowwise_adagrad",
     "optim.wide_loss": 0.5,
@@ -204,11 +206,13 @@ def _identity_before_roles(spec: TrainSpec) -> str:
     optim.pop("train_parent_eval")
     optim.pop("sparse_optimizer")  # added later (compact rows), with the old rule as its neutral value
     optim.pop("wide_loss")  # added later (issue 31), 0 (the model's loss alone) its neutral value
+    optim.pop("negative_sampling")  # added later (issue 52), 1 (every negative) its neutral value
     model = codec.encode(spec.model)
     model.pop("cross_input")  # added later (issue 29), the earlier cross term's input its neutral value
     model.pop("attention_input", None)  # added later (issue 29), every token attended its neutral value
     model.pop("companion")  # added later (issue 31), none its neutral value
     model.pop("companion_rows")  # added with it, its default its neutral value
+    model.pop("companion_blend_weight")  # added later (issue 51), the mean (0.5) its neutral value
     parts = {
         "model": model,
         "optim": optim,
@@ -295,6 +299,8 @@ ADDED_LATER = (
     "model.attention_input",
     "model.companion",
     "model.companion_rows",
+    "model.companion_blend_weight",
+    "optim.negative_sampling",
 )
 """Fields added after the tags of `PINNED`: only their neutral value keeps those tags."""
 
@@ -303,6 +309,12 @@ ADDED_LATER = (
 def test_the_identity_is_the_earlier_one_whatever_field_changes(key: str) -> None:
     for spec in _pair(key):
         assert spec.identity() == _identity_before_roles(spec)
+
+
+def test_a_keep_rate_of_negatives_changes_the_tag_and_1_keeps_the_earlier_one() -> None:
+    spec = _spec()
+    sampled = _spec(optim=dataclasses.replace(spec.optim, negative_sampling=0.1))
+    assert spec.optim.negative_sampling == 1.0 and spec.identity() == "eee1caf9f2" != sampled.identity()
 
 
 def test_a_companion_changes_the_tag_and_none_keeps_the_earlier_one() -> None:

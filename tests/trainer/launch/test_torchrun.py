@@ -5,6 +5,7 @@ rendezvous) train the same model as one node with 4 ranks."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -28,6 +29,9 @@ from trainer.launch.summary import TrainSummary
 from trainer.launch.torchrun import (
     TrainingError,
     TrainResult,
+    alone,
+    rank_command,
+    rank_env,
     run_training,
     spec_env,
     torchrun_command,
@@ -127,6 +131,7 @@ def test_run_training_commits_the_model_directory(trained) -> None:
     # 4001 rows / 2 ranks = 2000 each (1 dropped), batch 128 -> 16 steps per epoch, 2 epochs
     assert st["steps"] == 32 and st["examples"] == 8000 and st["dropped_rows"] == 1
     assert st["world_size"] == 2 and st["backend"] == "gloo" and st["device"] == "cpu"
+    assert st["attention_kernel"] == ("compiled" if shutil.which("cc") else "torch-ops"), st["attention_forwards"]
     assert st["dense_sync_bytes"] > 0 and st["sparse_bytes"] > 0 and st["examples_per_s"] > 0
     assert st["final_loss"] < st["mean_loss"] < 0.75
     assert result.train.steps == 32 and result.train.examples == 8000 and result.train.world_size == 2
@@ -245,6 +250,17 @@ def test_max_restarts_restarts_a_rank_that_died_once(trained, monkeypatch) -> No
     result = train(tmp, features, out, tag="restarted", checkpoint_every=8, max_restarts=1, timeout_s=90)
     assert result.train.resumed_from_step == 16
     _assert_same_model(Path(reference.model_url), out)
+
+
+def test_a_job_of_one_rank_starts_its_rank_without_torchrun() -> None:
+    assert alone(TrainerConfig(nproc_per_node=1))  # the launcher starts `rank_command` with `rank_env` itself
+    assert not alone(TrainerConfig(nproc_per_node=2)) and not alone(TrainerConfig(nproc_per_node="auto"))
+    assert not alone(TrainerConfig(nproc_per_node=1, max_restarts=1))  # restarts are torchrun's
+    assert not alone(TrainerConfig(nproc_per_node=1, nnodes=2, rdzv_endpoint="h:29400"))
+    assert rank_command("/s.json")[1:] == ["-m", "trainer.main", "--spec", "/s.json"]
+    env = rank_env("ctrpipe-x")
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("0", "0", "1", "1")
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_RUN_ID"] == "ctrpipe-x"
 
 
 def test_torchrun_command_passes_max_restarts() -> None:

@@ -33,12 +33,16 @@ def test_dropout_bag_pooling_attention_input_and_the_companion_are_the_fields_th
         "attention_input",
         "bag_pooling",
         "companion",
+        "companion_blend_weight",
         "companion_rows",
         "dropout",
     ]
 
 
-@pytest.mark.parametrize(("key", "value"), [("companion", "gbdt"), ("companion_rows", 10)])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("companion", "gbdt"), ("companion_rows", 10), ("companion_blend_weight", 1.5), ("companion_blend_weight", -0.1)],
+)
 def test_a_bad_companion_setting_is_refused_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"model.{key} must be"):
         ModelConfig(**{key: value})  # type: ignore[arg-type]
