@@ -330,6 +330,34 @@ TABLES = {
             ),
         ),
         Table(
+            "bench.serve-one-line-criteo",
+            "serve-one-line-criteo",
+            (
+                _c("part", "part"),
+                _c("req_s", "requests/s", "{:,.0f}"),
+                _c("p50_ms", "p50 ms", "{:.2f}"),
+                _c("p99_ms", "p99 ms", "{:.2f}"),
+                _c("features_ms", "features", "{:.2f}"),
+                _c("lookup_ms", "lookup", "{:.2f}"),
+                _c("forward_ms", "forward", "{:.2f}"),
+                _c("http_other_ms", "HTTP, JSON, loop", "{:.2f}"),
+            ),
+        ),
+        Table(
+            "bench.serve-one-line-avazu",
+            "serve-one-line-avazu",
+            (
+                _c("part", "part"),
+                _c("req_s", "requests/s", "{:,.0f}"),
+                _c("p50_ms", "p50 ms", "{:.2f}"),
+                _c("p99_ms", "p99 ms", "{:.2f}"),
+                _c("features_ms", "features", "{:.2f}"),
+                _c("lookup_ms", "lookup", "{:.2f}"),
+                _c("forward_ms", "forward", "{:.2f}"),
+                _c("http_other_ms", "HTTP, JSON, loop", "{:.2f}"),
+            ),
+        ),
+        Table(
             "bench.day",
             "day",
             (
