@@ -1,9 +1,9 @@
 """`ShardIo`: a shard's reads ahead and writes behind, on one background thread, with the rows in flight.
 
-Measured on the product path (`bench.bigday`, a day with 5% of its rows in the host tier): the step waited 17 s on
-SSD reads and 15 s on write-backs of a 95 s training, a third of it.  The reads of the next batch's missing rows
-(`SsdStore.prefetch`) and the write-backs of evicted rows both belong off the step's path, as TorchRec's prefetch
-pipeline and the seeds' parameter server do.
+On a day whose rows live mostly on SSD, a step that reads its misses and writes its evictions itself waits on
+the disk (a third of training, `bench.bigday`).  The reads of the next batch's missing rows (`SsdStore.prefetch`)
+and the write-backs of evicted rows both belong off the step's path, as TorchRec's prefetch pipeline and the
+seeds' parameter server do.
 
 One thread does both, in the order they were asked, so the shard's file and index are only ever used by one thread
 at a time: while jobs are in flight the caller serves rows from memory only (`from_memory`: the newest write in
