@@ -243,10 +243,24 @@ PREFECT_API = {"bench.day", "bench.bigday"}
 one: which server a run reports to is no part of what the benchmark measures, at a smoke size least of all."""
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, [])) for n in SMOKE])
+DAYS = ("bench.quality", "bench.day", "bench.bigday", "bench.rare_positives")
+"""The smoke runs that train days through the flow, a minute each: tests/bench/test_smoke_days.py runs them, a file
+of their own, so that `--dist loadfile` can give them to another worker than the rest of this file's."""
+
+
+def params(names: list[str] | tuple[str, ...]) -> list[Any]:
+    return [pytest.param(n, marks=MARKS.get(n, [])) for n in names]
+
+
+@pytest.mark.parametrize("name", params([n for n in SMOKE if n not in DAYS]))
 def test_the_benchmark_runs_at_its_smoke_size_and_writes_its_results(
     name: str, tmp_path: Path, request: pytest.FixtureRequest, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    smoke(name, tmp_path, request, capfd)
+
+
+def smoke(name: str, tmp_path: Path, request: pytest.FixtureRequest, capfd: pytest.CaptureFixture[str]) -> None:
+    """`name`'s smoke run in this process, into a results folder of its own, and its checks (`CHECKS`)."""
     if name in SHARED_DATA:
         request.getfixturevalue("shared_data")
     if name == "bench.quality_ladder":
@@ -263,4 +277,5 @@ def test_every_benchmark_command_has_a_smoke_size_that_python_m_bench_smoke_runs
     with_smoke = {c for c in commands if "add_smoke(" in (REPO / "bench" / f"{c}.py").read_text()}
     assert with_smoke == commands
     assert set(SMOKE) == {f"bench.{c}" for c in with_smoke} == set(CHECKS)
+    assert set(DAYS) <= set(SMOKE)  # each smoke runs in one of the two files
     assert SMOKE[-1] == "bench.capacity"  # it reads the others' results
