@@ -54,6 +54,17 @@ def _c(path: str, header: str, fmt: str = "") -> Column:
 
 
 AUC, DIFF = "{:.4f}", "{:+.4f}"
+ONE_LINE = (
+    _c("part", "part"),
+    _c("req_s", "requests/s", "{:,.0f}"),
+    _c("p50_ms", "p50 ms", "{:.2f}"),
+    _c("p99_ms", "p99 ms", "{:.2f}"),
+    _c("features_ms", "features", "{:.2f}"),
+    _c("lookup_ms", "lookup", "{:.2f}"),
+    _c("forward_ms", "forward", "{:.2f}"),
+    _c("http_other_ms", "HTTP, JSON, loop", "{:.2f}"),
+)
+"""bench.serve's one-line cells (`--request used --out serve-one-line-<schema>`), one table per schema."""
 UNIT = "unit"
 """A column's `fmt` that formats each number by its row's `unit`, as `bench.capacity` prints it."""
 TABLES = {
@@ -329,33 +340,9 @@ TABLES = {
                 _c("http_other_ms", "HTTP, JSON, loop", "{:.1f}"),
             ),
         ),
-        Table(
-            "bench.serve-one-line-criteo",
-            "serve-one-line-criteo",
-            (
-                _c("part", "part"),
-                _c("req_s", "requests/s", "{:,.0f}"),
-                _c("p50_ms", "p50 ms", "{:.2f}"),
-                _c("p99_ms", "p99 ms", "{:.2f}"),
-                _c("features_ms", "features", "{:.2f}"),
-                _c("lookup_ms", "lookup", "{:.2f}"),
-                _c("forward_ms", "forward", "{:.2f}"),
-                _c("http_other_ms", "HTTP, JSON, loop", "{:.2f}"),
-            ),
-        ),
-        Table(
-            "bench.serve-one-line-avazu",
-            "serve-one-line-avazu",
-            (
-                _c("part", "part"),
-                _c("req_s", "requests/s", "{:,.0f}"),
-                _c("p50_ms", "p50 ms", "{:.2f}"),
-                _c("p99_ms", "p99 ms", "{:.2f}"),
-                _c("features_ms", "features", "{:.2f}"),
-                _c("lookup_ms", "lookup", "{:.2f}"),
-                _c("forward_ms", "forward", "{:.2f}"),
-                _c("http_other_ms", "HTTP, JSON, loop", "{:.2f}"),
-            ),
+        *(
+            Table(f"bench.serve-one-line-{schema}", f"serve-one-line-{schema}", ONE_LINE)
+            for schema in ("criteo", "avazu")
         ),
         Table(
             "bench.day",

@@ -26,9 +26,9 @@ from typing import Any, Literal
 
 import fsspec
 
-from storage.io import codec, fsio
 from storage.io.records import (
     MANIFEST_FORMAT_KEY,
+    CommittedManifest,
     FormatError,
     RecordFormat,
     read_manifest,
@@ -148,7 +148,7 @@ class Duplicates:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FeaturesManifest:
+class FeaturesManifest(CommittedManifest):
     """`_SUCCESS.json` of a committed features directory (see the module docstring)."""
 
     manifest_format: str = FEATURES_FORMAT.tag
@@ -210,16 +210,6 @@ class FeaturesManifest:
         }
         if self.raw_keys:  # absent otherwise: features encoded before the key existed are still these features
             out["raw_keys"] = True
-        return out
-
-    def data_dir(self, final: str) -> str:
-        """Where the files of the directory `final` this manifest commits are (`storage.io.fsio.data_dir`)."""
-        return fsio.data_dir(final, {fsio.DATA: self.data} if self.data is not None else {})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The manifest to commit (`storage.io.fsio.commit_dir`; without `data`, which the commit adds)."""
-        out = codec.encode(self)
-        del out["data"]
         return out
 
     @classmethod

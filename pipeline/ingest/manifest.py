@@ -19,10 +19,11 @@ from typing import Any
 
 import fsspec
 
-from storage.io import codec, fsio
+from storage.io import fsio
 from storage.io.layout import Layout
 from storage.io.records import (
     MANIFEST_FORMAT_KEY,
+    CommittedManifest,
     FormatError,
     RecordFormat,
     read_manifest,
@@ -59,12 +60,8 @@ class Part:
     rows: int = 0
 
 
-def _data_dir(final: str, data: str | None) -> str:
-    return fsio.data_dir(final, {fsio.DATA: data} if data is not None else {})
-
-
 @dataclass(frozen=True, kw_only=True)
-class EventsManifest:
+class EventsManifest(CommittedManifest):
     """`_SUCCESS.json` of a committed events directory: the day's rows, parts and row accounting.
 
     rows_read = rows_written + rows_quarantined + rows_other_dates (`pipeline.ingest.stage`).
@@ -106,20 +103,10 @@ class EventsManifest:
     """The data prefix of a directory committed on an object store (`storage.io.fsio`); set by the
     commit, never by the writer."""
 
-    def data_dir(self, final: str) -> str:
-        """Where the files of the directory `final` this manifest commits are (`storage.io.fsio.data_dir`)."""
-        return _data_dir(final, self.data)
-
     def part_urls(self, final: str) -> list[str]:
         """The events parts of the directory `final`, in order."""
         files = self.data_dir(final)
         return [fsio.join(files, p.name) for p in self.parts]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The manifest to commit (`storage.io.fsio.commit_dir`; without `data`, which the commit adds)."""
-        out = codec.encode(self)
-        del out["data"]
-        return out
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> EventsManifest:
@@ -133,7 +120,7 @@ class EventsManifest:
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuarantineManifest:
+class QuarantineManifest(CommittedManifest):
     """`_SUCCESS.json` of a committed quarantine directory: the day's bad rows, why, and one row of each reason."""
 
     manifest_format: str = QUARANTINE_FORMAT.tag
@@ -149,16 +136,6 @@ class QuarantineManifest:
     code_version: str = ""
     data: str | None = None
     """The data prefix of a directory committed on an object store; set by the commit, never by the writer."""
-
-    def data_dir(self, final: str) -> str:
-        """Where the files of the directory `final` this manifest commits are (`storage.io.fsio.data_dir`)."""
-        return _data_dir(final, self.data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The manifest to commit (`storage.io.fsio.commit_dir`; without `data`, which the commit adds)."""
-        out = codec.encode(self)
-        del out["data"]
-        return out
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> QuarantineManifest:

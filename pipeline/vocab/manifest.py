@@ -20,9 +20,9 @@ from typing import Any
 
 import fsspec
 
-from storage.io import codec, fsio
 from storage.io.records import (
     MANIFEST_FORMAT_KEY,
+    CommittedManifest,
     FormatError,
     RecordFormat,
     read_manifest,
@@ -66,7 +66,7 @@ class DayFieldStats:
 
 
 @dataclass(frozen=True, kw_only=True)
-class VocabManifest:
+class VocabManifest(CommittedManifest):
     """`_SUCCESS.json` of a committed vocabulary directory (see the module docstring)."""
 
     manifest_format: str = VOCAB_FORMAT.tag
@@ -99,16 +99,6 @@ class VocabManifest:
     data: str | None = None
     """The data prefix of a directory committed on an object store (`storage.io.fsio`); set by the
     commit, never by the writer."""
-
-    def data_dir(self, final: str) -> str:
-        """Where the files of the directory `final` this manifest commits are (`storage.io.fsio.data_dir`)."""
-        return fsio.data_dir(final, {fsio.DATA: self.data} if self.data is not None else {})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The manifest to commit (`storage.io.fsio.commit_dir`; without `data`, which the commit adds)."""
-        out = codec.encode(self)
-        del out["data"]
-        return out
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str) -> VocabManifest:

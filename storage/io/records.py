@@ -99,6 +99,23 @@ MANIFEST_FORMAT_KEY = "manifest_format"
 """Where a data directory's manifest (`_SUCCESS.json`) names its format: its `format` holds the log format."""
 
 
+class CommittedManifest:
+    """What every manifest of a committed directory has (`storage.io.fsio.commit_dir`): its `data` field, the data
+    prefix on an object store, which the commit sets and the writer never does."""
+
+    data: str | None
+
+    def data_dir(self, final: str) -> str:
+        """Where the files of the directory `final` this manifest commits are (`storage.io.fsio.data_dir`)."""
+        return fsio.data_dir(final, {fsio.DATA: self.data} if self.data is not None else {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest to commit (`storage.io.fsio.commit_dir`; without `data`, which the commit adds)."""
+        out = codec.encode(self)
+        del out["data"]
+        return out
+
+
 def read_record(cls: type[C], data: Any, *, fmt: RecordFormat, where: str, format_key: str = "format") -> C:
     """`cls` (a dataclass) from the content of a persisted file, checked against `fmt` and read tolerantly.
 

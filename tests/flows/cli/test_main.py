@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli.exit_codes import ExitCode, help_text
-from tests.helpers.in_process import isolated
+from tests.helpers.cli_here import ctrpipe_here
 from tests.helpers.pristine import Pristine
 
 CTRPIPE = [sys.executable, "-m", "flows.cli.main"]
@@ -61,20 +61,8 @@ def ctrpipe(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess
 
 
 def here(*args: str, env: dict[str, str], tmp: Path, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
-    """`ctrpipe args` as `ctrpipe` would run it with the environment `env`, in this process: its exit code, stdout
-    and stderr (what it changes in this process is put back: `tests.helpers.in_process.isolated`)."""
-    from flows.cli.main import main
-
-    capfd.readouterr()
-    with isolated(tmp):
-        os.environ.clear()
-        os.environ.update(env)
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # argparse: --help, or a command line it cannot read
-            code = exc.code
-    out = capfd.readouterr()
-    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+    """`ctrpipe args` with the environment `env`, in this process (`tests.helpers.cli_here.ctrpipe_here`)."""
+    return ctrpipe_here(*args, tmp=tmp, capfd=capfd, env=env)
 
 
 def lines_of(out: subprocess.CompletedProcess) -> list[str]:
