@@ -362,6 +362,7 @@ TABLES = {
             "bigday",
             (
                 _c("run", "run"),
+                _c("warm_rows", "warm rows", "{:,}"),
                 _c("examples_per_s", "examples/s", "{:,.0f}"),
                 _c("vs_unbounded", "vs unbounded", "{:.2f}x"),
                 _c("auc", "AUC", AUC),
@@ -372,6 +373,7 @@ TABLES = {
                 _c("evictions_per_example", "evictions/ex", "{:.2f}"),
                 _c("rank_peak_rss_mib", "rank peak RSS MiB", "{:,.0f}"),
             ),
+            rows="runs",
         ),
         Table(
             "bench.capacity",
@@ -484,7 +486,8 @@ def render(table: Table, result: dict[str, Any]) -> str:
     if not table.footer:
         lines.append(f"\nFrom {where}, the run above.")
         return "\n".join(lines) + "\n"
-    commit = str(result.get("commit", "unknown"))[:7]
+    commit = str(result.get("commit", "unknown"))
+    commit = commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")  # measured on a tree no commit holds
     source = "; transcribed" if transcribed(result) else f"; {result['source']}" if result.get("source") else ""
     lines.append(f"\nFrom {where}: {commit}, {result.get('date', 'no date')}, {machine_line(result)}{source}.")
     if result.get("conditions"):

@@ -28,14 +28,23 @@ TRANSCRIBED = "transcribed from"
 
 
 def git_commit() -> str:
-    """The checkout's commit (`git rev-parse HEAD`), or "unknown" outside a git checkout."""
+    """The checkout's commit (`git rev-parse HEAD`), with "-dirty" when code outside bench/results/ differs from it
+    (the numbers then come from a tree no commit holds), or "unknown" outside a git checkout."""
     try:
-        done = subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
-        )
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return done.stdout.strip() or "unknown"
+    return (head + "-dirty" if changed else head) if head else "unknown"
 
 
 def cpu_model() -> str:

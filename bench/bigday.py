@@ -1,19 +1,22 @@
-"""A day bigger than the host tier: the same generated day trained twice, rows mostly on SSD vs all in memory.
+"""Days bigger than the host tier: the same generated days trained twice, rows mostly on SSD vs all in memory.
 
-    python -m bench.bigday [--rows 300000] [--keys 10000000] [--zipf 1.0] [--budget-mb 1] [--smoke]
+    python -m bench.bigday [--rows 300000] [--keys 10000000] [--zipf 1.0] [--budget-mb 1] [--days 2] [--smoke]
+    python -m bench.bigday --rows 1000000 --set vocab.min_count=1     # goal 1's day: ~10^7 admitted keys
 
-Through the product path: `ctrpipe generate --keys K --zipf S` writes one day, then `ctrpipe run` trains it twice
-in fresh roots with the default config, once with `store.host_budget_mb` = `--budget-mb` (the bounded day: with
-the defaults, ~5% of the day's admitted rows fit in the host tier) and once with the default budget (every row
-fits).  From each day's record: examples/s, AUC, and the store's rates (`storage.embedding.pressure`: host hit
-rate, SSD bytes read and written per example, the share of training the step waited on the SSD, evictions per
-example); from the process tree, the rank's peak RSS beside its budget.  The disk's own limit is measured in the
-same run: random 4 KiB O_DIRECT reads per second at the SSD tier's queue depth (`SsdStore`'s `io_threads`, one
-`preadv` per unit from each thread), on a file in the same folder.  `ssd_bound_examples_per_s` = that rate x 4 KiB
-/ the bounded day's SSD bytes read per example: what the disk alone would allow, were every read waited on.
+Through the product path: `ctrpipe generate --keys K --zipf S` writes `--days` days, then `ctrpipe backfill` trains
+them twice, in fresh roots with the default config (and `--set`s), once with `store.host_budget_mb` = `--budget-mb`
+(the bounded root: with the defaults, ~5% of a day's admitted rows fit in the host tier) and once with the default
+budget (every row fits).  Each day after the first warm-starts from the one before, in the bounded root from rows
+that lie mostly on SSD; the speed pair is the last day's.  From each day's record: examples/s, AUC, and the store's
+rates (`storage.embedding.pressure`: host hit rate, SSD bytes read and written per example, the share of training
+the step waited on the SSD, evictions per example); from the process tree, the rank's peak RSS beside its budget.
+The disk's own limit is measured in the same run: random 4 KiB O_DIRECT reads per second at the SSD tier's queue
+depth (`SsdStore`'s `io_threads`, one `preadv` per unit from each thread), on a file in the same folder.
+`ssd_bound_examples_per_s` = that rate x 4 KiB / the bounded day's SSD bytes read per example: what the disk alone
+would allow, were every read waited on.
 
 Goal (issue 54): the bounded day's examples/s >= 0.8x the unbounded one's, the same AUC.
-Results: bench/results/bigday.json.  `--smoke`: a 4,000-row day (a minute: checks it runs).
+Results: bench/results/bigday.json.  `--smoke`: one 3,000-row day per root (half a minute: checks it runs).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from flows.config import RunConfig
 from flows.day.record import read_record
 from storage.embedding.ssd.direct_io import UnitFile
 from storage.embedding.ssd.store import SsdStore
+from storage.io.dates import shift_date
 
 REPO = Path(__file__).resolve().parents[1]
 DATE = "2026-01-01"
@@ -44,7 +48,7 @@ UNIT = 4096
 QUEUE_DEPTH: int = inspect.signature(SsdStore).parameters["io_threads"].default
 """The SSD tier's I/O threads: how many reads it has in flight at once."""
 GOAL_RATIO = 0.8
-SMOKE = {"rows": 4_000, "keys": 2_000_000, "disk_mb": 16, "disk_s": 0.5}
+SMOKE = {"rows": 3_000, "days": 1, "keys": 2_000_000, "disk_mb": 16, "disk_s": 0.5}
 
 
 def ctrpipe(args: list[str], work: Path, log: Path) -> tuple[int, dict[str, int]]:
@@ -65,10 +69,12 @@ def ctrpipe(args: list[str], work: Path, log: Path) -> tuple[int, dict[str, int]
     return rc, tree.peak_rss_by_kind()
 
 
-def generate(work: Path, rows: int, keys: int, zipf: float) -> dict[str, Any]:
-    """The day, through `ctrpipe generate`: its distinct keys and the ones seen twice (what the vocab admits)."""
+def generate(work: Path, rows: int, keys: int, zipf: float, days: int = 1) -> dict[str, Any]:
+    """The days, through `ctrpipe generate`: the first day's distinct keys and the ones seen twice (what the vocab
+    admits)."""
     log = work / "generate.log"
-    args = ["generate", "--out", str(work / "raw"), "--days", "1", "--rows-per-day", str(rows), "--start-date", DATE]
+    args = ["generate", "--out", str(work / "raw"), "--days", str(days), "--rows-per-day", str(rows)]
+    args += ["--start-date", DATE]
     rc, _ = ctrpipe([*args, "--keys", str(keys), "--zipf", str(zipf)], work, log)
     text = log.read_text()
     found = re.search(r"([\d,]+) keys \(([\d,]+) seen twice", text)
@@ -77,35 +83,62 @@ def generate(work: Path, rows: int, keys: int, zipf: float) -> dict[str, Any]:
     return {"rows": rows, "keys": int(found[1].replace(",", "")), "repeated": int(found[2].replace(",", ""))}
 
 
-def train_day(work: Path, tag: str, budget_mb: int | None, device_rows: int = 0) -> dict[str, Any]:
-    """`ctrpipe run` of the day in a root of its own (`budget_mb` None: the default budget; `device_rows` > 0: a
-    device cache of that many rows over the host tier, a CPU cache on a CPU rank); its row."""
+def train_days(
+    work: Path, tag: str, budget_mb: int | None, days: int, device_rows: int = 0, extra: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """`ctrpipe backfill` of the `days` days in a root of its own (`budget_mb` None: the default budget;
+    `device_rows` > 0: a device cache of that many rows over the host tier, a CPU cache on a CPU rank); a row per
+    day.  Each day after the first warm-starts from the model before it: with a small budget, from rows that lie
+    mostly on the SSD tier.  `extra`: more `KEY=VALUE` settings, for every root."""
     root = work / f"root-{tag}"
-    sets = {"root": str(root), "input.url": f"{work / 'raw'}/day_{{date}}.tsv.gz"}
+    sets = {
+        "root": str(root),
+        "input.url": f"{work / 'raw'}/day_{{date}}.tsv.gz",
+        **dict(kv.split("=", 1) for kv in extra),
+    }
     if budget_mb is not None:
         sets["store.host_budget_mb"] = str(budget_mb)
     if device_rows:
         sets["store.device_cache_rows"] = str(device_rows)
+    dates = [shift_date(DATE, i) for i in range(days)]
     t0 = time.perf_counter()
     rc, peaks = ctrpipe(
-        ["run", "--date", DATE, *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))], work, work / f"{tag}.log"
+        [
+            "backfill",
+            "--start",
+            dates[0],
+            "--end",
+            dates[-1],
+            *(a for k, v in sets.items() for a in ("--set", f"{k}={v}")),
+        ],
+        work,
+        work / f"{tag}.log",
     )
-    record = read_record(RunConfig(root=str(root)).layout(), DATE)
-    if rc not in (0, 2) or record is None or not record.completed:  # 2: the gate refused, the day still trained
-        raise RuntimeError(f"ctrpipe run ({tag}) exited {rc}:\n{(work / f'{tag}.log').read_text()[-3000:]}")
-    store = record.train.get("store") or {}
+    wall = time.perf_counter() - t0
     budget = budget_mb if budget_mb is not None else RunConfig().store.host_budget_mb
-    return {
-        "run": f"{tag} ({budget} MiB host)",
-        "budget_mib": budget,
-        "examples": record.train.get("examples"),
-        "examples_per_s": record.train.get("examples_per_s"),
-        "train_s": record.seconds.get("train"),
-        "wall_s": time.perf_counter() - t0,
-        "auc": record.auc,
-        **{k: store.get(k) for k in _STORE_KEYS},
-        "rank_peak_rss_mib": peaks.get("rank", 0) / 2**20,
-    }
+    rows = []
+    for i, date in enumerate(dates):
+        record = read_record(RunConfig(root=str(root)).layout(), date)
+        if rc not in (0, 2) or record is None or not record.completed:  # 2: the gate refused, the day still trained
+            raise RuntimeError(f"ctrpipe backfill ({tag}) exited {rc}:\n{(work / f'{tag}.log').read_text()[-3000:]}")
+        store = record.train.get("store") or {}
+        rows.append(
+            {
+                "run": f"{tag} ({budget} MiB host), day {i + 1}" + (" (cold)" if i == 0 else " (warm)"),
+                "budget_mib": budget,
+                "day": i + 1,
+                "warm_rows": (record.warm or {}).get("rows"),
+                "examples": record.train.get("examples"),
+                "examples_per_s": record.train.get("examples_per_s"),
+                "train_s": record.seconds.get("train"),
+                "warm_s": record.seconds.get("warm"),
+                "backfill_wall_s": wall,
+                "auc": record.auc,
+                **{k: store.get(k) for k in _STORE_KEYS},
+                "rank_peak_rss_mib": peaks.get("rank", 0) / 2**20,
+            }
+        )
+    return rows
 
 
 _STORE_KEYS = (
@@ -185,34 +218,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-mb", type=int, default=1, help="store.host_budget_mb of the bounded day")
     p.add_argument("--disk-mb", type=int, default=512, help="size of the disk probe's file")
     p.add_argument("--disk-s", type=float, default=5.0, help="seconds of random reads in the disk probe")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config for both roots (--set)")
+    p.add_argument("--days", type=int, default=2, help="days per root; the speed pair is the last (warm) day's")
     p.add_argument("--repeat", type=int, default=1, help="bounded/unbounded pairs, alternated (the machine's load)")
-    p.add_argument("--device-cache-rows", type=int, default=0, help="> 0: one more bounded day with all three tiers")
+    p.add_argument("--device-cache-rows", type=int, default=0, help="> 0: one more bounded root with all three tiers")
     p.add_argument("--work", default=None, help="folder for the day's files and roots (default: a temp dir)")
     add_smoke(p)
     args = apply_smoke(p.parse_args(argv), SMOKE)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-bigday-"))
     work.mkdir(parents=True, exist_ok=True)
-    day = generate(work, args.rows, args.keys, args.zipf)
-    print(f"day: {day['rows']:,} rows, {day['keys']:,} keys, {day['repeated']:,} seen twice or more", flush=True)
+    day = generate(work, args.rows, args.keys, args.zipf, args.days)
+    print(f"day 1: {day['rows']:,} rows, {day['keys']:,} keys, {day['repeated']:,} seen twice or more", flush=True)
     rows: list[dict[str, Any]] = []
+    last: list[dict[str, Any]] = []  # the last day of each root: what the pairs compare
     for i in range(1, args.repeat + 1):  # each pair back to back: a load that changes meanwhile hits both
         tag = f"-{i}" if args.repeat > 1 else ""
-        pair = train_day(work, f"bounded{tag}", args.budget_mb), train_day(work, f"unbounded{tag}", None)
-        for r in pair:
-            r["vs_unbounded"] = r["examples_per_s"] / pair[1]["examples_per_s"]
-        rows += pair
+        bounded = train_days(work, f"bounded{tag}", args.budget_mb, args.days, extra=tuple(args.set))
+        unbounded = train_days(work, f"unbounded{tag}", None, args.days, extra=tuple(args.set))
+        for b, u in zip(bounded, unbounded, strict=True):
+            b["vs_unbounded"], u["vs_unbounded"] = b["examples_per_s"] / u["examples_per_s"], 1.0
+        rows += [*bounded, *unbounded]
+        last += [bounded[-1], unbounded[-1]]
     if args.device_cache_rows:
-        three = train_day(work, "three-tiers", args.budget_mb, args.device_cache_rows)
-        three["vs_unbounded"] = three["examples_per_s"] / rows[-1]["examples_per_s"]
-        rows.append(three)
+        three = train_days(work, "three-tiers", args.budget_mb, args.days, args.device_cache_rows, tuple(args.set))
+        for t, u in zip(three, rows[-args.days :], strict=True):
+            t["vs_unbounded"] = t["examples_per_s"] / u["examples_per_s"]
+        rows += three
     disk = disk_random_reads(work, args.disk_mb, args.disk_s)
-    pairs = sorted(zip(rows[: 2 * args.repeat : 2], rows[1 : 2 * args.repeat : 2], strict=True), key=_ratio)
+    pairs = sorted(zip(last[::2], last[1::2], strict=True), key=_ratio)
     bounded, unbounded = pairs[len(pairs) // 2]  # the median pair
     summary = compare(bounded, unbounded, disk, day)
     print_table(
         rows,
         [
             "run",
+            "warm_rows",
             "examples_per_s",
             "vs_unbounded",
             "auc",
@@ -237,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "bigday",
         {
             "day": day,
-            "rows": [bounded, unbounded],  # the median pair; every run in `runs`
+            "rows": [bounded, unbounded],  # the median pair of last days; every day of every root in `runs`
             "runs": rows,
             "disk": disk,
             "summary": summary,

@@ -165,6 +165,14 @@ REVIEWED = frozenset(
         # flows.day.preload): both exist in 2.4 (_dynamo since 2.0, export._trace since 2.2)
         "torch._dynamo",
         "torch.export._trace",
+        # the dense Adam (trainer.optim.fused_adam): the op torch.optim.Adam(fused=True) calls, on CPU since 2.4; the
+        # foreach ops it calls around it since 1.x
+        "torch._fused_adam_",
+        "torch._foreach_add_",
+        "torch._foreach_sub_",
+        "torch._foreach_zero_",
+        # the companion's design (trainer.companion.poly2): sort(stable=) since 1.9
+        "torch.sort",
         # named in attention_native's docstring as the build path it does not take; cpp_extension since 1.x
         "torch.utils.cpp_extension.load_inline",
     }

@@ -44,6 +44,8 @@ _LE64 = np.dtype("<u8")
 _BIT = np.array([1 << i for i in range(8)], dtype=np.uint8)
 _MAX_LOAD = 0.5
 _GROWTH = 1.5
+INITIAL_SLOTS = 1 << 16
+"""The slots a bounded `SlotMap` (and `SlotCache`) starts with; each grows by `_GROWTH` up to its capacity."""
 """On growth, room for this many times the live keys (load about 1/3 right after)."""
 _WINDOW = 8
 """Cells compared per key per window round (8: the matches of a window read as one uint64)."""
@@ -288,8 +290,11 @@ class SlotMap:
         if capacity is not None and not 0 <= capacity <= MAX_SLOTS:
             raise ValueError(f"SlotMap capacity must be in [0, {MAX_SLOTS}], got {capacity}")
         self.capacity = capacity
-        self._index = KeyIndex(capacity or 0, value_dtype=np.int32)
-        self.slot_keys = np.full(capacity or 0, EMPTY, dtype=np.int64)
+        # sized for the keys as they come, not for `capacity` up front: a small day under a large budget would
+        # otherwise fill (and free) a table for millions of keys it never holds
+        start = min(capacity or 0, INITIAL_SLOTS)
+        self._index = KeyIndex(start, value_dtype=np.int32)
+        self.slot_keys = np.full(start, EMPTY, dtype=np.int64)
         self.high_water = 0  # slots [0, high_water) have been used at least once
         self._free = np.empty(0, dtype=np.int64)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from storage.embedding.config import POLICIES
-from storage.embedding.index import SlotMap
+from storage.embedding.index import INITIAL_SLOTS, SlotMap
 
 _FREQ_CAP = (1 << 30) - 1
 _TICK_BITS = 33
@@ -53,13 +53,15 @@ class SlotCache:
         self.scans = 0  # victim selections run (each one scans every resident)
         self.map = SlotMap(capacity)
         self.tick = 0
-        self._grow(capacity or 0)
+        self._grow(min(capacity or 0, INITIAL_SLOTS))  # grown with the slots in use, up to `capacity`
 
     def _grow(self, n: int) -> None:
         old = getattr(self, "_score", np.empty(0, dtype=np.int64)).size
         if n <= old and old:
             return
-        n = max(n, 2 * old, 1024) if self.capacity is None else max(n, old)
+        n = max(n, 2 * old, 1024)
+        if self.capacity is not None:
+            n = max(min(n, self.capacity), old)
         for name, dtype in (("_score", np.int64), ("dirty", bool), ("in_below", bool)):
             arr = np.zeros(n, dtype=dtype)
             if old:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_a_fresh_result_is_stamped_and_keeps_its_raw_detail_beside_it(tmp_path: 
     path = _common.write_json("x", {"rows": [{"run": "a", "s": 1 / 3}], "raw": {"per_step": list(range(5))}})
     result = json.loads(path.read_text())
     assert result["rows"] == [{"run": "a", "s": 0.333333}] and "raw" not in result
-    assert len(result["commit"]) == 40 or result["commit"] == "unknown"
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", result["commit"]), result["commit"]
     assert result["date"] == result["environment"]["time"][:10] and result["machine"]["cpus"] >= 1
     assert json.loads((tmp_path / "raw" / "x.json").read_text()) == {"raw": {"per_step": [0, 1, 2, 3, 4]}}
 

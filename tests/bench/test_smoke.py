@@ -138,6 +138,9 @@ def check_bigday(out: str, results: Path) -> None:
         assert row["examples_per_s"] > 0 and 0 < row["auc"] < 1 and 0 < row["host_hit_rate"] <= 1, row
         assert row["rank_peak_rss_mib"] > 0 and row["ssd_wait_share"] >= 0, row
     assert unbounded["vs_unbounded"] == 1.0 and data["day"]["repeated"] > 0
+    # the pair is the last day's (the smoke's one cold day: `warm_rows` 0); every day of each root is in `runs`
+    assert bounded["day"] == unbounded["day"] == 1 and bounded["warm_rows"] == unbounded["warm_rows"] == 0
+    assert [r["run"].split(", ")[1] for r in data["runs"]] == ["day 1 (cold)"] * 2, data["runs"]
     assert data["disk"]["reads_per_s"] > 0 and data["disk"]["queue_depth"] >= 1
     assert "random 4 KiB reads/s" in out
 
@@ -233,7 +236,7 @@ MARKS = {
     "bench.het": [pytest.mark.distributed],
     # `ctrpipe backfill` (Dask, torchrun) for 2 days against the session's Prefect server: a minute or more
     "bench.day": [pytest.mark.slow, pytest.mark.server],
-    "bench.bigday": [pytest.mark.slow, pytest.mark.server],  # `ctrpipe generate`, then `ctrpipe run` twice
+    "bench.bigday": [pytest.mark.slow, pytest.mark.server],  # `ctrpipe generate`, then `ctrpipe backfill` twice
     "bench.serve": [pytest.mark.server],  # `ctrpipe score-server`
     "bench.quality": [pytest.mark.slow, pytest.mark.server],  # 2 archs x 3 days through the flow, and the peers
     "bench.rare_positives": [pytest.mark.slow, pytest.mark.server],  # 2 days through the flow: about a minute

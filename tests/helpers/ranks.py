@@ -27,7 +27,10 @@ def _entry(fn: Callable[..., None], rank: int, world_size: int, port: int, args:
         OMP_NUM_THREADS="1",
     )
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    # what torch.use_deterministic_algorithms(True) sets for eager ops; that function also imports torch._inductor to
+    # set the compiler's flag, a second of every spawned rank, and these ranks compile nothing
+    torch._C._set_deterministic_algorithms(True)
+    assert torch.are_deterministic_algorithms_enabled()
     fn(rank, world_size, *args)
 
 

@@ -188,8 +188,9 @@ class _Design:
         columns = np.ascontiguousarray(cols, dtype=np.int64).ravel()
         ones = torch.ones(columns.size, dtype=torch.float64)
         # X^T's rows: each bucket's rows in ascending order (a stable sort of X's columns), what X.to_sparse_csc()
-        # gives, without its conversion (the longest part of building a design)
-        order = np.argsort(columns, kind="stable")
+        # gives, without its conversion (the longest part of building a design); torch's stable sort of the int32
+        # columns takes a fraction of numpy's stable argsort's time, and gives the same order
+        order = torch.sort(torch.from_numpy(columns).to(index), stable=True).indices.numpy()
         ccol = np.zeros(width + 1, dtype=np.int64)
         np.cumsum(np.bincount(columns, minlength=width), out=ccol[1:])
         with warnings.catch_warnings():  # "sparse CSR support is in beta": the two products used here are not
