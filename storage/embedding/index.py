@@ -44,9 +44,10 @@ _LE64 = np.dtype("<u8")
 _BIT = np.array([1 << i for i in range(8)], dtype=np.uint8)
 _MAX_LOAD = 0.5
 _GROWTH = 1.5
-INITIAL_SLOTS = 1 << 16
-"""The slots a bounded `SlotMap` (and `SlotCache`) starts with; each grows by `_GROWTH` up to its capacity."""
 """On growth, room for this many times the live keys (load about 1/3 right after)."""
+INITIAL_SLOTS = 1 << 16
+"""The slots a bounded `SlotMap` (and `SlotCache`) makes room for at first; each grows with the keys it holds, up to
+its capacity."""
 _WINDOW = 8
 """Cells compared per key per window round (8: the matches of a window read as one uint64)."""
 _SAMPLE = 64

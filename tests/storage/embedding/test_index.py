@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from storage.embedding.index import KeyIndex, SlotMap
+from storage.embedding.index import INITIAL_SLOTS, KeyIndex, SlotMap
+from storage.embedding.slot_cache import SlotCache
 
 
 def test_key_index_matches_a_dict_through_inserts_and_removes() -> None:
@@ -40,6 +41,23 @@ def test_slot_map_reuses_slots_and_respects_capacity() -> None:
         sm.add(np.array([15]))
     assert sm.lookup(np.array([14, 10, 11])).tolist()[1:] == [0, -1]
     assert sm.slot_keys[sm.lookup(np.array([10, 12, 13, 14]))].tolist() == [10, 12, 13, 14]
+
+
+def test_a_large_capacity_is_not_allocated_up_front_and_still_bounds_the_keys() -> None:
+    """A day of a few thousand keys under a budget of millions of rows fills no table for the millions; the slot map
+    and its cache grow with the keys they hold, and the capacity still refuses a key past it."""
+    capacity = INITIAL_SLOTS * 3
+    cache = SlotCache(capacity)
+    assert cache.map.slot_keys.size <= INITIAL_SLOTS and cache.map._index.table_size < 4 * INITIAL_SLOTS
+    assert cache.freq.size <= INITIAL_SLOTS
+    keys = np.arange(1, capacity + 1, dtype=np.int64) * 7919
+    for chunk in np.array_split(keys, 5):
+        slots = cache.add(chunk)
+        assert cache.freq.size > slots.max() and cache.map.slot_keys.size > slots.max()
+    assert len(cache) == capacity and cache.map.free_slots == 0 and cache.freq.size == capacity
+    assert np.array_equal(cache.map.slot_keys[cache.map.lookup(keys)], keys)
+    with pytest.raises(ValueError, match="full"):
+        cache.add(np.array([5], dtype=np.int64))
 
 
 def test_key_index_grows_when_a_probe_run_passes_the_overflow_cells(monkeypatch) -> None:
