@@ -1,7 +1,7 @@
 """Days bigger than the host tier: the same generated days trained twice, rows mostly on SSD vs all in memory.
 
     python -m bench.bigday [--rows 300000] [--keys 10000000] [--zipf 1.0] [--budget-mb 1] [--days 2] [--smoke]
-    python -m bench.bigday --rows 1000000 --set vocab.min_count=1     # goal 1's day: ~10^7 admitted keys
+    python -m bench.bigday --rows 1000000 --zipf 0.6 --budget-mb 32 --set vocab.min_count=1   # the committed run
 
 Through the product path: `ctrpipe generate --keys K --zipf S` writes `--days` days, then `ctrpipe backfill` trains
 them twice, in fresh roots with the default config (and `--set`s), once with `store.host_budget_mb` = `--budget-mb`
