@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import subprocess
@@ -71,9 +72,13 @@ def tiny_rows(seed: int = 0, n_values: int = 5, dtype: str = "float32") -> tuple
     return keys, export.cast_rows(export.SparseRows(keys, emb), dtype)
 
 
-def write_tiny_bundle(url: str, *, version: str = "v00001", seed: int = 0, dtype: str = "float32") -> dict[str, Any]:
-    """A full bundle of a random tiny Criteo model at `url` (no registry, no training); returns its manifest."""
+def write_tiny_bundle(
+    url: str, *, version: str = "v00001", seed: int = 0, dtype: str = "float32", negative_sampling: float = 1.0
+) -> dict[str, Any]:
+    """A full bundle of a random tiny Criteo model at `url` (no registry, no training), recorded as trained with
+    `negative_sampling` (the keep-rate of negatives); returns its manifest."""
     meta, network = tiny_model(seed)
+    meta = dataclasses.replace(meta, negative_sampling=negative_sampling)
     admitted, rows = tiny_rows(seed, dtype=dtype)
     spec = FeatureSpec(
         schema=CRITEO,

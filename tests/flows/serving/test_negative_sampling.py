@@ -3,45 +3,19 @@ corrects every score as evaluation does; a bundle from before it was recorded re
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from flows.serving.bundle import BundleError, BundleReader, now_iso
-from flows.serving.export import write_full_bundle
+from flows.serving.bundle import BundleError, BundleReader
 from flows.serving.model import ScoreRequest, ServingMeta, load_model
-from pipeline.encode.feature_spec import FeatureSpec
 from tests.helpers.formats import sample
-from tests.helpers.serving import CRITEO, TINY, criteo_line, tiny_model, tiny_rows
-from trainer import export
+from tests.helpers.serving import criteo_line, write_tiny_bundle
 from trainer.sampling import corrected_probability
 
 
-def write_bundle(url: str, keep_rate: float) -> None:
-    """The tiny random Criteo model of `tests.helpers.serving`, recorded as trained at `keep_rate`."""
-    meta, network = tiny_model(0)
-    admitted, rows = tiny_rows(0)
-    spec = FeatureSpec(
-        schema=CRITEO,
-        admitted=admitted,
-        bag_pooling=TINY.bag_pooling,
-        dense_buckets=TINY.dense_buckets,
-        dense_bucket_max=TINY.dense_bucket_max,
-    )
-    write_full_bundle(
-        url,
-        meta=dataclasses.replace(meta, negative_sampling=keep_rate),
-        spec=spec,
-        program=export.program_bytes(export.export_program(network)),
-        rows=rows,
-        manifest={"version": "v00001", "model_name": "ctr", "dtype": "float32", "exported": now_iso()},
-    )
-
-
 def test_the_scorer_corrects_every_score_for_the_keep_rate_the_bundle_records(tmp_path) -> None:
-    write_bundle(str(tmp_path / "all"), 1.0)
-    write_bundle(str(tmp_path / "sampled"), 0.25)
+    write_tiny_bundle(str(tmp_path / "all"))
+    write_tiny_bundle(str(tmp_path / "sampled"), negative_sampling=0.25)
     plain, sampled = (load_model([BundleReader(str(tmp_path / n))]) for n in ("all", "sampled"))
     assert (plain.keep_rate, sampled.keep_rate) == (1.0, 0.25)
     lines = [criteo_line(i) for i in range(40)]  # 40 lines: the small-batch path and the frame path
