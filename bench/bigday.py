@@ -203,6 +203,8 @@ def compare(
         "ssd_bound_examples_per_s": disk["reads_per_s"] * UNIT / per_ex if per_ex else None,
         "host_fit_share": min(1.0, (bounded.get("host_rows") or 0) / max(1, day["repeated"])),
         "goal_met": bounded["examples_per_s"] >= GOAL_RATIO * unbounded["examples_per_s"],
+        # a reference that evicted is no all-in-memory day: raise --unbounded-mb
+        "unbounded_evicted": (unbounded.get("evictions_per_example") or 0) > 0,
     }
 
 
@@ -216,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=10_000_000, help="`ctrpipe generate --keys`")
     p.add_argument("--zipf", type=float, default=1.0, help="`ctrpipe generate --zipf` (the large fields' skew)")
     p.add_argument("--budget-mb", type=int, default=1, help="store.host_budget_mb of the bounded day")
+    p.add_argument(
+        "--unbounded-mb",
+        type=int,
+        default=None,
+        help="store.host_budget_mb of the unbounded day (default: the default config's); every row must fit",
+    )
     p.add_argument("--disk-mb", type=int, default=512, help="size of the disk probe's file")
     p.add_argument("--disk-s", type=float, default=5.0, help="seconds of random reads in the disk probe")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config for both roots (--set)")
@@ -234,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(1, args.repeat + 1):  # each pair back to back: a load that changes meanwhile hits both
         tag = f"-{i}" if args.repeat > 1 else ""
         bounded = train_days(work, f"bounded{tag}", args.budget_mb, args.days, extra=tuple(args.set))
-        unbounded = train_days(work, f"unbounded{tag}", None, args.days, extra=tuple(args.set))
+        unbounded = train_days(work, f"unbounded{tag}", args.unbounded_mb, args.days, extra=tuple(args.set))
         for b, u in zip(bounded, unbounded, strict=True):
             b["vs_unbounded"], u["vs_unbounded"] = b["examples_per_s"] / u["examples_per_s"], 1.0
         rows += [*bounded, *unbounded]

@@ -32,7 +32,7 @@ def criteo_config(root: Path, raw: Path, **sections: dict) -> dict:
         },  # ~330 eval rows after a dozen steps
     }
     for key, value in sections.items():
-        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return cfg
 
 

@@ -1,7 +1,8 @@
 """Alerts and many models on one root and one real Prefect server.
 
-The automations a model gets (unit), then, against `prefect server start` on 127.0.0.1 and a real
-webhook receiver on 127.0.0.1: two models with different configs on one root deploy side by side
+The automations a model gets (unit), then, against `prefect server start` on 127.0.0.1 (the session's,
+`prefect_api`: the models, their notification block and their automations are named for this test alone) and a
+real webhook receiver on 127.0.0.1: two models with different configs on one root deploy side by side
 (the second leaves the first's schedule and automations in place; a redeploy duplicates nothing),
 both run the same date and publish their own versions from events ingested once; a successful run
 sends no notification, a refused run and a failed run one each, naming the model, the date and
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect.client.schemas.actions import WorkPoolCreate
 
 from flows.prefect.alerts import (
     ALERT_STATES,
@@ -30,11 +33,13 @@ from flows.prefect.alerts import (
 from flows.prefect.keys import model_key
 from storage.io.layout import Layout
 from tests.helpers.prefect_server import criteo_config, webhook_receiver
-from tests.helpers.prefect_state import automation_names, deployments
-from tests.helpers.procs import BIN, PrefectServer, processes
+from tests.helpers.prefect_state import automation_names, client_of, deployments
+from tests.helpers.procs import BIN
 
 DATE = "2026-04-01"
 BLOCK = "00000000-0000-0000-0000-000000000001"
+HOOK_BLOCK, POOL = "alerts-test-hook", "alerts-test-process"
+"""The notification block and the work pool of this test's models: on the session's server, no other test's."""
 
 
 def test_a_model_gets_a_failed_run_and_a_missing_run_automation(tmp_path):
@@ -75,7 +80,8 @@ def test_alert_settings_are_validated():
 
 # ---- a real server -------------------------------------------------------------------------------
 def _config(path: Path, root: Path, raw: Path, name: str, **sections) -> Path:
-    path.write_text(yaml.safe_dump(criteo_config(root, raw, model_name=name, **sections)))
+    config = criteo_config(root, raw, model_name=name, alerts={"block": HOOK_BLOCK}, **sections)
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -83,28 +89,37 @@ def _ctrpipe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run([str(BIN / "ctrpipe"), *args], env=env, capture_output=True, text=True, timeout=600)
 
 
-def _schedules(api: str) -> dict[str, list[str]]:
-    """Deployment name -> its cron schedules, on the server at `api`."""
-    return {name: [str(s.schedule.cron) for s in d.schedules] for name, d in deployments(api).items()}
+def _schedules(api: str, models: tuple[str, ...]) -> dict[str, list[str]]:
+    """Deployment name -> its cron schedules, on the server at `api`, of the deployments of `models`."""
+    return {
+        name: [str(s.schedule.cron) for s in d.schedules]
+        for name, d in deployments(api).items()
+        if name.startswith(tuple(f"{m}-" for m in models))
+    }
 
 
 @pytest.mark.slow
-@pytest.mark.server  # its own Prefect server and a webhook receiver
-def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_data, tmp_path, free_port):
+@pytest.mark.server  # the session's Prefect server and a webhook receiver
+def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_data, tmp_path, prefect_api):
     raw, root = tmp_path / "raw", tmp_path / "root"
     raw.mkdir()
     lines = (shared_data / "criteo" / "train_head_10k.tsv").read_bytes().splitlines(keepends=True)
     (raw / f"day_{DATE}.tsv").write_bytes(b"".join(lines[:3333]))
     a = _config(tmp_path / "a.yaml", root, raw, "alpha")
     b = _config(tmp_path / "b.yaml", root, raw, "beta", vocab={"min_count": 3}, model={"mlp_dims": [16]})
-    with webhook_receiver() as hook, processes() as procs:
-        prefect = PrefectServer(procs, tmp_path, tmp_path / "prefect", port=free_port)
-        prefect.start()
-        env = {**prefect.env, "PREFECT_LOGGING_LEVEL": "INFO", "CTRPIPE_ALERT_WEBHOOK_URL": hook.url}
+    with webhook_receiver() as hook:
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": prefect_api,
+            "PREFECT_LOGGING_LEVEL": "INFO",
+            "CTRPIPE_ALERT_WEBHOOK_URL": hook.url,
+        }
+        with client_of(prefect_api) as client:  # deploy creates only its default pool itself
+            client.create_work_pool(WorkPoolCreate(name=POOL, type="process"), overwrite=True)
         for cfg in (a, b, a):  # the second model, then a redeploy of the first
-            out = _ctrpipe(["deploy", "--config", str(cfg)], env)
+            out = _ctrpipe(["deploy", "--pool", POOL, "--config", str(cfg)], env)
             assert out.returncode == 0, out.stderr + out.stdout
-        assert _schedules(prefect.api) == {
+        assert _schedules(prefect_api, ("alpha", "beta")) == {
             "alpha-daily": ["0 2 * * *"],
             "alpha-on-demand": [],
             "alpha-backfill": [],
@@ -113,7 +128,8 @@ def test_two_models_share_a_root_and_a_server_and_alerts_reach_a_webhook(shared_
             "beta-backfill": [],
         }
         layouts = [Layout(str(root), m) for m in ("alpha", "beta")]
-        assert automation_names(prefect.api) == sorted(
+        keys = tuple(model_key(x) for x in layouts)
+        assert [n for n in automation_names(prefect_api) if n.startswith(keys)] == sorted(
             [failed_run_automation(x) for x in layouts] + [missing_run_automation(x) for x in layouts]
         )
 
