@@ -366,6 +366,7 @@ TABLES = {
                 _c("examples_per_s", "examples/s", "{:,.0f}"),
                 _c("vs_unbounded", "vs unbounded", "{:.2f}x"),
                 _c("auc", "AUC", AUC),
+                _c("device_hit_rate", "device hit rate", "{:.3f}"),
                 _c("host_hit_rate", "host hit rate", "{:.3f}"),
                 _c("ssd_read_bytes_per_example", "SSD B read/ex", "{:,.0f}"),
                 _c("ssd_write_bytes_per_example", "SSD B written/ex", "{:,.0f}"),

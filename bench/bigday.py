@@ -1,15 +1,18 @@
 """Days bigger than the host tier: the same generated days trained twice, rows mostly on SSD vs all in memory.
 
     python -m bench.bigday [--rows 300000] [--keys 10000000] [--zipf 1.0] [--budget-mb 1] [--days 2] [--smoke]
-    python -m bench.bigday --rows 1000000 --zipf 0.6 --budget-mb 32 --set vocab.min_count=1   # the committed run
+    python -m bench.bigday --rows 1800000 --keys 60000000 --zipf 0.6 --budget-mb 64 --unbounded-mb 4096 \
+        --device-cache-rows 200000 --set vocab.min_count=1   # the committed run: 10^7 keys a day
 
 Through the product path: `ctrpipe generate --keys K --zipf S` writes `--days` days, then `ctrpipe backfill` trains
 them twice, in fresh roots with the default config (and `--set`s), once with `store.host_budget_mb` = `--budget-mb`
-(the bounded root: with the defaults, ~5% of a day's admitted rows fit in the host tier) and once with the default
-budget (every row fits).  Each day after the first warm-starts from the one before, in the bounded root from rows
-that lie mostly on SSD; the speed pair is the last day's.  From each day's record: examples/s, AUC, and the store's
-rates (`storage.embedding.pressure`: host hit rate, SSD bytes read and written per example, the share of training
-the step waited on the SSD, evictions per example); from the process tree, the rank's peak RSS beside its budget.
+(the bounded root) and once with `--unbounded-mb` (default: the default budget, about 10^7 rows; every row must fit,
+and the summary says when that root evicted); `--device-cache-rows` N adds a third root, the bounded one with a
+device cache of N rows over its host tier.  Each day after the first warm-starts from the one before, in the bounded
+root from rows that lie mostly on SSD; the speed pair is the last day's.  From each day's record: examples/s, AUC,
+and the store's rates (`storage.embedding.pressure`: device and host hit rates, SSD bytes read and written per
+example, the share of training the step waited on the SSD, evictions per example); from the process tree, the rank's
+peak RSS beside its budget.
 The disk's own limit is measured in the same run: random 4 KiB O_DIRECT reads per second at the SSD tier's queue
 depth (`SsdStore`'s `io_threads`, one `preadv` per unit from each thread), on a file in the same folder.
 `ssd_bound_examples_per_s` = that rate x 4 KiB / the bounded day's SSD bytes read per example: what the disk alone
