@@ -67,12 +67,13 @@ class StorePressure:
         return asdict(self)
 
     def summary(self) -> str:
-        """One clause of the train line: the host hit rate, and the SSD's cost once rows are evicted to it (before
-        that, its reads are the first touches of rows warm-started on the SSD)."""
+        """One clause of the train line: the device cache's hit rate (with one), the host's, and the SSD's cost once
+        rows are evicted to it (before that, its reads are the first touches of rows warm-started on the SSD)."""
+        device = "" if self.device_hit_rate is None else f"device hit rate {self.device_hit_rate:.3f}, "
         if self.evictions_per_example == 0:
-            return f"store: host hit rate {self.host_hit_rate:.3f}, no evictions"
+            return f"store: {device}host hit rate {self.host_hit_rate:.3f}, no evictions"
         return (
-            f"store: host hit rate {self.host_hit_rate:.3f}, SSD {self.ssd_read_bytes_per_example:,.0f}+"
+            f"store: {device}host hit rate {self.host_hit_rate:.3f}, SSD {self.ssd_read_bytes_per_example:,.0f}+"
             f"{self.ssd_write_bytes_per_example:,.0f} B read+written/example, waited {self.ssd_wait_share:.0%}, "
             f"{self.evictions_per_example:.2f} evictions/example"
             + (" (raise store.host_budget_mb)" if self.ssd_wait_share > 0.2 else "")

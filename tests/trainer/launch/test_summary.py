@@ -118,6 +118,14 @@ def test_rows_that_fit_in_the_host_budget_say_so() -> None:
     assert fits.store_pressure().summary() == "store: host hit rate 0.900, no evictions"  # type: ignore[union-attr]
 
 
+def test_a_device_cache_puts_its_hit_rate_before_the_hosts() -> None:
+    tiers = {"device": {"hits": 3, "misses": 1}, "host": {"hits": 1, "misses": 3, "evictions": 2}}
+    three = TrainSummary(examples=10, train_s=1.0, stats={"store_stats": [tiers]}).store_pressure()
+    assert three is not None and three.summary().startswith(
+        "store: device hit rate 0.750, host hit rate 0.250, SSD 0+0 B read+written/example"
+    ), three.summary()
+
+
 def test_the_attention_kernel_is_named_by_the_forwards_each_ran() -> None:
     from trainer.commit import attention_kernel
 
