@@ -43,12 +43,12 @@ class FusedAdam:
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if set_to_none:
             for g in self.param_groups:
                 for p in g["params"]:
                     p.grad = None
             return
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         for grad in grads:
             if grad.grad_fn is not None:
                 grad.detach_()
