@@ -166,8 +166,16 @@ class Poly2:
         """The weights of bucket ids (any shape), 0 for a bucket no fit row used."""
         if not self.buckets.size:
             return np.zeros(ids.shape)
-        pos = np.minimum(np.searchsorted(self.buckets, ids), self.buckets.size - 1)
-        return np.where(self.buckets[pos] == ids, self.weights[pos], 0.0)
+        # searched in ascending order: consecutive searches then walk nearby parts of `buckets` (millions of ids,
+        # most of them pairs seen once), where a day's scattered pair ids miss the cache at every step; the sort
+        # costs less than the misses it saves (a fifth of the time on 220k ids into 5M buckets)
+        flat = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+        order = np.argsort(flat)
+        wanted = flat[order]
+        pos = np.minimum(np.searchsorted(self.buckets, wanted), self.buckets.size - 1)
+        out = np.empty(flat.size)
+        out[order] = np.where(self.buckets[pos] == wanted, self.weights[pos], 0.0)
+        return out.reshape(np.shape(ids))
 
     def logits(self, ids: np.ndarray, log_dense: np.ndarray) -> np.ndarray:
         """(N,) float64 logits of rows given as `pair_ids` (N, P) and log1p dense values (N, n)."""

@@ -8,6 +8,7 @@ import torch
 
 from storage.key_layout import FIELD_SHIFT, MAX_FIELDS
 from trainer.companion.poly2 import (
+    Poly2,
     Poly2Config,
     bucket_tokens,
     fit,
@@ -139,6 +140,18 @@ def test_buckets_no_fit_row_used_weigh_nothing() -> None:
     unseen = np.full((2, 6), 2**20 - 1, dtype=np.int64)
     assert unseen[0, 0] not in model.buckets
     np.testing.assert_allclose(model.logits(unseen, np.zeros((2, 0))), model.bias)
+
+
+def test_the_weights_of_ids_of_any_shape_are_each_ids_own_and_0_where_no_fit_row_used_it() -> None:
+    rng = np.random.default_rng(0)
+    buckets = np.unique(rng.integers(-(2**62), 2**62, 5_000))
+    model = Poly2(buckets, rng.standard_normal(buckets.size), np.zeros(0), 0.0, 1.0)
+    seen = rng.random((300, 7)) < 0.7  # repeats, unseen ids and both orders: the lookup sorts them, then puts back
+    ids = np.where(seen, rng.choice(buckets, (300, 7)), rng.integers(-(2**62), 2**62, (300, 7)))
+    weight = dict(zip(buckets.tolist(), model.weights.tolist(), strict=True))
+    expected = np.array([[weight.get(i, 0.0) for i in row] for row in ids.tolist()])
+    np.testing.assert_array_equal(model.weights_of(ids), expected)
+    assert model.weights_of(ids[0]).shape == (7,) and model.weights_of(ids[:0]).shape == (0, 7)
 
 
 def test_cross_validation_chooses_the_c_of_the_lowest_left_out_loss_and_refits_every_row() -> None:
