@@ -16,6 +16,7 @@ server fixture (`prefect_api`) is marked `server` by that alone.
 from __future__ import annotations
 
 import multiprocessing.process
+import multiprocessing.util
 import os
 import shutil
 import socket
@@ -35,6 +36,10 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "90"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(_RUN_TMP / "dask"))
+# Two test workers share the cores with the processes they start: an OpenMP thread that waits for work sleeps rather
+# than spins (the GNU runtime's default spins first), which burned a core another test needed.  Where it runs, it
+# changes when a thread waits, never what a parallel region computes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -133,7 +138,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type
     return report
 
 
-SERVER_FIXTURES = ("prefect_api",)
+SERVER_FIXTURES = ("prefect_api", "prefect_in_process")
 """Fixtures that start a server: a test using one is marked `server` at collection."""
 
 
@@ -166,7 +171,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_RUN_TMP, ignore_errors=True)
+    # at exit, after multiprocessing's own finalizer (priority -100) has removed its folder in it (the fork server's
+    # socket, `tests.helpers.ranks`): removed before, that finalizer would print a FileNotFoundError
+    multiprocessing.util.Finalize(
+        None, shutil.rmtree, args=(_RUN_TMP,), kwargs={"ignore_errors": True}, exitpriority=-200
+    )
 
 
 @pytest.fixture(scope="session")
@@ -201,3 +210,15 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server = PrefectServer(procs, folder, folder / "home")
         server.start()
         yield server.api
+
+
+@pytest.fixture(scope="module")
+def prefect_in_process(prefect_api: str) -> Iterator[str]:
+    """The flows a module runs in this process report to the session's Prefect server (`prefect_api`) instead of
+    an ephemeral one, which Prefect would start in this worker on its first flow and keep to the session's end
+    (a second server process, its own database migrated on the way).  Only this process's settings change:
+    the processes a test starts get PREFECT_API_URL from their environment, as before."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_api}):
+        yield prefect_api

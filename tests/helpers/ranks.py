@@ -1,7 +1,7 @@
-"""Spawn one process per rank on CPU (gloo) and fail unless every rank exits 0.
+"""Start one process per rank on CPU (gloo) and fail unless every rank exits 0.
 
-`fn(rank, world_size, *args)` must be a module-level function (spawn pickles
-it by name).  Each rank gets the torchrun environment `init_distributed`
+`fn(rank, world_size, *args)` must be a module-level function (the fork server's
+child unpickles it by name).  Each rank gets the torchrun environment `init_distributed`
 reads; `local_size` emulates several nodes on one machine through
 `TrainerConfig.intra_group_size`, which the rank function passes itself.
 """
@@ -34,9 +34,17 @@ def _entry(fn: Callable[..., None], rank: int, world_size: int, port: int, args:
     fn(rank, world_size, *args)
 
 
+_CONTEXT = mp.get_context("forkserver")
+# The fork server imports torch once; each rank is a fork of it, not a fresh interpreter importing torch again
+# (a second or more of every rank).  It imports nothing else and runs no torch op before it forks: no thread
+# pool (OpenMP's, gloo's) exists in it to be cut in half by the fork.
+_CONTEXT.set_forkserver_preload(["torch", "torch.distributed"])
+
+
 def run_ranks(fn: Callable[..., None], world_size: int, port: int, *args: Any, timeout_s: float = 120) -> None:
-    """Run `fn` on `world_size` spawned ranks; raise AssertionError naming the ranks that failed or hung."""
-    ctx = mp.get_context("spawn")
+    """Run `fn` on `world_size` ranks forked from a fork server; raise AssertionError naming the ranks that failed or
+    hung."""
+    ctx = _CONTEXT
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
