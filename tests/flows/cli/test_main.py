@@ -4,7 +4,7 @@ The fast tests need no flow run: help texts, usage and config errors (found befo
 an empty registry, a closed pipe.  The command line itself, its usage exit code, a closed pipe and `generate` run as
 subprocesses; the help texts and the input refused before anything starts run `flows.cli.main.main` in this process
 (`here`: the same `main` a subprocess runs, its environment and what it changes in the process put back).  The slow
-ones share one demo run (3 small days, on Prefect's temporary server as
+ones share one demo run (2 small days, on Prefect's temporary server as
 a user's first run; each test gets its root as the demo left it) and check its output, the run-time failure of a
 missing day (against the session's Prefect server, `prefect_api`: starting a temporary one is the demo's part),
 `evaluate` and `models` on its registry (in this process, `here`).
@@ -41,7 +41,7 @@ COMMANDS = (
     "serve",
     "warm-node",
 )
-DEMO_DAYS = ("2026-01-01", "2026-01-02", "2026-01-03")
+DEMO_DAYS = ("2026-01-01", "2026-01-02")
 DEMO_ROWS = 3000
 SCREEN_LINES, SCREEN_WIDTH = 60, 400  # the longest: a day's train line, with its store, recipe and companion
 CRITEO_SCHEMA = (
@@ -239,12 +239,12 @@ def test_generate_is_deterministic(tmp_path):
 # ---- one demo run --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def built_demo_run(tmp_path_factory):
-    """`ctrpipe demo` of 3 small days, as a user starts it, with a credential present in the environment;
-    run once per module."""
+    """`ctrpipe demo` of 2 small days (a cold one and a warm one; a user's default is 3), as a user starts it, with a
+    credential present in the environment; run once per module."""
     tmp = tmp_path_factory.mktemp("cli")
     env = user_env(tmp, AWS_SECRET_ACCESS_KEY=SECRET)
     root = tmp / "root"
-    out = ctrpipe("demo", "--root", str(root), "--days", "3", "--rows-per-day", str(DEMO_ROWS), env=env)
+    out = ctrpipe("demo", "--root", str(root), "--days", "2", "--rows-per-day", str(DEMO_ROWS), env=env)
     sets = ["--preset", "demo", "--set", f"root={root}"]
     return Pristine(root), (tmp, root, env, sets, out)
 
@@ -269,7 +269,7 @@ def test_the_demo_prints_about_a_screen_and_no_traceback(demo_run):
         assert noise not in text, text
     for stage in ("ingest 2026-01-01:", "vocab 2026-01-01:", "encode 2026-01-01:", "warm:", "train:", "evaluate:"):
         assert re.search(re.escape(stage) + r".*\(\d+\.\ds\)$", out.stderr, re.MULTILINE), stage  # with its time
-    assert "publish: v00003 is now LATEST" in out.stderr and "All days:" in out.stdout
+    assert "publish: v00002 is now LATEST" in out.stderr and "All days:" in out.stdout
 
 
 @pytest.mark.slow
@@ -298,7 +298,7 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
         "--start",
         DEMO_DAYS[0],
         "--end",
-        "2026-01-04",
+        "2026-01-03",
         *sets,
         "--set",
         "input.wait_s=1",  # past the preflight (which refuses a missing file at once), to the stage's own error
@@ -309,13 +309,13 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
     assert out.returncode == ExitCode.FAILED and "Traceback" not in out.stderr
     error = out.stderr[out.stderr.index("ctrpipe backfill: error: ") :]
     assert error.startswith(
-        "ctrpipe backfill: error: backfill 2026-01-01..2026-01-04 stopped at 2026-01-04 in ingest: "
-        "FileNotFoundError: no input for 2026-01-04"
+        "ctrpipe backfill: error: backfill 2026-01-01..2026-01-03 stopped at 2026-01-03 in ingest: "
+        "FileNotFoundError: no input for 2026-01-03"
     )
-    assert "skipped (done before): 2026-01-01..2026-01-03" in error and "it resumes at 2026-01-04" in error
-    table, notes = out.stdout.splitlines()[:5], out.stdout.splitlines()[5:]  # the 3 completed dates, then notes
+    assert "skipped (done before): 2026-01-01, 2026-01-02" in error and "it resumes at 2026-01-03" in error
+    table, notes = out.stdout.splitlines()[:4], out.stdout.splitlines()[4:]  # the 2 completed dates, then notes
     assert len(error.splitlines()) <= 4 and [row.split()[0] for row in table[2:]] == list(DEMO_DAYS)
-    assert all(re.match(r"  2026-01-0[23]: published: undecided: ", note) for note in notes), notes
+    assert notes and all(re.match(r"  2026-01-02: published: undecided: ", note) for note in notes), notes
 
 
 @pytest.mark.slow
@@ -323,11 +323,11 @@ def test_a_backfill_says_each_skipped_date_and_stops_at_a_missing_one_saying_how
 def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run, prefect_api):
     _, root, env, sets, _ = demo_run
     wait = ("--set", "input.wait_s=1")  # past the preflight (which refuses a missing file at once), to the stage
-    out = ctrpipe("run", "--date", "2026-01-04", *sets, *wait, env={**env, "PREFECT_API_URL": prefect_api})
-    missing = root / "raw" / "day_2026-01-04.tsv.gz"
+    out = ctrpipe("run", "--date", "2026-01-03", *sets, *wait, env={**env, "PREFECT_API_URL": prefect_api})
+    missing = root / "raw" / "day_2026-01-03.tsv.gz"
     assert_short_error(
         out,
-        f"ctrpipe run: error: 2026-01-04 failed in ingest: no input for 2026-01-04 at {missing}: "
+        f"ctrpipe run: error: 2026-01-03 failed in ingest: no input for 2026-01-03 at {missing}: "
         "no file matches the input URL after waiting 1s (input.wait_s=1); check input.url",
         "--verbose",
     )
@@ -338,11 +338,11 @@ def test_a_run_time_failure_is_two_lines_naming_the_stage_and_the_file(demo_run,
 @pytest.mark.subprocess
 def test_evaluate_scores_the_published_model_on_a_log_file(demo_run, capfd):
     tmp, root, env, sets, _ = demo_run
-    day = str(root / "raw" / f"day_{DEMO_DAYS[2]}.tsv.gz")
+    day = str(root / "raw" / f"day_{DEMO_DAYS[1]}.tsv.gz")
     out = here("evaluate", "--model", "latest", "--input", day, *sets, env=env, tmp=tmp, capfd=capfd)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["rows"] == DEMO_ROWS and result["model"] == "v00003"
+    assert result["rows"] == DEMO_ROWS and result["model"] == "v00002"
     assert 0.6 < result["auc"] <= 1.0 and result["logloss"] > 0
     schema = tmp / "criteo_copy.yaml"
     schema.write_text(CRITEO_SCHEMA)
@@ -376,17 +376,17 @@ def test_models_list_show_latest_and_rollback_previous(demo_run, capfd):
         return here("models", *args, *sets, env=env, tmp=tmp, capfd=capfd)
 
     out = models("list")
-    assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("* v00003  published"), out.stdout
+    assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("* v00002  published"), out.stdout
     info = json.loads(models("show", "latest", "--json").stdout)
-    assert info["version"] == "v00003" and info["lineage"]["date"] == DEMO_DAYS[2]
+    assert info["version"] == "v00002" and info["lineage"]["date"] == DEMO_DAYS[1]
     out = models("rollback", "previous")
     assert out.returncode == 0 and out.stdout.splitlines() == [
-        "LATEST -> v00002 (was v00003)",
-        "servers -> v00002 (bundles/ctr/LATEST)",
+        "LATEST -> v00001 (was v00002)",
+        "servers -> v00001 (bundles/ctr/LATEST)",
     ], out.stdout
-    out = models("rollback", "v00003")
-    assert out.stdout.splitlines()[0] == "LATEST -> v00003 (was v00002)"
-    assert json.loads(models("show", "latest", "--json").stdout)["version"] == "v00003"
+    out = models("rollback", "v00002")
+    assert out.stdout.splitlines()[0] == "LATEST -> v00002 (was v00001)"
+    assert json.loads(models("show", "latest", "--json").stdout)["version"] == "v00002"
 
 
 @pytest.mark.slow

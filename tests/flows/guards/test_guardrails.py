@@ -23,7 +23,8 @@ from flows.presets import demo
 from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine
 
-pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
+# days run: a Dask scheduler, Prefect (the session's server), torchrun
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_in_process")]
 
 DAYS = ["2026-04-01", "2026-04-02", "2026-04-03"]
 
@@ -65,7 +66,7 @@ def _emptied(line: bytes, column: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def built_two_good_days(shared_data, tmp_path_factory):
+def built_two_good_days(shared_data, tmp_path_factory, prefect_in_process):
     """The two good days run once per module, and a copy to give each test."""
     base = tmp_path_factory.mktemp("guard")
     raw = base / "raw"

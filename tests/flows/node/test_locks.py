@@ -17,8 +17,8 @@ import pytest
 
 from flows.config import with_overrides
 from flows.day.record import read_record
+from flows.day.run import run_day
 from flows.node.locks import Holder, ModelBusyError, data_lock, day_lock, node_slot
-from flows.prefect.daily import daily_retrain
 from flows.presets import demo
 from pipeline.generate import generate_days
 from storage.io.layout import Layout
@@ -114,10 +114,10 @@ def test_a_second_run_waits_then_fails_clearly_and_changes_nothing(tmp_path):
             "publish.lock_timeout_s": 3,
         },
     )
-    with processes() as procs:  # another run holds the model
+    # the day as the flow runs it without a Prefect server (`run_day`, the node's slot): the slot is all it waits for
+    with processes() as procs, pytest.raises(ModelBusyError):  # another run holds the model
         holder = hold_slot(procs, "node", cfg.root, tmp_path / "holder.log")
-        state = daily_retrain("2026-05-01", config=cfg.to_dict(), return_state=True)
-    assert state.is_failed()
+        run_day(cfg, "2026-05-01")
     record = read_record(cfg.layout(), "2026-05-01")
     assert record.status == "failed" and "ModelBusyError" in record.reason
     assert f"pid {holder.pid} on host {socket.gethostname()}" in record.reason

@@ -1,4 +1,4 @@
-"""End to end: the daily flow through Prefect (ephemeral mode), real Dask, real torchrun, real files.
+"""End to end: the daily flow through Prefect (the session's server), real Dask, real torchrun, real files.
 
 These read as the product's specification: three synthetic days are ingested,
 trained by 2 torchrun ranks and published in order by a backfill, which stops at
@@ -30,7 +30,7 @@ from storage.io.registry import ModelRegistry
 from tests.helpers.pristine import Pristine
 from trainer.model_dir import read_meta
 
-pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_in_process")]  # days run: Dask, Prefect, torchrun
 
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
 ROWS = 3000
@@ -64,7 +64,7 @@ class StoppedBackfill:
 
 
 @pytest.fixture(scope="module")
-def built_three_days(tmp_path_factory):
+def built_three_days(tmp_path_factory, prefect_in_process):
     """Three generated days run once per module by a backfill on 2 ranks, day 3 with two malformed lines appended:
     day 2's input is broken at first (the backfill stops there), then fixed and the same backfill run again."""
     root = tmp_path_factory.mktemp("e2e") / "root"

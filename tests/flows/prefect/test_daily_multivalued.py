@@ -22,7 +22,8 @@ from flows.presets import demo
 from pipeline.encode.keys import feature_keys
 from storage.io.layout import Layout
 
-pytestmark = [pytest.mark.slow, pytest.mark.server]  # days run: a Dask scheduler, Prefect, torchrun
+# days run: a Dask scheduler, Prefect (the session's server), torchrun
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_in_process")]
 
 DATE = "2026-02-01"
 ROWS = 5000

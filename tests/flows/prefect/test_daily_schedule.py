@@ -1,12 +1,12 @@
-"""`flows.prefect.daily.resolve_date`: the scheduled run processes the day before its *scheduled* time, however late it
-starts.
+"""`flows.prefect.daily`'s dates: the scheduled run processes the day before its *scheduled* time, however late it
+starts (`resolve_date`); a backfill's report names a run of three or more dates as a range (`_dates`).
 """
 
 import datetime as dt
 
 import pytest
 
-from flows.prefect.daily import resolve_date
+from flows.prefect.daily import _dates, resolve_date
 
 UTC = dt.UTC
 
@@ -25,3 +25,10 @@ def test_an_explicit_date_wins_and_is_validated():
     assert resolve_date("2026-01-05", dt.datetime(2026, 3, 2, tzinfo=UTC)) == "2026-01-05"
     with pytest.raises(ValueError):
         resolve_date("../2026-01-05", None)
+
+
+def test_a_backfills_report_names_a_run_of_dates_as_a_range_and_others_as_a_list():
+    assert _dates(["2026-01-01", "2026-01-02", "2026-01-03"]) == "2026-01-01..2026-01-03"
+    assert _dates(["2026-01-01", "2026-01-02"]) == "2026-01-01, 2026-01-02"
+    assert _dates(["2026-01-01", "2026-01-03", "2026-01-04"]) == "2026-01-01, 2026-01-03, 2026-01-04"  # a gap
+    assert _dates([]) == "none"

@@ -1,4 +1,4 @@
-"""A day a guard stops is an expected outcome, reported as one: a real (ephemeral) Prefect run of a stopped day.
+"""A day a guard stops is an expected outcome, reported as one: a stopped day's real Prefect run (session server).
 
 The first day of a root arrives with every row cut short, so the `padded_rows` data check stops it
 before training.  The run goes through Prefect's engine as a worker runs it (`run_flow` with the run's
@@ -28,7 +28,8 @@ from flows.prefect.keys import model_key
 from flows.presets import demo
 from pipeline.generate import generate_days
 
-pytestmark = [pytest.mark.slow, pytest.mark.server]  # two flow runs of a small day (~40 s on 2 cores)
+# two flow runs of a small day (~40 s on 2 cores), on the session's Prefect server
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_in_process")]
 
 DATE = "2026-02-01"
 
@@ -47,7 +48,7 @@ def _stopped_day(tmp: Path) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory):
+def stopped_run(tmp_path_factory, prefect_in_process):
     cfg = _stopped_day(tmp_path_factory.mktemp("guard-outcome"))
     engine_log = logging.getLogger("prefect.flow_runs")  # the logger a worker's engine reports through
     records: list[logging.LogRecord] = []
