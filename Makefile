@@ -33,10 +33,11 @@ lint: install-test
 	$(VENV)/bin/mypy
 
 # The lint first (a finding fails it), then two workers, each test file in one of them (its module fixtures
-# built once); TEST_WORKERS=0 runs serially.
+# built once), the slow files first (tests/conftest.py orders them; xdist's own order would send them last);
+# TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The same suite in a random order of files and of the tests in each (pytest-randomly, off in every other
 # run: pyproject's addopts say -p no:randomly), to show no test needs another's leftovers.  The seed is on

@@ -4,8 +4,8 @@
 it), installs it with `--no-deps --no-index` into a fresh venv outside the checkout whose site-packages links every
 distribution of this test's venv but the project (the dependencies as `make` installed them, from
 constraints-cpu.txt: no network, and minutes less than installing them again), checks them with `pip check`
-against the wheel's declared requirements, and runs `ctrpipe --version` and a one-day `ctrpipe demo` from an empty
-directory.
+against the wheel's declared requirements, and runs `ctrpipe --version` and a one-day `ctrpipe demo` (on the session's
+Prefect server) from an empty directory.
 The packages must come from the venv (not the tree) with their package data: every file of the four packages
 that is not Python (the attention kernel's C source) is in the wheel, and found beside the installed module.
 
@@ -78,7 +78,7 @@ def _clean_venv(venv: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_the_wheel_runs_from_an_empty_directory(tmp_path):
+def test_the_wheel_runs_from_an_empty_directory(tmp_path, prefect_api):
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -118,13 +118,15 @@ def test_the_wheel_runs_from_an_empty_directory(tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    # a user's shell: none of the suite's logging, CTRPIPE or Dask settings, no Prefect server, not this checkout
+    # a user's shell: none of the suite's logging, CTRPIPE or Dask settings, not this checkout; the session's Prefect
+    # server (a temporary one is the CLI's own part, started by tests/flows/cli/test_main.py's demo)
     drop = ("CTRPIPE_", "PREFECT_LOGGING_", "DASK_", "PREFECT_API_URL", "PYTHONPATH", "VIRTUAL_ENV")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         HOME=str(tmp_path / "home"),
         PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_API_URL=prefect_api,
     )
 
     def here(*args: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
