@@ -33,7 +33,7 @@ lint: install-test
 	$(VENV)/bin/mypy
 
 # The lint first (a finding fails it), then two workers, each test file in one of them (its module fixtures
-# built once), the slow files first (tests/conftest.py orders them; xdist's own order would send them last);
+# built once), the heaviest files first (tests/conftest.py orders them; xdist's own order sent them last);
 # TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 test: lint

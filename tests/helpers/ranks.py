@@ -3,7 +3,9 @@
 `fn(rank, world_size, *args)` must be a module-level function (the fork server's
 child unpickles it by name).  Each rank gets the torchrun environment `init_distributed`
 reads; `local_size` emulates several nodes on one machine through
-`TrainerConfig.intra_group_size`, which the rank function passes itself.
+`TrainerConfig.intra_group_size`, which the rank function passes itself.  The rest of a rank's environment is
+the fork server's, as this process's was when its first ranks started: what a test varies goes in `args`, not in
+os.environ.
 """
 
 from __future__ import annotations
