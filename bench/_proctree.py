@@ -82,6 +82,8 @@ class ProcessTree:
             proc = self.procs.get(key)
             if proc is None:
                 proc = self.procs[key] = _Proc(kind_of(command(p.pid), is_root=p.pid == self.root))
+            elif proc.kind == "other":  # first seen between fork and exec, with its parent's command line
+                proc.kind = kind_of(command(p.pid), is_root=False)
             proc.samples.append((now, p.cpu_s))
             proc.peak_rss = max(proc.peak_rss, _peak_rss(p.pid))
 
