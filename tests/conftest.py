@@ -180,7 +180,7 @@ def _weight(item: pytest.Item) -> float:
     files of one or two tests last, where one worker ran them while the other had nothing left to do."""
     if item.get_closest_marker("slow"):
         return 20.0
-    if any(item.get_closest_marker(m) for m in ("subprocess", "server", "distributed")):
+    if any(item.get_closest_marker(m) for m in PROCESS_MARKERS):
         return 4.0
     return 0.005
 
