@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 # The exact CPU torch of the dev machines and CI; a GPU host installs over its own torch (docs/user-guide.md).
 CONSTRAINTS := constraints-cpu.txt
 
-.PHONY: demo lint test test-random test-fast chaos install install-test bench bench-peers wheelhouse gpu-check clean
+.PHONY: demo lint test test-random test-fast compile chaos install install-test bench bench-peers wheelhouse gpu-check clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -34,22 +34,27 @@ lint: install-test
 
 # The lint first (a finding fails it), then two workers, each test file in one of them (its module fixtures
 # built once), the heaviest files first (tests/conftest.py orders them; xdist's own order sent them last);
-# TEST_WORKERS=0 runs serially.
+# TEST_WORKERS=0 runs serially.  `compile` first: the suite starts hundreds of Python processes (ctrpipe, ranks,
+# servers), and where PYTHONDONTWRITEBYTECODE is set each would compile this tree's modules again.
 TEST_WORKERS ?= 2
-test: lint
+test: lint compile
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The same suite in a random order of files and of the tests in each (pytest-randomly, off in every other
 # run: pyproject's addopts say -p no:randomly), to show no test needs another's leftovers.  The seed is on
 # the first lines of the output; RANDOM_SEED=<n> replays that order.
 RANDOM_SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
-test-random: install-test
+test-random: install-test compile
 	$(PY) -m pytest -p randomly --randomly-seed=$(RANDOM_SEED) --randomly-dont-reset-seed -n $(TEST_WORKERS) --dist loadfile
 
 # The edit loop: every module's unit tests, on two workers: none that is slow or starts a process, a server or
 # torchrun (markers subprocess, server, distributed; tests/conftest.py fails a test that starts one unmarked).
-test-fast: install-test
+test-fast: install-test compile
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not distributed and not subprocess and not server"
+
+# Byte-compile the tree (gitignored __pycache__/; only files changed since are compiled again).
+compile: install-test
+	$(PY) -m compileall -q -j 0 flows pipeline trainer storage bench tests infra > /dev/null
 
 # Kill whole runs at random moments and check every rerun (tests/chaos; long: about 30 minutes on 2 cores).
 # CHAOS_SEED=<n> replays a run, CHAOS_TRIALS=<n> sets the single-day trials (default 20).

@@ -28,9 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import RUN_DIR_ENV
+
 _RUN_TMP = Path(tempfile.mkdtemp(prefix="ctrpipe-tests-"))
 os.environ["TMPDIR"] = str(_RUN_TMP)
 tempfile.tempdir = str(_RUN_TMP)
+os.environ.setdefault(RUN_DIR_ENV, str(_RUN_TMP))  # the first process's: its xdist workers' own are inside it
 os.environ.setdefault("PREFECT_HOME", str(_RUN_TMP / "prefect-home"))
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "90"
@@ -212,19 +215,23 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prefect_api() -> str:
     """The API URL of one real `prefect server start` on 127.0.0.1 (`tests.helpers.procs.PrefectServer`), for the
     `ctrpipe` runs whose test is not about Prefect's temporary server nor needs a server of its own (restarts, kills,
-    deployments): pass it as PREFECT_API_URL.  Started by the first test of a session (of a worker, under xdist) that
-    asks for it, stopped when the session ends.  Each run keeps its own root, so their slots
-    (`flows.prefect.slot`, keyed by root and model) never meet."""
-    from tests.helpers.procs import PrefectServer, processes
+    deployments): pass it as PREFECT_API_URL.  One for the whole run, both xdist workers' tests included
+    (`tests.helpers.procs.shared_server`): started by the first test that asks for it, stopped when the run ends
+    (`pytest_unconfigure`).  Each run keeps its own root, so their slots (`flows.prefect.slot`, keyed by root and
+    model) never meet, and each test names its deployments, pools and blocks for itself."""
+    from tests.helpers.procs import shared_server
 
-    folder = tmp_path_factory.mktemp("prefect-session")
-    with processes() as procs:
-        server = PrefectServer(procs, folder, folder / "home")
-        server.start()
-        yield server.api
+    return shared_server(Path(os.environ[RUN_DIR_ENV]))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the run's first process (xdist's controller): every worker is done
+        from tests.helpers.procs import stop_shared_server
+
+        stop_shared_server(Path(os.environ[RUN_DIR_ENV]))
 
 
 @pytest.fixture(scope="module")

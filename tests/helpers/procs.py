@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import signal
@@ -13,7 +15,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -158,3 +160,65 @@ class PrefectServer:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+
+RUN_DIR_ENV = "CTRPIPE_TESTS_RUN_DIR"
+"""The test run's folder, which its xdist workers share (set by the first process of the run, `tests/conftest.py`)."""
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def shared_server(run_dir: Path) -> str:
+    """The API URL of the run's one `prefect server start` (`prefect_api`): the first worker that asks starts it,
+    under a lock, and the others read its address.  No worker stops it (one may finish while the other still uses
+    it): the run's first process does, once every worker is done (`stop_shared_server`)."""
+    record = run_dir / "prefect-server.json"
+    with _locked(run_dir / "prefect-server.lock"):
+        if record.exists():
+            return json.loads(record.read_text())["api"]
+        folder = run_dir / "prefect-session"
+        folder.mkdir(exist_ok=True)
+        server = PrefectServer([], folder, folder / "home")  # a list no `processes()` stops
+        server.start()
+        assert server.proc is not None  # noqa: S101 - started above
+        record.write_text(json.dumps({"api": server.api, "pgid": server.proc.pid}))
+        return server.api
+
+
+def stop_shared_server(run_dir: Path, timeout: float = 10.0) -> None:
+    """Stop the run's shared server and everything it started, if one was started: TERM, and KILL after `timeout`.
+    The server is this process's child in a run without xdist (reaped here), a worker's otherwise (gone by now)."""
+    record = run_dir / "prefect-server.json"
+    if not record.exists():
+        return
+    pid = json.loads(record.read_text())["pgid"]  # the leader of its own process group (`start`)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                return
+            with suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if _exited(pid):
+                with suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # anything it started and left behind
+                return
+            time.sleep(0.2)
+
+
+def _exited(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
