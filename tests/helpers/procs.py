@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
@@ -166,22 +166,16 @@ RUN_DIR_ENV = "CTRPIPE_TESTS_RUN_DIR"
 """The test run's folder, which its xdist workers share (set by the first process of the run, `tests/conftest.py`)."""
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def shared_server(run_dir: Path) -> str:
     """The API URL of the run's one `prefect server start` (`prefect_api`): the first worker that asks starts it,
     under a lock, and the others read its address.  No worker stops it (one may finish while the other still uses
     it): the run's first process does, once every worker is done (`stop_shared_server`)."""
+    from flows.node.locks import file_lock
+
     record = run_dir / "prefect-server.json"
-    with _locked(run_dir / "prefect-server.lock"):
+    lock = str(run_dir / "prefect-server.lock")
+    log = logging.getLogger("tests.prefect-server")
+    with file_lock(lock, what="the test run's Prefect server", timeout_s=300, log=log):  # a start takes ~20 s
         if record.exists():
             return json.loads(record.read_text())["api"]
         folder = run_dir / "prefect-session"
