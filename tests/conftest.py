@@ -231,7 +231,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the run's first process (xdist's controller): every worker is done
         from tests.helpers.procs import stop_shared_server
 
+        _drain_prefect_queues()
         stop_shared_server(Path(os.environ[RUN_DIR_ENV]))
+
+
+def _drain_prefect_queues() -> None:
+    """Send the logs and events this process's flows left queued while the session's server still listens: Prefect
+    sends them at exit otherwise, and, the server gone, retried for over a minute after a serial run's last test."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for queue in (APILogWorker, EventsWorker):
+        queue.drain_all(timeout=10)
 
 
 @pytest.fixture(scope="module")
