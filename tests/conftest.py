@@ -180,7 +180,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _weight(item: pytest.Item) -> float:
     """A rough guess of a test's seconds from its markers; `make test` hands the files to its workers heaviest
     first (`--dist loadfile --no-loadscope-reorder`).  xdist's own order, most tests first, sent the minute-long
-    files of one or two tests last, where one worker ran them while the other had nothing left to do."""
+    files of one or two tests last, where one worker ran them while the other had nothing left to do.  A test that
+    reads the outcome of a scenario begun with the run (`tests.helpers.slot_scenario`) goes last: it was done by then.
+    """
+    from tests.helpers.slot_scenario import FIXTURE
+
+    if FIXTURE in getattr(item, "fixturenames", ()):
+        return 0.0
     if item.get_closest_marker("slow"):
         return 20.0
     if any(item.get_closest_marker(m) for m in PROCESS_MARKERS):
@@ -227,12 +233,26 @@ def prefect_api() -> str:
     return shared_server(Path(os.environ[RUN_DIR_ENV]))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run that holds the killed-holder test begins its scenario now, in the background (`tests.helpers.
+    slot_scenario`: its minute of waiting for a lease then overlaps the other tests)."""
+    from tests.helpers import slot_scenario
+
+    if session.config.option.collectonly:
+        return
+    if any(slot_scenario.FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        slot_scenario.begin(Path(os.environ[RUN_DIR_ENV]))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the run's first process (xdist's controller): every worker is done
+        from tests.helpers import slot_scenario
         from tests.helpers.procs import stop_shared_server
 
+        run_dir = Path(os.environ[RUN_DIR_ENV])
+        slot_scenario.stop(run_dir)
         _drain_prefect_queues()
-        stop_shared_server(Path(os.environ[RUN_DIR_ENV]))
+        stop_shared_server(run_dir)
 
 
 def _drain_prefect_queues() -> None:

@@ -2,25 +2,22 @@
 
 The server is the session's (`prefect_api`, started with the same settings as any test's server,
 `tests.helpers.procs.PREFECT_SERVER_ENV`, and the default repossessor loop an operator's server has): the limit is
-keyed by the test's own root, so no other test's slot meets it."""
+keyed by the scenario's own root, so no other test's slot meets it.  The scenario waits a minute for the dead
+holder's lease; it runs in the background from the start of the run (`tests.helpers.slot_scenario`), and the test
+checks what it saw."""
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
 import socket
-import time
+from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.prefect.slot import DEAD_HOLDER_BOUND_S, LEASE_S, limit_name, server_slot
+from flows.prefect.slot import DEAD_HOLDER_BOUND_S, LEASE_S, limit_name
 from storage.io.layout import Layout
-from tests.helpers.procs import processes
-from tests.helpers.slots import hold_slot
-
-log = logging.getLogger("test-prefect-slot")
+from tests.helpers import slot_scenario
+from tests.helpers.procs import RUN_DIR_ENV
 
 
 def test_the_limit_is_keyed_by_root_and_model(tmp_path, monkeypatch):
@@ -30,23 +27,21 @@ def test_the_limit_is_keyed_by_root_and_model(tmp_path, monkeypatch):
     assert limit_name(Layout("./a", "ctr")) != limit_name(Layout("./b", "ctr")) != limit_name(Layout("./b", "m2"))
 
 
+@pytest.fixture()
+def killed_holder(prefect_api: str) -> dict:
+    """The outcome of `tests.helpers.slot_scenario`, begun when the run started (`conftest.pytest_collection_finish`):
+    a holder of a slot on the session's server, SIGKILLed, and the slot taken after it."""
+    return slot_scenario.outcome(Path(os.environ[RUN_DIR_ENV]))
+
+
 @pytest.mark.slow
 @pytest.mark.server  # the session's Prefect server, a holder process killed
-def test_a_killed_holders_slot_is_freed_by_the_server_within_the_bound(tmp_path, caplog, prefect_api):
-    root = tmp_path / "root"
-    layout = Layout(str(root), "ctr")
-    with processes() as procs:
-        holder = hold_slot(procs, "server", root, tmp_path / "holder.log", env={"PREFECT_API_URL": prefect_api})
-        killed = time.monotonic()
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
-        with temporary_settings({PREFECT_API_URL: prefect_api}), caplog.at_level(logging.INFO, logger=log.name):
-            with server_slot(layout, 300, log=log, report_every_s=20) as taken:
-                freed = time.monotonic() - killed
-                # the dead holder's lease had to expire: it held the slot, and no longer than the bound
-                assert LEASE_S / 2 < freed < DEAD_HOLDER_BOUND_S, freed
-                assert taken.waited_s > LEASE_S / 2
-                assert (root / "_local" / "ctr" / "slot.lock").read_text()  # the node's lock is taken inside
-            assert not (root / "models" / "ctr" / "slot-holder.json").exists()  # released: it names nobody
-    waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
-    assert waits and all(f"pid {holder.pid} on host {socket.gethostname()} since 20" in w for w in waits), waits
+def test_a_killed_holders_slot_is_freed_by_the_server_within_the_bound(killed_holder):
+    # the dead holder's lease had to expire: it held the slot, and no longer than the bound
+    assert LEASE_S / 2 < killed_holder["freed_s"] < DEAD_HOLDER_BOUND_S, killed_holder
+    assert killed_holder["waited_s"] > LEASE_S / 2, killed_holder
+    assert killed_holder["node_lock"], killed_holder  # the node's lock is taken inside
+    assert not killed_holder["holder_file_after"], killed_holder  # released: it names nobody
+    holder, waits = killed_holder["holder"], killed_holder["waits"]
+    assert waits and all(f"pid {holder['pid']} on host {holder['host']} since 20" in w for w in waits), waits
+    assert holder["host"] == socket.gethostname()
