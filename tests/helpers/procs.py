@@ -203,14 +203,14 @@ def stop_shared_server(run_dir: Path, timeout: float = 10.0) -> None:
                 return
             with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if _exited(pid):
+            if exited(pid):
                 with suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)  # anything it started and left behind
                 return
             time.sleep(0.2)
 
 
-def _exited(pid: int) -> bool:
+def exited(pid: int) -> bool:
     """No such process, or a zombie nobody has reaped yet."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -24,7 +24,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.procs import start
+from tests.helpers.procs import exited, start
 
 OUTCOME = "slot-scenario.json"
 """The scenario's result, in the run's folder: what the test checks."""
@@ -51,8 +51,11 @@ def begin(run_dir: Path) -> None:
 def outcome(run_dir: Path, timeout_s: float = 600) -> dict[str, Any]:
     """The scenario's outcome (`main`), once it has written it; `begin` first."""
     path, log = run_dir / OUTCOME, run_dir / "slot-scenario" / "scenario.log"
+    scenario = json.loads((run_dir / RECORD).read_text())["scenario"]
     deadline = time.monotonic() + timeout_s
     while not path.exists():
+        if exited(scenario) and not path.exists():
+            raise RuntimeError(f"the slot scenario (pid {scenario}) ended without an outcome:\n{_tail(log)}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the slot scenario wrote no outcome in {timeout_s:.0f} s:\n{_tail(log)}")
         time.sleep(0.5)
@@ -93,19 +96,20 @@ def main(run_dir: Path) -> None:
 
     from flows.prefect.slot import server_slot
     from storage.io.layout import Layout
-    from tests.helpers.procs import shared_server
+    from tests.helpers.procs import processes, shared_server
     from tests.helpers.slots import hold_slot
 
     folder, result = run_dir / "slot-scenario", {}
     try:
         api = shared_server(run_dir)
         root = folder / "root"
-        holder = hold_slot([], "server", root, folder / "holder.log", env={"PREFECT_API_URL": api})
-        pids = json.loads((run_dir / RECORD).read_text())
-        (run_dir / RECORD).write_text(json.dumps({**pids, "holder": holder.pid}))
-        killed = time.monotonic()
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
+        with processes() as procs:  # the holder is stopped on the way out, should the scenario fail before its kill
+            holder = hold_slot(procs, "server", root, folder / "holder.log", env={"PREFECT_API_URL": api})
+            pids = json.loads((run_dir / RECORD).read_text())
+            (run_dir / RECORD).write_text(json.dumps({**pids, "holder": holder.pid}))
+            killed = time.monotonic()
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
         log, messages = logging.getLogger("slot-scenario"), _Messages()
         log.addHandler(messages)
         log.setLevel(logging.INFO)
