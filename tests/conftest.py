@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import slot_scenario
 from tests.helpers.procs import RUN_DIR_ENV
 
 _RUN_TMP = Path(tempfile.mkdtemp(prefix="ctrpipe-tests-"))
@@ -183,9 +184,7 @@ def _weight(item: pytest.Item) -> float:
     files of one or two tests last, where one worker ran them while the other had nothing left to do.  A test that
     reads the outcome of a scenario begun with the run (`tests.helpers.slot_scenario`) goes last: it was done by then.
     """
-    from tests.helpers.slot_scenario import FIXTURE
-
-    if FIXTURE in getattr(item, "fixturenames", ()):
+    if slot_scenario.FIXTURE in getattr(item, "fixturenames", ()):
         return 0.0
     if item.get_closest_marker("slow"):
         return 20.0
@@ -236,8 +235,6 @@ def prefect_api() -> str:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A run that holds the killed-holder test begins its scenario now, in the background (`tests.helpers.
     slot_scenario`: its minute of waiting for a lease then overlaps the other tests)."""
-    from tests.helpers import slot_scenario
-
     if session.config.option.collectonly:
         return
     if any(slot_scenario.FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
@@ -246,7 +243,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the run's first process (xdist's controller): every worker is done
-        from tests.helpers import slot_scenario
         from tests.helpers.procs import stop_shared_server
 
         run_dir = Path(os.environ[RUN_DIR_ENV])

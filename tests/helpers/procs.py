@@ -14,9 +14,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -166,30 +167,39 @@ RUN_DIR_ENV = "CTRPIPE_TESTS_RUN_DIR"
 """The test run's folder, which its xdist workers share (set by the first process of the run, `tests/conftest.py`)."""
 
 
-def shared_server(run_dir: Path) -> str:
-    """The API URL of the run's one `prefect server start` (`prefect_api`): the first worker that asks starts it,
-    under a lock, and the others read its address.  No worker stops it (one may finish while the other still uses
-    it): the run's first process does, once every worker is done (`stop_shared_server`)."""
+def once(run_dir: Path, name: str, what: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The record `<name>.json` in the run's folder, which its xdist workers share: written from `make()` by the
+    first process that asks, under the lock `<name>.lock`, and read by the others."""
     from flows.node.locks import file_lock
 
-    record = run_dir / "prefect-server.json"
-    lock = str(run_dir / "prefect-server.lock")
-    log = logging.getLogger("tests.prefect-server")
-    with file_lock(lock, what="the test run's Prefect server", timeout_s=300, log=log):  # a start takes ~20 s
-        if record.exists():
-            return json.loads(record.read_text())["api"]
+    record = run_dir / f"{name}.json"
+    log = logging.getLogger(f"tests.{name}")
+    with file_lock(str(run_dir / f"{name}.lock"), what=what, timeout_s=300, log=log):  # a server's start: ~20 s
+        if not record.exists():
+            record.write_text(json.dumps(make()))
+        return dict(json.loads(record.read_text()))
+
+
+def shared_server(run_dir: Path) -> str:
+    """The API URL of the run's one `prefect server start` (`prefect_api`): the first process that asks starts it
+    (`once`).  None of them stops it (one worker may finish while the other still uses it): the run's first process
+    does, once every worker is done (`stop_shared_server`)."""
+
+    def make() -> dict[str, Any]:
         folder = run_dir / "prefect-session"
         folder.mkdir(exist_ok=True)
         server = PrefectServer([], folder, folder / "home")  # a list no `processes()` stops
         server.start()
         assert server.proc is not None  # noqa: S101 - started above
-        record.write_text(json.dumps({"api": server.api, "pgid": server.proc.pid}))
-        return server.api
+        return {"api": server.api, "pgid": server.proc.pid}
+
+    return str(once(run_dir, "prefect-server", "the test run's Prefect server", make)["api"])
 
 
 def stop_shared_server(run_dir: Path, timeout: float = 10.0) -> None:
     """Stop the run's shared server and everything it started, if one was started: TERM, and KILL after `timeout`.
-    The server is this process's child in a run without xdist (reaped here), a worker's otherwise (gone by now)."""
+    The server is this process's child when this process started it (reaped here); else it is a worker's, or the
+    slot scenario's (`tests.helpers.slot_scenario`), and that process is gone by now."""
     record = run_dir / "prefect-server.json"
     if not record.exists():
         return

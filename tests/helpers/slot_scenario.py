@@ -24,34 +24,34 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.procs import exited, start
+from tests.helpers.procs import exited, once, start
 
 OUTCOME = "slot-scenario.json"
 """The scenario's result, in the run's folder: what the test checks."""
-RECORD = "slot-scenario-pids.json"
-"""The process groups the scenario started (its own, the holder's), for `stop`."""
+RECORD = "slot-scenario-pids"
+"""The name of the run's record (`once`) of the process groups the scenario started (its own, the holder's)."""
 FIXTURE = "killed_holder"
 """The fixture of the test that checks the outcome: a run whose tests use it starts the scenario."""
 
 
 def begin(run_dir: Path) -> None:
-    """Start the scenario in the background, unless this run has started it already."""
-    from flows.node.locks import file_lock
+    """Start the scenario in the background, unless this run has started it already (`once`)."""
 
-    log = logging.getLogger("tests.slot-scenario")
-    with file_lock(str(run_dir / "slot-scenario.lock"), what="the slot scenario", timeout_s=60, log=log):
-        if (run_dir / RECORD).exists():
-            return
+    def make() -> dict[str, Any]:
         folder = run_dir / "slot-scenario"
         folder.mkdir(exist_ok=True)
-        proc = start([], [sys.executable, "-m", "tests.helpers.slot_scenario", str(run_dir)], folder / "scenario.log")
-        (run_dir / RECORD).write_text(json.dumps({"scenario": proc.pid}))
+        command = [sys.executable, "-m", "tests.helpers.slot_scenario", str(run_dir)]
+        return {"scenario": start([], command, folder / "scenario.log").pid}
+
+    once(run_dir, RECORD, "the slot scenario", make)
 
 
 def outcome(run_dir: Path, timeout_s: float = 600) -> dict[str, Any]:
     """The scenario's outcome (`main`), once it has written it; `begin` first."""
-    path, log = run_dir / OUTCOME, run_dir / "slot-scenario" / "scenario.log"
-    scenario = json.loads((run_dir / RECORD).read_text())["scenario"]
+    path, log, record = run_dir / OUTCOME, run_dir / "slot-scenario" / "scenario.log", run_dir / f"{RECORD}.json"
+    if not record.exists():
+        raise RuntimeError("the slot scenario was not begun: tests/conftest.py begins it when a collected test uses it")
+    scenario = json.loads(record.read_text())["scenario"]
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if exited(scenario) and not path.exists():
@@ -66,15 +66,15 @@ def outcome(run_dir: Path, timeout_s: float = 600) -> dict[str, Any]:
 
 
 def stop(run_dir: Path) -> None:
-    """Kill the scenario and its holder, if either is still there (a run that ended before the scenario did)."""
-    record = run_dir / RECORD
-    if not record.exists():
+    """Kill the scenario and its holder, if a run ended before the scenario did.  A finished scenario (its outcome
+    written) has stopped its holder itself, and its pids may be another process's by now: nothing is killed."""
+    record = run_dir / f"{RECORD}.json"
+    if (run_dir / OUTCOME).exists() or not record.exists():
         return
     for pgid in json.loads(record.read_text()).values():  # each started in its own process group (`start`)
-        with suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        with suppress(ChildProcessError):
-            os.waitpid(pgid, os.WNOHANG)
+        with suppress(FileNotFoundError, ProcessLookupError):
+            if str(run_dir) in Path(f"/proc/{pgid}/cmdline").read_text():  # still one of the scenario's
+                os.killpg(pgid, signal.SIGKILL)
 
 
 def _tail(log: Path) -> str:
@@ -105,8 +105,8 @@ def main(run_dir: Path) -> None:
         root = folder / "root"
         with processes() as procs:  # the holder is stopped on the way out, should the scenario fail before its kill
             holder = hold_slot(procs, "server", root, folder / "holder.log", env={"PREFECT_API_URL": api})
-            pids = json.loads((run_dir / RECORD).read_text())
-            (run_dir / RECORD).write_text(json.dumps({**pids, "holder": holder.pid}))
+            record = run_dir / f"{RECORD}.json"
+            record.write_text(json.dumps({**json.loads(record.read_text()), "holder": holder.pid}))
             killed = time.monotonic()
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()

@@ -28,7 +28,7 @@ def test_the_limit_is_keyed_by_root_and_model(tmp_path, monkeypatch):
 
 
 @pytest.fixture()
-def killed_holder(prefect_api: str) -> dict:
+def killed_holder() -> dict:
     """The outcome of `tests.helpers.slot_scenario`, begun when the run started (`conftest.pytest_collection_finish`):
     a holder of a slot on the session's server, SIGKILLed, and the slot taken after it."""
     return slot_scenario.outcome(Path(os.environ[RUN_DIR_ENV]))
